@@ -1,0 +1,26 @@
+"""Errors that reach users as one clear line."""
+
+
+class SpillwayError(Exception):
+    """Base of spillway's user-facing errors: the message is one line that names the bad
+    value and the limit it broke."""
+
+    exit_code = 1
+
+
+class OptionsError(SpillwayError, ValueError):
+    """An invalid cluster setting or combination. Raised before anything starts."""
+
+    exit_code = 2
+
+
+class ParamError(SpillwayError, ValueError):
+    """An invalid workflow parameter. Raised before anything is built or allocated."""
+
+    exit_code = 2
+
+
+class AdmissionError(SpillwayError):
+    """A workflow whose projected footprint does not fit the cluster."""
+
+    exit_code = 3

@@ -1,0 +1,85 @@
+"""What ``spillway info`` reports: GPUs, links, driver, and the installed GPU stack."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+from .gpus import discover
+from .sizes import format_bytes
+
+#: import name -> distribution names that may provide it (first installed wins)
+STACK = {
+    "dask": ("dask",),
+    "distributed": ("distributed",),
+    "dask_cuda": ("dask-cuda",),
+    "cupy": ("cupy-cuda13x", "cupy-cuda12x", "cupy"),
+    "rmm": ("rmm-cu13", "rmm-cu12", "rmm"),
+    "distributed_ucxx": ("distributed-ucxx-cu13", "distributed-ucxx-cu12", "distributed-ucxx"),
+    "ucxx": ("ucxx-cu13", "ucxx-cu12", "ucxx"),
+    "zarr": ("zarr",),
+    "kvikio": ("kvikio-cu13", "kvikio-cu12", "kvikio"),
+    "pynvml": ("nvidia-ml-py",),
+}
+
+
+def installed_stack() -> dict[str, str | None]:
+    out = {}
+    for module, dists in STACK.items():
+        version = None
+        if importlib.util.find_spec(module) is not None:
+            for dist in dists:
+                try:
+                    version = importlib.metadata.version(dist)
+                    break
+                except importlib.metadata.PackageNotFoundError:
+                    continue
+            version = version or "installed"
+        out[module] = version
+    return out
+
+
+def collect() -> dict:
+    inv = discover()
+    return {
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "uuid": g.uuid,
+                "memory_total": g.memory_total,
+                "memory_free": g.memory_free,
+                "pci_bus_id": g.pci_bus_id,
+                "nvlinks": {str(k): v for k, v in g.nvlinks.items()},
+            }
+            for g in inv.gpus
+        ],
+        "driver_version": inv.driver_version,
+        "cuda_driver_version": inv.cuda_driver_version,
+        "no_gpu_reason": inv.reason,
+        "stack": installed_stack(),
+    }
+
+
+def format_info(data: dict) -> str:
+    lines = []
+    if not data["gpus"]:
+        lines.append(f"GPUs: none ({data['no_gpu_reason']}); spillway runs on CPU workers")
+    else:
+        lines.append(f"driver {data['driver_version']}, CUDA {data['cuda_driver_version']}")
+        for g in data["gpus"]:
+            lines.append(
+                f"GPU {g['index']}: {g['name']}, {format_bytes(g['memory_total'])} "
+                f"({format_bytes(g['memory_free'])} free), {g['uuid']}, bus {g['pci_bus_id']}"
+            )
+        if len(data["gpus"]) > 1:
+            lines.append("NVLink links (rows to columns):")
+            n = len(data["gpus"])
+            lines.append("       " + "".join(f"GPU{j:<4}" for j in range(n)))
+            for g in data["gpus"]:
+                cells = []
+                for j in range(n):
+                    cells.append("  -    " if j == g["index"] else f"NV{g['nvlinks'].get(str(j), 0):<5}")
+                lines.append(f"GPU{g['index']:<4}" + "".join(cells))
+    lines.append("stack: " + ", ".join(f"{k} {v or 'missing'}" for k, v in data["stack"].items()))
+    return "\n".join(lines)

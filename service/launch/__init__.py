@@ -1,0 +1,108 @@
+"""Start (or attach to) a cluster from an :class:`~service.options.Options`.
+
+``open_cluster(options)`` is the one way in: it plans against the GPU inventory (raising
+:class:`~service.errors.OptionsError` before anything starts), starts the local GPU or
+CPU cluster or attaches to a running scheduler, registers spillway's worker plugin and
+yields a :class:`Session`. Leaving the context shuts down what it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..gpus import Inventory, discover
+from ..options import Options
+from ..plugins import WorkerSetup
+from .plan import LaunchPlan, plan
+
+logger = logging.getLogger("spillway")
+
+__all__ = ["Session", "open_cluster", "plan", "LaunchPlan"]
+
+
+@dataclass
+class Session:
+    client: Any
+    cluster: Any
+    plan: LaunchPlan
+    options: Options
+    #: "gpu" or "cpu": what the workers compute on (read from the workers when attached)
+    kind: str
+    n_workers: int
+
+    @property
+    def scheduler_address(self) -> str:
+        return self.client.scheduler.address
+
+    @property
+    def dashboard_link(self) -> str | None:
+        try:
+            return self.client.dashboard_link
+        except Exception:
+            return None
+
+    def write_scheduler_file(self, path: str) -> None:
+        self.client.write_scheduler_file(path)
+
+
+def start_cluster(options: Options, launch: LaunchPlan):
+    """The cluster object for a local plan (None when attaching)."""
+    if launch.kind == "gpu":
+        from . import local_gpu
+
+        return local_gpu.start(options, launch)
+    if launch.kind == "cpu":
+        from . import local_cpu
+
+        return local_cpu.start(options, launch)
+    return None
+
+
+def connect_client(options: Options, cluster=None):
+    from distributed import Client
+
+    if cluster is not None:
+        return Client(cluster, security=options.security)
+    if options.scheduler_file:
+        return Client(scheduler_file=options.scheduler_file, security=options.security, timeout="30s")
+    return Client(options.scheduler_address, security=options.security, timeout="30s")
+
+
+def setup_workers(client, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
+    """Register the worker plugin and return (kind, number of workers)."""
+    if wait_for:
+        client.wait_for_workers(wait_for, timeout=timeout)
+    client.register_plugin(WorkerSetup())
+    kinds = client.run(_worker_kind)
+    if not kinds:
+        raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")
+    values = set(kinds.values())
+    if len(values) > 1:
+        raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
+    return values.pop(), len(kinds)
+
+
+def _worker_kind(dask_worker):
+    from ..plugins import PLUGIN_NAME
+
+    return dask_worker.plugins[PLUGIN_NAME].kind
+
+
+@contextlib.contextmanager
+def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Iterator[Session]:
+    inventory = discover() if inventory is None and not options.attach else inventory or Inventory()
+    launch = plan(options, inventory)
+    for note in launch.notes:
+        logger.warning(note)
+    with contextlib.ExitStack() as stack:
+        cluster = start_cluster(options, launch)
+        if cluster is not None:
+            stack.callback(cluster.close)
+        client = connect_client(options, cluster)
+        stack.callback(client.close)
+        kind, n = setup_workers(client, wait_for=launch.n_workers or 1)
+        yield Session(client=client, cluster=cluster, plan=launch, options=options, kind=kind, n_workers=n)

@@ -1,0 +1,34 @@
+"""Local CPU cluster: distributed's LocalCluster with NumPy chunks."""
+
+from __future__ import annotations
+
+import logging
+
+from ..options import Options
+from .plan import LaunchPlan
+
+
+def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
+    kwargs = dict(
+        n_workers=plan.n_workers,
+        threads_per_worker=options.threads_per_worker,
+        processes=True,
+        memory_limit=options.memory_limit,
+        local_directory=options.local_directory,
+        protocol=plan.protocol,
+        interface=options.interface,
+        host=options.host,
+        scheduler_port=options.scheduler_port,
+        dashboard_address=options.dashboard_address or None,
+        security=options.security,
+        silence_logs=logging.WARNING,
+    )
+    if options.interface is not None:
+        kwargs.pop("host")
+    return kwargs
+
+
+def start(options: Options, plan: LaunchPlan):
+    from distributed import LocalCluster
+
+    return LocalCluster(**cluster_kwargs(options, plan))

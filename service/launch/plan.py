@@ -1,0 +1,111 @@
+"""Decide what to start from the options and the GPU inventory: a pure function.
+
+Kept apart from the launchers so every machine-dependent check (unknown device, more
+workers than GPUs, UCXX missing) runs, and is tested, before anything starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+from ..errors import OptionsError
+from ..gpus import Inventory
+from ..options import Options
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    #: "gpu", "cpu" or "attach"
+    kind: str
+    #: CUDA device identifiers (indices or UUIDs), one per worker, in worker order
+    devices: tuple[int | str, ...] = ()
+    n_workers: int = 0
+    #: "ucx" or "tcp"
+    protocol: str = "tcp"
+    #: why the plan differs from what a user may expect (TCP instead of UCX, CPU instead of GPU)
+    notes: tuple[str, ...] = ()
+
+
+def ucxx_installed() -> bool:
+    return importlib.util.find_spec("distributed_ucxx") is not None
+
+
+def cuda_stack_installed() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("dask_cuda", "cupy"))
+
+
+def plan(
+    options: Options,
+    inventory: Inventory,
+    *,
+    have_ucxx: bool | None = None,
+    have_cuda_stack: bool | None = None,
+    cpu_count: int | None = None,
+) -> LaunchPlan:
+    if options.attach:
+        return LaunchPlan(kind="attach")
+    have_ucxx = ucxx_installed() if have_ucxx is None else have_ucxx
+    have_cuda_stack = cuda_stack_installed() if have_cuda_stack is None else have_cuda_stack
+    notes = []
+
+    if options.devices is not None:
+        if not len(inventory):
+            raise OptionsError(
+                f"devices: {','.join(map(str, options.devices))} requested but no GPU is visible ({inventory.reason})"
+            )
+        for device in options.devices:
+            if inventory.find(device) is None:
+                known = ", ".join(str(g.index) for g in inventory.gpus)
+                raise OptionsError(f"devices: GPU {device!r} does not exist (visible: {known})")
+
+    use_gpu = not options.cpu and len(inventory) > 0 and have_cuda_stack
+    if not options.cpu and len(inventory) > 0 and not have_cuda_stack:
+        if options.devices is not None:
+            raise OptionsError(
+                "devices: GPUs requested but dask-cuda/CuPy are not installed; "
+                "install spillway[cuda13] or spillway[cuda12]"
+            )
+        notes.append("GPUs found but dask-cuda/CuPy are not installed: running on CPU workers")
+    elif not options.cpu and not len(inventory):
+        notes.append(f"no GPU found ({inventory.reason}): running on CPU workers")
+
+    if not use_gpu:
+        if options.protocol == "ucx" and not have_ucxx:
+            raise OptionsError("protocol: ucx requested but distributed-ucxx is not installed")
+        cores = cpu_count or os.cpu_count() or 1
+        n = options.n_workers or max(1, min(4, cores // options.threads_per_worker))
+        protocol = "ucx" if options.protocol == "ucx" else "tcp"
+        return LaunchPlan(kind="cpu", n_workers=n, protocol=protocol, notes=tuple(notes))
+
+    if options.devices is None:
+        devices = tuple(g.index for g in inventory.gpus)
+    else:
+        devices = tuple(inventory.find(d).index for d in options.devices)
+    n = options.n_workers if options.n_workers is not None else len(devices)
+    if n > len(devices):
+        raise OptionsError(
+            f"n-workers: {n} workers need {n} GPUs but only {len(devices)} are selected (one worker per GPU)"
+        )
+    devices = devices[:n]
+
+    if options.protocol == "ucx":
+        if not have_ucxx:
+            raise OptionsError(
+                "protocol: ucx requested but distributed-ucxx is not installed; "
+                "install spillway[cuda13] or use protocol tcp"
+            )
+        protocol = "ucx"
+    elif options.protocol == "tcp":
+        protocol = "tcp"
+    elif n > 1 and have_ucxx:
+        protocol = "ucx"
+    else:
+        protocol = "tcp"
+        if n > 1:
+            notes.append(
+                "protocol: TCP between GPU workers because distributed-ucxx is not installed "
+                "(chunks are staged through host memory; install spillway[cuda13] for NVLink)"
+            )
+    return LaunchPlan(kind="gpu", devices=devices, n_workers=n, protocol=protocol, notes=tuple(notes))

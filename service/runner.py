@@ -1,0 +1,179 @@
+"""Run one registered workflow on a cluster session and report what it did.
+
+validate -> build (lazy) -> project the footprint -> compute with progress -> verify ->
+report. The report is one JSON-able dict; :func:`format_report` renders it for people.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from typing import Any
+
+import workflows
+from workflows.params import Target
+from workflows.registry import relative_error
+
+from .plugins import reset_peak, worker_snapshot
+from .progress import track, wait_with_bar
+from .sizes import format_bytes
+
+
+def target_of(session) -> Target:
+    """The workflow target of a running cluster: worker kind, count and memory each."""
+    info = session.client.scheduler_info(n_workers=-1)["workers"]
+    limits = [w.get("memory_limit") or 0 for w in info.values()]
+    if session.kind == "gpu":
+        device = session.client.run(_device_limit)
+        limits = [v for v in device.values() if v] or limits
+    per_worker = min(limits) if limits and min(limits) > 0 else 4 * 2**30
+    return Target(kind=session.kind, n_workers=session.n_workers, worker_bytes=int(per_worker))
+
+
+def _device_limit(dask_worker):
+    data = dask_worker.data
+    limit = getattr(data, "device_memory_limit", None)
+    if limit:
+        return int(limit)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        import os
+
+        index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total)
+    except Exception:
+        return None
+
+
+def run_workflow(
+    session,
+    name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    verify: bool = False,
+    progress=None,
+) -> dict:
+    """Run workflow ``name`` with raw ``params`` on ``session``; returns the report.
+
+    ``progress`` is a text stream for the progress bar, or None for none.
+    """
+    workflow = workflows.get(name)
+    target = target_of(session)
+    validated, plan = workflow.plan(params, target)
+    client = session.client
+
+    client.run(reset_peak)
+    before = client.run(worker_snapshot)
+    run_id = f"{name}-{uuid.uuid4().hex[:8]}"
+    start = time.perf_counter()
+    with track(client, run_id) as tracker:
+        future = client.compute(plan.result)
+        counts = wait_with_bar(future, tracker, label=name, stream=progress)
+        value = future.result()
+    wall = time.perf_counter() - start
+    after = client.run(worker_snapshot)
+    del future
+
+    report: dict[str, Any] = {
+        "workflow": name,
+        "params": validated.to_json(),
+        "wall_s": wall,
+        "result": plan.summarize(value),
+        "verify": None,
+        "cluster": {
+            "kind": session.kind,
+            "n_workers": session.n_workers,
+            "protocol": session.plan.protocol if session.plan.kind != "attach" else _protocol(client),
+        },
+        "footprint": plan.footprint.to_json(),
+        "tasks": counts.get("total", 0),
+        "bytes_produced": counts.get("bytes", 0),
+    }
+    report.update(transfer_stats(before, after, start_wall=time.time() - wall))
+    if verify:
+        report["verify"] = check(plan, value)
+    return report
+
+
+def check(plan, value) -> dict:
+    if plan.reference is None:
+        return {"rel_error": None, "tolerance": plan.tolerance, "ok": None, "reference": "none"}
+    t0 = time.perf_counter()
+    expected, how = plan.reference(value)
+    err = relative_error(value, expected)
+    return {
+        "rel_error": err,
+        "tolerance": plan.tolerance,
+        "ok": bool(err <= plan.tolerance),
+        "reference": how,
+        "reference_s": time.perf_counter() - t0,
+    }
+
+
+def _protocol(client) -> str:
+    return client.scheduler.address.split("://", 1)[0]
+
+
+def transfer_stats(before: dict, after: dict, *, start_wall: float) -> dict:
+    """Bytes moved between workers, bytes spilled and peak memory, from two snapshots."""
+    transferred = 0
+    bandwidths = []
+    for addr, snap in after.items():
+        for t in snap["transfers"]:
+            if t["start"] >= start_wall - 1e-3:
+                transferred += t["bytes"]
+                if t["bytes"] > 1_000_000:
+                    bandwidths.append(t["bytes"] / max(1e-6, t["stop"] - t["start"]))
+    spilled: dict[str, int] = {}
+    for addr, snap in after.items():
+        old = before.get(addr, {}).get("spilled", {})
+        for tier, nbytes in snap["spilled"].items():
+            spilled[tier] = spilled.get(tier, 0) + nbytes - old.get(tier, 0)
+    out = {
+        "bytes_transferred": transferred,
+        "transfer_gbps_median": statistics.median(bandwidths) / 1e9 if bandwidths else None,
+        "bytes_spilled": sum(spilled.get(t, 0) for t in ("device_to_host", "host_to_disk")),
+        "spilled_by_tier": spilled,
+        "peak_bytes_per_worker": {addr: snap["peak_bytes"] for addr, snap in after.items()},
+        "memory_measure": next(iter(after.values()))["memory_measure"] if after else None,
+    }
+    return out
+
+
+def format_report(report: dict) -> str:
+    """The report as aligned lines for a terminal."""
+    lines = [f"workflow      {report['workflow']}  ({report['cluster']['kind']}, "
+             f"{report['cluster']['n_workers']} workers, {report['cluster']['protocol']})"]
+    params = ", ".join(f"{k}={_fmt(v)}" for k, v in report["params"].items())
+    lines.append(f"params        {params}")
+    result = ", ".join(f"{k}={_fmt(v)}" for k, v in report["result"].items())
+    lines.append(f"result        {result}")
+    lines.append(f"wall time     {report['wall_s']:.3f} s  ({report['tasks']} tasks)")
+    fp = report["footprint"]
+    lines.append(f"input         {format_bytes(fp['input_bytes'])}  "
+                 f"(projected peak {format_bytes(fp['per_worker_bytes'])} per worker)")
+    bw = report.get("transfer_gbps_median")
+    lines.append(f"transferred   {format_bytes(report['bytes_transferred'])} between workers"
+                 + (f"  (median {bw:.1f} GB/s)" if bw else ""))
+    lines.append(f"spilled       {format_bytes(report['bytes_spilled'])}")
+    peaks = report["peak_bytes_per_worker"]
+    if peaks:
+        shown = ", ".join(format_bytes(v) for v in peaks.values() if v is not None)
+        lines.append(f"peak memory   {shown}  ({report.get('memory_measure')})")
+    v = report.get("verify")
+    if v:
+        status = "OK" if v["ok"] else "FAILED"
+        lines.append(f"verify        {status}: relative error {v['rel_error']:.3e} "
+                     f"(tolerance {v['tolerance']:.0e}, reference: {v['reference']})")
+    return "\n".join(lines)
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, list):
+        return "x".join(map(str, v))
+    return str(v)

@@ -1,0 +1,38 @@
+"""Shared test setup: GPU tests skip themselves where there is no usable GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+# Keep the GPU host's NVLink-multicast guards in every process the tests start.
+for _var, _value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                     "NVSHMEM_DISABLE_NVLS": "1"}.items():
+    os.environ.setdefault(_var, _value)
+
+
+def _gpu_count() -> int:
+    if importlib.util.find_spec("cupy") is None or importlib.util.find_spec("dask_cuda") is None:
+        return 0
+    from service.gpus import discover
+
+    return len(discover())
+
+
+GPU_COUNT = _gpu_count()
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPU_COUNT:
+        return
+    skip = pytest.mark.skip(reason="needs a GPU with CuPy and dask-cuda installed")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gpu_count():
+    return GPU_COUNT

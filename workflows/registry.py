@@ -1,0 +1,181 @@
+"""The workflow registry: named, parameterised chunked-array workflows.
+
+A workflow declares its parameters and a ``build`` function that turns validated
+parameters into a lazy :class:`Plan` (a dask collection, its projected footprint and a
+reference check). Building computes nothing. The CLI, the HTTP service, notebooks and
+Slurm jobs all go through :func:`get` / :func:`catalogue` here.
+
+Other packages add workflows through the ``spillway.workflows`` entry-point group; each
+entry point names a :class:`Workflow` object.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from service.errors import ParamError
+
+from .params import Param, Params, Target
+
+ENTRY_POINT_GROUP = "spillway.workflows"
+
+#: relative-error tolerances of the reference checks, by result dtype
+TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Projected peak bytes of a run, before it starts."""
+
+    total_bytes: int
+    per_worker_bytes: int
+    #: bytes of input data the run reads or generates
+    input_bytes: int = 0
+
+    def to_json(self) -> dict:
+        return {
+            "total_bytes": self.total_bytes,
+            "per_worker_bytes": self.per_worker_bytes,
+            "input_bytes": self.input_bytes,
+        }
+
+
+@dataclass
+class Plan:
+    """A built (lazy) workflow run."""
+
+    #: the dask collection (or collections) to compute
+    result: Any
+    footprint: Footprint
+    #: turns the computed result into the JSON-able summary of the report
+    summarize: Callable[[Any], dict]
+    #: returns ``(reference, how)``: a NumPy float64 value or array and a short description;
+    #: ``computed`` is the run's result, for checks that need it (QR, SVD)
+    reference: Callable[[Any], tuple[Any, str]] | None = None
+    tolerance: float = 1e-10
+    #: the dask collection whose chunks the Zarr writer stores, when the result is an array
+    array: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    description: str
+    params: tuple[Param, ...]
+    build: Callable[[Params, Target], Plan]
+    #: cross-parameter checks (chunks larger than the array, ...) raising ParamError
+    check: Callable[[Params, Target], None] | None = None
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def validate(self, raw: Mapping[str, Any] | None, target: Target | None = None) -> Params:
+        """Validated parameters, defaults for the target filled in."""
+        target = target or Target()
+        raw = dict(raw or {})
+        names = [p.name for p in self.params]
+        for key in raw:
+            if key not in names:
+                hint = difflib.get_close_matches(key, names, n=1)
+                raise ParamError(
+                    f"{key}: not a parameter of {self.name}"
+                    + (f" (did you mean {hint[0]}?)" if hint else f" (parameters: {', '.join(names)})")
+                )
+        values = {}
+        for p in self.params:
+            value = raw[p.name] if p.name in raw else p.default_for(target)
+            values[p.name] = p.parse(value)
+        params = Params(values)
+        if self.check is not None:
+            self.check(params, target)
+        return params
+
+    def plan(self, raw: Mapping[str, Any] | None, target: Target | None = None) -> tuple[Params, Plan]:
+        target = target or Target()
+        params = self.validate(raw, target)
+        return params, self.build(params, target)
+
+    def schema(self, target: Target | None = None) -> dict:
+        return {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": self.name,
+            "description": self.description,
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {p.name: p.json_schema(target) for p in self.params},
+        }
+
+    def describe(self, target: Target | None = None) -> dict:
+        return {"name": self.name, "description": self.description, "schema": self.schema(target)}
+
+
+_REGISTRY: dict[str, Workflow] = {}
+_LOADED = False
+
+
+def register(workflow: Workflow) -> Workflow:
+    if workflow.name in _REGISTRY and _REGISTRY[workflow.name] is not workflow:
+        raise ValueError(f"workflow {workflow.name!r} is registered twice")
+    _REGISTRY[workflow.name] = workflow
+    return workflow
+
+
+def _load():
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    from . import builtin  # noqa: F401  (registers the built-in workflows)
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        workflow = ep.load()
+        if not isinstance(workflow, Workflow):
+            raise TypeError(f"entry point {ep.name} ({ep.value}) is not a spillway Workflow")
+        register(workflow)
+
+
+def names() -> list[str]:
+    _load()
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Workflow:
+    _load()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        hint = difflib.get_close_matches(name, _REGISTRY, n=1)
+        raise ParamError(
+            f"workflow {name!r} is unknown"
+            + (f" (did you mean {hint[0]}?)" if hint else f" (known: {', '.join(sorted(_REGISTRY))})")
+        ) from None
+
+
+def catalogue(target: Target | None = None) -> list[dict]:
+    return [get(n).describe(target) for n in names()]
+
+
+def relative_error(computed, reference) -> float:
+    """‖computed − reference‖ / ‖reference‖ in float64 (NaN anywhere gives inf)."""
+    import numpy as np
+
+    from .backend import to_numpy
+
+    c = np.asarray(to_numpy(computed), dtype=np.complex128 if np.iscomplexobj(reference) else np.float64)
+    r = np.asarray(reference, dtype=c.dtype)
+    if c.shape != r.shape:
+        raise ValueError(f"result shape {c.shape} differs from the reference shape {r.shape}")
+    if not np.all(np.isfinite(c)):
+        return math.inf
+    denom = float(np.linalg.norm(r.ravel()))
+    num = float(np.linalg.norm((c - r).ravel()))
+    return num / denom if denom else num
