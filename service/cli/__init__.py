@@ -36,7 +36,31 @@ def fail_cleanly(func):
     return wrapper
 
 
-@click.group(context_settings=CONTEXT)
+class LazyGroup(click.Group):
+    """Loads the heavier command groups (service, Slurm, bench) only when they are used,
+    so ``spillway --help`` stays fast and imports no web or GPU library."""
+
+    #: command name -> "module:attribute"
+    lazy: dict[str, str] = {}
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx, name):
+        if name in self.lazy and name not in self.commands:
+            import importlib
+
+            module, _, attr = self.lazy[name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
+
+
+# One line per lazily loaded command; each module owns its command.
+LazyGroup.lazy.update({
+})
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT)
 @click.version_option(package_name="spillway")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def main(verbose):
