@@ -1,0 +1,142 @@
+"""The CLI through click's CliRunner and as real processes, on CPU workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from service.cli import main
+from workflows import random
+
+QUIET = ["--dashboard-address", "", "--cpu", "--n-workers", "2"]
+
+
+def invoke(*args, **kw):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False, **kw)
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["up"], ["info"], ["config"], ["workflows"]])
+def test_help_has_examples(command):
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0
+    assert "Example" in result.output
+
+
+def test_help_imports_no_gpu_or_cluster_library():
+    code = ("import sys; from click.testing import CliRunner; from service.cli import main; "
+            "r = CliRunner().invoke(main, ['--help']); assert r.exit_code == 0; "
+            "print(sorted(m for m in ('cupy', 'rmm', 'dask_cuda', 'distributed') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_python_dash_m_service():
+    out = subprocess.run([sys.executable, "-m", "service", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "Usage: spillway" in out.stdout
+
+
+def test_config_reports_sources(monkeypatch):
+    monkeypatch.setenv("DASK_SPILLWAY__RMM_POOL_SIZE", "2GB")
+    result = invoke("config", "--json", "--protocol", "tcp")
+    rows = json.loads(result.output)
+    assert rows["rmm-pool-size"] == {"value": 2_000_000_000, "source": "env DASK_SPILLWAY__RMM_POOL_SIZE"}
+    assert rows["protocol"] == {"value": "tcp", "source": "flag --protocol"}
+    assert rows["host"]["source"] == "default"
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["config", "--rmm-pool-size", "12XB"], "rmm-pool-size: cannot parse '12XB'"),
+        (["config", "--rmm-managed-memory"], "managed memory cannot be used with NVLink"),
+        (["config", "--rmm-async", "--rmm-managed-memory", "--no-nvlink"], "async allocator"),
+        (["config", "--rmm-release-threshold", "1GB"], "needs rmm-async"),
+        (["run", "transpose-sum", "--n-workers", "0"], "n-workers: 0 must be >= 1"),
+        (["run", "no-such-workflow", "--cpu"], "workflow 'no-such-workflow' is unknown"),
+        (["run", "transpose-sum", "--cpu", "--param", "size=-5"], "size: -5 must have dimensions >= 1"),
+        (["run", "transpose-sum", "--cpu", "--param", "sise=10"], "sise: not a parameter of transpose-sum"),
+        (["run", "transpose-sum", "--cpu", "--param", "size=100x100", "--param", "chunks=200x200"],
+         "larger than the array"),
+        (["run", "transpose-sum", "--cpu", "--param", "dtype=int8"], "dtype: 'int8' is not a supported dtype"),
+        (["run", "transpose-sum", "--cpu", "--param", "size=99999999999999999999x9"], "more than"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, fragment):
+    start = time.perf_counter()
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    lines = [l for l in result.output.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("spillway: error: ") and fragment in lines[0], result.output
+    assert time.perf_counter() - start < 10, "a bad value must fail before any cluster starts"
+
+
+def test_run_transpose_sum_matches_numpy():
+    result = invoke("run", "transpose-sum", "--json", "--verify", "--param", "size=600x600",
+                    "--param", "chunks=200x200", "--param", "seed=7", *QUIET)
+    report = json.loads(result.output.strip().splitlines()[-1])
+    x = random.uniform_numpy((600, 600), seed=7)
+    expected = (x + x.T).sum()
+    assert abs(report["result"]["sum"] - expected) / abs(expected) < 1e-12
+    assert report["verify"]["ok"] is True and report["verify"]["rel_error"] < 1e-12
+    assert report["cluster"] == {"kind": "cpu", "n_workers": 2, "protocol": "tcp"}
+    for key in ("workflow", "params", "wall_s", "bytes_transferred", "bytes_spilled", "peak_bytes_per_worker"):
+        assert key in report
+    assert report["tasks"] >= 9
+    assert len(report["peak_bytes_per_worker"]) == 2
+    assert all(v > 10_000_000 for v in report["peak_bytes_per_worker"].values())  # real RSS of a worker
+
+
+def test_run_text_report():
+    result = invoke("run", "transpose-sum", "--param", "size=300x300", "--param", "chunks=100x100",
+                    "--verify", "--progress", *QUIET)
+    assert "verify        OK" in result.output
+    assert "transferred" in result.output and "peak memory" in result.output
+
+
+def test_workflows_json_catalogue():
+    entries = json.loads(invoke("workflows", "--json").output)
+    names = [e["name"] for e in entries]
+    assert "transpose-sum" in names
+    for entry in entries:
+        assert set(entry) >= {"name", "description", "schema"}
+        assert entry["schema"]["type"] == "object"
+
+
+def test_up_then_run_attached_then_sigterm(tmp_path):
+    sched = tmp_path / "sched.json"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "up", "--cpu", "--n-workers", "2", "--dashboard-address", "",
+         "--scheduler-file-out", str(sched)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 90
+        while not sched.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert sched.exists(), proc.stderr.read() if proc.poll() is not None else "no scheduler file"
+        time.sleep(0.5)
+        out = subprocess.run(
+            [sys.executable, "-m", "service", "run", "transpose-sum", "--scheduler-file", str(sched),
+             "--param", "size=400x400", "--param", "chunks=100x100", "--json", "--verify"],
+            capture_output=True, text=True, timeout=120, env=env,
+        )
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout.strip().splitlines()[-1])
+        assert report["verify"]["ok"] and report["cluster"]["n_workers"] == 2
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr
+        assert "scheduler       tcp://127.0.0.1:" in stdout
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

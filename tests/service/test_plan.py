@@ -1,0 +1,118 @@
+"""Launch planning against GPU inventories: a pure function, so machines are described here."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.errors import OptionsError
+from service.gpus import GPU, Inventory
+from service.launch import local_cpu, local_gpu
+from service.launch.plan import plan
+from service.options import Options
+
+
+def inventory(n: int) -> Inventory:
+    gpus = tuple(
+        GPU(index=i, uuid=f"GPU-{i:08x}-aaaa", name="Test GPU", memory_total=141 * 10**9,
+            memory_free=140 * 10**9, pci_bus_id=f"00000000:{i:02x}:00.0",
+            nvlinks={j: 18 for j in range(n) if j != i})
+        for i in range(n)
+    )
+    return Inventory(gpus, "580.00", "13.0", None if n else "NVML found no GPU")
+
+
+def test_one_worker_per_gpu_with_ucx():
+    p = plan(Options.resolve(), inventory(2), have_ucxx=True, have_cuda_stack=True)
+    assert (p.kind, p.devices, p.n_workers, p.protocol) == ("gpu", (0, 1), 2, "ucx")
+
+
+def test_single_gpu_uses_tcp_without_note():
+    p = plan(Options.resolve(), inventory(1), have_ucxx=True, have_cuda_stack=True)
+    assert p.protocol == "tcp" and not p.notes
+
+
+def test_tcp_fallback_says_why():
+    p = plan(Options.resolve(), inventory(2), have_ucxx=False, have_cuda_stack=True)
+    assert p.protocol == "tcp"
+    assert any("distributed-ucxx is not installed" in n for n in p.notes)
+
+
+def test_ucx_requested_without_ucxx_fails():
+    with pytest.raises(OptionsError, match="protocol: ucx requested"):
+        plan(Options.resolve(protocol="ucx"), inventory(2), have_ucxx=False, have_cuda_stack=True)
+
+
+def test_devices_by_index_and_uuid():
+    inv = inventory(4)
+    p = plan(Options.resolve(devices="2,GPU-00000000"), inv, have_ucxx=True, have_cuda_stack=True)
+    assert p.devices == (2, 0)
+
+
+def test_unknown_device():
+    with pytest.raises(OptionsError, match=r"devices: GPU 5 does not exist \(visible: 0, 1\)"):
+        plan(Options.resolve(devices="0,5"), inventory(2), have_ucxx=True, have_cuda_stack=True)
+
+
+def test_more_workers_than_devices():
+    with pytest.raises(OptionsError, match="n-workers: 3 workers need 3 GPUs but only 2 are selected"):
+        plan(Options.resolve(n_workers=3), inventory(2), have_ucxx=True, have_cuda_stack=True)
+
+
+def test_fewer_workers_take_the_first_devices():
+    p = plan(Options.resolve(n_workers=1, devices="1,0"), inventory(2), have_ucxx=True, have_cuda_stack=True)
+    assert p.devices == (1,) and p.n_workers == 1
+
+
+def test_no_gpu_falls_back_to_cpu():
+    p = plan(Options.resolve(), inventory(0), have_ucxx=False, have_cuda_stack=False, cpu_count=8)
+    assert p.kind == "cpu" and p.n_workers == 4 and p.protocol == "tcp"
+    assert any("no GPU found" in n for n in p.notes)
+
+
+def test_cpu_flag_wins_over_gpus():
+    p = plan(Options.resolve(cpu=True, n_workers=3), inventory(2), have_ucxx=True, have_cuda_stack=True)
+    assert p.kind == "cpu" and p.n_workers == 3
+
+
+def test_devices_without_gpus_fail():
+    with pytest.raises(OptionsError, match="no GPU is visible"):
+        plan(Options.resolve(devices="0"), inventory(0), have_ucxx=False, have_cuda_stack=False)
+
+
+def test_gpus_without_cuda_stack_run_on_cpu_with_note():
+    p = plan(Options.resolve(), inventory(2), have_ucxx=False, have_cuda_stack=False, cpu_count=2)
+    assert p.kind == "cpu"
+    assert any("dask-cuda/CuPy are not installed" in n for n in p.notes)
+
+
+def test_attach_plans_nothing():
+    p = plan(Options.resolve(scheduler_address="tcp://127.0.0.1:1"), inventory(0))
+    assert p.kind == "attach"
+
+
+def test_gpu_cluster_keywords_follow_options():
+    opts = Options.resolve(rmm_pool_size="20GB", rmm_maximum_pool_size="100GB", device_memory_limit="12GB",
+                           memory_limit="64GB", threads_per_worker=2, local_directory="/scratch/x")
+    p = plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True)
+    kw = local_gpu.cluster_kwargs(opts, p)
+    assert kw["CUDA_VISIBLE_DEVICES"] == [0, 1] and kw["n_workers"] == 2
+    assert kw["rmm_pool_size"] == 20_000_000_000 and kw["rmm_maximum_pool_size"] == 100_000_000_000
+    assert kw["device_memory_limit"] == 12_000_000_000 and kw["memory_limit"] == 64_000_000_000
+    assert kw["protocol"] == "ucx" and kw["enable_nvlink"] is True
+    assert kw["rmm_allocator_external_lib_list"] == ["cupy"]
+    assert kw["threads_per_worker"] == 2 and kw["local_directory"] == "/scratch/x"
+    assert kw["host"] == "127.0.0.1"
+
+
+def test_gpu_keywords_tcp_has_no_nvlink_flag():
+    opts = Options.resolve(protocol="tcp")
+    kw = local_gpu.cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
+    assert kw["protocol"] == "tcp" and "enable_nvlink" not in kw
+    assert kw["rmm_allocator_external_lib_list"] is None
+
+
+def test_cpu_cluster_keywords():
+    opts = Options.resolve(cpu=True, n_workers=2, memory_limit="2GB", interface="lo")
+    kw = local_cpu.cluster_kwargs(opts, plan(opts, inventory(0), have_ucxx=False, have_cuda_stack=False))
+    assert kw["n_workers"] == 2 and kw["memory_limit"] == 2_000_000_000
+    assert kw["interface"] == "lo" and "host" not in kw
