@@ -101,7 +101,7 @@ def _read(pynvml) -> Inventory:
                 memory_total=int(mem.total),
                 memory_free=int(mem.free),
                 pci_bus_id=bus_ids[index],
-                nvlinks=_nvlinks(pynvml, handle, bus_ids),
+                nvlinks=_nvlinks(pynvml, handle, bus_ids, handles),
             )
         )
     try:
@@ -114,17 +114,41 @@ def _read(pynvml) -> Inventory:
     return Inventory(tuple(gpus), driver, cuda_text, reason)
 
 
-def _nvlinks(pynvml, handle, bus_ids: list[str]) -> dict[int, int]:
+def _nvlinks(pynvml, handle, bus_ids: list[str], handles: list) -> dict[int, int]:
+    """Active NVLink links from ``handle`` to each other GPU, by that GPU's index."""
     links: dict[int, int] = {}
+    active = 0
+    remote_info = getattr(pynvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None) or getattr(
+        pynvml, "nvmlDeviceGetNvLinkRemotePciInfo"
+    )
     for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
         try:
             if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
                 continue
-            remote = _text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo_v2(handle, link).busId).lower()
+        except pynvml.NVMLError:
+            continue
+        active += 1
+        try:
+            remote = _text(remote_info(handle, link).busId).lower()
         except pynvml.NVMLError:
             continue
         # NVML pads the domain differently across calls: compare the bus:device.function tail
         for peer, bus in enumerate(bus_ids):
             if bus[-12:] == remote[-12:]:
                 links[peer] = links.get(peer, 0) + 1
+    unmatched = active - sum(links.values())
+    if unmatched:
+        # In virtual machines the remote PCI address is the host's, not the guest's; then
+        # links go to the one peer that NVML reports as NVLink-reachable, when there is one.
+        peers = [j for j, other in enumerate(handles) if other is not handle and _p2p_nvlink(pynvml, handle, other)]
+        if len(peers) == 1:
+            links[peers[0]] = links.get(peers[0], 0) + unmatched
     return links
+
+
+def _p2p_nvlink(pynvml, a, b) -> bool:
+    try:
+        status = pynvml.nvmlDeviceGetP2PStatus(a, b, pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+    except (pynvml.NVMLError, AttributeError):
+        return False
+    return status == pynvml.NVML_P2P_STATUS_OK
