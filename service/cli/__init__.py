@@ -57,6 +57,10 @@ class LazyGroup(click.Group):
 
 # One line per lazily loaded command; each module owns its command.
 LazyGroup.lazy.update({
+    "serve": "service.cli.serve:serve",
+    "tenant": "service.cli.serve:tenant",
+    "slurm": "service.cli.slurm:slurm",
+    "mpi": "service.cli.slurm:mpi",
 })
 
 

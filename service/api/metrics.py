@@ -1,0 +1,101 @@
+"""Prometheus metrics, collected when scraped from the store and the workers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..plugins import worker_snapshot
+
+
+def _device_memory(dask_worker):
+    """(used, total) bytes of the worker's GPU, or None on a CPU worker."""
+    from ..plugins import PLUGIN_NAME
+
+    if getattr(dask_worker.plugins.get(PLUGIN_NAME), "kind", "cpu") != "gpu":
+        return None
+    try:
+        import os
+
+        import pynvml
+
+        pynvml.nvmlInit()
+        device = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        handle = (pynvml.nvmlDeviceGetHandleByUUID(device) if device.startswith(("GPU-", "MIG-"))
+                  else pynvml.nvmlDeviceGetHandleByIndex(int(device)))
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        return int(info.used), int(info.total)
+    except Exception:
+        return None
+
+
+class ServiceCollector:
+    """Reads the queue from the store and memory and spills from the workers; worker
+    readings are cached a few seconds so frequent scrapes do not load the cluster."""
+
+    def __init__(self, store, scheduler, cache_s: float = 2.0):
+        self.store = store
+        self.scheduler = scheduler
+        self.cache_s = cache_s
+        self._cached = (0.0, {}, {})
+        self._lock = threading.Lock()
+
+    def _workers(self):
+        with self._lock:
+            t, snaps, devices = self._cached
+            if time.monotonic() - t > self.cache_s:
+                client = self.scheduler.session.client
+                try:
+                    snaps = client.run(worker_snapshot)
+                    devices = client.run(_device_memory) if self.scheduler.session.kind == "gpu" else {}
+                except Exception:
+                    snaps, devices = {}, {}
+                self._cached = (time.monotonic(), snaps, devices)
+            return snaps, devices
+
+    def collect(self):
+        counts = self.store.counts()
+        yield GaugeMetricFamily("spillway_queue_depth", "Jobs waiting to start", value=counts["queued"])
+        jobs = GaugeMetricFamily("spillway_jobs", "Jobs by state", labels=["state"])
+        for state, n in counts.items():
+            jobs.add_metric([state], n)
+        yield jobs
+        yield GaugeMetricFamily("spillway_capacity_bytes", "Memory the scheduler admits jobs against",
+                                value=self.scheduler.capacity_bytes)
+        yield CounterMetricFamily("spillway_job_spilled_bytes", "Bytes spilled by finished jobs",
+                                  value=self.store.spilled_total())
+        snaps, devices = self._workers()
+        memory = GaugeMetricFamily("spillway_worker_memory_bytes",
+                                   "Memory a worker holds (RMM bytes on GPUs, RSS on CPUs)",
+                                   labels=["worker", "measure"])
+        spilled = CounterMetricFamily("spillway_worker_spilled_bytes", "Bytes a worker spilled, by tier",
+                                      labels=["worker", "tier"])
+        for addr, snap in snaps.items():
+            if snap.get("current_bytes") is not None:
+                memory.add_metric([addr, snap.get("memory_measure") or ""], snap["current_bytes"])
+            for tier, n in snap.get("spilled", {}).items():
+                spilled.add_metric([addr, tier], n)
+        yield memory
+        yield spilled
+        used = GaugeMetricFamily("spillway_gpu_memory_used_bytes", "GPU memory in use", labels=["worker"])
+        total = GaugeMetricFamily("spillway_gpu_memory_total_bytes", "GPU memory", labels=["worker"])
+        for addr, value in devices.items():
+            if value:
+                used.add_metric([addr], value[0])
+                total.add_metric([addr], value[1])
+        yield used
+        yield total
+
+
+def metrics_registry(store, scheduler) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(ServiceCollector(store, scheduler))
+    return registry
+
+
+def metrics_response(registry: CollectorRegistry) -> Response:
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

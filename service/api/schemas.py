@@ -1,0 +1,95 @@
+"""Request and response bodies of the HTTP API; FastAPI turns them into the OpenAPI spec."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+State = Literal["queued", "running", "done", "failed", "cancelled"]
+
+
+def job_request_model(workflow_names: list[str]) -> type[BaseModel]:
+    """The body of ``POST /jobs``; ``workflow`` is an enum of the registered names so the
+    spec (and clients generated from it) know the catalogue."""
+    names = tuple(workflow_names) or ("",)
+    return create_model(
+        "JobRequest",
+        __config__=ConfigDict(extra="forbid"),
+        workflow=(Literal[names], Field(description="A registered workflow's name (GET /workflows).")),
+        params=(dict[str, Any], Field(default_factory=dict,
+                                      description="Parameters, validated against the workflow's schema.")),
+        priority=(int, Field(0, ge=-10, le=10, description="Added to the tenant's priority; higher runs first.")),
+        verify=(bool, Field(False, description="Check the result against a NumPy float64 reference.")),
+        idempotency_key=(str | None, Field(None, min_length=1, max_length=128,
+                                           description="A retry with the same key returns the same job.")),
+    )
+
+
+class Progress(BaseModel):
+    tasks_done: int
+    tasks_total: int
+    fraction: float
+
+
+class Timings(BaseModel):
+    created: str | None
+    started: str | None
+    finished: str | None
+    wall_s: float | None
+
+
+class Job(BaseModel):
+    id: str
+    tenant: str | None
+    workflow: str
+    params: dict[str, Any]
+    verify: bool
+    priority: int
+    idempotency_key: str | None
+    state: State
+    cancel_requested: bool
+    progress: Progress
+    footprint_bytes: int
+    attempts: int
+    bytes_spilled: int
+    error: str | None
+    timings: Timings
+
+
+class JobList(BaseModel):
+    jobs: list[Job]
+
+
+class JobResult(BaseModel):
+    id: str
+    state: State
+    summary: dict[str, Any] = Field(description="The workflow's result summary.")
+    output: str | None = Field(description="Where the Zarr output is, for workflows that write one.")
+    report: dict[str, Any] = Field(description="The full run report (timings, transfers, spills, peaks).")
+
+
+class LogLine(BaseModel):
+    time: str | None
+    line: str
+
+
+class JobLogs(BaseModel):
+    id: str
+    lines: list[LogLine]
+
+
+class Workflow(BaseModel):
+    name: str
+    description: str
+    schema_: dict[str, Any] = Field(alias="schema")
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class Health(BaseModel):
+    status: str
+    kind: str
+    workers: int
+    queued: int
+    running: int

@@ -1,0 +1,189 @@
+"""``spillway serve`` (the shared cluster service) and ``spillway tenant`` (its tenants)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import click
+
+from . import CONTEXT, fail_cleanly
+from .options import cluster_options, resolve
+
+DEFAULT_STATE_DIR = os.path.join(os.environ.get("XDG_STATE_HOME", "~/.local/state"), "spillway")
+
+state_options = [
+    click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, envvar="SPILLWAY_STATE_DIR",
+                 help="Directory for the embedded SQLite database and the owner's scheduler file."),
+    click.option("--db", default=None, envvar="SPILLWAY_DB", metavar="URL",
+                 help="Database URL instead of SQLite in --state-dir (postgresql://user@host/db)."),
+]
+
+
+def with_state(func):
+    for option in reversed(state_options):
+        func = option(func)
+    return func
+
+
+def service_cluster_options(func):
+    """The cluster flags of ``spillway up``, except ``--host``: here ``--host`` is the
+    HTTP address, and the scheduler keeps the configured address (loopback by default,
+    set with ``DASK_SPILLWAY__HOST``), so tenants reach the cluster only through the API."""
+    wrapped = cluster_options(func)
+
+    @functools.wraps(wrapped)
+    def wrapper(*args, **kwargs):
+        return wrapped(*args, host=None, **kwargs)
+
+    wrapper.__click_params__ = [p for p in wrapped.__click_params__ if p.name != "host"]
+    return wrapper
+
+
+def open_store(state_dir, db):
+    from ..store import Store
+
+    return Store.open(state_dir, db)
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--host", "http_host", default="127.0.0.1", show_default=True,
+              help="Address the HTTP API listens on (0.0.0.0 for every interface).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="Port of the HTTP API.")
+@with_state
+@click.option("--https-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Serve HTTPS with this certificate (PEM); needs --https-key.")
+@click.option("--https-key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Private key (PEM) of --https-cert.")
+@service_cluster_options
+@fail_cleanly
+def serve(http_host, port, state_dir, db, https_cert, https_key, options_flags):
+    """Serve the shared cluster service: an authenticated HTTP API with a persistent,
+    prioritised job queue, tenants, a web page (/ui) and Prometheus metrics (/metrics).
+
+    Starts the cluster from the same options as `spillway up`, or attaches to one with
+    --scheduler-file / --scheduler-address. The scheduler file for the owner's trusted
+    direct access is written to STATE_DIR/scheduler.json (readable by the owner only).
+
+    \b
+    Examples:
+      spillway tenant add alice                     # prints alice's token once
+      spillway serve --port 8000 --rmm-pool-size 100GB
+      spillway serve --cpu --n-workers 4 --db postgresql://spillway@db/spillway
+      spillway serve --host 0.0.0.0 --https-cert cert.pem --https-key key.pem
+    """
+    import uvicorn
+
+    from ..api import create_app
+    from ..jobs import JobScheduler
+    from ..launch import open_cluster
+
+    if bool(https_cert) != bool(https_key):
+        raise click.UsageError("--https-cert and --https-key go together")
+    options = resolve(options_flags)
+    store = open_store(state_dir, db)
+    with open_cluster(options) as session:
+        if state_dir:
+            _write_owner_file(session, Path(state_dir).expanduser())
+        scheduler = JobScheduler(store, session)
+        scheduler.start()
+        try:
+            app = create_app(store, scheduler)
+            scheme = "https" if https_cert else "http"
+            click.echo(f"serving {scheme}://{http_host}:{port}  ({session.n_workers} {session.kind} workers, "
+                       f"scheduler {session.scheduler_address})", err=True)
+            uvicorn.run(app, host=http_host, port=port, ssl_certfile=https_cert, ssl_keyfile=https_key,
+                        log_level="warning", access_log=False)
+        finally:
+            scheduler.stop()
+            store.close()
+
+
+def _write_owner_file(session, state_dir: Path):
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "scheduler.json"
+    # The scheduler runs anything a client sends it, so only the owner may read where it is.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"address": session.scheduler_address, "type": "Scheduler"}, f)
+
+
+@click.group(context_settings=CONTEXT)
+def tenant():
+    """Tenants of the shared service and their tokens.
+
+    \b
+    Examples:
+      spillway tenant add alice --max-running 4 --max-job-bytes 200GB
+      spillway tenant add ops --admin
+      spillway tenant list
+      spillway tenant revoke alice
+    """
+
+
+@tenant.command("add", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--admin", is_flag=True, help="The token sees and cancels every tenant's jobs.")
+@click.option("--priority", default=0, show_default=True, type=click.IntRange(-100, 100),
+              help="Added to each job's priority; higher runs first.")
+@click.option("--max-running", default=2, show_default=True, type=click.IntRange(1, 10_000),
+              help="Jobs of this tenant that may run at once.")
+@click.option("--max-job-bytes", default="64GiB", show_default=True,
+              help="Largest projected footprint of one job (bytes such as 200GB).")
+@with_state
+@fail_cleanly
+def tenant_add(name, admin, priority, max_running, max_job_bytes, state_dir, db):
+    """Add tenant NAME; prints its token alone on the last line (shown only this once)."""
+    from ..sizes import parse_size
+
+    try:
+        limit = parse_size(max_job_bytes, name="max-job-bytes", minimum=1)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--max-job-bytes") from None
+    store = open_store(state_dir, db)
+    try:
+        info, token = store.add_tenant(name, admin=admin, priority=priority, max_running=max_running,
+                                       max_job_bytes=limit)
+    finally:
+        store.close()
+    click.echo(f"tenant {info['name']} added (admin={str(info['admin']).lower()}, priority={info['priority']}, "
+               f"max-running={info['max_running']}, max-job-bytes={info['max_job_bytes']}); "
+               "its token, shown only now:")
+    click.echo(token)
+
+
+@tenant.command("list", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print as one JSON list.")
+@with_state
+@fail_cleanly
+def tenant_list(as_json, state_dir, db):
+    """List tenants (never their tokens)."""
+    store = open_store(state_dir, db)
+    try:
+        rows = store.tenants()
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'job bytes':>14}  state")
+    for t in rows:
+        click.echo(f"{t['name']:<20} {str(t['admin']).lower():<6} {t['priority']:>8} {t['max_running']:>8} "
+                   f"{t['max_job_bytes']:>14}  {'revoked' if t['revoked'] else 'active'}")
+
+
+@tenant.command("revoke", context_settings=CONTEXT)
+@click.argument("name")
+@with_state
+@fail_cleanly
+def tenant_revoke(name, state_dir, db):
+    """Revoke tenant NAME's token at once (its jobs stay readable to an admin)."""
+    store = open_store(state_dir, db)
+    try:
+        store.revoke_tenant(name)
+    finally:
+        store.close()
+    click.echo(f"tenant {name} revoked")

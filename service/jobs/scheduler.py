@@ -1,0 +1,216 @@
+"""The scheduler loop: starts queued jobs on the cluster, tracks them, stops cancelled ones.
+
+Each job runs :func:`service.runner.run_workflow` in its own thread with its own Dask
+client on the shared scheduler. A client of its own gives each job its own progress
+count (the progress plugin follows a client's next graph) and a clean cancel: cancelling
+that client's futures stops the job's tasks and releases its memory, touching no other
+job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ..progress import PLUGIN_NAME as PROGRESS_PLUGIN
+from ..runner import run_workflow, target_of
+from ..store import Store
+from .order import next_job
+
+logger = logging.getLogger("spillway.jobs")
+
+
+def _client_progress(client_id: str, dask_scheduler=None):
+    """Tasks done and total of the run whose result ``client_id`` waits for."""
+    plugin = dask_scheduler.plugins.get(PROGRESS_PLUGIN)
+    client = dask_scheduler.clients.get(client_id)
+    if plugin is None or client is None:
+        return None
+    for ts in client.wants_what:
+        run = plugin.runs.get(plugin.owner.get(ts.key))
+        if run is not None:
+            return dict(run)
+    return None
+
+
+@dataclasses.dataclass
+class _Running:
+    thread: threading.Thread
+    client: object = None
+    cancelled: bool = False
+
+
+class JobScheduler:
+    """Runs the queue kept in ``store`` on ``session`` (a :class:`service.launch.Session`)."""
+
+    def __init__(self, store: Store, session, *, poll_s: float = 0.25,
+                 client_factory: Callable[[], object] | None = None):
+        self.store = store
+        self.session = session
+        self.poll_s = poll_s
+        self.client_factory = client_factory or self._new_client
+        self.target = target_of(session)
+        self.capacity_bytes = self.target.worker_bytes * self.target.n_workers
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _new_client(self):
+        from distributed import Client
+
+        options = self.session.options
+        return Client(self.session.scheduler_address, security=options.security,
+                      set_as_default=False, timeout="30s")
+
+    # --- submission helpers
+
+    def footprint(self, workflow: str, params: dict) -> int:
+        """Validate ``params`` against the workflow on this cluster; the projected bytes.
+        Raises :class:`~service.errors.ParamError` with the bad value and limit."""
+        import workflows
+
+        _, plan = workflows.get(workflow).plan(params, self.target)
+        return int(plan.footprint.total_bytes)
+
+    # --- lifecycle
+
+    def start(self):
+        requeued = self.store.recover()
+        if requeued:
+            logger.warning("requeued %d job(s) that were running when the service stopped", len(requeued))
+        self._thread = threading.Thread(target=self._loop, name="spillway-jobs", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10):
+        self._stop.set()
+        self._wake.set()
+        with self._lock:
+            running = list(self._running.values())
+        for r in running:
+            # the jobs stay "running" in the store and run again on the next start
+            try:
+                r.client.close()
+            except Exception:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for r in running:
+            r.thread.join(timeout)
+
+    def wake(self):
+        self._wake.set()
+
+    @property
+    def running_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._running)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except Exception:
+                logger.exception("scheduler loop")
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+
+    def _tick(self):
+        while not self._stop.is_set():
+            with self._lock:
+                ours = set(self._running)
+            running = [j for j in self.store.running() if j["id"] in ours]
+            job = next_job(self.store.queued(), running, self.capacity_bytes)
+            if job is None:
+                return
+            if not self.store.start(job["id"], f"started (attempt {job['attempts'] + 1}) on "
+                                               f"{self.session.n_workers} {self.session.kind} workers"):
+                continue
+            thread = threading.Thread(target=self._execute, args=(job,), name=f"job-{job['id'][:8]}",
+                                      daemon=True)
+            with self._lock:
+                self._running[job["id"]] = _Running(thread=thread)
+            thread.start()
+
+    # --- one job
+
+    def _execute(self, job: dict):
+        job_id = job["id"]
+        entry = self._running[job_id]
+        try:
+            client = self.client_factory()
+        except Exception as e:
+            self._finish(job_id, "failed", line=f"failed: cannot reach the cluster: {e}",
+                         error=f"cannot reach the cluster: {e}")
+            return
+        entry.client = client
+        done = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(job_id, client, entry, done), daemon=True)
+        watcher.start()
+        try:
+            session = dataclasses.replace(self.session, client=client)
+            report = run_workflow(session, job["workflow"], job["params"], verify=job["verify"])
+        except BaseException as e:  # noqa: BLE001 (every outcome is recorded)
+            done.set()
+            if entry.cancelled or self._stop.is_set():
+                if not self._stop.is_set():
+                    self._finish(job_id, "cancelled", line="cancelled: tasks stopped and memory released")
+            else:
+                msg = f"{type(e).__name__}: {e}".strip().splitlines()[0] if str(e) else type(e).__name__
+                self._finish(job_id, "failed", line=f"failed: {msg}", error=msg)
+        else:
+            done.set()
+            verify = report.get("verify")
+            if verify and verify.get("ok") is False:
+                msg = (f"verification failed: relative error {verify['rel_error']:.3e} exceeds "
+                       f"tolerance {verify['tolerance']:.0e}")
+                self._finish(job_id, "failed", line=f"failed: {msg}", error=msg, report=report)
+            else:
+                self._finish(job_id, "done", line=f"done in {report['wall_s']:.3f} s ({report['tasks']} tasks)",
+                             report=report)
+        finally:
+            watcher.join(5)
+            try:
+                client.close()
+            except Exception:
+                pass
+            with self._lock:
+                self._running.pop(job_id, None)
+            self._wake.set()
+
+    def _finish(self, job_id, state, *, line, error=None, report=None):
+        if self._stop.is_set():
+            return
+        self.store.finish(job_id, state, line=line, error=error, report=report,
+                          wall_s=report.get("wall_s") if report else None,
+                          bytes_spilled=int(report.get("bytes_spilled") or 0) if report else 0,
+                          tasks=report.get("tasks") if report else None)
+
+    def _watch(self, job_id: str, client, entry: _Running, done: threading.Event):
+        """Copy the job's progress to the store and act on a cancel request."""
+        while not done.wait(0.5):
+            try:
+                # asked again each time: a cancel that lands before the job's graph
+                # reaches the scheduler must still catch its futures
+                if entry.cancelled or self.store.cancel_requested(job_id):
+                    entry.cancelled = True
+                    self._cancel(client)
+                counts = client.run_on_scheduler(_client_progress, client.id)
+                if counts:
+                    self.store.progress(job_id, counts.get("done", 0), counts.get("total", 0))
+            except Exception:
+                if done.is_set():
+                    return
+                time.sleep(0.5)
+
+    @staticmethod
+    def _cancel(client):
+        from distributed import Future
+
+        futures = [Future(key, client) for key in list(client.futures)]
+        if futures:
+            client.cancel(futures, force=True)

@@ -1,0 +1,339 @@
+"""Persistence of tenants and jobs through SQLAlchemy.
+
+SQLite in WAL mode (in the service's state directory) is the embedded default; a
+``postgresql://`` URL uses PostgreSQL through psycopg 3. Every state change is committed
+before it is acted on, so a killed service finds each job where it left it.
+
+Methods return plain dicts (JSON-able) rather than ORM objects, so nothing outside this
+package holds a database session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import SpillwayError
+from .models import FINAL_STATES, STATES, Base, Job, LogLine, Tenant
+
+__all__ = ["Store", "StoreError", "STATES", "FINAL_STATES", "hash_token", "database_url"]
+
+DB_FILE = "spillway.db"
+
+
+class StoreError(SpillwayError):
+    exit_code = 2
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def hash_token(token: str) -> str:
+    # Tokens are 256 random bits, so a plain digest is enough: there is nothing to guess.
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def database_url(state_dir: str | Path | None, db: str | None) -> str:
+    """The database URL: ``db`` when given, else SQLite in ``state_dir``."""
+    if db:
+        if db.startswith(("postgresql://", "postgres://")):
+            # psycopg 3 is the driver this package installs; SQLAlchemy defaults to psycopg2
+            return "postgresql+psycopg://" + db.split("://", 1)[1]
+        return db
+    if not state_dir:
+        raise StoreError("state-dir: give a state directory or --db URL")
+    path = Path(state_dir).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path / DB_FILE}"
+
+
+def _iso(t: datetime | None) -> str | None:
+    if t is None:
+        return None
+    if t.tzinfo is None:  # SQLite hands back naive datetimes; they were stored as UTC
+        t = t.replace(tzinfo=timezone.utc)
+    return t.isoformat()
+
+
+def tenant_dict(t: Tenant) -> dict:
+    return {
+        "id": t.id, "name": t.name, "admin": t.admin, "priority": t.priority,
+        "max_running": t.max_running, "max_job_bytes": t.max_job_bytes,
+        "revoked": t.revoked, "created": _iso(t.created),
+    }
+
+
+def job_dict(j: Job, tenant_name: str | None = None) -> dict:
+    total = j.tasks_total or 0
+    done = j.tasks_done or 0
+    if j.state == "done":
+        fraction = 1.0
+    else:
+        fraction = min(1.0, done / total) if total else 0.0
+    return {
+        "id": j.id, "tenant": tenant_name, "workflow": j.workflow, "params": j.params,
+        "verify": j.verify, "priority": j.priority, "idempotency_key": j.idempotency_key,
+        "state": j.state, "cancel_requested": j.cancel_requested,
+        "progress": {"tasks_done": done, "tasks_total": total, "fraction": fraction},
+        "footprint_bytes": j.footprint_bytes, "attempts": j.attempts,
+        "bytes_spilled": j.bytes_spilled, "error": j.error,
+        "timings": {"created": _iso(j.created), "started": _iso(j.started),
+                    "finished": _iso(j.finished), "wall_s": j.wall_s},
+    }
+
+
+class Store:
+    def __init__(self, url: str):
+        self.url = url
+        kwargs: dict[str, Any] = {"future": True}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        else:
+            kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
+        self.engine = create_engine(url, **kwargs)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        Base.metadata.create_all(self.engine)
+
+    @classmethod
+    def open(cls, state_dir=None, db=None) -> Store:
+        return cls(database_url(state_dir, db))
+
+    def close(self):
+        self.engine.dispose()
+
+    def _session(self) -> Session:
+        return self.sessions()
+
+    # --- tenants
+
+    def add_tenant(self, name: str, *, admin=False, priority=0, max_running=2,
+                   max_job_bytes=64 * 2**30) -> tuple[dict, str]:
+        """A new tenant and its bearer token (the only time the token exists in clear)."""
+        name = name.strip()
+        if not name or len(name) > 64:
+            raise StoreError(f"name: {name!r} must be 1 to 64 characters")
+        if max_running < 1:
+            raise StoreError(f"max-running: {max_running} must be >= 1")
+        if max_job_bytes < 1:
+            raise StoreError(f"max-job-bytes: {max_job_bytes} must be >= 1")
+        token = "spw_" + secrets.token_urlsafe(32)
+        with self._session() as s:
+            if s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
+                raise StoreError(f"name: tenant {name!r} already exists")
+            t = Tenant(name=name, token_hash=hash_token(token), admin=admin, priority=priority,
+                       max_running=max_running, max_job_bytes=max_job_bytes, revoked=False, created=now())
+            s.add(t)
+            s.commit()
+            return tenant_dict(t), token
+
+    def tenants(self) -> list[dict]:
+        with self._session() as s:
+            return [tenant_dict(t) for t in s.scalars(select(Tenant).order_by(Tenant.id))]
+
+    def revoke_tenant(self, name: str) -> dict:
+        with self._session() as s:
+            t = s.scalar(select(Tenant).where(Tenant.name == name))
+            if t is None:
+                raise StoreError(f"name: no tenant {name!r}")
+            t.revoked = True
+            # its queued jobs would never start; running ones finish
+            for j in s.scalars(select(Job).where(Job.tenant_id == t.id, Job.state == "queued")):
+                j.state, j.finished, j.cancel_requested = "cancelled", now(), True
+                s.add(LogLine(job_id=j.id, time=now(), line="cancelled: tenant revoked"))
+            s.commit()
+            return tenant_dict(t)
+
+    def tenant_for_token(self, token: str) -> dict | None:
+        with self._session() as s:
+            t = s.scalar(select(Tenant).where(Tenant.token_hash == hash_token(token)))
+            if t is None or t.revoked:
+                return None
+            return tenant_dict(t)
+
+    # --- jobs
+
+    def submit(self, tenant: dict, *, workflow: str, params: dict, verify: bool, priority: int,
+               idempotency_key: str | None, footprint_bytes: int) -> tuple[dict, bool]:
+        """The job, and whether it is new (False when the idempotency key names an earlier one)."""
+        if idempotency_key is not None:
+            found = self._by_key(tenant["id"], idempotency_key)
+            if found is not None:
+                return found, False
+        job_id = uuid.uuid4().hex
+        with self._session() as s:
+            s.add(Job(id=job_id, tenant_id=tenant["id"], workflow=workflow, params=params, verify=verify,
+                      priority=priority, idempotency_key=idempotency_key, state="queued",
+                      footprint_bytes=footprint_bytes, created=now()))
+            s.add(LogLine(job_id=job_id, time=now(), line=f"queued by {tenant['name']}"))
+            try:
+                s.commit()
+            except IntegrityError:
+                # a concurrent retry with the same key won the insert
+                s.rollback()
+                found = self._by_key(tenant["id"], idempotency_key)
+                if found is None:
+                    raise
+                return found, False
+        return self.job(job_id), True
+
+    def _by_key(self, tenant_id: int, key: str) -> dict | None:
+        with self._session() as s:
+            row = s.execute(select(Job, Tenant.name).join(Tenant, Job.tenant_id == Tenant.id)
+                            .where(Job.tenant_id == tenant_id, Job.idempotency_key == key)).first()
+            return job_dict(*row) if row else None
+
+    def job(self, job_id: str, tenant: dict | None = None) -> dict | None:
+        """The job, or None when it does not exist or belongs to another tenant (unless
+        ``tenant`` is None or an admin)."""
+        with self._session() as s:
+            q = select(Job, Tenant.name).join(Tenant, Job.tenant_id == Tenant.id).where(Job.id == job_id)
+            if tenant is not None and not tenant["admin"]:
+                q = q.where(Job.tenant_id == tenant["id"])
+            row = s.execute(q).first()
+            return job_dict(*row) if row else None
+
+    def report(self, job_id: str) -> dict | None:
+        with self._session() as s:
+            return s.scalar(select(Job.report).where(Job.id == job_id))
+
+    def jobs(self, tenant: dict | None = None, *, state: str | None = None, limit: int = 100,
+             offset: int = 0) -> list[dict]:
+        with self._session() as s:
+            q = select(Job, Tenant.name).join(Tenant, Job.tenant_id == Tenant.id)
+            if tenant is not None and not tenant["admin"]:
+                q = q.where(Job.tenant_id == tenant["id"])
+            if state is not None:
+                q = q.where(Job.state == state)
+            q = q.order_by(Job.created.desc(), Job.id).limit(limit).offset(offset)
+            return [job_dict(*row) for row in s.execute(q)]
+
+    def request_cancel(self, job_id: str, tenant: dict | None = None) -> dict | None:
+        """Cancel a queued job at once; mark a running one for the scheduler to stop."""
+        if self.job(job_id, tenant) is None:
+            return None
+        with self._session() as s:
+            j = s.get(Job, job_id, with_for_update=not self.url.startswith("sqlite"))
+            if j.state == "queued":
+                j.state, j.finished, j.cancel_requested = "cancelled", now(), True
+                s.add(LogLine(job_id=job_id, time=now(), line="cancelled while queued"))
+            elif j.state == "running" and not j.cancel_requested:
+                j.cancel_requested = True
+                s.add(LogLine(job_id=job_id, time=now(), line="cancel requested"))
+            s.commit()
+        return self.job(job_id)
+
+    def logs(self, job_id: str) -> list[dict]:
+        with self._session() as s:
+            rows = s.scalars(select(LogLine).where(LogLine.job_id == job_id).order_by(LogLine.id))
+            return [{"time": _iso(r.time), "line": r.line} for r in rows]
+
+    def log(self, job_id: str, line: str):
+        with self._session() as s:
+            s.add(LogLine(job_id=job_id, time=now(), line=line))
+            s.commit()
+
+    # --- what the scheduler loop needs
+
+    def queued(self) -> list[dict]:
+        """Queued jobs with their tenant's priority and quota, oldest first."""
+        with self._session() as s:
+            q = (select(Job, Tenant).join(Tenant, Job.tenant_id == Tenant.id)
+                 .where(Job.state == "queued").order_by(Job.created, Job.id))
+            out = []
+            for j, t in s.execute(q):
+                d = job_dict(j, t.name)
+                d["tenant_id"] = t.id
+                d["tenant_priority"] = t.priority
+                d["tenant_max_running"] = t.max_running
+                d["tenant_revoked"] = t.revoked
+                out.append(d)
+            return out
+
+    def running(self) -> list[dict]:
+        with self._session() as s:
+            q = (select(Job, Tenant.name).join(Tenant, Job.tenant_id == Tenant.id)
+                 .where(Job.state == "running"))
+            return [job_dict(*row) | {"tenant_id": row[0].tenant_id} for row in s.execute(q)]
+
+    def start(self, job_id: str, line: str) -> bool:
+        """queued -> running; False when the job left the queue meanwhile (cancelled)."""
+        with self._session() as s:
+            n = s.execute(update(Job).where(Job.id == job_id, Job.state == "queued")
+                          .values(state="running", started=now(), attempts=Job.attempts + 1,
+                                  tasks_done=0, tasks_total=0)).rowcount
+            if n:
+                s.add(LogLine(job_id=job_id, time=now(), line=line))
+            s.commit()
+            return bool(n)
+
+    def progress(self, job_id: str, done: int, total: int):
+        with self._session() as s:
+            s.execute(update(Job).where(Job.id == job_id, Job.state == "running")
+                      .values(tasks_done=done, tasks_total=total))
+            s.commit()
+
+    def finish(self, job_id: str, state: str, *, line: str, report: dict | None = None,
+               error: str | None = None, wall_s: float | None = None, bytes_spilled: int = 0,
+               tasks: int | None = None):
+        assert state in FINAL_STATES
+        values = dict(state=state, report=report, error=error, wall_s=wall_s, bytes_spilled=bytes_spilled,
+                      finished=now())
+        if tasks is not None:
+            values.update(tasks_done=tasks, tasks_total=tasks)
+        with self._session() as s:
+            s.execute(update(Job).where(Job.id == job_id, Job.state == "running").values(**values))
+            s.add(LogLine(job_id=job_id, time=now(), line=line))
+            s.commit()
+
+    def cancel_requested(self, job_id: str) -> bool:
+        with self._session() as s:
+            return bool(s.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+
+    def recover(self) -> list[str]:
+        """Put jobs that were running when the service stopped back in the queue (or mark
+        them cancelled when a cancel was asked for). Returns their ids."""
+        with self._session() as s:
+            rows = s.scalars(select(Job).where(Job.state == "running")).all()
+            for j in rows:
+                if j.cancel_requested:
+                    j.state, j.finished = "cancelled", now()
+                    s.add(LogLine(job_id=j.id, time=now(), line="cancelled (service restarted)"))
+                else:
+                    j.state, j.started, j.tasks_done, j.tasks_total = "queued", None, 0, 0
+                    s.add(LogLine(job_id=j.id, time=now(),
+                                  line="service restarted while running: queued to run again"))
+            s.commit()
+            return [j.id for j in rows]
+
+    def counts(self) -> dict[str, int]:
+        with self._session() as s:
+            rows = s.execute(select(Job.state, func.count()).group_by(Job.state)).all()
+        out = dict.fromkeys(STATES, 0)
+        out.update({state: n for state, n in rows})
+        return out
+
+    def spilled_total(self) -> int:
+        with self._session() as s:
+            return int(s.scalar(select(func.coalesce(func.sum(Job.bytes_spilled), 0))) or 0)
+
+
+def _sqlite_pragmas(dbapi_connection, _record):
+    cursor = dbapi_connection.cursor()
+    # WAL lets the API read while the scheduler loop writes; NORMAL sync is durable
+    # against a killed process (only an OS crash can lose the last commits).
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()

@@ -1,0 +1,74 @@
+"""The service's tables: tenants, jobs and each job's log lines.
+
+Kept to portable SQLAlchemy types so the same models run on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: job states; a job moves queued -> running -> done | failed | cancelled, and back to
+#: queued when the service restarts while it ran
+STATES = ("queued", "running", "done", "failed", "cancelled")
+FINAL_STATES = ("done", "failed", "cancelled")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    #: SHA-256 of the bearer token; the token itself is shown once and never stored
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: added to each job's own priority when the queue orders jobs
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    max_running: Mapped[int] = mapped_column(Integer, default=2)
+    #: largest projected footprint (bytes) one of this tenant's jobs may have
+    max_job_bytes: Mapped[int] = mapped_column(BigInteger, default=64 * 2**30)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    created: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("tenant_id", "idempotency_key", name="uq_job_idempotency"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    workflow: Mapped[str] = mapped_column(String(128))
+    #: the parameters as the tenant sent them (validated again when the job starts)
+    params: Mapped[dict] = mapped_column(JSON)
+    verify: Mapped[bool] = mapped_column(Boolean, default=False)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    state: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: projected peak bytes over the cluster, from the workflow's plan at submission
+    footprint_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    tasks_total: Mapped[int] = mapped_column(Integer, default=0)
+    tasks_done: Mapped[int] = mapped_column(Integer, default=0)
+    bytes_spilled: Mapped[int] = mapped_column(BigInteger, default=0)
+    wall_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    started: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class LogLine(Base):
+    __tablename__ = "job_logs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    line: Mapped[str] = mapped_column(Text)
