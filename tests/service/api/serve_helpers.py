@@ -1,0 +1,179 @@
+"""Real servers for the service tests: a CPU cluster kept up with `spillway up` and
+`spillway serve` processes on loopback, each bounded in time and stopped; PostgreSQL helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+START_TIMEOUT_S = 90
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spillway(*args: str, timeout: float = 60, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "service", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def add_tenant(state: dict, name: str, *extra: str) -> str:
+    """A new tenant's token, through the real `spillway tenant add`."""
+    out = spillway("tenant", "add", name, *extra, *state_args(state))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def state_args(state: dict) -> list[str]:
+    args = ["--state-dir", state["state_dir"]]
+    if state.get("db"):
+        args += ["--db", state["db"]]
+    return args
+
+
+class Server:
+    """One `spillway serve` process."""
+
+    def __init__(self, state: dict, *cluster_args: str, https: tuple[str, str] | None = None):
+        self.state = state
+        self.cluster_args = cluster_args
+        self.https = https
+        self.port = free_port()
+        scheme = "https" if https else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log = Path(state["state_dir"]) / f"serve-{self.port}.log"
+
+    def start(self):
+        args = [sys.executable, "-m", "service", "serve", "--port", str(self.port), *state_args(self.state),
+                "--dashboard-address", "", *self.cluster_args]
+        if self.https:
+            args += ["--https-cert", self.https[0], "--https-key", self.https[1]]
+        self._logf = open(self.log, "ab")
+        # a new session so the cluster processes it starts can be stopped with it
+        self.proc = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        verify = self.https[0] if self.https else True
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"spillway serve exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=2, verify=verify).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"spillway serve did not answer in {START_TIMEOUT_S} s:\n{self.log.read_text()}")
+
+    def kill(self):
+        """SIGKILL the service process alone (not a cluster it attached to)."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # anything of its own left behind
+        self._logf.close()
+
+    def client(self, token: str | None = None, **kw) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        verify = self.https[0] if self.https else True
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=verify, **kw)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_state(client: httpx.Client, job_id: str, states, timeout: float = 60) -> dict:
+    states = {states} if isinstance(states, str) else set(states)
+
+    def check():
+        job = client.get(f"/jobs/{job_id}").json()
+        return job if job["state"] in states else None
+
+    return wait_for(check, timeout, f"job {job_id} to reach {states}")
+
+
+# --- a CPU cluster kept up by `spillway up`, for tests that restart the service
+
+
+@contextlib.contextmanager
+def cpu_cluster(tmp: Path, n_workers: int = 2):
+    scheduler_file = tmp / "cluster.json"
+    log = open(tmp / "up.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "service", "up", "--cpu", "--n-workers", str(n_workers),
+                             "--dashboard-address", "", "--scheduler-file-out", str(scheduler_file)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: scheduler_file.exists() or proc.poll() is not None, START_TIMEOUT_S, "spillway up")
+        assert proc.poll() is None, (tmp / "up.log").read_text()
+        yield str(scheduler_file)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+# --- a throwaway PostgreSQL server
+
+
+def pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return candidates[-1] if candidates else None
+
+
+def new_database(base_url: str) -> str:
+    import psycopg
+
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(base_url + "/postgres",
+                         autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{base_url}/{name}"
+
+
+def jobs_json(client: httpx.Client, **params) -> list[dict]:
+    r = client.get("/jobs", params={"limit": 1000, **params})
+    assert r.status_code == 200, r.text
+    return r.json()["jobs"]
+
+
