@@ -28,7 +28,8 @@ def target_of(session) -> Target:
         device = session.client.run(_device_limit)
         limits = [v for v in device.values() if v] or limits
     per_worker = min(limits) if limits and min(limits) > 0 else 4 * 2**30
-    return Target(kind=session.kind, n_workers=session.n_workers, worker_bytes=int(per_worker))
+    return Target(kind=session.kind, n_workers=session.n_workers, worker_bytes=int(per_worker),
+                  workers=tuple(sorted(info)))
 
 
 def _device_limit(dask_worker):
@@ -55,27 +56,41 @@ def run_workflow(
     *,
     verify: bool = False,
     progress=None,
+    output: str | None = None,
+    arrays: dict[str, Any] | None = None,
 ) -> dict:
     """Run workflow ``name`` with raw ``params`` on ``session``; returns the report.
 
-    ``progress`` is a text stream for the progress bar, or None for none.
+    ``progress`` is a text stream for the progress bar, or None for none. ``output`` is
+    the path of a Zarr v3 store the workers write an array result to. ``arrays`` hands
+    Python arrays to the workflow's array inputs (notebooks).
     """
+    from workflows import outputs
+
     workflow = workflows.get(name)
+    if output is not None:
+        output = outputs.check_path(output)
     target = target_of(session)
-    validated, plan = workflow.plan(params, target)
+    validated, plan = workflow.plan(params, target, arrays)
     client = session.client
+    if output is not None and plan.array is None:
+        from .errors import ParamError
+
+        raise ParamError(f"output: {name} has no array result to write (its result is a summary)")
+    collections = [plan.result] + ([outputs.zarr_store(plan.array, output)] if output is not None else [])
 
     client.run(reset_peak)
     before = client.run(worker_snapshot)
     run_id = f"{name}-{uuid.uuid4().hex[:8]}"
     start = time.perf_counter()
     with track(client, run_id) as tracker:
-        future = client.compute(plan.result)
-        counts = wait_with_bar(future, tracker, label=name, stream=progress)
-        value = future.result()
+        # one graph, so an array result is computed once for the summary and the store
+        futures = client.compute(collections, optimize_graph=plan.optimize_graph)
+        counts = wait_with_bar(futures, tracker, label=name, stream=progress)
+        value = client.gather(futures[0])
     wall = time.perf_counter() - start
     after = client.run(worker_snapshot)
-    del future
+    del futures
 
     report: dict[str, Any] = {
         "workflow": name,
@@ -91,6 +106,9 @@ def run_workflow(
         "footprint": plan.footprint.to_json(),
         "tasks": counts.get("total", 0),
         "bytes_produced": counts.get("bytes", 0),
+        "bytes_read": plan.bytes_read,
+        "bytes_written": outputs.nbytes(plan.array) if output is not None else 0,
+        "output": output,
     }
     report.update(transfer_stats(before, after, start_wall=time.time() - wall))
     if verify:
@@ -103,7 +121,7 @@ def check(plan, value) -> dict:
         return {"rel_error": None, "tolerance": plan.tolerance, "ok": None, "reference": "none"}
     t0 = time.perf_counter()
     expected, how = plan.reference(value)
-    err = relative_error(value, expected)
+    err = relative_error(plan.checked(value), expected)
     return {
         "rel_error": err,
         "tolerance": plan.tolerance,
@@ -155,6 +173,9 @@ def format_report(report: dict) -> str:
     fp = report["footprint"]
     lines.append(f"input         {format_bytes(fp['input_bytes'])}  "
                  f"(projected peak {format_bytes(fp['per_worker_bytes'])} per worker)")
+    lines.append(f"read/written  {format_bytes(report.get('bytes_read', 0))} read, "
+                 f"{format_bytes(report.get('bytes_written', 0))} written"
+                 + (f" to {report['output']}" if report.get("output") else ""))
     bw = report.get("transfer_gbps_median")
     lines.append(f"transferred   {format_bytes(report['bytes_transferred'])} between workers"
                  + (f"  (median {bw:.1f} GB/s)" if bw else ""))

@@ -44,3 +44,17 @@ def to_numpy(array):
     if hasattr(array, "get") and type(array).__module__.startswith("cupy"):
         return array.get()
     return numpy.asarray(array)
+
+
+def to_device(block):
+    """A CuPy copy of a host block (runs inside tasks on GPU workers)."""
+    import cupy
+
+    return cupy.asarray(block)
+
+
+def device_meta(dtype, ndim: int):
+    """An empty CuPy array: the dask ``meta`` of device-chunked arrays."""
+    import cupy
+
+    return cupy.empty((0,) * ndim, dtype=dtype)

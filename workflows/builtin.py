@@ -1,3 +1,12 @@
 """Imports the built-in workflow modules; each registers itself on import."""
 
-from . import transpose_sum  # noqa: F401
+from . import (  # noqa: F401
+    elementwise,
+    fft,
+    gather,
+    linalg,
+    rechunk,
+    reductions,
+    stencil,
+    transpose_sum,
+)

@@ -69,3 +69,19 @@ def resolve_chunks(chunks, shape: tuple[int, ...], dtype: str, target: Target, *
                 f"{name}: chunk {'x'.join(map(str, chunks))} is larger than the array {'x'.join(map(str, shape))}"
             )
     return tuple(chunks)
+
+
+def panel_rows(chunks, shape: tuple[int, ...], dtype: str, target: Target, *, name="chunks") -> int:
+    """Rows per row panel (chunks spanning every other axis), from a chunks parameter: auto,
+    bytes per panel, or a chunk shape whose first entry is the panel height."""
+    itemsize = np.dtype(dtype).itemsize
+    row_bytes = math.prod(shape[1:]) * itemsize
+    if chunks == "auto":
+        rows = max(1, CHUNK_BYTES[target.kind] // row_bytes)
+    elif isinstance(chunks, int):
+        rows = max(1, chunks // row_bytes)
+    else:
+        rows = chunks[0]
+        if rows > shape[0]:
+            raise ParamError(f"{name}: panel of {rows} rows is larger than the array's {shape[0]} rows")
+    return even_split(shape[0], rows)

@@ -31,6 +31,8 @@ class Target:
     n_workers: int = 1
     #: memory each worker may use before it spills (device memory on GPUs)
     worker_bytes: int = 4 * 2**30
+    #: the workers' addresses, where known; inputs larger than one worker are spread over them
+    workers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -215,9 +217,13 @@ class Params(Mapping):
     """Validated parameters of one workflow run (read-only)."""
 
     values: Mapping[str, Any] = field(default_factory=dict)
+    #: arrays handed over from Python (dask, CuPy, NumPy, CUDA array interface, DLPack),
+    #: by input name; they never appear in the JSON form of the parameters
+    arrays: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "values", MappingProxyType(dict(self.values)))
+        object.__setattr__(self, "arrays", MappingProxyType(dict(self.arrays)))
 
     def __getitem__(self, key):
         return self.values[key]

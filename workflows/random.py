@@ -76,21 +76,32 @@ def uniform(
     backend: str = "numpy",
     low: float = 0.0,
     high: float = 1.0,
+    workers: tuple[str, ...] = (),
 ):
-    """A lazy dask array of seeded uniform values; nothing is computed until asked."""
+    """A lazy dask array of seeded uniform values; nothing is computed until asked.
+
+    With ``workers``, its chunks are spread evenly over them (see :mod:`.placement`).
+    """
     import dask.array as da
     from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
     shape = tuple(int(s) for s in shape)
     chunks = da.core.normalize_chunks(chunks, shape, dtype=np.dtype(dtype))
-    name = "uniform-" + tokenize(seed, stream, shape, chunks, dtype, backend, low, high)
+    name = "uniform-" + tokenize(seed, stream, shape, chunks, dtype, backend, low, high, workers)
     offsets = [np.cumsum((0,) + c) for c in chunks]
     layer = {}
     for index in np.ndindex(*[len(c) for c in chunks]):
         location = tuple((int(offsets[d][i]), int(offsets[d][i + 1])) for d, i in enumerate(index))
         layer[(name, *index)] = (uniform_block, seed, stream, shape, location, dtype, backend, low, high)
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=())
+    annotations = None
+    if workers:
+        from .placement import assign
+
+        by_block = assign(chunks, np.dtype(dtype).itemsize, workers)
+        by_key = {(name, *index): [worker] for index, worker in by_block.items()}
+        annotations = {"workers": by_key.__getitem__, "allow_other_workers": True}
+    graph = HighLevelGraph({name: MaterializedLayer(layer, annotations=annotations)}, {name: set()})
     meta = np.empty((0,) * len(shape), dtype=dtype)
     return da.Array(graph, name, chunks, meta=meta)
 

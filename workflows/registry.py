@@ -61,6 +61,13 @@ class Plan:
     #: the dask collection whose chunks the Zarr writer stores, when the result is an array
     array: Any = None
     notes: list[str] = field(default_factory=list)
+    #: the part of the computed result that the reference describes (the whole by default)
+    checked: Callable[[Any], Any] = lambda value: value
+    #: bytes the run reads from storage (Zarr inputs)
+    bytes_read: int = 0
+    #: False when the graph carries per-chunk worker placement: dask's low-level task
+    #: fusion rebuilds the graph without layer annotations, which would drop it
+    optimize_graph: bool = True
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class Workflow:
     build: Callable[[Params, Target], Plan]
     #: cross-parameter checks (chunks larger than the array, ...) raising ParamError
     check: Callable[[Params, Target], None] | None = None
+    #: names of the inputs a Python caller may hand over as arrays instead of generating them
+    array_inputs: tuple[str, ...] = ()
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -78,10 +87,21 @@ class Workflow:
                 return p
         raise KeyError(name)
 
-    def validate(self, raw: Mapping[str, Any] | None, target: Target | None = None) -> Params:
-        """Validated parameters, defaults for the target filled in."""
+    def validate(
+        self, raw: Mapping[str, Any] | None, target: Target | None = None, arrays: Mapping[str, Any] | None = None
+    ) -> Params:
+        """Validated parameters, defaults for the target filled in.
+
+        ``arrays`` maps input names (see ``array_inputs``) to arrays from Python that the
+        workflow uses instead of generating its input.
+        """
         target = target or Target()
         raw = dict(raw or {})
+        arrays = dict(arrays or {})
+        for key in arrays:
+            if key not in self.array_inputs:
+                accepted = ", ".join(self.array_inputs) or "none"
+                raise ParamError(f"{key}: not an array input of {self.name} (array inputs: {accepted})")
         names = [p.name for p in self.params]
         for key in raw:
             if key not in names:
@@ -94,14 +114,17 @@ class Workflow:
         for p in self.params:
             value = raw[p.name] if p.name in raw else p.default_for(target)
             values[p.name] = p.parse(value)
-        params = Params(values)
+        params = Params(values, arrays)
         if self.check is not None:
             self.check(params, target)
         return params
 
-    def plan(self, raw: Mapping[str, Any] | None, target: Target | None = None) -> tuple[Params, Plan]:
+    def plan(
+        self, raw: Mapping[str, Any] | None, target: Target | None = None, arrays: Mapping[str, Any] | None = None
+    ) -> tuple[Params, Plan]:
+        """Validate and build: a lazy :class:`Plan`; nothing is computed."""
         target = target or Target()
-        params = self.validate(raw, target)
+        params = self.validate(raw, target, arrays)
         return params, self.build(params, target)
 
     def schema(self, target: Target | None = None) -> dict:

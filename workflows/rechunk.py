@@ -1,0 +1,65 @@
+"""rechunk: row panels to column panels, an all-to-all exchange.
+
+Every output panel takes a piece of every input panel, so each worker sends to and
+receives from every other: the workflow measures the fabric between workers. The
+rechunk uses dask's task-based method, which moves device chunks as they are (dask's
+peer-to-peer method shards through host memory).
+
+The reference is the input itself, read back in NumPy float64: the rechunked array must
+hold exactly the same values at the same positions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import inputs
+from .chunking import panel_rows
+from .params import Params, Target
+from .registry import Workflow, register
+from .results import FULL_CHECK_BYTES, array_plan, first_boundary, footprint, window
+
+PARAMS = (*inputs.size_params((4000, 4000), (50000, 50000)), inputs.input_param())
+# the chunks parameter here is the panel thickness: rows per input panel, columns per output panel
+
+
+def _panels(params: Params, target: Target):
+    shape, dtype = inputs.describe(params)
+    rows = panel_rows(params.chunks, shape, dtype, target)
+    cols = panel_rows(params.chunks, shape[::-1], dtype, target, name="chunks")
+    return shape, (rows, shape[1]), (shape[0], cols)
+
+
+def check(params: Params, target: Target) -> None:
+    _panels(params, target)
+
+
+def build(params: Params, target: Target):
+    shape, row_panels, col_panels = _panels(params, target)
+    source = inputs.open_source(params, target, row_panels)
+    y = source.array.rechunk(col_panels, method="tasks")
+    itemsize = y.dtype.itemsize
+    if shape[0] * shape[1] * itemsize <= FULL_CHECK_BYTES:
+        probe = (slice(0, shape[0]), slice(0, shape[1]))
+    else:
+        # rows around the first input panel boundary, columns around the first output one
+        probe = (window(shape[0], first_boundary(source.array.chunks[0]), 256),
+                 window(shape[1], first_boundary(y.chunks[1]), 4096))
+
+    def reference():
+        return source.region(probe), f"numpy float64 x[{probe[0].start}:{probe[0].stop}, " \
+                                     f"{probe[1].start}:{probe[1].stop}] (values unchanged)"
+
+    chunk_bytes = row_panels[0] * row_panels[1] * itemsize
+    fp = footprint(source.nbytes, source.nbytes, chunk_bytes, target.n_workers, temporaries=3)
+    return array_plan(y, probe=y[probe], reference=reference, footprint=fp, source=source)
+
+
+WORKFLOW = register(Workflow(
+    name="rechunk",
+    description="Rechunk a seeded random array from row panels to column panels (all-to-all)",
+    params=PARAMS,
+    build=build,
+    check=check,
+    array_inputs=("x",),
+))
