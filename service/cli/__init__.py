@@ -114,11 +114,13 @@ def parse_param_pairs(pairs: tuple[str, ...]) -> dict:
 @click.option("--params-json", default=None, metavar="JSON", help="All parameters as one JSON object.")
 @click.option("--verify", is_flag=True, help="Compare with a NumPy float64 reference by relative error.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option("--output", default=None, metavar="PATH",
+              help="Zarr v3 store the workers write an array result to, in parallel.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
 @cluster_options
 @fail_cleanly
-def run(workflow, param_pairs, params_json, verify, as_json, progress, options_flags):
+def run(workflow, param_pairs, params_json, verify, as_json, output, progress, options_flags):
     """Run WORKFLOW and print its report.
 
     Without --scheduler-address or --scheduler-file, starts the embedded default cluster
@@ -129,8 +131,10 @@ def run(workflow, param_pairs, params_json, verify, as_json, progress, options_f
       spillway run transpose-sum --param size=20000x20000 --param chunks=5000x5000
       spillway run transpose-sum --param size=16GB --param dtype=float32 --verify --json
       spillway run transpose-sum --scheduler-file sched.json
+      spillway run matmul --param size=8GB --output /scratch/z.zarr
     """
     import workflows
+    from workflows.outputs import check_path
 
     from ..launch import open_cluster
     from ..progress import default_stream
@@ -142,9 +146,11 @@ def run(workflow, param_pairs, params_json, verify, as_json, progress, options_f
     params.update(parse_param_pairs(param_pairs))
     options = resolve(options_flags)
     workflows.get(workflow)  # an unknown name fails before a cluster starts
+    if output is not None:
+        output = check_path(output)
     stream = default_stream() if progress is None else (sys.stderr if progress else None)
     with open_cluster(options) as session:
-        report = run_workflow(session, workflow, params, verify=verify, progress=stream)
+        report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output)
     if as_json:
         click.echo(json.dumps(report, default=str))
     else:
