@@ -1,0 +1,90 @@
+"""Run a workflow on a cluster of MPI ranks (dask-mpi's ``execute``).
+
+Every rank calls :func:`run`. Rank 0 starts the scheduler and, in a thread, the client
+that waits for all workers and runs the workflow; the other ranks each start one worker
+(``dask_cuda.CUDAWorker`` on one GPU, or a CPU worker) and block until rank 0 closes the
+cluster. Only rank 0 returns the report.
+"""
+
+from __future__ import annotations
+
+import os
+
+from service.errors import OptionsError
+from service.options import Options
+
+from .. import commands
+from .layout import SCHEDULER_RANK, check_world, device_for_rank, execute_kwargs
+
+#: seconds rank 0 waits for every worker rank to join
+WORKERS_TIMEOUT_S = 300
+
+
+def _check(options: Options) -> None:
+    if options.attach:
+        raise OptionsError("scheduler-address/scheduler-file: spillway mpi starts its own scheduler; unset them")
+    if options.devices is not None:
+        raise OptionsError(
+            f"devices: {','.join(map(str, options.devices))} cannot be chosen under MPI; "
+            "each rank takes one GPU by its place on the node"
+        )
+    if options.tls_ca_file:
+        raise OptionsError("tls-ca-file: dask-mpi starts its scheduler without TLS; use spillway slurm or up")
+
+
+def _node_devices() -> list[int | str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [int(d) if d.strip().isdigit() else d.strip() for d in visible.split(",") if d.strip()]
+    from service.gpus import discover
+
+    return [gpu.index for gpu in discover().gpus]
+
+
+def run(options: Options, workflow: str, params: dict, *, verify: bool = False, comm=None) -> dict | None:
+    _check(options)
+    try:
+        from dask_mpi import execute
+        from mpi4py import MPI
+    except ImportError as e:
+        raise OptionsError(f"mpi: {e.name} is not installed; install spillway[mpi]") from None
+
+    comm = comm or MPI.COMM_WORLD
+    rank, n_workers = comm.Get_rank(), check_world(comm.Get_size())
+    kwargs = execute_kwargs(options, n_workers=n_workers)
+    node_ranks = comm.Split_type(MPI.COMM_TYPE_SHARED).allgather(rank)
+
+    if rank != SCHEDULER_RANK and not options.cpu:
+        # one GPU per worker rank: CUDAWorker starts one worker per visible GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(device_for_rank(rank, node_ranks, _node_devices()))
+    if rank == SCHEDULER_RANK and kwargs["protocol"] == "ucx":
+        import dask.config
+
+        # the scheduler and the client read these as dask config, like the batch script's exports
+        os.environ.update(commands.ucx_environment(options))
+        dask.config.refresh()
+
+    result: dict = {}
+
+    def client():
+        import dask.config
+        from distributed import Client
+
+        from service.launch import open_cluster
+        from service.runner import run_workflow
+
+        address = dask.config.get("scheduler-address")
+        try:
+            with Client(address, timeout="60s") as c:
+                c.wait_for_workers(n_workers, timeout=WORKERS_TIMEOUT_S)
+            with open_cluster(options.replace(scheduler_address=address)) as session:
+                result["report"] = run_workflow(session, workflow, params, verify=verify)
+        except BaseException as e:  # reported on rank 0 after the cluster is closed
+            result["error"] = e
+
+    execute(client, comm=comm, **kwargs)
+    if rank != SCHEDULER_RANK:
+        return None
+    if "error" in result:
+        raise result["error"]
+    return result["report"]

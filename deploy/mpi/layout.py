@@ -1,0 +1,87 @@
+"""Pure decisions of an MPI launch: the GPU of each worker rank and the worker keywords."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from service.errors import OptionsError
+from service.options import Options
+
+from .. import commands
+
+#: the rank that runs the scheduler and the workflow (dask-mpi's client rank as well)
+SCHEDULER_RANK = 0
+
+
+def check_world(size: int) -> int:
+    """Workers in a world of ``size`` ranks: all but the scheduler's."""
+    if size < 2:
+        raise OptionsError(
+            f"mpi: {size} rank(s) leave no rank for a worker; start at least 2 "
+            "(rank 0 runs the scheduler, each other rank one worker)"
+        )
+    return size - 1
+
+
+def device_for_rank(rank: int, node_ranks: Sequence[int], devices: Sequence[int | str]) -> int | str:
+    """The GPU of worker ``rank``: its place among the worker ranks of its node picks one
+    of the node's ``devices``, so ranks on a node never share a GPU."""
+    workers = sorted(r for r in node_ranks if r != SCHEDULER_RANK)
+    place = workers.index(rank)
+    if place >= len(devices):
+        raise OptionsError(
+            f"mpi: rank {rank} is worker {place + 1} on its node but the node has {len(devices)} GPU(s); "
+            "start one rank per GPU (plus one for the scheduler on the first node)"
+        )
+    return devices[place]
+
+
+def worker_class(options: Options) -> str:
+    return "distributed.Nanny" if options.cpu else "dask_cuda.CUDAWorker"
+
+
+def worker_options(options: Options, *, protocol: str) -> dict:
+    """Keywords of each rank's worker beyond those dask-mpi passes itself (interface,
+    protocol, threads, host memory limit, local directory, name)."""
+    out: dict = {}
+    if options.security is not None:
+        out["security"] = options.security
+    if options.cpu:
+        return out
+    uses_rmm = options.rmm_pool_size is not None or options.rmm_managed_memory or options.rmm_async
+    out.update(
+        device_memory_limit=options.device_memory_limit,
+        rmm_pool_size=options.rmm_pool_size,
+        rmm_maximum_pool_size=options.rmm_maximum_pool_size,
+        rmm_managed_memory=options.rmm_managed_memory,
+        rmm_async=options.rmm_async,
+        rmm_release_threshold=options.rmm_release_threshold,
+        rmm_log_directory=options.rmm_log_directory,
+        rmm_track_allocations=options.rmm_track_allocations,
+        # CuPy allocates through RMM so its chunks come from the worker's pool
+        rmm_allocator_external_lib_list=["cupy"] if uses_rmm else None,
+    )
+    if protocol == "ucx":
+        out["enable_nvlink"] = options.nvlink
+    return out
+
+
+def execute_kwargs(options: Options, *, n_workers: int) -> dict:
+    """Keywords of ``dask_mpi.execute`` for ``options`` (the client function aside)."""
+    protocol = commands.protocol(options, gpu=not options.cpu, n_workers=n_workers)
+    return dict(
+        client_rank=SCHEDULER_RANK,
+        scheduler_rank=SCHEDULER_RANK,
+        exclusive_workers=True,
+        scheduler_port=options.scheduler_port or None,
+        interface=options.interface,
+        protocol=protocol,
+        nthreads=options.threads_per_worker,
+        memory_limit=options.memory_limit,
+        local_directory=options.local_directory,
+        dashboard=bool(options.dashboard_address),
+        dashboard_address=options.dashboard_address or ":0",
+        worker_class=worker_class(options),
+        worker_options=worker_options(options, protocol=protocol),
+        worker_name="spillway",
+    )
