@@ -117,7 +117,8 @@ def _limit(*words: str):
         try:
             return parse_size_or_fraction(value, name=key)
         except ValueError as e:
-            raise OptionsError(f"{e} (or one of {', '.join(words)}, or 0 for no limit)") from None
+            choices = f"one of {', '.join(words)}, or " if words else ""
+            raise OptionsError(f"{e} (or {choices}0 for none)") from None
 
     return parse
 
@@ -199,6 +200,10 @@ _PARSERS = {
     "device_memory_limit": _limit("default", "auto"),
     "memory_limit": _limit("auto"),
     "local_directory": _optional(_directory),
+    "memory_store": _choice("tiered", "dask-cuda"),
+    "pinned_pool_size": _limit(),
+    "prefetch": _bool,
+    "spill_on_demand": _bool,
     "protocol": _choice("auto", "ucx", "tcp"),
     "nvlink": _bool,
     "interface": _optional(_str),
@@ -231,6 +236,10 @@ class Options:
     device_memory_limit: int | float | str = "default"
     memory_limit: int | float | str = "auto"
     local_directory: str | None = None
+    memory_store: str = "tiered"
+    pinned_pool_size: int | float = 0
+    prefetch: bool = True
+    spill_on_demand: bool = True
     protocol: str = "auto"
     nvlink: bool = True
     interface: str | None = None
@@ -282,6 +291,10 @@ class Options:
             raise OptionsError(
                 f"rmm-maximum-pool-size: {self.rmm_maximum_pool_size!r} is smaller than "
                 f"rmm-pool-size {self.rmm_pool_size!r}"
+            )
+        if isinstance(self.pinned_pool_size, float):
+            raise OptionsError(
+                f"pinned-pool-size: {self.pinned_pool_size!r} must be bytes (such as 32GB), not a fraction"
             )
         tls = [self.tls_ca_file, self.tls_cert, self.tls_key]
         if any(tls) and not all(tls):

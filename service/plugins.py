@@ -7,7 +7,10 @@ whichever launcher started it, and adds what spillway needs:
 * the worker's kind (``gpu`` or ``cpu``) so workflows build chunks with CuPy or NumPy;
 * allocation statistics over the worker's RMM resource, so peak memory is read from real
   allocations (temporaries included), not from the sizes of stored results;
-* counters on the worker's spill buffers (bytes moved device -> host -> disk).
+* counters on the worker's spill buffers (bytes moved device -> host -> disk);
+* with spillway's tiered store (:mod:`service.memory`): eviction by the queued tasks'
+  next use, prefetch of the next tasks' inputs, and spill on demand when an RMM
+  allocation fails.
 
 :func:`worker_snapshot` reads those back; the run report diffs two snapshots.
 """
@@ -39,8 +42,11 @@ class WorkerSetup(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, track_allocations: bool = True):
+    def __init__(self, track_allocations: bool = True, prefetch: bool = True, spill_on_demand: bool = True):
         self.track_allocations = track_allocations
+        self.prefetch = prefetch
+        self.spill_on_demand = spill_on_demand
+        self.window_base = 0
         self.kind = "cpu"
         self.spilled = {"device_to_host": 0, "host_to_disk": 0, "host_to_device": 0, "disk_to_host": 0}
         self.statistics = None
@@ -48,16 +54,24 @@ class WorkerSetup(WorkerPlugin):
 
     def setup(self, worker):
         self.kind = "gpu" if _is_gpu_worker() else "cpu"
+        store = _tiered_store(worker)
         if self.kind == "gpu":
-            self._setup_gpu()
-        self._count_spills(worker.data)
+            self._setup_gpu(store)
+        if store is not None:
+            self._wire_store(worker, store)
+        else:
+            self._count_spills(worker.data)
 
-    def _setup_gpu(self):
+    def _setup_gpu(self, store):
         import cupy
         import rmm
         from rmm.allocators.cupy import rmm_cupy_allocator
 
         current = rmm.mr.get_current_device_resource()
+        if store is not None and self.spill_on_demand and not _has(current, rmm.mr.FailureCallbackResourceAdaptor):
+            # a failed allocation first spills what no running task holds, then retries
+            current = rmm.mr.FailureCallbackResourceAdaptor(current, lambda nbytes: store.evict_for(nbytes) > 0)
+            rmm.mr.set_current_device_resource(current)
         if self.track_allocations:
             if not isinstance(current, rmm.mr.StatisticsResourceAdaptor):
                 current = rmm.mr.StatisticsResourceAdaptor(current)
@@ -65,6 +79,51 @@ class WorkerSetup(WorkerPlugin):
             self.statistics = current
         # CuPy's own pool would hide allocations from RMM's pool and statistics
         cupy.cuda.set_allocator(rmm_cupy_allocator)
+
+    def _wire_store(self, worker, store):
+        from .memory.policy import next_use
+
+        store.rank = next_use(worker)
+        if self.statistics is not None:
+            stats = self.statistics
+            store.device_usage = lambda: self.window_base + stats.allocation_counts.current_bytes
+        if self.prefetch:
+            from concurrent.futures import ThreadPoolExecutor
+
+            from tornado.ioloop import PeriodicCallback
+
+            self._prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix="spillway-prefetch")
+            self._prefetching = False
+            callback = PeriodicCallback(lambda: self._prefetch_tick(worker, store), 5)
+            worker.periodic_callbacks["spillway-prefetch"] = callback
+            callback.start()
+
+    def _prefetch_tick(self, worker, store):
+        from .memory.policy import upcoming_inputs
+
+        if self._prefetching:
+            return
+        keys = [k for k in upcoming_inputs(worker) if store.tier_of(k) in ("host", "disk")]
+        if not keys:
+            return
+        self._prefetching = True
+
+        def run():
+            try:
+                store.prefetch(keys)
+            except Exception:  # a failed prefetch leaves the value where it was
+                import logging
+
+                logging.getLogger("spillway.memory").exception("prefetch failed")
+            finally:
+                self._prefetching = False
+
+        self._prefetch_pool.submit(run)
+
+    def teardown(self, worker):
+        pool = getattr(self, "_prefetch_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     def _count_spills(self, data):
         """Hook the zict buffers of the worker's store (dask-cuda's DeviceHostFile or
@@ -90,6 +149,20 @@ class WorkerSetup(WorkerPlugin):
             data.slow_to_fast_callbacks.append(counter("disk_to_host"))
 
 
+def _tiered_store(worker):
+    from .memory.store import TieredStore
+
+    return worker.data if isinstance(worker.data, TieredStore) else None
+
+
+def _has(resource, kind) -> bool:
+    while resource is not None:
+        if isinstance(resource, kind):
+            return True
+        resource = resource.get_upstream() if hasattr(resource, "get_upstream") else None
+    return False
+
+
 def worker_snapshot(dask_worker) -> dict:
     """Counters of one worker, taken on the worker (``client.run(worker_snapshot)``)."""
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
@@ -103,10 +176,16 @@ def worker_snapshot(dask_worker) -> dict:
         ],
         "transfer_incoming_bytes": incoming,
         "spilled": dict(getattr(plugin, "spilled", {})),
+        "store": None,
         "peak_bytes": None,
         "current_bytes": None,
         "memory_measure": None,
     }
+    store = _tiered_store(dask_worker)
+    if store is not None:
+        summary = store.summary()
+        snap["store"] = summary
+        snap["spilled"] = dict(summary["stats"]["bytes"])
     stats = getattr(plugin, "statistics", None)
     if stats is not None:
         counts = stats.allocation_counts

@@ -72,11 +72,11 @@ def connect_client(options: Options, cluster=None):
     return Client(options.scheduler_address, security=options.security, timeout="30s")
 
 
-def setup_workers(client, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
+def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
     """Register the worker plugin and return (kind, number of workers)."""
     if wait_for:
         client.wait_for_workers(wait_for, timeout=timeout)
-    client.register_plugin(WorkerSetup())
+    client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
     kinds = client.run(_worker_kind)
     if not kinds:
         raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")
@@ -104,5 +104,5 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Ite
             stack.callback(cluster.close)
         client = connect_client(options, cluster)
         stack.callback(client.close)
-        kind, n = setup_workers(client, wait_for=launch.n_workers or 1)
+        kind, n = setup_workers(client, options, wait_for=launch.n_workers or 1)
         yield Session(client=client, cluster=cluster, plan=launch, options=options, kind=kind, n_workers=n)

@@ -38,14 +38,52 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
         kwargs["enable_nvlink"] = options.nvlink
     if options.interface is not None:
         kwargs.pop("host")
+    if uses_tiered_store(options):
+        from ..memory.worker import make_store
+
+        kwargs["data"] = (make_store, {
+            "device_memory_limit": options.device_memory_limit,
+            "host_limit": host_limit(options, plan),
+            "pinned_pool_size": int(options.pinned_pool_size),
+        })
     return kwargs
+
+
+def uses_tiered_store(options: Options) -> bool:
+    # with managed memory the driver migrates pages itself: there is no device tier to manage
+    return options.memory_store == "tiered" and not options.rmm_managed_memory
+
+
+def host_limit(options: Options, plan: LaunchPlan) -> int | None:
+    """Host bytes per worker for spilled chunks, as distributed reads ``memory_limit``."""
+    import logging
+
+    from distributed.worker_memory import parse_memory_limit
+
+    return parse_memory_limit(options.memory_limit or None, 1, total_cores=plan.n_workers,
+                              logger=logging.getLogger("spillway"))
+
+
+def worker_config(options: Options) -> dict:
+    """dask config for the workers. The tiered store bounds its own host bytes, so the
+    process-level monitor must not pause or spill a worker whose pinned pool it counts."""
+    if not uses_tiered_store(options):
+        return {}
+    return {
+        "distributed.worker.memory.target": False,
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.pause": False,
+        "distributed.worker.memory.terminate": False,
+    }
 
 
 def start(options: Options, plan: LaunchPlan):
     import logging
 
+    import dask.config
     from dask_cuda import LocalCUDACluster
 
     kwargs = cluster_kwargs(options, plan)
     kwargs["silence_logs"] = logging.WARNING
-    return LocalCUDACluster(**kwargs)
+    with dask.config.set(worker_config(options)):
+        return LocalCUDACluster(**kwargs)

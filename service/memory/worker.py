@@ -1,0 +1,58 @@
+"""The tiered store inside a GPU worker: built by the worker from ``(make_store, kwargs)``
+and wired to the worker's task queue, RMM resource and event loop by the worker plugin."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+from .arena import Arena
+from .codecs import CupyCodec
+from .disk import DiskTier
+from .store import HostBuffers, TieredStore
+
+logger = logging.getLogger("spillway.memory")
+
+
+def take_pinned(nbytes: int) -> np.ndarray:
+    """Pinned host memory, touched once so its pages exist before the first spill."""
+    import cupyx
+
+    buf = cupyx.empty_pinned(nbytes, dtype=np.uint8)
+    buf[:: 4096] = 0
+    return buf
+
+
+def make_store(
+    *,
+    worker_local_directory: str,
+    device_memory_limit,
+    host_limit: int | None,
+    pinned_pool_size: int,
+) -> TieredStore:
+    """Runs in the worker process (its CUDA_VISIBLE_DEVICES already set)."""
+    from dask_cuda.utils import parse_device_memory_limit
+
+    device_limit = parse_device_memory_limit(device_memory_limit, device_index=0) or math.inf
+    arena = None
+    if pinned_pool_size:
+        start = time.perf_counter()
+        arena = Arena(take_pinned(pinned_pool_size))
+        logger.info("took %d bytes of pinned host memory in %.1f s", pinned_pool_size, time.perf_counter() - start)
+    return TieredStore(
+        device_limit=device_limit,
+        host_limit=host_limit or math.inf,
+        codec=CupyCodec(),
+        disk=DiskTier(worker_local_directory),
+        # past the arena, pinned buffers from CuPy's pool: freed ones are reused
+        host=HostBuffers(arena, fallback=_pinned_fallback),
+    )
+
+
+def _pinned_fallback(nbytes: int) -> np.ndarray:
+    import cupyx
+
+    return cupyx.empty_pinned(nbytes, dtype=np.uint8)
