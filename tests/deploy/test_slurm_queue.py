@@ -1,0 +1,80 @@
+"""Parsing Slurm's answers and the ``spillway slurm`` command line (no Slurm needed)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from deploy.slurm import queue
+from service.cli import main
+
+
+def test_sbatch_parsable_output():
+    assert queue.parse_sbatch("1234\n") == "1234"
+    assert queue.parse_sbatch("1234;cluster-a\n") == "1234"
+    with pytest.raises(queue.SlurmError, match="sbatch printed no job id"):
+        queue.parse_sbatch("sbatch: error: Batch job submission failed\n")
+
+
+def test_squeue_and_sacct_lines():
+    found = queue.parse_squeue("17|RUNNING|1:02|5:00|2|node[1-2]\n", "17")
+    assert found.state == "RUNNING" and found.nodes == "2" and found.active
+    assert queue.parse_squeue("18|RUNNING|1:02|5:00|2|n1\n", "17") is None
+    done = queue.parse_sacct("17|CANCELLED by 0|00:00:09|0:15\n17.batch|CANCELLED|00:00:09|0:15\n", "17")
+    assert done.state == "CANCELLED" and done.exit_code == "0:15" and not done.active
+
+
+@pytest.mark.parametrize("bad", ["", "12a", "-1", "12 13", "1;scancel"])
+def test_bad_job_ids_stop_with_one_line(bad):
+    with pytest.raises(queue.JobIdError) as e:
+        queue.check_job_id(bad)
+    assert "is not a Slurm job id" in str(e.value)
+    assert queue.check_job_id("123_4") == "123_4"
+
+
+def test_cli_render_prints_the_script(tmp_path):
+    result = CliRunner().invoke(main, [
+        "slurm", "render", "transpose-sum", "--param", "size=2000x2000", "--nodes", "2", "--gpus-per-node", "4",
+        "--time", "01:00:00", "--partition", "gpu", "--account", "proj", "--output-dir", str(tmp_path),
+        "--python", "/opt/venv/bin/python", "--rmm-pool-size", "20GB",
+    ])
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert text.startswith("#!/usr/bin/env bash\n#SBATCH --job-name=spillway-transpose-sum\n")
+    assert "#SBATCH --partition=gpu" in text and "#SBATCH --account=proj" in text
+    assert f"#SBATCH --output={tmp_path}/spillway-%j.out" in text
+    assert "--rmm-pool-size 20000000000" in text and "PYTHON=/opt/venv/bin/python" in text
+    assert "--params-json '{\"size\": \"2000x2000\"}'" in text
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--time", "1:75:00"], "spillway: error: time: '1:75:00' has minutes or seconds above 59"),
+    (["--nodes", "0"], "spillway: error: nodes: 0 must be an integer in [1, 100000]"),
+    (["--param", "size=0x0"], "spillway: error: size"),
+    (["--param", "sise=10"], "spillway: error: sise: not a parameter of transpose-sum"),
+    (["--rmm-pool-size", "lots"], "spillway: error: rmm-pool-size"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(args, message):
+    base = {"--nodes": "1", "--gpus-per-node": "2", "--time": "00:10:00"}
+    flags = []
+    for key, value in base.items():
+        if key not in args:
+            flags += [key, value]
+    result = CliRunner().invoke(main, ["slurm", "render", "transpose-sum", *flags, *args])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(message)
+    assert result.output.count("\n") == 1
+
+
+def test_cli_unknown_workflow_stops_before_rendering():
+    result = CliRunner().invoke(main, ["slurm", "render", "transpose-summ", "--nodes", "1", "--gpus-per-node", "1",
+                                       "--time", "00:10:00"])
+    assert result.exit_code == 2
+    assert "workflow 'transpose-summ' is unknown (did you mean transpose-sum?)" in result.output
+
+
+def test_cli_status_without_slurm_names_the_missing_command(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    result = CliRunner().invoke(main, ["slurm", "status", "12"])
+    assert result.exit_code == 1
+    assert result.output.strip() == "spillway: error: squeue: not found on the PATH; run this on a Slurm login node"
