@@ -1,0 +1,94 @@
+"""The rendered GPU batch script on a GPU machine without Slurm: a stand-in ``srun`` runs
+each step on this node, so the script's own commands (``dask scheduler``, ``dask cuda
+worker`` with the flags rendered from the options, ``spillway run``) start real GPU
+workers, one per GPU, and the report is checked against NumPy."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deploy.slurm import JobSettings, Run, job_script
+from service.options import Options
+from workflows import random
+from workflows.registry import relative_error
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+#: srun for one node: drops srun's own options and runs the command in the background
+#: step's place, as Slurm would on the first (and only) node
+SRUN = """#!/usr/bin/env bash
+while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do shift; done
+exec "$@"
+"""
+
+
+def _fake_slurm(tmp_path: Path) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text(SRUN)
+    srun.chmod(srun.stat().st_mode | stat.S_IXUSR)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NUM_NODES": "1"}
+
+
+def _run_script(tmp_path: Path, text: str, env: dict, timeout: float = 400) -> subprocess.CompletedProcess:
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    proc = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"batch script did not finish in {timeout}s:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def test_gpu_script_runs_one_worker_per_gpu(tmp_path, gpu_count):
+    shape, seed = (8000, 8000), 11
+    job = JobSettings(nodes=1, gpus_per_node=gpu_count, time="00:30:00", output_dir=str(tmp_path),
+                      python=sys.executable, start_timeout=240)
+    options = Options.resolve(rmm_pool_size="2GB", dashboard_address=None)
+    text = job_script(options, job, [Run("transpose-sum", {"size": f"{shape[0]}x{shape[1]}",
+                                                           "chunks": "2000x2000", "seed": seed})])
+    done = _run_script(tmp_path, text, _fake_slurm(tmp_path))
+    results = tmp_path / "spillway-4242"
+    logs = "\n".join(p.read_text()[-3000:] for p in results.glob("*.log"))
+    assert done.returncode == 0, done.stdout[-3000:] + logs
+
+    report = json.loads((results / "01-transpose-sum.json").read_text())
+    assert report["cluster"]["kind"] == "gpu" and report["cluster"]["n_workers"] == gpu_count
+    assert report["cluster"]["protocol"] == ("ucx" if gpu_count > 1 else "tcp")
+    x = random.uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
+    assert relative_error(np.float64(report["result"]["sum"]), (x + x.T).sum()) <= 1e-10
+    assert report["verify"]["ok"] is True
+    # the trap stopped the scheduler and workers on exit
+    time.sleep(2)
+    left = subprocess.run(["pgrep", "-f", str(results)], capture_output=True, text=True).stdout.split()
+    assert left == [], left
+
+
+def test_cpu_affinity_failure_is_a_warning(caplog):
+    """dask-cuda's CPU-affinity plugin, which every `dask cuda worker` runs, logs a
+    warning when the cores of its GPU are outside the job's CPU set (a partial-node
+    allocation) instead of failing the worker."""
+    from dask_cuda.plugins import CPUAffinity
+
+    before = os.sched_getaffinity(0)
+    outside = [max(os.cpu_count() or 1, 1) + 4096]
+    with caplog.at_level("WARNING", logger="distributed.worker"):
+        CPUAffinity(outside).setup()
+    assert os.sched_getaffinity(0) == before
+    assert "Setting CPU affinity for GPU failed" in caplog.text
