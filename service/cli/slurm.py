@@ -52,6 +52,8 @@ def job_options(func):
                      help="Python with spillway installed on the nodes (default: this one)."),
         click.option("--start-timeout", type=int, default=300, show_default=True,
                      help="Seconds to wait for the scheduler and all workers."),
+        click.option("--verify/--no-verify", default=True, show_default=True,
+                     help="Check the result against the NumPy float64 reference (computed on the batch node)."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -59,7 +61,8 @@ def job_options(func):
 
 
 def _render(workflow, param_pairs, params_json, nodes, gpus_per_node, walltime, partition, account, qos,
-            job_name, cpus_per_task, output_dir, directives, setup, python, start_timeout, options_flags) -> str:
+            job_name, cpus_per_task, output_dir, directives, setup, python, start_timeout, verify,
+            options_flags) -> str:
     import workflows
     from deploy.slurm import JobSettings, Run, job_script, layout
     from workflows.params import Target
@@ -75,7 +78,7 @@ def _render(workflow, param_pairs, params_json, nodes, gpus_per_node, walltime, 
     plan = layout(options, job)
     # bad parameters stop here, not hours later in the queue
     workflows.get(workflow).validate(params, Target(kind=plan.kind, n_workers=plan.n_workers))
-    return job_script(options, job, [Run(workflow, params)])
+    return job_script(options, job, [Run(workflow, params, verify=verify)])
 
 
 @click.group(context_settings=CONTEXT)
