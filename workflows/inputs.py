@@ -17,8 +17,8 @@ what the reference checks compare against.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from . import random
 from .backend import backend_for, device_meta, to_device, to_numpy
 from .chunking import shape_from_size
 from .params import DTYPES, Param, Params, Target
-from .placement import spread_workers
+from .placement import assign, planned_bytes, spread_workers
 
 RANDOM = "random"
 
@@ -63,8 +63,12 @@ class Source:
     region: Callable[[tuple[slice, ...]], np.ndarray]
     #: bytes read from storage
     bytes_read: int = 0
-    #: chunks carry worker placement annotations
-    placed: bool = False
+    #: worker -> bytes of the input assigned to it, where its chunks carry placement
+    placement: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def placed(self) -> bool:
+        return bool(self.placement)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -143,7 +147,9 @@ def open_source(params: Params, target: Target, chunks, *, name: str = "x", stre
         location = tuple((s.start, s.stop) for s in slices)
         return random.uniform_block(seed, stream, shape, location, dtype, "numpy").astype(np.float64)
 
-    return Source(array=array, kind=RANDOM, region=region, placed=bool(workers))
+    placed = planned_bytes(assign(array.chunks, np.dtype(dtype).itemsize, workers), array.chunks,
+                           np.dtype(dtype).itemsize) if workers else {}
+    return Source(array=array, kind=RANDOM, region=region, placement=placed)
 
 
 # --- Zarr v3 stores

@@ -71,6 +71,16 @@ def matmul_build(params: Params, target: Target):
     plan = array_plan(z, probe=z[rows, cols], reference=reference, footprint=fp, source=xs)
     plan.bytes_read += ys.bytes_read
     plan.optimize_graph = not (xs.placed or ys.placed)
+    if ys.placed:
+        summarize = plan.summarize
+
+        def summarize_both(value):
+            out = summarize(value)
+            out["input_bytes_per_worker"] = {w: xs.placement.get(w, 0) + ys.placement.get(w, 0)
+                                             for w in set(xs.placement) | set(ys.placement)}
+            return out
+
+        plan.summarize = summarize_both
     return plan
 
 

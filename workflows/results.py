@@ -69,6 +69,7 @@ def array_plan(
         }
         if extra is not None:
             out.update(extra(tuple(value[2:])))
+        out.update(placement_summary(source))
         return out
 
     return Plan(
@@ -84,6 +85,13 @@ def array_plan(
     )
 
 
+def placement_summary(source) -> dict:
+    """The input's bytes per worker as placed, for the report (empty when not placed)."""
+    if source is None or not source.placed:
+        return {}
+    return {"input_bytes_per_worker": dict(source.placement)}
+
+
 def scalar_plan(result, *, reference, footprint: Footprint, dtype, source=None, name="value", extra=None) -> Plan:
     """A plan whose result is a small array or scalar compared whole with the reference;
     ``dtype`` is the precision it was computed in (sets the tolerance)."""
@@ -96,6 +104,7 @@ def scalar_plan(result, *, reference, footprint: Footprint, dtype, source=None, 
         out["checksum"] = float(np.asarray(array, dtype=np.float64).sum())
         if extra:
             out.update(extra)
+        out.update(placement_summary(source))
         return out
 
     return Plan(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import pytest
 
 from service.launch import open_cluster
@@ -46,13 +47,17 @@ ROWS: list[tuple] = []
 
 
 @pytest.fixture(scope="module")
-def gpu2(gpu_count):
-    if gpu_count < 2:
+def gpu2(request):
+    from service.gpus import discover
+
+    if len(discover()) < 2:
         pytest.skip("needs two GPUs")
     with open_cluster(Options.resolve(devices="0,1", dashboard_address="")) as session:
         assert session.kind == "gpu" and session.n_workers == 2
         yield session
-    _print_table()
+    # the table goes to the terminal even when pytest captures output
+    with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+        _print_table()
 
 
 def _gb(n):
@@ -126,3 +131,63 @@ def test_200gb_input_is_balanced_over_both_gpus(gpu2, capsys):
     # the mean of 2.5e10 uniform values is 1/2 within a few standard errors
     assert abs(total / n - 0.5) < 6 * math.sqrt(1 / 12 / n)
     del placed
+
+
+def test_zarr_store_written_and_read_by_gpu_workers(gpu2, tmp_path):
+    """A rechunked array goes to a Zarr v3 store from both GPUs, and comes back into
+    device memory as the input of the next run."""
+    import zarr
+
+    from workflows import random
+
+    out = tmp_path / "panels.zarr"
+    report = run_workflow(gpu2, "rechunk", {"size": "16000x16000"}, verify=True, output=str(out))
+    assert report["verify"]["ok"]
+    assert report["bytes_written"] == 16000 * 16000 * 8
+    stored = zarr.open_array(str(out), mode="r")
+    assert stored.metadata.zarr_format == 3
+    np.testing.assert_array_equal(stored[:100, :100], random.uniform_numpy((16000, 16000), seed=0)[:100, :100])
+    again = run_workflow(gpu2, "reduction", {"op": "std", "input": str(out)}, verify=True)
+    assert again["verify"]["ok"]
+    assert again["bytes_read"] == 16000 * 16000 * 8
+
+
+class CudaArrayInterfaceOnly:
+    """A device array that offers only ``__cuda_array_interface__``, as Numba's do."""
+
+    def __init__(self, array):
+        self._array = array
+        self.shape = array.shape
+        self.dtype = array.dtype
+        self.__cuda_array_interface__ = array.__cuda_array_interface__
+
+
+class DLPackOnly:
+    def __init__(self, array):
+        self._array = array
+        self.shape = array.shape
+        self.dtype = array.dtype
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def test_device_arrays_from_python_are_wrapped_without_a_copy(gpu2):
+    import cupy
+
+    from workflows import inputs
+
+    a = cupy.random.default_rng(0).random((4000, 3000))
+    for given in (a, CudaArrayInterfaceOnly(a), DLPackOnly(a)):
+        wrapped = inputs.wrap(given, "cupy")
+        assert isinstance(wrapped, cupy.ndarray)
+        assert wrapped.data.ptr == a.data.ptr
+    host = a.get()
+    for given in (a, CudaArrayInterfaceOnly(a), DLPackOnly(a)):
+        report = run_workflow(gpu2, "reduction", {"op": "sum", "chunks": "1000x1000"}, verify=True,
+                              arrays={"x": given})
+        assert report["verify"]["ok"]
+        assert report["result"]["sum"] == pytest.approx(float(host.sum()), rel=1e-12)

@@ -128,3 +128,52 @@ def test_zarr_path_that_is_not_a_store(tmp_path):
     (tmp_path / "plain").mkdir()
     with pytest.raises(ParamError, match="is not a Zarr array"):
         workflows.get("reduction").validate({"input": str(tmp_path / "plain")}, CPU)
+
+
+def test_gpu_plan_of_a_large_input_spreads_it_evenly():
+    """Built for two GPUs (nothing runs), a 16 GB input larger than half a GPU carries a
+    per-chunk placement within 10% of an even share, kept through to the scheduler."""
+    target = Target(kind="gpu", n_workers=2, worker_bytes=20 * 10**9, workers=("ucx://a:1", "ucx://b:1"))
+    with dask.config.set(scheduler=_refuse):
+        _, plan = workflows.get("reduction").plan({"op": "sum", "size": "16GB"}, target)
+    assert plan.optimize_graph is False  # low-level fusion would drop the annotations
+    placed = {}
+    for layer in plan.result.dask.layers.values():
+        if layer.annotations and "workers" in layer.annotations:
+            for key in layer:
+                (worker,) = layer.annotations["workers"](key)
+                placed[worker] = placed.get(worker, 0) + 1
+            assert layer.annotations["allow_other_workers"] is True
+    assert set(placed) == {"ucx://a:1", "ucx://b:1"}
+    assert max(placed.values()) - min(placed.values()) <= 1 + 0.1 * sum(placed.values()) / 2
+    # a small input is left to the scheduler
+    _, small = workflows.get("reduction").plan({"op": "sum", "size": "1GB"}, target)
+    assert small.optimize_graph is True
+
+
+def test_other_packages_add_workflows_through_entry_points(tmp_path, monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from workflows import registry
+
+    (tmp_path / "extra_workflows.py").write_text(
+        "from workflows import Workflow, Plan, Footprint, Param\n"
+        "def build(params, target):\n"
+        "    import dask.array as da\n"
+        "    return Plan(result=da.ones(params.n, chunks=10).sum(), footprint=Footprint(8, 8),\n"
+        "                summarize=lambda v: {'sum': float(v)})\n"
+        "WORKFLOW = Workflow(name='ones-sum', description='sum of ones', build=build,\n"
+        "                    params=(Param('n', 'int', 'length', default=30, minimum=1),))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    point = EntryPoint(name="ones-sum", value="extra_workflows:WORKFLOW", group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points",
+                        lambda group: [point] if group == registry.ENTRY_POINT_GROUP else [])
+    workflows.names()  # the built-ins are registered
+    # a copy of the registry, put back after the test, and loading entry points once more
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_LOADED", False)
+    assert "ones-sum" in workflows.names()
+    assert "transpose-sum" in workflows.names()
+    _, plan = workflows.get("ones-sum").plan({"n": 25})
+    assert float(plan.result.compute(scheduler="sync")) == 25.0

@@ -1,0 +1,49 @@
+"""``spillway run`` end to end on CPU workers: the JSON report and the Zarr output."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from click.testing import CliRunner
+
+from service.cli import main
+from workflows import random
+
+REPORT_KEYS = {"workflow", "params", "wall_s", "result", "verify", "bytes_transferred", "bytes_spilled",
+               "peak_bytes_per_worker", "bytes_read", "bytes_written", "footprint"}
+
+
+def test_run_json_report_with_output(tmp_path):
+    import zarr
+
+    out = tmp_path / "fft.zarr"
+    result = CliRunner().invoke(main, [
+        "run", "fft", "--cpu", "--n-workers", "2", "--dashboard-address", "", "--json", "--verify",
+        "--no-progress", "--param", "size=256x64", "--param", "chunks=64x32", "--output", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert REPORT_KEYS <= set(report)
+    assert report["workflow"] == "fft"
+    assert report["params"]["size"] == [256, 64]
+    assert set(report["verify"]) >= {"rel_error", "tolerance", "ok"}
+    assert report["verify"]["ok"] and report["verify"]["rel_error"] < 1e-12
+    assert report["result"]["dtype"] == "complex128"
+    assert report["bytes_written"] == 256 * 64 * 16
+    assert report["bytes_transferred"] > 0  # the rechunk to column panels moves chunks
+    assert len(report["peak_bytes_per_worker"]) == 2
+    stored = zarr.open_array(str(out), mode="r")[...]
+    expected = np.fft.fft(random.uniform_numpy((256, 64), seed=0), axis=0)
+    assert np.abs(stored - expected).max() < 1e-9
+
+
+def test_run_without_verify_has_null_verify():
+    result = CliRunner().invoke(main, [
+        "run", "reduction", "--cpu", "--n-workers", "1", "--dashboard-address", "", "--json", "--no-progress",
+        "--param", "op=mean", "--param", "size=100x100",
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert report["verify"] is None
+    assert 0.4 < report["result"]["mean"] < 0.6
