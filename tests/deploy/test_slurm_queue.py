@@ -78,3 +78,17 @@ def test_cli_status_without_slurm_names_the_missing_command(monkeypatch):
     result = CliRunner().invoke(main, ["slurm", "status", "12"])
     assert result.exit_code == 1
     assert result.output.strip() == "spillway: error: squeue: not found on the PATH; run this on a Slurm login node"
+
+
+def test_readme_example_is_what_render_prints():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Slurm batch analyses", 1)[1]
+    command = section.split("The script `", 1)[1].split("` prints:", 1)[0]
+    example = section.split("```bash\n", 1)[1].split("```\n", 1)[0]
+    args = command.replace("\n", " ").split()
+    assert args[:3] == ["spillway", "slurm", "render"]
+    result = CliRunner().invoke(main, args[1:])
+    assert result.exit_code == 0, result.output
+    assert result.output == example
