@@ -43,13 +43,10 @@ def worker_class(options: Options) -> str:
 def worker_options(options: Options, *, protocol: str) -> dict:
     """Keywords of each rank's worker beyond those dask-mpi passes itself (interface,
     protocol, threads, host memory limit, local directory, name)."""
-    out: dict = {}
-    if options.security is not None:
-        out["security"] = options.security
     if options.cpu:
-        return out
+        return {}
     uses_rmm = options.rmm_pool_size is not None or options.rmm_managed_memory or options.rmm_async
-    out.update(
+    out = dict(
         device_memory_limit=options.device_memory_limit,
         rmm_pool_size=options.rmm_pool_size,
         rmm_maximum_pool_size=options.rmm_maximum_pool_size,

@@ -60,6 +60,18 @@ def test_cpu_worker_keywords():
     assert worker_options(options, protocol="tcp") == {}
 
 
+@pytest.mark.parametrize("options,message", [
+    (dict(devices="0,1"), "devices: 0,1 cannot be chosen under MPI"),
+    (dict(scheduler_address="tcp://h:1"), "scheduler-address/scheduler-file: spillway mpi starts its own"),
+])
+def test_launch_refuses_options_it_cannot_honour(options, message):
+    from deploy.mpi import launch
+
+    with pytest.raises(OptionsError) as e:
+        launch.run(Options.resolve(**options), "transpose-sum", {})
+    assert str(e.value).startswith(message)
+
+
 def _open_mpi() -> str | None:
     mpirun = shutil.which("mpirun")
     if mpirun is None:
@@ -68,8 +80,7 @@ def _open_mpi() -> str | None:
     return mpirun if "Open MPI" in done.stdout + done.stderr else None
 
 
-@pytest.mark.slow
-def test_mpirun_runs_a_workflow_on_worker_ranks(tmp_path):
+def _mpirun_or_skip() -> str:
     pytest.importorskip("dask_mpi")
     mpirun = _open_mpi()
     if mpirun is None:
@@ -78,25 +89,45 @@ def test_mpirun_runs_a_workflow_on_worker_ranks(tmp_path):
         from mpi4py import MPI  # noqa: F401  (loads the MPI library)
     except (ImportError, RuntimeError) as e:
         pytest.skip(f"mpi4py cannot load an MPI library: {e}")
+    return mpirun
+
+
+def _mpirun(tmp_path, n_ranks: int, shape, seed: int, *flags: str, timeout: float = 180) -> dict:
+    """Run transpose-sum under mpirun with ``n_ranks`` ranks; returns rank 0's report."""
+    mpirun = _mpirun_or_skip()
     report_path = tmp_path / "report.json"
-    shape, seed = (1000, 1000), 5
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-    args = [mpirun, "-n", "3", sys.executable, "-m", "service", "mpi", "transpose-sum", "--cpu", "--verify",
-            "--param", f"size={shape[0]}x{shape[1]}", "--param", "chunks=250x250", "--param", f"seed={seed}",
+    args = [mpirun, "-n", str(n_ranks), sys.executable, "-m", "service", "mpi", "transpose-sum", "--verify",
+            "--param", f"size={shape[0]}x{shape[1]}", "--param", f"seed={seed}", *flags,
             "--dashboard-address", "none", "--local-directory", str(tmp_path / "scratch"),
             "--report", str(report_path)]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        output, _ = proc.communicate(timeout=180)
+        output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        pytest.fail(f"mpirun did not finish in 180s:\n{output[-4000:]}")
+        pytest.fail(f"mpirun did not finish in {timeout}s:\n{output[-4000:]}")
     assert proc.returncode == 0, output[-4000:]
     report = json.loads(report_path.read_text())
     x = random.uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
     assert relative_error(np.float64(report["result"]["sum"]), (x + x.T).sum()) <= 1e-10
+    assert report["verify"]["ok"] is True
+    return report
+
+
+@pytest.mark.slow
+def test_mpirun_runs_a_workflow_on_worker_ranks(tmp_path):
+    report = _mpirun(tmp_path, 3, (1000, 1000), 5, "--cpu", "--param", "chunks=250x250")
     # rank 0 is the scheduler; ranks 1 and 2 are the workers
     assert report["cluster"]["n_workers"] == 2 and report["cluster"]["kind"] == "cpu"
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_mpirun_gives_each_worker_rank_one_gpu(tmp_path, gpu_count):
+    report = _mpirun(tmp_path, gpu_count + 1, (8000, 8000), 9, "--param", "chunks=2000x2000",
+                     "--rmm-pool-size", "2GB", timeout=400)
+    assert report["cluster"]["n_workers"] == gpu_count and report["cluster"]["kind"] == "gpu"
