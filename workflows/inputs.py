@@ -39,16 +39,28 @@ def input_param(name: str = "input", what: str = "the input") -> Param:
                  default=RANDOM)
 
 
-def size_params(default, gpu_default, *, what="Array shape") -> tuple[Param, ...]:
+CHUNKS_HELP = "Chunk shape (10000x10000), bytes per chunk (800MB) or auto"
+PANELS_HELP = ("Row panel height: a chunk shape whose first entry is the rows per panel (100000x64), "
+               "bytes per panel (800MB) or auto")
+
+
+def size_params(default, gpu_default, *, what="Array shape", chunks_help=CHUNKS_HELP) -> tuple[Param, ...]:
     """The parameters every generated input shares: size, chunks, dtype, seed."""
     return (
         Param("size", "size", f"{what} as a shape (40000x40000) or total bytes (200GB)",
               default=default, gpu_default=gpu_default),
-        Param("chunks", "chunks", "Chunk shape (10000x10000), bytes per chunk (800MB) or auto",
-              default="auto"),
+        Param("chunks", "chunks", chunks_help, default="auto"),
         Param("dtype", "dtype", "Element type of generated inputs", default="float64"),
         Param("seed", "int", "Seed of the random input", default=0, minimum=0, maximum=2**63 - 1),
     )
+
+
+def tall_shape(nbytes: int, columns: int, dtype: str, *, name: str = "size") -> tuple[int, int]:
+    """A ``columns``-wide shape of about ``nbytes``."""
+    rows = nbytes // (columns * np.dtype(dtype).itemsize)
+    if rows < 1:
+        raise ParamError(f"{name}: {nbytes} bytes is less than one row of {columns} {dtype} columns")
+    return (int(rows), columns)
 
 
 @dataclass(frozen=True)
@@ -97,10 +109,12 @@ class Source:
 
 
 def describe(params: Params, *, name: str = "x", input_name: str = "input", ndim: int = 2,
-             size_name: str = "size", shape: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], str]:
+             size_name: str = "size", shape: tuple[int, ...] | None = None,
+             columns: int | None = None) -> tuple[tuple[int, ...], str]:
     """(shape, dtype) of an input without reading any data: validation uses it.
 
-    A generated input takes ``shape`` where given, else the ``size`` parameter.
+    A generated input takes ``shape`` where given, else the ``size`` parameter; a size in
+    bytes gives a square (cube) shape, or ``columns`` wide where given (tall-skinny).
     """
     if name in params.arrays:
         array = params.arrays[name]
@@ -110,6 +124,8 @@ def describe(params: Params, *, name: str = "x", input_name: str = "input", ndim
         shape, dtype = meta.shape, str(meta.dtype)
     elif shape is not None:
         return tuple(shape), params.dtype
+    elif columns is not None and not isinstance(params[size_name], tuple):
+        return tall_shape(params[size_name], columns, params.dtype, name=size_name), params.dtype
     else:
         return shape_from_size(params[size_name], ndim, params.dtype, name=size_name), params.dtype
     if len(shape) != ndim:
@@ -124,12 +140,13 @@ def describe(params: Params, *, name: str = "x", input_name: str = "input", ndim
 
 def open_source(params: Params, target: Target, chunks, *, name: str = "x", stream: int = 0,
                 input_name: str = "input", ndim: int = 2, size_name: str = "size",
-                shape: tuple[int, ...] | None = None) -> Source:
+                shape: tuple[int, ...] | None = None, columns: int | None = None) -> Source:
     """The input ``name`` as a lazy dask array with ``chunks``; reads nothing.
 
     ``chunks`` is a chunk shape, or a function of (shape, dtype) that returns one.
     """
-    shape, dtype = describe(params, name=name, input_name=input_name, ndim=ndim, size_name=size_name, shape=shape)
+    shape, dtype = describe(params, name=name, input_name=input_name, ndim=ndim, size_name=size_name, shape=shape,
+                            columns=columns)
     if callable(chunks):
         chunks = chunks(shape, dtype)
     backend = backend_for(target.kind)

@@ -18,7 +18,7 @@ from service.errors import ParamError
 
 from . import inputs
 from .chunking import panel_rows, resolve_chunks
-from .params import Params, Target
+from .params import Param, Params, Target
 from .registry import Workflow, register
 from .results import FULL_CHECK_BYTES, REFERENCE_WHOLE_BYTES, array_plan, first_boundary, footprint, window
 
@@ -96,13 +96,16 @@ MATMUL = register(Workflow(
 # --- tall-skinny QR and SVD
 
 TS_PARAMS = (
-    *inputs.size_params((200_000, 32), (8_000_000, 128), what="Tall-skinny shape (rows x columns)"),
+    *inputs.size_params((200_000, 32), (8_000_000, 128), what="Tall-skinny shape (rows x columns)",
+                        chunks_help=inputs.PANELS_HELP),
+    Param("columns", "int", "Columns of the matrix when size is given in bytes", default=32, gpu_default=128,
+          minimum=1, maximum=2**16),
     inputs.input_param(),
 )
 
 
 def _ts_chunks(params: Params, target: Target):
-    shape, dtype = inputs.describe(params)
+    shape, dtype = inputs.describe(params, columns=params.columns)
     rows, cols = shape
     if cols > rows:
         raise ParamError(f"size: {rows}x{cols} is not tall-skinny (more columns than rows)")
@@ -138,7 +141,7 @@ def tsqr_build(params: Params, target: Target):
     import dask.array as da
 
     shape, chunks = _ts_chunks(params, target)
-    source = inputs.open_source(params, target, chunks)
+    source = inputs.open_source(params, target, chunks, columns=params.columns)
     x = source.array
     q, r = da.linalg.qr(x)
     gram = q.T @ q  # n x n: orthogonality is judged on the client from it
@@ -162,7 +165,7 @@ def svd_build(params: Params, target: Target):
     import dask.array as da
 
     shape, chunks = _ts_chunks(params, target)
-    source = inputs.open_source(params, target, chunks)
+    source = inputs.open_source(params, target, chunks, columns=params.columns)
     u, s, v = da.linalg.svd(source.array)
 
     def extra(values):

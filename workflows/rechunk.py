@@ -19,8 +19,12 @@ from .params import Params, Target
 from .registry import Workflow, register
 from .results import FULL_CHECK_BYTES, array_plan, first_boundary, footprint, window
 
-PARAMS = (*inputs.size_params((4000, 4000), (50000, 50000)), inputs.input_param())
-# the chunks parameter here is the panel thickness: rows per input panel, columns per output panel
+PARAMS = (
+    *inputs.size_params((4000, 4000), (50000, 50000),
+                        chunks_help="Panel thickness, rows per input panel and columns per output panel: "
+                                    "a chunk shape whose first entry it is (1000x4000), bytes per panel or auto"),
+    inputs.input_param(),
+)
 
 
 def _panels(params: Params, target: Target):

@@ -177,3 +177,14 @@ def test_other_packages_add_workflows_through_entry_points(tmp_path, monkeypatch
     assert "transpose-sum" in workflows.names()
     _, plan = workflows.get("ones-sum").plan({"n": 25})
     assert float(plan.result.compute(scheduler="sync")) == 25.0
+
+
+def test_sizes_in_bytes():
+    """Bytes give a square (or cubic) shape, or a tall-skinny one of the given columns."""
+    _, plan = workflows.get("transpose-sum").plan({"size": "8MB"}, CPU)
+    assert plan.footprint.input_bytes == 1000 * 1000 * 8
+    _, plan = workflows.get("stencil").plan({"ndim": 3, "size": "8MB", "dtype": "float32"}, CPU)
+    assert plan.footprint.input_bytes == 125**3 * 4  # floor of the cube root of 2e6
+    params, plan = workflows.get("tsqr").plan({"size": "64MB", "columns": 40}, CPU)
+    assert plan.footprint.input_bytes == (64 * 10**6 // (40 * 8)) * 40 * 8
+    assert plan.array.shape == (64 * 10**6 // (40 * 8), 40)
