@@ -32,6 +32,9 @@ def job_options(func):
         click.option("-p", "--param", "param_pairs", multiple=True, metavar="K=V",
                      help="Workflow parameter (repeatable); values parse as JSON where they can."),
         click.option("--params-json", default=None, metavar="JSON", help="All parameters as one JSON object."),
+        click.option("--then", "then_json", default=None, metavar="JSON",
+                     help='More workflows to run after WORKFLOW on the same cluster, as a JSON list of '
+                          '{"workflow": NAME, "params": {...}}.'),
         click.option("--nodes", type=int, required=True, help="Nodes of the job."),
         click.option("--gpus-per-node", type=int, required=True,
                      help="GPUs on each node, one worker each (0 with --cpu)."),
@@ -60,11 +63,30 @@ def job_options(func):
     return func
 
 
-def _render(workflow, param_pairs, params_json, nodes, gpus_per_node, walltime, partition, account, qos,
+def _runs(workflow: str, params: dict, then_json: str | None, verify: bool) -> list:
+    from deploy.slurm import Run
+
+    runs = [Run(workflow, params, verify=verify)]
+    try:
+        more = json.loads(then_json) if then_json else []
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON ({e.msg} at character {e.pos})", param_hint="--then") from None
+    if not isinstance(more, list):
+        raise click.BadParameter("must be a JSON list", param_hint="--then")
+    for i, entry in enumerate(more):
+        if not isinstance(entry, dict) or not isinstance(entry.get("workflow"), str) \
+                or not isinstance(entry.get("params", {}), dict) or set(entry) - {"workflow", "params"}:
+            raise click.BadParameter(f"entry {i} must be {{\"workflow\": NAME, \"params\": {{...}}}}",
+                                     param_hint="--then")
+        runs.append(Run(entry["workflow"], entry.get("params", {}), verify=verify))
+    return runs
+
+
+def _render(workflow, param_pairs, params_json, then_json, nodes, gpus_per_node, walltime, partition, account, qos,
             job_name, cpus_per_task, output_dir, directives, setup, python, start_timeout, verify,
             options_flags) -> str:
     import workflows
-    from deploy.slurm import JobSettings, Run, job_script, layout
+    from deploy.slurm import JobSettings, job_script, layout
     from workflows.params import Target
 
     options = resolve(options_flags)
@@ -74,11 +96,12 @@ def _render(workflow, param_pairs, params_json, nodes, gpus_per_node, walltime, 
         output_dir=os.path.abspath(output_dir or os.getcwd()), extra_directives=tuple(directives),
         setup=tuple(setup), python=python or sys.executable, start_timeout=start_timeout,
     )
-    params = _params(param_pairs, params_json)
+    runs = _runs(workflow, _params(param_pairs, params_json), then_json, verify)
     plan = layout(options, job)
     # bad parameters stop here, not hours later in the queue
-    workflows.get(workflow).validate(params, Target(kind=plan.kind, n_workers=plan.n_workers))
-    return job_script(options, job, [Run(workflow, params, verify=verify)])
+    for run in runs:
+        workflows.get(run.workflow).validate(run.params, Target(kind=plan.kind, n_workers=plan.n_workers))
+    return job_script(options, job, runs)
 
 
 @click.group(context_settings=CONTEXT)

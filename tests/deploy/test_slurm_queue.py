@@ -92,3 +92,13 @@ def test_readme_example_is_what_render_prints():
     result = CliRunner().invoke(main, args[1:])
     assert result.exit_code == 0, result.output
     assert result.output == example
+
+
+def test_cli_then_adds_runs_and_checks_their_parameters():
+    base = ["slurm", "render", "transpose-sum", "--nodes", "1", "--gpus-per-node", "1", "--time", "00:10:00"]
+    result = CliRunner().invoke(main, base + ["--then", '[{"workflow": "transpose-sum", "params": {"seed": 2}}]'])
+    assert result.exit_code == 0, result.output
+    assert '>"$RESULTS/02-transpose-sum.json"' in result.output
+    bad = CliRunner().invoke(main, base + ["--then", '[{"workflow": "transpose-sum", "params": {"sed": 2}}]'])
+    assert bad.exit_code == 2
+    assert bad.output.strip() == "spillway: error: sed: not a parameter of transpose-sum (did you mean seed?)"

@@ -26,11 +26,13 @@ def spillway(cluster, *args: str, timeout: float = 120) -> subprocess.CompletedP
                           text=True, timeout=timeout)
 
 
-def submit(cluster, out: Path, *params: str) -> str:
+def submit(cluster, out: Path, *params: str, then: list | None = None) -> str:
     args = ["slurm", "submit", "transpose-sum", "--nodes", "1", "--gpus-per-node", "0", "--cpu",
             "--n-workers", "2", "--time", "00:05:00", "--output-dir", str(out), "--dashboard-address", "none"]
     for p in params:
         args += ["--param", p]
+    if then:
+        args += ["--then", json.dumps(then)]
     done = spillway(cluster, *args)
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
@@ -87,17 +89,20 @@ def job_files(out: Path, job_id: str) -> str:
 
 def test_batch_analysis_writes_a_report_that_matches_numpy(slurm_cluster, tmp_path):
     shape, seed = (1200, 1200), 7
-    job_id = submit(slurm_cluster, tmp_path, f"size={shape[0]}x{shape[1]}", "chunks=400x400", f"seed={seed}")
+    second = {"workflow": "transpose-sum", "params": {"size": "600x600", "chunks": "300x300", "seed": 3}}
+    job_id = submit(slurm_cluster, tmp_path, f"size={shape[0]}x{shape[1]}", "chunks=400x400", f"seed={seed}",
+                    then=[second])
     found = wait_until_done(slurm_cluster, job_id)
     assert found["state"] == "COMPLETED", job_files(tmp_path, job_id)
 
     results = tmp_path / f"spillway-{job_id}"
-    report = json.loads((results / "01-transpose-sum.json").read_text())
-    x = random.uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
-    reference = (x + x.T).sum()
-    assert relative_error(np.float64(report["result"]["sum"]), reference) <= 1e-10
-    assert report["verify"]["ok"] is True
-    assert report["cluster"] == {"kind": "cpu", "n_workers": 2, "protocol": "tcp"}
+    for name, shape, seed in (("01-transpose-sum", shape, seed), ("02-transpose-sum", (600, 600), 3)):
+        report = json.loads((results / f"{name}.json").read_text())
+        x = random.uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
+        reference = (x + x.T).sum()
+        assert relative_error(np.float64(report["result"]["sum"]), reference) <= 1e-10, name
+        assert report["verify"]["ok"] is True
+        assert report["cluster"] == {"kind": "cpu", "n_workers": 2, "protocol": "tcp"}
     assert (results / "job.sbatch").read_text().startswith("#!/usr/bin/env bash")
     output = (tmp_path / f"spillway-{job_id}.out").read_text()
     assert "2 workers up" in output and "finished with status 0" in output
