@@ -213,4 +213,6 @@ class JobScheduler:
 
         futures = [Future(key, client) for key in list(client.futures)]
         if futures:
-            client.cancel(futures, force=True)
+            # not force: identical jobs share task keys, and another tenant's job that
+            # wants the same results must keep them
+            client.cancel(futures)

@@ -8,8 +8,15 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import sys
+
 import pytest
-from serve_helpers import pg_bin, free_port, new_database
+
+# The tests import with --import-mode=importlib, which puts no test folder on sys.path;
+# the helper module next to this file is shared by this folder's tests.
+sys.path.insert(0, str(Path(__file__).parent))
+
+from serve_helpers import free_port, new_database, pg_bin  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -63,6 +63,7 @@ class Server:
                 "--dashboard-address", "", *self.cluster_args]
         if self.https:
             args += ["--https-cert", self.https[0], "--https-key", self.https[1]]
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         self._logf = open(self.log, "ab")
         # a new session so the cluster processes it starts can be stopped with it
         self.proc = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, start_new_session=True)
@@ -117,12 +118,16 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
 
 def wait_state(client: httpx.Client, job_id: str, states, timeout: float = 60) -> dict:
     states = {states} if isinstance(states, str) else set(states)
-
-    def check():
+    deadline = time.monotonic() + timeout
+    while True:
         job = client.get(f"/jobs/{job_id}").json()
-        return job if job["state"] in states else None
-
-    return wait_for(check, timeout, f"job {job_id} to reach {states}")
+        if job["state"] in states:
+            return job
+        if time.monotonic() > deadline:
+            logs = client.get(f"/jobs/{job_id}/logs").json()
+            raise AssertionError(f"timed out after {timeout} s waiting for job {job_id} to reach {states}: "
+                                 f"{job}\n{logs}")
+        time.sleep(0.2)
 
 
 # --- a CPU cluster kept up by `spillway up`, for tests that restart the service
