@@ -25,7 +25,7 @@ from .results import FULL_CHECK_BYTES, REFERENCE_WHOLE_BYTES, array_plan, first_
 # --- matmul
 
 MATMUL_PARAMS = (
-    *inputs.size_params((1500, 1500), (32768, 32768), what="Shape of x (y is its transpose's shape)"),
+    *inputs.size_params((2500, 2500), (32768, 32768), what="Shape of x (y is its transpose's shape)"),
     inputs.input_param(what="x"),
     inputs.input_param("input_y", what="y"),
 )

@@ -50,7 +50,7 @@ def _hist_block(block, bins, low, high):
     from .backend import module_of
 
     xp = module_of(block)
-    counts, _ = xp.histogram(block, bins=bins, range=(low, high))
+    counts, _ = xp.histogram(block.ravel(), bins=bins, range=(low, high))
     return counts.astype(xp.int64).reshape((1,) * block.ndim + (bins,))
 
 

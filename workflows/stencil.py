@@ -27,7 +27,7 @@ from .results import FULL_CHECK_BYTES, array_plan, footprint, window
 PARAMS = (
     Param("ndim", "choice", "Dimensions of the array", default=2, choices=(2, 3)),
     Param("depth", "int", "Stencil radius (halo width) in cells", default=1, minimum=1, maximum=64),
-    *inputs.size_params("32MB", "16GB", what="Array"),
+    *inputs.size_params("128MB", "16GB", what="Array"),
     inputs.input_param(),
 )
 
