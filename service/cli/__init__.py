@@ -57,6 +57,7 @@ class LazyGroup(click.Group):
 
 # One line per lazily loaded command; each module owns its command.
 LazyGroup.lazy.update({
+    "bench": "service.cli.bench:bench",
     "serve": "service.cli.serve:serve",
     "tenant": "service.cli.serve:tenant",
     "slurm": "service.cli.slurm:slurm",

@@ -1,0 +1,250 @@
+"""The benchmark's results as JSON, a markdown table and a PNG plot, with the machine.
+
+Files go to ``<out>/<machine>-<date>.{json,md,png,log}``. The JSON holds ``machine``,
+``ceilings`` (GB/s by name) and ``workloads``: per workload ``name``, ``spillway_s``,
+``baseline_s``, ``speedup`` (baseline over spillway), ``transfer_gbps_median``,
+``peer_copy_gbps``, the ratio between those two, and each side's details.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..sizes import format_bytes
+
+SIDES = ("spillway", "baseline")
+
+
+def describe_machine(inventory, kind: str) -> dict:
+    import psutil
+
+    from ..info import installed_stack
+
+    gpus = [
+        {"index": g.index, "name": g.name, "memory_total": g.memory_total,
+         "nvlinks": {str(k): v for k, v in g.nvlinks.items()}}
+        for g in (inventory.gpus if inventory is not None else ())
+    ]
+    if kind == "gpu" and gpus:
+        slug = f"{len(gpus)}x-{gpus[0]['name']}"
+    else:
+        slug = f"cpu-{os.cpu_count()}c"
+    return {
+        "name": re.sub(r"[^a-z0-9]+", "-", slug.lower()).strip("-"),
+        "workers": kind,
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_total": psutil.virtual_memory().total,
+        "gpus": gpus,
+        "driver_version": getattr(inventory, "driver_version", None),
+        "cuda_driver_version": getattr(inventory, "cuda_driver_version", None),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "stack": installed_stack(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def stem(machine: dict, when: datetime | None = None) -> str:
+    when = when or datetime.now(timezone.utc)
+    return f"{machine['name']}-{when:%Y-%m-%dT%H%M%SZ}"
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def workload_entry(workload, scale: str, sides: dict, ceilings) -> dict:
+    """The JSON object of one workload."""
+    detail = {side: sides[side].to_json() for side in SIDES if side in sides}
+    sp, base = detail.get("spillway", {}), detail.get("baseline", {})
+    peer = ceilings.peer_copy
+    entry = {
+        "name": workload.name,
+        "description": workload.describe(scale),
+        "input_bytes": workload.input_bytes(scale),
+        "chunk_bytes": workload.chunk_bytes(scale),
+        "spillway_s": sp.get("median_s"),
+        "baseline_s": base.get("median_s"),
+        "speedup": _ratio(base.get("median_s"), sp.get("median_s")),
+        "transfer_gbps_p25": sp.get("transfer_gbps_p25"),
+        "transfer_gbps_median": sp.get("transfer_gbps_median"),
+        "transfer_gbps_p75": sp.get("transfer_gbps_p75"),
+        "transfer_gbps_median_256mib": sp.get("transfer_gbps_median_256mib"),
+        "peer_copy_gbps": peer,
+        "transfer_ratio_to_peer_copy": _ratio(sp.get("transfer_gbps_median"), peer),
+        "baseline_transfer_gbps_median": base.get("transfer_gbps_median"),
+        "baseline_transfer_ratio_to_peer_copy": _ratio(base.get("transfer_gbps_median"), peer),
+        "bytes_moved": sp.get("bytes_moved"),
+        "baseline_bytes_moved": base.get("bytes_moved"),
+        "bytes_spilled": sp.get("bytes_spilled"),
+        "baseline_bytes_spilled": base.get("bytes_spilled"),
+    }
+    entry.update(detail)
+    return entry
+
+
+def build_results(*, machine, ceilings, plan, outcome, started, finished) -> dict:
+    return {
+        "machine": machine,
+        "ceilings": dict(ceilings.gbps),
+        "ceilings_skipped": dict(ceilings.skipped),
+        "ceiling_bytes": ceilings.nbytes,
+        "sizes": plan.scale,
+        "runs": plan.runs,
+        "started": started,
+        "finished": finished,
+        "clusters": outcome["clusters"],
+        "workloads": [
+            workload_entry(w, plan.scale, outcome["results"][w.name], ceilings) for w in plan.workloads
+        ],
+    }
+
+
+# --- rendering
+
+
+def _s(v, fmt="{:.3f}"):
+    return "—" if v is None else fmt.format(v)
+
+
+def _pct(v):
+    return "—" if v is None else f"{100 * v:.0f}%"
+
+
+def _bytes(v):
+    return "—" if v is None else format_bytes(v)
+
+
+def markdown(results: dict) -> str:
+    m = results["machine"]
+    gpus = ", ".join(f"{g['name']} ({format_bytes(g['memory_total'])})" for g in m["gpus"]) or "none"
+    lines = [
+        f"# spillway bench: {m['name']}",
+        "",
+        f"- started {results['started']}, finished {results['finished']}",
+        f"- sizes `{results['sizes']}`, {results['runs']} timed runs after one warm-up, median shown",
+        f"- workers: {m['workers']}; GPUs: {gpus}; driver {m['driver_version']}, CUDA {m['cuda_driver_version']}",
+        f"- CPU: {m['cpu']}, {m['cores']} cores, {format_bytes(m['memory_total'])}; {m['platform']}",
+        "- stack: " + ", ".join(f"{k} {v}" for k, v in m["stack"].items() if v),
+    ]
+    for side in SIDES:
+        c = results["clusters"].get(side)
+        if c:
+            what = c.get("cluster") or "spillway " + ", ".join(f"{k}={v}" for k, v in c.get("options", {}).items())
+            lines.append(f"- {side}: {c['n_workers']} {c['kind']} workers over {c['protocol']}; {what}")
+    lines += ["", "## Ceilings", "", f"Measured with {format_bytes(results['ceiling_bytes'])} buffers.", "",
+              "| ceiling | GB/s |", "| --- | ---: |"]
+    for name, value in results["ceilings"].items():
+        lines.append(f"| {name} | {value:.1f} |")
+    for name, why in results["ceilings_skipped"].items():
+        lines.append(f"| {name} | skipped: {why} |")
+    lines += [
+        "", "## Workloads", "",
+        "| workload | spillway s | baseline s | speedup | transfer GB/s p25 / median / p75 "
+        "| of peer copy | baseline transfer GB/s | moved | spilled (spillway / baseline) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for w in results["workloads"]:
+        bw = " / ".join(_s(w[k], "{:.1f}") for k in ("transfer_gbps_p25", "transfer_gbps_median", "transfer_gbps_p75"))
+        lines.append(
+            f"| {w['name']}: {w['description']} | {_s(w['spillway_s'])} | {_s(w['baseline_s'])} "
+            f"| {_s(w['speedup'], '{:.2f}x')} | {bw} | {_pct(w['transfer_ratio_to_peer_copy'])} "
+            f"| {_s(w['baseline_transfer_gbps_median'], '{:.1f}')} | {_bytes(w['bytes_moved'])} "
+            f"| {_bytes(w['bytes_spilled'])} / {_bytes(w['baseline_bytes_spilled'])} |"
+        )
+    notes = []
+    for w in results["workloads"]:
+        for side in SIDES:
+            d = w.get(side) or {}
+            if d.get("error"):
+                notes.append(f"- {w['name']} {side}: failed: {d['error']}")
+            if d.get("source") and d["source"] != "direct" and side == "spillway":
+                notes.append(f"- {w['name']}: built by {d['source']}")
+            for note in d.get("notes", []) if side == "spillway" else []:
+                notes.append(f"- {w['name']}: {note}")
+    if notes:
+        lines += ["", "## Notes", ""] + notes
+    return "\n".join(lines) + "\n"
+
+
+def short_table(results: dict) -> str:
+    """The few columns printed last on the terminal."""
+    rows = [("workload", "spillway s", "baseline s", "speedup", "xfer GB/s", "of peer")]
+    for w in results["workloads"]:
+        errors = [s for s in SIDES if (w.get(s) or {}).get("error")]
+        rows.append((
+            w["name"], _s(w["spillway_s"]), _s(w["baseline_s"]),
+            _s(w["speedup"], "{:.2f}x") if not errors else "failed: " + ",".join(errors),
+            _s(w["transfer_gbps_median"], "{:.1f}"), _pct(w["transfer_ratio_to_peer_copy"]),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
+                     for r in rows)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ws = results["workloads"]
+    names = [w["name"] for w in ws]
+    x = np.arange(len(ws))
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for offset, side, key in ((-0.2, "spillway", "spillway_s"), (0.2, "baseline", "baseline_s")):
+        values = [w[key] or 0 for w in ws]
+        ax_t.bar(x + offset, values, width=0.4, label=side)
+    for i, w in enumerate(ws):
+        if w["speedup"]:
+            top = max(w["spillway_s"] or 0, w["baseline_s"] or 0)
+            ax_t.annotate(f"{w['speedup']:.2f}x", (i, top), ha="center", va="bottom", fontsize=8)
+    ax_t.set_xticks(x, names)
+    ax_t.set_ylabel("wall time, median (s)")
+    if any(w["spillway_s"] for w in ws):
+        ax_t.set_yscale("log")
+    ax_t.set_title("time per workload (lower is better)")
+    ax_t.legend()
+
+    for offset, side in ((-0.2, "spillway"), (0.2, "baseline")):
+        med = np.array([(w.get(side) or {}).get("transfer_gbps_median") or 0 for w in ws])
+        lo = np.array([(w.get(side) or {}).get("transfer_gbps_p25") or 0 for w in ws])
+        hi = np.array([(w.get(side) or {}).get("transfer_gbps_p75") or 0 for w in ws])
+        ax_b.bar(x + offset, med, width=0.4, label=side,
+                 yerr=np.vstack([np.maximum(med - lo, 0), np.maximum(hi - med, 0)]), capsize=3)
+    peer = results["ceilings"].get("peer_copy")
+    if peer:
+        ax_b.axhline(peer, color="black", linestyle="--", linewidth=1, label=f"peer copy {peer:.0f} GB/s")
+    ax_b.set_xticks(x, names)
+    ax_b.set_ylabel("worker-to-worker GB/s (p25, median, p75)")
+    ax_b.set_title("transfer bandwidth")
+    ax_b.legend()
+    fig.suptitle(f"spillway bench on {results['machine']['name']} ({results['sizes']} sizes)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(results: dict, out_dir: Path, name: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
+    paths["json"].write_text(json.dumps(results, indent=2, default=str) + "\n")
+    paths["md"].write_text(markdown(results))
+    plot(results, paths["png"])
+    return paths

@@ -1,0 +1,269 @@
+"""The benchmark workloads W1 ... W5, B1 and B2, at three scales.
+
+A workload runs its registered workflow where one is registered and accepts the
+workload's parameters; otherwise it builds the same dask expression here, and says so
+(``source``), so the benchmark never silently measures something else. Either way the
+result is a lazy collection whose root layers are the seeded random inputs: the harness
+persists those before the clock starts.
+
+Scales: ``full`` is the issue's definition (GPU host), ``small`` the same shapes scaled
+down to minutes on two GPUs, ``tiny`` the CPU smoke run that CI executes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import workflows
+from service.errors import ParamError
+from workflows import random
+from workflows.backend import array_module, backend_for
+from workflows.params import Target
+
+SCALES = ("tiny", "small", "full")
+
+
+@dataclass(frozen=True)
+class Built:
+    """One workload instance: the lazy result and where it came from."""
+
+    result: Any
+    #: "workflow <name>" or "direct"
+    source: str
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    #: the registered workflow this workload is, where it exists
+    workflow: str | None
+    #: scale -> parameters (shape, chunks, dtype and the workload's own)
+    sizes: Mapping[str, Mapping[str, Any]]
+    #: builds the expression directly: (params, backend, seed) -> lazy collection
+    direct: Callable[[Mapping[str, Any], str, int], Any]
+    #: parameters handed to the registered workflow, from the scale's parameters
+    workflow_params: Callable[[Mapping[str, Any]], dict] | None = None
+    #: Options changes the workload's definition imposes on both clusters, on GPUs
+    gpu_cluster: Mapping[str, Any] = field(default_factory=dict)
+
+    def params(self, scale: str) -> Mapping[str, Any]:
+        if scale not in self.sizes:
+            raise ParamError(f"sizes: {scale!r} is not one of {', '.join(SCALES)}")
+        return self.sizes[scale]
+
+    def input_bytes(self, scale: str) -> int:
+        p = self.params(scale)
+        return p.get("inputs", 1) * math.prod(p["shape"]) * np.dtype(p["dtype"]).itemsize
+
+    def chunk_bytes(self, scale: str) -> int:
+        p = self.params(scale)
+        return math.prod(p["chunks"]) * np.dtype(p["dtype"]).itemsize
+
+    def describe(self, scale: str) -> str:
+        p = self.params(scale)
+        shape = "x".join(map(str, p["shape"]))
+        chunks = "x".join(map(str, p["chunks"]))
+        return f"{self.title} {shape} {p['dtype']}, chunks {chunks}"
+
+    def build(self, scale: str, target: Target, seed: int) -> Built:
+        params = self.params(scale)
+        backend = backend_for(target.kind)
+        note = None
+        if self.workflow is not None and self.workflow in workflows.names():
+            raw = dict(self.workflow_params(params) if self.workflow_params else {}, seed=seed)
+            try:
+                _, plan = workflows.get(self.workflow).plan(raw, target)
+            except ParamError as e:
+                note = f"workflow {self.workflow} rejected {raw}: {e}; built directly"
+            else:
+                # array workflows add a checksum and a probe to their result: time the array
+                result = plan.array if getattr(plan, "array", None) is not None else plan.result
+                mismatch = _mismatch(result, params)
+                if mismatch is None:
+                    return Built(result, source=f"workflow {self.workflow}")
+                note = f"workflow {self.workflow} gave {mismatch}; built directly"
+        elif self.workflow is not None:
+            note = f"workflow {self.workflow} is not registered; built directly"
+        return Built(self.direct(params, backend, seed), source="direct", note=note)
+
+
+def _mismatch(result, params) -> str | None:
+    """How a workflow's result differs from the workload's definition, or None."""
+    shape = tuple(getattr(result, "shape", ()) or ())
+    if shape != tuple(params["out_shape"]):
+        return f"shape {shape}, expected {tuple(params['out_shape'])}"
+    want = params.get("out_chunks")
+    if want is not None and tuple(result.chunksize) != tuple(want):
+        return f"chunks {tuple(result.chunksize)}, expected {tuple(want)}"
+    return None
+
+
+# --- direct builders (the same expressions the workflows compute)
+
+
+def _transpose_sum(p, backend, seed):
+    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
+    return (x + x.T).sum()
+
+
+def _matmul(p, backend, seed):
+    x = random.uniform(p["shape"], p["chunks"], seed=seed, stream=0, dtype=p["dtype"], backend=backend)
+    y = random.uniform(p["shape"], p["chunks"], seed=seed, stream=1, dtype=p["dtype"], backend=backend)
+    return x.dot(y)
+
+
+def _rechunk(p, backend, seed):
+    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
+    # P2P rechunking stages shards through host memory and disk; "tasks" keeps chunks
+    # on the device and moving between workers, which is what W3 measures
+    return x.rechunk(p["to_chunks"], method="tasks")
+
+
+def complex_block(seed, shape, location, backend):
+    real = random.uniform_block(seed, 0, shape, location, "float64", backend)
+    imag = random.uniform_block(seed, 1, shape, location, "float64", backend)
+    return real + 1j * imag
+
+
+def complex_uniform(shape, chunks, *, seed: int, backend: str):
+    """A seeded complex128 array as one root layer, so it is persisted as an input."""
+    import dask.array as da
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    chunks = da.core.normalize_chunks(chunks, shape, dtype=np.complex128)
+    name = "complex-uniform-" + tokenize(seed, shape, chunks, backend)
+    offsets = [np.cumsum((0,) + c) for c in chunks]
+    layer = {}
+    for index in np.ndindex(*[len(c) for c in chunks]):
+        location = tuple((int(offsets[d][i]), int(offsets[d][i + 1])) for d, i in enumerate(index))
+        layer[(name, *index)] = (complex_block, seed, tuple(shape), location, backend)
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=())
+    return da.Array(graph, name, chunks, meta=np.empty((0,) * len(shape), dtype=np.complex128))
+
+
+def _fft(p, backend, seed):
+    import dask.array as da
+
+    x = complex_uniform(p["shape"], p["chunks"], seed=seed, backend=backend)
+    # the transformed axis must be one chunk: gathering it is the all-to-all transfer
+    return da.fft.fft(x.rechunk(p["to_chunks"], method="tasks"), axis=0)
+
+
+def laplacian(block):
+    """7-point Laplacian of a block (its one-cell halo is trimmed off afterwards)."""
+    xp = array_module("cupy" if type(block).__module__.startswith("cupy") else "numpy")
+    out = block * block.dtype.type(-6)
+    for axis in range(3):
+        lo = [slice(None)] * 3
+        hi = [slice(None)] * 3
+        lo[axis], hi[axis] = slice(1, None), slice(None, -1)
+        out[tuple(lo)] += block[tuple(hi)]
+        out[tuple(hi)] += block[tuple(lo)]
+    return xp.ascontiguousarray(out)
+
+
+def _stencil(p, backend, seed):
+    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
+    return x.map_overlap(laplacian, depth=1, boundary=0, dtype=p["dtype"])
+
+
+def _square(shape, chunks, **extra):
+    return {"shape": shape, "chunks": chunks, "dtype": "float64", "out_shape": (), **extra}
+
+
+def _ts_params(p):
+    return {"size": list(p["shape"]), "chunks": list(p["chunks"]), "dtype": p["dtype"]}
+
+
+def _same_shape(p, **extra):
+    return {**p, "out_shape": p["shape"], **extra}
+
+
+WORKLOADS: dict[str, Workload] = {}
+
+
+def _add(w: Workload):
+    WORKLOADS[w.name] = w
+
+
+_add(Workload(
+    name="W1", title="transpose-sum (x + x.T).sum()", workflow="transpose-sum",
+    sizes={"full": _square((40000, 40000), (10000, 10000)),
+           "small": _square((30000, 30000), (10000, 10000)),
+           "tiny": _square((2000, 2000), (500, 500))},
+    direct=_transpose_sum, workflow_params=_ts_params,
+))
+_add(Workload(
+    name="W2", title="matmul x.dot(y)", workflow="matmul",
+    sizes={"full": _same_shape(_square((20000, 20000), (5000, 5000)), inputs=2),
+           "small": _same_shape(_square((10000, 10000), (5000, 5000)), inputs=2),
+           "tiny": _same_shape(_square((800, 800), (200, 200)), inputs=2)},
+    direct=_matmul,
+    workflow_params=lambda p: {"size": list(p["shape"]), "chunks": list(p["chunks"]), "dtype": p["dtype"]},
+))
+_add(Workload(
+    name="W3", title="rechunk rows to columns", workflow="rechunk",
+    sizes={"full": _same_shape(_square((80000, 80000), (1000, 80000)), to_chunks=(80000, 1000),
+                               out_chunks=(80000, 1000)),
+           "small": _same_shape(_square((40000, 40000), (1000, 40000)), to_chunks=(40000, 1000),
+                                out_chunks=(40000, 1000)),
+           "tiny": _same_shape(_square((2000, 2000), (50, 2000)), to_chunks=(2000, 50),
+                               out_chunks=(2000, 50))},
+    direct=_rechunk,
+    # the workflow's chunks are the panel thickness: rows in, columns out
+    workflow_params=lambda p: {"size": list(p["shape"]), "chunks": list(p["chunks"]), "dtype": p["dtype"]},
+))
+_add(Workload(
+    name="W4", title="fft along the chunked axis 0", workflow="fft",
+    sizes={"full": _same_shape({"shape": (40000, 40000), "chunks": (5000, 5000), "dtype": "complex128"},
+                               to_chunks=(40000, 1000)),
+           "small": _same_shape({"shape": (20000, 20000), "chunks": (5000, 5000), "dtype": "complex128"},
+                                to_chunks=(20000, 1000)),
+           "tiny": _same_shape({"shape": (1024, 1024), "chunks": (256, 256), "dtype": "complex128"},
+                               to_chunks=(1024, 64))},
+    direct=_fft,
+    workflow_params=lambda p: {"size": list(p["shape"]), "chunks": list(p["chunks"]), "dtype": p["dtype"]},
+))
+_add(Workload(
+    name="W5", title="3-D 7-point stencil", workflow="stencil",
+    sizes={"full": _same_shape({"shape": (2048,) * 3, "chunks": (512,) * 3, "dtype": "float32"}),
+           "small": _same_shape({"shape": (1024,) * 3, "chunks": (512,) * 3, "dtype": "float32"}),
+           "tiny": _same_shape({"shape": (64,) * 3, "chunks": (32,) * 3, "dtype": "float32"})},
+    direct=_stencil,
+    workflow_params=lambda p: {"ndim": 3, "depth": 1, "size": list(p["shape"]), "chunks": list(p["chunks"]),
+                               "dtype": p["dtype"]},
+))
+_add(Workload(
+    name="B1", title="transpose-sum beyond device memory", workflow="transpose-sum",
+    sizes={"full": _square((160000, 160000), (10000, 10000)),
+           "small": _square((100000, 100000), (10000, 10000)),
+           "tiny": _square((3000, 3000), (500, 500))},
+    direct=_transpose_sum, workflow_params=_ts_params,
+))
+_add(Workload(
+    name="B2", title="transpose-sum, 12 GB device limit", workflow="transpose-sum",
+    sizes={"full": _square((80000, 80000), (10000, 10000)),
+           "small": _square((60000, 60000), (10000, 10000)),
+           "tiny": _square((2000, 2000), (500, 500))},
+    direct=_transpose_sum, workflow_params=_ts_params,
+    gpu_cluster={"device_memory_limit": "12GB"},
+))
+
+
+def select(only: str | None) -> list[Workload]:
+    """Workloads named in ``only`` ("W1,B2"; None or "" for all), in catalogue order."""
+    if not only:
+        return list(WORKLOADS.values())
+    names = [n.strip().upper() for n in only.split(",") if n.strip()]
+    for n in names:
+        if n not in WORKLOADS:
+            raise ParamError(f"only: {n!r} is not a workload (known: {', '.join(WORKLOADS)})")
+    return [w for w in WORKLOADS.values() if w.name in names]

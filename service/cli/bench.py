@@ -1,0 +1,60 @@
+"""``spillway bench``: spillway's cluster against the plain dask-cuda baseline."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from . import CONTEXT, fail_cleanly
+from .options import cluster_options, resolve
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--only", default=None, metavar="W1,B2",
+              help="Comma-separated workloads to run (W1 ... W5, B1, B2); default all.")
+@click.option("--sizes", type=click.Choice(["auto", "tiny", "small", "full"]), default="auto",
+              show_default=True,
+              help="full: the issue's sizes; small: minutes on two GPUs; tiny: the CPU smoke run. "
+                   "auto is small on GPUs, tiny on CPU workers.")
+@click.option("--runs", type=click.IntRange(min=3), default=3, show_default=True,
+              help="Timed runs per workload and side, after one warm-up; the median is reported.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="benchmarks/results",
+              show_default=True, help="Directory for <machine>-<date>.{json,md,png,log}.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="Seconds one run may take before it counts as failed.")
+@click.option("--no-ceilings", is_flag=True, help="Skip measuring the hardware ceilings.")
+@cluster_options
+@fail_cleanly
+def bench(only, sizes, runs, out_dir, timeout, no_ceilings, options_flags):
+    """Run each workload on spillway's cluster and on plain LocalCUDACluster(protocol="ucx")
+    (plain LocalCluster on CPU), and report times, speedups, transfer bandwidth against the
+    hardware ceilings, bytes moved and spilled.
+
+    The cluster flags configure spillway's side; where they leave a value unset, the bench
+    uses an RMM pool (so CUDA IPC handles stay cached) and no dashboard.
+
+    \b
+    Examples:
+      spillway bench                                  # all workloads, small sizes on GPUs
+      spillway bench --sizes full --out benchmarks/results
+      spillway bench --only W1,B2 --runs 5
+      spillway bench --cpu --n-workers 2 --sizes tiny # the CI smoke run
+    """
+    from ..bench import prepare, run_bench
+    from ..bench.ceilings import Ceilings
+    from ..bench.report import short_table
+
+    plan = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout)
+    extra = {}
+    if no_ceilings:
+        extra["measure_ceilings"] = lambda kind, devices, nbytes, log=None: Ceilings(
+            nbytes=nbytes, skipped={"all": "--no-ceilings"})
+    results, _ = run_bench(plan, Path(out_dir), stream=sys.stderr, **extra)
+    click.echo(short_table(results))
+    failed = [w["name"] for w in results["workloads"]
+              if any((w.get(side) or {}).get("error") for side in ("spillway", "baseline"))]
+    if failed:
+        click.echo(f"spillway: failed workloads: {', '.join(failed)} (see the log)", err=True)
+        sys.exit(1)

@@ -1,0 +1,332 @@
+"""``spillway bench``: the workloads against NumPy, the harness on real CPU clusters, the
+files it writes, and (on the GPU host) the ceilings and a run against dask-cuda."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from service.bench import ceilings, harness, prepare, workloads
+from service.bench.harness import SideResult
+from service.cli import main
+from service.gpus import Inventory
+from service.options import Options
+from workflows import random
+from workflows.params import Target
+
+NAMES = ["W1", "W2", "W3", "W4", "W5", "B1", "B2"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def rel_error(computed, reference) -> float:
+    c = np.asarray(computed, dtype=np.asarray(reference).dtype)
+    return float(np.linalg.norm((c - reference).ravel()) / np.linalg.norm(np.asarray(reference).ravel()))
+
+
+# --- the workloads compute what they say, checked against NumPy float64
+
+
+def _reference(name, p, seed):
+    a = random.uniform_numpy(p["shape"], seed=seed, dtype="float64") if name != "W4" else None
+    if name in ("W1", "B1", "B2"):
+        return (a + a.T).sum()
+    if name == "W2":
+        b = random.uniform_numpy(p["shape"], seed=seed, stream=1, dtype="float64")
+        return a @ b
+    if name == "W3":
+        return a
+    if name == "W4":
+        loc = tuple((0, s) for s in p["shape"])
+        re = random.uniform_block(seed, 0, p["shape"], loc, "float64", "numpy")
+        im = random.uniform_block(seed, 1, p["shape"], loc, "float64", "numpy")
+        return np.fft.fft(re + 1j * im, axis=0)
+    if name == "W5":
+        a = random.uniform_numpy(p["shape"], seed=seed, dtype="float32").astype(np.float64)
+        padded = np.pad(a, 1)
+        out = -6 * a
+        for axis in range(3):
+            for shift in (-1, 1):
+                out += np.roll(padded, shift, axis=axis)[1:-1, 1:-1, 1:-1]
+        return out
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_direct_workloads_match_numpy(name):
+    w = workloads.WORKLOADS[name]
+    p = w.params("tiny")
+    result = w.direct(p, "numpy", 7)
+    computed = result.compute(scheduler="sync")
+    reference = _reference(name, p, 7)
+    tolerance = 1e-5 if p["dtype"] == "float32" else 1e-10
+    assert rel_error(computed, reference) <= tolerance
+    if name == "W3":
+        assert result.chunks[0] == (p["shape"][0],)
+
+
+def test_registered_workflow_is_used_and_marked():
+    built = workloads.WORKLOADS["W1"].build("tiny", Target(kind="cpu", n_workers=2), seed=3)
+    assert built.source == "workflow transpose-sum"
+    w = workloads.WORKLOADS["W1"]
+    p = w.params("tiny")
+    assert rel_error(built.result.compute(scheduler="sync"), _reference("W1", p, 3)) <= 1e-10
+
+
+def test_select_and_sizes():
+    assert [w.name for w in workloads.select("b2, w1")] == ["W1", "B2"]
+    assert [w.name for w in workloads.select(None)] == NAMES
+    full = workloads.WORKLOADS
+    assert full["W1"].params("full")["shape"] == (40000, 40000)
+    assert full["W1"].params("full")["chunks"] == (10000, 10000)
+    assert full["W2"].params("full")["chunks"] == (5000, 5000)
+    assert full["W3"].params("full")["chunks"] == (1000, 80000)
+    assert full["W3"].params("full")["to_chunks"] == (80000, 1000)
+    assert full["W4"].params("full")["dtype"] == "complex128"
+    assert full["W5"].params("full")["shape"] == (2048,) * 3
+    assert full["B1"].input_bytes("full") == 204_800_000_000
+    assert full["B2"].input_bytes("full") == 51_200_000_000
+    assert full["B2"].gpu_cluster == {"device_memory_limit": "12GB"}
+
+
+# --- one-line errors before anything starts
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--only", "W9"], "only: 'W9' is not a workload (known: W1, W2, W3, W4, W5, B1, B2)"),
+    (["--runs", "2"], "2 is not in the range x>=3"),
+    (["--only", "B1", "--sizes", "full"], "sizes: B1 at full needs 190.73 GiB of input, more than"),
+    (["--scheduler-address", "tcp://127.0.0.1:1"], "bench starts its own clusters"),
+])
+def test_bad_input_fails_with_one_line_before_starting(args, fragment, tmp_path):
+    t0 = time.perf_counter()
+    result = CliRunner().invoke(main, ["bench", "--cpu", "--out", str(tmp_path), *args])
+    assert result.exit_code == 2
+    assert fragment in result.output
+    assert time.perf_counter() - t0 < 10
+    assert not list(tmp_path.iterdir())
+
+
+def test_bench_options_fill_only_unset_values():
+    assert harness.bench_options(Options.resolve(), "gpu").rmm_pool_size == 0.85
+    assert harness.bench_options(Options.resolve(), "gpu").dashboard_address is None
+    assert harness.bench_options(Options.resolve(), "cpu").rmm_pool_size is None
+    assert harness.bench_options(Options.resolve(rmm_pool_size="10GB"), "gpu").rmm_pool_size == 10**10
+    assert harness.bench_options(Options.resolve(rmm_async=True), "gpu").rmm_pool_size is None
+    user = harness.bench_options(Options.resolve({"dashboard_address": ":8799"}), "gpu")
+    assert user.dashboard_address == ":8799" and user.sources["dashboard_address"] == "flag --dashboard-address"
+
+
+def test_bandwidth_percentiles_skip_small_transfers():
+    side = SideResult(transfers=[(10, 1e-6), (2_000_000, 1e-3), (4_000_000, 1e-3), (8_000_000, 1e-3)])
+    bw = side.bandwidth()
+    assert bw["count"] == 3
+    assert bw["p25"] == pytest.approx(3.0) and bw["median"] == pytest.approx(4.0)
+    assert bw["p75"] == pytest.approx(6.0)
+    assert side.bandwidth(harness.LARGE_TRANSFER_BYTES)["median"] is None
+
+
+# --- the harness on real clusters
+
+
+@pytest.fixture
+def cpu_cluster():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster, timeout="30s") as client:
+        client.register_plugin(harness.SpillCounter())
+        yield client
+
+
+def test_inputs_are_persisted_and_not_recomputed(cpu_cluster):
+    client = cpu_cluster
+    w = workloads.WORKLOADS["W1"]
+    p = w.params("tiny")
+    lazy = w.direct(p, "numpy", 11)
+    futures, op = harness.split_inputs(client, lazy, timeout=60)
+    n_chunks = math.prod(len(c) for c in lazy.chunks) or 16
+    assert len(futures) == (p["shape"][0] // p["chunks"][0]) ** 2
+    assert all(f.status == "finished" for f in futures)
+    value = client.compute(op).result(timeout=60)
+    assert rel_error(value, _reference("W1", p, 11)) <= 1e-10
+    computed = client.run_on_scheduler(
+        lambda dask_scheduler: dask_scheduler.task_prefixes["uniform"].state_counts["memory"])
+    assert computed == len(futures)  # the timed graph reused them
+    del futures, op
+    assert n_chunks and harness.wait_released(client, timeout=30)
+
+
+def test_timed_run_measures_transfers_and_releases(cpu_cluster):
+    client = cpu_cluster
+    w = workloads.WORKLOADS["W2"]
+    m = harness.timed_run(client, w.direct(w.params("tiny"), "numpy", 5), kind="cpu", timeout=60)
+    assert m.seconds > 0
+    assert m.bytes_moved > 0 and all(b > 0 and s > 0 for b, s in m.transfers)
+    assert m.bytes_spilled == 0
+    assert harness.wait_released(client, timeout=30)
+
+
+def _failing(p, backend, seed):
+    import dask.array as da
+
+    def boom(block):
+        raise ValueError("chunk went bad")
+
+    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype="float64", backend=backend)
+    return da.map_blocks(boom, x, dtype="float64").sum()
+
+
+def test_a_failing_workload_is_recorded_and_the_rest_still_runs(tmp_path):
+    import contextlib
+
+    from distributed import Client, LocalCluster
+
+    bad = workloads.Workload(name="X1", title="fails", workflow=None,
+                             sizes={"tiny": workloads.WORKLOADS["W1"].params("tiny")}, direct=_failing)
+    good = workloads.WORKLOADS["W1"]
+    options = Options.resolve(cpu=True, n_workers=2, dashboard_address=None)
+    plan = prepare(options, only="W1", sizes="tiny", inventory=Inventory(reason="test"))
+    plan.workloads = [bad, good]
+    opened = []
+
+    @contextlib.contextmanager
+    def side(*_args):
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
+                          dashboard_address=None) as cluster, Client(cluster) as client:
+            client.register_plugin(harness.SpillCounter())
+            opened.append(cluster)
+            yield client, {"kind": "cpu", "n_workers": 2, "protocol": "inproc"}
+
+    lines = []
+    outcome = harness.run(plan, log=lines.append, spillway=side, baseline=side)
+    for name in ("spillway", "baseline"):
+        assert "chunk went bad" in outcome["results"]["X1"][name].error
+        assert len(outcome["results"]["W1"][name].runs_s) == 3
+    assert len(opened) == 4  # each side restarted its cluster after the failure
+    assert any("X1 spillway FAILED" in line for line in lines)
+
+
+# --- the whole command: the CI smoke run
+
+
+SCHEMA = {
+    "type": "object",
+    "required": ["machine", "ceilings", "workloads"],
+    "properties": {
+        "machine": {"type": "object", "required": ["name", "cpu", "cores", "memory_total", "gpus"]},
+        "ceilings": {"type": "object", "additionalProperties": {"type": "number", "exclusiveMinimum": 0}},
+        "workloads": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "spillway_s", "baseline_s", "speedup", "transfer_gbps_median",
+                             "peer_copy_gbps", "transfer_ratio_to_peer_copy", "bytes_moved",
+                             "bytes_spilled", "spillway", "baseline"],
+                "properties": {
+                    "name": {"enum": NAMES},
+                    "spillway_s": {"type": "number", "exclusiveMinimum": 0},
+                    "baseline_s": {"type": "number", "exclusiveMinimum": 0},
+                    "speedup": {"type": "number", "exclusiveMinimum": 0},
+                    "transfer_gbps_median": {"type": ["number", "null"]},
+                    "peer_copy_gbps": {"type": ["number", "null"]},
+                    "bytes_moved": {"type": "integer", "minimum": 0},
+                    "bytes_spilled": {"type": "integer", "minimum": 0},
+                },
+            },
+        },
+    },
+}
+
+
+@pytest.mark.slow
+def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
+    import jsonschema
+    from matplotlib import image
+
+    t0 = time.perf_counter()
+    result = CliRunner().invoke(main, ["bench", "--cpu", "--n-workers", "2", "--sizes", "tiny",
+                                       "--out", str(tmp_path)], catch_exceptions=False)
+    elapsed = time.perf_counter() - t0
+    assert result.exit_code == 0, result.output
+    assert elapsed < 120
+
+    stems = {p.stem for p in tmp_path.iterdir()}
+    assert len(stems) == 1 and next(iter(stems)).startswith("cpu-")
+    (stem,) = stems
+    data = json.loads((tmp_path / f"{stem}.json").read_text())
+    jsonschema.validate(data, SCHEMA)
+    assert [w["name"] for w in data["workloads"]] == NAMES
+    assert data["sizes"] == "tiny" and data["runs"] == 3
+    assert data["ceilings"]["host_copy"] > 0
+    assert "peer_copy" in data["ceilings_skipped"]
+    assert data["clusters"]["baseline"]["cluster"].startswith("LocalCluster(n_workers=2")
+    assert data["clusters"]["spillway"]["n_workers"] == 2
+    for w in data["workloads"]:
+        assert w["speedup"] == pytest.approx(w["baseline_s"] / w["spillway_s"])
+        for side in ("spillway", "baseline"):
+            assert len(w[side]["runs_s"]) == 3 and w[side]["warmup_s"] > 0
+            assert w[side]["median_s"] == pytest.approx(sorted(w[side]["runs_s"])[1])
+            assert w[side]["error"] is None
+        assert w["peer_copy_gbps"] is None and w["transfer_ratio_to_peer_copy"] is None
+    w1 = data["workloads"][0]
+    # half of x crosses between the two workers for x.T
+    assert w1["bytes_moved"] > 0 and w1["baseline_bytes_moved"] > 0
+    assert 0 < w1["transfer_gbps_p25"] <= w1["transfer_gbps_median"] <= w1["transfer_gbps_p75"]
+    assert w1["spillway"]["source"] == "workflow transpose-sum"
+
+    md = (tmp_path / f"{stem}.md").read_text()
+    assert "| workload | spillway s | baseline s | speedup |" in md
+    for name in NAMES:
+        assert f"| {name}: " in md
+    assert "| peer_copy | skipped: CPU workers" in md
+
+    png = tmp_path / f"{stem}.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = image.imread(png)
+    assert pixels.shape[0] > 200 and pixels.shape[1] > 400 and pixels.std() > 0.01
+
+    log = (tmp_path / f"{stem}.log").read_text()
+    assert "W1 spillway run 3/3" in log and "B2 baseline run 3/3" in log
+
+    table = result.stdout.strip().splitlines()[-8:]
+    assert table[0].split()[:4] == ["workload", "spillway", "s", "baseline"]
+    assert [row.split()[0] for row in table[1:]] == NAMES
+
+
+# --- on the GPU host
+
+
+@pytest.mark.gpu
+def test_ceilings_on_the_gpus(gpu_count):
+    found = ceilings.measure("gpu", tuple(range(min(2, gpu_count))), 256 * 2**20)
+    for name in ("hbm_copy", "h2d_pinned", "d2h_pinned"):
+        assert found.gbps[name] > 1, found
+    assert found.gbps["hbm_copy"] > found.gbps["h2d_pinned"]
+    if gpu_count >= 2:
+        assert found.gbps["peer_copy_0_to_1"] > 1 and found.gbps["peer_copy_1_to_0"] > 1
+        assert found.gbps["ucxx_send_recv"] > 1, found.skipped
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_small_gpu_run_against_dask_cuda(tmp_path, gpu_count):
+    result = CliRunner().invoke(main, ["bench", "--only", "W1,B2", "--sizes", "small",
+                                       "--out", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob("*.json")
+    data = json.loads(path.read_text())
+    assert data["clusters"]["spillway"]["kind"] == "gpu"
+    assert data["clusters"]["baseline"]["cluster"].startswith("LocalCUDACluster(protocol='ucx'")
+    for w in data["workloads"]:
+        assert w["spillway_s"] > 0 and w["baseline_s"] > 0
+        if gpu_count >= 2:
+            assert data["clusters"]["spillway"]["protocol"] == "ucx"
+            assert w["transfer_gbps_median"] > 0 and w["peer_copy_gbps"] > 0
