@@ -49,8 +49,25 @@ def auto_chunks(shape: tuple[int, ...], dtype: str, target: Target) -> tuple[int
     return tuple(even_split(n, side) for n in shape)
 
 
+#: most chunks one array may have: the graph is built on the client before admission, so
+#: a huge size with small chunks is refused here rather than by running out of memory
+MAX_CHUNKS = 200_000
+
+
+def check_count(chunks: tuple[int, ...], shape: tuple[int, ...], *, name="chunks") -> tuple[int, ...]:
+    count = math.prod(math.ceil(n / c) for n, c in zip(shape, chunks))
+    if count > MAX_CHUNKS:
+        raise ParamError(f"{name}: {'x'.join(map(str, chunks))} makes {count} chunks of the "
+                         f"{'x'.join(map(str, shape))} array, more than the limit of {MAX_CHUNKS}; use larger chunks")
+    return chunks
+
+
 def resolve_chunks(chunks, shape: tuple[int, ...], dtype: str, target: Target, *, name="chunks"):
     """Chunks from a parameter value: "auto", bytes per chunk, or a chunk shape."""
+    return check_count(_resolve_chunks(chunks, shape, dtype, target, name=name), shape, name=name)
+
+
+def _resolve_chunks(chunks, shape: tuple[int, ...], dtype: str, target: Target, *, name="chunks"):
     if chunks == "auto":
         return auto_chunks(shape, dtype, target)
     if isinstance(chunks, int):  # bytes per chunk
@@ -84,4 +101,6 @@ def panel_rows(chunks, shape: tuple[int, ...], dtype: str, target: Target, *, na
         rows = chunks[0]
         if rows > shape[0]:
             raise ParamError(f"{name}: panel of {rows} rows is larger than the array's {shape[0]} rows")
-    return even_split(shape[0], rows)
+    rows = even_split(shape[0], rows)
+    check_count((rows, *shape[1:]), shape, name=name)
+    return rows

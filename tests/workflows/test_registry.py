@@ -98,6 +98,11 @@ BAD = [
     ("matmul", {"input": "/nonexistent/x.zarr"}, "input: '/nonexistent/x.zarr' does not exist"),
     ("gather", {"count": 2**40}, "count: 1099511627776 is above the maximum"),
     ("slice", {"step": 0}, "step: 0 is below the minimum 1"),
+    ("reduction", {"size": "-5GB"}, "size: '-5GB'"),
+    ("reduction", {"chunks": "0x10"}, "chunks: '0x10' must have dimensions >= 1"),
+    ("reduction", {"chunks": [10, "a"]}, "chunks: [10, 'a'] is not a list of integers"),
+    ("reduction", {"size": "1PB"}, "more than the limit of 200000; use larger chunks"),
+    ("rechunk", {"size": "1000000x1000000", "chunks": "1x1000000"}, "more than the limit of 200000"),
 ]
 
 
