@@ -56,15 +56,16 @@ def wait_until_done(cluster, job_id: str, timeout: float = JOB_TIMEOUT_S) -> dic
     pytest.fail(f"job {job_id} still active after {timeout}s: {found}")
 
 
-def job_processes(job_id: str) -> list[str]:
-    """Processes whose environment says they belong to the job (its steps' children too)."""
-    marker = f"SLURM_JOB_ID={job_id}".encode()
+def job_processes(cluster, job_id: str) -> list[str]:
+    """Processes whose environment says they belong to the job (its steps' children too)
+    on this test's Slurm (job ids of another Slurm on the machine may be the same)."""
+    markers = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURM_CONF={cluster.conf}".encode()}
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if marker in (proc / "environ").read_bytes().split(b"\0"):
+            if markers <= set((proc / "environ").read_bytes().split(b"\0")):
                 command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 found.append(f"{proc.name}: {command[:200]}")
         except OSError:
@@ -72,9 +73,9 @@ def job_processes(job_id: str) -> list[str]:
     return found
 
 
-def assert_nothing_left(job_id: str, timeout: float = 15):
+def assert_nothing_left(cluster, job_id: str, timeout: float = 15):
     deadline = time.monotonic() + timeout
-    while (left := job_processes(job_id)) and time.monotonic() < deadline:
+    while (left := job_processes(cluster, job_id)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == [], left
 
@@ -106,7 +107,7 @@ def test_batch_analysis_writes_a_report_that_matches_numpy(slurm_cluster, tmp_pa
     assert (results / "job.sbatch").read_text().startswith("#!/usr/bin/env bash")
     output = (tmp_path / f"spillway-{job_id}.out").read_text()
     assert "2 workers up" in output and "finished with status 0" in output
-    assert_nothing_left(job_id)
+    assert_nothing_left(slurm_cluster, job_id)
 
 
 def test_cancelled_job_leaves_nothing_running(slurm_cluster, tmp_path):
@@ -119,13 +120,13 @@ def test_cancelled_job_leaves_nothing_running(slurm_cluster, tmp_path):
         assert status(slurm_cluster, job_id)["active"], job_files(tmp_path, job_id)
         time.sleep(0.5)
     time.sleep(1)
-    assert job_processes(job_id), "the job's scheduler and workers should be running"
+    assert job_processes(slurm_cluster, job_id), "the job's scheduler and workers should be running"
 
     done = spillway(slurm_cluster, "slurm", "cancel", job_id)
     assert done.returncode == 0 and done.stdout.strip() == f"cancelled {job_id}", done.stderr
     found = wait_until_done(slurm_cluster, job_id, timeout=60)
     assert found["state"] == "CANCELLED"
-    assert_nothing_left(job_id)
+    assert_nothing_left(slurm_cluster, job_id)
     assert slurm_cluster.run("squeue", "-h", "-j", job_id).stdout.strip() == ""
     assert "status 143" in (tmp_path / f"spillway-{job_id}.out").read_text()
     assert not (results / "01-transpose-sum.json").read_text().strip()
