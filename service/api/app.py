@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
 
-from ..errors import ParamError
+from ..errors import AdmissionError, ParamError
 from ..sizes import format_bytes
 from . import schemas
 from .auth import bearer, current_tenant
@@ -63,16 +63,20 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
         """Queue a job: a workflow's name and its parameters."""
         key = body.idempotency_key or idempotency_key
         try:
-            footprint = scheduler.footprint(body.workflow, body.params)
+            footprint = scheduler.footprint(body.workflow, body.params, output=body.output)
+        except AdmissionError as e:
+            raise _param_error("params", str(e)) from None
         except ParamError as e:
             name, _, _ = str(e).partition(":")
-            field = f"params.{name}" if name and " " not in name else "params"
+            field = ("output" if name == "output" else f"params.{name}" if name and " " not in name
+                     else "params")
             raise _param_error(field, str(e)) from None
         if footprint > tenant["max_job_bytes"]:
             raise _param_error("params", f"projected footprint {format_bytes(footprint)} exceeds this "
                                          f"tenant's limit of {format_bytes(tenant['max_job_bytes'])} per job")
         job, created = store.submit(tenant, workflow=body.workflow, params=body.params, verify=body.verify,
-                                    priority=body.priority, idempotency_key=key, footprint_bytes=footprint)
+                                    priority=body.priority, idempotency_key=key, footprint_bytes=footprint,
+                                    output=body.output)
         if created:
             scheduler.wake()
         else:

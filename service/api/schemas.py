@@ -21,6 +21,8 @@ def job_request_model(workflow_names: list[str]) -> type[BaseModel]:
                                       description="Parameters, validated against the workflow's schema.")),
         priority=(int, Field(0, ge=-10, le=10, description="Added to the tenant's priority; higher runs first.")),
         verify=(bool, Field(False, description="Check the result against a NumPy float64 reference.")),
+        output=(bool, Field(False, description="Write the array result as a Zarr v3 store on the service's "
+                                               "results directory (GET /jobs/{id}/result says where).")),
         idempotency_key=(str | None, Field(None, min_length=1, max_length=128,
                                            description="A retry with the same key returns the same job.")),
     )
@@ -45,6 +47,7 @@ class Job(BaseModel):
     workflow: str
     params: dict[str, Any]
     verify: bool
+    output: bool
     priority: int
     idempotency_key: str | None
     state: State

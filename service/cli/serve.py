@@ -54,13 +54,19 @@ def open_store(state_dir, db):
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
               help="Port of the HTTP API.")
 @with_state
+@click.option("--results-dir", default=None, type=click.Path(file_okay=False),
+              help="Where jobs' Zarr outputs are written, one store per job [default: STATE_DIR/results]; "
+                   "a directory the owner's analysis machines also see, for results read in place.")
+@click.option("--data-dir", "data_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="A directory tenants may name Zarr inputs in (repeatable); without one, jobs use "
+                   "generated inputs only.")
 @click.option("--https-cert", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Serve HTTPS with this certificate (PEM); needs --https-key.")
 @click.option("--https-key", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Private key (PEM) of --https-cert.")
 @service_cluster_options
 @fail_cleanly
-def serve(http_host, port, state_dir, db, https_cert, https_key, options_flags):
+def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, https_key, options_flags):
     """Serve the shared cluster service: an authenticated HTTP API with a persistent,
     prioritised job queue, tenants, a web page (/ui) and Prometheus metrics (/metrics).
 
@@ -85,10 +91,11 @@ def serve(http_host, port, state_dir, db, https_cert, https_key, options_flags):
         raise click.UsageError("--https-cert and --https-key go together")
     options = resolve(options_flags)
     store = open_store(state_dir, db)
+    results = Path(results_dir or Path(state_dir).expanduser() / "results").expanduser()
+    results.mkdir(parents=True, exist_ok=True)
     with open_cluster(options) as session:
-        if state_dir:
-            _write_owner_file(session, Path(state_dir).expanduser())
-        scheduler = JobScheduler(store, session)
+        _write_owner_file(session, Path(state_dir).expanduser())
+        scheduler = JobScheduler(store, session, results_dir=str(results.resolve()), input_roots=data_dirs)
         scheduler.start()
         try:
             app = create_app(store, scheduler)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 
+from ..errors import ParamError
+from ..memory.admission import admit, cluster_capacity
 from ..progress import PLUGIN_NAME as PROGRESS_PLUGIN
 from ..runner import run_workflow, target_of
 from ..store import Store
@@ -46,14 +49,22 @@ class _Running:
 class JobScheduler:
     """Runs the queue kept in ``store`` on ``session`` (a :class:`service.launch.Session`)."""
 
-    def __init__(self, store: Store, session, *, poll_s: float = 0.25,
+    def __init__(self, store: Store, session, *, results_dir: str | None = None,
+                 input_roots: tuple[str, ...] = (), poll_s: float = 0.25,
                  client_factory: Callable[[], object] | None = None):
         self.store = store
         self.session = session
         self.poll_s = poll_s
         self.client_factory = client_factory or self._new_client
+        #: where jobs that ask for an output get their Zarr store (``<job id>.zarr``)
+        self.results_dir = results_dir
+        #: directories tenants may name Zarr inputs in; none means generated inputs only
+        self.input_roots = tuple(os.path.realpath(os.path.expanduser(r)) for r in input_roots)
         self.target = target_of(session)
+        #: what the queue admits running jobs against: every worker's memory limit
         self.capacity_bytes = self.target.worker_bytes * self.target.n_workers
+        #: device + host + disk of the cluster: a job beyond it is refused when submitted
+        self.tiers = cluster_capacity(session.client)
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -69,13 +80,35 @@ class JobScheduler:
 
     # --- submission helpers
 
-    def footprint(self, workflow: str, params: dict) -> int:
-        """Validate ``params`` against the workflow on this cluster; the projected bytes.
-        Raises :class:`~service.errors.ParamError` with the bad value and limit."""
+    def footprint(self, workflow: str, params: dict, *, output: bool = False) -> int:
+        """Validate a submission against the workflow on this cluster; the projected
+        bytes. Raises :class:`~service.errors.ParamError` (or AdmissionError) with the bad
+        value and the limit, before anything is queued."""
         import workflows
+        from workflows.inputs import RANDOM
 
-        _, plan = workflows.get(workflow).plan(params, self.target)
+        spec = workflows.get(workflow)
+        # before planning, which opens the inputs it names
+        for p in spec.params:
+            value = params.get(p.name)
+            if p.default == RANDOM and value not in (None, RANDOM):
+                self._check_input(p.name, value)
+        _, plan = spec.plan(params, self.target)
+        if output and plan.array is None:
+            raise ParamError(f"output: {workflow} has no array result to write (its result is a summary)")
+        admit(workflow, plan.footprint, self.tiers)
         return int(plan.footprint.total_bytes)
+
+    def _check_input(self, name: str, value) -> None:
+        """Tenants read Zarr inputs only inside the service's data directories, so a job
+        cannot read another tenant's results or any other file the service can."""
+        path = os.path.realpath(os.path.expanduser(str(value)))
+        if not any(path == root or path.startswith(root + os.sep) for root in self.input_roots):
+            where = ", ".join(self.input_roots) if self.input_roots else "none are configured (--data-dir)"
+            raise ParamError(f"{name}: {value!r} is outside the service's data directories ({where})")
+
+    def output_path(self, job_id: str) -> str:
+        return os.path.join(self.results_dir, f"{job_id}.zarr")
 
     # --- lifecycle
 
@@ -153,7 +186,8 @@ class JobScheduler:
         watcher.start()
         try:
             session = dataclasses.replace(self.session, client=client)
-            report = run_workflow(session, job["workflow"], job["params"], verify=job["verify"])
+            output = self.output_path(job_id) if job["output"] else None
+            report = run_workflow(session, job["workflow"], job["params"], verify=job["verify"], output=output)
         except BaseException as e:  # noqa: BLE001 (every outcome is recorded)
             done.set()
             if entry.cancelled or self._stop.is_set():

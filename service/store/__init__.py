@@ -81,7 +81,7 @@ def job_dict(j: Job, tenant_name: str | None = None) -> dict:
         fraction = min(1.0, done / total) if total else 0.0
     return {
         "id": j.id, "tenant": tenant_name, "workflow": j.workflow, "params": j.params,
-        "verify": j.verify, "priority": j.priority, "idempotency_key": j.idempotency_key,
+        "verify": j.verify, "output": j.output, "priority": j.priority, "idempotency_key": j.idempotency_key,
         "state": j.state, "cancel_requested": j.cancel_requested,
         "progress": {"tasks_done": done, "tasks_total": total, "fraction": fraction},
         "footprint_bytes": j.footprint_bytes, "attempts": j.attempts,
@@ -164,7 +164,7 @@ class Store:
     # --- jobs
 
     def submit(self, tenant: dict, *, workflow: str, params: dict, verify: bool, priority: int,
-               idempotency_key: str | None, footprint_bytes: int) -> tuple[dict, bool]:
+               idempotency_key: str | None, footprint_bytes: int, output: bool = False) -> tuple[dict, bool]:
         """The job, and whether it is new (False when the idempotency key names an earlier one)."""
         if idempotency_key is not None:
             found = self._by_key(tenant["id"], idempotency_key)
@@ -172,7 +172,7 @@ class Store:
                 return found, False
         job_id = uuid.uuid4().hex
         with self._session() as s:
-            s.add(Job(id=job_id, tenant_id=tenant["id"], workflow=workflow, params=params, verify=verify,
+            s.add(Job(id=job_id, tenant_id=tenant["id"], workflow=workflow, params=params, verify=verify, output=output,
                       priority=priority, idempotency_key=idempotency_key, state="queued",
                       footprint_bytes=footprint_bytes, created=now()))
             s.add(LogLine(job_id=job_id, time=now(), line=f"queued by {tenant['name']}"))

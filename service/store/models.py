@@ -47,6 +47,8 @@ class Job(Base):
     #: the parameters as the tenant sent them (validated again when the job starts)
     params: Mapped[dict] = mapped_column(JSON)
     verify: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: write the array result as a Zarr store in the service's results directory
+    output: Mapped[bool] = mapped_column(Boolean, default=False)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
     state: Mapped[str] = mapped_column(String(16), index=True, default="queued")

@@ -201,3 +201,30 @@ def test_openapi_spec_lists_the_api(service):
     assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/{job_id}/result", "/jobs/{job_id}/logs",
             "/workflows", "/healthz", "/metrics"} <= set(spec["paths"])
     assert "transpose-sum" in json.dumps(spec["components"]["schemas"]["JobRequest"])
+
+
+def test_zarr_output_and_inputs_only_from_data_dirs(service):
+    server, c = service
+    job = c["bob"].post("/jobs", json={"workflow": "rechunk", "params": {"size": "200x200", "chunks": "50x50"},
+                                       "output": True}).json()
+    assert job["output"] is True
+    assert wait_state(c["bob"], job["id"], {"done", "failed"})["state"] == "done"
+    result = c["bob"].get(f"/jobs/{job['id']}/result").json()
+    results_dir = Path(server.state["state_dir"]) / "results"
+    assert result["output"] == str((results_dir / f"{job['id']}.zarr").resolve())
+    import zarr
+
+    stored = np.asarray(zarr.open_array(result["output"], mode="r")[...], dtype=np.float64)
+    expected = random.uniform_numpy((200, 200), seed=0, dtype="float64").astype(np.float64)
+    assert np.linalg.norm(stored - expected) / np.linalg.norm(expected) < 1e-12
+
+    # a summary-only workflow has nothing to write
+    r = c["bob"].post("/jobs", json={"workflow": "transpose-sum", "params": SMALL, "output": True})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "output"]
+    # no tenant reads files outside the data directories, another tenant's results included
+    for path in ["/etc", result["output"]]:
+        r = c["alice"].post("/jobs", json={"workflow": "elementwise", "params": {"input": path}})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"][0]
+        assert detail["loc"] == ["body", "params", "input"]
+        assert "outside the service's data directories" in detail["msg"]
