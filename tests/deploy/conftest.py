@@ -44,26 +44,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop(pid_file: Path) -> None:
-    try:
-        pid = int(pid_file.read_text().strip())
-    except (OSError, ValueError):
+def _die_with_parent():
+    # the daemons end with the test session even when pytest itself is killed
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _start(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with log.open("ab") as out:
+        return subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
         return
+    proc.terminate()
     try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
 
 
 def _write_config(root: Path, user: str) -> Path:
@@ -102,7 +105,7 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
     return conf
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory):
     missing = [name for name in BINARIES if _binary(name) is None]
     if missing:
@@ -116,17 +119,23 @@ def slurm_cluster(tmp_path_factory):
     key.chmod(0o400)
     conf = _write_config(root, getpass.getuser())
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    pid_files = [root / "slurmd.pid", root / "slurmctld.pid", root / "munge" / "munged.pid"]
+    log = root / "log"
+    daemons: list[subprocess.Popen] = []
     try:
-        subprocess.run([_binary("munged"), "--force", f"--socket={root}/munge/munge.socket",
-                        f"--key-file={key}", f"--pid-file={root}/munge/munged.pid",
-                        f"--log-file={root}/log/munged.log", f"--seed-file={root}/munge/seed"],
-                       check=True, timeout=30, capture_output=True)
-        subprocess.run([_binary("slurmctld"), "-f", str(conf)], env=env, check=True, timeout=30, capture_output=True)
-        subprocess.run([_binary("slurmd"), "-f", str(conf), "-N", "localhost"], env=env, check=True, timeout=30,
-                       capture_output=True)
-        cluster = SlurmCluster(root=root, conf=conf, env=env)
+        # in the foreground (-F, -D) so they are this session's children and stop with it
+        daemons.append(_start([_binary("munged"), "--foreground", "--force",
+                               f"--socket={root}/munge/munge.socket", f"--key-file={key}",
+                               f"--pid-file={root}/munge/munged.pid", f"--seed-file={root}/munge/seed",
+                               f"--log-file={log}/munged.log"], env, log / "munged.out"))
         deadline = time.monotonic() + START_TIMEOUT_S
+        while not (root / "munge" / "munge.socket").exists():
+            if time.monotonic() > deadline or daemons[0].poll() is not None:
+                pytest.fail(f"munged did not start:\n{(log / 'munged.out').read_text()[-2000:]}")
+            time.sleep(0.1)
+        daemons.append(_start([_binary("slurmctld"), "-D", "-f", str(conf)], env, log / "slurmctld.out"))
+        daemons.append(_start([_binary("slurmd"), "-D", "-f", str(conf), "-N", "localhost"], env,
+                              log / "slurmd.out"))
+        cluster = SlurmCluster(root=root, conf=conf, env=env)
         state = ""
         while time.monotonic() < deadline:
             state = cluster.run("sinfo", "-h", "-o", "%T", timeout=10).stdout.strip()
@@ -134,11 +143,11 @@ def slurm_cluster(tmp_path_factory):
                 break
             time.sleep(0.5)
         else:
-            logs = "".join(p.read_text()[-2000:] for p in (root / "log").glob("slurm*.log"))
+            logs = "".join(p.read_text()[-2000:] for p in log.iterdir())
             pytest.fail(f"Slurm node not idle after {START_TIMEOUT_S}s (state {state!r}):\n{logs}")
         yield cluster
         # nothing of the tests may outlive them
         cluster.run("scancel", "--user", getpass.getuser(), timeout=30)
     finally:
-        for pid_file in pid_files:
-            _stop(pid_file)
+        for proc in reversed(daemons):
+            _stop(proc)
