@@ -329,6 +329,18 @@ def check_fits(workloads: list[Workload], scale: str, kind: str, budget_bytes: i
             )
 
 
+def worker_bytes(plan: Plan) -> int:
+    """Memory one worker holds before it spills: 80% of the smallest GPU (dask-cuda's
+    default limit), or an even share of the host's memory."""
+    import psutil
+
+    if plan.launch.kind == "gpu" and plan.inventory is not None:
+        sizes = [g.memory_total for g in plan.inventory.gpus if g.index in plan.launch.devices]
+        if sizes:
+            return int(0.8 * min(sizes))
+    return psutil.virtual_memory().total // max(1, plan.launch.n_workers)
+
+
 def groups(plan: Plan) -> list[tuple[dict, list[Workload]]]:
     """Workloads that share cluster settings, in order; B2's device limit is its own."""
     out: list[tuple[dict, list[Workload]]] = []
@@ -347,7 +359,8 @@ def run(plan: Plan, *, log: Callable[[str], None],
     from workflows.params import Target
 
     kind = plan.launch.kind
-    target = Target(kind=kind, n_workers=plan.launch.n_workers)
+    # the same target on both sides, so both build the same graph from the same inputs
+    target = Target(kind=kind, n_workers=plan.launch.n_workers, worker_bytes=worker_bytes(plan))
     results: dict[str, dict[str, SideResult]] = {w.name: {} for w in plan.workloads}
     clusters: dict[str, dict] = {}
     with dask.config.set({"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}):

@@ -256,7 +256,7 @@ def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
                                        "--out", str(tmp_path)], catch_exceptions=False)
     elapsed = time.perf_counter() - t0
     assert result.exit_code == 0, result.output
-    assert elapsed < 120
+    assert elapsed < 240  # about 30 s on an idle 2-core machine
 
     stems = {p.stem for p in tmp_path.iterdir()}
     assert len(stems) == 1 and next(iter(stems)).startswith("cpu-")
