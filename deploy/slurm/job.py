@@ -21,6 +21,7 @@ _TIME = re.compile(
     r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
     r"|(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)|(?P<mm>\d+):(?P<ss>\d+)|(?P<minutes>\d+))$"
 )
+_MEM = re.compile(r"^\d+[KMGT]?$")
 #: partition, account, QoS and job names: no spaces, quotes or newlines in a directive
 _NAME = re.compile(r"^[A-Za-z0-9_.,+@%:=-]+$")
 
@@ -96,8 +97,12 @@ class JobSettings:
     account: str | None = None
     qos: str | None = None
     job_name: str = "spillway"
-    #: CPUs for each node's task (the worker processes); None leaves Slurm's default
+    #: CPUs for each node's task (the worker processes); None: on GPU jobs one per worker
+    #: thread plus one per worker, on CPU jobs Slurm's default
     cpus_per_task: int | None = None
+    #: memory per node as Slurm writes it (``500G``; ``0`` for all of it); None leaves
+    #: Slurm's default, often too little room for spilling in a partial-node allocation
+    mem: str | None = None
     #: directory of the job's output file; results go to ``spillway-<jobid>/`` in it
     output_dir: str = "."
     #: more sbatch options, one each (``--constraint=h200``, ``--exclusive``)
@@ -126,6 +131,8 @@ class JobSettings:
         _check_name("job-name", self.job_name)
         if self.cpus_per_task is not None:
             object.__setattr__(self, "cpus_per_task", _check_int("cpus-per-task", self.cpus_per_task, 1, 4096))
+        if self.mem is not None and not _MEM.match(str(self.mem)):
+            raise OptionsError(f"mem: {self.mem!r} is not a Slurm memory size (such as 500G, 64000M, or 0 for all)")
         object.__setattr__(self, "extra_directives", tuple(_directive(d) for d in self.extra_directives))
         object.__setattr__(self, "start_timeout", _check_int("start-timeout", self.start_timeout, 10, 86400))
         for line in self.setup:

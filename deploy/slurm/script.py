@@ -51,6 +51,8 @@ class Layout:
     workers_per_node: int
     n_workers: int
     protocol: str
+    #: CPUs of each node's worker task, or None for Slurm's default
+    cpus_per_task: int | None = None
 
 
 def layout(options: Options, job: JobSettings) -> Layout:
@@ -69,7 +71,8 @@ def layout(options: Options, job: JobSettings) -> Layout:
         if total % job.nodes:
             raise OptionsError(f"n-workers: {total} does not split evenly over {job.nodes} nodes")
         per_node = total // job.nodes
-        return Layout("cpu", per_node, total, commands.protocol(options, gpu=False, n_workers=total))
+        return Layout("cpu", per_node, total, commands.protocol(options, gpu=False, n_workers=total),
+                      cpus_per_task=job.cpus_per_task)
     if not job.gpus_per_node:
         raise OptionsError("gpus-per-node: 0 GPUs gives no GPU workers; request GPUs or set cpu true")
     total = job.nodes * job.gpus_per_node
@@ -78,7 +81,10 @@ def layout(options: Options, job: JobSettings) -> Layout:
             f"n-workers: {options.n_workers} does not match {job.nodes} nodes x {job.gpus_per_node} GPUs "
             f"(one worker per GPU, {total}); leave it unset"
         )
-    return Layout("gpu", job.gpus_per_node, total, commands.protocol(options, gpu=True, n_workers=total))
+    # Slurm's default is one CPU per task: too few for a worker per GPU under task/cgroup
+    cpus = job.cpus_per_task or job.gpus_per_node * (options.threads_per_worker + 1)
+    return Layout("gpu", job.gpus_per_node, total, commands.protocol(options, gpu=True, n_workers=total),
+                  cpus_per_task=cpus)
 
 
 def _shell(args: Sequence[str]) -> str:
@@ -89,8 +95,10 @@ def _directives(job: JobSettings, plan: Layout) -> list[str]:
     lines = [f"--job-name={job.job_name}", f"--nodes={job.nodes}", "--ntasks-per-node=1"]
     if plan.kind == "gpu":
         lines.append(f"--gpus-per-node={job.gpus_per_node}")
-    if job.cpus_per_task is not None:
-        lines.append(f"--cpus-per-task={job.cpus_per_task}")
+    if plan.cpus_per_task is not None:
+        lines.append(f"--cpus-per-task={plan.cpus_per_task}")
+    if job.mem is not None:
+        lines.append(f"--mem={job.mem}")
     lines.append(f"--time={format_walltime(job.walltime_s)}")
     for key in ("partition", "account", "qos"):
         value = getattr(job, key)
@@ -156,6 +164,8 @@ def job_script(options: Options, job: JobSettings, runs: Sequence[Run]) -> str:
         environment="\n".join(env_lines),
         scheduler_args=_shell(scheduler),
         nodes=str(job.nodes),
+        # named again on the step: srun does not take the job's CPUs per task from it in every version
+        worker_cpus=f" --cpus-per-task={plan.cpus_per_task}" if plan.cpus_per_task else "",
         worker_command=worker_command,
         worker_args=_shell(worker),
         n_workers=str(plan.n_workers),

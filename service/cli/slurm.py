@@ -43,7 +43,9 @@ def job_options(func):
         click.option("--account", default=None, help="Slurm account to charge."),
         click.option("--qos", default=None, help="Slurm quality of service."),
         click.option("--job-name", default=None, help="Job name (default spillway-WORKFLOW)."),
-        click.option("--cpus-per-task", type=int, default=None, help="CPUs for each node's worker task."),
+        click.option("--cpus-per-task", type=int, default=None,
+                     help="CPUs for each node's worker task (default on GPUs: threads + 1 per worker)."),
+        click.option("--mem", default=None, help="Memory per node (500G; 0 for all of it)."),
         click.option("--output-dir", default=None,
                      help="Directory on the shared file system for the job output and results "
                           "(default: the current directory)."),
@@ -83,7 +85,7 @@ def _runs(workflow: str, params: dict, then_json: str | None, verify: bool) -> l
 
 
 def _render(workflow, param_pairs, params_json, then_json, nodes, gpus_per_node, walltime, partition, account, qos,
-            job_name, cpus_per_task, output_dir, directives, setup, python, start_timeout, verify,
+            job_name, cpus_per_task, mem, output_dir, directives, setup, python, start_timeout, verify,
             options_flags) -> str:
     import workflows
     from deploy.slurm import JobSettings, job_script, layout
@@ -92,7 +94,7 @@ def _render(workflow, param_pairs, params_json, then_json, nodes, gpus_per_node,
     options = resolve(options_flags)
     job = JobSettings(
         nodes=nodes, gpus_per_node=gpus_per_node, time=walltime, partition=partition, account=account,
-        qos=qos, job_name=job_name or f"spillway-{workflow}", cpus_per_task=cpus_per_task,
+        qos=qos, job_name=job_name or f"spillway-{workflow}", cpus_per_task=cpus_per_task, mem=mem,
         output_dir=os.path.abspath(output_dir or os.getcwd()), extra_directives=tuple(directives),
         setup=tuple(setup), python=python or sys.executable, start_timeout=start_timeout,
     )

@@ -34,7 +34,7 @@ def test_gpu_script_directives_and_layout():
     text = job_script(Options.resolve(rmm_pool_size="100GB", device_memory_limit="120GB"), GPU_JOB, RUNS)
     assert directives(text) == [
         "--job-name=spillway-transpose-sum", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=4",
-        "--time=01:00:00", "--partition=gpu", "--account=proj", "--qos=high",
+        "--cpus-per-task=8", "--time=01:00:00", "--partition=gpu", "--account=proj", "--qos=high",
         "--output=/shared/runs/spillway-%j.out", "--constraint=h200", "--exclusive",
     ]
     scheduler = shlex.split(line_with(text, "dask scheduler"))
@@ -42,7 +42,8 @@ def test_gpu_script_directives_and_layout():
     # loopback cannot be reached from the second node: the scheduler takes the node's address
     assert "--host" not in scheduler and scheduler[scheduler.index("--protocol") + 1] == "ucx"
     worker = shlex.split(line_with(text, "dask cuda worker"))
-    assert worker[:5] == ["srun", "--overlap", "--nodes=2", "--ntasks-per-node=1", "--cpu-bind=none"]
+    assert worker[:6] == ["srun", "--overlap", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=8",
+                          "--cpu-bind=none"]
     flags = dict(zip(worker, worker[1:]))
     assert flags["--rmm-pool-size"] == "100000000000"
     assert flags["--device-memory-limit"] == "120000000000"
@@ -80,6 +81,18 @@ def test_script_is_valid_bash(tmp_path):
     done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "02-transpose-sum.json" in path.read_text()
+
+
+def test_cpus_and_memory_per_node():
+    job = JobSettings(nodes=1, gpus_per_node=2, time="00:10:00", cpus_per_task=16, mem="500G")
+    text = job_script(Options.resolve(threads_per_worker=4), job, RUNS)
+    assert "--cpus-per-task=16" in directives(text) and "--mem=500G" in directives(text)
+    assert "--cpus-per-task=16" in line_with(text, "dask cuda worker")
+    # by default one CPU per worker thread plus one per worker
+    default = job_script(Options.resolve(threads_per_worker=4), JobSettings(gpus_per_node=2, time="10"), RUNS)
+    assert "--cpus-per-task=10" in directives(default)
+    cpu = job_script(Options.resolve(cpu=True), JobSettings(time="10"), RUNS)
+    assert not any(d.startswith("--cpus-per-task") for d in directives(cpu))
 
 
 def test_cpu_fallback_uses_dask_worker_and_no_gpus():
@@ -131,6 +144,7 @@ def test_walltime_formats(text, seconds):
     (dict(gpus_per_node=65), "gpus-per-node: 65 must be an integer in [0, 64]"),
     (dict(partition="gpu; rm -rf /"), "partition: 'gpu; rm -rf /' must be one word"),
     (dict(extra_directives=("constraint=h200",)), "extra directive: 'constraint=h200' must be one sbatch option"),
+    (dict(mem="lots"), "mem: 'lots' is not a Slurm memory size"),
     (dict(output_dir="/my runs"), "output-dir: '/my runs' must be a directory path without spaces"),
 ])
 def test_bad_job_settings_name_value_and_limit(kwargs, message):
