@@ -18,6 +18,7 @@ measured here (no GPU, one GPU, no UCXX) is left out with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -64,14 +65,16 @@ def host_copy_gbps(nbytes: int, iterations: int = 3) -> float:
 def measure(kind: str, devices: tuple, nbytes: int, *, log=None, timeout: float = 300) -> Ceilings:
     """All ceilings for a run on ``kind`` workers ("gpu"/"cpu") over ``devices``."""
     out = Ceilings(nbytes=nbytes)
-    out.gbps["host_copy"] = host_copy_gbps(min(nbytes, 256 * 2**20))
+    # at least 64 MiB so the copy runs from memory, not from the caches
+    out.gbps["host_copy"] = host_copy_gbps(min(max(nbytes, 64 * 2**20), 256 * 2**20))
     gpu_names = ["hbm_copy", "peer_copy", "h2d_pinned", "d2h_pinned", "ucxx_send_recv"]
     if kind != "gpu":
         for name in gpu_names:
             out.skipped[name] = "CPU workers: no GPU in this run"
         _report(out, log)
         return out
-    visible = ",".join(str(d) for d in devices)
+    devices = physical(devices)
+    visible = ",".join(devices)
     try:
         device = _child(["device", str(nbytes)], {"CUDA_VISIBLE_DEVICES": visible}, timeout)
     except RuntimeError as e:
@@ -96,6 +99,19 @@ def _report(out: Ceilings, log) -> None:
         log(f"ceiling {name:<18} {value:8.1f} GB/s")
     for name, why in out.skipped.items():
         log(f"ceiling {name:<18} skipped: {why}")
+
+
+def physical(devices: tuple) -> tuple[str, ...]:
+    """CUDA_VISIBLE_DEVICES entries for GPU indices that count within this process's
+    own CUDA_VISIBLE_DEVICES (how the inventory numbers them)."""
+    parent = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    out = []
+    for d in devices:
+        if isinstance(d, int) and parent and d < len(parent):
+            out.append(parent[d])
+        else:
+            out.append(str(d))
+    return tuple(out)
 
 
 def _child(args: list[str], env: dict, timeout: float, *, stdin=None) -> dict:
@@ -123,9 +139,13 @@ def ucxx_gbps(src: int | str, dst: int | str, nbytes: int, *, timeout: float = 3
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        line = server.stdout.readline()
+        import select
+
+        ready, _, _ = select.select([server.stdout], [], [], 120)
+        line = server.stdout.readline() if ready else ""
         if not line.startswith("{"):
-            raise RuntimeError(f"ucxx server did not start: {server.stderr.read()[-300:]!r}")
+            server.kill()
+            raise RuntimeError(f"ucxx server did not start: {server.communicate()[1][-300:]!r}")
         port = json.loads(line)["port"]
         result = _child(["ucxx-client", str(nbytes), str(port)],
                         {**UCX_ENV, "CUDA_VISIBLE_DEVICES": str(src)}, timeout)
@@ -217,7 +237,8 @@ async def _ucxx_server(nbytes: int) -> None:
         for _ in range(1 + ITERATIONS):
             await ep.recv(buf)
         await ep.send(np.ones(1, dtype=np.uint8))
-        await ep.close()
+        with contextlib.suppress(Exception):  # the client may close first
+            await ep.close()
         done.set()
 
     listener = ucxx.create_listener(handle, port=0)
@@ -241,7 +262,8 @@ async def _ucxx_client(nbytes: int, port: int) -> None:
         await ep.send(buf)
     await ep.recv(ack)
     elapsed = time.perf_counter() - t0
-    await ep.close()
+    with contextlib.suppress(Exception):  # the measurement is done; a close race is harmless
+        await ep.close()
     print(json.dumps({"gbps": nbytes * ITERATIONS / elapsed / 1e9}), flush=True)
 
 

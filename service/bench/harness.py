@@ -89,9 +89,11 @@ def _scheduler_tasks(dask_scheduler=None) -> int:
 
 
 def _worker_ucx(dask_worker=None) -> dict:
+    """The UCX transports a worker was configured with: environment and dask config."""
     import os
 
-    return {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
+    env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
+    return {"env": env, "config": dask.config.get("distributed.comm.ucx", default={})}
 
 
 @dataclass

@@ -317,6 +317,7 @@ def test_ceilings_on_the_gpus(gpu_count):
 
 @pytest.mark.gpu
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_small_gpu_run_against_dask_cuda(tmp_path, gpu_count):
     result = CliRunner().invoke(main, ["bench", "--only", "W1,B2", "--sizes", "small",
                                        "--out", str(tmp_path)], catch_exceptions=False)
@@ -325,8 +326,30 @@ def test_small_gpu_run_against_dask_cuda(tmp_path, gpu_count):
     data = json.loads(path.read_text())
     assert data["clusters"]["spillway"]["kind"] == "gpu"
     assert data["clusters"]["baseline"]["cluster"].startswith("LocalCUDACluster(protocol='ucx'")
+    assert data["ceilings"]["hbm_copy"] > 0 and data["ceilings"]["h2d_pinned"] > 0
     for w in data["workloads"]:
         assert w["spillway_s"] > 0 and w["baseline_s"] > 0
         if gpu_count >= 2:
             assert data["clusters"]["spillway"]["protocol"] == "ucx"
+            assert data["clusters"]["baseline"]["protocol"] == "ucx"
             assert w["transfer_gbps_median"] > 0 and w["peer_copy_gbps"] > 0
+            assert w["bytes_moved"] > 0
+    b2 = data["workloads"][1]
+    # 28.8 GB of input over two workers allowed 12 GB each: both sides must spill
+    assert b2["name"] == "B2" and b2["bytes_spilled"] > 0 and b2["baseline_bytes_spilled"] > 0
+    assert (tmp_path / path.name.replace(".json", ".png")).stat().st_size > 10_000
+
+
+def test_ceilings_not_measurable_here_are_skipped_with_the_reason(monkeypatch, gpu_count):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert ceilings.physical((1, 0, "GPU-ab")) == ("5", "3", "GPU-ab")
+    cpu = ceilings.measure("cpu", (), 4 * 2**20)
+    assert cpu.gbps["host_copy"] > 0.1 and cpu.peer_copy is None
+    assert cpu.skipped["peer_copy"] == "CPU workers: no GPU in this run"
+    if gpu_count:
+        return
+    # asked for GPU ceilings where CuPy or the GPUs are missing: each one says why
+    found = ceilings.measure("gpu", (0, 1), 2**20, timeout=120)
+    assert set(found.gbps) == {"host_copy"}
+    assert "measurement failed" in found.skipped["hbm_copy"]
+    assert found.skipped["ucxx_send_recv"]
