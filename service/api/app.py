@@ -56,7 +56,7 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
         return JSONResponse({"detail": errors}, status_code=422)
 
     @app.post("/jobs", response_model=schemas.Job, status_code=201, tags=["jobs"],
-              responses={**AUTH, 200: {"model": schemas.Job,
+              responses={**AUTH, 400: {"description": "The body is not valid JSON"}, 200: {"model": schemas.Job,
                                        "description": "An earlier job with the same idempotency key"}})
     def submit(body: JobRequest, tenant: Tenant, response: Response,
                idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128)] = None):
@@ -84,11 +84,9 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
         return job
 
     @app.get("/jobs", response_model=schemas.JobList, tags=["jobs"], responses=AUTH)
-    def list_jobs(tenant: Tenant, state: schemas.State | None = None,
-                  limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                  offset: Annotated[int, Query(ge=0, le=10**9)] = 0):
+    def list_jobs(tenant: Tenant, query: Annotated[schemas.JobQuery, Query()]):
         """This tenant's jobs (every tenant's for an admin), newest first."""
-        return {"jobs": store.jobs(tenant, state=state, limit=limit, offset=offset)}
+        return {"jobs": store.jobs(tenant, state=query.state, limit=query.limit, offset=query.offset)}
 
     def _job(job_id: str, tenant: dict) -> dict:
         job = store.job(job_id, tenant)

@@ -28,6 +28,16 @@ def job_request_model(workflow_names: list[str]) -> type[BaseModel]:
     )
 
 
+class JobQuery(BaseModel):
+    """Filters of ``GET /jobs``; unknown ones are refused rather than ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: State | None = Field(None, description="Only jobs in this state.")
+    limit: int = Field(100, ge=1, le=1000, description="At most this many jobs.")
+    offset: int = Field(0, ge=0, le=10**9, description="Skip this many (newest first).")
+
+
 class Progress(BaseModel):
     tasks_done: int
     tasks_total: int
