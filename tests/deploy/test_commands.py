@@ -1,0 +1,60 @@
+"""The rendered flags are ones dask's own command lines accept, with the values meant:
+each list is parsed by the real click command (``dask scheduler``, ``dask worker``,
+``dask cuda worker``) without starting it."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploy import commands
+from service.options import Options
+
+
+def _parse(command, args: list[str]) -> dict:
+    return command.make_context(command.name or "dask", list(args)).params
+
+
+def test_scheduler_flags_parse_as_meant():
+    from distributed.cli.dask_scheduler import main as scheduler
+
+    options = Options.resolve(scheduler_port=8786, dashboard_address=":8790", interface="lo")
+    params = _parse(scheduler, commands.scheduler_args(options, scheduler_file="/s.json", protocol="tcp",
+                                                       multi_node=True))
+    assert params["scheduler_file"] == "/s.json" and str(params["port"]) == "8786"
+    assert params["interface"] == "lo" and params["dashboard_address"] == ":8790" and params["dashboard"]
+
+
+def test_cpu_worker_flags_parse_as_meant():
+    from distributed.cli.dask_worker import main as worker
+
+    options = Options.resolve(cpu=True, threads_per_worker=2, memory_limit="3GB", local_directory="/scratch")
+    params = _parse(worker, commands.cpu_worker_args(options, scheduler_file="/s.json", protocol="tcp",
+                                                     n_workers=4))
+    assert str(params["n_workers"]) == "4" and params["nthreads"] == 2
+    assert params["memory_limit"] == "3000000000" and params["local_directory"] == "/scratch"
+    assert params["death_timeout"] == str(commands.DEATH_TIMEOUT_S) and params["scheduler_file"] == "/s.json"
+
+
+@pytest.mark.gpu
+def test_gpu_worker_flags_parse_as_meant():
+    from dask_cuda.cli import worker
+
+    options = Options.resolve(rmm_pool_size="100GB", rmm_maximum_pool_size="120GB", device_memory_limit=0.7,
+                              rmm_track_allocations=True, local_directory="/scratch")
+    params = _parse(worker, commands.gpu_worker_args(options, scheduler_file="/s.json", protocol="ucx"))
+    assert params["rmm_pool_size"] == "100000000000" and params["rmm_maximum_pool_size"] == "120000000000"
+    assert params["device_memory_limit"] == "0.7" and params["rmm_track_allocations"] is True
+    assert params["rmm_allocator_external_lib_list"] == ["cupy"] and params["enable_nvlink"] is True
+    assert params["preload_argv"] == ()
+    asynchronous = Options.resolve(rmm_async=True, rmm_release_threshold="10GB", nvlink=False)
+    params = _parse(worker, commands.gpu_worker_args(asynchronous, scheduler_file="/s.json", protocol="ucx"))
+    assert params["rmm_async"] is True and params["rmm_release_threshold"] == "10000000000"
+    assert params["enable_nvlink"] is False
+
+
+def test_auto_protocol():
+    options = Options.resolve()
+    assert commands.protocol(options, gpu=True, n_workers=8) == "ucx"
+    assert commands.protocol(options, gpu=True, n_workers=1) == "tcp"
+    assert commands.protocol(options, gpu=False, n_workers=8) == "tcp"
+    assert commands.protocol(Options.resolve(protocol="tcp"), gpu=True, n_workers=8) == "tcp"
