@@ -51,7 +51,7 @@ def auto_chunks(shape: tuple[int, ...], dtype: str, target: Target) -> tuple[int
 
 #: most chunks one array may have: the graph is built on the client before admission, so
 #: a huge size with small chunks is refused here rather than by running out of memory
-MAX_CHUNKS = 200_000
+MAX_CHUNKS = 2_000_000
 
 
 def check_count(chunks: tuple[int, ...], shape: tuple[int, ...], *, name="chunks") -> tuple[int, ...]:

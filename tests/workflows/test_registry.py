@@ -101,8 +101,8 @@ BAD = [
     ("reduction", {"size": "-5GB"}, "size: '-5GB'"),
     ("reduction", {"chunks": "0x10"}, "chunks: '0x10' must have dimensions >= 1"),
     ("reduction", {"chunks": [10, "a"]}, "chunks: [10, 'a'] is not a list of integers"),
-    ("reduction", {"size": "1PB"}, "more than the limit of 200000; use larger chunks"),
-    ("rechunk", {"size": "1000000x1000000", "chunks": "1x1000000"}, "more than the limit of 200000"),
+    ("reduction", {"size": "1PB"}, "more than the limit of 2000000; use larger chunks"),
+    ("rechunk", {"size": "10000000x100000", "chunks": "1x100000"}, "more than the limit of 2000000"),
 ]
 
 
