@@ -87,6 +87,7 @@ def workload_entry(workload, scale: str, sides: dict, ceilings) -> dict:
         "transfer_gbps_median_256mib": sp.get("transfer_gbps_median_256mib"),
         "peer_copy_gbps": peer,
         "transfer_ratio_to_peer_copy": _ratio(sp.get("transfer_gbps_median"), peer),
+        "transfer_256mib_ratio_to_peer_copy": _ratio(sp.get("transfer_gbps_median_256mib"), peer),
         "baseline_transfer_gbps_median": base.get("transfer_gbps_median"),
         "baseline_transfer_ratio_to_peer_copy": _ratio(base.get("transfer_gbps_median"), peer),
         "bytes_moved": sp.get("bytes_moved"),
@@ -98,7 +99,30 @@ def workload_entry(workload, scale: str, sides: dict, ceilings) -> dict:
     return entry
 
 
+#: the issue's targets: transfers of 256 MiB or more at this share of the peer copy, and
+#: this speedup over the baseline for the W workloads
+TRANSFER_TARGET = 0.8
+SPEEDUP_TARGET = 2.0
+
+
+def targets(workloads: list[dict], kind: str) -> list[dict]:
+    """Each target per workload: met (true/false), or null where it cannot be judged
+    (the targets are the GPU host's; CPU runs are smoke runs)."""
+    out = []
+    for w in workloads:
+        ratio = w["transfer_256mib_ratio_to_peer_copy"]
+        out.append({"name": w["name"], "target": "transfers >= 256 MiB at >= 80% of peer copy",
+                    "value": ratio, "met": None if ratio is None or kind != "gpu" else ratio >= TRANSFER_TARGET})
+        if w["name"].startswith("W"):
+            out.append({"name": w["name"], "target": "at least 2x faster than the baseline",
+                        "value": w["speedup"],
+                        "met": None if w["speedup"] is None or kind != "gpu"
+                        else w["speedup"] >= SPEEDUP_TARGET})
+    return out
+
+
 def build_results(*, machine, ceilings, plan, outcome, started, finished) -> dict:
+    entries = [workload_entry(w, plan.scale, outcome["results"][w.name], ceilings) for w in plan.workloads]
     return {
         "machine": machine,
         "ceilings": dict(ceilings.gbps),
@@ -109,9 +133,8 @@ def build_results(*, machine, ceilings, plan, outcome, started, finished) -> dic
         "started": started,
         "finished": finished,
         "clusters": outcome["clusters"],
-        "workloads": [
-            workload_entry(w, plan.scale, outcome["results"][w.name], ceilings) for w in plan.workloads
-        ],
+        "workloads": entries,
+        "targets": targets(entries, plan.launch.kind),
     }
 
 
@@ -167,6 +190,12 @@ def markdown(results: dict) -> str:
             f"| {_s(w['baseline_transfer_gbps_median'], '{:.1f}')} | {_bytes(w['bytes_moved'])} "
             f"| {_bytes(w['bytes_spilled'])} / {_bytes(w['baseline_bytes_spilled'])} |"
         )
+    judged = [t for t in results.get("targets", []) if t["met"] is not None]
+    if judged:
+        lines += ["", "## Targets", "", "| workload | target | value | met |", "| --- | --- | ---: | --- |"]
+        for t in judged:
+            value = f"{t['value']:.2f}x" if "faster" in t["target"] else _pct(t["value"])
+            lines.append(f"| {t['name']} | {t['target']} | {value} | {'yes' if t['met'] else 'no'} |")
     notes = []
     for w in results["workloads"]:
         for side in SIDES:

@@ -348,3 +348,13 @@ def test_ceilings_not_measurable_here_are_skipped_with_the_reason(monkeypatch, g
     assert set(found.gbps) == {"host_copy"}
     assert "measurement failed" in found.skipped["hbm_copy"]
     assert found.skipped["ucxx_send_recv"]
+
+
+def test_targets_are_judged_on_gpus_only():
+    from service.bench.report import targets
+
+    ws = [{"name": "W1", "speedup": 2.5, "transfer_256mib_ratio_to_peer_copy": 0.7},
+          {"name": "B1", "speedup": 1.0, "transfer_256mib_ratio_to_peer_copy": None}]
+    judged = {(t["name"], "faster" in t["target"]): t["met"] for t in targets(ws, "gpu")}
+    assert judged == {("W1", False): False, ("W1", True): True, ("B1", False): None}
+    assert all(t["met"] is None for t in targets(ws, "cpu"))
