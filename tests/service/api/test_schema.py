@@ -38,7 +38,7 @@ def test_api_against_its_openapi_spec(service):
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
             @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=EXAMPLES, deadline=None, database=None,
+            @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
                       suppress_health_check=list(HealthCheck))
             def check(case):
                 try:
