@@ -54,3 +54,32 @@ def test_placed_input_lands_evenly_on_the_workers(cpu_session):
         assert who[(placed.name, *index)] == (worker,)
     np.testing.assert_array_equal(placed.compute(), random.uniform_numpy(shape, seed=9))
     del placed
+
+
+def test_runner_keeps_the_placement(cpu_session, monkeypatch):
+    """Through run_workflow, each generated chunk runs on the worker it was assigned and
+    the result still matches the reference. (The spread policy is GPU-only; here it is
+    replaced so two CPU workers stand in for two GPUs.)"""
+    from distributed import get_task_stream
+
+    from service.runner import run_workflow
+    from workflows import inputs
+
+    monkeypatch.setattr(inputs, "spread_workers", lambda target, nbytes: target.workers)
+    client = cpu_session.client
+    workers = tuple(sorted(client.scheduler_info()["workers"]))
+    with get_task_stream(client) as stream:
+        report = run_workflow(cpu_session, "transpose-sum", {"size": "800x800", "chunks": "100x100", "seed": 21},
+                              verify=True)
+    assert report["verify"]["ok"]
+    planned = report["result"]["input_bytes_per_worker"]
+    assert set(planned) == set(workers)
+    assert placement.imbalance(planned) <= 0.10
+    expected = placement.assign(((100,) * 8, (100,) * 8), 8, workers)
+    ran = {}
+    for task in stream.data:
+        key = task["key"]
+        if isinstance(key, tuple) and str(key[0]).startswith("uniform-"):
+            ran[tuple(key[1:])] = task["worker"]
+    assert len(ran) == 64
+    assert ran == expected
