@@ -27,7 +27,8 @@ INPUT_SHARE = {"cpu": 0.4, "gpu": 1.5}
 
 
 def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", runs: int = 3,
-            timeout: float = 900, inventory: Inventory | None = None) -> Plan:
+            timeout: float = 900, inventory: Inventory | None = None,
+            merge_into: str | Path | None = None) -> Plan:
     """Check the request and plan the run; raises one-line errors before anything starts.
 
     ``options`` are the user's; the bench's own settings for speed are added here where
@@ -45,8 +46,30 @@ def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", r
     if scale not in SCALES:
         raise ParamError(f"sizes: {sizes!r} is not one of auto, {', '.join(SCALES)}")
     check_fits(workloads, scale, launch.kind, _budget(launch, inventory))
+    earlier = None
+    if merge_into is not None:
+        earlier = _earlier(Path(merge_into), report.describe_machine(inventory, launch.kind)["name"],
+                           scale, runs)
     return Plan(options=options, launch=launch, inventory=inventory, workloads=workloads,
-                scale=scale, runs=runs, timeout=timeout)
+                scale=scale, runs=runs, timeout=timeout, merge_into=earlier,
+                merge_path=Path(merge_into) if merge_into is not None else None)
+
+
+def _earlier(path: Path, machine: str, scale: str, runs: int) -> dict:
+    """An earlier results file that this run may add to: same machine, sizes and runs."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+        found = (data["machine"]["name"], data["sizes"], data["runs"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ParamError(f"merge-into: {str(path)!r} is not a spillway bench results file ({e})") from None
+    if found != (machine, scale, runs):
+        raise ParamError(
+            f"merge-into: {str(path)!r} holds {found[0]} at {found[1]} sizes with {found[2]} runs; "
+            f"this run is {machine} at {scale} sizes with {runs} runs"
+        )
+    return data
 
 
 def _budget(launch, inventory: Inventory) -> int:
@@ -91,14 +114,26 @@ def run_bench(plan: Plan, out_dir: Path, *, stream=sys.stderr,
     try:
         log(f"spillway bench on {machine['name']}: {', '.join(w.name for w in plan.workloads)} "
             f"at {plan.scale} sizes, {plan.runs} timed runs each; log in {log_path}")
-        chunk = max(w.chunk_bytes(plan.scale) for w in plan.workloads)
-        ceiling = measure_ceilings(plan.launch.kind, plan.launch.devices, chunk, log=log)
+        if plan.merge_into is not None:
+            # one machine, one set of ceilings: the earlier file's
+            old = plan.merge_into
+            ceiling = ceilings.Ceilings(gbps=dict(old["ceilings"]), skipped=dict(old["ceilings_skipped"]),
+                                        nbytes=old["ceiling_bytes"])
+            log(f"adding to {plan.merge_path}; its ceilings are used")
+        else:
+            chunk = max(w.chunk_bytes(plan.scale) for w in plan.workloads)
+            ceiling = measure_ceilings(plan.launch.kind, plan.launch.devices, chunk, log=log)
         outcome = run(plan, log=log)
         results = report.build_results(
             machine=machine, ceilings=ceiling, plan=plan, outcome=outcome,
             started=started.isoformat(timespec="seconds"),
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        paths = report.write(results, out_dir, name)
+        if plan.merge_into is not None:
+            results = report.merge(plan.merge_into, results, kind=plan.launch.kind,
+                                   order=list(WORKLOADS))
+            paths = report.write(results, plan.merge_path.parent, plan.merge_path.stem)
+        else:
+            paths = report.write(results, out_dir, name)
         paths["log"] = log_path
         for kind, path in paths.items():
             log(f"wrote {path}")

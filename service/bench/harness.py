@@ -316,6 +316,9 @@ class Plan:
     scale: str
     runs: int
     timeout: float
+    #: an earlier results file on this machine to add these workloads to, and its path
+    merge_into: dict | None = None
+    merge_path: Any = None
 
 
 def check_fits(workloads: list[Workload], scale: str, kind: str, budget_bytes: int) -> None:

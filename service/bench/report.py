@@ -138,6 +138,27 @@ def build_results(*, machine, ceilings, plan, outcome, started, finished) -> dic
     }
 
 
+def merge(earlier: dict, later: dict, *, kind: str, order: list[str]) -> dict:
+    """``earlier`` with ``later``'s workloads added (replacing those of the same name),
+    in catalogue order; each run that contributed is listed under ``parts``."""
+    merged = dict(earlier)
+    by_name = {w["name"]: w for w in earlier["workloads"]}
+    by_name.update({w["name"]: w for w in later["workloads"]})
+    merged["workloads"] = sorted(by_name.values(), key=lambda w: order.index(w["name"]))
+    merged["targets"] = targets(merged["workloads"], kind)
+    merged["finished"] = later["finished"]
+    parts = list(earlier.get("parts") or [{"started": earlier["started"], "finished": earlier["finished"],
+                                           "workloads": [w["name"] for w in earlier["workloads"]]}])
+    parts.append({"started": later["started"], "finished": later["finished"],
+                  "workloads": [w["name"] for w in later["workloads"]]})
+    merged["parts"] = parts
+    clusters = dict(earlier.get("clusters", {}))
+    for side, described in later.get("clusters", {}).items():
+        clusters.setdefault(side, described)
+    merged["clusters"] = clusters
+    return merged
+
+
 # --- rendering
 
 
@@ -156,10 +177,14 @@ def _bytes(v):
 def markdown(results: dict) -> str:
     m = results["machine"]
     gpus = ", ".join(f"{g['name']} ({format_bytes(g['memory_total'])})" for g in m["gpus"]) or "none"
+    parts = results.get("parts")
+    when = (f"- started {results['started']}, finished {results['finished']}" if not parts else
+            "- runs: " + "; ".join(f"{', '.join(p['workloads'])} from {p['started']} to {p['finished']}"
+                                    for p in parts))
     lines = [
         f"# spillway bench: {m['name']}",
         "",
-        f"- started {results['started']}, finished {results['finished']}",
+        when,
         f"- sizes `{results['sizes']}`, {results['runs']} timed runs after one warm-up, median shown",
         f"- workers: {m['workers']}; GPUs: {gpus}; driver {m['driver_version']}, CUDA {m['cuda_driver_version']}",
         f"- CPU: {m['cpu']}, {m['cores']} cores, {format_bytes(m['memory_total'])}; {m['platform']}",

@@ -25,9 +25,12 @@ from .options import cluster_options, resolve
 @click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="Seconds one run may take before it counts as failed.")
 @click.option("--no-ceilings", is_flag=True, help="Skip measuring the hardware ceilings.")
+@click.option("--merge-into", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
+              help="Add these workloads to an earlier results JSON of this machine (same sizes and "
+                   "runs), rewriting its JSON, markdown and plot; its ceilings are used.")
 @cluster_options
 @fail_cleanly
-def bench(only, sizes, runs, out_dir, timeout, no_ceilings, options_flags):
+def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, options_flags):
     """Run each workload on spillway's cluster and on plain LocalCUDACluster(protocol="ucx")
     (plain LocalCluster on CPU), and report times, speedups, transfer bandwidth against the
     hardware ceilings, bytes moved and spilled.
@@ -41,12 +44,14 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, options_flags):
       spillway bench --sizes full --out benchmarks/results
       spillway bench --only W1,B2 --runs 5
       spillway bench --cpu --n-workers 2 --sizes tiny # the CI smoke run
+      spillway bench --sizes full --only B1 --merge-into benchmarks/results/RUN.json
     """
     from ..bench import prepare, run_bench
     from ..bench.ceilings import Ceilings
     from ..bench.report import short_table
 
-    plan = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout)
+    plan = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout,
+                   merge_into=merge_into)
     extra = {}
     if no_ceilings:
         extra["measure_ceilings"] = lambda kind, devices, nbytes, log=None: Ceilings(

@@ -358,3 +358,30 @@ def test_targets_are_judged_on_gpus_only():
     judged = {(t["name"], "faster" in t["target"]): t["met"] for t in targets(ws, "gpu")}
     assert judged == {("W1", False): False, ("W1", True): True, ("B1", False): None}
     assert all(t["met"] is None for t in targets(ws, "cpu"))
+
+
+@pytest.mark.slow
+def test_runs_split_over_commands_merge_into_one_file(tmp_path):
+    first = CliRunner().invoke(main, ["bench", "--cpu", "--n-workers", "2", "--only", "B2",
+                                      "--out", str(tmp_path)], catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    (path,) = tmp_path.glob("*.json")
+    before = json.loads(path.read_text())
+
+    wrong = CliRunner().invoke(main, ["bench", "--cpu", "--only", "W1", "--runs", "4",
+                                      "--merge-into", str(path)])
+    assert wrong.exit_code == 2
+    assert "holds cpu-" in wrong.output and "this run is" in wrong.output and "4 runs" in wrong.output
+
+    second = CliRunner().invoke(main, ["bench", "--cpu", "--n-workers", "2", "--only", "W1",
+                                       "--out", str(tmp_path), "--merge-into", str(path)],
+                                catch_exceptions=False)
+    assert second.exit_code == 0, second.output
+    merged = json.loads(path.read_text())
+    assert [w["name"] for w in merged["workloads"]] == ["W1", "B2"]
+    assert merged["workloads"][1] == before["workloads"][0]
+    assert merged["ceilings"] == before["ceilings"]
+    assert [p["workloads"] for p in merged["parts"]] == [["B2"], ["W1"]]
+    md = path.with_suffix(".md").read_text()
+    assert "| W1: " in md and "| B2: " in md and "- runs: B2 from" in md
+    assert len(list(tmp_path.glob("*.json"))) == 1 and len(list(tmp_path.glob("*.log"))) == 2
