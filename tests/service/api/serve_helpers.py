@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -68,7 +69,7 @@ class Server:
         # a new session so the cluster processes it starts can be stopped with it
         self.proc = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
-        verify = self.https[0] if self.https else True
+        verify = self.verify
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"spillway serve exited with {self.proc.returncode}:\n{self.log.read_text()}")
@@ -102,8 +103,12 @@ class Server:
 
     def client(self, token: str | None = None, **kw) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        verify = self.https[0] if self.https else True
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=verify, **kw)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=self.verify, **kw)
+
+    @property
+    def verify(self):
+        """What clients trust: the server's own certificate under HTTPS."""
+        return ssl.create_default_context(cafile=self.https[0]) if self.https else True
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
