@@ -216,27 +216,33 @@ def _shape_dtype_of(array, name) -> tuple[tuple[int, ...], str]:
     return tuple(int(n) for n in shape), text
 
 
+#: DLPack device types whose memory CuPy wraps: CUDA device and CUDA managed memory
+_DLPACK_CUDA = (2, 13)
+
+
 def wrap(array, backend: str):
     """A CuPy or NumPy view of ``array`` (or the dask array itself), copying only across
-    devices: device memory stays on the device through ``__cuda_array_interface__`` or
-    DLPack; host memory through the buffer protocol or DLPack."""
+    devices: device memory stays on the device through DLPack or
+    ``__cuda_array_interface__``; host memory through DLPack or the buffer protocol.
+
+    DLPack is asked first: PyTorch CPU tensors raise (not AttributeError) when asked for
+    ``__cuda_array_interface__``.
+    """
     if hasattr(array, "dask") and hasattr(array, "chunks"):
         return array
-    if hasattr(array, "__cuda_array_interface__"):
-        import cupy
-
-        device = cupy.asarray(array)  # zero copy: wraps the same device pointer
-        return device if backend == "cupy" else device.get()
-    if hasattr(array, "__dlpack_device__"):
+    if hasattr(array, "__dlpack_device__") and hasattr(array, "__dlpack__"):
         device_type, _ = array.__dlpack_device__()
-        if device_type in (2, 3):  # kDLCUDA, kDLCUDAHost
+        if device_type in _DLPACK_CUDA:
             import cupy
 
             device = cupy.from_dlpack(array)
             return device if backend == "cupy" else device.get()
         return np.from_dlpack(array)
-    if type(array).__module__.startswith("cupy"):
-        return array if backend == "cupy" else array.get()
+    if hasattr(array, "__cuda_array_interface__"):
+        import cupy
+
+        device = cupy.asarray(array)  # wraps the same device pointer
+        return device if backend == "cupy" else device.get()
     return np.asarray(array)
 
 
@@ -246,8 +252,11 @@ def _from_python(array, chunks, backend: str) -> Source:
     wrapped = wrap(array, backend)
     if isinstance(wrapped, da.Array):
         darr = wrapped.rechunk(chunks) if wrapped.chunksize != tuple(chunks) else wrapped
-        if backend == "cupy" and not type(darr._meta).__module__.startswith("cupy"):
+        on_device = type(darr._meta).__module__.startswith("cupy")
+        if backend == "cupy" and not on_device:
             darr = darr.map_blocks(to_device, meta=device_meta(darr.dtype, darr.ndim))
+        elif backend == "numpy" and on_device:
+            darr = darr.map_blocks(to_numpy, meta=np.empty((0,) * darr.ndim, dtype=darr.dtype))
 
         def region(slices):
             return np.asarray(to_numpy(darr[slices].compute()), dtype=np.float64)

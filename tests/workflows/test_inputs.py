@@ -120,10 +120,12 @@ class DLPackOnly:
         return self._array.__dlpack_device__()
 
 
-def test_dlpack_is_wrapped_without_a_copy():
+def test_host_arrays_are_wrapped_without_a_copy():
     a = random.uniform_numpy((64, 32), seed=2)
-    wrapped = inputs.wrap(DLPackOnly(a), "numpy")
-    assert np.shares_memory(wrapped, a)
+    for given in (a, DLPackOnly(a), memoryview(a)):
+        wrapped = inputs.wrap(given, "numpy")
+        assert isinstance(wrapped, np.ndarray)
+        assert np.shares_memory(wrapped, a)
 
 
 def test_dlpack_array_runs(cpu_session):
