@@ -385,3 +385,17 @@ def test_runs_split_over_commands_merge_into_one_file(tmp_path):
     md = path.with_suffix(".md").read_text()
     assert "| W1: " in md and "| B2: " in md and "- runs: B2 from" in md
     assert len(list(tmp_path.glob("*.json"))) == 1 and len(list(tmp_path.glob("*.log"))) == 2
+
+
+def test_b2_gets_its_own_clusters_with_the_device_limit_on_gpus():
+    from service.launch import LaunchPlan
+
+    gpu = LaunchPlan(kind="gpu", devices=(0, 1), n_workers=2, protocol="ucx")
+    plan = harness.Plan(options=Options.resolve(rmm_pool_size=0.85), launch=gpu, inventory=None,
+                        workloads=workloads.select("W1,W3,B2,B1"), scale="small", runs=3, timeout=60)
+    split = [(changes, [w.name for w in ws]) for changes, ws in harness.groups(plan)]
+    assert split == [({}, ["W1", "W3", "B1"]), ({"device_memory_limit": "12GB"}, ["B2"])]
+    assert plan.options.replace(**split[1][0]).device_memory_limit == 12_000_000_000
+    cpu = harness.Plan(options=Options.resolve(), launch=LaunchPlan(kind="cpu", n_workers=2),
+                       inventory=None, workloads=plan.workloads, scale="tiny", runs=3, timeout=60)
+    assert [changes for changes, _ in harness.groups(cpu)] == [{}]
