@@ -1,0 +1,200 @@
+"""The embedded cluster for a notebook on one's own machine (the trusted mode).
+
+``local(**options)`` builds the one :class:`~service.options.Options` from keywords (the
+same names and layering as the CLI flags and ``DASK_SPILLWAY__*``), starts the cluster
+through :func:`service.launch.open_cluster` and keeps it up until ``close()``. Registered
+workflows run through :func:`service.runner.run_workflow`, exactly as ``spillway run``
+runs them; any dask collection runs on ``.client``, which is a plain Dask client.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from .display import Report, advance, progress_bar
+from .options import Options
+
+__all__ = ["Local", "local"]
+
+
+def local(**option_keywords) -> Local:
+    """Start the embedded cluster: ``local(rmm_pool_size="20GB")``, ``local(cpu=True,
+    n_workers=2)``. Bad options raise :class:`~service.errors.OptionsError` before
+    anything starts. Use as a context manager, or call ``close()``."""
+    return Local(Options.resolve(**option_keywords))
+
+
+def _client_run(client_id: str, dask_scheduler=None):
+    """Tasks done and total of the run whose results ``client_id`` waits for."""
+    from .progress import PLUGIN_NAME
+
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    client = dask_scheduler.clients.get(client_id)
+    if plugin is None or client is None:
+        return None
+    for ts in client.wants_what:
+        run = plugin.runs.get(plugin.owner.get(ts.key))
+        if run is not None:
+            return dict(run)
+    return None
+
+
+class Local:
+    """A running embedded cluster. ``client`` is its Dask client, ``dashboard_link`` the
+    Dask dashboard, ``kind`` "gpu" or "cpu"."""
+
+    def __init__(self, options: Options, *, inventory=None):
+        from .launch import open_cluster
+
+        self.options = options
+        self._stack = contextlib.ExitStack()
+        self.session = self._stack.enter_context(open_cluster(options, inventory=inventory))
+
+    # --- what is running
+
+    @property
+    def client(self):
+        return self.session.client
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The Dask dashboard's address (None where the cluster has none)."""
+        return self.session.dashboard_link
+
+    @property
+    def kind(self) -> str:
+        return self.session.kind
+
+    @property
+    def n_workers(self) -> int:
+        return self.session.n_workers
+
+    @property
+    def worker_bytes(self) -> int:
+        """Memory one worker holds before it spills: device memory on GPU workers."""
+        from .runner import target_of
+
+        return target_of(self.session).worker_bytes
+
+    def workflows(self) -> list[dict]:
+        """The catalogue, with the defaults of this cluster."""
+        import workflows
+
+        from .runner import target_of
+
+        return workflows.catalogue(target_of(self.session))
+
+    # --- running things
+
+    def run(self, workflow: str, params: Mapping[str, Any] | None = None, *, verify: bool = False,
+            output: str | None = None, arrays: Mapping[str, Any] | None = None, progress=True,
+            **more_params) -> Report:
+        """Run a registered workflow and return its report.
+
+        Parameters come as a mapping, keywords, or both. ``output`` is a Zarr v3 path for
+        an array result (read back with :meth:`open`); ``arrays`` hands dask, CuPy or
+        NumPy arrays to the workflow's array inputs. ``progress``: True for a bar (a
+        widget in Jupyter), a stream for a text bar on it, False for none.
+        """
+        from .runner import run_workflow
+
+        params = {**(params or {}), **more_params}
+        kw = dict(verify=verify, output=output, arrays=dict(arrays) if arrays else None)
+        if progress is True:
+            return Report(self._with_bar(workflow, lambda: run_workflow(self.session, workflow, params, **kw)))
+        return Report(run_workflow(self.session, workflow, params, progress=progress or None, **kw))
+
+    def compute(self, *collections, progress=True, label: str = "compute"):
+        """Compute dask collections on the cluster (one graph) and return their values,
+        as ``dask.compute`` does, with the same progress bar as workflows."""
+        from .progress import track
+
+        client = self.client
+
+        def compute():
+            with track(client, f"{label}-{uuid.uuid4().hex[:8]}"):
+                futures = client.compute(list(collections))
+                return client.gather(futures)
+
+        values = self._with_bar(label, compute) if progress else compute()
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def _with_bar(self, label: str, work):
+        """Run ``work`` in a thread while this one draws the scheduler's task count; an
+        interrupt (the notebook's stop button) cancels this client's tasks."""
+        client = self.client
+        bar = None
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spillway-run") as pool:
+            future = pool.submit(work)
+            try:
+                while True:
+                    try:
+                        result = future.result(timeout=0.25)
+                        break
+                    except concurrent.futures.TimeoutError:
+                        pass
+                    counts = _read_progress(client)
+                    if counts and counts.get("total"):
+                        # made only once tasks arrive, so refused parameters draw no bar
+                        bar = bar or progress_bar(label)
+                        advance(bar, counts["done"], counts["total"])
+                if bar is not None:
+                    advance(bar, bar.total, bar.total)
+                return result
+            except KeyboardInterrupt:
+                _cancel_all(client)
+                raise
+            finally:
+                if bar is not None:
+                    bar.close()
+
+    def open(self, path: str, *, backend: str = "auto"):
+        """A lazy dask array over a Zarr store a run wrote (CuPy chunks on GPU machines)."""
+        from .client import open_output
+
+        return open_output(path, backend=backend)
+
+    # --- lifetime
+
+    def close(self):
+        self._stack.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _repr_html_(self) -> str:
+        import html
+
+        link = self.dashboard_link
+        dash = f"<a href='{html.escape(link)}' target='_blank'>{html.escape(link)}</a>" if link else "off"
+        return (f"<table class='spillway'><caption style='text-align:left'><b>spillway local cluster</b></caption>"
+                f"<tr><th style='text-align:left'>workers</th><td>{self.n_workers} {self.kind} "
+                f"({html.escape(self.session.plan.protocol)})</td></tr>"
+                f"<tr><th style='text-align:left'>scheduler</th><td><code>"
+                f"{html.escape(self.session.scheduler_address)}</code></td></tr>"
+                f"<tr><th style='text-align:left'>dashboard</th><td>{dash}</td></tr></table>")
+
+    def __repr__(self):
+        return f"<spillway local cluster: {self.n_workers} {self.kind} workers, dashboard {self.dashboard_link}>"
+
+
+def _read_progress(client) -> dict | None:
+    try:
+        return client.run_on_scheduler(_client_run, client.id)
+    except Exception:  # the count is a nicety; the run's own errors come from its thread
+        return None
+
+
+def _cancel_all(client):
+    from distributed import Future
+
+    futures = [Future(key, client) for key in list(client.futures)]
+    if futures:
+        client.cancel(futures)

@@ -1,0 +1,97 @@
+"""The example notebooks, executed cell by cell with nbclient in a real Jupyter kernel:
+the local-mode notebook on its own embedded cluster, the shared-service notebook against
+a real `spillway serve` on loopback. CPU here; the GPU tests run both on the GPU host."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+# the service tests' helpers start `spillway serve` on loopback and add tenants
+sys.path.insert(0, str(Path(__file__).parents[1] / "service" / "api"))
+from serve_helpers import Server, add_tenant  # noqa: E402
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+pytestmark = pytest.mark.slow
+
+
+def execute(name: str, tmp_path: Path, *, cell_timeout: int) -> nbformat.NotebookNode:
+    """Run notebook ``name`` in a fresh kernel (this interpreter's); a failing cell fails
+    the test with its traceback. The executed copy is kept next to the test's files."""
+    nb = nbformat.read(EXAMPLES / name, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    try:
+        client.execute()
+    finally:
+        nbformat.write(nb, tmp_path / name)
+    return nb
+
+
+def outputs(nb, mime: str) -> list:
+    return [o["data"][mime] for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if o.get("output_type") in ("execute_result", "display_data") and mime in o.get("data", {})]
+
+
+def summary(nb) -> dict:
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream" and "SUMMARY " in o.get("text", ""):
+                line = next(x for x in o["text"].splitlines() if x.startswith("SUMMARY "))
+                return json.loads(line.removeprefix("SUMMARY "))
+    raise AssertionError("the notebook printed no SUMMARY line")
+
+
+def check_rich_outputs(nb):
+    tables = [h for h in outputs(nb, "text/html") if "<table class='spillway'>" in h]
+    assert any("spillway run: transpose-sum" in h for h in tables), "no HTML report"
+    assert outputs(nb, "image/png"), "no figure"
+    # the progress bars were tqdm's notebook widgets, not text
+    assert outputs(nb, "application/vnd.jupyter.widget-view+json"), "no progress widget"
+
+
+@pytest.fixture(scope="module")
+def shared_service(tmp_path_factory):
+    state = {"state_dir": str(tmp_path_factory.mktemp("nb-serve") / "state")}
+    token = add_tenant(state, "notebook")
+    server = Server(state, *SERVICE_CLUSTER).start()
+    try:
+        yield server, token
+    finally:
+        server.stop()
+
+
+#: the service's cluster on CPU (the GPU test passes its own)
+SERVICE_CLUSTER = ("--cpu", "--n-workers", "2")
+
+
+@pytest.mark.timeout(240)
+def test_local_notebook_on_cpu(tmp_path, monkeypatch):
+    # the kernel inherits the environment: CPU workers, and no dashboard port to collide on
+    monkeypatch.setenv("DASK_SPILLWAY__CPU", "true")
+    monkeypatch.setenv("DASK_SPILLWAY__DASHBOARD_ADDRESS", ":0")
+    nb = execute("local.ipynb", tmp_path, cell_timeout=180)
+    s = summary(nb)
+    assert s["kind"] == "cpu" and s["n_workers"] >= 1
+    assert s["input_bytes"] == 2000 * 2000 * 8 and s["rows_read"] == len(range(0, 2000, 7))
+    check_rich_outputs(nb)
+
+
+@pytest.mark.timeout(240)
+def test_shared_service_notebook_on_cpu(tmp_path, monkeypatch, shared_service):
+    server, token = shared_service
+    monkeypatch.setenv("SPILLWAY_URL", server.url)
+    monkeypatch.setenv("SPILLWAY_TOKEN", token)
+    nb = execute("shared_service.ipynb", tmp_path, cell_timeout=180)
+    s = summary(nb)
+    assert s["kind"] == "cpu" and s["workers"] == 2 and s["cancelled"]
+    assert s["rel_error"] <= 1e-10 and s["rows"] == [len(range(0, 1500, 9)), 1500]
+    assert s["array_module"] == "numpy"
+    check_rich_outputs(nb)
