@@ -1,0 +1,58 @@
+"""`spillway tenant add|list|revoke` and `spillway serve`'s early errors, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+from serve_helpers import spillway
+
+from service.store import Store
+
+
+def test_tenant_add_list_revoke(tmp_path):
+    state = ["--state-dir", str(tmp_path)]
+    out = spillway("tenant", "add", "alice", "--max-running", "3", "--max-job-bytes", "2GB", "--priority", "4",
+                   *state)
+    assert out.returncode == 0, out.stderr
+    token = out.stdout.strip().splitlines()[-1]
+    assert token.startswith("spw_") and " " not in token
+    assert "shown only now" in out.stdout
+
+    listed = spillway("tenant", "list", "--json", *state)
+    rows = json.loads(listed.stdout)
+    assert [(r["name"], r["max_running"], r["max_job_bytes"], r["priority"], r["revoked"]) for r in rows] == \
+        [("alice", 3, 2_000_000_000, 4, False)]
+    assert token not in listed.stdout and "hash" not in listed.stdout
+    assert token not in (tmp_path / "spillway.db").read_bytes().decode("latin-1")
+
+    store = Store.open(str(tmp_path))
+    assert store.tenant_for_token(token)["name"] == "alice"
+    assert spillway("tenant", "revoke", "alice", *state).returncode == 0
+    assert store.tenant_for_token(token) is None
+    store.close()
+    assert "revoked" in spillway("tenant", "list", *state).stdout
+
+
+def test_tenant_errors_are_one_line(tmp_path):
+    state = ["--state-dir", str(tmp_path)]
+    assert spillway("tenant", "add", "bob", *state).returncode == 0
+    again = spillway("tenant", "add", "bob", *state)
+    assert again.returncode == 2 and again.stderr.strip() == "spillway: error: name: tenant 'bob' already exists"
+    bad = spillway("tenant", "add", "carol", "--max-job-bytes", "lots", *state)
+    assert bad.returncode == 2 and "max-job-bytes" in bad.stderr and "'lots'" in bad.stderr
+    missing = spillway("tenant", "revoke", "nobody", *state)
+    assert missing.returncode == 2 and missing.stderr.strip() == "spillway: error: name: no tenant 'nobody'"
+
+
+def test_serve_refuses_bad_options_before_starting(tmp_path):
+    state = ["--state-dir", str(tmp_path)]
+    bad = spillway("serve", "--cpu", "--n-workers", "0", *state, timeout=60)
+    assert bad.returncode == 2 and "n-workers: 0 must be >= 1" in bad.stderr
+    cert = tmp_path / "cert.pem"
+    cert.write_text("x")
+    half = spillway("serve", "--cpu", "--https-cert", str(cert), *state, timeout=60)
+    assert half.returncode == 2 and "--https-cert and --https-key go together" in half.stderr
+    # --host is the HTTP address here; the scheduler keeps its configured (loopback) one
+    helptext = spillway("serve", "--help").stdout
+    assert "--host TEXT" in helptext and "Address the HTTP API listens on" in helptext
+    assert "--scheduler-port" in helptext and "--rmm-pool-size" in helptext
