@@ -16,8 +16,11 @@ what the reference checks compare against.
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +35,8 @@ from .params import DTYPES, Param, Params, Target
 from .placement import assign, planned_bytes, spread_workers
 
 RANDOM = "random"
+#: threads that read input panels for references
+READ_THREADS = 8
 
 
 def input_param(name: str = "input", what: str = "the input") -> Param:
@@ -97,15 +102,30 @@ class Source:
     def whole(self) -> np.ndarray:
         return self.region(tuple(slice(0, n) for n in self.shape))
 
-    def panels(self, budget: int = 256 * 2**20):
+    def panels(self, budget: int = 128 * 2**20):
         """(start, stop, float64 block) row panels of about ``budget`` bytes, in order:
-        references of inputs too large for the client read them one panel at a time."""
+        references of inputs too large for the client read them a few panels at a time.
+
+        Panels are read by a few threads ahead of the consumer (NumPy releases the GIL in
+        the generator's arithmetic), so a reference of gigabytes takes seconds, not minutes.
+        """
         row_bytes = 8 * int(np.prod(self.shape[1:], dtype=object))
         rows = max(1, budget // max(1, row_bytes))
         rest = tuple(slice(0, n) for n in self.shape[1:])
-        for start in range(0, self.shape[0], rows):
-            stop = min(self.shape[0], start + rows)
-            yield start, stop, self.region((slice(start, stop), *rest))
+        bounds = iter([(start, min(self.shape[0], start + rows)) for start in range(0, self.shape[0], rows)])
+        ahead = max(1, min(READ_THREADS, os.cpu_count() or 1))
+
+        def read(bound):
+            return self.region((slice(*bound), *rest))
+
+        with ThreadPoolExecutor(ahead) as pool:
+            pending = deque((b, pool.submit(read, b)) for b in itertools.islice(bounds, ahead))
+            while pending:
+                (start, stop), future = pending.popleft()
+                following = next(bounds, None)
+                if following is not None:
+                    pending.append((following, pool.submit(read, following)))
+                yield start, stop, future.result()
 
 
 def describe(params: Params, *, name: str = "x", input_name: str = "input", ndim: int = 2,

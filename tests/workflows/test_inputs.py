@@ -145,3 +145,14 @@ def test_array_inputs_are_checked():
         workflows.get("reduction").validate({}, Target(), arrays={"x": np.zeros((4, 5), dtype=np.int64)})
     with pytest.raises(ParamError, match="is not an array"):
         workflows.get("reduction").validate({}, Target(), arrays={"x": [[1.0]]})
+
+
+def test_panels_cover_the_input_in_order():
+    params = workflows.get("reduction").validate({"size": "301x97", "seed": 3}, Target())
+    source = inputs.open_source(params, Target(), (50, 50))
+    whole = source.whole()
+    for budget in (8 * 97, 8 * 97 * 7, 10**9):
+        parts = list(source.panels(budget))
+        assert [p[0] for p in parts] == sorted(p[0] for p in parts)
+        assert parts[-1][1] == 301
+        np.testing.assert_array_equal(np.concatenate([p[2] for p in parts]), whole)
