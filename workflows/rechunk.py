@@ -11,7 +11,6 @@ hold exactly the same values at the same positions.
 
 from __future__ import annotations
 
-import numpy as np
 
 from . import inputs
 from .chunking import panel_rows
