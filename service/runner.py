@@ -15,6 +15,7 @@ import workflows
 from workflows.params import Target
 from workflows.registry import relative_error
 
+from .memory.admission import admit, cluster_capacity
 from .plugins import reset_peak, worker_snapshot
 from .progress import track, wait_with_bar
 from .sizes import format_bytes
@@ -78,6 +79,8 @@ def run_workflow(
 
         raise ParamError(f"output: {name} has no array result to write (its result is a summary)")
     collections = [plan.result] + ([outputs.zarr_store(plan.array, output)] if output is not None else [])
+    # refused here, before anything is computed or allocated, if no tier can hold it
+    decision = admit(name, plan.footprint, cluster_capacity(client))
 
     client.run(reset_peak)
     before = client.run(worker_snapshot)
@@ -104,6 +107,7 @@ def run_workflow(
             "protocol": session.plan.protocol if session.plan.kind != "attach" else _protocol(client),
         },
         "footprint": plan.footprint.to_json(),
+        "admission": decision.to_json(),
         "tasks": counts.get("total", 0),
         "bytes_produced": counts.get("bytes", 0),
         "bytes_read": plan.bytes_read,
@@ -146,10 +150,13 @@ def transfer_stats(before: dict, after: dict, *, start_wall: float) -> dict:
                 if t["bytes"] > 1_000_000:
                     bandwidths.append(t["bytes"] / max(1e-6, t["stop"] - t["start"]))
     spilled: dict[str, int] = {}
+    spill_per_worker = {}
     for addr, snap in after.items():
         old = before.get(addr, {}).get("spilled", {})
         for tier, nbytes in snap["spilled"].items():
             spilled[tier] = spilled.get(tier, 0) + nbytes - old.get(tier, 0)
+        if snap.get("store"):
+            spill_per_worker[addr] = _store_delta(before.get(addr, {}).get("store"), snap["store"])
     out = {
         "bytes_transferred": transferred,
         "transfer_gbps_median": statistics.median(bandwidths) / 1e9 if bandwidths else None,
@@ -157,8 +164,29 @@ def transfer_stats(before: dict, after: dict, *, start_wall: float) -> dict:
         "spilled_by_tier": spilled,
         "peak_bytes_per_worker": {addr: snap["peak_bytes"] for addr, snap in after.items()},
         "memory_measure": next(iter(after.values()))["memory_measure"] if after else None,
+        "spill": spill_per_worker or None,
     }
     return out
+
+
+def _store_delta(before: dict | None, after: dict) -> dict:
+    """Per-move bytes, seconds and GB/s of one worker's tiered store during the run."""
+    old = (before or {}).get("stats") or {"bytes": {}, "seconds": {}, "wait_s": 0.0, "prefetched_bytes": 0,
+                                          "ondemand_events": 0, "ondemand_bytes": 0}
+    new = after["stats"]
+    moves = {}
+    for move, nbytes in new["bytes"].items():
+        b = nbytes - old["bytes"].get(move, 0)
+        sec = new["seconds"][move] - old["seconds"].get(move, 0.0)
+        moves[move] = {"bytes": b, "seconds": sec, "gbps": b / sec / 1e9 if sec > 0 else None}
+    return {
+        "moves": moves,
+        "wait_s": new["wait_s"] - old["wait_s"],
+        "prefetched_bytes": new["prefetched_bytes"] - old["prefetched_bytes"],
+        "ondemand_events": new["ondemand_events"] - old["ondemand_events"],
+        "ondemand_bytes": new["ondemand_bytes"] - old["ondemand_bytes"],
+        "resident": {k: after[k] for k in ("device_bytes", "host_bytes", "disk_bytes")},
+    }
 
 
 def format_report(report: dict) -> str:
@@ -180,6 +208,12 @@ def format_report(report: dict) -> str:
     lines.append(f"transferred   {format_bytes(report['bytes_transferred'])} between workers"
                  + (f"  (median {bw:.1f} GB/s)" if bw else ""))
     lines.append(f"spilled       {format_bytes(report['bytes_spilled'])}")
+    for addr, spill in (report.get("spill") or {}).items():
+        parts = [f"{m.replace('_to_', '->')} {format_bytes(v['bytes'])}"
+                 + (f" at {v['gbps']:.1f} GB/s" if v["gbps"] else "")
+                 for m, v in spill["moves"].items() if v["bytes"]]
+        if parts:
+            lines.append(f"  {addr}: " + ", ".join(parts) + f"; tasks waited {spill['wait_s']:.3f} s")
     peaks = report["peak_bytes_per_worker"]
     if peaks:
         shown = ", ".join(format_bytes(v) for v in peaks.values() if v is not None)
