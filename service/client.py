@@ -195,17 +195,22 @@ class Job:
         finally:
             if bar is not None:
                 bar.close()
+        self._raise_unless_done()
+        return self
+
+    def _raise_unless_done(self):
         if self.state == "failed":
             raise JobFailed(f"job {self.id} ({self.record['workflow']}) failed: {self.record['error']}", job=self)
         if self.state == "cancelled":
             raise JobFailed(f"job {self.id} ({self.record['workflow']}) was cancelled", job=self)
-        return self
 
     def result(self, timeout: float | None = None, *, backend: str = "auto") -> JobResult:
         """The result once the job is done (waiting for it, without a bar): the summary,
-        the run report and, for jobs submitted with ``output=True``, the array."""
+        the run report and, for jobs submitted with ``output=True``, the array. Raises
+        :class:`JobFailed` for a job that failed or was cancelled."""
         if self.state not in FINAL_STATES:
             self.wait(timeout, progress=False)
+        self._raise_unless_done()
         body = self.service.request("GET", f"/jobs/{self.id}/result")
         return JobResult(body, results_dir=self.service.results_dir, backend=backend)
 
