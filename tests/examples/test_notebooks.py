@@ -4,6 +4,7 @@ a real `spillway serve` on loopback. CPU here; the GPU tests run both on the GPU
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -57,19 +58,16 @@ def check_rich_outputs(nb):
     assert outputs(nb, "application/vnd.jupyter.widget-view+json"), "no progress widget"
 
 
-@pytest.fixture(scope="module")
-def shared_service(tmp_path_factory):
-    state = {"state_dir": str(tmp_path_factory.mktemp("nb-serve") / "state")}
+@contextlib.contextmanager
+def shared_service(tmp_path: Path, *cluster_args: str):
+    """A real `spillway serve` on loopback with a tenant; yields (url, token)."""
+    state = {"state_dir": str(tmp_path / "state")}
     token = add_tenant(state, "notebook")
-    server = Server(state, *SERVICE_CLUSTER).start()
+    server = Server(state, *cluster_args).start()
     try:
-        yield server, token
+        yield server.url, token
     finally:
         server.stop()
-
-
-#: the service's cluster on CPU (the GPU test passes its own)
-SERVICE_CLUSTER = ("--cpu", "--n-workers", "2")
 
 
 @pytest.mark.timeout(240)
@@ -85,13 +83,62 @@ def test_local_notebook_on_cpu(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(240)
-def test_shared_service_notebook_on_cpu(tmp_path, monkeypatch, shared_service):
-    server, token = shared_service
-    monkeypatch.setenv("SPILLWAY_URL", server.url)
-    monkeypatch.setenv("SPILLWAY_TOKEN", token)
-    nb = execute("shared_service.ipynb", tmp_path, cell_timeout=180)
+def test_shared_service_notebook_on_cpu(tmp_path, monkeypatch):
+    with shared_service(tmp_path, "--cpu", "--n-workers", "2") as (url, token):
+        monkeypatch.setenv("SPILLWAY_URL", url)
+        monkeypatch.setenv("SPILLWAY_TOKEN", token)
+        nb = execute("shared_service.ipynb", tmp_path, cell_timeout=180)
     s = summary(nb)
     assert s["kind"] == "cpu" and s["workers"] == 2 and s["cancelled"]
     assert s["rel_error"] <= 1e-10 and s["rows"] == [len(range(0, 1500, 9)), 1500]
     assert s["array_module"] == "numpy"
+    check_rich_outputs(nb)
+
+
+# --- on the GPU host (2 GPUs): the same notebooks, unchanged, size their work from the GPUs
+
+
+def two_gpus():
+    from service.gpus import discover
+
+    inventory = discover()
+    if len(inventory) < 2:
+        pytest.skip("needs two GPUs")
+    return inventory
+
+
+def report_line(capsys, what: str, s: dict):
+    with capsys.disabled():
+        print(f"\n{what}: {json.dumps(s)}", flush=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(1200)
+def test_local_notebook_on_two_gpus(tmp_path, monkeypatch, capsys):
+    inventory = two_gpus()
+    monkeypatch.setenv("DASK_SPILLWAY__DASHBOARD_ADDRESS", ":0")
+    nb = execute("local.ipynb", tmp_path, cell_timeout=900)
+    s = summary(nb)
+    report_line(capsys, "local notebook", s)
+    assert s["kind"] == "gpu" and s["n_workers"] == len(inventory)
+    # the workflow's input is larger than any one GPU's whole memory
+    assert s["input_bytes"] > max(g.memory_total for g in inventory.gpus)
+    assert s["rows_read"] > 0
+    check_rich_outputs(nb)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(1200)
+def test_shared_service_notebook_on_two_gpus(tmp_path, monkeypatch, capsys):
+    two_gpus()
+    with shared_service(tmp_path, "--devices", "0,1") as (url, token):
+        monkeypatch.setenv("SPILLWAY_URL", url)
+        monkeypatch.setenv("SPILLWAY_TOKEN", token)
+        nb = execute("shared_service.ipynb", tmp_path, cell_timeout=900)
+    s = summary(nb)
+    report_line(capsys, "shared-service notebook", s)
+    assert s["kind"] == "gpu" and s["workers"] == 2 and s["cancelled"]
+    assert s["rel_error"] <= 1e-10 and s["rows"] == [len(range(0, 20000, 9)), 20000]
+    # this machine has a GPU, so the array result is read into CuPy chunks
+    assert s["array_module"] == "cupy"
     check_rich_outputs(nb)
