@@ -13,7 +13,7 @@ from serve_helpers import Server, add_tenant, cpu_cluster, wait_for, wait_state
 
 from workflows import random
 
-PARAMS = {"size": "4000x4000", "chunks": "100x100", "seed": 3}
+PARAMS = {"size": "3000x3000", "chunks": "100x100", "seed": 3}
 
 
 @pytest.mark.slow
@@ -33,7 +33,7 @@ def test_worker_killed_mid_job(tmp_path):
                 end = wait_state(c, job["id"], {"done", "failed"}, timeout=120)
                 if end["state"] == "done":
                     result = c.get(f"/jobs/{job['id']}/result").json()
-                    a = random.uniform_numpy((4000, 4000), seed=3, dtype="float64").astype(np.float64)
+                    a = random.uniform_numpy((3000, 3000), seed=3, dtype="float64").astype(np.float64)
                     expected = float((a + a.T).sum())
                     assert abs(result["summary"]["sum"] - expected) / abs(expected) < 1e-10
                     assert result["report"]["verify"]["ok"] is True
