@@ -90,6 +90,9 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     if bool(https_cert) != bool(https_key):
         raise click.UsageError("--https-cert and --https-key go together")
     options = resolve(options_flags)
+    if not https_cert and http_host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"spillway: warning: plain HTTP on {http_host}: tokens cross the network in clear; "
+                   "use --https-cert/--https-key or a TLS proxy", err=True)
     store = open_store(state_dir, db)
     results = Path(results_dir or Path(state_dir).expanduser() / "results").expanduser()
     results.mkdir(parents=True, exist_ok=True)
