@@ -76,7 +76,7 @@ def gpu_worker_args(options: Options, *, scheduler_file: str, protocol: str) -> 
             "--death-timeout", str(DEATH_TIMEOUT_S)]
     if options.interface:
         args += ["--interface", options.interface]
-    for flag, value in (("--rmm-pool-size", options.rmm_pool_size),
+    for flag, value in (("--rmm-pool-size", options.pool_size),
                         ("--rmm-maximum-pool-size", options.rmm_maximum_pool_size),
                         ("--rmm-release-threshold", options.rmm_release_threshold),
                         ("--rmm-log-directory", options.rmm_log_directory),
@@ -88,7 +88,7 @@ def gpu_worker_args(options: Options, *, scheduler_file: str, protocol: str) -> 
                      ("--rmm-track-allocations", options.rmm_track_allocations)):
         if on:
             args.append(flag)
-    if options.rmm_pool_size is not None or options.rmm_managed_memory or options.rmm_async:
+    if options.uses_rmm:
         # CuPy allocates through RMM so its chunks come from the worker's pool
         args += ["--set-rmm-allocator-for-libs", "cupy"]
     if protocol == "ucx":

@@ -32,6 +32,8 @@ from .errors import OptionsError
 from .sizes import parse_size, parse_size_or_fraction
 
 NAMESPACE = "spillway"
+#: the RMM pool ``rmm-pool-size: auto`` takes, as a fraction of each GPU
+AUTO_POOL_FRACTION = 0.9
 DEFAULTS_FILE = Path(__file__).with_name("config.yaml")
 SCHEMA_FILE = Path(__file__).with_name("config_schema.yaml")
 
@@ -123,6 +125,15 @@ def _limit(*words: str):
     return parse
 
 
+def _auto_or(parse):
+    def wrapped(value, key):
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        return parse(value, key)
+
+    return wrapped
+
+
 def _str(value, key):
     if not isinstance(value, str):
         raise OptionsError(f"{key}: expected a string, got {value!r}")
@@ -190,7 +201,7 @@ _PARSERS = {
     "n_workers": _optional(_int(1)),
     "threads_per_worker": _int(1, 1024),
     "cpu": _bool,
-    "rmm_pool_size": _optional(_size_or_fraction),
+    "rmm_pool_size": _optional(_auto_or(_size_or_fraction)),
     "rmm_maximum_pool_size": _optional(_size_or_fraction),
     "rmm_managed_memory": _bool,
     "rmm_async": _bool,
@@ -226,7 +237,7 @@ class Options:
     n_workers: int | None = None
     threads_per_worker: int = 1
     cpu: bool = False
-    rmm_pool_size: int | float | None = None
+    rmm_pool_size: int | float | str | None = "auto"
     rmm_maximum_pool_size: int | float | None = None
     rmm_managed_memory: bool = False
     rmm_async: bool = False
@@ -270,7 +281,7 @@ class Options:
             )
         if self.rmm_async and self.rmm_managed_memory:
             raise OptionsError("rmm-async: the async allocator cannot be combined with rmm-managed-memory")
-        if self.rmm_async and self.rmm_pool_size is not None:
+        if self.rmm_async and self.rmm_pool_size not in (None, "auto"):
             raise OptionsError(
                 f"rmm-pool-size: {self.rmm_pool_size!r} is not used with rmm-async "
                 "(the async allocator has its own pool); unset one of them"
@@ -285,6 +296,7 @@ class Options:
             )
         if (
             self.rmm_maximum_pool_size is not None
+            and self.rmm_pool_size != "auto"
             and type(self.rmm_pool_size) is type(self.rmm_maximum_pool_size)
             and self.rmm_maximum_pool_size < self.rmm_pool_size
         ):
@@ -308,6 +320,19 @@ class Options:
             raise OptionsError(f"devices: {','.join(map(str, self.devices))} selects GPUs but cpu is true")
 
     # --- derived views
+
+    @property
+    def pool_size(self) -> int | float | None:
+        """The RMM pool to create: ``auto`` is 90% of the GPU unless another allocator
+        (async, managed) was chosen."""
+        if self.rmm_pool_size != "auto":
+            return self.rmm_pool_size
+        return None if (self.rmm_async or self.rmm_managed_memory) else AUTO_POOL_FRACTION
+
+    @property
+    def uses_rmm(self) -> bool:
+        """Whether workers allocate through an RMM resource (CuPy is then pointed at it)."""
+        return self.pool_size is not None or self.rmm_managed_memory or self.rmm_async
 
     @property
     def attach(self) -> bool:

@@ -45,10 +45,9 @@ def worker_options(options: Options, *, protocol: str) -> dict:
     protocol, threads, host memory limit, local directory, name)."""
     if options.cpu:
         return {}
-    uses_rmm = options.rmm_pool_size is not None or options.rmm_managed_memory or options.rmm_async
     out = dict(
         device_memory_limit=options.device_memory_limit,
-        rmm_pool_size=options.rmm_pool_size,
+        rmm_pool_size=options.pool_size,
         rmm_maximum_pool_size=options.rmm_maximum_pool_size,
         rmm_managed_memory=options.rmm_managed_memory,
         rmm_async=options.rmm_async,
@@ -56,7 +55,7 @@ def worker_options(options: Options, *, protocol: str) -> dict:
         rmm_log_directory=options.rmm_log_directory,
         rmm_track_allocations=options.rmm_track_allocations,
         # CuPy allocates through RMM so its chunks come from the worker's pool
-        rmm_allocator_external_lib_list=["cupy"] if uses_rmm else None,
+        rmm_allocator_external_lib_list=["cupy"] if options.uses_rmm else None,
     )
     if protocol == "ucx":
         out["enable_nvlink"] = options.nvlink

@@ -8,7 +8,6 @@ from .plan import LaunchPlan
 
 def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
     """LocalCUDACluster keywords for ``options``: a pure function, tested without a GPU."""
-    uses_rmm = options.rmm_pool_size is not None or options.rmm_managed_memory or options.rmm_async
     kwargs = dict(
         CUDA_VISIBLE_DEVICES=list(plan.devices),
         n_workers=plan.n_workers,
@@ -22,7 +21,7 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
         scheduler_port=options.scheduler_port,
         dashboard_address=options.dashboard_address or None,
         security=options.security,
-        rmm_pool_size=options.rmm_pool_size,
+        rmm_pool_size=options.pool_size,
         rmm_maximum_pool_size=options.rmm_maximum_pool_size,
         rmm_managed_memory=options.rmm_managed_memory,
         rmm_async=options.rmm_async,
@@ -30,7 +29,7 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
         rmm_log_directory=options.rmm_log_directory,
         rmm_track_allocations=options.rmm_track_allocations,
         # CuPy allocates through RMM so its chunks come from the worker's pool
-        rmm_allocator_external_lib_list=["cupy"] if uses_rmm else None,
+        rmm_allocator_external_lib_list=["cupy"] if options.uses_rmm else None,
         silence_logs=False,
     )
     if plan.protocol == "ucx":

@@ -81,7 +81,7 @@ def test_bad_values_fail_with_one_line(kwargs, fragment):
         ({"rmm_managed_memory": True, "protocol": "ucx"}, "managed memory cannot be used with NVLink"),
         ({"rmm_async": True, "rmm_managed_memory": True, "nvlink": False}, "async allocator cannot be combined"),
         ({"rmm_release_threshold": "1GB"}, "rmm-release-threshold: 1000000000 needs rmm-async true"),
-        ({"rmm_maximum_pool_size": "10GB"}, "needs rmm-pool-size"),
+        ({"rmm_maximum_pool_size": "10GB", "rmm_pool_size": None}, "needs rmm-pool-size"),
         ({"rmm_pool_size": "10GB", "rmm_maximum_pool_size": "5GB"}, "smaller than rmm-pool-size"),
         ({"rmm_async": True, "rmm_pool_size": "1GB"}, "not used with rmm-async"),
         ({"scheduler_address": "tcp://127.0.0.1:8786", "scheduler_file": "s.json"}, "give one"),
@@ -91,6 +91,16 @@ def test_bad_values_fail_with_one_line(kwargs, fragment):
 def test_bad_combinations(kwargs, fragment):
     with pytest.raises(OptionsError, match=fragment.replace("(", r"\(")):
         Options.resolve(**kwargs)
+
+
+def test_auto_pool_unless_another_allocator():
+    assert Options.resolve().pool_size == 0.9
+    assert Options.resolve(rmm_pool_size="20GB").pool_size == 20_000_000_000
+    assert Options.resolve(rmm_pool_size=None).pool_size is None
+    assert Options.resolve(rmm_async=True).pool_size is None
+    assert Options.resolve(rmm_managed_memory=True, nvlink=False).pool_size is None
+    assert Options.resolve(rmm_pool_size=None).uses_rmm is False
+    assert Options.resolve(rmm_maximum_pool_size="100GB").rmm_maximum_pool_size == 100_000_000_000
 
 
 def test_good_combinations():

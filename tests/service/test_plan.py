@@ -105,10 +105,16 @@ def test_gpu_cluster_keywords_follow_options():
 
 
 def test_gpu_keywords_tcp_has_no_nvlink_flag():
-    opts = Options.resolve(protocol="tcp")
+    opts = Options.resolve(protocol="tcp", rmm_pool_size=None)
     kw = local_gpu.cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
     assert kw["protocol"] == "tcp" and "enable_nvlink" not in kw
-    assert kw["rmm_allocator_external_lib_list"] is None
+    assert kw["rmm_pool_size"] is None and kw["rmm_allocator_external_lib_list"] is None
+
+
+def test_gpu_keywords_default_pool():
+    opts = Options.resolve()
+    kw = local_gpu.cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
+    assert kw["rmm_pool_size"] == 0.9 and kw["rmm_allocator_external_lib_list"] == ["cupy"]
 
 
 def test_cpu_cluster_keywords():
