@@ -56,7 +56,9 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
         return JSONResponse({"detail": errors}, status_code=422)
 
     @app.post("/jobs", response_model=schemas.Job, status_code=201, tags=["jobs"],
-              responses={**AUTH, 400: {"description": "The body is not valid JSON"}, 200: {"model": schemas.Job,
+              responses={**AUTH, 400: {"description": "The body is not valid JSON"},
+                         409: {"description": "The idempotency key names a job submitted with other values"},
+                         200: {"model": schemas.Job,
                                        "description": "An earlier job with the same idempotency key"}})
     def submit(body: JobRequest, tenant: Tenant, response: Response,
                idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128)] = None):
@@ -79,8 +81,13 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
                                     output=body.output)
         if created:
             scheduler.wake()
-        else:
-            response.status_code = 200
+            return job
+        asked = {"workflow": body.workflow, "params": body.params, "priority": body.priority,
+                 "verify": body.verify, "output": body.output}
+        if any(job[k] != v for k, v in asked.items()):
+            raise HTTPException(409, f"idempotency_key: {key!r} already names job {job['id']}, "
+                                     "submitted with other values")
+        response.status_code = 200
         return job
 
     @app.get("/jobs", response_model=schemas.JobList, tags=["jobs"], responses=AUTH)

@@ -133,6 +133,10 @@ def test_idempotency_key_returns_the_same_job(service):
     again = c["bob"].post("/jobs", json={"workflow": "transpose-sum", "params": SMALL},
                           headers={"Idempotency-Key": "run-8"})
     assert by_header.json()["id"] == again.json()["id"] != first.json()["id"]
+    # the same key with other values is a conflict, not a silent match
+    clash = c["bob"].post("/jobs", json={"workflow": "transpose-sum", "params": {**SMALL, "seed": 9},
+                                         "idempotency_key": "run-7"})
+    assert clash.status_code == 409 and first.json()["id"] in clash.json()["detail"]
     # the same key from another tenant is another job
     other = c["alice"].post("/jobs", json={"workflow": "transpose-sum", "params": SMALL, "idempotency_key": "run-7"})
     assert other.status_code == 201 and other.json()["id"] != first.json()["id"]

@@ -52,7 +52,9 @@ def test_api_against_its_openapi_spec(service):
                 assert response.status_code < 500
                 if response.status_code == 422:
                     for item in response.json()["detail"]:
-                        if not (len(item["loc"]) >= 2 and item["msg"]):
+                        # the field, or ["body"] when the body itself is not an object
+                        if not (item["loc"] and item["loc"][0] in ("body", "query", "path", "header")
+                                and (len(item["loc"]) >= 2 or item["loc"] == ["body"]) and item["msg"]):
                             failures.append(f"{operation.path}: 422 without a field: {item}")
                 exercised.append(response.status_code)
 
