@@ -7,8 +7,8 @@ from serve_helpers import Server, add_tenant, wait_state
 
 pytestmark = pytest.mark.gpu
 
-#: 3.6 GB of float32 per job: long enough on H200s for the jobs to overlap
-PARAMS = {"size": "30000x30000", "chunks": "5000x5000", "dtype": "float32"}
+#: 6.4 GB of float32 per job: long enough on H200s for the jobs to overlap
+PARAMS = {"size": "40000x40000", "chunks": "5000x5000", "dtype": "float32"}
 
 
 def test_two_tenants_share_two_gpus(tmp_path, gpu_count):
