@@ -149,6 +149,8 @@ class JobScheduler:
                 self._tick()
             except Exception:
                 logger.exception("scheduler loop")
+            # a burst of submissions wakes the loop once, not once per job
+            self._stop.wait(0.05)
             self._wake.wait(self.poll_s)
             self._wake.clear()
 
