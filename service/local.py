@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -104,9 +105,7 @@ class Local:
 
         params = {**(params or {}), **more_params}
         kw = dict(verify=verify, output=output, arrays=dict(arrays) if arrays else None)
-        if progress is True:
-            return Report(self._with_bar(workflow, lambda: run_workflow(self.session, workflow, params, **kw)))
-        return Report(run_workflow(self.session, workflow, params, progress=progress or None, **kw))
+        return Report(self._watch(workflow, lambda: run_workflow(self.session, workflow, params, **kw), progress))
 
     def compute(self, *collections, progress=True, label: str = "compute"):
         """Compute dask collections on the cluster (one graph) and return their values,
@@ -120,12 +119,13 @@ class Local:
                 futures = client.compute(list(collections))
                 return client.gather(futures)
 
-        values = self._with_bar(label, compute) if progress else compute()
+        values = self._watch(label, compute, progress)
         return values[0] if len(values) == 1 else tuple(values)
 
-    def _with_bar(self, label: str, work):
-        """Run ``work`` in a thread while this one draws the scheduler's task count; an
-        interrupt (the notebook's stop button) cancels this client's tasks."""
+    def _watch(self, label: str, work, progress):
+        """Run ``work`` in a thread while this one draws the scheduler's task count (when
+        ``progress`` asks for a bar); an interrupt (the notebook's stop button) cancels
+        this client's tasks."""
         client = self.client
         bar = None
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spillway-run") as pool:
@@ -133,20 +133,22 @@ class Local:
             try:
                 while True:
                     try:
-                        result = future.result(timeout=0.25)
+                        result = future.result(timeout=0.1)
                         break
                     except concurrent.futures.TimeoutError:
                         pass
+                    if not progress:
+                        continue
                     counts = _read_progress(client)
                     if counts and counts.get("total"):
                         # made only once tasks arrive, so refused parameters draw no bar
-                        bar = bar or progress_bar(label)
+                        bar = bar or progress_bar(label, progress)
                         advance(bar, counts["done"], counts["total"])
                 if bar is not None:
                     advance(bar, bar.total, bar.total)
                 return result
             except KeyboardInterrupt:
-                _cancel_all(client)
+                _cancel_run(client, future)
                 raise
             finally:
                 if bar is not None:
@@ -192,9 +194,19 @@ def _read_progress(client) -> dict | None:
         return None
 
 
-def _cancel_all(client):
+def _cancel_run(client, run: concurrent.futures.Future, timeout: float = 30):
+    """Cancel this client's tasks until the run's thread has ended and nothing is left.
+
+    Cancelling once is not enough: a graph the thread has just submitted can reach the
+    scheduler after the cancel does (they travel on different comms), so its futures
+    are cancelled again until none remain."""
     from distributed import Future
 
-    futures = [Future(key, client) for key in list(client.futures)]
-    if futures:
-        client.cancel(futures)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        futures = [Future(key, client) for key in list(client.futures)]
+        if futures:
+            client.cancel(futures)
+        elif run.done():
+            return
+        concurrent.futures.wait([run], timeout=0.5)

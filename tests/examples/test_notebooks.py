@@ -54,8 +54,11 @@ def check_rich_outputs(nb):
     tables = [h for h in outputs(nb, "text/html") if "<table class='spillway'>" in h]
     assert any("spillway run: transpose-sum" in h for h in tables), "no HTML report"
     assert outputs(nb, "image/png"), "no figure"
-    # the progress bars were tqdm's notebook widgets, not text
+    # the progress bars were tqdm's notebook widgets, not text, and each ended full
     assert outputs(nb, "application/vnd.jupyter.widget-view+json"), "no progress widget"
+    widgets = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"].values()
+    bars = [w["state"] for w in widgets if w["model_name"] == "FloatProgressModel"]
+    assert bars and all(b["value"] == b["max"] > 0 and b["bar_style"] == "success" for b in bars), bars
 
 
 @contextlib.contextmanager

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import sys
+import time
+from pathlib import Path
 
 import dask
 import dask.array as da
@@ -14,6 +17,9 @@ from service import OptionsError, ParamError
 from service.display import Report
 from service.local import Local
 from workflows import random
+
+sys.path.insert(0, str(Path(__file__).parent / "api"))
+from serve_helpers import wait_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +102,30 @@ def test_array_output_read_back_lazily(cluster, tmp_path):
     assert dask.is_dask_collection(rows) and rows.shape == (334, 400)
     expected = random.uniform_numpy((1000, 400), seed=0, dtype="float64")[::3]
     assert rel_error(rows.compute(), expected) <= 1e-12
+
+
+def test_an_interrupt_cancels_the_run_and_the_cluster_carries_on(cluster):
+    """The notebook's stop button (SIGINT in the kernel) while a workflow runs: its tasks
+    are cancelled, the interrupt reaches the caller, and the next run works."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.5)
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            cluster.run("transpose-sum", size="8000x8000", chunks="100x100", progress=io.StringIO())
+        assert time.monotonic() - start < 20
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not cluster.client.futures
+    wait_for(lambda: not any(cluster.client.processing().values()), 30, "the cancelled tasks to stop")
+    report = cluster.run("transpose-sum", size="400x400", chunks="100x100", verify=True, progress=False)
+    assert report["verify"]["ok"] is True
 
 
 def test_close_stops_the_cluster():
