@@ -90,7 +90,8 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     if bool(https_cert) != bool(https_key):
         raise click.UsageError("--https-cert and --https-key go together")
     options = resolve(options_flags)
-    if not https_cert and http_host not in ("127.0.0.1", "localhost", "::1"):
+    _check_scheduler_private(options)
+    if not https_cert and http_host not in LOOPBACK:
         click.echo(f"spillway: warning: plain HTTP on {http_host}: tokens cross the network in clear; "
                    "use --https-cert/--https-key or a TLS proxy", err=True)
     store = open_store(state_dir, db)
@@ -110,6 +111,23 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
         finally:
             scheduler.stop()
             store.close()
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _check_scheduler_private(options) -> None:
+    """The scheduler runs any code a client sends it: the cluster the service starts
+    listens on loopback, or on the network only behind TLS."""
+    from ..errors import OptionsError
+
+    if options.attach or options.tls_ca_file:
+        return
+    if options.interface or options.host not in LOOPBACK:
+        where = f"interface {options.interface}" if options.interface else f"host {options.host}"
+        raise OptionsError(
+            f"host: the service's scheduler would listen on {where} without TLS, where anyone who "
+            "reaches it can run code; keep it on 127.0.0.1 or give tls-ca-file, tls-cert and tls-key")
 
 
 def _write_owner_file(session, state_dir: Path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from serve_helpers import spillway
 
@@ -48,6 +49,10 @@ def test_serve_refuses_bad_options_before_starting(tmp_path):
     state = ["--state-dir", str(tmp_path)]
     bad = spillway("serve", "--cpu", "--n-workers", "0", *state, timeout=60)
     assert bad.returncode == 2 and "n-workers: 0 must be >= 1" in bad.stderr
+    # the scheduler the service starts stays private: loopback, or TLS
+    exposed = spillway("serve", "--cpu", *state, timeout=60, env={**os.environ, "DASK_SPILLWAY__HOST": "0.0.0.0"})
+    assert exposed.returncode == 2 and "host: the service's scheduler would listen on host 0.0.0.0 without TLS" \
+        in exposed.stderr
     cert = tmp_path / "cert.pem"
     cert.write_text("x")
     half = spillway("serve", "--cpu", "--https-cert", str(cert), *state, timeout=60)
