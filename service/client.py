@@ -176,6 +176,7 @@ class Job:
         ``progress``: True for a bar (a widget in Jupyter, text on stderr elsewhere), a
         text stream for a text bar on it, False for none. Raises :class:`JobFailed` with
         the job's error when it fails or is cancelled, TimeoutError after ``timeout`` s.
+        Interrupting the wait leaves the job running on the service (``cancel()`` stops it).
         """
         from .display import advance, progress_bar
 
