@@ -14,6 +14,7 @@ CuPy chunks on a machine with a GPU.
 from __future__ import annotations
 
 import os
+import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -65,12 +66,12 @@ def _message(response: httpx.Response) -> str:
     return text
 
 
-def connect(url: str, token: str, *, timeout: float = 30, verify: bool | str = True,
+def connect(url: str, token: str, *, timeout: float = 30, verify: bool | str | ssl.SSLContext = True,
             results_dir: str | None = None, http: httpx.Client | None = None) -> ServiceClient:
     """A client of the shared service at ``url`` acting as the tenant of ``token``.
 
-    ``verify`` is passed to httpx (False, or a CA bundle for a self-signed HTTPS
-    certificate). ``results_dir`` is where this machine sees the service's results
+    ``verify``: False, the path of a CA bundle (for a self-signed HTTPS certificate) or
+    an ``ssl.SSLContext``. ``results_dir`` is where this machine sees the service's results
     directory, when not at the same path. ``http`` replaces the HTTP client (its base URL
     and headers are the caller's). Checks the token at once, so a wrong URL or token fails
     here rather than at the first job.
@@ -78,6 +79,8 @@ def connect(url: str, token: str, *, timeout: float = 30, verify: bool | str = T
     if not token:
         raise ServiceError("token: a tenant token is required (spillway tenant add NAME prints one)")
     if http is None:
+        if isinstance(verify, (str, os.PathLike)):
+            verify = ssl.create_default_context(cafile=os.fspath(verify))
         http = httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
                             timeout=timeout, verify=verify)
     client = ServiceClient(http, results_dir=results_dir)

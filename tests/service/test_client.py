@@ -4,6 +4,8 @@ with its own CPU cluster."""
 from __future__ import annotations
 
 import io
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,6 +67,25 @@ def test_connect_to_nothing_names_the_address():
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ServiceError, match=f"cannot reach the service at {url}"):
         service.connect(url, "spw_x", timeout=5)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_connect_over_https_with_the_service_certificate(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    state = {"state_dir": str(tmp_path / "state")}
+    token = add_tenant(state, "carol")
+    server = Server(state, "--cpu", "--n-workers", "1", https=(str(cert), str(key))).start()
+    try:
+        with pytest.raises(ServiceError, match="cannot reach the service at https://.*CERTIFICATE_VERIFY_FAILED"):
+            service.connect(server.url, token)
+        with service.connect(server.url, token, verify=str(cert)) as svc:
+            result = svc.submit("transpose-sum", size="200x200", chunks="100x100", verify=True).result(timeout=60)
+            assert result.report["verify"]["ok"] is True
+    finally:
+        server.stop()
 
 
 def test_catalogue_and_health(alice):
