@@ -76,10 +76,15 @@ class HostBuffers:
     def __init__(self, arena: Arena | None = None, fallback: Callable[[int], np.ndarray] | None = None):
         self.arena = arena
         self.fallback = fallback or (lambda n: np.empty(n, dtype=np.uint8))
+        #: set once the arena (if any) is in place
+        self.ready = threading.Event()
+        if arena is not None:
+            self.ready.set()
 
     def alloc(self, nbytes: int) -> np.ndarray:
-        if self.arena is not None:
-            view = self.arena.allocate(nbytes)
+        arena = self.arena
+        if arena is not None:
+            view = arena.allocate(nbytes)
             if view is not None:
                 return view
         return self.fallback(nbytes)

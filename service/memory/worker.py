@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 
 import numpy as np
@@ -34,22 +35,44 @@ def make_store(
     pinned_pool_size: int,
 ) -> TieredStore:
     """Runs in the worker process (its CUDA_VISIBLE_DEVICES already set)."""
+    import cupyx  # noqa: F401  (imported here, not first in the arena thread: import locks)
     from dask_cuda.utils import parse_device_memory_limit
 
     device_limit = parse_device_memory_limit(device_memory_limit, device_index=0) or math.inf
-    arena = None
+    # past the arena, pinned buffers from CuPy's pool: freed ones are reused
+    host = HostBuffers(None, fallback=_pinned_fallback)
     if pinned_pool_size:
-        start = time.perf_counter()
-        arena = Arena(take_pinned(pinned_pool_size))
-        logger.info("took %d bytes of pinned host memory in %.1f s", pinned_pool_size, time.perf_counter() - start)
+        # Touching tens of GB of pinned memory takes longer than a worker may take to
+        # start, so the arena is taken in the background; spills use pinned buffers on
+        # demand until it is there, and `host.ready` tells when it is.
+        threading.Thread(target=_take_arena, args=(host, pinned_pool_size), daemon=True,
+                         name="spillway-pinned-arena").start()
+    else:
+        host.ready.set()
     return TieredStore(
         device_limit=device_limit,
         host_limit=host_limit or math.inf,
         codec=CupyCodec(),
         disk=DiskTier(worker_local_directory),
-        # past the arena, pinned buffers from CuPy's pool: freed ones are reused
-        host=HostBuffers(arena, fallback=_pinned_fallback),
+        host=host,
     )
+
+
+def _take_arena(host: HostBuffers, nbytes: int) -> None:
+    start = time.perf_counter()
+    try:
+        host.arena = Arena(take_pinned(nbytes))
+        logger.info("took %d bytes of pinned host memory in %.1f s", nbytes, time.perf_counter() - start)
+    except Exception:
+        logger.exception("could not take %d bytes of pinned host memory; using pinned buffers on demand", nbytes)
+    finally:
+        host.ready.set()
+
+
+def wait_host_ready(dask_worker, timeout: float = 600) -> bool:
+    """True once the worker's pinned arena is taken (runs on the worker)."""
+    host = getattr(dask_worker.data, "host", None)
+    return host is None or host.ready.wait(timeout)
 
 
 def _pinned_fallback(nbytes: int) -> np.ndarray:
