@@ -113,6 +113,11 @@ class JobScheduler:
     # --- lifecycle
 
     def start(self):
+        import workflows
+
+        # load the catalogue here, once: job threads starting together must not each
+        # trigger (and race) the registry's first import
+        workflows.names()
         requeued = self.store.recover()
         if requeued:
             logger.warning("requeued %d job(s) that were running when the service stopped", len(requeued))
