@@ -41,6 +41,37 @@ def reference(shape, chunk, seed, dtype, processes):
         return 2 * sum(pool.imap_unordered(_panel_sum, tasks, chunksize=4))
 
 
+def measure(opts, shape, a, out) -> None:
+    """Persist x over the tiers, then time (x + x.T).sum(); fills ``out``."""
+    from distributed import wait
+
+    t0 = time.perf_counter()
+    with open_cluster(opts) as session:
+        out["cluster_start_s"] = time.perf_counter() - t0
+        client = session.client
+        print(f"cluster up in {out['cluster_start_s']:.1f} s; persisting {out['input_bytes'] / 1e9:.1f} GB", flush=True)
+        t = time.perf_counter()
+        x = random.uniform(shape, (a.chunk, a.chunk), seed=a.seed, backend="cupy").persist()
+        wait(x)
+        out["persist_s"] = time.perf_counter() - t
+        resident = {k: v["store"] for k, v in client.run(worker_snapshot).items()}
+        out["resident_after_persist"] = {k: {t: r[t] for t in ("device_bytes", "host_bytes", "disk_bytes")}
+                                         for k, r in resident.items()}
+        print(f"persisted in {out['persist_s']:.1f} s: {json.dumps(out['resident_after_persist'])}", flush=True)
+        before = client.run(worker_snapshot)
+        start = time.time()
+        t = time.perf_counter()
+        out["sum_gpu"] = float((x + x.T).sum().compute())
+        out["compute_s"] = time.perf_counter() - t
+        stats = transfer_stats(before, client.run(worker_snapshot), start_wall=start)
+        out["spill"] = stats["spill"]
+        out["bytes_transferred"] = stats["bytes_transferred"]
+        # printed before the cluster closes, so a slow shutdown loses nothing
+        print(f"computed in {out['compute_s']:.1f} s: sum = {out['sum_gpu']!r}", flush=True)
+        print(json.dumps({"spill": out["spill"]}), flush=True)
+        del x
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--side", type=int, default=230000)
@@ -54,44 +85,23 @@ def main():
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
 
-    from distributed import wait
-
     shape = (a.side, a.side)
-    nbytes = a.side * a.side * 8
     opts = Options.resolve(device_memory_limit=a.device_limit, memory_limit=a.host_limit,
                            pinned_pool_size=a.pinned_pool_size, local_directory=a.local_directory,
                            dashboard_address="")
-    out = {"workload": "B3", "shape": list(shape), "chunks": [a.chunk, a.chunk], "input_bytes": nbytes}
-    t0 = time.perf_counter()
-    with open_cluster(opts) as session:
-        out["cluster_start_s"] = time.perf_counter() - t0
-        client = session.client
-        print(f"cluster up in {out['cluster_start_s']:.1f} s; persisting {nbytes / 1e9:.1f} GB", flush=True)
-        t = time.perf_counter()
-        x = random.uniform(shape, (a.chunk, a.chunk), seed=a.seed, backend="cupy").persist()
-        wait(x)
-        out["persist_s"] = time.perf_counter() - t
-        resident = {k: v["store"] for k, v in client.run(worker_snapshot).items()}
-        out["resident_after_persist"] = {k: {t: r[t] for t in ("device_bytes", "host_bytes", "disk_bytes")}
-                                         for k, r in resident.items()}
-        print(f"persisted in {out['persist_s']:.1f} s: {json.dumps(out['resident_after_persist'])}", flush=True)
-        before = client.run(worker_snapshot)
-        start = time.time()
-        t = time.perf_counter()
-        total = float((x + x.T).sum().compute())
-        out["compute_s"] = time.perf_counter() - t
-        after = client.run(worker_snapshot)
-        stats = transfer_stats(before, after, start_wall=start)
-        out["spill"] = stats["spill"]
-        out["bytes_transferred"] = stats["bytes_transferred"]
-        print(f"computed in {out['compute_s']:.1f} s: sum = {total!r}", flush=True)
-        del x
+    out = {"workload": "B3", "shape": list(shape), "chunks": [a.chunk, a.chunk], "input_bytes": a.side * a.side * 8}
+    try:
+        measure(opts, shape, a, out)
+    except TimeoutError:
+        if "sum_gpu" not in out:
+            raise
+        print("the cluster took too long to close after the run; the result stands", flush=True)
+
     t = time.perf_counter()
     ref = reference(shape, a.chunk, a.seed, "float64", a.processes)
     out["reference_s"] = time.perf_counter() - t
-    out["sum"] = total
     out["reference"] = ref
-    out["rel_error"] = abs(total - ref) / abs(ref)
+    out["rel_error"] = abs(out["sum_gpu"] - ref) / abs(ref)
     out["ok"] = out["rel_error"] <= 1e-10
     moved = {}
     for w in (out["spill"] or {}).values():
