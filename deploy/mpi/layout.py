@@ -8,6 +8,7 @@ from service.errors import OptionsError
 from service.options import Options
 
 from .. import commands
+from service.launch.local_gpu import rmm_kwargs
 
 #: the rank that runs the scheduler and the workflow (dask-mpi's client rank as well)
 SCHEDULER_RANK = 0
@@ -45,18 +46,7 @@ def worker_options(options: Options, *, protocol: str) -> dict:
     protocol, threads, host memory limit, local directory, name)."""
     if options.cpu:
         return {}
-    out = dict(
-        device_memory_limit=options.device_memory_limit,
-        rmm_pool_size=options.pool_size,
-        rmm_maximum_pool_size=options.rmm_maximum_pool_size,
-        rmm_managed_memory=options.rmm_managed_memory,
-        rmm_async=options.rmm_async,
-        rmm_release_threshold=options.rmm_release_threshold,
-        rmm_log_directory=options.rmm_log_directory,
-        rmm_track_allocations=options.rmm_track_allocations,
-        # CuPy allocates through RMM so its chunks come from the worker's pool
-        rmm_allocator_external_lib_list=["cupy"] if options.uses_rmm else None,
-    )
+    out = dict(device_memory_limit=options.device_memory_limit, **rmm_kwargs(options))
     if protocol == "ucx":
         out["enable_nvlink"] = options.nvlink
     return out

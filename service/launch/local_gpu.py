@@ -21,16 +21,8 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
         scheduler_port=options.scheduler_port,
         dashboard_address=options.dashboard_address or None,
         security=options.security,
-        rmm_pool_size=options.pool_size,
-        rmm_maximum_pool_size=options.rmm_maximum_pool_size,
-        rmm_managed_memory=options.rmm_managed_memory,
-        rmm_async=options.rmm_async,
-        rmm_release_threshold=options.rmm_release_threshold,
-        rmm_log_directory=options.rmm_log_directory,
-        rmm_track_allocations=options.rmm_track_allocations,
-        # CuPy allocates through RMM so its chunks come from the worker's pool
-        rmm_allocator_external_lib_list=["cupy"] if options.uses_rmm else None,
         silence_logs=False,
+        **rmm_kwargs(options),
     )
     if plan.protocol == "ucx":
         # dask-cuda sets UCX_TLS for CUDA IPC over NVLink from this flag
@@ -46,6 +38,21 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
             "pinned_pool_size": int(options.pinned_pool_size),
         })
     return kwargs
+
+
+def rmm_kwargs(options: Options) -> dict:
+    """dask-cuda's RMM keywords (LocalCUDACluster, CUDAWorker) for ``options``."""
+    return dict(
+        rmm_pool_size=options.pool_size,
+        rmm_maximum_pool_size=options.rmm_maximum_pool_size,
+        rmm_managed_memory=options.rmm_managed_memory,
+        rmm_async=options.rmm_async,
+        rmm_release_threshold=options.rmm_release_threshold,
+        rmm_log_directory=options.rmm_log_directory,
+        rmm_track_allocations=options.rmm_track_allocations,
+        # CuPy allocates through RMM so its chunks come from the worker's pool
+        rmm_allocator_external_lib_list=["cupy"] if options.uses_rmm else None,
+    )
 
 
 def uses_tiered_store(options: Options) -> bool:
