@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from service.errors import OptionsError
+from service.launch.local_gpu import rmm_kwargs
 from service.options import Options
 
 from .. import commands
-from service.launch.local_gpu import rmm_kwargs
 
 #: the rank that runs the scheduler and the workflow (dask-mpi's client rank as well)
 SCHEDULER_RANK = 0
