@@ -256,7 +256,7 @@ class Options:
     interface: str | None = None
     host: str = "127.0.0.1"
     scheduler_port: int = 0
-    dashboard_address: str | None = ":8787"
+    dashboard_address: str | None = "127.0.0.1:8787"
     tls_ca_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -143,6 +144,8 @@ class Workflow:
 
 _REGISTRY: dict[str, Workflow] = {}
 _LOADED = False
+# the service resolves workflows from several job threads at once
+_LOAD_LOCK = threading.Lock()
 
 
 def register(workflow: Workflow) -> Workflow:
@@ -156,14 +159,17 @@ def _load():
     global _LOADED
     if _LOADED:
         return
-    _LOADED = True
-    from . import builtin  # noqa: F401  (registers the built-in workflows)
+    with _LOAD_LOCK:
+        if _LOADED:
+            return
+        from . import builtin  # noqa: F401  (registers the built-in workflows)
 
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        workflow = ep.load()
-        if not isinstance(workflow, Workflow):
-            raise TypeError(f"entry point {ep.name} ({ep.value}) is not a spillway Workflow")
-        register(workflow)
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            workflow = ep.load()
+            if not isinstance(workflow, Workflow):
+                raise TypeError(f"entry point {ep.name} ({ep.value}) is not a spillway Workflow")
+            register(workflow)
+        _LOADED = True
 
 
 def names() -> list[str]:

@@ -113,9 +113,9 @@ def test_bad_input_fails_with_one_line_before_starting(args, fragment, tmp_path)
 def test_bench_options_fill_only_unset_values():
     assert harness.bench_options(Options.resolve(), "gpu").rmm_pool_size == 0.85
     assert harness.bench_options(Options.resolve(), "gpu").dashboard_address is None
-    assert harness.bench_options(Options.resolve(), "cpu").rmm_pool_size is None
+    assert harness.bench_options(Options.resolve(), "cpu").rmm_pool_size == "auto"  # untouched
     assert harness.bench_options(Options.resolve(rmm_pool_size="10GB"), "gpu").rmm_pool_size == 10**10
-    assert harness.bench_options(Options.resolve(rmm_async=True), "gpu").rmm_pool_size is None
+    assert harness.bench_options(Options.resolve(rmm_async=True), "gpu").pool_size is None
     user = harness.bench_options(Options.resolve({"dashboard_address": ":8799"}), "gpu")
     assert user.dashboard_address == ":8799" and user.sources["dashboard_address"] == "flag --dashboard-address"
 
