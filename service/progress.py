@@ -68,6 +68,20 @@ def _read(run_id: str, dask_scheduler=None):
     return dict(dask_scheduler.plugins[PLUGIN_NAME].runs.get(run_id, {}))
 
 
+def client_progress(client_id: str, dask_scheduler=None):
+    """Counts of the run whose results ``client_id`` waits for (run on the scheduler:
+    ``client.run_on_scheduler(client_progress, client.id)``), or None."""
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    client = dask_scheduler.clients.get(client_id)
+    if plugin is None or client is None:
+        return None
+    for ts in client.wants_what:
+        run = plugin.runs.get(plugin.owner.get(ts.key))
+        if run is not None:
+            return dict(run)
+    return None
+
+
 def _finish(run_id: str, dask_scheduler=None):
     plugin = dask_scheduler.plugins[PLUGIN_NAME]
     run = plugin.runs.pop(run_id, None)

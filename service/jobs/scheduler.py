@@ -18,25 +18,12 @@ from collections.abc import Callable
 
 from ..errors import ParamError
 from ..memory.admission import admit, cluster_capacity
-from ..progress import PLUGIN_NAME as PROGRESS_PLUGIN
+from ..progress import client_progress
 from ..runner import run_workflow, target_of
 from ..store import Store
 from .order import next_job
 
 logger = logging.getLogger("spillway.jobs")
-
-
-def _client_progress(client_id: str, dask_scheduler=None):
-    """Tasks done and total of the run whose result ``client_id`` waits for."""
-    plugin = dask_scheduler.plugins.get(PROGRESS_PLUGIN)
-    client = dask_scheduler.clients.get(client_id)
-    if plugin is None or client is None:
-        return None
-    for ts in client.wants_what:
-        run = plugin.runs.get(plugin.owner.get(ts.key))
-        if run is not None:
-            return dict(run)
-    return None
 
 
 @dataclasses.dataclass
@@ -240,7 +227,7 @@ class JobScheduler:
                 if entry.cancelled or self.store.cancel_requested(job_id):
                     entry.cancelled = True
                     self._cancel(client)
-                counts = client.run_on_scheduler(_client_progress, client.id)
+                counts = client.run_on_scheduler(client_progress, client.id)
                 if counts:
                     self.store.progress(job_id, counts.get("done", 0), counts.get("total", 0))
             except Exception:
