@@ -58,7 +58,31 @@ def collect() -> dict:
         "cuda_driver_version": inv.cuda_driver_version,
         "no_gpu_reason": inv.reason,
         "stack": installed_stack(),
+        "transport": planned_transport(inv),
     }
+
+
+def planned_transport(inventory) -> str:
+    """The transport between workers of the cluster the configured options start here
+    (``spillway run`` reports the one the running workers really use)."""
+    import os
+
+    from .errors import OptionsError
+    from .launch.plan import plan
+    from .options import Options
+    from .transfer import planned
+
+    try:
+        options = Options.resolve()
+        launch = plan(options, inventory)
+    except OptionsError as e:
+        return f"unknown ({e})"
+    if launch.kind == "attach":
+        return "that of the running cluster (see spillway run)"
+    if launch.kind != "gpu" or launch.n_workers < 2:
+        return launch.protocol if launch.n_workers >= 2 else f"{launch.protocol} (one worker: no transfers)"
+    env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
+    return planned(launch.protocol, options.nvlink, env)
 
 
 def format_info(data: dict) -> str:
@@ -81,5 +105,7 @@ def format_info(data: dict) -> str:
                 for j in range(n):
                     cells.append("  -    " if j == g["index"] else f"NV{g['nvlinks'].get(str(j), 0):<5}")
                 lines.append(f"GPU{g['index']:<4}" + "".join(cells))
+    if data.get("transport"):
+        lines.append(f"transport between workers: {data['transport']}")
     lines.append("stack: " + ", ".join(f"{k} {v or 'missing'}" for k, v in data["stack"].items()))
     return "\n".join(lines)

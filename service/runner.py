@@ -19,6 +19,7 @@ from .memory.admission import admit, cluster_capacity
 from .plugins import reset_peak, worker_snapshot
 from .progress import track, wait_with_bar
 from .sizes import format_bytes
+from .transfer import transport
 
 
 def target_of(session) -> Target:
@@ -115,6 +116,8 @@ def run_workflow(
         "output": output,
     }
     report.update(transfer_stats(before, after, start_wall=time.time() - wall))
+    # read on the workers: which UCX transports they really run with, not what was asked
+    report["transport"] = transport(client)
     if verify:
         report["verify"] = check(plan, value)
     return report
@@ -206,7 +209,8 @@ def format_report(report: dict) -> str:
                  + (f" to {report['output']}" if report.get("output") else ""))
     bw = report.get("transfer_gbps_median")
     lines.append(f"transferred   {format_bytes(report['bytes_transferred'])} between workers"
-                 + (f"  (median {bw:.1f} GB/s)" if bw else ""))
+                 + (f"  (median {bw:.1f} GB/s)" if bw else "")
+                 + (f" over {report['transport']}" if report.get("transport") else ""))
     lines.append(f"spilled       {format_bytes(report['bytes_spilled'])}")
     for addr, spill in (report.get("spill") or {}).items():
         parts = [f"{m.replace('_to_', '->')} {format_bytes(v['bytes'])}"
