@@ -11,14 +11,14 @@
 * ``host_copy``: a NumPy copy in host memory (measured everywhere; on CPU workers it is
   the only ceiling).
 
-GPU measurements run in child processes (``python -m service.bench.ceilings``) so their
-CUDA contexts and buffers are gone before any cluster starts. A ceiling that cannot be
-measured here (no GPU, one GPU, no UCXX) is left out with the reason.
+GPU measurements run in child processes (``python -m service.bench.probes``, a module
+the package never imports) so their CUDA contexts and buffers are gone before any
+cluster starts. A ceiling that cannot be measured here (no GPU, one GPU, no UCXX) is
+left out with the reason.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -26,8 +26,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-#: timed repetitions after one warm-up copy
-ITERATIONS = 10
+#: how a child measurement is started: the probes module, run (never imported) by -m
+PROBE = (sys.executable, "-m", "service.bench.probes")
+
+#: seconds the UCXX server may take to listen (CUDA context and UCX start-up)
+SERVER_START_S = 120
 
 #: environment of the UCXX measurement: the transports dask-cuda enables for NVLink
 UCX_ENV = {"UCX_TLS": "tcp,cuda_copy,cuda_ipc", "UCX_TCP_CM_REUSEADDR": "y"}
@@ -115,19 +118,68 @@ def physical(devices: tuple) -> tuple[str, ...]:
 
 
 def _child(args: list[str], env: dict, timeout: float) -> dict:
-    """Run this module in a child process and return the JSON object it prints last."""
+    """Run one probe in a child process and return the JSON object it prints last."""
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "service.bench.ceilings", *args],
-            env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
+            [*PROBE, *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{args[0]} measurement took longer than {timeout:.0f} s") from None
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"{' '.join(args[:1])} measurement failed: {tail}")
+        raise RuntimeError(f"{' '.join(args[:1])} measurement failed: {last_error(proc.stderr)}")
     return json.loads(lines[-1])
+
+
+def last_error(stderr: str) -> str:
+    """The line of a child's stderr that says what went wrong: the last one that is not a
+    warning (libraries warn at start-up; the error comes after), else the last line."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "no output"
+    warnings = [ln for ln in lines if "Warning:" in ln]
+    # a warning is printed with the source line that raised it
+    errors = [ln for ln in lines if "Warning:" not in ln and not ln.startswith("warnings.warn")]
+    return (errors or warnings or lines)[-1]
+
+
+def start_server(argv: list[str], env: dict, errors, timeout: float = SERVER_START_S):
+    """Start a server child and wait for the first JSON line it prints on stdout (what it
+    listens on); returns ``(process, that object)``. Lines before it, and anything on
+    stderr (``errors``, a file: a full pipe would stall the child), are not failures; the
+    child exiting or staying silent for ``timeout`` seconds is, with the reason."""
+    import queue
+    import threading
+
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=errors, text=True)
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        # a thread, not select(): a line already buffered by readline would not wake select
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)  # EOF: the child exited
+
+    threading.Thread(target=read, daemon=True, name="spillway-server-stdout").start()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            why = f"no ready line within {timeout:.0f} s"
+            break
+        if line is None:
+            why = f"exited with status {proc.wait()}"
+            break
+        if line.startswith("{"):
+            try:
+                return proc, json.loads(line)
+            except ValueError:
+                pass  # not the ready line
+    proc.wait()
+    errors.seek(0)
+    raise RuntimeError(f"{why}: {last_error(errors.read())}")
 
 
 def ucxx_gbps(src: int | str, dst: int | str, nbytes: int, *, timeout: float = 300) -> float:
@@ -136,27 +188,17 @@ def ucxx_gbps(src: int | str, dst: int | str, nbytes: int, *, timeout: float = 3
 
     if importlib.util.find_spec("ucxx") is None:
         raise RuntimeError("ucxx is not installed (install spillway[cuda13])")
-    import select
     import tempfile
 
-    # stderr to a file: UCX may warn at length, and a full pipe would stall the server
     with tempfile.TemporaryFile(mode="w+") as errors:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "service.bench.ceilings", "ucxx-server", str(nbytes)],
-            env={**os.environ, **UCX_ENV, "CUDA_VISIBLE_DEVICES": str(dst)},
-            stdout=subprocess.PIPE, stderr=errors, text=True,
-        )
         try:
-            ready, _, _ = select.select([server.stdout], [], [], 120)
-            line = server.stdout.readline() if ready else ""
-            if not line.startswith("{"):
-                server.kill()
-                server.wait()
-                errors.seek(0)
-                tail = (errors.read().strip().splitlines() or ["no output"])[-1]
-                raise RuntimeError(f"ucxx server did not start: {tail}")
-            port = json.loads(line)["port"]
-            result = _child(["ucxx-client", str(nbytes), str(port)],
+            server, ready = start_server(
+                [*PROBE, "ucxx-server", str(nbytes)],
+                {**os.environ, **UCX_ENV, "CUDA_VISIBLE_DEVICES": str(dst)}, errors)
+        except RuntimeError as e:
+            raise RuntimeError(f"ucxx server did not start: {e}") from None
+        try:
+            result = _child(["ucxx-client", str(nbytes), str(ready["port"])],
                             {**UCX_ENV, "CUDA_VISIBLE_DEVICES": str(src)}, timeout)
             return result["gbps"]
         finally:
@@ -165,146 +207,3 @@ def ucxx_gbps(src: int | str, dst: int | str, nbytes: int, *, timeout: float = 3
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-
-
-# --- the measurements themselves, run inside the child processes
-
-
-def _events_time(cupy, stream, body, iterations: int) -> float:
-    """Seconds for ``iterations`` calls of ``body`` on ``stream``, by CUDA events."""
-    body()
-    stream.synchronize()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record(stream)
-    for _ in range(iterations):
-        body()
-    stop.record(stream)
-    stop.synchronize()
-    return cupy.cuda.get_elapsed_time(start, stop) / 1e3
-
-
-def device_ceilings(nbytes: int) -> dict:
-    import cupy
-
-    rt = cupy.cuda.runtime
-    gbps, skipped = {}, {}
-    n_dev = rt.getDeviceCount()
-
-    try:
-        _single_device(cupy, nbytes, gbps)
-    except Exception as e:  # report it and go on to the peer copies
-        for name in ("hbm_copy", "h2d_pinned", "d2h_pinned"):
-            skipped.setdefault(name, f"failed: {type(e).__name__}: {e}")
-    if n_dev < 2:
-        skipped["peer_copy"] = "one GPU: no peer to copy to"
-        return {"gbps": gbps, "skipped": skipped}
-    try:
-        _peer(cupy, nbytes, gbps)
-    except Exception as e:
-        skipped["peer_copy"] = f"failed: {type(e).__name__}: {e}"
-    return {"gbps": gbps, "skipped": skipped}
-
-
-def _single_device(cupy, nbytes: int, gbps: dict) -> None:
-    rt = cupy.cuda.runtime
-    with cupy.cuda.Device(0):
-        stream = cupy.cuda.Stream()
-        a = cupy.ones(nbytes, dtype=cupy.uint8)
-        b = cupy.empty_like(a)
-        t = _events_time(cupy, stream, lambda: rt.memcpyAsync(
-            b.data.ptr, a.data.ptr, nbytes, rt.memcpyDeviceToDevice, stream.ptr), ITERATIONS)
-        gbps["hbm_copy"] = 2 * nbytes * ITERATIONS / t / 1e9
-
-        pinned = cupy.cuda.alloc_pinned_memory(nbytes)
-        t = _events_time(cupy, stream, lambda: rt.memcpyAsync(
-            b.data.ptr, pinned.ptr, nbytes, rt.memcpyHostToDevice, stream.ptr), ITERATIONS)
-        gbps["h2d_pinned"] = nbytes * ITERATIONS / t / 1e9
-        t = _events_time(cupy, stream, lambda: rt.memcpyAsync(
-            pinned.ptr, b.data.ptr, nbytes, rt.memcpyDeviceToHost, stream.ptr), ITERATIONS)
-        gbps["d2h_pinned"] = nbytes * ITERATIONS / t / 1e9
-
-
-def _peer(cupy, nbytes: int, gbps: dict) -> None:
-    rt = cupy.cuda.runtime
-    buffers = {}
-    for dev in (0, 1):
-        with cupy.cuda.Device(dev):
-            buffers[dev] = cupy.ones(nbytes, dtype=cupy.uint8)
-            other = 1 - dev
-            if rt.deviceCanAccessPeer(dev, other):
-                try:
-                    rt.deviceEnablePeerAccess(other)
-                except cupy.cuda.runtime.CUDARuntimeError:
-                    pass  # already enabled
-    directions = []
-    for src, dst in ((0, 1), (1, 0)):
-        with cupy.cuda.Device(src):
-            stream = cupy.cuda.Stream()
-            t = _events_time(cupy, stream, lambda: rt.memcpyPeerAsync(
-                buffers[dst].data.ptr, dst, buffers[src].data.ptr, src, nbytes, stream.ptr), ITERATIONS)
-        value = nbytes * ITERATIONS / t / 1e9
-        gbps[f"peer_copy_{src}_to_{dst}"] = value
-        directions.append(value)
-    gbps["peer_copy"] = sum(directions) / len(directions)
-
-
-async def _ucxx_server(nbytes: int) -> None:
-    import asyncio
-
-    import cupy
-    import numpy as np
-    import ucxx
-
-    buf = cupy.empty(nbytes, dtype=cupy.uint8)  # creates the CUDA context before UCX starts
-    done = asyncio.Event()
-
-    async def handle(ep):
-        for _ in range(1 + ITERATIONS):
-            await ep.recv(buf)
-        await ep.send(np.ones(1, dtype=np.uint8))
-        with contextlib.suppress(Exception):  # the client may close first
-            await ep.close()
-        done.set()
-
-    listener = ucxx.create_listener(handle, port=0)
-    print(json.dumps({"port": listener.port}), flush=True)
-    await asyncio.wait_for(done.wait(), timeout=240)
-    listener.close()
-
-
-async def _ucxx_client(nbytes: int, port: int) -> None:
-    import cupy
-    import numpy as np
-    import ucxx
-
-    buf = cupy.ones(nbytes, dtype=cupy.uint8)
-    cupy.cuda.runtime.deviceSynchronize()
-    ep = await ucxx.create_endpoint("127.0.0.1", port)
-    await ep.send(buf)  # warm-up: wires up the transports and caches the IPC handle
-    ack = np.empty(1, dtype=np.uint8)
-    t0 = time.perf_counter()
-    for _ in range(ITERATIONS):
-        await ep.send(buf)
-    await ep.recv(ack)
-    elapsed = time.perf_counter() - t0
-    with contextlib.suppress(Exception):  # the measurement is done; a close race is harmless
-        await ep.close()
-    print(json.dumps({"gbps": nbytes * ITERATIONS / elapsed / 1e9}), flush=True)
-
-
-def main(argv: list[str]) -> None:
-    import asyncio
-
-    what, nbytes = argv[0], int(argv[1])
-    if what == "device":
-        print(json.dumps(device_ceilings(nbytes)), flush=True)
-    elif what == "ucxx-server":
-        asyncio.run(_ucxx_server(nbytes))
-    elif what == "ucxx-client":
-        asyncio.run(_ucxx_client(nbytes, int(argv[2])))
-    else:
-        raise SystemExit(f"unknown measurement {what!r}")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -350,6 +350,69 @@ def test_ceilings_not_measurable_here_are_skipped_with_the_reason(monkeypatch, g
     assert found.skipped["ucxx_send_recv"]
 
 
+def test_probes_run_as_a_module_the_package_does_not_import():
+    import subprocess
+    import sys
+
+    # importing the package must not import the module its children run with -m
+    code = "import sys, service.bench, service.bench.ceilings; print('service.bench.probes' in sys.modules)"
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+    assert ceilings.PROBE[1:] == ("-m", "service.bench.probes")
+    # started as the ceilings start it, with warnings as errors: no runpy warning on stderr
+    child = subprocess.run([*ceilings.PROBE, "no-such-probe", "1"], capture_output=True, text=True, timeout=60,
+                           env={"PYTHONWARNINGS": "error", **__import__("os").environ})
+    assert child.returncode == 1
+    assert child.stderr.strip() == "unknown measurement 'no-such-probe'"
+
+
+def _server(tmp_path, script: str, timeout: float = 20):
+    import sys
+
+    errors = (tmp_path / "stderr").open("w+")
+    try:
+        return ceilings.start_server([sys.executable, "-c", script], {}, errors, timeout=timeout)
+    finally:
+        errors.close()
+
+
+def test_server_start_waits_for_its_ready_line_past_warnings_and_noise(tmp_path):
+    import textwrap
+
+    script = textwrap.dedent("""
+        import json, sys, time, warnings
+        warnings.warn("something at start-up", RuntimeWarning)
+        print("loading", flush=True)
+        time.sleep(0.3)
+        print("not json {", "\\n{broken", sep="", flush=True)
+        print(json.dumps({"port": 4321}), "\\nafter", sep="", flush=True)
+        sys.stdin.close()
+        time.sleep(0.5)
+    """)
+    proc, ready = _server(tmp_path, script)
+    assert ready == {"port": 4321}
+    assert proc.wait(timeout=10) == 0
+
+
+def test_server_that_exits_or_stays_silent_fails_with_the_reason(tmp_path):
+    script = ("import sys, warnings; warnings.warn('noise', UserWarning); "
+              "print('OSError: no CUDA device', file=sys.stderr); sys.exit(3)")
+    with pytest.raises(RuntimeError, match=r"^exited with status 3: OSError: no CUDA device$"):
+        _server(tmp_path, script)
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"^no ready line within 1 s: .*Warning: quiet"):
+        _server(tmp_path, "import time, warnings; warnings.warn('quiet'); time.sleep(60)", timeout=1)
+    assert time.perf_counter() - t0 < 10
+
+
+def test_last_error_skips_warnings():
+    assert ceilings.last_error("") == "no output"
+    text = ("Traceback (most recent call last):\nRuntimeError: UCX failed\n"
+            "<frozen runpy>:128: RuntimeWarning: 'x' found in sys.modules\n")
+    assert ceilings.last_error(text) == "RuntimeError: UCX failed"
+    assert ceilings.last_error("a.py:1: UserWarning: only this\n  warnings.warn(x)\n").endswith("only this")
+
+
 def test_targets_are_judged_on_gpus_only():
     from service.bench.report import targets
 
