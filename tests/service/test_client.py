@@ -139,10 +139,10 @@ def test_array_result_is_a_lazy_dask_array_over_the_zarr_output(alice, tmp_path)
                        "report": dict(result.report)}, results_dir=str(mount))
     assert moved.path == str(mount / f"{job.id}.zarr")
     assert rel_error(moved.array.compute(scheduler="threads"), expected) <= 1e-12
-    nowhere = JobResult({**{"id": job.id, "state": "done", "summary": {}, "report": {}},
-                         "output": result.output}, results_dir=str(tmp_path / "not-mounted"))
+    nowhere = JobResult({"id": job.id, "state": "done", "summary": {}, "report": {}, "output": result.output},
+                        results_dir=str(tmp_path / "not-mounted"))
     with pytest.raises(ServiceError, match="no Zarr store at .*not-mounted.*results_dir="):
-        nowhere.array
+        nowhere.array  # noqa: B018 (reading the property opens the store)
 
 
 def test_bad_parameters_arrive_as_the_service_message(alice):
