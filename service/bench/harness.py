@@ -7,7 +7,10 @@ memory (and, on GPUs, the devices are synchronised). Then the outputs and inputs
 released and the harness waits until the workers hold nothing, so one run's memory never
 slows the next. Worker-to-worker bandwidth and bytes moved come from the workers'
 incoming-transfer logs, bytes spilled from spillway's spill counters (registered on the
-baseline's workers too; they only count, they change no setting).
+baseline's workers too; they only count, they change no setting). Spill throughput (bytes
+and seconds of each move between device, host and disk, and the time tasks waited for
+restores) comes from spillway's tiered store, which times its copies; the baseline's
+spills are counted but not timed.
 
 The baseline is what a user gets without spillway: ``LocalCUDACluster(protocol="ucx")``
 at dask-cuda's defaults on the same GPUs, or ``distributed.LocalCluster`` with the same
@@ -32,6 +35,7 @@ from ..gpus import Inventory
 from ..launch import LaunchPlan, open_cluster
 from ..launch.plan import ucxx_installed
 from ..options import Options
+from ..memory.store import MOVES
 from ..plugins import WorkerSetup, worker_snapshot
 from .workloads import Workload
 
@@ -102,6 +106,69 @@ class RunMeasure:
     transfers: list[tuple[int, float]]  # (bytes, seconds) of each incoming transfer
     bytes_moved: int
     bytes_spilled: int
+    #: seconds to persist the inputs (before the clock)
+    persist_s: float = 0.0
+    #: :func:`spill_moves` of the timed part, and of persisting the inputs
+    spill: dict | None = None
+    persist_spill: dict | None = None
+    #: bytes the workers' tiered stores held per tier once the inputs were persisted
+    resident: dict | None = None
+    #: the gathered result, where asked for
+    value: Any = None
+
+
+def spill_moves(before: dict, after: dict) -> dict:
+    """Bytes and seconds of each move between tiers, summed over the workers, between two
+    :func:`~service.plugins.worker_snapshot` sets, and the time tasks waited on restores.
+    Seconds and waits are None where no worker has spillway's tiered store (it alone
+    times its copies; other stores' moves are only counted)."""
+    moves = {m: {"bytes": 0, "seconds": 0.0} for m in MOVES}
+    timed, wait = False, 0.0
+    for addr, snap in after.items():
+        old = before.get(addr, {})
+        if snap.get("store"):
+            timed = True
+            new_stats = snap["store"]["stats"]
+            old_stats = (old.get("store") or {}).get("stats") or {}
+            for m in MOVES:
+                moves[m]["bytes"] += new_stats["bytes"].get(m, 0) - old_stats.get("bytes", {}).get(m, 0)
+                moves[m]["seconds"] += new_stats["seconds"].get(m, 0.0) - old_stats.get("seconds", {}).get(m, 0.0)
+            wait += new_stats.get("wait_s", 0.0) - old_stats.get("wait_s", 0.0)
+        else:
+            for m in MOVES:
+                moves[m]["bytes"] += snap["spilled"].get(m, 0) - old.get("spilled", {}).get(m, 0)
+    if not timed:
+        for v in moves.values():
+            v["seconds"] = None
+    return {"moves": moves, "restore_wait_s": wait if timed else None, "workers": len(after)}
+
+
+def resident_bytes(snapshots: dict) -> dict | None:
+    """Bytes per tier held by the workers' tiered stores, summed; None without one."""
+    stores = [snap["store"] for snap in snapshots.values() if snap.get("store")]
+    if not stores:
+        return None
+    return {tier: sum(st[f"{tier}_bytes"] for st in stores) for tier in ("device", "host", "disk")}
+
+
+def summarize_spills(runs: list[dict]) -> dict | None:
+    """Per move over the timed runs: the median bytes and seconds of one run, and GB/s
+    per worker (bytes over the seconds the workers spent copying, all runs together)."""
+    runs = [r for r in runs if r]
+    if not runs:
+        return None
+    out = {}
+    for m in MOVES:
+        nbytes = [r["moves"][m]["bytes"] for r in runs]
+        secs = [r["moves"][m]["seconds"] for r in runs]
+        timed = all(x is not None for x in secs)
+        total_s = sum(secs) if timed else None
+        out[m] = {
+            "bytes": int(statistics.median(nbytes)),
+            "seconds": statistics.median(secs) if timed else None,
+            "gbps_per_worker": sum(nbytes) / total_s / 1e9 if timed and total_s > 0 else None,
+        }
+    return out
 
 
 @dataclass
@@ -115,7 +182,15 @@ class SideResult:
     transfers: list[tuple[int, float]] = field(default_factory=list)
     bytes_moved: list[int] = field(default_factory=list)
     bytes_spilled: list[int] = field(default_factory=list)
+    persist_s: list[float] = field(default_factory=list)
+    spill: list[dict] = field(default_factory=list)
+    persist_spill: list[dict] = field(default_factory=list)
+    resident: dict | None = None
+    #: the last timed run's result against the workload's reference
+    verify: dict | None = None
     error: str | None = None
+    #: why this side did not run, where it did not
+    skipped: str | None = None
 
     @property
     def median_s(self) -> float | None:
@@ -149,6 +224,15 @@ class SideResult:
             "transfer_gbps_median_256mib": large["median"],
             "bytes_moved": int(statistics.median(self.bytes_moved)) if self.bytes_moved else None,
             "bytes_spilled": int(statistics.median(self.bytes_spilled)) if self.bytes_spilled else None,
+            "skipped": self.skipped,
+            "persist_s": statistics.median(self.persist_s) if self.persist_s else None,
+            "resident_after_persist": self.resident,
+            "spill_moves": summarize_spills(self.spill),
+            "spill_timed": any(r and r["restore_wait_s"] is not None for r in self.spill),
+            "restore_wait_s": (statistics.median(r["restore_wait_s"] for r in self.spill)
+                               if any(r and r["restore_wait_s"] is not None for r in self.spill) else None),
+            "persist_spill_moves": summarize_spills(self.persist_spill),
+            "verify": self.verify,
         }
 
 
@@ -189,10 +273,13 @@ def wait_released(client, timeout: float = 120) -> bool:
     return False
 
 
-def timed_run(client, collection, *, kind: str, timeout: float) -> RunMeasure:
+def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool = False) -> RunMeasure:
     from distributed import futures_of, wait
 
+    start_persist = client.run(worker_snapshot)
+    t0 = time.perf_counter()
     inputs, op = split_inputs(client, collection, timeout)
+    persist_s = time.perf_counter() - t0
     before = client.run(worker_snapshot)
     window_start = time.time()
     start = time.perf_counter()
@@ -206,6 +293,7 @@ def timed_run(client, collection, *, kind: str, timeout: float) -> RunMeasure:
     if failed:
         failed[0].result()  # raises the task's exception
     after = client.run(worker_snapshot)
+    value = client.gather(futures[0]) if keep_value else None
     del persisted, futures, inputs, op
 
     transfers, moved = [], 0
@@ -219,25 +307,34 @@ def timed_run(client, collection, *, kind: str, timeout: float) -> RunMeasure:
         old = before.get(addr, {}).get("spilled", {})
         for tier in ("device_to_host", "host_to_disk"):
             spilled += snap["spilled"].get(tier, 0) - old.get(tier, 0)
-    return RunMeasure(seconds=seconds, transfers=transfers, bytes_moved=moved, bytes_spilled=spilled)
+    return RunMeasure(seconds=seconds, transfers=transfers, bytes_moved=moved, bytes_spilled=spilled,
+                      persist_s=persist_s, spill=spill_moves(before, after),
+                      persist_spill=spill_moves(start_persist, before), resident=resident_bytes(before),
+                      value=value)
 
 
 def run_workload(client, workload: Workload, *, scale: str, target, runs: int, timeout: float,
                  kind: str, log: Callable[[str], None], label: str) -> SideResult:
-    """One warm-up and ``runs`` timed runs of ``workload``, each on fresh inputs."""
+    """One warm-up (where the workload has one) and ``runs`` timed runs of ``workload``,
+    each on fresh inputs; the last is checked against the workload's reference."""
     result = SideResult()
-    for i in range(runs + 1):
-        built = workload.build(scale, target, SEED_BASE + i)
+    if not workload.warmup:
+        result.notes.append("no warm-up run (its inputs alone take minutes to persist)")
+    for i in range(0 if workload.warmup else 1, runs + 1):
+        seed = SEED_BASE + i
+        built = workload.build(scale, target, seed)
         result.source = built.source
         if built.note and built.note not in result.notes:
             result.notes.append(built.note)
-        measure = timed_run(client, built.result, kind=kind, timeout=timeout)
+        check = workload.reference is not None and i == runs
+        measure = timed_run(client, built.result, kind=kind, timeout=timeout, keep_value=check)
         del built
         if not wait_released(client):
             result.notes.append("workers still held data 120 s after a run")
         what = "warm-up" if i == 0 else f"run {i}/{runs}"
         log(f"{workload.name} {label:<8} {what:<9} {measure.seconds:9.3f} s  "
-            f"moved {measure.bytes_moved / 1e9:8.2f} GB  spilled {measure.bytes_spilled / 1e9:7.2f} GB")
+            f"moved {measure.bytes_moved / 1e9:8.2f} GB  spilled {measure.bytes_spilled / 1e9:7.2f} GB  "
+            f"(inputs persisted in {measure.persist_s:.2f} s)")
         if i == 0:
             result.warmup_s = measure.seconds
             continue
@@ -245,7 +342,35 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
         result.transfers.extend(measure.transfers)
         result.bytes_moved.append(measure.bytes_moved)
         result.bytes_spilled.append(measure.bytes_spilled)
+        result.persist_s.append(measure.persist_s)
+        result.spill.append(measure.spill)
+        result.persist_spill.append(measure.persist_spill)
+        result.resident = measure.resident
+        if check:
+            result.verify = verify(workload, scale, seed, measure.value, log=log, label=label)
+            if not result.verify["ok"]:
+                result.error = (f"result check failed: relative error {result.verify['rel_error']:.3e} "
+                                f"above {workload.tolerance:.0e}")
     return result
+
+
+def verify(workload: Workload, scale: str, seed: int, value, *, log, label: str) -> dict:
+    """``value`` (one run's result) against the workload's NumPy float64 reference."""
+    import numpy as np
+
+    from workflows.registry import relative_error
+
+    t0 = time.perf_counter()
+    expected = workload.reference(workload.params(scale), seed)
+    reference_s = time.perf_counter() - t0
+    computed = float(value.get() if hasattr(value, "get") else value)  # a CuPy scalar comes back as 0-d
+    err = float(relative_error(np.float64(computed), np.float64(expected)))
+    ok = bool(err <= workload.tolerance)
+    log(f"{workload.name} {label:<8} check     {'OK' if ok else 'FAILED'}: {computed!r} against "
+        f"{expected!r}, relative error {err:.3e} (reference in {reference_s:.1f} s)")
+    return {"seed": seed, "value": computed, "reference": expected, "rel_error": err,
+            "tolerance": workload.tolerance, "ok": ok, "reference_s": reference_s,
+            "how": "NumPy float64 on the host CPUs, from the seed"}
 
 
 # --- the two clusters
@@ -346,11 +471,12 @@ def worker_bytes(plan: Plan) -> int:
     return psutil.virtual_memory().total // max(1, plan.launch.n_workers)
 
 
-def groups(plan: Plan) -> list[tuple[dict, list[Workload]]]:
-    """Workloads that share cluster settings, in order; B2's device limit is its own."""
-    out: list[tuple[dict, list[Workload]]] = []
+def groups(plan: Plan) -> list[tuple[dict[str, dict], list[Workload]]]:
+    """Workloads that share cluster settings, in order, with each side's options changes
+    (``{"spillway": ..., "baseline": ...}``); B2's device limit and B3's tiers are their own."""
+    out: list[tuple[dict[str, dict], list[Workload]]] = []
     for w in plan.workloads:
-        changes = dict(w.gpu_cluster) if plan.launch.kind == "gpu" else {}
+        changes = {side: w.cluster_changes(plan.scale, plan.launch.kind, side) for side in ("spillway", "baseline")}
         if out and out[-1][0] == changes:
             out[-1][1].append(w)
         else:
@@ -371,12 +497,24 @@ def run(plan: Plan, *, log: Callable[[str], None],
     with dask.config.set({"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}):
         for changes, members in groups(plan):
             for side in ("spillway", "baseline"):
+                mine = changes[side]
                 if side == "spillway":
-                    opener = lambda: spillway(plan.options.replace(**changes) if changes else plan.options,  # noqa: E731
+                    opener = lambda: spillway(plan.options.replace(**mine) if mine else plan.options,  # noqa: E731
                                               plan.inventory)
                 else:
-                    opener = lambda: baseline(plan.launch, plan.options, changes)  # noqa: E731
-                _run_side(opener, members, side, plan, target, kind, results, clusters, log)
+                    opener = lambda: baseline(plan.launch, plan.options, mine)  # noqa: E731
+                running = []
+                for w in members:
+                    if side == "baseline" and w.baseline_skip:
+                        results[w.name][side] = SideResult(skipped=w.baseline_skip)
+                        log(f"{w.name} {side:<8} {w.baseline_skip}")
+                    else:
+                        running.append(w)
+                if running:
+                    _run_side(opener, running, side, plan, target, kind, results, clusters, log)
+                for w in running if mine else ():
+                    results[w.name][side].notes.append(
+                        "cluster options of this workload: " + ", ".join(f"{k}={v}" for k, v in mine.items()))
     return {"results": results, "clusters": clusters}
 
 

@@ -3,7 +3,9 @@
 Files go to ``<out>/<machine>-<date>.{json,md,png,log}``. The JSON holds ``machine``,
 ``ceilings`` (GB/s by name) and ``workloads``: per workload ``name``, ``spillway_s``,
 ``baseline_s``, ``speedup`` (baseline over spillway), ``transfer_gbps_median``,
-``peer_copy_gbps``, the ratio between those two, and each side's details.
+``peer_copy_gbps``, the ratio between those two, ``spill_throughput`` (per move between
+tiers: bytes, seconds, GB/s per worker and, for device <-> host, the ratio to the pinned
+copy ceiling of the same run), ``restore_wait_s``, and each side's details.
 """
 
 from __future__ import annotations
@@ -68,6 +70,34 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
+#: the ceiling each move between tiers is read against (disk moves have none)
+SPILL_CEILINGS = {"device_to_host": "d2h_pinned", "host_to_device": "h2d_pinned"}
+
+BASELINE_SPILL = "not measured: dask-cuda's spilling is not timed (bytes are counted)"
+
+
+def spill_throughput(moves: dict | None, ceilings) -> dict | None:
+    """Each move's bytes, seconds and GB/s per worker with its ceiling and the ratio."""
+    if not moves:
+        return None
+    out = {}
+    for move, m in moves.items():
+        name = SPILL_CEILINGS.get(move)
+        ceiling = ceilings.gbps.get(name) if name else None
+        out[move] = {**m, "ceiling": name, "ceiling_gbps": ceiling,
+                     "ratio_to_ceiling": _ratio(m.get("gbps_per_worker"), ceiling)}
+    return out
+
+
+def spill_ratio(throughput: dict | None) -> float | None:
+    """The lower ratio to the pinned ceiling of the device <-> host moves that happened."""
+    if not throughput:
+        return None
+    ratios = [throughput[m]["ratio_to_ceiling"] for m in SPILL_CEILINGS
+              if m in throughput and throughput[m]["bytes"] > 0]
+    return min(ratios) if ratios and None not in ratios else None
+
+
 def workload_entry(workload, scale: str, sides: dict, ceilings) -> dict:
     """The JSON object of one workload."""
     detail = {side: sides[side].to_json() for side in SIDES if side in sides}
@@ -94,7 +124,16 @@ def workload_entry(workload, scale: str, sides: dict, ceilings) -> dict:
         "baseline_bytes_moved": base.get("bytes_moved"),
         "bytes_spilled": sp.get("bytes_spilled"),
         "baseline_bytes_spilled": base.get("bytes_spilled"),
+        "persist_s": sp.get("persist_s"),
+        "resident_after_persist": sp.get("resident_after_persist"),
+        "verify": sp.get("verify"),
+        "baseline_skipped": base.get("skipped"),
     }
+    throughput = spill_throughput(sp.get("spill_moves"), ceilings) if sp.get("spill_timed") else None
+    entry["spill_throughput"] = throughput
+    entry["spill_ratio_to_pinned"] = spill_ratio(throughput)
+    entry["restore_wait_s"] = sp.get("restore_wait_s")
+    entry["baseline_spill_throughput"] = BASELINE_SPILL if base and not base.get("skipped") else None
     entry.update(detail)
     return entry
 
@@ -103,6 +142,14 @@ def workload_entry(workload, scale: str, sides: dict, ceilings) -> dict:
 #: this speedup over the baseline for the W workloads
 TRANSFER_TARGET = 0.8
 SPEEDUP_TARGET = 2.0
+#: spilling and restoring at this share of the pinned copy ceiling, where a workload spills
+SPILL_TARGET = 0.7
+
+
+def spills(w: dict) -> bool:
+    """Whether spillway's side of a workload moved data between device and host."""
+    moves = (w.get("spillway") or {}).get("spill_moves") or {}
+    return any((moves.get(m) or {}).get("bytes", 0) > 0 for m in SPILL_CEILINGS) or bool(w.get("bytes_spilled"))
 
 
 def targets(workloads: list[dict], kind: str) -> list[dict]:
@@ -118,6 +165,11 @@ def targets(workloads: list[dict], kind: str) -> list[dict]:
                         "value": w["speedup"],
                         "met": None if w["speedup"] is None or kind != "gpu"
                         else w["speedup"] >= SPEEDUP_TARGET})
+        if spills(w):
+            ratio = w.get("spill_ratio_to_pinned")
+            out.append({"name": w["name"], "target": "spill throughput >= 70% of the pinned ceiling",
+                        "value": ratio,
+                        "met": None if ratio is None or kind != "gpu" else ratio >= SPILL_TARGET})
     return out
 
 
@@ -215,6 +267,8 @@ def markdown(results: dict) -> str:
             f"| {_s(w['baseline_transfer_gbps_median'], '{:.1f}')} | {_bytes(w['bytes_moved'])} "
             f"| {_bytes(w['bytes_spilled'])} / {_bytes(w['baseline_bytes_spilled'])} |"
         )
+    lines += _spill_section(results["workloads"])
+    lines += _tiers_section(results["workloads"])
     judged = [t for t in results.get("targets", []) if t["met"] is not None]
     if judged:
         lines += ["", "## Targets", "", "| workload | target | value | met |", "| --- | --- | ---: | --- |"]
@@ -227,6 +281,8 @@ def markdown(results: dict) -> str:
             d = w.get(side) or {}
             if d.get("error"):
                 notes.append(f"- {w['name']} {side}: failed: {d['error']}")
+            if d.get("skipped"):
+                notes.append(f"- {w['name']} {side}: {d['skipped']}")
             if d.get("source") and d["source"] != "direct" and side == "spillway":
                 notes.append(f"- {w['name']}: built by {d['source']}")
             for note in d.get("notes", []) if side == "spillway" else []:
@@ -236,6 +292,55 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _spill_section(workloads: list[dict]) -> list[str]:
+    """Per workload that spills: each move's bytes, seconds, GB/s per worker and share of
+    the pinned ceiling, and how long tasks waited on restores."""
+    rows = []
+    for w in workloads:
+        if not spills(w) and not w.get("spill_throughput"):
+            continue
+        t = w.get("spill_throughput")
+        wait = _s(w.get("restore_wait_s"), "{:.3f} s")
+        if t:
+            for move, m in t.items():
+                if m["bytes"] or m["seconds"]:
+                    rows.append(f"| {w['name']} | spillway | {move.replace('_to_', ' -> ')} | {_bytes(m['bytes'])} "
+                                f"| {_s(m['seconds'])} | {_s(m['gbps_per_worker'], '{:.1f}')} "
+                                f"| {_pct(m['ratio_to_ceiling'])} | {wait} |")
+        else:
+            rows.append(f"| {w['name']} | spillway | {_bytes(w.get('bytes_spilled'))} spilled | — | — | — | — "
+                        f"| not measured: no tiered store on these workers |")
+        if w.get("baseline_spill_throughput"):
+            rows.append(f"| {w['name']} | baseline | {_bytes(w.get('baseline_bytes_spilled'))} spilled | — | — "
+                        f"| — | — | {w['baseline_spill_throughput']} |")
+    if not rows:
+        return []
+    return ["", "## Spill throughput", "",
+            "Bytes and seconds per timed run (median), summed over workers; GB/s per worker is bytes over "
+            "the seconds the workers spent copying; the ceiling is the pinned copy of the same run.", "",
+            "| workload | side | move | bytes | seconds | GB/s per worker | of pinned ceiling "
+            "| tasks waited on restores |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |", *rows]
+
+
+def _tiers_section(workloads: list[dict]) -> list[str]:
+    """Workloads with their inputs over the tiers or a checked result (B3)."""
+    rows = []
+    for w in workloads:
+        r, v = w.get("resident_after_persist"), w.get("verify")
+        if not v and not (r and (r.get("host") or r.get("disk"))):
+            continue
+        tiers = " / ".join(_bytes((r or {}).get(t)) for t in ("device", "host", "disk"))
+        check = "—" if not v else (f"{'OK' if v['ok'] else 'FAILED'}: {v['rel_error']:.1e} "
+                                   f"(reference in {v['reference_s']:.0f} s)")
+        rows.append(f"| {w['name']} | {_s(w.get('persist_s'))} | {_s(w.get('spillway_s'))} | {tiers} | {check} |")
+    if not rows:
+        return []
+    return ["", "## Inputs over the tiers", "",
+            "| workload | persist s | compute s | device / host / disk after persist | check against NumPy float64 |",
+            "| --- | ---: | ---: | ---: | --- |", *rows]
+
+
 def short_table(results: dict) -> str:
     """The few columns printed last on the terminal."""
     rows = [("workload", "spillway s", "baseline s", "speedup", "xfer GB/s", "of peer")]
@@ -243,7 +348,8 @@ def short_table(results: dict) -> str:
         errors = [s for s in SIDES if (w.get(s) or {}).get("error")]
         rows.append((
             w["name"], _s(w["spillway_s"]), _s(w["baseline_s"]),
-            _s(w["speedup"], "{:.2f}x") if not errors else "failed: " + ",".join(errors),
+            ("failed: " + ",".join(errors) if errors else
+             "no baseline" if w.get("baseline_skipped") else _s(w["speedup"], "{:.2f}x")),
             _s(w["transfer_gbps_median"], "{:.1f}"), _pct(w["transfer_ratio_to_peer_copy"]),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

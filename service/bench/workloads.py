@@ -1,4 +1,4 @@
-"""The benchmark workloads W1 ... W5, B1 and B2, at three scales.
+"""The benchmark workloads W1 ... W5, B1, B2 and B3, at three scales.
 
 A workload runs its registered workflow where one is registered and accepts the
 workload's parameters; otherwise it builds the same dask expression here, and says so
@@ -8,6 +8,10 @@ persists those before the clock starts.
 
 Scales: ``full`` is the issue's definition (GPU host), ``small`` the same shapes scaled
 down to minutes on two GPUs, ``tiny`` the CPU smoke run that CI executes.
+
+B3 (out of core: inputs at 1.5 times the GPUs' memory, persisted over device, pinned host
+and disk) runs only when named (``--only B3``), on spillway's side only, with its own
+memory options per scale, and its result is checked against a NumPy float64 reference.
 """
 
 from __future__ import annotations
@@ -52,6 +56,28 @@ class Workload:
     workflow_params: Callable[[Mapping[str, Any]], dict] | None = None
     #: Options changes the workload's definition imposes on both clusters, on GPUs
     gpu_cluster: Mapping[str, Any] = field(default_factory=dict)
+    #: scale -> Options changes for spillway's side only, on GPUs (B3's tiers)
+    spillway_cluster: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: why the baseline is not run, where it is not
+    baseline_skip: str | None = None
+    #: part of a plain ``spillway bench``, or only when named in ``--only``
+    default: bool = True
+    #: whether a warm-up run precedes the timed ones
+    warmup: bool = True
+    #: NumPy float64 reference of the result, (params, seed) -> value; the last timed
+    #: run is checked against it
+    reference: Callable[[Mapping[str, Any], int], Any] | None = None
+    #: relative error the checked result may have
+    tolerance: float = 1e-10
+
+    def cluster_changes(self, scale: str, kind: str, side: str) -> dict:
+        """Options changes for one side's cluster at ``scale`` on ``kind`` workers."""
+        if kind != "gpu":
+            return {}
+        changes = dict(self.gpu_cluster)
+        if side == "spillway":
+            changes.update(self.spillway_cluster.get(scale, {}))
+        return changes
 
     def params(self, scale: str) -> Mapping[str, Any]:
         if scale not in self.sizes:
@@ -258,10 +284,38 @@ _add(Workload(
 ))
 
 
+def _b3_reference(p, seed):
+    from .reference import transpose_sum
+
+    return transpose_sum(p["shape"], seed, p["dtype"])
+
+
+_add(Workload(
+    name="B3", title="transpose-sum out of core (inputs over device, host and disk)",
+    workflow="transpose-sum",
+    # 1.5x the GPUs' memory at full size (423.2 GB on 2 x H200): per worker the device
+    # holds up to its limit, the pinned host pool the next part, disk the rest
+    sizes={"full": _square((230000, 230000), (10000, 10000)),
+           "small": _square((120000, 120000), (10000, 10000)),
+           "tiny": _square((2400, 2400), (400, 400))},
+    direct=_transpose_sum, workflow_params=_ts_params,
+    spillway_cluster={
+        # the RMM pool (90%, spillway's default) must hold the 125 GB the device tier may fill
+        "full": {"device_memory_limit": "125GB", "memory_limit": "80GB", "pinned_pool_size": "80GB",
+                 "rmm_pool_size": 0.9},
+        "small": {"device_memory_limit": "30GB", "memory_limit": "20GB", "pinned_pool_size": "20GB"},
+    },
+    baseline_skip=("not run: plain LocalCUDACluster fails at this size (at B1's 204.8 GB its workers "
+                   "already died of CUDA out of memory on the 2 x H200 host)"),
+    default=False, warmup=False, reference=_b3_reference,
+))
+
+
 def select(only: str | None) -> list[Workload]:
-    """Workloads named in ``only`` ("W1,B2"; None or "" for all), in catalogue order."""
+    """Workloads named in ``only`` ("W1,B2"), in catalogue order; None or "" for the
+    default set (all but B3)."""
     if not only:
-        return list(WORKLOADS.values())
+        return [w for w in WORKLOADS.values() if w.default]
     names = [n.strip().upper() for n in only.split(",") if n.strip()]
     for n in names:
         if n not in WORKLOADS:

@@ -13,7 +13,8 @@ from .options import cluster_options, resolve
 
 @click.command(context_settings=CONTEXT)
 @click.option("--only", default=None, metavar="W1,B2",
-              help="Comma-separated workloads to run (W1 ... W5, B1, B2); default all.")
+              help="Comma-separated workloads to run (W1 ... W5, B1, B2, B3); default all but B3 "
+                   "(out of core, spillway only, checked against NumPy: name it to run it).")
 @click.option("--sizes", type=click.Choice(["auto", "tiny", "small", "full"]), default="auto",
               show_default=True,
               help="full: the issue's sizes; small: minutes on two GPUs; tiny: the CPU smoke run. "
@@ -43,6 +44,7 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, options_
       spillway bench                                  # all workloads, small sizes on GPUs
       spillway bench --sizes full --out benchmarks/results
       spillway bench --only W1,B2 --runs 5
+      spillway bench --sizes full --only B3           # 423 GB over device, host and disk
       spillway bench --cpu --n-workers 2 --sizes tiny # the CI smoke run
       spillway bench --sizes full --only B1 --merge-into benchmarks/results/RUN.json
     """

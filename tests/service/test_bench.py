@@ -96,7 +96,7 @@ def test_select_and_sizes():
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--only", "W9"], "only: 'W9' is not a workload (known: W1, W2, W3, W4, W5, B1, B2)"),
+    (["--only", "W9"], "only: 'W9' is not a workload (known: W1, W2, W3, W4, W5, B1, B2, B3)"),
     (["--runs", "2"], "2 is not in the range x>=3"),
     (["--only", "B1", "--sizes", "full"], "sizes: B1 at full needs 190.73 GiB of input, more than"),
     (["--scheduler-address", "tcp://127.0.0.1:1"], "bench starts its own clusters"),
@@ -457,8 +457,181 @@ def test_b2_gets_its_own_clusters_with_the_device_limit_on_gpus():
     plan = harness.Plan(options=Options.resolve(rmm_pool_size=0.85), launch=gpu, inventory=None,
                         workloads=workloads.select("W1,W3,B2,B1"), scale="small", runs=3, timeout=60)
     split = [(changes, [w.name for w in ws]) for changes, ws in harness.groups(plan)]
-    assert split == [({}, ["W1", "W3", "B1"]), ({"device_memory_limit": "12GB"}, ["B2"])]
-    assert plan.options.replace(**split[1][0]).device_memory_limit == 12_000_000_000
+    b2 = {"device_memory_limit": "12GB"}
+    assert split == [({"spillway": {}, "baseline": {}}, ["W1", "W3", "B1"]),
+                     ({"spillway": b2, "baseline": b2}, ["B2"])]
+    assert plan.options.replace(**split[1][0]["spillway"]).device_memory_limit == 12_000_000_000
     cpu = harness.Plan(options=Options.resolve(), launch=LaunchPlan(kind="cpu", n_workers=2),
                        inventory=None, workloads=plan.workloads, scale="tiny", runs=3, timeout=60)
-    assert [changes for changes, _ in harness.groups(cpu)] == [{}]
+    assert [changes for changes, _ in harness.groups(cpu)] == [{"spillway": {}, "baseline": {}}]
+
+
+def test_b3_is_named_to_run_with_its_own_tiers_on_spillway_only():
+    from service.launch import LaunchPlan
+
+    b3 = workloads.WORKLOADS["B3"]
+    assert "B3" not in [w.name for w in workloads.select(None)]
+    assert [w.name for w in workloads.select("b3")] == ["B3"]
+    assert b3.input_bytes("full") == 423_200_000_000 and b3.chunk_bytes("full") == 800_000_000
+    assert b3.baseline_skip and "not run" in b3.baseline_skip and not b3.warmup
+    gpu = LaunchPlan(kind="gpu", devices=(0, 1), n_workers=2, protocol="ucx")
+    plan = harness.Plan(options=Options.resolve(), launch=gpu, inventory=None, workloads=[b3],
+                        scale="full", runs=3, timeout=60)
+    ((changes, members),) = harness.groups(plan)
+    assert changes["baseline"] == {}
+    tiers = plan.options.replace(**changes["spillway"])
+    assert (tiers.device_memory_limit, tiers.memory_limit, tiers.pinned_pool_size) == (125e9, 80e9, 80e9)
+    # per worker: the device limit, then the pinned pool, then disk for the rest
+    per_worker = b3.input_bytes("full") / 2
+    assert tiers.device_memory_limit + tiers.memory_limit < per_worker
+    small = plan.options.replace(**b3.cluster_changes("small", "gpu", "spillway"))
+    assert small.device_memory_limit + small.memory_limit < b3.input_bytes("small") / 2
+    assert b3.cluster_changes("tiny", "cpu", "spillway") == {}
+
+
+def test_reference_panels_match_numpy(monkeypatch):
+    from service.bench import reference
+
+    shape, seed = (300, 200), 5
+    x = random.uniform_numpy(shape, seed=seed, dtype="float64")
+    expected = 2 * x.sum()  # what (x + x.T).sum() is; the square case is checked below
+    monkeypatch.setattr(reference, "PANEL_BYTES", 200 * 8 * 7)  # 7 rows per panel: 43 panels
+    assert reference.transpose_sum(shape, seed, processes=1) == pytest.approx(expected, rel=1e-13)
+    assert reference.transpose_sum(shape, seed, processes=2) == pytest.approx(expected, rel=1e-13)
+    sq = random.uniform_numpy((64, 64), seed=9, dtype="float64")
+    assert reference.transpose_sum((64, 64), 9, processes=1) == pytest.approx((sq + sq.T).sum(), rel=1e-13)
+
+
+# --- spill throughput
+
+
+def _snap(store_bytes=None, store_seconds=None, wait=0.0, spilled=None):
+    store = None
+    if store_bytes is not None:
+        store = {"device_bytes": 4, "host_bytes": 2, "disk_bytes": 1,
+                 "stats": {"bytes": store_bytes, "seconds": store_seconds, "wait_s": wait}}
+    return {"store": store, "spilled": spilled or {}}
+
+
+def test_spill_moves_are_summed_over_workers_and_timed_only_by_the_tiered_store():
+    zero = dict.fromkeys(harness.MOVES, 0)
+    zs = dict.fromkeys(harness.MOVES, 0.0)
+    before = {"a": _snap(zero, zs), "b": _snap(zero, zs)}
+    after = {"a": _snap({**zero, "device_to_host": 6e9, "host_to_device": 4e9},
+                        {**zs, "device_to_host": 0.2, "host_to_device": 0.1}, wait=0.5),
+             "b": _snap({**zero, "device_to_host": 2e9}, {**zs, "device_to_host": 0.2}, wait=0.25)}
+    got = harness.spill_moves(before, after)
+    assert got["moves"]["device_to_host"] == {"bytes": 8e9, "seconds": pytest.approx(0.4)}
+    assert got["moves"]["host_to_device"] == {"bytes": 4e9, "seconds": pytest.approx(0.1)}
+    assert got["restore_wait_s"] == pytest.approx(0.75) and got["workers"] == 2
+    assert harness.resident_bytes(after) == {"device": 8, "host": 4, "disk": 2}
+    counted = harness.spill_moves({"a": _snap(spilled={"device_to_host": 1})},
+                                  {"a": _snap(spilled={"device_to_host": 11, "host_to_disk": 3})})
+    assert counted["moves"]["device_to_host"] == {"bytes": 10, "seconds": None}
+    assert counted["restore_wait_s"] is None and harness.resident_bytes({"a": _snap()}) is None
+
+    # three runs: median bytes and seconds per run, GB/s over all the copying
+    side = SideResult(runs_s=[1, 1, 1], spill=[got, got, {**got, "restore_wait_s": 2.0}])
+    j = side.to_json()
+    d2h = j["spill_moves"]["device_to_host"]
+    assert d2h["bytes"] == 8e9 and d2h["gbps_per_worker"] == pytest.approx(20.0)
+    assert j["spill_timed"] and j["restore_wait_s"] == pytest.approx(0.75)
+    assert j["spill_moves"]["disk_to_host"]["gbps_per_worker"] is None
+
+
+def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
+    from service.bench import report
+
+    zero = dict.fromkeys(harness.MOVES, 0)
+    moves = {"moves": {m: {"bytes": 0, "seconds": 0.0} for m in harness.MOVES}, "restore_wait_s": 0.3, "workers": 2}
+    moves["moves"]["device_to_host"] = {"bytes": 40e9, "seconds": 1.0}   # 40 GB/s per worker
+    moves["moves"]["host_to_device"] = {"bytes": 30e9, "seconds": 1.0}   # 30 GB/s
+    moves["moves"]["host_to_disk"] = {"bytes": 5e9, "seconds": 2.0}
+    sp = SideResult(runs_s=[1.0] * 3, bytes_spilled=[45e9] * 3, spill=[moves] * 3)
+    base = SideResult(runs_s=[2.0] * 3, bytes_spilled=[50e9] * 3,
+                      spill=[harness.spill_moves({"a": _snap(spilled=zero)}, {"a": _snap(spilled=zero)})] * 3)
+    ceil = ceilings.Ceilings(gbps={"d2h_pinned": 50.0, "h2d_pinned": 50.0, "peer_copy": 300.0})
+    entry = report.workload_entry(workloads.WORKLOADS["B2"], "tiny", {"spillway": sp, "baseline": base}, ceil)
+    t = entry["spill_throughput"]
+    assert t["device_to_host"]["ratio_to_ceiling"] == pytest.approx(0.8)
+    assert t["host_to_device"]["ratio_to_ceiling"] == pytest.approx(0.6)
+    assert t["host_to_disk"]["ceiling"] is None and t["host_to_disk"]["gbps_per_worker"] == pytest.approx(2.5)
+    assert entry["spill_ratio_to_pinned"] == pytest.approx(0.6)  # the lower of the two
+    assert entry["restore_wait_s"] == pytest.approx(0.3)
+    assert entry["baseline_spill_throughput"].startswith("not measured")
+    spill_target = [x for x in report.targets([entry], "gpu") if "spill" in x["target"]]
+    assert spill_target == [{"name": "B2", "target": "spill throughput >= 70% of the pinned ceiling",
+                             "value": pytest.approx(0.6), "met": False}]
+    assert [x["met"] for x in report.targets([entry], "cpu") if "spill" in x["target"]] == [None]
+    # a workload that does not spill has no spill target
+    entry_w1 = report.workload_entry(workloads.WORKLOADS["W1"], "tiny", {"spillway": SideResult(runs_s=[1.0])}, ceil)
+    assert not [x for x in report.targets([entry_w1], "gpu") if "spill" in x["target"]]
+
+    results = {"machine": {"name": "m", "gpus": [], "driver_version": None, "cuda_driver_version": None,
+                           "workers": "gpu", "cpu": "c", "cores": 2, "memory_total": 2**30, "platform": "p",
+                           "stack": {}},
+               "started": "s", "finished": "f", "sizes": "tiny", "runs": 3, "clusters": {},
+               "ceilings": ceil.gbps, "ceilings_skipped": {}, "ceiling_bytes": 1, "workloads": [entry],
+               "targets": report.targets([entry], "gpu")}
+    md = report.markdown(results)
+    assert "## Spill throughput" in md
+    assert "| B2 | spillway | device -> host | 37.25 GiB | 1.000 | 40.0 | 80% | 0.300 s |" in md
+    assert "| B2 | baseline | 46.57 GiB spilled | — | — | — | — | not measured" in md
+    assert "| B2 | spill throughput >= 70% of the pinned ceiling | 60% | no |" in md
+
+
+def _tiered(worker_local_directory=None, **kwargs):
+    from service.memory.codecs import NumpyCodec
+    from service.memory.disk import DiskTier
+    from service.memory.store import TieredStore
+
+    return TieredStore(codec=NumpyCodec(), disk=DiskTier(kwargs.pop("directory")), **kwargs)
+
+
+def test_timed_run_reads_spill_moves_from_real_tiered_stores(tmp_path):
+    """CPU workers whose data is spillway's tiered store (NumPy in the device tier's
+    place), small enough limits that W1's inputs go to host and disk."""
+    from distributed import Client, LocalCluster
+
+    store = (_tiered, {"device_limit": 8 * 2**20, "host_limit": 8 * 2**20, "directory": str(tmp_path)})
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=None, data=store) as cluster, Client(cluster) as client:
+        client.register_plugin(harness.SpillCounter(prefetch=False))
+        w = workloads.WORKLOADS["W1"]
+        m = harness.timed_run(client, w.direct(w.params("tiny"), "numpy", 3), kind="cpu", timeout=60,
+                              keep_value=True)
+        assert rel_error(m.value, _reference("W1", w.params("tiny"), 3)) <= 1e-10
+        # 32 MB of inputs over two workers with 8 MB device and 8 MB host each
+        assert m.persist_spill["moves"]["device_to_host"]["bytes"] > 0
+        assert m.persist_spill["moves"]["host_to_disk"]["bytes"] > 0
+        assert m.resident["disk"] > 0 and m.resident["device"] <= 2 * 8 * 2**20
+        moves = m.spill["moves"]
+        assert moves["disk_to_host"]["bytes"] > 0 and moves["disk_to_host"]["seconds"] > 0
+        assert moves["host_to_device"]["bytes"] > 0 and moves["host_to_device"]["seconds"] > 0
+        assert m.spill["restore_wait_s"] > 0
+        del m
+        assert harness.wait_released(client, timeout=30)
+
+
+@pytest.mark.slow
+def test_b3_tiny_runs_on_spillway_only_and_is_checked_against_numpy(tmp_path):
+    result = CliRunner().invoke(main, ["bench", "--cpu", "--n-workers", "2", "--only", "B3", "--sizes", "tiny",
+                                       "--no-ceilings", "--out", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob("*.json")
+    data = json.loads(path.read_text())
+    (b3,) = data["workloads"]
+    assert b3["name"] == "B3" and b3["input_bytes"] == 2400 * 2400 * 8
+    assert b3["spillway_s"] > 0 and b3["persist_s"] > 0 and b3["baseline_s"] is None and b3["speedup"] is None
+    assert b3["baseline"]["skipped"].startswith("not run") and b3["baseline"]["runs_s"] == []
+    assert len(b3["spillway"]["runs_s"]) == 3 and b3["spillway"]["warmup_s"] is None
+    v = b3["verify"]
+    assert v["ok"] and v["rel_error"] <= 1e-10 and v["seed"] == harness.SEED_BASE + 3
+    x = random.uniform_numpy((2400, 2400), seed=v["seed"], dtype="float64")
+    assert v["reference"] == pytest.approx((x + x.T).sum(), rel=1e-12)
+    assert "baseline" not in data["clusters"]
+    md = path.with_suffix(".md").read_text()
+    assert "## Inputs over the tiers" in md and "| B3 |" in md and "OK: " in md
+    assert "- B3 baseline: not run: plain LocalCUDACluster fails" in md
+    assert "no baseline" in result.stdout
+
