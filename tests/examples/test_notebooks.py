@@ -96,6 +96,7 @@ def test_shared_service_notebook_on_cpu(tmp_path, monkeypatch):
     assert s["rel_error"] <= 1e-10 and s["rows"] == [len(range(0, 1500, 9)), 1500]
     assert s["array_module"] == "numpy"
     check_rich_outputs(nb)
+    assert any("<b>spillway job " in h for h in outputs(nb, "text/html")), "no HTML job table"
 
 
 # --- on the GPU host (2 GPUs): the same notebooks, unchanged, size their work from the GPUs
@@ -145,3 +146,4 @@ def test_shared_service_notebook_on_two_gpus(tmp_path, monkeypatch, capsys):
     # this machine has a GPU, so the array result is read into CuPy chunks
     assert s["array_module"] == "cupy"
     check_rich_outputs(nb)
+    assert any("<b>spillway job " in h for h in outputs(nb, "text/html")), "no HTML job table"
