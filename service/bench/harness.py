@@ -37,6 +37,7 @@ from ..launch.plan import ucxx_installed
 from ..options import Options
 from ..memory.store import MOVES
 from ..plugins import WorkerSetup, worker_snapshot
+from ..transfer import transport
 from .workloads import Workload
 
 #: spillway's settings for speed, used where the user set no value of their own: an RMM
@@ -385,6 +386,7 @@ def spillway_cluster(options: Options, inventory: Inventory | None) -> Iterator[
             "protocol": session.plan.protocol,
             "options": {k: v for k, v in options.as_config().items() if v not in (None, False)},
             "ucx_env": _ucx_env(session.client, session.plan.protocol),
+            "transport": transport(session.client),
         }
 
 
@@ -417,7 +419,8 @@ def baseline_cluster(launch: LaunchPlan, options: Options, changes: dict) -> Ite
         client.wait_for_workers(launch.n_workers, timeout=120)
         client.register_plugin(SpillCounter())
         yield client, {"kind": launch.kind, "n_workers": launch.n_workers, "protocol": protocol,
-                       "cluster": described, "notes": notes, "ucx_env": _ucx_env(client, protocol)}
+                       "cluster": described, "notes": notes, "ucx_env": _ucx_env(client, protocol),
+                       "transport": transport(client)}
 
 
 def _ucx_env(client, protocol: str) -> dict:

@@ -246,7 +246,8 @@ def markdown(results: dict) -> str:
         c = results["clusters"].get(side)
         if c:
             what = c.get("cluster") or "spillway " + ", ".join(f"{k}={v}" for k, v in c.get("options", {}).items())
-            lines.append(f"- {side}: {c['n_workers']} {c['kind']} workers over {c['protocol']}; {what}")
+            lines.append(f"- {side}: {c['n_workers']} {c['kind']} workers over {c.get('transport') or c['protocol']}; "
+                         f"{what}")
     lines += ["", "## Ceilings", "", f"Measured with {format_bytes(results['ceiling_bytes'])} buffers.", "",
               "| ceiling | GB/s |", "| --- | ---: |"]
     for name, value in results["ceilings"].items():

@@ -264,6 +264,7 @@ def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
     assert "peer_copy" in data["ceilings_skipped"]
     assert data["clusters"]["baseline"]["cluster"].startswith("LocalCluster(n_workers=2")
     assert data["clusters"]["spillway"]["n_workers"] == 2
+    assert data["clusters"]["spillway"]["transport"] == data["clusters"]["baseline"]["transport"] == "tcp"
     for w in data["workloads"]:
         assert w["speedup"] == pytest.approx(w["baseline_s"] / w["spillway_s"])
         for side in ("spillway", "baseline"):
@@ -271,6 +272,9 @@ def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
             assert w[side]["median_s"] == pytest.approx(sorted(w[side]["runs_s"])[1])
             assert w[side]["error"] is None
         assert w["peer_copy_gbps"] is None and w["transfer_ratio_to_peer_copy"] is None
+        # CPU workers have no tiered store: spills are counted, not timed
+        assert w["spill_throughput"] is None and w["baseline_spill_throughput"].startswith("not measured")
+        assert w["persist_s"] > 0 and w["verify"] is None
     w1 = data["workloads"][0]
     # half of x crosses between the two workers for x.T
     assert w1["bytes_moved"] > 0 and w1["baseline_bytes_moved"] > 0
@@ -279,6 +283,7 @@ def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
 
     md = (tmp_path / f"{stem}.md").read_text()
     assert "| workload | spillway s | baseline s | speedup |" in md
+    assert "- spillway: 2 cpu workers over tcp;" in md
     for name in NAMES:
         assert f"| {name}: " in md
     assert "| peer_copy | skipped: CPU workers" in md
@@ -332,7 +337,43 @@ def test_small_gpu_run_against_dask_cuda(tmp_path, gpu_count):
     b2 = data["workloads"][1]
     # 28.8 GB of input over two workers allowed 12 GB each: both sides must spill
     assert b2["name"] == "B2" and b2["bytes_spilled"] > 0 and b2["baseline_bytes_spilled"] > 0
+    # spillway's tiered store times its copies; the pinned ceilings of the same run
+    d2h = b2["spill_throughput"]["device_to_host"]
+    assert d2h["bytes"] > 0 and d2h["seconds"] > 0 and d2h["gbps_per_worker"] > 0
+    assert d2h["ceiling"] == "d2h_pinned" and d2h["ratio_to_ceiling"] > 0
+    assert b2["spill_ratio_to_pinned"] is not None and b2["restore_wait_s"] is not None
+    assert b2["baseline_spill_throughput"].startswith("not measured")
+    spill = [t for t in data["targets"] if t["name"] == "B2" and "spill" in t["target"]]
+    assert len(spill) == 1 and spill[0]["met"] in (True, False)
+    if gpu_count >= 2:
+        assert data["clusters"]["spillway"]["transport"] == "ucx (CUDA IPC over NVLink)"
+    md = (tmp_path / path.name.replace(".json", ".md")).read_text()
+    assert "## Spill throughput" in md and "| B2 | spillway | device -> host |" in md
     assert (tmp_path / path.name.replace(".json", ".png")).stat().st_size > 10_000
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_b3_small_over_the_tiers_on_gpus_checked_against_numpy(tmp_path, gpu_count):
+    result = CliRunner().invoke(main, ["bench", "--only", "B3", "--sizes", "small", "--no-ceilings",
+                                       "--out", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob("*.json")
+    data = json.loads(path.read_text())
+    (b3,) = data["workloads"]
+    assert b3["verify"]["ok"] and b3["verify"]["rel_error"] <= 1e-10
+    assert b3["baseline"]["skipped"] and b3["baseline_s"] is None
+    # 115.2 GB over workers holding 30 GB on the device and 20 GB on the host each
+    tiers = b3["resident_after_persist"]
+    n = data["clusters"]["spillway"]["n_workers"]
+    assert n * 50e9 < b3["input_bytes"]  # so part of it is on disk
+    assert tiers["device"] <= n * 30e9 * 1.05 and tiers["host"] > 0 and tiers["disk"] > 0
+    assert tiers["device"] + tiers["host"] + tiers["disk"] >= b3["input_bytes"]
+    moves = b3["spill_throughput"]
+    assert moves["disk_to_host"]["bytes"] > 0 and moves["host_to_device"]["bytes"] > 0
+    assert moves["host_to_device"]["gbps_per_worker"] > 0 and b3["restore_wait_s"] > 0
+    assert b3["persist_s"] > 0 and b3["spillway_s"] > 0
 
 
 def test_ceilings_not_measurable_here_are_skipped_with_the_reason(monkeypatch, gpu_count):
