@@ -588,7 +588,10 @@ def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
     moves["moves"]["device_to_host"] = {"bytes": 40e9, "seconds": 1.0}   # 40 GB/s per worker
     moves["moves"]["host_to_device"] = {"bytes": 30e9, "seconds": 1.0}   # 30 GB/s
     moves["moves"]["host_to_disk"] = {"bytes": 5e9, "seconds": 2.0}
-    sp = SideResult(runs_s=[1.0] * 3, bytes_spilled=[45e9] * 3, spill=[moves] * 3)
+    persist = {"moves": {m: {"bytes": 0, "seconds": 0.0} for m in harness.MOVES}, "restore_wait_s": 0.0,
+               "workers": 2}
+    persist["moves"]["device_to_host"] = {"bytes": 20e9, "seconds": 0.5}
+    sp = SideResult(runs_s=[1.0] * 3, bytes_spilled=[45e9] * 3, spill=[moves] * 3, persist_spill=[persist] * 3)
     base = SideResult(runs_s=[2.0] * 3, bytes_spilled=[50e9] * 3,
                       spill=[harness.spill_moves({"a": _snap(spilled=zero)}, {"a": _snap(spilled=zero)})] * 3)
     ceil = ceilings.Ceilings(gbps={"d2h_pinned": 50.0, "h2d_pinned": 50.0, "peer_copy": 300.0})
@@ -618,6 +621,8 @@ def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
     assert "## Spill throughput" in md
     assert "| B2 | spillway | device -> host | 37.25 GiB | 1.000 | 40.0 | 80% | 0.300 s |" in md
     assert "| B2 | baseline | 46.57 GiB spilled | — | — | — | — | not measured" in md
+    assert "| B2 | spillway, persisting inputs | device -> host | 18.63 GiB | 0.500 | 40.0 | 80% | — |" in md
+    assert entry["persist_spill_throughput"]["device_to_host"]["ratio_to_ceiling"] == pytest.approx(0.8)
     assert "| B2 | spill throughput >= 70% of the pinned ceiling | 60% | no |" in md
 
 
