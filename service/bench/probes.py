@@ -106,19 +106,27 @@ async def _ucxx_server(nbytes: int) -> None:
 
     buf = cupy.empty(nbytes, dtype=cupy.uint8)  # creates the CUDA context before UCX starts
     done = asyncio.Event()
+    failed = []
 
     async def handle(ep):
-        for _ in range(1 + ITERATIONS):
-            await ep.recv(buf)
-        await ep.send(np.ones(1, dtype=np.uint8))
-        with contextlib.suppress(Exception):  # the client may close first
-            await ep.close()
-        done.set()
+        # ucxx logs and swallows a handler's exception: keep it so the server exits with it
+        try:
+            for _ in range(1 + ITERATIONS):
+                await ep.recv(buf)
+            await ep.send(np.ones(1, dtype=np.uint8))
+            with contextlib.suppress(Exception):  # the client may close first
+                await ep.close()
+        except Exception as e:
+            failed.append(e)
+        finally:
+            done.set()
 
     listener = ucxx.create_listener(handle, port=0)
     print(json.dumps({"port": listener.port}), flush=True)
     await asyncio.wait_for(done.wait(), timeout=240)
     listener.close()
+    if failed:
+        raise failed[0]
 
 
 async def _ucxx_client(nbytes: int, port: int) -> None:
