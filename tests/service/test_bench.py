@@ -392,6 +392,7 @@ def test_ceilings_not_measurable_here_are_skipped_with_the_reason(monkeypatch, g
 
 
 def test_probes_run_as_a_module_the_package_does_not_import():
+    import os
     import subprocess
     import sys
 
@@ -402,7 +403,7 @@ def test_probes_run_as_a_module_the_package_does_not_import():
     assert ceilings.PROBE[1:] == ("-m", "service.bench.probes")
     # started as the ceilings start it, with warnings as errors: no runpy warning on stderr
     child = subprocess.run([*ceilings.PROBE, "no-such-probe", "1"], capture_output=True, text=True, timeout=60,
-                           env={"PYTHONWARNINGS": "error", **__import__("os").environ})
+                           env={**os.environ, "PYTHONWARNINGS": "error"})
     assert child.returncode == 1
     assert child.stderr.strip() == "unknown measurement 'no-such-probe'"
 
