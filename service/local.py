@@ -29,21 +29,6 @@ def local(**option_keywords) -> Local:
     return Local(Options.resolve(**option_keywords))
 
 
-def _client_run(client_id: str, dask_scheduler=None):
-    """Tasks done and total of the run whose results ``client_id`` waits for."""
-    from .progress import PLUGIN_NAME
-
-    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
-    client = dask_scheduler.clients.get(client_id)
-    if plugin is None or client is None:
-        return None
-    for ts in client.wants_what:
-        run = plugin.runs.get(plugin.owner.get(ts.key))
-        if run is not None:
-            return dict(run)
-    return None
-
-
 class Local:
     """A running embedded cluster. ``client`` is its Dask client, ``dashboard_link`` the
     Dask dashboard, ``kind`` "gpu" or "cpu"."""
@@ -188,8 +173,10 @@ class Local:
 
 
 def _read_progress(client) -> dict | None:
+    from .progress import client_progress
+
     try:
-        return client.run_on_scheduler(_client_run, client.id)
+        return client.run_on_scheduler(client_progress, client.id)
     except Exception:  # the count is a nicety; the run's own errors come from its thread
         return None
 
