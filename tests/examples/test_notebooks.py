@@ -75,9 +75,9 @@ def shared_service(tmp_path: Path, *cluster_args: str):
 
 @pytest.mark.timeout(240)
 def test_local_notebook_on_cpu(tmp_path, monkeypatch):
-    # the kernel inherits the environment: CPU workers, and no dashboard port to collide on
+    # the kernel inherits the environment: CPU workers, and a free dashboard port on loopback
     monkeypatch.setenv("DASK_SPILLWAY__CPU", "true")
-    monkeypatch.setenv("DASK_SPILLWAY__DASHBOARD_ADDRESS", ":0")
+    monkeypatch.setenv("DASK_SPILLWAY__DASHBOARD_ADDRESS", "127.0.0.1:0")
     nb = execute("local.ipynb", tmp_path, cell_timeout=180)
     s = summary(nb)
     assert s["kind"] == "cpu" and s["n_workers"] >= 1
@@ -120,7 +120,7 @@ def report_line(capsys, what: str, s: dict):
 @pytest.mark.timeout(1200)
 def test_local_notebook_on_two_gpus(tmp_path, monkeypatch, capsys):
     inventory = two_gpus()
-    monkeypatch.setenv("DASK_SPILLWAY__DASHBOARD_ADDRESS", ":0")
+    monkeypatch.setenv("DASK_SPILLWAY__DASHBOARD_ADDRESS", "127.0.0.1:0")
     nb = execute("local.ipynb", tmp_path, cell_timeout=900)
     s = summary(nb)
     report_line(capsys, "local notebook", s)

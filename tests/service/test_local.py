@@ -24,7 +24,7 @@ from serve_helpers import wait_for  # noqa: E402
 
 @pytest.fixture(scope="module")
 def cluster():
-    with service.local(cpu=True, n_workers=2, dashboard_address=":0") as lc:
+    with service.local(cpu=True, n_workers=2, dashboard_address="127.0.0.1:0") as lc:
         yield lc
 
 
@@ -129,7 +129,7 @@ def test_an_interrupt_cancels_the_run_and_the_cluster_carries_on(cluster):
 
 
 def test_close_stops_the_cluster():
-    with service.local(cpu=True, n_workers=1, dashboard_address=":0") as lc:
+    with service.local(cpu=True, n_workers=1, dashboard_address="127.0.0.1:0") as lc:
         client = lc.client
         assert lc.compute(da.ones(10, chunks=5).sum(), progress=False) == 10
     assert client.status == "closed"
@@ -139,7 +139,7 @@ def test_close_stops_the_cluster():
 def test_local_on_gpus_runs_cupy_chunks(tmp_path, gpu_count):
     import cupy
 
-    with service.local(dashboard_address=":0") as lc:
+    with service.local(dashboard_address="127.0.0.1:0") as lc:
         assert lc.kind == "gpu" and lc.n_workers == gpu_count
         report = lc.run("transpose-sum", size="20000x20000", verify=True, progress=False)
         assert report["verify"]["ok"] is True and report["cluster"]["kind"] == "gpu"
