@@ -35,20 +35,15 @@ def target_of(session) -> Target:
 
 
 def _device_limit(dask_worker):
-    data = dask_worker.data
-    limit = getattr(data, "device_memory_limit", None)
-    if limit:
-        return int(limit)
-    try:
-        import pynvml
+    """The worker's device limit (its store's), else its whole GPU (runs on the worker)."""
+    from .gpus import discover
+    from .memory.admission import worker_capacity
 
-        pynvml.nvmlInit()
-        import os
-
-        index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
-        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total)
-    except Exception:
-        return None
+    device = worker_capacity(dask_worker)["device"]
+    if device:
+        return device
+    inventory = discover()  # honours CUDA_VISIBLE_DEVICES: GPU 0 is this worker's
+    return inventory.gpus[0].memory_total if len(inventory) else None
 
 
 def run_workflow(
