@@ -640,7 +640,9 @@ def test_timed_run_reads_spill_moves_from_real_tiered_stores(tmp_path):
     place), small enough limits that W1's inputs go to host and disk."""
     from distributed import Client, LocalCluster
 
-    store = (_tiered, {"device_limit": 8 * 2**20, "host_limit": 8 * 2**20, "directory": str(tmp_path)})
+    # 8 MB device and 4 MB host per worker: however the 32 MB of inputs land on the two
+    # workers, one of them holds more than 12 MB, so some must reach the disk
+    store = (_tiered, {"device_limit": 8 * 2**20, "host_limit": 4 * 2**20, "directory": str(tmp_path)})
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
                       dashboard_address=None, data=store) as cluster, Client(cluster) as client:
         client.register_plugin(harness.SpillCounter(prefetch=False))
