@@ -99,6 +99,10 @@ class CupyCodec:
         cupy = self.cupy
         out = cupy.empty(copy.shape, dtype=copy.dtype, order=copy.order)
         if copy.nbytes:
+            # RMM hands out memory in the order of the current stream: `out` may reuse
+            # bytes that kernels queued there still read. Copying on our own stream before
+            # they finish would overwrite their inputs, so wait for them first.
+            self.h2d.wait_event(cupy.cuda.get_current_stream().record())
             cupy.cuda.runtime.memcpyAsync(
                 out.data.ptr, copy.buffer.ctypes.data, copy.nbytes,
                 cupy.cuda.runtime.memcpyHostToDevice, self.h2d.ptr,
