@@ -35,7 +35,7 @@ def test_task_survives_allocation_failure_through_spill_on_demand():
     import dask.array as da
 
     opts = Options.resolve(n_workers=1, rmm_pool_size="1GB", rmm_maximum_pool_size="5GB",
-                           device_memory_limit="100GB", dashboard_address="")
+                           device_memory_limit="100GB", dashboard_address="", memory_store="tiered")
     with open_cluster(opts) as session:
         client = session.client
         x = random.uniform((20000, 20000), (5000, 5000), seed=1, backend="cupy")  # 3.2 GB
@@ -65,7 +65,7 @@ def test_persisted_input_larger_than_device_limit_gives_reference(memory_limit, 
     from service.runner import transfer_stats
 
     opts = Options.resolve(device_memory_limit="1GB", memory_limit=memory_limit, rmm_pool_size="4GB",
-                           local_directory=str(tmp_path), dashboard_address="")
+                           local_directory=str(tmp_path), dashboard_address="", memory_store="tiered")
     with open_cluster(opts) as session:
         client = session.client
         x = random.uniform((20000, 20000), (2500, 2500), seed=3, backend="cupy").persist()
