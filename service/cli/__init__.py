@@ -17,7 +17,7 @@ import threading
 import click
 
 from ..errors import SpillwayError
-from .options import cluster_options, resolve
+from .options import cluster_options, resolve, workflow_params
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -91,28 +91,8 @@ def main(verbose):
     logging.getLogger("spillway").setLevel(level)
 
 
-def parse_param_pairs(pairs: tuple[str, ...]) -> dict:
-    """``K=V`` pairs; V is JSON when it parses as JSON (numbers, lists), else a string."""
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--param")
-        key, _, text = pair.partition("=")
-        key = key.strip()
-        if key in out:
-            raise click.BadParameter(f"{key!r} is given twice", param_hint="--param")
-        try:
-            out[key] = json.loads(text)
-        except json.JSONDecodeError:
-            out[key] = text
-    return out
-
-
 @main.command(context_settings=CONTEXT)
-@click.argument("workflow")
-@click.option("-p", "--param", "param_pairs", multiple=True, metavar="K=V",
-              help="Workflow parameter (repeatable); values parse as JSON where they can.")
-@click.option("--params-json", default=None, metavar="JSON", help="All parameters as one JSON object.")
+@workflow_params
 @click.option("--verify", is_flag=True, help="Compare with a NumPy float64 reference by relative error.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--output", default=None, metavar="PATH",
@@ -121,7 +101,7 @@ def parse_param_pairs(pairs: tuple[str, ...]) -> dict:
               help="Progress bar on stderr (default: when stderr is a terminal).")
 @cluster_options
 @fail_cleanly
-def run(workflow, param_pairs, params_json, verify, as_json, output, progress, options_flags):
+def run(workflow, params, verify, as_json, output, progress, options_flags):
     """Run WORKFLOW and print its report.
 
     Without --scheduler-address or --scheduler-file, starts the embedded default cluster
@@ -141,10 +121,6 @@ def run(workflow, param_pairs, params_json, verify, as_json, output, progress, o
     from ..progress import default_stream
     from ..runner import format_report, run_workflow
 
-    params = json.loads(params_json) if params_json else {}
-    if not isinstance(params, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--params-json")
-    params.update(parse_param_pairs(param_pairs))
     options = resolve(options_flags)
     workflows.get(workflow)  # an unknown name fails before a cluster starts
     if output is not None:

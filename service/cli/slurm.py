@@ -13,25 +13,14 @@ import sys
 
 import click
 
-from . import CONTEXT, fail_cleanly, parse_param_pairs
-from .options import cluster_options, resolve
-
-
-def _params(param_pairs, params_json) -> dict:
-    params = json.loads(params_json) if params_json else {}
-    if not isinstance(params, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--params-json")
-    params.update(parse_param_pairs(param_pairs))
-    return params
+from . import CONTEXT, fail_cleanly
+from .options import cluster_options, resolve, workflow_params
 
 
 def job_options(func):
     """The flags of one batch job (workflow, its parameters and the job settings)."""
     decorators = [
-        click.argument("workflow"),
-        click.option("-p", "--param", "param_pairs", multiple=True, metavar="K=V",
-                     help="Workflow parameter (repeatable); values parse as JSON where they can."),
-        click.option("--params-json", default=None, metavar="JSON", help="All parameters as one JSON object."),
+        workflow_params,
         click.option("--then", "then_json", default=None, metavar="JSON",
                      help='More workflows to run after WORKFLOW on the same cluster, as a JSON list of '
                           '{"workflow": NAME, "params": {...}}.'),
@@ -84,7 +73,7 @@ def _runs(workflow: str, params: dict, then_json: str | None, verify: bool) -> l
     return runs
 
 
-def _render(workflow, param_pairs, params_json, then_json, nodes, gpus_per_node, walltime, partition, account, qos,
+def _render(workflow, params, then_json, nodes, gpus_per_node, walltime, partition, account, qos,
             job_name, cpus_per_task, mem, output_dir, directives, setup, python, start_timeout, verify,
             options_flags) -> str:
     import workflows
@@ -98,7 +87,7 @@ def _render(workflow, param_pairs, params_json, then_json, nodes, gpus_per_node,
         output_dir=os.path.abspath(output_dir or os.getcwd()), extra_directives=tuple(directives),
         setup=tuple(setup), python=python or sys.executable, start_timeout=start_timeout,
     )
-    runs = _runs(workflow, _params(param_pairs, params_json), then_json, verify)
+    runs = _runs(workflow, params, then_json, verify)
     plan = layout(options, job)
     # bad parameters stop here, not hours later in the queue
     for run in runs:
@@ -201,16 +190,13 @@ def wait_workers(scheduler_file, workers, timeout, tls_ca_file, tls_cert, tls_ke
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("workflow")
-@click.option("-p", "--param", "param_pairs", multiple=True, metavar="K=V",
-              help="Workflow parameter (repeatable); values parse as JSON where they can.")
-@click.option("--params-json", default=None, metavar="JSON", help="All parameters as one JSON object.")
+@workflow_params
 @click.option("--verify", is_flag=True, help="Compare with a NumPy float64 reference by relative error.")
 @click.option("--report", "report_path", default=None, metavar="FILE",
               help="Also write the report as JSON to FILE (from rank 0).")
 @cluster_options
 @fail_cleanly
-def mpi(workflow, param_pairs, params_json, verify, report_path, options_flags):
+def mpi(workflow, params, verify, report_path, options_flags):
     """Run WORKFLOW on a cluster started by MPI (dask-mpi): rank 0 runs the scheduler and
     the workflow, every other rank one worker (one GPU each, or CPU workers with --cpu).
 
@@ -223,7 +209,6 @@ def mpi(workflow, param_pairs, params_json, verify, report_path, options_flags):
     import workflows
     from deploy.mpi import launch
 
-    params = _params(param_pairs, params_json)
     options = resolve(options_flags)
     workflows.get(workflow)  # an unknown name fails on every rank before anything starts
     report = launch.run(options, workflow, params, verify=verify)
