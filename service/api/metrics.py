@@ -18,19 +18,13 @@ def _device_memory(dask_worker):
 
     if getattr(dask_worker.plugins.get(PLUGIN_NAME), "kind", "cpu") != "gpu":
         return None
-    try:
-        import os
+    from ..gpus import discover
 
-        import pynvml
-
-        pynvml.nvmlInit()
-        device = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-        handle = (pynvml.nvmlDeviceGetHandleByUUID(device) if device.startswith(("GPU-", "MIG-"))
-                  else pynvml.nvmlDeviceGetHandleByIndex(int(device)))
-        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        return int(info.used), int(info.total)
-    except Exception:
+    inventory = discover()  # honours CUDA_VISIBLE_DEVICES: GPU 0 is this worker's
+    if not len(inventory):
         return None
+    gpu = inventory.gpus[0]
+    return gpu.memory_total - gpu.memory_free, gpu.memory_total
 
 
 class ServiceCollector:
