@@ -24,3 +24,9 @@ class AdmissionError(SpillwayError):
     """A workflow whose projected footprint does not fit the cluster."""
 
     exit_code = 3
+
+
+class ClusterStartError(SpillwayError):
+    """Workers that did not start, with what their nannies said of them."""
+
+    exit_code = 1

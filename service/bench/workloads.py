@@ -300,8 +300,10 @@ _add(Workload(
            "tiny": _square((2400, 2400), (400, 400))},
     direct=_transpose_sum, workflow_params=_ts_params,
     spillway_cluster={
-        # the RMM pool (90%, spillway's default) must hold the 125 GB the device tier may fill
-        "full": {"device_memory_limit": "125GB", "memory_limit": "80GB", "pinned_pool_size": "80GB",
+        # the RMM pool (90%, spillway's default) must hold the 125 GB the device tier may fill;
+        # 48 GB pinned per worker keeps both workers' pools under half the 270 GB host
+        # (at 80 GB each the kernel's OOM killer ended the workers as they started)
+        "full": {"device_memory_limit": "125GB", "memory_limit": "48GB", "pinned_pool_size": "48GB",
                  "rmm_pool_size": 0.9},
         "small": {"device_memory_limit": "30GB", "memory_limit": "20GB", "pinned_pool_size": "20GB"},
     },

@@ -17,9 +17,14 @@ from typing import Any
 from ..gpus import Inventory, discover
 from ..options import Options
 from ..plugins import WorkerSetup
+from .deaths import start_failure, watch_worker_deaths
 from .plan import LaunchPlan, plan
 
 logger = logging.getLogger("spillway")
+
+#: seconds the workers of a new cluster have to register (a pinned pool of tens of GB
+#: takes about half a minute per worker to take)
+START_TIMEOUT_S = 120
 
 __all__ = ["Session", "open_cluster", "plan", "LaunchPlan"]
 
@@ -91,6 +96,13 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     return values.pop(), len(kinds)
 
 
+def _arrived(client) -> int | None:
+    try:
+        return len(client.scheduler_info(n_workers=-1)["workers"])
+    except Exception:  # the scheduler may be gone too
+        return None
+
+
 def _worker_kind(dask_worker):
     from ..plugins import PLUGIN_NAME
 
@@ -104,10 +116,15 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Ite
     for note in launch.notes:
         logger.warning(note)
     with contextlib.ExitStack() as stack:
+        deaths = stack.enter_context(watch_worker_deaths())
         cluster = start_cluster(options, launch)
         if cluster is not None:
             stack.callback(cluster.close)
         client = connect_client(options, cluster)
         stack.callback(client.close)
-        kind, n = setup_workers(client, options, wait_for=launch.n_workers or 1)
+        expected = launch.n_workers or 1
+        try:
+            kind, n = setup_workers(client, options, wait_for=expected, timeout=START_TIMEOUT_S)
+        except TimeoutError as e:
+            raise start_failure(expected, _arrived(client), START_TIMEOUT_S, deaths.messages) from e
         yield Session(client=client, cluster=cluster, plan=launch, options=options, kind=kind, n_workers=n)

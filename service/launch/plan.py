@@ -28,6 +28,19 @@ class LaunchPlan:
     notes: tuple[str, ...] = ()
 
 
+#: the share of the host's memory the workers of one host may pin between them. Pinned
+#: (page-locked) memory cannot be swapped or reclaimed: on the 2 x H200 host (270 GB) two
+#: workers pinning 80 GB each, beside their CUDA contexts, were killed by the kernel's
+#: out-of-memory killer before they started, with nothing in the logs but a lost worker.
+PINNED_HOST_FRACTION = 0.5
+
+
+def host_memory_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
 def ucxx_installed() -> bool:
     return importlib.util.find_spec("distributed_ucxx") is not None
 
@@ -43,6 +56,7 @@ def plan(
     have_ucxx: bool | None = None,
     have_cuda_stack: bool | None = None,
     cpu_count: int | None = None,
+    host_memory: int | None = None,
 ) -> LaunchPlan:
     if options.attach:
         return LaunchPlan(kind="attach")
@@ -89,6 +103,7 @@ def plan(
             f"n-workers: {n} workers need {n} GPUs but only {len(devices)} are selected (one worker per GPU)"
         )
     devices = devices[:n]
+    _check_pinned(options, n, host_memory_bytes() if host_memory is None else host_memory)
 
     if options.protocol == "ucx":
         if not have_ucxx:
@@ -109,3 +124,22 @@ def plan(
                 "(chunks are staged through host memory; install spillway[cuda13] for NVLink)"
             )
     return LaunchPlan(kind="gpu", devices=devices, n_workers=n, protocol=protocol, notes=tuple(notes))
+
+
+def _check_pinned(options: Options, n_workers: int, host_memory: int) -> None:
+    """The pinned pools of all the workers of this host fit in its share of host memory."""
+    if options.memory_store != "tiered" or options.rmm_managed_memory or not options.pinned_pool_size:
+        return
+    total = int(options.pinned_pool_size) * n_workers
+    limit = int(PINNED_HOST_FRACTION * host_memory)
+    if total > limit:
+        raise OptionsError(
+            f"pinned-pool-size: {_gb(options.pinned_pool_size)} per worker x {n_workers} workers = "
+            f"{_gb(total)} of pinned host memory, over the {_gb(limit)} limit "
+            f"({PINNED_HOST_FRACTION:.0%} of this host's {_gb(host_memory)}); pinned memory cannot be "
+            f"swapped, and workers past it are killed by the out-of-memory killer"
+        )
+
+
+def _gb(n) -> str:
+    return f"{int(n) / 1e9:.1f} GB"

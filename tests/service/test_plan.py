@@ -85,6 +85,37 @@ def test_gpus_without_cuda_stack_run_on_cpu_with_note():
     assert any("dask-cuda/CuPy are not installed" in n for n in p.notes)
 
 
+HOST = 270 * 10**9  # the 2 x H200 host's memory
+
+
+def tiered(pinned: str) -> Options:
+    return Options.resolve(memory_store="tiered", pinned_pool_size=pinned)
+
+
+def test_pinned_pools_over_half_the_host_are_refused_with_both_numbers():
+    # 80 GB x 2 workers is what the kernel's OOM killer ended on the 2 x H200 host
+    with pytest.raises(OptionsError) as e:
+        plan(tiered("80GB"), inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("pinned-pool-size: 80.0 GB per worker x 2 workers")
+    assert "160.0 GB" in message and "135.0 GB limit" in message and "270.0 GB" in message
+
+
+def test_pinned_pools_within_half_the_host_plan():
+    p = plan(tiered("48GB"), inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    assert p.n_workers == 2
+    # one worker may take what two may not
+    plan(tiered("80GB").replace(n_workers=1), inventory(2), have_ucxx=True, have_cuda_stack=True,
+         host_memory=HOST)
+
+
+def test_pinned_pool_is_not_checked_where_it_is_not_taken():
+    # dask-cuda's store and managed memory take no pinned pool
+    for options in (Options.resolve(pinned_pool_size="200GB"),
+                    tiered("200GB").replace(rmm_managed_memory=True, rmm_pool_size=None, nvlink=False)):
+        plan(options, inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+
+
 def test_attach_plans_nothing():
     p = plan(Options.resolve(scheduler_address="tcp://127.0.0.1:1"), inventory(0))
     assert p.kind == "attach"

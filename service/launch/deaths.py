@@ -1,0 +1,59 @@
+"""Why workers did not start: the nanny's word on each worker process that died.
+
+distributed logs a worker process's death ("was killed by signal 9") at INFO, which the
+quieted cluster logs hide. A worker the kernel's out-of-memory killer ends while it starts
+(taking a pinned pool, say) then leaves only "0/2 workers arrived after 120 s". These
+messages are collected while a cluster starts and put into the error instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+
+from ..errors import ClusterStartError
+
+_DEATH = re.compile(r"Worker process \d+ (was killed by [^\n]*|exited with status -?\d+)")
+
+
+class WorkerDeaths(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = _DEATH.search(record.getMessage())
+        if found:
+            self.messages.append(found.group(0))
+
+
+@contextlib.contextmanager
+def watch_worker_deaths() -> Iterator[WorkerDeaths]:
+    """Collect the nanny's worker-death messages of this process while the block runs."""
+    log = logging.getLogger("distributed.nanny")
+    handler = WorkerDeaths()
+    level = log.level
+    log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
+def start_failure(expected: int, arrived: int | None, timeout: float, deaths: list[str]) -> ClusterStartError:
+    """The one-line error for workers that did not start."""
+    got = "" if arrived is None else f"{arrived} of "
+    message = f"{got}{expected} workers started within {timeout:g} s"
+    if deaths:
+        message += ": " + "; ".join(dict.fromkeys(deaths))
+        if any("signal 9" in d for d in deaths):
+            message += (" (signal 9 while starting is usually the kernel's out-of-memory killer: "
+                        "compare pinned-pool-size and memory-limit per worker with the host's memory)")
+    else:
+        message += ": no worker process died; see the workers' logs"
+    return ClusterStartError(message)
