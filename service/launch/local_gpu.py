@@ -36,6 +36,7 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
             "device_memory_limit": options.device_memory_limit,
             "host_limit": host_limit(options, plan),
             "pinned_pool_size": int(options.pinned_pool_size),
+            "pinned_limit": plan.pinned_limit,
         })
     return kwargs
 

@@ -26,6 +26,15 @@ class LaunchPlan:
     protocol: str = "tcp"
     #: why the plan differs from what a user may expect (TCP instead of UCX, CPU instead of GPU)
     notes: tuple[str, ...] = ()
+    #: bytes of memory of this host (GPU plans: what the workers' pinned memory is bounded by)
+    host_memory: int = 0
+
+    @property
+    def pinned_limit(self) -> int | None:
+        """Pinned host bytes each worker of this host may hold (None: not bounded here)."""
+        if not self.host_memory or not self.n_workers:
+            return None
+        return int(PINNED_HOST_FRACTION * self.host_memory) // self.n_workers
 
 
 #: the share of the host's memory the workers of one host may pin between them. Pinned
@@ -103,7 +112,8 @@ def plan(
             f"n-workers: {n} workers need {n} GPUs but only {len(devices)} are selected (one worker per GPU)"
         )
     devices = devices[:n]
-    _check_pinned(options, n, host_memory_bytes() if host_memory is None else host_memory)
+    host_memory = host_memory_bytes() if host_memory is None else host_memory
+    _check_pinned(options, n, host_memory)
 
     if options.protocol == "ucx":
         if not have_ucxx:
@@ -123,7 +133,8 @@ def plan(
                 "protocol: TCP between GPU workers because distributed-ucxx is not installed "
                 "(chunks are staged through host memory; install spillway[cuda13] for NVLink)"
             )
-    return LaunchPlan(kind="gpu", devices=devices, n_workers=n, protocol=protocol, notes=tuple(notes))
+    return LaunchPlan(kind="gpu", devices=devices, n_workers=n, protocol=protocol, notes=tuple(notes),
+                      host_memory=host_memory)
 
 
 def _check_pinned(options: Options, n_workers: int, host_memory: int) -> None:

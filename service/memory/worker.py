@@ -32,13 +32,16 @@ def make_store(
     device_memory_limit,
     host_limit: int | None,
     pinned_pool_size: int,
+    pinned_limit: int | None = None,
 ) -> TieredStore:
     """Runs in the worker process (its CUDA_VISIBLE_DEVICES already set)."""
     from dask_cuda.utils import parse_device_memory_limit
 
     device_limit = parse_device_memory_limit(device_memory_limit, device_index=0) or math.inf
-    # past the arena, pinned buffers from CuPy's pool: freed ones are reused
-    host = HostBuffers(None, fallback=_pinned_fallback)
+    # past the arena, pinned buffers from CuPy's pool (freed ones are reused) up to the
+    # worker's share of what the host may pin, then pageable ones
+    host = HostBuffers(None, _pinned_fallback,
+                       pinned_limit=math.inf if pinned_limit is None else pinned_limit)
     if pinned_pool_size:
         # Taken here, while the worker process is built and before it opens its comms, so
         # a worker is up only once its pool is (80 GB took about 35 s on the GPU host).

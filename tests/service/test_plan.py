@@ -153,3 +153,10 @@ def test_cpu_cluster_keywords():
     kw = local_cpu.cluster_kwargs(opts, plan(opts, inventory(0), have_ucxx=False, have_cuda_stack=False))
     assert kw["n_workers"] == 2 and kw["memory_limit"] == 2_000_000_000
     assert kw["interface"] == "lo" and "host" not in kw
+
+
+def test_each_worker_may_pin_its_share_of_half_the_host():
+    p = plan(Options.resolve(), inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    assert p.host_memory == HOST and p.pinned_limit == HOST // 2 // 2
+    kwargs = local_gpu.cluster_kwargs(tiered("48GB"), p)
+    assert kwargs["data"][1]["pinned_limit"] == p.pinned_limit

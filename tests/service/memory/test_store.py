@@ -237,3 +237,61 @@ def test_arena_first_fit_and_merge():
     a.free(w)
     a.free(z)
     assert a.used_bytes == 0 and a.allocate(64 * 4096) is not None
+
+
+# --- host buffers: the arena, then pinned on demand up to the limit, then pageable
+
+
+class Recorder:
+    """A stand-in allocator that records what it handed out."""
+
+    def __init__(self):
+        self.sizes = []
+
+    def __call__(self, n: int) -> np.ndarray:
+        self.sizes.append(n)
+        return np.empty(n, dtype=np.uint8)
+
+
+def test_host_buffers_pin_on_demand_only_within_the_limit():
+    pinned, pageable = Recorder(), Recorder()
+    arena = Arena(np.empty(2 * MB, dtype=np.uint8))
+    host = HostBuffers(arena, pinned, pinned_limit=5 * MB, pageable=pageable)
+    a = host.alloc(2 * MB)  # the arena
+    assert arena.owns(a) and not pinned.sizes
+    b = host.alloc(2 * MB)  # arena full: pinned on demand (2 + 2 <= 5)
+    assert pinned.sizes == [2 * MB] and host.pinned_bytes == 2 * MB
+    c = host.alloc(2 * MB)  # 2 (arena) + 2 + 2 > 5: pageable
+    assert pageable.sizes == [2 * MB] and host.pageable_total == 2 * MB
+    host.release(b)  # the pinned bytes come back to the budget
+    assert host.pinned_bytes == 0
+    d = host.alloc(3 * MB)
+    assert pinned.sizes == [2 * MB, 3 * MB] and host.pinned_bytes == 3 * MB
+    host.release(c)  # pageable: nothing to account
+    host.release(a)
+    host.release(d)
+    assert host.pinned_bytes == 0 and arena.used_bytes == 0
+
+
+def test_a_failed_pinned_allocation_gives_its_bytes_back():
+    def broken(n):
+        raise MemoryError(f"cannot pin {n}")
+
+    host = HostBuffers(None, broken, pinned_limit=10 * MB)
+    with pytest.raises(MemoryError):
+        host.alloc(MB)
+    assert host.pinned_bytes == 0
+
+
+def test_store_past_the_pinned_limit_still_round_trips_every_value(tmp_path):
+    pinned, pageable = Recorder(), Recorder()
+    host = HostBuffers(None, pinned, pinned_limit=3 * MB, pageable=pageable)
+    s = TieredStore(device_limit=2 * MB, host_limit=64 * MB, codec=NumpyCodec(),
+                    disk=DiskTier(str(tmp_path)), host=host)
+    for i in range(12):
+        s[i] = chunk(i)
+    assert pinned.sizes and pageable.sizes and host.pinned_bytes <= 3 * MB
+    for i in range(12):
+        np.testing.assert_array_equal(s[i], chunk(i))
+    summary = s.summary()
+    assert summary["host_pageable_total"] == host.pageable_total > 0
