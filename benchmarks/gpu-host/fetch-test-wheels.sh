@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Wheels for running spillway's service, notebook and bench tests on the offline GPU host
+# (Python 3.12, CUDA 13): the cluster stack of ../shared/gpu-host/fetch-wheels.sh without
+# UCX (the working tree sent there must stay under 64 MiB and libucx alone is 42 MB), plus
+# what the HTTP service and the notebooks import. Versions are the ones CI installs.
+#
+#   usage: benchmarks/gpu-host/fetch-test-wheels.sh [DEST]   (DEST defaults to .whl-svc)
+#
+# On the host: `FORCE=1 bash DEST/install-wheels.sh DEST && export PYTHONPATH=/tmp/site:$PWD`
+# (FORCE: a warm machine that already installed the UCX set skips the install otherwise).
+# Over TCP, or over UCX when the UCX set was installed first on the same warm machine.
+set -euo pipefail
+dest=${1:-.whl-svc}
+here=$(cd "$(dirname "$0")" && pwd)
+shared=${SPILLWAY_GPU_HOST_DIR:-$here/../../../shared/gpu-host}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+EXTRA="zarr==3.4.2 numcodecs==0.17.1 donfig==0.8.1.post1 google-crc32c==1.9.0 msgspec" \
+  bash "$shared/fetch-wheels.sh" "$tmp" >/dev/null
+mkdir -p "$dest"
+find "$tmp" -name '*.whl' ! -name 'libucx*' ! -name 'ucxx*' ! -name 'distributed_ucxx*' -exec cp {} "$dest/" \;
+cp "$tmp/install-wheels.sh" "$dest/"
+plat=()
+for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_26_x86_64 manylinux_2_27_x86_64 \
+         manylinux_2_28_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64; do
+  plat+=(--platform "$p")
+done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${plat[@]}" -d "$dest" \
+  jsonschema jsonschema-specifications referencing rpds-py \
+  fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.3 pydantic_core==2.50.4 anyio==4.16.0 \
+  uvicorn==0.54.0 h11==0.16.0 SQLAlchemy==2.1.9 greenlet httpx==0.28.1 httpcore==1.0.9 certifi idna \
+  annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 prometheus_client==0.26.0 \
+  opentelemetry-api importlib_metadata zipp \
+  nbclient==0.11.0 nbformat==5.11.1 jupyter_client==8.10.0 jupyter_core==5.9.1 ipykernel==7.4.0 \
+  traitlets==5.16.1 pyzmq==27.3.0 comm==0.2.3 debugpy==1.8.22 ipython==9.18.1 ipython_pygments_lexers==1.1.1 \
+  matplotlib-inline==0.2.2 fastjsonschema==2.22.3 prompt_toolkit==3.0.53 Pygments==2.21.0 jedi==0.20.1 \
+  parso==0.8.7 pexpect==4.9.0 ptyprocess==0.7.0 stack-data==0.6.3 executing==2.3.0 asttokens==3.0.2 \
+  pure_eval==0.2.4 wcwidth==0.9.4 ipywidgets==8.1.9 widgetsnbextension==4.0.16 jupyterlab_widgets==3.0.17 \
+  pytest-timeout decorator nest_asyncio platformdirs python-dateutil
+du -sh "$dest"
