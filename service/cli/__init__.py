@@ -58,6 +58,7 @@ class LazyGroup(click.Group):
 # One line per lazily loaded command; each module owns its command.
 LazyGroup.lazy.update({
     "bench": "service.cli.bench:bench",
+    "bench-scaling": "service.cli.bench_scaling:bench_scaling",
     "serve": "service.cli.serve:serve",
     "tenant": "service.cli.serve:tenant",
     "slurm": "service.cli.slurm:slurm",

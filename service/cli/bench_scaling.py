@@ -1,0 +1,102 @@
+"""``spillway bench-scaling``: the bench's workloads at 2, 4 and 8 workers, weak and strong."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from . import CONTEXT, fail_cleanly
+from .options import cluster_options, resolve
+
+
+@click.group("bench-scaling", context_settings=CONTEXT)
+def bench_scaling():
+    """How time and worker-to-worker bandwidth scale with the worker count.
+
+    Run `bench-scaling run` once per worker count (one host, 2, 4 and 8 GPUs), then
+    `bench-scaling report` over the JSON files, on any machine.
+
+    \b
+    Examples:
+      spillway bench-scaling run --mode weak --sizes full
+      spillway bench-scaling run --mode strong --sizes full --devices 0,1,2,3
+      spillway bench-scaling report benchmarks/results/scaling/*-weak-n*.json
+    """
+
+
+@bench_scaling.command("run", context_settings=CONTEXT)
+@click.option("--mode", type=click.Choice(["weak", "strong"]), required=True,
+              help="weak: data per worker fixed at the 2-worker size; strong: total data fixed.")
+@click.option("--sizes", type=click.Choice(["auto", "tiny", "small", "full"]), default="auto",
+              show_default=True, help="The bench's scale the study starts from (auto: small on GPUs, tiny on CPU).")
+@click.option("--only", default=None, metavar="W1,B2",
+              help="Workloads of the study to run (W1 ... W5, B2); default all of them.")
+@click.option("--runs", type=click.IntRange(min=3), default=3, show_default=True,
+              help="Timed runs per workload after one warm-up; the median is reported.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=120, show_default=True,
+              help="Seconds one run may take before the workload counts as failed.")
+@click.option("--budget", type=click.FloatRange(min=0), default=540, show_default=True,
+              help="Seconds after which no further part of the study starts (a started part finishes); "
+                   "each finished part is already written.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="benchmarks/results/scaling",
+              show_default=True, help="Directory for <machine>-<date>-<mode>-n<N>.{json,md,png,log}.")
+@click.option("--no-ceilings", is_flag=True, help="Skip measuring the hardware ceilings.")
+@cluster_options
+@fail_cleanly
+def run(mode, sizes, only, runs, timeout, budget, out_dir, no_ceilings, options_flags):
+    """Run the study's workloads on this machine's workers at the sizes for their count.
+
+    spillway's side only (the baseline is not what scales here); the cluster flags work as
+    in `spillway bench` (--devices picks the GPUs, so one 8-GPU host can run 2, 4 and 8).
+
+    \b
+    Examples:
+      spillway bench-scaling run --mode weak --sizes full               # all GPUs
+      spillway bench-scaling run --mode weak --sizes full --devices 0,1,2,3
+      spillway bench-scaling run --cpu --n-workers 2 --mode weak --sizes tiny --only W1
+    """
+    from ..bench.ceilings import Ceilings
+    from ..bench.report import short_table
+    from ..bench.scaling import run_study
+
+    measure = None
+    if no_ceilings:
+        def measure(kind, devices, nbytes, log=None):
+            return Ceilings(nbytes=nbytes, skipped={"all": "--no-ceilings"})
+    results, paths = run_study(resolve(options_flags), mode=mode, sizes=sizes, only=only, runs=runs,
+                               timeout=timeout, out_dir=Path(out_dir), budget_s=budget, stream=sys.stderr,
+                               measure_ceilings=measure)
+    click.echo(short_table(results))
+    click.echo(f"results: {paths['json']}")
+    failed = [w["name"] for w in results["workloads"] if (w.get("spillway") or {}).get("error")]
+    skipped = list(results["scaling"]["skipped"])
+    if failed or skipped:
+        click.echo(f"spillway: failed workloads: {', '.join(failed) or 'none'}; not started: "
+                   f"{', '.join(skipped) or 'none'} (see the log)", err=True)
+        sys.exit(1)
+
+
+@bench_scaling.command("report", context_settings=CONTEXT)
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for the combined markdown, JSON and PNG (default: the first file's).")
+@fail_cleanly
+def report(files, out_dir):
+    """Combine the JSON of several runs (one per worker count, one mode) into a table per
+    workload: time, time relative to the fewest workers, parallel efficiency, transfer
+    bandwidth and bytes moved; writes markdown, JSON and a PNG. Needs no GPU.
+
+    \b
+    Example:
+      spillway bench-scaling report benchmarks/results/scaling/*-weak-n*.json
+    """
+    from ..bench.scaling import combine, load_runs, text_table, write_report
+
+    mode, runs = load_runs(files)
+    combined = combine(mode, runs)
+    click.echo(text_table(combined), nl=False)
+    paths = write_report(combined, Path(out_dir) if out_dir else Path(files[0]).parent)
+    for path in paths.values():
+        click.echo(f"wrote {path}")
