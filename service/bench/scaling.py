@@ -225,14 +225,30 @@ def run_study(options, *, mode: str, sizes: str = "auto", only: str | None = Non
     json_path: Path | None = None
     paths: dict[str, Path] = {}
     skipped: dict[str, str] = {}
+    scaling = {
+        "mode": mode,
+        "modes": modes_at(n, mode),
+        "workers": n,
+        "base_workers": BASE_WORKERS,
+        "kind": None,
+        "sizes": first.scale,
+        "shapes": {w.name: list(w.params(first.scale)["shape"]) for w in all_scaled},
+        "data_bytes_per_worker": {w.name: data_bytes(w.params(first.scale)) / n for w in all_scaled},
+        "skipped": skipped,
+        #: each part that ran: its workloads and seconds (clusters and ceilings included)
+        "parts": [],
+        "left_out": dict(LEFT_OUT),
+        "wall_s": None,
+    }
     for part in parts:
         elapsed = clock() - started
         if json_path is not None and elapsed > budget_s:
             for name in part:
-                skipped[name] = f"not started: {elapsed:.0f} s had passed, over the budget of {budget_s:.0f} s"
+                skipped[name] = f"not started: {elapsed:.0f} s into the run, past its budget of {budget_s:.0f} s"
                 if stream is not None:
                     print(f"{name} {skipped[name]}", file=stream, flush=True)
             continue
+        part_start = clock()
         plan = prepare(options, only=",".join(part), sizes=first.scale, runs=runs, timeout=timeout,
                        inventory=first.inventory, merge_into=json_path, **extra)
         plan = dataclasses.replace(plan, workloads=[by_name[name] for name in part])
@@ -244,29 +260,24 @@ def run_study(options, *, mode: str, sizes: str = "auto", only: str | None = Non
             _append_log(paths["log"], written["log"])
             if stream is not None:
                 print(f"its log is appended to {paths['log']}", file=stream, flush=True)
-
-    results = json.loads(json_path.read_text())
-    machine = results["machine"]
-    results["scaling"] = {
-        "mode": mode,
-        "modes": modes_at(n, mode),
-        "workers": n,
-        "base_workers": BASE_WORKERS,
-        "kind": machine_kind(machine),
-        "sizes": results["sizes"],
-        "shapes": {w.name: list(w.params(first.scale)["shape"]) for w in all_scaled},
-        "data_bytes_per_worker": {w.name: data_bytes(w.params(first.scale)) / n for w in all_scaled},
-        "skipped": skipped,
-        "left_out": dict(LEFT_OUT),
-        "wall_s": clock() - started,
-    }
-    json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        scaling["parts"].append({"workloads": part, "seconds": clock() - part_start})
+        # after every part, so a command stopped at a time limit leaves a file the report reads
+        _record(json_path, scaling, wall_s=clock() - started)
+    results = _record(json_path, scaling, wall_s=clock() - started)
     with paths["md"].open("a") as md:
-        md.write(f"\n## Scaling\n\n{mode} scaling run on {n} workers ({', '.join(results['scaling']['modes'])} "
+        md.write(f"\n## Scaling\n\n{mode} scaling run on {n} workers ({', '.join(scaling['modes'])} "
                  f"at this count); shapes: "
-                 + "; ".join(f"{k} {'x'.join(map(str, v))}" for k, v in results["scaling"]["shapes"].items())
+                 + "; ".join(f"{k} {'x'.join(map(str, v))}" for k, v in scaling["shapes"].items())
                  + "".join(f"\n- {k}: {v}" for k, v in skipped.items()) + "\n")
     return results, paths
+
+
+def _record(json_path: Path, scaling: dict, *, wall_s: float) -> dict:
+    """The results file with the study's ``scaling`` section written into it."""
+    results = json.loads(json_path.read_text())
+    results["scaling"] = dict(scaling, kind=machine_kind(results["machine"]), wall_s=wall_s)
+    json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return results
 
 
 def _with_label(written: dict[str, Path], label: str) -> dict[str, Path]:

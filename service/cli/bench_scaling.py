@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -27,8 +28,10 @@ def bench_scaling():
 
 
 @bench_scaling.command("run", context_settings=CONTEXT)
-@click.option("--mode", type=click.Choice(["weak", "strong"]), required=True,
-              help="weak: data per worker fixed at the 2-worker size; strong: total data fixed.")
+@click.option("--mode", type=click.Choice(["weak", "strong", "both"]), required=True,
+              help="weak: data per worker fixed at the 2-worker size; strong: total data fixed; both: "
+                   "weak, then strong within the same --budget (on 2 workers, where the sizes are the "
+                   "same, one run serves both).")
 @click.option("--sizes", type=click.Choice(["auto", "tiny", "small", "full"]), default="auto",
               show_default=True, help="The bench's scale the study starts from (auto: small on GPUs, tiny on CPU).")
 @click.option("--only", default=None, metavar="W1,B2",
@@ -38,8 +41,9 @@ def bench_scaling():
 @click.option("--timeout", type=click.FloatRange(min=1), default=120, show_default=True,
               help="Seconds one run may take before the workload counts as failed.")
 @click.option("--budget", type=click.FloatRange(min=0), default=540, show_default=True,
-              help="Seconds after which no further part of the study starts (a started part finishes); "
-                   "each finished part is already written.")
+              help="Seconds after which no further part of the study starts (a started part finishes; "
+                   "each finished part is already written), so the command ends inside a time limit; with "
+                   "--mode both, strong starts only if what is left is at least weak's first part's time.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="benchmarks/results/scaling",
               show_default=True, help="Directory for <machine>-<date>-<mode>-n<N>.{json,md,png,log}.")
 @click.option("--no-ceilings", is_flag=True, help="Skip measuring the hardware ceilings.")
@@ -53,7 +57,7 @@ def run(mode, sizes, only, runs, timeout, budget, out_dir, no_ceilings, options_
 
     \b
     Examples:
-      spillway bench-scaling run --mode weak --sizes full               # all GPUs
+      spillway bench-scaling run --mode both --sizes full               # all GPUs
       spillway bench-scaling run --mode weak --sizes full --devices 0,1,2,3
       spillway bench-scaling run --cpu --n-workers 2 --mode weak --sizes tiny --only W1
     """
@@ -65,16 +69,34 @@ def run(mode, sizes, only, runs, timeout, budget, out_dir, no_ceilings, options_
     if no_ceilings:
         def measure(kind, devices, nbytes, log=None):
             return Ceilings(nbytes=nbytes, skipped={"all": "--no-ceilings"})
-    results, paths = run_study(resolve(options_flags), mode=mode, sizes=sizes, only=only, runs=runs,
-                               timeout=timeout, out_dir=Path(out_dir), budget_s=budget, stream=sys.stderr,
-                               measure_ceilings=measure)
-    click.echo(short_table(results))
-    click.echo(f"results: {paths['json']}")
-    failed = [w["name"] for w in results["workloads"] if (w.get("spillway") or {}).get("error")]
-    skipped = list(results["scaling"]["skipped"])
-    if failed or skipped:
-        click.echo(f"spillway: failed workloads: {', '.join(failed) or 'none'}; not started: "
-                   f"{', '.join(skipped) or 'none'} (see the log)", err=True)
+    options = resolve(options_flags)
+    started = time.monotonic()
+    problems = []
+    served: set[str] = set()
+    need = 0.0  # strong's sizes are no larger than weak's: its first part takes no longer than weak's
+    for one in (["weak", "strong"] if mode == "both" else [mode]):
+        if one in served:
+            continue
+        left = budget - (time.monotonic() - started)
+        if served and left < max(need, 1e-9):
+            problems.append(f"{one} scaling not started: {max(left, 0):.0f} s of the {budget:.0f} s budget "
+                            f"were left, the first part took {need:.0f} s")
+            continue
+        results, paths = run_study(options, mode=one, sizes=sizes, only=only, runs=runs, timeout=timeout,
+                                   out_dir=Path(out_dir), budget_s=max(0.0, left), stream=sys.stderr,
+                                   measure_ceilings=measure)
+        served.update(results["scaling"]["modes"])
+        need = results["scaling"]["parts"][0]["seconds"] if results["scaling"]["parts"] else 0.0
+        click.echo(short_table(results))
+        click.echo(f"{one} scaling on {results['scaling']['workers']} workers "
+                   f"(serves {', '.join(results['scaling']['modes'])}): {paths['json']}")
+        failed = [w["name"] for w in results["workloads"] if (w.get("spillway") or {}).get("error")]
+        if failed:
+            problems.append(f"{one}: failed workloads {', '.join(failed)} (see the log)")
+        if results["scaling"]["skipped"]:
+            problems.append(f"{one}: not started (budget): {', '.join(results['scaling']['skipped'])}")
+    if problems:
+        click.echo("spillway: " + "; ".join(problems), err=True)
         sys.exit(1)
 
 

@@ -296,6 +296,38 @@ def test_cpu_weak_study_at_one_and_two_workers_then_report(tmp_path):
     assert "| 2 | 2000x2000 |" in next((tmp_path / "r").glob("*.md")).read_text()
 
 
+@pytest.mark.slow
+def test_both_modes_share_the_budget_and_a_stopped_study_keeps_what_it_finished(tmp_path):
+    # on 1 worker the modes differ: weak runs its first part (W1), then the budget of 0 s
+    # stops B2 and the strong run; the file written still reads back
+    result = CliRunner().invoke(main, ["bench-scaling", "run", "--cpu", "--n-workers", "1", "--mode", "both",
+                                       "--sizes", "tiny", "--only", "W1,B2", "--budget", "0", "--no-ceilings",
+                                       "--out", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 1
+    assert "spillway: weak: not started (budget): B2; strong scaling not started: 0 s of the 0 s budget" \
+        in result.output
+    (f,) = tmp_path.glob("*.json")
+    data = json.loads(f.read_text())
+    assert [w["name"] for w in data["workloads"]] == ["W1"]
+    assert data["scaling"]["skipped"]["B2"].startswith("not started: ")
+    assert data["scaling"]["shapes"] == {"W1": [1500, 1500], "B2": [1500, 1500]}
+    (part,) = data["scaling"]["parts"]
+    assert part["workloads"] == ["W1"] and part["seconds"] > 0
+    assert scaling.load_runs([f])[0] == "weak"
+
+
+@pytest.mark.slow
+def test_on_two_workers_one_run_serves_both_modes(tmp_path):
+    result = CliRunner().invoke(main, ["bench-scaling", "run", "--cpu", "--n-workers", "2", "--mode", "both",
+                                       "--sizes", "tiny", "--only", "W1", "--no-ceilings", "--out", str(tmp_path)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (f,) = tmp_path.glob("*.json")
+    assert f.stem.endswith("-weak-n2")
+    assert json.loads(f.read_text())["scaling"]["modes"] == ["weak", "strong"]
+    assert "weak scaling on 2 workers (serves weak, strong)" in result.output
+
+
 # --- on the GPU host
 
 
