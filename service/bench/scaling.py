@@ -395,7 +395,9 @@ def _fmt(v, fmt="{:.3f}"):
 
 
 def _gb(v):
-    return "—" if v is None else f"{v / 1e9:.2f} GB"
+    from ..sizes import format_bytes
+
+    return "—" if v is None else format_bytes(v)
 
 
 def _shape(s):
@@ -474,6 +476,8 @@ def plot(combined: dict, path: Path) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     ax_e.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    if ax_t.lines:  # strong scaling can span an order of magnitude
+        ax_t.set_yscale("log")
     fig.suptitle(f"spillway bench-scaling: {combined['mode']} scaling, {combined['sizes']} sizes, {combined['kind']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -482,7 +486,8 @@ def plot(combined: dict, path: Path) -> None:
 
 def report_stem(combined: dict) -> str:
     kind = "".join(c if c.isalnum() else "-" for c in combined["kind"].lower()).strip("-")
-    return f"scaling-{kind}-{combined['sizes']}-{combined['mode']}-n{'-'.join(map(str, combined['workers']))}"
+    # not "-<mode>-n<N>": a glob over the runs' files must not pick the report up
+    return f"scaling-{kind}-{combined['sizes']}-{combined['mode']}-workers-{'-'.join(map(str, combined['workers']))}"
 
 
 def write_report(combined: dict, out_dir: Path) -> dict[str, Path]:

@@ -196,9 +196,10 @@ def test_report_rows_per_workload(tmp_path):
     assert "W1 (strong scaling)" in text and "W5 (strong scaling)" in text
     assert text.splitlines()[1].split()[:4] == ["workers", "shape", "time", "s"]
     paths = scaling.write_report(combined, tmp_path / "out")
+    assert paths["md"].name == "scaling-gpu-nvidia-h200-small-strong-workers-2-4-8.md"
     assert paths["png"].stat().st_size > 10_000
     md = paths["md"].read_text()
-    assert "| 8 | 8000x1000 | 0.500 | 0.31x | 0.80 | 160.0 | 80.0 / 240.0 | 8.00 GB |" in md
+    assert "| 8 | 8000x1000 | 0.500 | 0.31x | 0.80 | 160.0 | 80.0 / 240.0 | 7.45 GiB |" in md
     assert json.loads(paths["json"].read_text())["workers"] == [2, 4, 8]
 
 
