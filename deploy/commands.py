@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from service.launch.local_gpu import worker_config
 from service.options import Options
 
 #: seconds a worker waits for a lost scheduler before it exits, so a worker whose
@@ -114,6 +115,14 @@ def cpu_worker_args(options: Options, *, scheduler_file: str, protocol: str, n_w
 def client_args(options: Options, *, scheduler_file: str) -> list[str]:
     """Flags of ``spillway run`` attaching to the job's scheduler."""
     return ["--scheduler-file", scheduler_file] + _tls(options)
+
+
+def worker_environment(options: Options) -> dict[str, str]:
+    """The workers' dask config (:func:`service.launch.local_gpu.worker_config`) as
+    ``DASK_`` environment variables, for worker processes started by a batch script.
+    Their workers keep dask-cuda's store, never the tiered one."""
+    return {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): str(value)
+            for key, value in worker_config(options, tiered_store=False).items()}
 
 
 def ucx_environment(options: Options) -> dict[str, str]:

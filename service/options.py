@@ -183,6 +183,14 @@ def _devices(value, key):
     return tuple(out)
 
 
+def _bytes(value, key):
+    """A whole number of bytes (``1GB``, ``64MiB``, 1000000), at least one."""
+    try:
+        return parse_size(value, name=key, minimum=1)
+    except ValueError as e:
+        raise OptionsError(str(e)) from None
+
+
 def _directory(value, key):
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise OptionsError(f"{key}: expected a directory path, got {value!r}")
@@ -217,6 +225,8 @@ _PARSERS = {
     "spill_on_demand": _bool,
     "protocol": _choice("auto", "ucx", "tcp"),
     "nvlink": _bool,
+    "transfer_connections": _optional(_int(1)),
+    "transfer_message_bytes": _optional(_bytes),
     "interface": _optional(_str),
     "host": _str,
     "scheduler_port": _int(0, 65535),
@@ -253,6 +263,8 @@ class Options:
     spill_on_demand: bool = True
     protocol: str = "auto"
     nvlink: bool = True
+    transfer_connections: int | None = None
+    transfer_message_bytes: int | None = None
     interface: str | None = None
     host: str = "127.0.0.1"
     scheduler_port: int = 0

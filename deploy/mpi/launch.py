@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 
+import dask.config
+
 from service.errors import OptionsError
+from service.launch.local_gpu import worker_config
 from service.options import Options
 
 from .. import commands
@@ -58,8 +61,6 @@ def run(options: Options, workflow: str, params: dict, *, verify: bool = False, 
         # one GPU per worker rank: CUDAWorker starts one worker per visible GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device_for_rank(rank, node_ranks, _node_devices()))
     if rank == SCHEDULER_RANK and kwargs["protocol"] == "ucx":
-        import dask.config
-
         # the scheduler and the client read these as dask config, like the batch script's exports
         os.environ.update(commands.ucx_environment(options))
         dask.config.refresh()
@@ -82,7 +83,9 @@ def run(options: Options, workflow: str, params: dict, *, verify: bool = False, 
         except BaseException as e:  # reported on rank 0 after the cluster is closed
             result["error"] = e
 
-    execute(client, comm=comm, **kwargs)
+    # a worker rank's nanny hands the config of the moment it is built to its worker
+    with dask.config.set(worker_config(options, tiered_store=False)):
+        execute(client, comm=comm, **kwargs)
     if rank != SCHEDULER_RANK:
         return None
     if "error" in result:

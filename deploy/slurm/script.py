@@ -144,6 +144,8 @@ def job_script(options: Options, job: JobSettings, runs: Sequence[Run]) -> str:
                                           n_workers=plan.workers_per_node)
         layout_text = f"{plan.workers_per_node} CPU worker(s) with NumPy chunks"
         environment = {}
+    # the workers' dask config travels as DASK_ variables, which every process started here inherits
+    environment.update(commands.worker_environment(options))
     client = commands.client_args(options, scheduler_file=_SCHEDULER_FILE)
     tls = client[2:]
     names = ", ".join(run.workflow for run in runs)

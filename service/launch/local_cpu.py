@@ -29,6 +29,11 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
 
 
 def start(options: Options, plan: LaunchPlan):
+    import dask.config
     from distributed import LocalCluster
 
-    return LocalCluster(**cluster_kwargs(options, plan))
+    from .local_gpu import worker_config
+
+    # each nanny hands the config of the moment it is built to its worker process
+    with dask.config.set(worker_config(options, tiered_store=False)):
+        return LocalCluster(**cluster_kwargs(options, plan))
