@@ -28,12 +28,15 @@ INPUT_SHARE = {"cpu": 0.4, "gpu": 1.5}
 
 def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", runs: int = 3,
             timeout: float = 900, inventory: Inventory | None = None,
-            merge_into: str | Path | None = None) -> Plan:
+            merge_into: str | Path | None = None, baseline: bool = True, label: str | None = None) -> Plan:
     """Check the request and plan the run; raises one-line errors before anything starts.
 
     ``options`` are the user's; the bench's own settings for speed are added here where
     the user left a value unset (:func:`~service.bench.harness.bench_options`).
+    ``baseline=False`` measures spillway's side alone; ``label`` names the run in its
+    results and file names.
     """
+    label = report.check_label(label)
     if runs < 3:
         raise ParamError(f"runs: {runs} is below the minimum of 3 timed runs")
     if options.attach:
@@ -52,7 +55,8 @@ def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", r
                            scale, runs)
     return Plan(options=options, launch=launch, inventory=inventory, workloads=workloads,
                 scale=scale, runs=runs, timeout=timeout, merge_into=earlier,
-                merge_path=Path(merge_into) if merge_into is not None else None)
+                merge_path=Path(merge_into) if merge_into is not None else None,
+                baseline=baseline, label=label)
 
 
 def _earlier(path: Path, machine: str, scale: str, runs: int) -> dict:
@@ -88,7 +92,7 @@ def run_bench(plan: Plan, out_dir: Path, *, stream=sys.stderr,
     """Run the benchmark; returns the results and the paths written."""
     machine = report.describe_machine(plan.inventory, plan.launch.kind)
     started = datetime.now(timezone.utc)
-    name = report.stem(machine, started)
+    name = report.stem(machine, started, plan.label)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / f"{name}.log"
     # progress and spillway's own records in one handler; the libraries' in another,

@@ -65,34 +65,45 @@ def host_copy_gbps(nbytes: int, iterations: int = 3) -> float:
     return 2 * nbytes * iterations / elapsed / 1e9
 
 
+#: the ceilings only GPU workers have
+GPU_NAMES = ("hbm_copy", "peer_copy", "h2d_pinned", "d2h_pinned", "ucxx_send_recv")
+
+
 def measure(kind: str, devices: tuple, nbytes: int, *, log=None, timeout: float = 300) -> Ceilings:
     """All ceilings for a run on ``kind`` workers ("gpu"/"cpu") over ``devices``."""
     out = Ceilings(nbytes=nbytes)
     # at least 64 MiB so the copy runs from memory, not from the caches
     out.gbps["host_copy"] = host_copy_gbps(min(max(nbytes, 64 * 2**20), 256 * 2**20))
-    gpu_names = ["hbm_copy", "peer_copy", "h2d_pinned", "d2h_pinned", "ucxx_send_recv"]
     if kind != "gpu":
-        for name in gpu_names:
+        for name in GPU_NAMES:
             out.skipped[name] = "CPU workers: no GPU in this run"
-        _report(out, log)
-        return out
-    devices = physical(devices)
-    visible = ",".join(devices)
-    try:
-        device = _child(["device", str(nbytes)], {"CUDA_VISIBLE_DEVICES": visible}, timeout)
-    except RuntimeError as e:
-        device = {"skipped": {n: str(e) for n in gpu_names[:4]}}
-    out.gbps.update(device.get("gbps", {}))
-    out.skipped.update(device.get("skipped", {}))
-    if len(devices) < 2:
-        out.skipped["ucxx_send_recv"] = "one GPU: no worker-to-worker transfers to bound"
     else:
-        try:
-            out.gbps["ucxx_send_recv"] = ucxx_gbps(devices[0], devices[1], nbytes, timeout=timeout)
-        except RuntimeError as e:
-            out.skipped["ucxx_send_recv"] = str(e)
+        gbps, skipped = gpu_ceilings(devices, nbytes, timeout=timeout)
+        out.gbps.update(gbps)
+        out.skipped.update(skipped)
     _report(out, log)
     return out
+
+
+def gpu_ceilings(devices: tuple, nbytes: int, *, timeout: float = 300) -> tuple[dict, dict]:
+    """The GPU ceilings at ``nbytes`` over ``devices``: GB/s by name, and why each one
+    left out was not measured."""
+    gbps, skipped = {}, {}
+    devices = physical(devices)
+    try:
+        device = _child(["device", str(nbytes)], {"CUDA_VISIBLE_DEVICES": ",".join(devices)}, timeout)
+    except RuntimeError as e:
+        device = {"skipped": {n: str(e) for n in GPU_NAMES[:4]}}
+    gbps.update(device.get("gbps", {}))
+    skipped.update(device.get("skipped", {}))
+    if len(devices) < 2:
+        skipped["ucxx_send_recv"] = "one GPU: no worker-to-worker transfers to bound"
+    else:
+        try:
+            gbps["ucxx_send_recv"] = ucxx_gbps(devices[0], devices[1], nbytes, timeout=timeout)
+        except RuntimeError as e:
+            skipped["ucxx_send_recv"] = str(e)
+    return gbps, skipped
 
 
 def _report(out: Ceilings, log) -> None:

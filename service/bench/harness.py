@@ -56,6 +56,13 @@ LARGE_TRANSFER_BYTES = 256 * 2**20
 #: entries each worker keeps in its incoming-transfer log (distributed keeps 1000)
 TRANSFER_LOG_LENGTH = 200_000
 
+#: why the baseline of a workload did not run when the command said so
+NO_BASELINE = "skipped: --no-baseline"
+
+#: the worker settings that shape transfers, read on a worker of each side
+TRANSFER_KEYS = ("distributed.worker.connections.incoming", "distributed.worker.connections.outgoing",
+                 "distributed.worker.transfer.message-bytes-limit")
+
 
 def bench_options(options: Options, kind: str) -> Options:
     """``options`` with :data:`BENCH_OPTIONS` where no source but the defaults set a value
@@ -91,6 +98,10 @@ def _held(dask_worker=None) -> int:
 
 def _scheduler_tasks(dask_scheduler=None) -> int:
     return len(dask_scheduler.tasks)
+
+
+def _worker_transfer(dask_worker=None) -> dict:
+    return {key: dask.config.get(key) for key in TRANSFER_KEYS}
 
 
 def _worker_ucx(dask_worker=None) -> dict:
@@ -387,6 +398,7 @@ def spillway_cluster(options: Options, inventory: Inventory | None) -> Iterator[
             "options": {k: v for k, v in options.as_config().items() if v not in (None, False)},
             "ucx_env": _ucx_env(session.client, session.plan.protocol),
             "transport": transport(session.client),
+            "worker_transfer": _transfer_settings(session.client),
         }
 
 
@@ -420,7 +432,12 @@ def baseline_cluster(launch: LaunchPlan, options: Options, changes: dict) -> Ite
         client.register_plugin(SpillCounter())
         yield client, {"kind": launch.kind, "n_workers": launch.n_workers, "protocol": protocol,
                        "cluster": described, "notes": notes, "ucx_env": _ucx_env(client, protocol),
-                       "transport": transport(client)}
+                       "transport": transport(client), "worker_transfer": _transfer_settings(client)}
+
+
+def _transfer_settings(client) -> dict:
+    """The transfer settings as the workers read them (the same on every worker)."""
+    return next(iter(client.run(_worker_transfer).values()), {})
 
 
 def _ucx_env(client, protocol: str) -> dict:
@@ -447,6 +464,10 @@ class Plan:
     #: an earlier results file on this machine to add these workloads to, and its path
     merge_into: dict | None = None
     merge_path: Any = None
+    #: run the baseline cluster too (``--no-baseline`` measures spillway's side alone)
+    baseline: bool = True
+    #: a short name of this run, kept in the JSON and the file names
+    label: str | None = None
 
 
 def check_fits(workloads: list[Workload], scale: str, kind: str, budget_bytes: int) -> None:
@@ -508,9 +529,12 @@ def run(plan: Plan, *, log: Callable[[str], None],
                     opener = lambda: baseline(plan.launch, plan.options, mine)  # noqa: E731
                 running = []
                 for w in members:
-                    if side == "baseline" and w.baseline_skip:
-                        results[w.name][side] = SideResult(skipped=w.baseline_skip)
-                        log(f"{w.name} {side:<8} {w.baseline_skip}")
+                    skip = None
+                    if side == "baseline":
+                        skip = w.baseline_skip or (None if plan.baseline else NO_BASELINE)
+                    if skip:
+                        results[w.name][side] = SideResult(skipped=skip)
+                        log(f"{w.name} {side:<8} {skip}")
                     else:
                         running.append(w)
                 if running:

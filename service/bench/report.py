@@ -1,6 +1,7 @@
 """The benchmark's results as JSON, a markdown table and a PNG plot, with the machine.
 
-Files go to ``<out>/<machine>-<date>.{json,md,png,log}``. The JSON holds ``machine``,
+Files go to ``<out>/<machine>-<date>[-<label>].{json,md,png,log}``. The JSON holds
+``machine``, ``label`` (or null), ``baseline_run`` (false after ``--no-baseline``),
 ``ceilings`` (GB/s by name) and ``workloads``: per workload ``name``, ``spillway_s``,
 ``baseline_s``, ``speedup`` (baseline over spillway), ``transfer_gbps_median``,
 ``peer_copy_gbps``, the ratio between those two, ``spill_throughput`` (per move between
@@ -17,6 +18,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..errors import ParamError
 from ..sizes import format_bytes
 
 SIDES = ("spillway", "baseline")
@@ -61,9 +63,20 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def stem(machine: dict, when: datetime | None = None) -> str:
+#: what a label may hold: it becomes part of file names
+LABEL = re.compile(r"[A-Za-z0-9_.-]{1,40}")
+
+
+def check_label(label: str | None) -> str | None:
+    if label is not None and not LABEL.fullmatch(label):
+        raise ParamError(f"label: {label!r} must be 1 to 40 letters, digits, '_', '.' or '-'")
+    return label
+
+
+def stem(machine: dict, when: datetime | None = None, label: str | None = None) -> str:
+    """``<machine>-<date>``, then ``-<label>`` where the run has one."""
     when = when or datetime.now(timezone.utc)
-    return f"{machine['name']}-{when:%Y-%m-%dT%H%M%SZ}"
+    return f"{machine['name']}-{when:%Y-%m-%dT%H%M%SZ}" + (f"-{label}" if label else "")
 
 
 def _ratio(a, b):
@@ -180,6 +193,8 @@ def build_results(*, machine, ceilings, plan, outcome, started, finished) -> dic
     entries = [workload_entry(w, plan.scale, outcome["results"][w.name], ceilings) for w in plan.workloads]
     return {
         "machine": machine,
+        "label": plan.label,
+        "baseline_run": plan.baseline,
         "ceilings": dict(ceilings.gbps),
         "ceilings_skipped": dict(ceilings.skipped),
         "ceiling_bytes": ceilings.nbytes,
@@ -241,6 +256,9 @@ def markdown(results: dict) -> str:
         "",
         when,
         f"- sizes `{results['sizes']}`, {results['runs']} timed runs after one warm-up, median shown",
+        *([f"- label `{results['label']}`"] if results.get("label") else []),
+        *(["- baseline not run (--no-baseline): compare with an earlier results file"]
+          if results.get("baseline_run") is False else []),
         f"- workers: {m['workers']}; GPUs: {gpus}; driver {m['driver_version']}, CUDA {m['cuda_driver_version']}",
         f"- CPU: {m['cpu']}, {m['cores']} cores, {format_bytes(m['memory_total'])}; {m['platform']}",
         "- stack: " + ", ".join(f"{k} {v}" for k, v in m["stack"].items() if v),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..errors import ParamError
 from . import CONTEXT, fail_cleanly
 from .options import cluster_options, resolve
 
@@ -29,9 +30,23 @@ from .options import cluster_options, resolve
 @click.option("--merge-into", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="Add these workloads to an earlier results JSON of this machine (same sizes and "
                    "runs), rewriting its JSON, markdown and plot; its ceilings are used.")
+@click.option("--no-baseline", is_flag=True,
+              help="Run spillway's side only (the results record the baseline as skipped), to compare "
+                   "one transfer-path step with the previous step's results file.")
+@click.option("--label", default=None, metavar="TEXT",
+              help="A short name for this run ([A-Za-z0-9_.-], at most 40), kept in the JSON and added to "
+                   "the file names, so several runs in one session keep their own files.")
+@click.option("--link-sweep", is_flag=True,
+              help="Measure the link instead of the workloads: peer copy both ways, UCXX send/receive and "
+                   "pinned host <-> GPU copies (host copy on CPU workers) at each message size; writes "
+                   "<machine>-<date>-link.{json,md,png}.")
+@click.option("--sweep-sizes", default=None, metavar="SIZES",
+              help="Message sizes of --link-sweep, comma-separated (default 8MiB,32MiB,128MiB,256MiB,"
+                   "512MiB,1GiB,2GiB).")
 @cluster_options
 @fail_cleanly
-def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, options_flags):
+def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_baseline, label, link_sweep,
+          sweep_sizes, options_flags):
     """Run each workload on spillway's cluster and on plain LocalCUDACluster(protocol="ucx")
     (plain LocalCluster on CPU), and report times, speedups, transfer bandwidth against the
     hardware ceilings, bytes moved and spilled.
@@ -47,13 +62,21 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, options_
       spillway bench --sizes full --only B3           # 423 GB over device, host and disk
       spillway bench --cpu --n-workers 2 --sizes tiny # the CI smoke run
       spillway bench --sizes full --only B1 --merge-into benchmarks/results/RUN.json
+      spillway bench --sizes full --only W1,W3 --no-baseline --label step1 --transfer-connections 4
+      spillway bench --link-sweep                     # GB/s against message size, 8 MiB to 2 GiB
     """
+    if link_sweep:
+        return _link_sweep(resolve(options_flags), out_dir, sweep_sizes, label, only=only, merge_into=merge_into,
+                           no_baseline=no_baseline, no_ceilings=no_ceilings)
+    if sweep_sizes is not None:
+        raise ParamError(f"sweep-sizes: {sweep_sizes!r} is only used with --link-sweep")
+
     from ..bench import prepare, run_bench
     from ..bench.ceilings import Ceilings
     from ..bench.report import short_table
 
     plan = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout,
-                   merge_into=merge_into)
+                   merge_into=merge_into, baseline=not no_baseline, label=label)
     extra = {}
     if no_ceilings:
         extra["measure_ceilings"] = lambda kind, devices, nbytes, log=None: Ceilings(
@@ -65,3 +88,14 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, options_
     if failed:
         click.echo(f"spillway: failed workloads: {', '.join(failed)} (see the log)", err=True)
         sys.exit(1)
+
+
+def _link_sweep(options, out_dir, sweep_sizes, label, **workload_flags):
+    from ..bench.link import prepare_sweep, run_sweep, short_table
+
+    given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
+    if given:
+        raise ParamError(f"link-sweep: measures the link, not the workloads; {', '.join(given)} does not apply")
+    plan = prepare_sweep(options, sizes=sweep_sizes, label=label)
+    results, _ = run_sweep(plan, Path(out_dir), stream=sys.stderr)
+    click.echo(short_table(results))

@@ -100,6 +100,20 @@ def test_select_and_sizes():
     (["--runs", "2"], "2 is not in the range x>=3"),
     (["--only", "B1", "--sizes", "full"], "sizes: B1 at full needs 190.73 GiB of input, more than"),
     (["--scheduler-address", "tcp://127.0.0.1:1"], "bench starts its own clusters"),
+    (["--label", "step 1"], "label: 'step 1' must be 1 to 40 letters, digits, '_', '.' or '-'"),
+    (["--label", "x" * 41], "label: '" + "x" * 41 + "' must be 1 to 40"),
+    (["--label", "../up"], "label: '../up' must be 1 to 40"),
+    (["--transfer-connections", "0"], "transfer-connections: 0 must be >= 1"),
+    (["--sweep-sizes", "1MB"], "sweep-sizes: '1MB' is only used with --link-sweep"),
+    (["--link-sweep", "--sweep-sizes", "1KB"], "sweep-sizes: '1KB' is below the minimum of 4.00 kiB"),
+    (["--link-sweep", "--sweep-sizes", "1MB,huge"], "sweep-sizes: cannot parse 'huge' as a size"),
+    (["--link-sweep", "--sweep-sizes", ","], "sweep-sizes: ',' names no size"),
+    (["--link-sweep", "--sweep-sizes", ",".join(f"{n}MB" for n in range(1, 18))],
+     "sweep-sizes: 17 sizes given, more than the limit of 16"),
+    (["--link-sweep", "--sweep-sizes", "1PB"], "sweep-sizes: 909.49 TiB needs 1.78 PiB of host memory, more than half"),
+    (["--link-sweep", "--only", "W1", "--no-baseline"],
+     "link-sweep: measures the link, not the workloads; --only, --no-baseline does not apply"),
+    (["--link-sweep", "--label", "a b"], "label: 'a b' must be"),
 ])
 def test_bad_input_fails_with_one_line_before_starting(args, fragment, tmp_path):
     t0 = time.perf_counter()
@@ -522,7 +536,7 @@ def test_b3_is_named_to_run_with_its_own_tiers_on_spillway_only():
     ((changes, members),) = harness.groups(plan)
     assert changes["baseline"] == {}
     tiers = plan.options.replace(**changes["spillway"])
-    assert (tiers.device_memory_limit, tiers.memory_limit, tiers.pinned_pool_size) == (125e9, 80e9, 80e9)
+    assert (tiers.device_memory_limit, tiers.memory_limit, tiers.pinned_pool_size) == (125e9, 48e9, 48e9)
     # per worker: the device limit, then the pinned pool, then disk for the rest
     per_worker = b3.input_bytes("full") / 2
     assert tiers.device_memory_limit + tiers.memory_limit < per_worker
@@ -684,3 +698,147 @@ def test_b3_tiny_runs_on_spillway_only_and_is_checked_against_numpy(tmp_path):
     assert "- B3 baseline: not run: plain LocalCUDACluster fails" in md
     assert "no baseline" in result.stdout
 
+
+# --- the transfer-path steps: spillway alone, labelled runs, the link sweep
+
+
+@pytest.mark.slow
+def test_no_baseline_run_with_a_label_and_transfer_options_keeps_its_own_files(tmp_path):
+    from matplotlib import image
+
+    result = CliRunner().invoke(main, ["bench", "--cpu", "--n-workers", "2", "--only", "W1,B3", "--no-baseline",
+                                       "--label", "step1", "--transfer-connections", "3",
+                                       "--transfer-message-bytes", "64MB", "--out", str(tmp_path)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 4 and all(f.startswith("cpu-") and f.rsplit(".", 1)[0].endswith("-step1") for f in files)
+    (path,) = tmp_path.glob("*-step1.json")
+    data = json.loads(path.read_text())
+    assert data["label"] == "step1" and data["baseline_run"] is False
+    assert "baseline" not in data["clusters"]
+    w1, b3 = data["workloads"]
+    assert w1["baseline"]["skipped"] == w1["baseline_skipped"] == "skipped: --no-baseline"
+    assert w1["baseline"]["runs_s"] == [] and w1["baseline_s"] is None and w1["speedup"] is None
+    assert w1["spillway_s"] > 0 and len(w1["spillway"]["runs_s"]) == 3 and w1["bytes_moved"] > 0
+    assert w1["baseline_spill_throughput"] is None
+    assert b3["baseline_skipped"].startswith("not run")  # B3's own reason stays
+    assert all(t["met"] is None for t in data["targets"])
+    # the options reached the workers: read back on a worker of the cluster that ran
+    spillway = data["clusters"]["spillway"]
+    assert spillway["options"]["transfer-connections"] == 3
+    assert spillway["worker_transfer"] == {"distributed.worker.connections.incoming": 3,
+                                           "distributed.worker.connections.outgoing": 3,
+                                           "distributed.worker.transfer.message-bytes-limit": 64_000_000}
+    md = path.with_suffix(".md").read_text()
+    assert "- label `step1`" in md and "- baseline not run (--no-baseline)" in md
+    assert "- W1 baseline: skipped: --no-baseline" in md and "transfer-connections=3" in md
+    assert image.imread(path.with_suffix(".png")).std() > 0.01
+    table = result.stdout.strip().splitlines()[-3:]
+    assert table[1].split()[0] == "W1" and "no baseline" in table[1]
+
+    # a second step in the same second and directory does not overwrite the first
+    again = CliRunner().invoke(main, ["bench", "--cpu", "--n-workers", "2", "--only", "W1", "--no-baseline",
+                                      "--no-ceilings", "--label", "step2", "--out", str(tmp_path)],
+                               catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    assert len(list(tmp_path.iterdir())) == 8
+    (second,) = tmp_path.glob("*-step2.json")
+    assert json.loads(second.read_text())["clusters"]["spillway"]["worker_transfer"][
+        "distributed.worker.connections.incoming"] == 10  # unset: distributed's default
+
+
+def test_link_sweep_on_cpu_measures_host_copy_at_each_size(tmp_path):
+    from matplotlib import image
+
+    t0 = time.perf_counter()
+    result = CliRunner().invoke(main, ["bench", "--cpu", "--link-sweep", "--sweep-sizes", "4MB,1MB,4MB",
+                                       "--label", "s2", "--out", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert time.perf_counter() - t0 < 20
+    (path,) = tmp_path.glob("cpu-*-link-s2.json")
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".md", ".png"]
+    data = json.loads(path.read_text())
+    assert data["what"] == "link sweep" and data["workers"] == "cpu" and data["label"] == "s2"
+    assert data["message_bytes"] == [1_000_000, 4_000_000]  # sorted, once each
+    assert list(data["gbps"]) == ["host_copy"] and all(v > 0.1 for v in data["gbps"]["host_copy"])
+    assert data["skipped"] == {}
+    md = path.with_suffix(".md").read_text()
+    assert "| message | host_copy |" in md and "| 0.95 MiB | " in md and "| 3.81 MiB | " in md
+    assert image.imread(path.with_suffix(".png")).std() > 0.01
+    table = result.stdout.strip().splitlines()
+    assert table[-3].split() == ["message", "host_copy"] and table[-1].startswith("3.81 MiB")
+
+
+def test_link_sweep_records_every_gpu_measurement_and_why_one_is_missing(tmp_path):
+    """The GPU path of the sweep, its files and plot, from given measurements."""
+    from service.bench import link
+
+    assert link.SWEEP_SIZES == tuple(n * 2**20 for n in (8, 32, 128, 256, 512, 1024, 2048))
+    calls = []
+
+    def measure(kind, devices, nbytes):
+        calls.append((kind, devices, nbytes))
+        gbps = {"hbm_copy": 4000.0, "peer_copy": 300.0, "peer_copy_0_to_1": 301.0, "peer_copy_1_to_0": 299.0,
+                "h2d_pinned": 55.0, "d2h_pinned": 54.0}
+        skipped = {}
+        if nbytes == 2 * 2**30:
+            skipped["ucxx_send_recv"] = "ucxx server did not start: exited with status 1: MemoryError"
+        else:
+            gbps["ucxx_send_recv"] = 100.0 * nbytes / 2**30
+        return gbps, skipped
+
+    plan = link.SweepPlan(kind="gpu", devices=(0, 1), inventory=Inventory(reason="test"), sizes=link.SWEEP_SIZES)
+    results, paths = link.run_sweep(plan, tmp_path, stream=None, measure=measure)
+    assert [c[2] for c in calls] == list(link.SWEEP_SIZES) and calls[0][:2] == ("gpu", (0, 1))
+    assert list(results["gbps"]) == list(link.MEASURES["gpu"])
+    assert results["gbps"]["peer_copy_1_to_0"] == [299.0] * 7
+    assert results["gbps"]["ucxx_send_recv"][-1] is None
+    assert results["gbps"]["ucxx_send_recv"][-2] == pytest.approx(100.0)
+    assert results["skipped"] == {"ucxx_send_recv": {str(2 * 2**30): "ucxx server did not start: exited with "
+                                                                      "status 1: MemoryError"}}
+    assert paths["json"].name.endswith("-link.json") and json.loads(paths["json"].read_text()) == results
+    md = paths["md"].read_text()
+    assert "| 2.00 GiB | 301.0 | 299.0 | — | 55.0 | 54.0 |" in md
+    assert "- ucxx_send_recv at 2.00 GiB: ucxx server did not start" in md
+    assert paths["png"].stat().st_size > 10_000
+    assert link.short_table(results).splitlines()[1].split() == ["8.00", "MiB", "301.0", "299.0", "0.8", "55.0", "54.0"]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+def test_link_sweep_on_the_gpus(tmp_path, gpu_count):
+    result = CliRunner().invoke(main, ["bench", "--link-sweep", "--sweep-sizes", "8MiB,256MiB",
+                                       "--out", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob("*-link.json")
+    data = json.loads(path.read_text())
+    assert data["workers"] == "gpu" and data["message_bytes"] == [8 * 2**20, 256 * 2**20]
+    for name in ("h2d_pinned", "d2h_pinned"):
+        assert all(v > 1 for v in data["gbps"][name]), data["skipped"]
+    if gpu_count >= 2:
+        for name in ("peer_copy_0_to_1", "peer_copy_1_to_0", "ucxx_send_recv"):
+            assert all(v > 1 for v in data["gbps"][name]), data["skipped"]
+        # a larger message does not move slower over the peer copy
+        assert data["gbps"]["peer_copy_0_to_1"][1] > 0.8 * data["gbps"]["peer_copy_0_to_1"][0]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_step1_on_gpus_reaches_the_gpu_workers_without_a_baseline(tmp_path, gpu_count):
+    result = CliRunner().invoke(main, ["bench", "--only", "W1", "--sizes", "small", "--no-baseline",
+                                       "--label", "step1", "--transfer-connections", "4",
+                                       "--transfer-message-bytes", "1GB", "--out", str(tmp_path)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob("*-step1.json")
+    data = json.loads(path.read_text())
+    assert data["clusters"]["spillway"]["kind"] == "gpu" and "baseline" not in data["clusters"]
+    assert data["clusters"]["spillway"]["worker_transfer"] == {
+        "distributed.worker.connections.incoming": 4, "distributed.worker.connections.outgoing": 4,
+        "distributed.worker.transfer.message-bytes-limit": 1_000_000_000}
+    (w1,) = data["workloads"]
+    assert w1["spillway_s"] > 0 and w1["speedup"] is None and w1["baseline_skipped"] == "skipped: --no-baseline"
+    if gpu_count >= 2:
+        assert w1["transfer_gbps_median"] > 0
