@@ -393,8 +393,11 @@ def plot(results: dict, path: Path) -> None:
     names = [w["name"] for w in ws]
     x = np.arange(len(ws))
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for offset, side, key in ((-0.2, "spillway", "spillway_s"), (0.2, "baseline", "baseline_s")):
-        values = [w[key] or 0 for w in ws]
+    # a run without the baseline (--no-baseline) draws no empty baseline bars
+    drawn = [(offset, side) for offset, side in ((-0.2, "spillway"), (0.2, "baseline"))
+             if side == "spillway" or any(w["baseline_s"] for w in ws)]
+    for offset, side in drawn:
+        values = [w[f"{side}_s"] or 0 for w in ws]
         ax_t.bar(x + offset, values, width=0.4, label=side)
     for i, w in enumerate(ws):
         if w["speedup"]:
@@ -407,7 +410,7 @@ def plot(results: dict, path: Path) -> None:
     ax_t.set_title("time per workload (lower is better)")
     ax_t.legend()
 
-    for offset, side in ((-0.2, "spillway"), (0.2, "baseline")):
+    for offset, side in drawn:
         med = np.array([(w.get(side) or {}).get("transfer_gbps_median") or 0 for w in ws])
         lo = np.array([(w.get(side) or {}).get("transfer_gbps_p25") or 0 for w in ws])
         hi = np.array([(w.get(side) or {}).get("transfer_gbps_p75") or 0 for w in ws])
@@ -420,7 +423,8 @@ def plot(results: dict, path: Path) -> None:
     ax_b.set_ylabel("worker-to-worker GB/s (p25, median, p75)")
     ax_b.set_title("transfer bandwidth")
     ax_b.legend()
-    fig.suptitle(f"spillway bench on {results['machine']['name']} ({results['sizes']} sizes)")
+    label = f", {results['label']}" if results.get("label") else ""
+    fig.suptitle(f"spillway bench on {results['machine']['name']} ({results['sizes']} sizes{label})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

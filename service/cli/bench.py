@@ -23,7 +23,7 @@ from .options import cluster_options, resolve
 @click.option("--runs", type=click.IntRange(min=3), default=3, show_default=True,
               help="Timed runs per workload and side, after one warm-up; the median is reported.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="benchmarks/results",
-              show_default=True, help="Directory for <machine>-<date>.{json,md,png,log}.")
+              show_default=True, help="Directory for <machine>-<date>[-<label>].{json,md,png,log}.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="Seconds one run may take before it counts as failed.")
 @click.option("--no-ceilings", is_flag=True, help="Skip measuring the hardware ceilings.")
