@@ -2,7 +2,8 @@
 
 :func:`prepare` fixes everything before memory is taken (workloads, sizes, the cluster
 plan, whether the inputs fit); :func:`run_bench` measures the ceilings, runs every
-workload on both clusters and writes the JSON, markdown and PNG next to a full log.
+workload on both clusters (spillway's alone without the baseline) and writes the JSON,
+markdown and PNG next to a full log. :mod:`service.bench.link` is the link sweep.
 """
 
 from __future__ import annotations

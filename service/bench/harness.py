@@ -15,7 +15,8 @@ spills are counted but not timed.
 The baseline is what a user gets without spillway: ``LocalCUDACluster(protocol="ucx")``
 at dask-cuda's defaults on the same GPUs, or ``distributed.LocalCluster`` with the same
 number of workers on CPU. Only the dashboard is off on both sides, and the transfer log
-is made long enough to hold a whole run.
+is made long enough to hold a whole run. A plan without the baseline (``--no-baseline``)
+records each workload's baseline as skipped and starts no baseline cluster.
 """
 
 from __future__ import annotations
