@@ -34,14 +34,22 @@ def watch_worker_deaths() -> Iterator[WorkerDeaths]:
     """Collect the nanny's worker-death messages of this process while the block runs."""
     log = logging.getLogger("distributed.nanny")
     handler = WorkerDeaths()
-    level = log.level
+    level, effective = log.level, log.getEffectiveLevel()
     log.addHandler(handler)
-    if log.getEffectiveLevel() > logging.INFO:
+    quiet = None
+    if effective > logging.INFO:
+        # let the deaths through, and nothing else the level would have dropped
+        def quiet(record: logging.LogRecord) -> bool:
+            return record.levelno >= effective or bool(_DEATH.search(record.getMessage()))
+
         log.setLevel(logging.INFO)
+        log.addFilter(quiet)
     try:
         yield handler
     finally:
         log.removeHandler(handler)
+        if quiet is not None:
+            log.removeFilter(quiet)
         log.setLevel(level)
 
 

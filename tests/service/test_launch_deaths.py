@@ -23,6 +23,32 @@ def test_nanny_death_messages_are_collected_at_info_and_only_inside_the_block():
     assert nanny.level == before
 
 
+def test_a_quieted_nanny_logger_still_drops_its_other_info_messages():
+    nanny = logging.getLogger("distributed.nanny")
+    seen = []
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    outside = Seen(logging.DEBUG)
+    nanny.addHandler(outside)
+    before = nanny.level
+    nanny.setLevel(logging.WARNING)
+    try:
+        with watch_worker_deaths() as deaths:
+            nanny.info("Closing Nanny at 'tcp://127.0.0.1:1'")
+            nanny.info("Worker process 7 was killed by signal 9")
+            nanny.warning("Worker process still alive after 4.0 seconds, killing")
+        assert deaths.messages == ["Worker process 7 was killed by signal 9"]
+        assert seen == ["Worker process 7 was killed by signal 9",
+                        "Worker process still alive after 4.0 seconds, killing"]
+        assert nanny.level == logging.WARNING and not nanny.filters
+    finally:
+        nanny.removeHandler(outside)
+        nanny.setLevel(before)
+
+
 def test_a_killed_worker_names_the_out_of_memory_killer():
     error = start_failure(2, 0, 120, ["Worker process 678 was killed by signal 9"] * 2)
     assert isinstance(error, ClusterStartError) and isinstance(error, SpillwayError)
