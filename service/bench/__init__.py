@@ -127,7 +127,9 @@ def run_bench(plan: Plan, out_dir: Path, *, stream=sys.stderr,
             log(f"adding to {plan.merge_path}; its ceilings are used")
         else:
             chunk = max(w.chunk_bytes(plan.scale) for w in plan.workloads)
-            ceiling = measure_ceilings(plan.launch.kind, plan.launch.devices, chunk, log=log)
+            # the disk ceilings in the directory the workers spill to
+            ceiling = measure_ceilings(plan.launch.kind, plan.launch.devices, chunk, log=log,
+                                       directory=plan.options.local_directory)
         outcome = run(plan, log=log)
         results = report.build_results(
             machine=machine, ceilings=ceiling, plan=plan, outcome=outcome,

@@ -9,7 +9,11 @@
 * ``ucxx_send_recv``: UCXX alone, one process per GPU, sending chunk-sized CuPy buffers
   over CUDA IPC, the transport distributed-ucxx uses between workers;
 * ``host_copy``: a NumPy copy in host memory (measured everywhere; on CPU workers it is
-  the only ceiling).
+  the only host-memory ceiling);
+* ``disk_write`` / ``disk_read``: the tiered store's disk tier (:class:`DiskTier`, its
+  threads and pieces) writing chunk-sized buffers to files in the spill directory until
+  they are on disk (``fsync``), and reading them back with the page cache dropped: the
+  path spills past the host limit take (measured everywhere).
 
 GPU measurements run in child processes (``python -m service.bench.probes``, a module
 the package never imports) so their CUDA contexts and buffers are gone before any
@@ -65,15 +69,70 @@ def host_copy_gbps(nbytes: int, iterations: int = 3) -> float:
     return 2 * nbytes * iterations / elapsed / 1e9
 
 
+#: bytes the disk ceilings write in all: several chunks, within these bounds, so the
+#: figure is the disk's (past its write cache), not one file's
+DISK_BYTES = (256 * 2**20, 4 * 2**30)
+
+
+def disk_gbps(nbytes: int, directory: str | None = None) -> dict[str, float]:
+    """``disk_write`` and ``disk_read`` GB/s through the disk tier in ``directory`` (the
+    spill directory; the system's temporary directory when None)."""
+    import numpy as np
+
+    from ..memory.codecs import HostCopy
+    from ..memory.disk import DiskTier
+
+    lo, hi = DISK_BYTES
+    piece = max(1, min(nbytes, hi))
+    count = max(1, min(max(4 * piece, lo), hi) // piece)
+    source = np.random.default_rng(0).integers(0, 255, piece, dtype=np.uint8)
+    disk = DiskTier(directory)
+    try:
+        copy = HostCopy((piece,), source.dtype, "C", source)
+        t0 = time.perf_counter()
+        for i in range(count):
+            disk.write(i, copy)
+        paths = [disk.meta[i][0] for i in range(count)]
+        for path in paths:
+            _sync_and_drop(path)
+        write = piece * count / (time.perf_counter() - t0) / 1e9
+        t0 = time.perf_counter()
+        for i in range(count):
+            back = disk.read(i, lambda n: np.empty(n, dtype=np.uint8))
+        read = piece * count / (time.perf_counter() - t0) / 1e9
+        if not np.array_equal(back.buffer, source):
+            raise OSError(f"the disk tier read back other bytes than it wrote in {disk.directory}")
+        return {"disk_write": write, "disk_read": read}
+    finally:
+        disk.close()
+
+
+def _sync_and_drop(path: str) -> None:
+    """Wait until ``path`` is on disk, then drop it from the page cache (so the read
+    that follows comes from the disk)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 #: the ceilings only GPU workers have
 GPU_NAMES = ("hbm_copy", "peer_copy", "h2d_pinned", "d2h_pinned", "ucxx_send_recv")
 
 
-def measure(kind: str, devices: tuple, nbytes: int, *, log=None, timeout: float = 300) -> Ceilings:
+def measure(kind: str, devices: tuple, nbytes: int, *, log=None, timeout: float = 300,
+            directory: str | None = None) -> Ceilings:
     """All ceilings for a run on ``kind`` workers ("gpu"/"cpu") over ``devices``."""
     out = Ceilings(nbytes=nbytes)
     # at least 64 MiB so the copy runs from memory, not from the caches
     out.gbps["host_copy"] = host_copy_gbps(min(max(nbytes, 64 * 2**20), 256 * 2**20))
+    try:
+        out.gbps.update(disk_gbps(nbytes, directory))
+    except OSError as e:
+        out.skipped["disk_write"] = out.skipped["disk_read"] = f"{type(e).__name__}: {e}"
     if kind != "gpu":
         for name in GPU_NAMES:
             out.skipped[name] = "CPU workers: no GPU in this run"

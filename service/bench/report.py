@@ -83,8 +83,11 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
-#: the ceiling each move between tiers is read against (disk moves have none)
+#: the ceiling each move between device and host is read against (the 70% target's)
 SPILL_CEILINGS = {"device_to_host": "d2h_pinned", "host_to_device": "h2d_pinned"}
+#: and the disk moves' (the store writes through the page cache, so host -> disk may pass
+#: the fsync'd disk_write ceiling while the cache has room)
+DISK_CEILINGS = {"host_to_disk": "disk_write", "disk_to_host": "disk_read"}
 
 BASELINE_SPILL = "not measured: dask-cuda's spilling is not timed (bytes are counted)"
 
@@ -95,7 +98,7 @@ def spill_throughput(moves: dict | None, ceilings) -> dict | None:
         return None
     out = {}
     for move, m in moves.items():
-        name = SPILL_CEILINGS.get(move)
+        name = SPILL_CEILINGS.get(move) or DISK_CEILINGS.get(move)
         ceiling = ceilings.gbps.get(name) if name else None
         out[move] = {**m, "ceiling": name, "ceiling_gbps": ceiling,
                      "ratio_to_ceiling": _ratio(m.get("gbps_per_worker"), ceiling)}
@@ -330,7 +333,7 @@ def _spill_section(workloads: list[dict]) -> list[str]:
                     if m["bytes"] or m["seconds"]:
                         rows.append(f"| {w['name']} | {label} | {move.replace('_to_', ' -> ')} "
                                     f"| {_bytes(m['bytes'])} | {_s(m['seconds'])} "
-                                    f"| {_s(m['gbps_per_worker'], '{:.1f}')} | {_pct(m['ratio_to_ceiling'])} "
+                                    f"| {_s(m['gbps_per_worker'], '{:.1f}')} | {_of_ceiling(m)} "
                                     f"| {waited} |")
         else:
             rows.append(f"| {w['name']} | spillway | {_bytes(w.get('bytes_spilled'))} spilled | — | — | — | — "
@@ -342,10 +345,18 @@ def _spill_section(workloads: list[dict]) -> list[str]:
         return []
     return ["", "## Spill throughput", "",
             "Bytes and seconds per timed run (median), summed over workers; GB/s per worker is bytes over "
-            "the seconds the workers spent copying; the ceiling is the pinned copy of the same run.", "",
-            "| workload | side | move | bytes | seconds | GB/s per worker | of pinned ceiling "
+            "the seconds the workers spent copying; the ceiling is the pinned copy of the same run for "
+            "device <-> host moves, and the disk tier's fsync'd write and uncached read for disk moves "
+            "(writes land in the page cache first, so host -> disk can pass its ceiling).", "",
+            "| workload | side | move | bytes | seconds | GB/s per worker | of ceiling "
             "| tasks waited on restores |",
             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |", *rows]
+
+
+def _of_ceiling(move: dict) -> str:
+    if move.get("ratio_to_ceiling") is None:
+        return "—"
+    return f"{_pct(move['ratio_to_ceiling'])} of {move['ceiling']}"
 
 
 def _tiers_section(workloads: list[dict]) -> list[str]:

@@ -79,7 +79,7 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_basel
                    merge_into=merge_into, baseline=not no_baseline, label=label)
     extra = {}
     if no_ceilings:
-        extra["measure_ceilings"] = lambda kind, devices, nbytes, log=None: Ceilings(
+        extra["measure_ceilings"] = lambda kind, devices, nbytes, log=None, **_: Ceilings(
             nbytes=nbytes, skipped={"all": "--no-ceilings"})
     results, _ = run_bench(plan, Path(out_dir), stream=sys.stderr, **extra)
     click.echo(short_table(results))

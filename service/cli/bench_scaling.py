@@ -67,7 +67,7 @@ def run(mode, sizes, only, runs, timeout, budget, out_dir, no_ceilings, options_
 
     measure = None
     if no_ceilings:
-        def measure(kind, devices, nbytes, log=None):
+        def measure(kind, devices, nbytes, log=None, **_):
             return Ceilings(nbytes=nbytes, skipped={"all": "--no-ceilings"})
     options = resolve(options_flags)
     started = time.monotonic()

@@ -394,13 +394,15 @@ def test_ceilings_not_measurable_here_are_skipped_with_the_reason(monkeypatch, g
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert ceilings.physical((1, 0, "GPU-ab")) == ("5", "3", "GPU-ab")
     cpu = ceilings.measure("cpu", (), 4 * 2**20)
+    # the disk tier's ceilings are measured everywhere, through the store's own code
+    assert cpu.gbps["disk_write"] > 0 and cpu.gbps["disk_read"] > 0
     assert cpu.gbps["host_copy"] > 0.1 and cpu.peer_copy is None
     assert cpu.skipped["peer_copy"] == "CPU workers: no GPU in this run"
     if gpu_count:
         return
     # asked for GPU ceilings where CuPy or the GPUs are missing: each one says why
     found = ceilings.measure("gpu", (0, 1), 2**20, timeout=120)
-    assert set(found.gbps) == {"host_copy"}
+    assert set(found.gbps) == {"host_copy", "disk_write", "disk_read"}
     assert "measurement failed" in found.skipped["hbm_copy"]
     assert found.skipped["ucxx_send_recv"]
 
@@ -609,12 +611,16 @@ def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
     sp = SideResult(runs_s=[1.0] * 3, bytes_spilled=[45e9] * 3, spill=[moves] * 3, persist_spill=[persist] * 3)
     base = SideResult(runs_s=[2.0] * 3, bytes_spilled=[50e9] * 3,
                       spill=[harness.spill_moves({"a": _snap(spilled=zero)}, {"a": _snap(spilled=zero)})] * 3)
-    ceil = ceilings.Ceilings(gbps={"d2h_pinned": 50.0, "h2d_pinned": 50.0, "peer_copy": 300.0})
+    ceil = ceilings.Ceilings(gbps={"d2h_pinned": 50.0, "h2d_pinned": 50.0, "peer_copy": 300.0,
+                                   "disk_write": 2.0, "disk_read": 4.0})
     entry = report.workload_entry(workloads.WORKLOADS["B2"], "tiny", {"spillway": sp, "baseline": base}, ceil)
     t = entry["spill_throughput"]
     assert t["device_to_host"]["ratio_to_ceiling"] == pytest.approx(0.8)
     assert t["host_to_device"]["ratio_to_ceiling"] == pytest.approx(0.6)
-    assert t["host_to_disk"]["ceiling"] is None and t["host_to_disk"]["gbps_per_worker"] == pytest.approx(2.5)
+    # disk moves are read against the disk tier's ceilings, and stay out of the pinned target
+    assert t["host_to_disk"]["ceiling"] == "disk_write" and t["host_to_disk"]["gbps_per_worker"] == pytest.approx(2.5)
+    assert t["host_to_disk"]["ratio_to_ceiling"] == pytest.approx(1.25)  # the page cache passes it
+    assert t["disk_to_host"]["ratio_to_ceiling"] is None  # nothing read back (and no time)
     assert entry["spill_ratio_to_pinned"] == pytest.approx(0.6)  # the lower of the two
     assert entry["restore_wait_s"] == pytest.approx(0.3)
     assert entry["baseline_spill_throughput"].startswith("not measured")
@@ -634,9 +640,10 @@ def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
                "targets": report.targets([entry], "gpu")}
     md = report.markdown(results)
     assert "## Spill throughput" in md
-    assert "| B2 | spillway | device -> host | 37.25 GiB | 1.000 | 40.0 | 80% | 0.300 s |" in md
+    assert "| B2 | spillway | device -> host | 37.25 GiB | 1.000 | 40.0 | 80% of d2h_pinned | 0.300 s |" in md
+    assert "| B2 | spillway | host -> disk | 4.66 GiB | 2.000 | 2.5 | 125% of disk_write | 0.300 s |" in md
     assert "| B2 | baseline | 46.57 GiB spilled | — | — | — | — | not measured" in md
-    assert "| B2 | spillway, persisting inputs | device -> host | 18.63 GiB | 0.500 | 40.0 | 80% | — |" in md
+    assert "| B2 | spillway, persisting inputs | device -> host | 18.63 GiB | 0.500 | 40.0 | 80% of d2h_pinned | — |" in md
     assert entry["persist_spill_throughput"]["device_to_host"]["ratio_to_ceiling"] == pytest.approx(0.8)
     assert "| B2 | spill throughput >= 70% of the pinned ceiling | 60% | no |" in md
 
