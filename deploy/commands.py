@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from service.launch.local_gpu import worker_config
+from service.launch.worker_config import worker_config
 from service.options import Options
 
 #: seconds a worker waits for a lost scheduler before it exits, so a worker whose
@@ -118,7 +118,7 @@ def client_args(options: Options, *, scheduler_file: str) -> list[str]:
 
 
 def worker_environment(options: Options) -> dict[str, str]:
-    """The workers' dask config (:func:`service.launch.local_gpu.worker_config`) as
+    """The workers' dask config (:func:`service.launch.worker_config.worker_config`) as
     ``DASK_`` environment variables, for worker processes started by a batch script.
     Their workers keep dask-cuda's store, never the tiered one."""
     return {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): str(value)

@@ -13,7 +13,7 @@ import os
 import dask.config
 
 from service.errors import OptionsError
-from service.launch.local_gpu import worker_config
+from service.launch.worker_config import worker_config
 from service.options import Options
 
 from .. import commands

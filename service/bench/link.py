@@ -144,7 +144,7 @@ def run_sweep(plan: SweepPlan, out_dir: Path, *, stream=sys.stderr,
         **measured,
     }
     name = report.stem(machine, started, "link" + (f"-{plan.label}" if plan.label else ""))
-    paths = write(results, out_dir, name)
+    paths = report.write(results, out_dir, name, render=markdown, draw=plot)
     for path in paths.values():
         log(f"wrote {path}")
     return results, paths
@@ -220,14 +220,3 @@ def plot(results: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def write(results: dict, out_dir: Path, name: str) -> dict[str, Path]:
-    import json
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {ext: out_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
-    paths["json"].write_text(json.dumps(results, indent=2, default=str) + "\n")
-    paths["md"].write_text(markdown(results))
-    plot(results, paths["png"])
-    return paths

@@ -441,10 +441,12 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write(results: dict, out_dir: Path, name: str) -> dict[str, Path]:
+def write(results: dict, out_dir: Path, name: str, *, render=None, draw=None) -> dict[str, Path]:
+    """``<name>.json``, ``.md`` and ``.png`` in ``out_dir``: the results, ``render(results)``
+    and ``draw(results, path)`` (the bench's own markdown and plot unless given)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {ext: out_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
     paths["json"].write_text(json.dumps(results, indent=2, default=str) + "\n")
-    paths["md"].write_text(markdown(results))
-    plot(results, paths["png"])
+    paths["md"].write_text((render or markdown)(results))
+    (draw or plot)(results, paths["png"])
     return paths

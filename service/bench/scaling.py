@@ -23,7 +23,6 @@ several worker counts back and tabulates them.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 import sys
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ParamError
+from . import report
 from .workloads import WORKLOADS, Workload
 
 #: the worker count whose sizes the weak mode keeps per worker (the issue's 2 x H200 host)
@@ -205,16 +205,11 @@ def run_study(options, *, mode: str, sizes: str = "auto", only: str | None = Non
     if mode not in MODES:
         raise ParamError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
     names = study(only)
-    accepted = inspect.signature(prepare).parameters
     first = prepare(options, only=",".join(names), sizes=sizes, runs=runs, timeout=timeout, inventory=inventory)
     n = first.launch.n_workers
     label = file_label(mode, n)
-    extra: dict[str, Any] = {}
-    # spillway's side alone where the bench can do that: the baseline is not what scales here
-    if "baseline" in accepted:
-        extra["baseline"] = False
-    if "label" in accepted:
-        extra["label"] = label
+    # spillway's side alone: the baseline is not what scales here
+    extra: dict[str, Any] = {"baseline": False, "label": label}
     all_scaled = [scaled(WORKLOADS[name], first.scale, mode, n) for name in names]
     check_fits(all_scaled, first.scale, first.launch.kind, _budget(first.launch, first.inventory))
     by_name = {w.name: w for w in all_scaled}
@@ -254,7 +249,7 @@ def run_study(options, *, mode: str, sizes: str = "auto", only: str | None = Non
         plan = dataclasses.replace(plan, workloads=[by_name[name] for name in part])
         _, written = run_bench(plan, Path(out_dir), stream=stream, **ceilings_kw)
         if json_path is None:
-            paths = _with_label(written, label)
+            paths = written
             json_path = paths["json"]
         else:
             _append_log(paths["log"], written["log"])
@@ -278,19 +273,6 @@ def _record(json_path: Path, scaling: dict, *, wall_s: float) -> dict:
     results["scaling"] = dict(scaling, kind=machine_kind(results["machine"]), wall_s=wall_s)
     json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
     return results
-
-
-def _with_label(written: dict[str, Path], label: str) -> dict[str, Path]:
-    """The files of the first part, renamed to end in ``label`` where the bench could
-    not name them so itself."""
-    out = {}
-    for kind, path in written.items():
-        if not path.stem.endswith(f"-{label}"):
-            target = path.with_name(f"{path.stem}-{label}{path.suffix}")
-            path.rename(target)
-            path = target
-        out[kind] = path
-    return out
 
 
 def _append_log(into: Path, part: Path) -> None:
@@ -491,10 +473,4 @@ def report_stem(combined: dict) -> str:
 
 
 def write_report(combined: dict, out_dir: Path) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = report_stem(combined)
-    paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "md", "png")}
-    paths["json"].write_text(json.dumps(combined, indent=2, default=str) + "\n")
-    paths["md"].write_text(markdown(combined))
-    plot(combined, paths["png"])
-    return paths
+    return report.write(combined, out_dir, report_stem(combined), render=markdown, draw=plot)

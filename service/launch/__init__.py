@@ -82,11 +82,6 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     if wait_for:
         client.wait_for_workers(wait_for, timeout=timeout)
     client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
-    if options.pinned_pool_size:
-        from ..memory.worker import wait_host_ready
-
-        # the pinned pool is part of starting: runs begin once every worker has it
-        client.run(wait_host_ready)
     kinds = client.run(_worker_kind)
     if not kinds:
         raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")

@@ -32,7 +32,7 @@ def start(options: Options, plan: LaunchPlan):
     import dask.config
     from distributed import LocalCluster
 
-    from .local_gpu import worker_config
+    from .worker_config import worker_config
 
     # each nanny hands the config of the moment it is built to its worker process
     with dask.config.set(worker_config(options, tiered_store=False)):

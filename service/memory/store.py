@@ -94,10 +94,6 @@ class HostBuffers:
         self.pageable_total = 0
         self._on_demand: dict[int, int] = {}
         self._lock = threading.Lock()
-        #: set once the arena (if any) is in place
-        self.ready = threading.Event()
-        if arena is not None:
-            self.ready.set()
 
     def alloc(self, nbytes: int) -> np.ndarray:
         arena = self.arena

@@ -46,8 +46,6 @@ def make_store(
         # Taken here, while the worker process is built and before it opens its comms, so
         # a worker is up only once its pool is (80 GB took about 35 s on the GPU host).
         _take_arena(host, pinned_pool_size)
-    else:
-        host.ready.set()
     return TieredStore(
         device_limit=device_limit,
         host_limit=host_limit or math.inf,
@@ -64,14 +62,6 @@ def _take_arena(host: HostBuffers, nbytes: int) -> None:
         logger.info("took %d bytes of pinned host memory in %.1f s", nbytes, time.perf_counter() - start)
     except Exception:
         logger.exception("could not take %d bytes of pinned host memory; using pinned buffers on demand", nbytes)
-    finally:
-        host.ready.set()
-
-
-def wait_host_ready(dask_worker, timeout: float = 600) -> bool:
-    """True once the worker's pinned arena is taken (runs on the worker)."""
-    host = getattr(dask_worker.data, "host", None)
-    return host is None or host.ready.wait(timeout)
 
 
 def _pinned_fallback(nbytes: int) -> np.ndarray:

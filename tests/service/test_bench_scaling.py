@@ -3,7 +3,6 @@ the combined report, and a real study run on CPU workers at 1 and 2 workers."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from service.bench import prepare, scaling, workloads
+from service.bench import scaling, workloads
 from service.bench.scaling import BASE_WORKERS, STUDY
 from service.cli import main
 from service.errors import ParamError
@@ -276,8 +275,7 @@ def test_cpu_weak_study_at_one_and_two_workers_then_report(tmp_path):
         data = json.loads(f.read_text())
         assert data["scaling"]["workers"] == n == data["clusters"]["spillway"]["n_workers"]
         assert data["scaling"]["shapes"] == {"W1": shape}
-        if "baseline" in inspect.signature(prepare).parameters:  # the bench can skip its baseline
-            assert data["baseline_run"] is False and "baseline" not in data["clusters"]
+        assert data["baseline_run"] is False and "baseline" not in data["clusters"]
         assert f.with_suffix(".log").exists() and f.with_suffix(".png").exists()
     assert scaling.load_runs(files)[0] == "weak"
 

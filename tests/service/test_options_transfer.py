@@ -13,7 +13,7 @@ import yaml
 
 from service.errors import OptionsError
 from service.launch import open_cluster
-from service.launch.local_gpu import worker_config
+from service.launch.worker_config import worker_config
 from service.options import Options
 
 KEYS = {
