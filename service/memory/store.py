@@ -307,20 +307,24 @@ class TieredStore(MutableMapping):
             need -= self._device_to_host(key)
 
     def _device_to_host(self, key) -> int:
-        value = self._device.pop(key)
         n = self._sizes[key]
+        # Free the host tier first: with the host tier at its limit the pinned arena
+        # (sized to that limit) is full, and the copy would land in a buffer pinned on
+        # demand (a slow first allocation, and pinned memory beyond the arena).
+        self._spill_host(incoming=n)
+        value = self._device[key]
         start = time.perf_counter()
-        copy = self.codec.to_host(value, self.host.alloc)
+        copy = self.codec.to_host(value, self.host.alloc)  # if it fails, the value stays
         self.stats.add("device_to_host", n, time.perf_counter() - start)
-        del value
+        del value, self._device[key]
         self.device_bytes -= n
         self._host[key] = copy
         self.host_bytes += n
-        self._spill_host(exclude={key})
+        self._spill_host(exclude={key})  # a value larger than the room the host tier had
         return n
 
-    def _spill_host(self, exclude=()) -> None:
-        need = self.host_bytes - self.host_limit
+    def _spill_host(self, exclude=(), incoming: int = 0) -> None:
+        need = self.host_bytes + incoming - self.host_limit
         if need <= 0 or self.disk is None:
             return
         for key in self._victims(list(self._host), exclude):

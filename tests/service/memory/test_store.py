@@ -295,3 +295,30 @@ def test_store_past_the_pinned_limit_still_round_trips_every_value(tmp_path):
         np.testing.assert_array_equal(s[i], chunk(i))
     summary = s.summary()
     assert summary["host_pageable_total"] == host.pageable_total > 0
+
+
+def test_spills_land_in_the_arena_when_the_host_tier_is_full(tmp_path):
+    # the arena is as large as the host tier: every device -> host copy must find room in
+    # it (the host tier spills to disk first), none may take a buffer pinned on demand
+    pinned = Recorder()
+    host = HostBuffers(Arena(np.empty(4 * MB, dtype=np.uint8)), pinned)
+    s = TieredStore(device_limit=2 * MB, host_limit=4 * MB, codec=NumpyCodec(),
+                    disk=DiskTier(str(tmp_path)), host=host)
+    for i in range(12):
+        s[i] = chunk(i)
+    assert s.stats.count["device_to_host"] == 10 and s.disk.nbytes == 6 * MB
+    assert pinned.sizes == [] and host.arena.used_bytes == 4 * MB
+
+
+def test_a_failed_spill_copy_keeps_the_value_on_the_device(tmp_path):
+    def no_memory(n):
+        raise MemoryError(f"no host buffer of {n} bytes")
+
+    s = TieredStore(device_limit=2 * MB, host_limit=64 * MB, codec=NumpyCodec(),
+                    disk=DiskTier(str(tmp_path)), host=HostBuffers(pageable=no_memory))
+    s["a"], s["b"] = chunk(0), chunk(1)
+    with pytest.raises(MemoryError):
+        s["c"] = chunk(2)
+    np.testing.assert_array_equal(s["a"], chunk(0))
+    np.testing.assert_array_equal(s["b"], chunk(1))
+    assert s.device_bytes == 2 * MB and s.tier_of("a") == "device"
