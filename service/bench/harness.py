@@ -333,6 +333,9 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
     result = SideResult()
     if not workload.warmup:
         result.notes.append("no warm-up run (its inputs alone take minutes to persist)")
+    if workload.timed_runs(scale, runs) < runs:
+        runs = workload.timed_runs(scale, runs)
+        result.notes.append(f"{runs} timed run at {scale} size (one run takes minutes)")
     for i in range(0 if workload.warmup else 1, runs + 1):
         seed = SEED_BASE + i
         built = workload.build(scale, target, seed)
@@ -373,10 +376,12 @@ def verify(workload: Workload, scale: str, seed: int, value, *, log, label: str)
 
     from workflows.registry import relative_error
 
+    computed = float(value.get() if hasattr(value, "get") else value)  # a CuPy scalar comes back as 0-d
+    # logged before the reference, which takes minutes at full sizes
+    log(f"{workload.name} {label:<8} result    {computed!r} (seed {seed}); computing the NumPy reference")
     t0 = time.perf_counter()
     expected = workload.reference(workload.params(scale), seed)
     reference_s = time.perf_counter() - t0
-    computed = float(value.get() if hasattr(value, "get") else value)  # a CuPy scalar comes back as 0-d
     err = float(relative_error(np.float64(computed), np.float64(expected)))
     ok = bool(err <= workload.tolerance)
     log(f"{workload.name} {label:<8} check     {'OK' if ok else 'FAILED'}: {computed!r} against "

@@ -545,6 +545,8 @@ def test_b3_is_named_to_run_with_its_own_tiers_on_spillway_only():
     small = plan.options.replace(**b3.cluster_changes("small", "gpu", "spillway"))
     assert small.device_memory_limit + small.memory_limit < b3.input_bytes("small") / 2
     assert b3.cluster_changes("tiny", "cpu", "spillway") == {}
+    # one checked run at full size (minutes each); the asked-for count elsewhere
+    assert (b3.timed_runs("full", 3), b3.timed_runs("small", 3), b3.timed_runs("tiny", 5)) == (1, 3, 5)
 
 
 def test_reference_panels_match_numpy(monkeypatch):
@@ -704,6 +706,9 @@ def test_b3_tiny_runs_on_spillway_only_and_is_checked_against_numpy(tmp_path):
     assert "## Inputs over the tiers" in md and "| B3 |" in md and "OK: " in md
     assert "- B3 baseline: not run: plain LocalCUDACluster fails" in md
     assert "no baseline" in result.stdout
+    # the value is logged before the reference is computed (which takes minutes at full size)
+    log = path.with_suffix(".log").read_text()
+    assert f"B3 spillway result    {v['value']!r} (seed {v['seed']})" in log
 
 
 # --- the transfer-path steps: spillway alone, labelled runs, the link sweep
