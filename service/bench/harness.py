@@ -136,7 +136,7 @@ def spill_moves(before: dict, after: dict) -> dict:
     Seconds and waits are None where no worker has spillway's tiered store (it alone
     times its copies; other stores' moves are only counted)."""
     moves = {m: {"bytes": 0, "seconds": 0.0} for m in MOVES}
-    timed, wait = False, 0.0
+    timed, wait, producer = False, 0.0, 0.0
     for addr, snap in after.items():
         old = before.get(addr, {})
         if snap.get("store"):
@@ -147,13 +147,15 @@ def spill_moves(before: dict, after: dict) -> dict:
                 moves[m]["bytes"] += new_stats["bytes"].get(m, 0) - old_stats.get("bytes", {}).get(m, 0)
                 moves[m]["seconds"] += new_stats["seconds"].get(m, 0.0) - old_stats.get("seconds", {}).get(m, 0.0)
             wait += new_stats.get("wait_s", 0.0) - old_stats.get("wait_s", 0.0)
+            producer += new_stats.get("producer_wait_s", 0.0) - old_stats.get("producer_wait_s", 0.0)
         else:
             for m in MOVES:
                 moves[m]["bytes"] += snap["spilled"].get(m, 0) - old.get("spilled", {}).get(m, 0)
     if not timed:
         for v in moves.values():
             v["seconds"] = None
-    return {"moves": moves, "restore_wait_s": wait if timed else None, "workers": len(after)}
+    return {"moves": moves, "restore_wait_s": wait if timed else None,
+            "spill_producer_wait_s": producer if timed else None, "workers": len(after)}
 
 
 def resident_bytes(snapshots: dict) -> dict | None:
@@ -244,6 +246,9 @@ class SideResult:
             "spill_timed": any(r and r["restore_wait_s"] is not None for r in self.spill),
             "restore_wait_s": (statistics.median(r["restore_wait_s"] for r in self.spill)
                                if any(r and r["restore_wait_s"] is not None for r in self.spill) else None),
+            "spill_producer_wait_s": (statistics.median(r["spill_producer_wait_s"] or 0.0 for r in self.spill)
+                                      if any(r and r.get("spill_producer_wait_s") is not None
+                                             for r in self.spill) else None),
             "persist_spill_moves": summarize_spills(self.persist_spill),
             "verify": self.verify,
         }

@@ -49,6 +49,9 @@ class NumpyCodec:
     def nbytes(self, value) -> int:
         return int(value.nbytes)
 
+    def ready(self, value) -> None:
+        """Return once ``value`` is computed (NumPy values always are)."""
+
     def to_host(self, value, alloc: Alloc) -> HostCopy:
         order = _layout(value) or "C"
         src = np.asarray(value, order=order)
@@ -78,6 +81,11 @@ class CupyCodec:
 
     def nbytes(self, value) -> int:
         return int(value.nbytes)
+
+    def ready(self, value) -> None:
+        """Wait for the kernels queued on the current stream, which may still be writing
+        ``value``."""
+        self.cupy.cuda.get_current_stream().record().synchronize()
 
     def to_host(self, value, alloc: Alloc) -> HostCopy:
         cupy = self.cupy

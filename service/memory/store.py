@@ -48,6 +48,9 @@ class TierStats:
     count: dict = field(default_factory=lambda: dict.fromkeys(MOVES, 0))
     #: time reads waited for a restore (a task's inputs coming back)
     wait_s: float = 0.0
+    #: time spills waited for the kernels still producing the value, before its copy
+    #: started (left out of the device -> host seconds, which time the copy alone)
+    producer_wait_s: float = 0.0
     prefetched_bytes: int = 0
     ondemand_events: int = 0
     ondemand_bytes: int = 0
@@ -63,6 +66,7 @@ class TierStats:
             "seconds": dict(self.seconds),
             "count": dict(self.count),
             "wait_s": self.wait_s,
+            "producer_wait_s": self.producer_wait_s,
             "prefetched_bytes": self.prefetched_bytes,
             "ondemand_events": self.ondemand_events,
             "ondemand_bytes": self.ondemand_bytes,
@@ -313,7 +317,12 @@ class TieredStore(MutableMapping):
         # demand (a slow first allocation, and pinned memory beyond the arena).
         self._spill_host(incoming=n)
         value = self._device[key]
+        waited = time.perf_counter()
+        # On a busy GPU the value may still be being computed; the copy cannot start
+        # before it is, and that wait is compute, not spilling.
+        self.codec.ready(value)
         start = time.perf_counter()
+        self.stats.producer_wait_s += start - waited
         copy = self.codec.to_host(value, self.host.alloc)  # if it fails, the value stays
         self.stats.add("device_to_host", n, time.perf_counter() - start)
         del value, self._device[key]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -322,3 +323,23 @@ def test_a_failed_spill_copy_keeps_the_value_on_the_device(tmp_path):
     np.testing.assert_array_equal(s["a"], chunk(0))
     np.testing.assert_array_equal(s["b"], chunk(1))
     assert s.device_bytes == 2 * MB and s.tier_of("a") == "device"
+
+
+class SlowToFinish(NumpyCodec):
+    """A codec whose values are still being computed for a while when a spill starts."""
+
+    def ready(self, value) -> None:
+        time.sleep(0.05)
+
+
+def test_spill_seconds_time_the_copy_not_the_wait_for_the_value(tmp_path):
+    s = TieredStore(device_limit=2 * MB, host_limit=64 * MB, codec=SlowToFinish(),
+                    disk=DiskTier(str(tmp_path)))
+    for i in range(6):
+        s[i] = chunk(i)
+    stats = s.summary()["stats"]
+    assert stats["count"]["device_to_host"] == 4
+    assert stats["producer_wait_s"] >= 4 * 0.05
+    assert stats["seconds"]["device_to_host"] < 0.05  # four 1 MiB host copies
+    for i in range(6):
+        np.testing.assert_array_equal(s[i], chunk(i))
