@@ -257,7 +257,7 @@ class Options:
     device_memory_limit: int | float | str = "default"
     memory_limit: int | float | str = "auto"
     local_directory: str | None = None
-    memory_store: str = "dask-cuda"
+    memory_store: str = "tiered"
     pinned_pool_size: int | float = 0
     prefetch: bool = True
     spill_on_demand: bool = True

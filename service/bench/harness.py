@@ -44,7 +44,7 @@ from .workloads import Workload
 #: spillway's settings for speed, used where the user set no value of their own: an RMM
 #: pool so buffers (and the CUDA IPC handles UCX caches for them) are reused instead of
 #: allocated per chunk, and no dashboard
-BENCH_OPTIONS = {"rmm_pool_size": 0.85, "dashboard_address": None, "memory_store": "tiered"}
+BENCH_OPTIONS = {"rmm_pool_size": 0.85, "dashboard_address": None}
 
 #: seeds of the warm-up and timed runs: run i uses SEED_BASE + i
 SEED_BASE = 1000

@@ -111,7 +111,7 @@ def test_pinned_pools_within_half_the_host_plan():
 
 def test_pinned_pool_is_not_checked_where_it_is_not_taken():
     # dask-cuda's store and managed memory take no pinned pool
-    for options in (Options.resolve(pinned_pool_size="200GB"),
+    for options in (Options.resolve(pinned_pool_size="200GB", memory_store="dask-cuda"),
                     tiered("200GB").replace(rmm_managed_memory=True, rmm_pool_size=None, nvlink=False)):
         plan(options, inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
 
