@@ -158,6 +158,12 @@ def spill_moves(before: dict, after: dict) -> dict:
             "spill_producer_wait_s": producer if timed else None, "workers": len(after)}
 
 
+def _median_of(runs: list[dict], key: str) -> float | None:
+    """The median of ``key`` over the runs that timed it; None where none did."""
+    values = [r[key] for r in runs if r and r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
 def resident_bytes(snapshots: dict) -> dict | None:
     """Bytes per tier held by the workers' tiered stores, summed; None without one."""
     stores = [snap["store"] for snap in snapshots.values() if snap.get("store")]
@@ -243,12 +249,9 @@ class SideResult:
             "persist_s": statistics.median(self.persist_s) if self.persist_s else None,
             "resident_after_persist": self.resident,
             "spill_moves": summarize_spills(self.spill),
-            "spill_timed": any(r and r["restore_wait_s"] is not None for r in self.spill),
-            "restore_wait_s": (statistics.median(r["restore_wait_s"] for r in self.spill)
-                               if any(r and r["restore_wait_s"] is not None for r in self.spill) else None),
-            "spill_producer_wait_s": (statistics.median(r["spill_producer_wait_s"] or 0.0 for r in self.spill)
-                                      if any(r and r.get("spill_producer_wait_s") is not None
-                                             for r in self.spill) else None),
+            "spill_timed": _median_of(self.spill, "restore_wait_s") is not None,
+            "restore_wait_s": _median_of(self.spill, "restore_wait_s"),
+            "spill_producer_wait_s": _median_of(self.spill, "spill_producer_wait_s"),
             "persist_spill_moves": summarize_spills(self.persist_spill),
             "verify": self.verify,
         }
@@ -338,8 +341,9 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
     result = SideResult()
     if not workload.warmup:
         result.notes.append("no warm-up run (its inputs alone take minutes to persist)")
-    if workload.timed_runs(scale, runs) < runs:
-        runs = workload.timed_runs(scale, runs)
+    capped = workload.timed_runs(scale, runs)
+    if capped < runs:
+        runs = capped
         result.notes.append(f"{runs} timed run at {scale} size (one run takes minutes)")
     for i in range(0 if workload.warmup else 1, runs + 1):
         seed = SEED_BASE + i

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..errors import ParamError
 from ..gpus import Inventory, discover
 from ..launch import plan as launch_plan
+from ..launch.plan import host_memory_bytes
 from ..options import Options
 from ..sizes import format_bytes, parse_size
 from . import ceilings, report
@@ -67,8 +68,6 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 def prepare_sweep(options: Options, *, sizes: str | None = None, label: str | None = None,
                   inventory: Inventory | None = None) -> SweepPlan:
     """Check the request and plan the sweep; one-line errors before any buffer is taken."""
-    import psutil
-
     label = report.check_label(label)
     parsed = parse_sizes(sizes)
     if options.attach:
@@ -76,7 +75,7 @@ def prepare_sweep(options: Options, *, sizes: str | None = None, label: str | No
     inventory = discover() if inventory is None else inventory
     launch = launch_plan(options, inventory)
     largest = parsed[-1]
-    host = psutil.virtual_memory().total
+    host = host_memory_bytes()
     if 2 * largest > MEMORY_SHARE * host:
         raise ParamError(f"sweep-sizes: {format_bytes(largest)} needs {format_bytes(2 * largest)} of host "
                          f"memory, more than half of this machine's {format_bytes(host)}")

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import ParamError
 from . import report
-from .workloads import WORKLOADS, Workload
+from .workloads import WORKLOADS, Workload, data_bytes
 
 #: the worker count whose sizes the weak mode keeps per worker (the issue's 2 x H200 host)
 BASE_WORKERS = 2
@@ -150,11 +150,6 @@ def scaled(workload: Workload, scale: str, mode: str, n_workers: int) -> Workloa
     return dataclasses.replace(workload, sizes={scale: scaled_params(workload, scale, mode, n_workers)})
 
 
-def data_bytes(params: Mapping[str, Any]) -> int:
-    """Bytes of the workload's inputs."""
-    return params.get("inputs", 1) * math.prod(params["shape"]) * np.dtype(params["dtype"]).itemsize
-
-
 def row_bytes(workload: Workload, params: Mapping[str, Any]) -> int:
     """Bytes of one growth step of the inputs: one row of chunks (square growth) or one
     step of the growing axis across the rest of the array."""
@@ -162,7 +157,7 @@ def row_bytes(workload: Workload, params: Mapping[str, Any]) -> int:
     axis = 0 if growth == "square" else growth[0]
     shape = list(params["shape"])
     shape[axis] = growth_step(params, axis)
-    return params.get("inputs", 1) * math.prod(shape) * np.dtype(params["dtype"]).itemsize
+    return data_bytes(dict(params, shape=tuple(shape)))
 
 
 def modes_at(n_workers: int, mode: str) -> list[str]:
@@ -228,7 +223,7 @@ def run_study(options, *, mode: str, sizes: str = "auto", only: str | None = Non
         "kind": None,
         "sizes": first.scale,
         "shapes": {w.name: list(w.params(first.scale)["shape"]) for w in all_scaled},
-        "data_bytes_per_worker": {w.name: data_bytes(w.params(first.scale)) / n for w in all_scaled},
+        "data_bytes_per_worker": {w.name: w.input_bytes(first.scale) / n for w in all_scaled},
         "skipped": skipped,
         #: each part that ran: its workloads and seconds (clusters and ceilings included)
         "parts": [],

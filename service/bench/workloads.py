@@ -42,6 +42,11 @@ class Built:
     note: str | None = None
 
 
+def data_bytes(params: Mapping[str, Any]) -> int:
+    """Bytes of a workload's inputs at these parameters."""
+    return params.get("inputs", 1) * math.prod(params["shape"]) * np.dtype(params["dtype"]).itemsize
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -90,8 +95,7 @@ class Workload:
         return self.sizes[scale]
 
     def input_bytes(self, scale: str) -> int:
-        p = self.params(scale)
-        return p.get("inputs", 1) * math.prod(p["shape"]) * np.dtype(p["dtype"]).itemsize
+        return data_bytes(self.params(scale))
 
     def chunk_bytes(self, scale: str) -> int:
         p = self.params(scale)

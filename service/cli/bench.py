@@ -72,15 +72,12 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_basel
         raise ParamError(f"sweep-sizes: {sweep_sizes!r} is only used with --link-sweep")
 
     from ..bench import prepare, run_bench
-    from ..bench.ceilings import Ceilings
+    from ..bench.ceilings import not_measured
     from ..bench.report import short_table
 
     plan = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout,
                    merge_into=merge_into, baseline=not no_baseline, label=label)
-    extra = {}
-    if no_ceilings:
-        extra["measure_ceilings"] = lambda kind, devices, nbytes, log=None, **_: Ceilings(
-            nbytes=nbytes, skipped={"all": "--no-ceilings"})
+    extra = {"measure_ceilings": not_measured} if no_ceilings else {}
     results, _ = run_bench(plan, Path(out_dir), stream=sys.stderr, **extra)
     click.echo(short_table(results))
     failed = [w["name"] for w in results["workloads"]

@@ -61,14 +61,11 @@ def run(mode, sizes, only, runs, timeout, budget, out_dir, no_ceilings, options_
       spillway bench-scaling run --mode weak --sizes full --devices 0,1,2,3
       spillway bench-scaling run --cpu --n-workers 2 --mode weak --sizes tiny --only W1
     """
-    from ..bench.ceilings import Ceilings
+    from ..bench.ceilings import not_measured
     from ..bench.report import short_table
     from ..bench.scaling import run_study
 
-    measure = None
-    if no_ceilings:
-        def measure(kind, devices, nbytes, log=None, **_):
-            return Ceilings(nbytes=nbytes, skipped={"all": "--no-ceilings"})
+    measure = not_measured if no_ceilings else None
     options = resolve(options_flags)
     started = time.monotonic()
     problems = []

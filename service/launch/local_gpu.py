@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..options import Options
-from .plan import LaunchPlan
+from .plan import LaunchPlan, uses_tiered_store
 from .worker_config import worker_config
 
 
@@ -55,11 +55,6 @@ def rmm_kwargs(options: Options) -> dict:
         # CuPy allocates through RMM so its chunks come from the worker's pool
         rmm_allocator_external_lib_list=["cupy"] if options.uses_rmm else None,
     )
-
-
-def uses_tiered_store(options: Options) -> bool:
-    # with managed memory the driver migrates pages itself: there is no device tier to manage
-    return options.memory_store == "tiered" and not options.rmm_managed_memory
 
 
 def host_limit(options: Options, plan: LaunchPlan) -> int | None:

@@ -137,9 +137,14 @@ def plan(
                       host_memory=host_memory)
 
 
+def uses_tiered_store(options: Options) -> bool:
+    # with managed memory the driver migrates pages itself: there is no device tier to manage
+    return options.memory_store == "tiered" and not options.rmm_managed_memory
+
+
 def _check_pinned(options: Options, n_workers: int, host_memory: int) -> None:
     """The pinned pools of all the workers of this host fit in its share of host memory."""
-    if options.memory_store != "tiered" or options.rmm_managed_memory or not options.pinned_pool_size:
+    if not uses_tiered_store(options) or not options.pinned_pool_size:
         return
     total = int(options.pinned_pool_size) * n_workers
     limit = int(PINNED_HOST_FRACTION * host_memory)

@@ -315,7 +315,7 @@ class TieredStore(MutableMapping):
         # Free the host tier first: with the host tier at its limit the pinned arena
         # (sized to that limit) is full, and the copy would land in a buffer pinned on
         # demand (a slow first allocation, and pinned memory beyond the arena).
-        self._spill_host(incoming=n)
+        self._spill_host(n)
         value = self._device[key]
         waited = time.perf_counter()
         # On a busy GPU the value may still be being computed; the copy cannot start
@@ -329,14 +329,15 @@ class TieredStore(MutableMapping):
         self.device_bytes -= n
         self._host[key] = copy
         self.host_bytes += n
-        self._spill_host(exclude={key})  # a value larger than the room the host tier had
         return n
 
-    def _spill_host(self, exclude=(), incoming: int = 0) -> None:
+    def _spill_host(self, incoming: int) -> None:
+        """Write host copies to disk until ``incoming`` more bytes fit under the host limit
+        (or the host tier is empty: a value larger than the limit still goes to host)."""
         need = self.host_bytes + incoming - self.host_limit
         if need <= 0 or self.disk is None:
             return
-        for key in self._victims(list(self._host), exclude):
+        for key in self._victims(list(self._host), exclude=()):
             if need <= 0:
                 break
             copy = self._host.pop(key)
