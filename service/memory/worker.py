@@ -12,7 +12,8 @@ import numpy as np
 from .arena import Arena
 from .codecs import CupyCodec
 from .disk import DiskTier
-from .store import HostBuffers, TieredStore
+from .host import HostBuffers
+from .store import TieredStore
 
 logger = logging.getLogger("spillway.memory")
 

@@ -11,7 +11,8 @@ import pytest
 from service.memory.arena import Arena
 from service.memory.codecs import NumpyCodec
 from service.memory.disk import DiskTier
-from service.memory.store import HostBuffers, TieredStore
+from service.memory.host import HostBuffers
+from service.memory.store import TieredStore
 
 MB = 2**20
 
