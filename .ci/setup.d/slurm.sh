@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Slurm, MUNGE and Open MPI for tests/deploy: the tests start munged, slurmctld and slurmd
-# on loopback themselves (and stop them), and run `spillway mpi` under mpirun.
+# Slurm and MUNGE for tests/deploy: the tests start munged, slurmctld and slurmd on loopback
+# themselves (and stop them). MPI is not installed here: the test extra's Open MPI wheel
+# brings mpirun and libmpi (.ci/run checks the MPI tests pass with it alone).
 set -euo pipefail
 need=()
 for bin in munged slurmctld slurmd sbatch srun; do
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need=(slurm-wlm munge)
 done
-command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
