@@ -17,8 +17,16 @@ class GPU:
     memory_total: int
     memory_free: int
     pci_bus_id: str
-    #: NVLink link count to each other GPU, by that GPU's index
+    #: NVLink links to each other GPU, by that GPU's index, counted as ``nvidia-smi topo -m``
+    #: counts them: direct links, plus the links through an NVSwitch to every GPU the
+    #: switch reaches (on an NVSwitch host every pair shows the GPU's own link count)
     nvlinks: dict[int, int] = field(default_factory=dict)
+    #: this GPU's active links that end at an NVSwitch (0 where the GPUs link directly)
+    nvswitch_links: int = 0
+
+    def links_json(self) -> dict:
+        """The topology as ``spillway info`` and the bench's machine description record it."""
+        return {"nvlinks": {str(k): v for k, v in self.nvlinks.items()}, "nvswitch_links": self.nvswitch_links}
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,7 @@ def _read(pynvml) -> Inventory:
     visible = _visible(pynvml)
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in visible]
     bus_ids = [_text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower() for h in handles]
+    links = _topology(pynvml, handles, bus_ids)
     gpus = []
     for index, handle in enumerate(handles):
         mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
@@ -101,7 +110,8 @@ def _read(pynvml) -> Inventory:
                 memory_total=int(mem.total),
                 memory_free=int(mem.free),
                 pci_bus_id=bus_ids[index],
-                nvlinks=_nvlinks(pynvml, handle, bus_ids, handles),
+                nvlinks=links[index][0],
+                nvswitch_links=links[index][1],
             )
         )
     try:
@@ -114,10 +124,34 @@ def _read(pynvml) -> Inventory:
     return Inventory(tuple(gpus), driver, cuda_text, reason)
 
 
-def _nvlinks(pynvml, handle, bus_ids: list[str], handles: list) -> dict[int, int]:
-    """Active NVLink links from ``handle`` to each other GPU, by that GPU's index."""
+def _topology(pynvml, handles: list, bus_ids: list[str]) -> list[tuple[dict[int, int], int]]:
+    """Per GPU: NVLink links to each other GPU, and its links that end at an NVSwitch.
+
+    A pair that both reach through NVSwitches (and that NVML reports NVLink peer access
+    between) is credited the smaller of their switch link counts: what ``nvidia-smi topo
+    -m`` prints (NV18 between every pair of an HGX H100/H200 board), since a transfer
+    between them is bounded by the GPU with fewer links to the switch."""
+    direct, switch = [], []
+    for handle in handles:
+        links, through_switch = _nvlinks(pynvml, handle, bus_ids, handles)
+        direct.append(links)
+        switch.append(through_switch)
+    out = []
+    for i, a in enumerate(handles):
+        links = dict(direct[i])
+        for j, b in enumerate(handles):
+            if j == i or not switch[i] or not switch[j] or _p2p_nvlink(pynvml, a, b) is False:
+                continue
+            links[j] = links.get(j, 0) + min(switch[i], switch[j])
+        out.append((links, switch[i]))
+    return out
+
+
+def _nvlinks(pynvml, handle, bus_ids: list[str], handles: list) -> tuple[dict[int, int], int]:
+    """Active NVLink links from ``handle`` straight to each other GPU, by that GPU's index,
+    and the number of its active links that end at an NVSwitch."""
     links: dict[int, int] = {}
-    active = 0
+    switch = unmatched = untyped = 0
     remote_info = getattr(pynvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None) or getattr(
         pynvml, "nvmlDeviceGetNvLinkRemotePciInfo"
     )
@@ -127,28 +161,51 @@ def _nvlinks(pynvml, handle, bus_ids: list[str], handles: list) -> dict[int, int
                 continue
         except pynvml.NVMLError:
             continue
-        active += 1
+        kind = _remote_type(pynvml, handle, link)
+        if kind is not None and kind == getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2):
+            switch += 1
+            continue
         try:
             remote = _text(remote_info(handle, link).busId).lower()
         except pynvml.NVMLError:
-            continue
+            remote = ""
         # NVML pads the domain differently across calls: compare the bus:device.function tail
-        for peer, bus in enumerate(bus_ids):
-            if bus[-12:] == remote[-12:]:
-                links[peer] = links.get(peer, 0) + 1
-    unmatched = active - sum(links.values())
+        peer = next((j for j, bus in enumerate(bus_ids) if remote and bus[-12:] == remote[-12:]), None)
+        if peer is not None:
+            links[peer] = links.get(peer, 0) + 1
+        else:
+            unmatched += 1
+            untyped += kind is None
     if unmatched:
         # In virtual machines the remote PCI address is the host's, not the guest's; then
         # links go to the one peer that NVML reports as NVLink-reachable, when there is one.
+        # Where several are and NVML could not name the far end's type, the links end at a
+        # switch (a GPU's links cannot each reach several GPUs directly).
         peers = [j for j, other in enumerate(handles) if other is not handle and _p2p_nvlink(pynvml, handle, other)]
         if len(peers) == 1:
             links[peers[0]] = links.get(peers[0], 0) + unmatched
-    return links
+        elif len(peers) > 1:
+            switch += untyped
+    return links, switch
 
 
-def _p2p_nvlink(pynvml, a, b) -> bool:
+def _remote_type(pynvml, handle, link: int) -> int | None:
+    """The NVML device type at the far end of ``link`` (GPU, switch...); None where NVML
+    cannot say (older drivers and bindings)."""
+    get = getattr(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+    if get is None:
+        return None
+    try:
+        kind = get(handle, link)
+    except pynvml.NVMLError:
+        return None
+    return None if kind == getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_UNKNOWN", 0xFF) else kind
+
+
+def _p2p_nvlink(pynvml, a, b) -> bool | None:
+    """Whether NVML reports NVLink peer access from ``a`` to ``b``; None where it cannot say."""
     try:
         status = pynvml.nvmlDeviceGetP2PStatus(a, b, pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
     except (pynvml.NVMLError, AttributeError):
-        return False
+        return None
     return status == pynvml.NVML_P2P_STATUS_OK

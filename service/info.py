@@ -50,7 +50,7 @@ def collect() -> dict:
                 "memory_total": g.memory_total,
                 "memory_free": g.memory_free,
                 "pci_bus_id": g.pci_bus_id,
-                "nvlinks": {str(k): v for k, v in g.nvlinks.items()},
+                **g.links_json(),
             }
             for g in inv.gpus
         ],
@@ -96,16 +96,33 @@ def format_info(data: dict) -> str:
                 f"GPU {g['index']}: {g['name']}, {format_bytes(g['memory_total'])} "
                 f"({format_bytes(g['memory_free'])} free), {g['uuid']}, bus {g['pci_bus_id']}"
             )
-        if len(data["gpus"]) > 1:
-            lines.append("NVLink links (rows to columns):")
-            n = len(data["gpus"])
-            lines.append("       " + "".join(f"GPU{j:<4}" for j in range(n)))
-            for g in data["gpus"]:
-                cells = []
-                for j in range(n):
-                    cells.append("  -    " if j == g["index"] else f"NV{g['nvlinks'].get(str(j), 0):<5}")
-                lines.append(f"GPU{g['index']:<4}" + "".join(cells))
+        lines += topology_lines(data["gpus"])
     if data.get("transport"):
         lines.append(f"transport between workers: {data['transport']}")
     lines.append("stack: " + ", ".join(f"{k} {v or 'missing'}" for k, v in data["stack"].items()))
     return "\n".join(lines)
+
+
+def topology_lines(gpus: list[dict]) -> list[str]:
+    """The NVLink matrix of ``spillway info`` and the bench's machine description, from
+    :meth:`~service.gpus.GPU.links_json` records: NV<links> per pair as ``nvidia-smi topo
+    -m`` prints it (through an NVSwitch, every pair shows the GPU's links to the switch)."""
+    if len(gpus) < 2:
+        return []
+    switched = [g.get("nvswitch_links", 0) for g in gpus]
+    head = "NVLink links (rows to columns"
+    if all(switched):
+        head += f", through NVSwitch: {_counts(switched)} links per GPU to the switch"
+    elif any(switched):
+        head += ", some through NVSwitch"
+    lines = [head + "):", "       " + "".join(f"GPU{g['index']:<4}" for g in gpus)]
+    for g in gpus:
+        cells = ["  -    " if h["index"] == g["index"] else f"NV{g['nvlinks'].get(str(h['index']), 0):<5}"
+                 for h in gpus]
+        lines.append(f"GPU{g['index']:<4}" + "".join(cells))
+    return lines
+
+
+def _counts(values: list[int]) -> str:
+    return str(values[0]) if len(set(values)) == 1 else "/".join(map(str, values))
+

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import ParamError
+from ..info import topology_lines
 from ..sizes import format_bytes
 
 SIDES = ("spillway", "baseline")
@@ -29,9 +30,9 @@ def describe_machine(inventory, kind: str) -> dict:
 
     from ..info import installed_stack
 
+    # the topology as `spillway info` reads it, so both agree with `nvidia-smi topo -m`
     gpus = [
-        {"index": g.index, "name": g.name, "memory_total": g.memory_total,
-         "nvlinks": {str(k): v for k, v in g.nvlinks.items()}}
+        {"index": g.index, "name": g.name, "memory_total": g.memory_total, **g.links_json()}
         for g in (inventory.gpus if inventory is not None else ())
     ]
     if kind == "gpu" and gpus:
@@ -266,6 +267,9 @@ def markdown(results: dict) -> str:
         f"- CPU: {m['cpu']}, {m['cores']} cores, {format_bytes(m['memory_total'])}; {m['platform']}",
         "- stack: " + ", ".join(f"{k} {v}" for k, v in m["stack"].items() if v),
     ]
+    links = topology_lines(m["gpus"])
+    if links:
+        lines += ["", "```", *links, "```"]
     for side in SIDES:
         c = results["clusters"].get(side)
         if c:
