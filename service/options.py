@@ -220,7 +220,7 @@ _PARSERS = {
     "memory_limit": _limit("auto"),
     "local_directory": _optional(_directory),
     "memory_store": _choice("tiered", "dask-cuda"),
-    "pinned_pool_size": _limit(),
+    "pinned_pool_size": _limit("auto"),
     "prefetch": _bool,
     "spill_on_demand": _bool,
     "protocol": _choice("auto", "ucx", "tcp"),
@@ -258,7 +258,7 @@ class Options:
     memory_limit: int | float | str = "auto"
     local_directory: str | None = None
     memory_store: str = "tiered"
-    pinned_pool_size: int | float = 0
+    pinned_pool_size: int | float | str = "auto"
     prefetch: bool = True
     spill_on_demand: bool = True
     protocol: str = "auto"

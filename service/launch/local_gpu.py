@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..options import Options
-from .plan import LaunchPlan, uses_tiered_store
+from .plan import LaunchPlan, pinned_pool_bytes, uses_tiered_store
 from .worker_config import worker_config
 
 
@@ -33,10 +33,11 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
     if uses_tiered_store(options):
         from ..memory.worker import make_store
 
+        host = host_limit(options, plan)
         kwargs["data"] = (make_store, {
             "device_memory_limit": options.device_memory_limit,
-            "host_limit": host_limit(options, plan),
-            "pinned_pool_size": int(options.pinned_pool_size),
+            "host_limit": host,
+            "pinned_pool_size": pinned_pool_bytes(options, plan, host),
             "pinned_limit": plan.pinned_limit,
         })
     return kwargs

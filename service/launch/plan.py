@@ -45,9 +45,11 @@ PINNED_HOST_FRACTION = 0.5
 
 
 def host_memory_bytes() -> int:
-    import psutil
+    """The memory this host's workers may use: the machine's, or its container's limit
+    (cgroup) where lower, as the out-of-memory killer counts it."""
+    from distributed.system import memory_limit
 
-    return int(psutil.virtual_memory().total)
+    return int(memory_limit())
 
 
 def ucxx_installed() -> bool:
@@ -142,9 +144,20 @@ def uses_tiered_store(options: Options) -> bool:
     return options.memory_store == "tiered" and not options.rmm_managed_memory
 
 
+def pinned_pool_bytes(options: Options, plan: LaunchPlan, host_limit: int | None) -> int:
+    """The pinned arena each worker grows: ``auto`` is the worker's share of the pinned
+    bound (:attr:`LaunchPlan.pinned_limit`), at most its host tier (``host_limit``, the
+    memory-limit in bytes): pinning more than the host tier holds would never be used."""
+    if options.pinned_pool_size != "auto":
+        return int(options.pinned_pool_size)
+    bounds = [int(b) for b in (plan.pinned_limit, host_limit) if b]
+    return min(bounds) if bounds else 0
+
+
 def _check_pinned(options: Options, n_workers: int, host_memory: int) -> None:
-    """The pinned pools of all the workers of this host fit in its share of host memory."""
-    if not uses_tiered_store(options) or not options.pinned_pool_size:
+    """The pinned pools of all the workers of this host fit in its share of host memory
+    (``auto`` is sized within it)."""
+    if not uses_tiered_store(options) or options.pinned_pool_size in (0, "auto"):
         return
     total = int(options.pinned_pool_size) * n_workers
     limit = int(PINNED_HOST_FRACTION * host_memory)

@@ -3,26 +3,27 @@ and wired to the worker's task queue, RMM resource and event loop by the worker 
 
 from __future__ import annotations
 
-import logging
 import math
-import time
+import os
 
 import numpy as np
 
-from .arena import Arena
 from .codecs import CupyCodec
 from .disk import DiskTier
+from .growth import headroom_for, host_available, host_total
 from .host import HostBuffers
 from .store import TieredStore
 
-logger = logging.getLogger("spillway.memory")
 
+def take_segment(nbytes: int) -> np.ndarray:
+    """One arena segment: pinned host memory, touched so its pages exist before the first
+    spill. Taken with its own cudaHostAlloc (CuPy releases the GIL meanwhile), not through
+    CuPy's pinned pool, whose lock would hold on-demand allocations for the seconds this
+    takes; the segment is kept for the worker's life."""
+    import cupy
 
-def take_pinned(nbytes: int) -> np.ndarray:
-    """Pinned host memory, touched once so its pages exist before the first spill."""
-    import cupyx
-
-    buf = cupyx.empty_pinned(nbytes, dtype=np.uint8)
+    memory = cupy.cuda.PinnedMemory(nbytes, cupy.cuda.runtime.hostAllocPortable)
+    buf = np.ndarray((nbytes,), dtype=np.uint8, buffer=cupy.cuda.PinnedMemoryPointer(memory, 0))
     buf[:: 4096] = 0
     return buf
 
@@ -44,9 +45,7 @@ def make_store(
     host = HostBuffers(None, _pinned_fallback,
                        pinned_limit=math.inf if pinned_limit is None else pinned_limit)
     if pinned_pool_size:
-        # Taken here, while the worker process is built and before it opens its comms, so
-        # a worker is up only once its pool is (80 GB took about 35 s on the GPU host).
-        _take_arena(host, pinned_pool_size)
+        start_arena(host, int(pinned_pool_size))
     return TieredStore(
         device_limit=device_limit,
         host_limit=host_limit or math.inf,
@@ -56,16 +55,56 @@ def make_store(
     )
 
 
-def _take_arena(host: HostBuffers, nbytes: int) -> None:
-    start = time.perf_counter()
-    try:
-        host.arena = Arena(take_pinned(nbytes))
-        logger.info("took %d bytes of pinned host memory in %.1f s", nbytes, time.perf_counter() - start)
-    except Exception:
-        logger.exception("could not take %d bytes of pinned host memory; using pinned buffers on demand", nbytes)
+def start_arena(host: HostBuffers, nbytes: int):
+    """Grow the pinned arena to ``nbytes`` on a background thread (see
+    :mod:`service.memory.growth`): the worker starts at once, and its spills use each
+    segment as soon as it is in. Taking it here, before the worker opens its comms, took
+    about 35 s for 80 GB on the GPU host and held the worker's start as long."""
+    return host.grow_arena(
+        nbytes, take_segment,
+        trim=_trim_pinned_pool,
+        prepare=_near_the_gpu,
+        should_stop=_worker_closing,
+        available=host_available,
+        headroom=headroom_for(host_total()),
+    )
 
 
 def _pinned_fallback(nbytes: int) -> np.ndarray:
     import cupyx
 
     return cupyx.empty_pinned(nbytes, dtype=np.uint8)
+
+
+def _trim_pinned_pool() -> None:
+    """Free the pinned blocks CuPy's pool keeps after on-demand buffers are released: they
+    are still pinned, but the limit counts only buffers in use."""
+    import cupy
+
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def _near_the_gpu() -> None:
+    """Run the growing thread on the cores next to this worker's GPU, so the arena's pages
+    land on the GPU's NUMA node. dask-cuda pins the worker's own threads there, but only
+    when its plugins run, after the store (and this thread) exist."""
+    from dask_cuda.utils import get_cpu_affinity, nvml_device_index
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        cores = get_cpu_affinity(nvml_device_index(0, visible))
+        if cores:
+            os.sched_setaffinity(0, cores)
+
+
+def _worker_closing() -> bool:
+    """Whether the worker of this process is closing (the store has no close hook of its
+    own in distributed): growth stops instead of pinning memory on the way out."""
+    try:
+        from distributed import Worker
+        from distributed.core import Status
+    except ImportError:
+        return False
+    workers = list(Worker._instances)
+    done = {Status.closing, Status.closed, Status.closing_gracefully, Status.failed}
+    return bool(workers) and all(w.status in done for w in workers)
