@@ -127,11 +127,17 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
     if output is not None:
         output = check_path(output)
     stream = default_stream() if progress is None else (sys.stderr if progress else None)
-    with open_cluster(options) as session:
-        report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output)
     if as_json:
-        click.echo(json.dumps(report, default=str))
+        from .stdout import JsonStdout
+
+        # the cluster's processes and UCX's C code print to fd 1 too: only the report may
+        with JsonStdout(restore=False) as out:
+            with open_cluster(options) as session:
+                report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output)
+            out.emit(json.dumps(report, default=str))
     else:
+        with open_cluster(options) as session:
+            report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output)
         click.echo(format_report(report))
     if verify and report["verify"] and report["verify"]["ok"] is False:
         sys.exit(1)

@@ -131,7 +131,7 @@ def test_up_then_run_attached_then_sigterm(tmp_path):
             capture_output=True, text=True, timeout=120, env=env,
         )
         assert out.returncode == 0, out.stderr
-        report = json.loads(out.stdout.strip().splitlines()[-1])
+        report = json.loads(out.stdout)
         assert report["verify"]["ok"] and report["cluster"]["n_workers"] == 2
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)
@@ -140,3 +140,54 @@ def test_up_then_run_attached_then_sigterm(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+NOISE = '''\
+import os, subprocess, sys
+
+def dask_setup(server):
+    # what UCX does: C code writing to fd 1, here and in a process it starts
+    os.write(1, b"UCX  WARN  unused environment variable: UCX_MEMTYPE_CACHE\\n")
+    subprocess.run([sys.executable, "-c", "import os; os.write(1, b'child of ' + b'%s\\\\n')" % type(server).__name__])
+    print("and Python's print", flush=True)
+'''
+
+
+@pytest.mark.timeout(180)
+def test_run_json_stdout_is_one_object_whatever_processes_print(tmp_path):
+    """Workers (other processes), their children and the scheduler (this process) write to
+    fd 1 at the C level while the cluster runs; stdout still holds the report alone."""
+    preload = tmp_path / "noise.py"
+    preload.write_text(NOISE)
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               DASK_DISTRIBUTED__WORKER__PRELOAD=f"['{preload}']",
+               DASK_DISTRIBUTED__SCHEDULER__PRELOAD=f"['{preload}']")
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "run", "transpose-sum", "--param", "size=200x200", "--json", *QUIET],
+        capture_output=True, text=True, timeout=150, env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["workflow"] == "transpose-sum" and out.stdout.count("\n") == 1
+    # the noise went to stderr, from the scheduler's process and both workers
+    assert out.stderr.count("unused environment variable") == 3, out.stderr
+    assert "child of Worker" in out.stderr and "child of Scheduler" in out.stderr
+
+
+def test_json_stdout_in_process_keeps_fd1_and_writes_to_the_stream(capsys):
+    from service.cli.stdout import JsonStdout
+
+    with JsonStdout() as out:
+        out.emit('{"a": 1}')
+    assert capsys.readouterr().out == '{"a": 1}\n'
+
+
+def test_json_stdout_moves_fd1_and_restores_it(tmp_path):
+    code = ("import os, sys\n"
+            "from service.cli.stdout import JsonStdout\n"
+            "with JsonStdout() as out:\n"
+            "    os.write(1, b'c-level\\n'); print('python'); out.emit('{}')\n"
+            "os.write(1, b'after\\n')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "{}\nafter\n" and done.stderr == "c-level\npython\n"
