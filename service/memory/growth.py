@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .arena import ALIGN
+
 logger = logging.getLogger("spillway.memory")
 
 GiB = 1 << 30
@@ -39,8 +41,6 @@ SEGMENT_BYTES = 4 * GiB
 VALUES_PER_SEGMENT = 4
 #: but no segment larger than this (about 7 s to take at the GPU host's rate)
 MAX_SEGMENT_BYTES = 16 * GiB
-#: segments are whole multiples of this (huge-page friendly)
-SEGMENT_ALIGN = 2 << 20
 #: nice value of the growing thread: it yields the CPU to the worker's own threads
 NICE = 19
 
@@ -94,13 +94,13 @@ class ArenaGrowth(threading.Thread):
         self.ready_s: float | None = None
         #: seconds spent inside ``take`` (the cost of pinning and first touch)
         self.take_s = 0.0
-        self._stop = threading.Event()
+        self._closing = threading.Event()
         self._said: set[str] = set()
 
     # --- control
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        self._stop.set()
+        self._closing.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
 
@@ -136,7 +136,7 @@ class ArenaGrowth(threading.Thread):
             except Exception:
                 logger.debug("pinned arena: prepare failed", exc_info=True)
         while True:
-            if self._stop.is_set():
+            if self._closing.is_set():
                 self._stopped("closed")
                 return
             if self.should_stop is not None and self.should_stop():
@@ -174,7 +174,7 @@ class ArenaGrowth(threading.Thread):
                                size, type(e).__name__, e, self.taken)
                 return
             self.take_s += time.monotonic() - start
-            if self._stop.is_set():
+            if self._closing.is_set():
                 # closed while this segment was being taken: it is not used, its memory
                 # goes back with the last reference to it
                 self.host.cancel_segment(size)
@@ -189,7 +189,7 @@ class ArenaGrowth(threading.Thread):
     def _next_size(self, remaining: int) -> int:
         size = max(self.segment_bytes, VALUES_PER_SEGMENT * self.host.largest_request)
         size = min(size, self.max_segment_bytes)
-        size = -(-size // SEGMENT_ALIGN) * SEGMENT_ALIGN
+        size = -(-size // ALIGN) * ALIGN
         return min(size, remaining)
 
     def _ready(self) -> None:
@@ -207,7 +207,7 @@ class ArenaGrowth(threading.Thread):
         if state not in self._said:
             self._said.add(state)
             logger.info(message, *args)
-        self._stop.wait(self.retry_s)
+        self._closing.wait(self.retry_s)
 
 
 def _lower_priority() -> None:

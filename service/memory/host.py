@@ -111,10 +111,12 @@ class HostBuffers:
         from reserved to the arena at once, so the limit check never sees them twice or
         not at all."""
         with self._lock:
-            if self.arena is None:
-                self.arena = Arena()
-            self.arena.add(buffer)
-            self._arena_reserved -= reserved
+            try:
+                arena = self.arena if self.arena is not None else Arena()
+                arena.add(buffer)
+                self.arena = arena
+            finally:
+                self._arena_reserved -= reserved
 
     def cancel_segment(self, reserved: int) -> None:
         with self._lock:
