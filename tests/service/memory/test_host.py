@@ -346,3 +346,29 @@ def test_growth_runs_at_the_lowest_priority():
     grow(host, SEG, pins, prepare=prepare).join(5)
     assert niceness["thread"] == 19
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # this thread untouched
+
+
+# --- on a GPU: real pinned segments
+
+
+@pytest.mark.gpu
+def test_real_segments_are_pinned_and_spills_copy_into_them():
+    import cupy
+
+    from service.memory.worker import _pinned_fallback, start_arena, take_segment
+
+    seg = take_segment(8 * MB)
+    attrs = cupy.cuda.runtime.pointerGetAttributes(seg.__array_interface__["data"][0])
+    assert attrs.type == 1  # cudaMemoryTypeHost: page-locked (pageable memory reads 0)
+    host = HostBuffers(None, _pinned_fallback, pinned_limit=1 << 40)
+    growth = start_arena(host, 64 * MB)
+    growth.join(60)
+    assert growth.ready and host.arena.capacity == 64 * MB, growth.state
+    x = cupy.arange(MB, dtype=cupy.float64)
+    buf = host.alloc(x.nbytes)
+    assert host.arena.owns(buf)
+    cupy.cuda.runtime.memcpy(buf.__array_interface__["data"][0], x.data.ptr, x.nbytes,
+                             cupy.cuda.runtime.memcpyDeviceToHost)
+    np.testing.assert_array_equal(buf.view(np.float64), np.arange(MB, dtype=np.float64))
+    host.release(buf)
+    host.close()
