@@ -128,6 +128,8 @@ class RunMeasure:
     resident: dict | None = None
     #: the gathered result, where asked for
     value: Any = None
+    #: the clock's start and stop as wall-clock times (``time.time()``)
+    window: tuple[float, float] | None = None
 
 
 def spill_moves(before: dict, after: dict) -> dict:
@@ -212,6 +214,8 @@ class SideResult:
     error: str | None = None
     #: why this side did not run, where it did not
     skipped: str | None = None
+    #: where the first timed run's time went per worker (``--timeline``)
+    timeline: dict | None = None
 
     @property
     def median_s(self) -> float | None:
@@ -254,6 +258,7 @@ class SideResult:
             "spill_producer_wait_s": _median_of(self.spill, "spill_producer_wait_s"),
             "persist_spill_moves": summarize_spills(self.persist_spill),
             "verify": self.verify,
+            "timeline": self.timeline,
         }
 
 
@@ -310,6 +315,7 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
     if kind == "gpu":
         client.run(synchronize_device)
     seconds = time.perf_counter() - start
+    window = (window_start, time.time())
     failed = [f for f in futures if f.status != "finished"]
     if failed:
         failed[0].result()  # raises the task's exception
@@ -331,13 +337,14 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
     return RunMeasure(seconds=seconds, transfers=transfers, bytes_moved=moved, bytes_spilled=spilled,
                       persist_s=persist_s, spill=spill_moves(before, after),
                       persist_spill=spill_moves(start_persist, before), resident=resident_bytes(before),
-                      value=value)
+                      value=value, window=window)
 
 
 def run_workload(client, workload: Workload, *, scale: str, target, runs: int, timeout: float,
-                 kind: str, log: Callable[[str], None], label: str) -> SideResult:
+                 kind: str, log: Callable[[str], None], label: str, timeline: bool = False) -> SideResult:
     """One warm-up (where the workload has one) and ``runs`` timed runs of ``workload``,
-    each on fresh inputs; the last is checked against the workload's reference."""
+    each on fresh inputs; the last is checked against the workload's reference. With
+    ``timeline`` the first timed run's timeline is recorded (:func:`timed_run_recorded`)."""
     result = SideResult()
     if not workload.warmup:
         result.notes.append("no warm-up run (its inputs alone take minutes to persist)")
@@ -352,7 +359,10 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
         if built.note and built.note not in result.notes:
             result.notes.append(built.note)
         check = workload.reference is not None and i == runs
-        measure = timed_run(client, built.result, kind=kind, timeout=timeout, keep_value=check)
+        measure, recorded = timed_run_recorded(client, built.result, kind=kind, timeout=timeout,
+                                               keep_value=check, record=timeline and i == 1)
+        if recorded is not None:
+            result.timeline = recorded
         del built
         if not wait_released(client):
             result.notes.append("workers still held data 120 s after a run")
@@ -377,6 +387,18 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
                 result.error = (f"result check failed: relative error {result.verify['rel_error']:.3e} "
                                 f"above {workload.tolerance:.0e}")
     return result
+
+
+def timed_run_recorded(client, collection, *, record: bool, **kwargs) -> tuple[RunMeasure, dict | None]:
+    """:func:`timed_run`, and where ``record`` is set, where its time went on each worker
+    (:mod:`service.bench.timeline`; read after the clock stops)."""
+    if not record:
+        return timed_run(client, collection, **kwargs), None
+    from . import timeline
+
+    with timeline.recording(client) as rec:
+        measure = timed_run(client, collection, **kwargs)
+    return measure, rec.result(measure.window)
 
 
 def verify(workload: Workload, scale: str, seed: int, value, *, log, label: str) -> dict:
@@ -483,6 +505,8 @@ class Plan:
     baseline: bool = True
     #: a short name of this run, kept in the JSON and the file names
     label: str | None = None
+    #: record each workload's first timed run per worker (``--timeline``)
+    timeline: bool = False
 
 
 def check_fits(workloads: list[Workload], scale: str, kind: str, budget_bytes: int) -> None:
@@ -573,7 +597,7 @@ def _run_side(opener, members, side, plan, target, kind, results, clusters, log)
                     try:
                         results[w.name][side] = run_workload(
                             client, w, scale=plan.scale, target=target, runs=plan.runs,
-                            timeout=plan.timeout, kind=kind, log=log, label=side)
+                            timeout=plan.timeout, kind=kind, log=log, label=side, timeline=plan.timeline)
                     except Exception as e:  # one workload failing must not end the benchmark
                         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                         results[w.name][side] = SideResult(error=error)

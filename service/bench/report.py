@@ -21,6 +21,7 @@ from pathlib import Path
 from ..errors import ParamError
 from ..info import topology_lines
 from ..sizes import format_bytes
+from . import timeline
 
 SIDES = ("spillway", "baseline")
 
@@ -298,6 +299,7 @@ def markdown(results: dict) -> str:
         )
     lines += _spill_section(results["workloads"])
     lines += _tiers_section(results["workloads"])
+    lines += timeline.markdown_section(results)
     judged = [t for t in results.get("targets", []) if t["met"] is not None]
     if judged:
         lines += ["", "## Targets", "", "| workload | target | value | met |", "| --- | --- | ---: | --- |"]
@@ -447,10 +449,13 @@ def plot(results: dict, path: Path) -> None:
 
 def write(results: dict, out_dir: Path, name: str, *, render=None, draw=None) -> dict[str, Path]:
     """``<name>.json``, ``.md`` and ``.png`` in ``out_dir``: the results, ``render(results)``
-    and ``draw(results, path)`` (the bench's own markdown and plot unless given)."""
+    and ``draw(results, path)`` (the bench's own markdown and plot unless given); and the
+    recorded runs' ``<name>-timeline.png`` and ``.html`` where there are any."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    # first: it takes the performance reports out of the results the JSON holds
+    timelines = timeline.write_files(results, out_dir, name)
     paths = {ext: out_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
     paths["json"].write_text(json.dumps(results, indent=2, default=str) + "\n")
     paths["md"].write_text((render or markdown)(results))
     (draw or plot)(results, paths["png"])
-    return paths
+    return {**paths, **timelines}

@@ -187,10 +187,11 @@ def file_label(mode: str, n_workers: int) -> str:
 
 def run_study(options, *, mode: str, sizes: str = "auto", only: str | None = None, runs: int = 3,
               timeout: float = 120, out_dir: Path, budget_s: float = 540, stream=sys.stderr,
-              measure_ceilings: Callable | None = None, inventory=None,
+              measure_ceilings: Callable | None = None, inventory=None, timeline: bool = False,
               clock: Callable[[], float] = time.monotonic) -> tuple[dict, dict[str, Path]]:
     """Run the study's workloads at the sizes for this machine's worker count; returns the
-    results and the files written (``<machine>-<date>-<mode>-n<N>.{json,md,png,log}``).
+    results and the files written (``<machine>-<date>-<mode>-n<N>.{json,md,png,log}``, and
+    with ``timeline`` the recorded runs' ``-timeline.png`` and ``.html`` beside them).
 
     Every request is checked, scaled sizes included, before any cluster starts."""
     from . import _budget, prepare, run_bench
@@ -241,12 +242,14 @@ def run_study(options, *, mode: str, sizes: str = "auto", only: str | None = Non
         part_start = clock()
         plan = prepare(options, only=",".join(part), sizes=first.scale, runs=runs, timeout=timeout,
                        inventory=first.inventory, merge_into=json_path, **extra)
-        plan = dataclasses.replace(plan, workloads=[by_name[name] for name in part])
+        plan = dataclasses.replace(plan, workloads=[by_name[name] for name in part], timeline=timeline)
         _, written = run_bench(plan, Path(out_dir), stream=stream, **ceilings_kw)
         if json_path is None:
-            paths = written
+            paths = dict(written)
             json_path = paths["json"]
         else:
+            # the later parts' timelines are drawn into the first part's files
+            paths.update((k, v) for k, v in written.items() if k.startswith("timeline"))
             _append_log(paths["log"], written["log"])
             if stream is not None:
                 print(f"its log is appended to {paths['log']}", file=stream, flush=True)

@@ -36,6 +36,10 @@ from .options import cluster_options, resolve
 @click.option("--label", default=None, metavar="TEXT",
               help="A short name for this run ([A-Za-z0-9_.-], at most 40), kept in the JSON and added to "
                    "the file names, so several runs in one session keep their own files.")
+@click.option("--timeline", is_flag=True,
+              help="Record each workload's first timed run on each side: per worker, seconds of compute, "
+                   "transfer and waiting in the JSON and markdown, <name>-timeline.png (a row per worker), and "
+                   "distributed's performance reports in <name>-timeline.html where bokeh is installed.")
 @click.option("--link-sweep", is_flag=True,
               help="Measure the link instead of the workloads: peer copy both ways, UCXX send/receive and "
                    "pinned host <-> GPU copies (host copy on CPU workers) at each message size; writes "
@@ -45,8 +49,8 @@ from .options import cluster_options, resolve
                    "512MiB,1GiB,2GiB).")
 @cluster_options
 @fail_cleanly
-def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_baseline, label, link_sweep,
-          sweep_sizes, options_flags):
+def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_baseline, label, timeline,
+          link_sweep, sweep_sizes, options_flags):
     """Run each workload on spillway's cluster and on plain LocalCUDACluster(protocol="ucx")
     (plain LocalCluster on CPU), and report times, speedups, transfer bandwidth against the
     hardware ceilings, bytes moved and spilled.
@@ -63,11 +67,12 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_basel
       spillway bench --cpu --n-workers 2 --sizes tiny # the CI smoke run
       spillway bench --sizes full --only B1 --merge-into benchmarks/results/RUN.json
       spillway bench --sizes full --only W1,W3 --no-baseline --label step1 --transfer-connections 4
+      spillway bench --only W1,W2,W5,B2 --timeline    # where each worker's time goes
       spillway bench --link-sweep                     # GB/s against message size, 8 MiB to 2 GiB
     """
     if link_sweep:
         return _link_sweep(resolve(options_flags), out_dir, sweep_sizes, label, only=only, merge_into=merge_into,
-                           no_baseline=no_baseline, no_ceilings=no_ceilings)
+                           no_baseline=no_baseline, no_ceilings=no_ceilings, timeline=timeline)
     if sweep_sizes is not None:
         raise ParamError(f"sweep-sizes: {sweep_sizes!r} is only used with --link-sweep")
 
@@ -77,6 +82,7 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_basel
 
     plan = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout,
                    merge_into=merge_into, baseline=not no_baseline, label=label)
+    plan.timeline = timeline
     extra = {"measure_ceilings": not_measured} if no_ceilings else {}
     results, _ = run_bench(plan, Path(out_dir), stream=sys.stderr, **extra)
     click.echo(short_table(results))

@@ -47,9 +47,13 @@ def bench_scaling():
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="benchmarks/results/scaling",
               show_default=True, help="Directory for <machine>-<date>-<mode>-n<N>.{json,md,png,log}.")
 @click.option("--no-ceilings", is_flag=True, help="Skip measuring the hardware ceilings.")
+@click.option("--timeline", is_flag=True,
+              help="Record each workload's first timed run: per worker, seconds of compute, transfer and "
+                   "waiting in the JSON and markdown, and <name>-timeline.png / .html beside the results "
+                   "(as in spillway bench --timeline).")
 @cluster_options
 @fail_cleanly
-def run(mode, sizes, only, runs, timeout, budget, out_dir, no_ceilings, options_flags):
+def run(mode, sizes, only, runs, timeout, budget, out_dir, no_ceilings, timeline, options_flags):
     """Run the study's workloads on this machine's workers at the sizes for their count.
 
     spillway's side only (the baseline is not what scales here); the cluster flags work as
@@ -60,6 +64,7 @@ def run(mode, sizes, only, runs, timeout, budget, out_dir, no_ceilings, options_
       spillway bench-scaling run --mode both --sizes full               # all GPUs
       spillway bench-scaling run --mode weak --sizes full --devices 0,1,2,3
       spillway bench-scaling run --cpu --n-workers 2 --mode weak --sizes tiny --only W1
+      spillway bench-scaling run --mode weak --sizes full --only W1,W2,W5,B2 --timeline
     """
     from ..bench.ceilings import not_measured
     from ..bench.report import short_table
@@ -81,7 +86,7 @@ def run(mode, sizes, only, runs, timeout, budget, out_dir, no_ceilings, options_
             continue
         results, paths = run_study(options, mode=one, sizes=sizes, only=only, runs=runs, timeout=timeout,
                                    out_dir=Path(out_dir), budget_s=max(0.0, left), stream=sys.stderr,
-                                   measure_ceilings=measure)
+                                   measure_ceilings=measure, timeline=timeline)
         served.update(results["scaling"]["modes"])
         need = results["scaling"]["parts"][0]["seconds"] if results["scaling"]["parts"] else 0.0
         click.echo(short_table(results))
