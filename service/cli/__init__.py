@@ -63,6 +63,7 @@ LazyGroup.lazy.update({
     "tenant": "service.cli.serve:tenant",
     "slurm": "service.cli.slurm:slurm",
     "mpi": "service.cli.slurm:mpi",
+    "worker": "service.cli.worker:worker",
 })
 
 

@@ -18,7 +18,8 @@ from ..gpus import Inventory, discover
 from ..options import Options
 from ..plugins import WorkerSetup
 from .deaths import start_failure, watch_worker_deaths
-from .plan import LaunchPlan, plan
+from .plan import LaunchPlan, plan, uses_tiered_store
+from .ucx_env import quiet_ucx
 
 logger = logging.getLogger("spillway")
 
@@ -26,7 +27,7 @@ logger = logging.getLogger("spillway")
 #: takes about half a minute per worker to take)
 START_TIMEOUT_S = 120
 
-__all__ = ["Session", "open_cluster", "plan", "LaunchPlan"]
+__all__ = ["Session", "open_cluster", "plan", "LaunchPlan", "close_cluster", "close_timeout_s"]
 
 
 @dataclass
@@ -98,16 +99,59 @@ def _arrived(client) -> int | None:
         return None
 
 
-def close_cluster(cluster) -> None:
-    """Close a cluster spillway started. A worker process that outlives the nanny's close
-    timeout after its work is done is killed, and the close goes on: waiting longer would
-    not keep anything (a worker that pinned 48 GB of host memory beside a 126 GB RMM pool
-    took over 5 s to exit on the GPU host, and distributed then raised TimeoutError)."""
+#: seconds a worker process has to exit when spillway closes its cluster (distributed's
+#: nanny gives it 5 s, the last second for the kill: "Worker process still alive after 4.0
+#: seconds, killing" ended every close on the GPU host) ...
+CLOSE_BASE_S = 15
+#: ... and one more second for each of these many bytes the worker holds in its RMM pool
+#: and pinned host memory: handing them back is most of a large worker's exit (48 GB
+#: pinned beside a 126 GB pool took over 5 s on the GPU host)
+CLOSE_BYTES_PER_S = 8 * 10**9
+
+
+def close_timeout_s(options: Options, launch: LaunchPlan, device_memory: int = 0) -> float:
+    """Seconds each worker of ``launch`` gets to exit on close, from what it may hold: its
+    RMM pool (a fraction of ``device_memory``, the GPU's bytes, or bytes) and the pinned
+    host memory it may take (its pinned bound, or the arena's size where that is larger)."""
+    held = 0
+    if launch.kind == "gpu":
+        pool = options.pool_size
+        if isinstance(pool, float):
+            held += int(pool * device_memory)
+        elif pool:
+            held += int(pool)
+        if uses_tiered_store(options):
+            pinned = options.pinned_pool_size if isinstance(options.pinned_pool_size, int) else 0
+            held += max(int(launch.pinned_limit or 0), pinned)
+    return CLOSE_BASE_S + held / CLOSE_BYTES_PER_S
+
+
+def close_cluster(cluster, timeout: float | None = None) -> None:
+    """Close a cluster spillway started: its workers first, each given ``timeout`` seconds
+    to exit (:func:`close_timeout_s`; None keeps distributed's 5 s), then the scheduler.
+    A worker process that outlives that after its work is done is killed, and the close
+    goes on: waiting longer would not keep anything."""
     try:
+        if timeout is not None:
+            _close_workers(cluster, timeout)
         cluster.close()
     except TimeoutError:
-        logger.warning("closing the cluster: a worker process did not exit within distributed's close "
-                       "timeout and was killed (workers with large pinned or RMM pools take longer to exit)")
+        logger.warning("closing the cluster: a worker process did not exit within the close timeout "
+                       "and was killed (workers with large pinned or RMM pools take longer to exit)")
+
+
+def _close_workers(cluster, timeout: float) -> None:
+    workers = list(getattr(cluster, "workers", {}).values())
+    if workers and hasattr(cluster, "sync"):
+        cluster.sync(_close_all, workers, timeout)
+
+
+async def _close_all(workers, timeout: float) -> None:
+    import asyncio
+
+    # nannies (and in-process workers) close their worker within ``timeout``; the cluster's
+    # own close then finds them closed
+    await asyncio.gather(*(w.close(timeout=timeout) for w in workers))
 
 
 def _worker_kind(dask_worker):
@@ -122,11 +166,15 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Ite
     launch = plan(options, inventory)
     for note in launch.notes:
         logger.warning(note)
+    if launch.kind == "attach" or launch.protocol == "ucx":
+        quiet_ucx()  # this process and the workers it starts inherit it
     with contextlib.ExitStack() as stack:
         deaths = stack.enter_context(watch_worker_deaths())
         cluster = start_cluster(options, launch)
         if cluster is not None:
-            stack.callback(close_cluster, cluster)
+            device_memory = max((g.memory_total for g in inventory.gpus), default=0)
+            # registered first, so it runs after the client's close: client, workers, scheduler
+            stack.callback(close_cluster, cluster, close_timeout_s(options, launch, device_memory))
         client = connect_client(options, cluster)
         stack.callback(client.close)
         expected = launch.n_workers or 1

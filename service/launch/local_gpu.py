@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from ..options import Options
-from .plan import LaunchPlan, pinned_pool_bytes, uses_tiered_store
+from .plan import LaunchPlan, uses_tiered_store
 from .worker_config import worker_config
+from .worker_store import store_spec
 
 
 def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
@@ -31,15 +32,7 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
     if options.interface is not None:
         kwargs.pop("host")
     if uses_tiered_store(options):
-        from ..memory.worker import make_store
-
-        host = host_limit(options, plan)
-        kwargs["data"] = (make_store, {
-            "device_memory_limit": options.device_memory_limit,
-            "host_limit": host,
-            "pinned_pool_size": pinned_pool_bytes(options, plan, host),
-            "pinned_limit": plan.pinned_limit,
-        })
+        kwargs["data"] = store_spec(options, plan, host_limit(options, plan))
     return kwargs
 
 

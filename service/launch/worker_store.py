@@ -1,0 +1,62 @@
+"""The tiered store a GPU worker is built with, whoever starts it (the local GPU cluster,
+``spillway worker`` in a batch job, an MPI rank), and the order of the worker's set-up.
+
+distributed builds a worker's ``data`` in ``Worker.__init__``, before the worker opens
+its comms. Over UCX, distributed-ucxx then starts UCX (``init_once``) when the worker
+listens: it creates the worker's CUDA context itself, on the worker's GPU, and warns "A
+CUDA context for device N already exists" when one is there already. The tiered store
+makes one (its copy streams, the pinned arena's ``cudaHostAlloc``), so it used to win that
+race on every start. :func:`build_store` starts UCX first, then builds the store; the
+listener's ``init_once`` later finds UCX started and does nothing.
+"""
+
+from __future__ import annotations
+
+from ..options import Options
+from .plan import LaunchPlan, pinned_pool_bytes
+
+
+def setup_steps(protocol: str) -> tuple[str, ...]:
+    """What :func:`build_store` does, in order: ``comm`` (start UCX, which makes the CUDA
+    context) before ``store`` over UCX; the store alone over TCP, where no comm cares
+    whether a context exists."""
+    scheme = protocol.split("://", 1)[0].lower()
+    return ("comm", "store") if scheme in ("ucx", "ucxx") else ("store",)
+
+
+def start_ucx() -> None:
+    """Start UCX in this worker process as its listener would (distributed-ucxx's
+    ``init_once``, which runs once per process and reads the same dask config)."""
+    from distributed_ucxx.ucxx import init_once
+
+    init_once()
+
+
+def make_store(**kwargs):
+    from ..memory.worker import make_store as make
+
+    return make(**kwargs)
+
+
+def build_store(*, worker_local_directory: str, protocol: str, **store):
+    """The worker's ``data``: runs in the worker process while distributed builds it."""
+    built = None
+    for step in setup_steps(protocol):
+        if step == "comm":
+            start_ucx()
+        else:
+            built = make_store(worker_local_directory=worker_local_directory, **store)
+    return built
+
+
+def store_spec(options: Options, plan: LaunchPlan, host_limit: int | None) -> tuple:
+    """``(build_store, kwargs)``: distributed's ``data=`` for each GPU worker of ``plan``
+    (one host's workers), from the options alone; ``host_limit`` is a worker's host tier
+    in bytes (distributed's reading of ``memory-limit`` on that host)."""
+    return (build_store, {
+        "protocol": plan.protocol,
+        "device_memory_limit": options.device_memory_limit,
+        "host_limit": host_limit,
+        "pinned_pool_size": pinned_pool_bytes(options, plan, host_limit),
+        "pinned_limit": plan.pinned_limit,
+    })
