@@ -181,8 +181,8 @@ class Recording:
 
     def __init__(self, client):
         self.client = client
+        self.monitor_count = client.run_on_scheduler(_monitor_count)
         self.started = time.time()
-        self.monitor_count = None
         self.report_note = None
         self._report = None
 
@@ -215,8 +215,6 @@ def recording(client) -> Iterator[Recording]:
     inside the block; the report is built after the run's clock has stopped."""
     client.get_task_stream(start=0, stop=0)  # installs the scheduler's task-stream plugin
     rec = Recording(client)
-    rec.monitor_count = client.run_on_scheduler(_monitor_count)
-    rec.started = time.time()
     yield rec
     rec.write_report()
 

@@ -87,6 +87,26 @@ def test_recorded_run_adds_up_to_its_wall_time_per_worker(cpu_client):
     assert nothing is None and plain.seconds > 0
 
 
+def test_performance_report_is_asked_of_the_scheduler_after_the_run(cpu_client, monkeypatch):
+    # bokeh is not installed here: a stand-in handler on the (in-process) scheduler
+    asked = []
+
+    async def report(start, last_count, code="", mode=None):
+        asked.append((start, last_count, code))
+        return "<html>report</html>"
+
+    scheduler = cpu_client.cluster.scheduler
+    monkeypatch.setitem(scheduler.handlers, "performance_report", report)
+    real = timeline.importlib.util.find_spec
+    monkeypatch.setattr(timeline.importlib.util, "find_spec", lambda name: True if name == "bokeh" else real(name))
+    w = workloads.WORKLOADS["W1"]
+    measure, tl = harness.timed_run_recorded(cpu_client, w.direct(w.params("tiny"), "numpy", 7), kind="cpu",
+                                             timeout=60, record=True)
+    assert tl[timeline.REPORT_KEY] == "<html>report</html>" and tl["performance_report"] == "included"
+    (start, count, code), = asked
+    assert start <= measure.window[0] and isinstance(count, int) and "first timed run" in code
+
+
 # --- files
 
 
