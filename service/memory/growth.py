@@ -48,7 +48,8 @@ NICE = 19
 class ArenaGrowth(threading.Thread):
     """Takes ``target`` bytes of pinned memory for ``host``'s arena, one segment at a time.
 
-    ``take(nbytes)`` returns a 1-D uint8 buffer of pinned (and touched) memory. Optional:
+    ``take(nbytes)`` returns a 1-D uint8 buffer of pinned (and touched) memory, and
+    ``give_back(buffer)`` unpins one taken while the growth was being stopped. Optional:
     ``trim()`` gives back pinned memory cached by the on-demand allocator before a segment
     is reserved (cached blocks are pinned too but not counted as in use); ``prepare()``
     runs first on the thread (CPU affinity near the GPU, so pages land on its NUMA node);
@@ -62,6 +63,7 @@ class ArenaGrowth(threading.Thread):
         target: int,
         take: Callable[[int], np.ndarray],
         *,
+        give_back: Callable[[np.ndarray], None] | None = None,
         segment_bytes: int = SEGMENT_BYTES,
         max_segment_bytes: int = MAX_SEGMENT_BYTES,
         trim: Callable[[], None] | None = None,
@@ -75,6 +77,7 @@ class ArenaGrowth(threading.Thread):
         self.host = host
         self.target = int(min(target, host.pinned_limit))
         self.take = take
+        self.give_back = give_back
         self.segment_bytes = int(segment_bytes)
         self.max_segment_bytes = max(int(max_segment_bytes), self.segment_bytes)
         self.trim = trim
@@ -175,9 +178,13 @@ class ArenaGrowth(threading.Thread):
                 return
             self.take_s += time.monotonic() - start
             if self._closing.is_set():
-                # closed while this segment was being taken: it is not used, its memory
-                # goes back with the last reference to it
+                # closed while this segment was being taken: it is not used
                 self.host.cancel_segment(size)
+                if self.give_back is not None:
+                    try:
+                        self.give_back(buffer)
+                    except Exception:
+                        logger.debug("pinned arena: giving back a segment failed", exc_info=True)
                 del buffer
                 self._stopped("closed")
                 return

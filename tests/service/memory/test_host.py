@@ -302,7 +302,8 @@ def test_a_segment_taken_while_closing_is_not_used():
     gate = threading.Event()
     pins = Pins(gate=gate)
     host = host_with(pins, limit=1 << 40)
-    growth = grow(host, 4 * SEG, pins)
+    given_back = []
+    growth = grow(host, 4 * SEG, pins, give_back=given_back.append)
     wait_for(lambda: pins.segments == 1)
     closer = threading.Thread(target=host.close)
     closer.start()
@@ -311,6 +312,7 @@ def test_a_segment_taken_while_closing_is_not_used():
     closer.join(5)
     growth.join(5)
     assert growth.state == "stopped: closed" and host.arena is None and host.pinned_held == 0
+    assert [b.nbytes for b in given_back] == [SEG]  # unpinned, not left pinned and unused
 
 
 def test_growth_stops_when_the_worker_closes():
@@ -346,6 +348,42 @@ def test_growth_runs_at_the_lowest_priority():
     grow(host, SEG, pins, prepare=prepare).join(5)
     assert niceness["thread"] == 19
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # this thread untouched
+
+
+# --- the worker's segments: touched first, then pinned
+
+
+def test_segments_are_touched_then_registered_page_aligned(monkeypatch):
+    import ctypes
+    import sys
+    import types
+
+    from service.memory import worker
+
+    calls = []
+    memset = ctypes.memset
+
+    def recording_memset(ptr, value, nbytes):
+        calls.append(("touch", ptr, nbytes))
+        return memset(ptr, value, nbytes)
+
+    runtime = types.SimpleNamespace(
+        hostRegister=lambda ptr, nbytes, flags: calls.append(("pin", ptr, nbytes, flags)),
+        hostUnregister=lambda ptr: calls.append(("unpin", ptr)))
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=runtime)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(ctypes, "memset", recording_memset)
+    monkeypatch.setattr(worker, "_TOUCH_STEP", MB)  # several touches, the last one partial
+    n = 3 * MB + 8192
+    buf = worker.take_segment(n)
+    ptr = buf.ctypes.data
+    assert buf.dtype == np.uint8 and buf.nbytes == n and ptr % 4096 == 0
+    # every byte written, in steps, before the one pin of the whole segment
+    assert calls == [("touch", ptr, MB), ("touch", ptr + MB, MB), ("touch", ptr + 2 * MB, MB),
+                     ("touch", ptr + 3 * MB, 8192), ("pin", ptr, n, 1)]
+    worker.give_back_segment(buf)
+    assert calls[-1] == ("unpin", ptr)
 
 
 # --- on a GPU: real pinned segments
