@@ -386,6 +386,23 @@ def test_segments_are_touched_then_registered_page_aligned(monkeypatch):
     assert calls[-1] == ("unpin", ptr)
 
 
+def test_growth_sees_the_worker_of_its_process_closing(monkeypatch):
+    import types
+
+    from distributed import Worker
+    from distributed.core import Status
+
+    from service.memory.worker import _worker_closing
+
+    monkeypatch.setattr(Worker, "_instances", set())
+    assert not _worker_closing()  # the store is built before its worker registers itself
+    worker = types.SimpleNamespace(status=Status.running)
+    Worker._instances.add(worker)
+    assert not _worker_closing()
+    worker.status = Status.closing
+    assert _worker_closing()
+
+
 # --- on a GPU: real pinned segments
 
 
