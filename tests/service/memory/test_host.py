@@ -387,17 +387,18 @@ def test_segments_are_touched_then_registered_page_aligned(monkeypatch):
 
 
 def test_growth_sees_the_worker_of_its_process_closing(monkeypatch):
-    import types
-
     from distributed import Worker
     from distributed.core import Status
 
     from service.memory.worker import _worker_closing
 
-    monkeypatch.setattr(Worker, "_instances", set())
+    class FakeWorker:
+        status = Status.running
+
+    worker = FakeWorker()
+    monkeypatch.setattr(Worker, "_instances", [])
     assert not _worker_closing()  # the store is built before its worker registers itself
-    worker = types.SimpleNamespace(status=Status.running)
-    Worker._instances.add(worker)
+    Worker._instances.append(worker)
     assert not _worker_closing()
     worker.status = Status.closing
     assert _worker_closing()
