@@ -1,4 +1,4 @@
-"""The benchmark workloads W1 ... W5, B1, B2 and B3, at three scales.
+"""The benchmark workloads W1 ... W5 and B1 ... B5, at three scales.
 
 A workload runs its registered workflow where one is registered and accepts the
 workload's parameters; otherwise it builds the same dask expression here, and says so
@@ -12,6 +12,13 @@ down to minutes on two GPUs, ``tiny`` the CPU smoke run that CI executes.
 B3 (out of core: inputs at 1.5 times the GPUs' memory, persisted over device, pinned host
 and disk) runs only when named (``--only B3``), on spillway's side only, with its own
 memory options per scale, and its result is checked against a NumPy float64 reference.
+
+B4 (``(x @ y).sum()`` beyond the GPUs' memory) and B5 (an all-to-all rechunk of 200 GB,
+then ``.sum()``) run against the baseline and are checked against NumPy float64 too
+(:mod:`.reference`: shortcuts that never form ``x @ y`` or the rechunked array). B5's
+baseline is what a user writes for plain dask-cuda, ``x.rechunk(...)`` with dask's default
+method (P2P at that size whenever a client is up), which is known to fail there; its
+failure is recorded as the baseline's result, not as a failed bench.
 """
 
 from __future__ import annotations
@@ -76,6 +83,16 @@ class Workload:
     tolerance: float = 1e-10
     #: scale -> most timed runs at that scale, where one run takes minutes (B3 full)
     max_runs: Mapping[str, int] = field(default_factory=dict)
+    #: applied to the built array (workflow or direct): B4 and B5 end in ``.sum()``
+    then: Callable[[Any], Any] | None = None
+    #: the expression on the baseline's side where it differs from spillway's: what a
+    #: user writes for plain dask-cuda, (params, backend, seed) -> lazy collection
+    baseline_direct: Callable[[Mapping[str, Any], str, int], Any] | None = None
+    #: why the baseline is expected to fail: its failure is then recorded as its result
+    #: (with the error) and does not fail the bench
+    baseline_expected_failure: str | None = None
+    #: the issue's speedup target over the baseline, where the workload has one
+    speedup_target: float | None = None
 
     def timed_runs(self, scale: str, runs: int) -> int:
         return min(runs, self.max_runs.get(scale, runs))
@@ -107,9 +124,18 @@ class Workload:
         chunks = "x".join(map(str, p["chunks"]))
         return f"{self.title} {shape} {p['dtype']}, chunks {chunks}"
 
-    def build(self, scale: str, target: Target, seed: int) -> Built:
+    def build(self, scale: str, target: Target, seed: int, side: str = "spillway") -> Built:
+        """The lazy collection one ``side`` ("spillway" or "baseline") computes."""
         params = self.params(scale)
         backend = backend_for(target.kind)
+        if side == "baseline" and self.baseline_direct is not None:
+            return Built(self.baseline_direct(params, backend, seed), source="direct (baseline: user code)")
+        built = self._build(params, target, seed, backend)
+        if self.then is None:
+            return built
+        return Built(self.then(built.result), source=built.source, note=built.note)
+
+    def _build(self, params, target: Target, seed: int, backend: str) -> Built:
         note = None
         if self.workflow is not None and self.workflow in workflows.names():
             raw = dict(self.workflow_params(params) if self.workflow_params else {}, seed=seed)
@@ -126,14 +152,17 @@ class Workload:
                 note = f"workflow {self.workflow} gave {mismatch}; built directly"
         elif self.workflow is not None:
             note = f"workflow {self.workflow} is not registered; built directly"
-        return Built(self.direct(params, backend, seed), source="direct", note=note)
+        result = self.direct(params, backend, seed)
+        return Built(result, source="direct", note=note)
 
 
 def _mismatch(result, params) -> str | None:
-    """How a workflow's result differs from the workload's definition, or None."""
+    """How a workflow's result differs from the workload's definition (before ``then``:
+    ``array_shape`` where the workload has one), or None."""
     shape = tuple(getattr(result, "shape", ()) or ())
-    if shape != tuple(params["out_shape"]):
-        return f"shape {shape}, expected {tuple(params['out_shape'])}"
+    want_shape = tuple(params.get("array_shape", params["out_shape"]))
+    if shape != want_shape:
+        return f"shape {shape}, expected {want_shape}"
     want = params.get("out_chunks")
     if want is not None and tuple(result.chunksize) != tuple(want):
         return f"chunks {tuple(result.chunksize)}, expected {tuple(want)}"
@@ -290,6 +319,7 @@ _add(Workload(
            "tiny": _square((2000, 2000), (500, 500))},
     direct=_transpose_sum, workflow_params=_ts_params,
     gpu_cluster={"device_memory_limit": "12GB"},
+    speedup_target=5.0,
 ))
 
 
@@ -325,9 +355,71 @@ _add(Workload(
 ))
 
 
+def _b4_reference(p, seed):
+    from .reference import matmul_sum
+
+    return matmul_sum(p["shape"], seed, p["dtype"])
+
+
+def _sum(array):
+    return array.sum()
+
+
+def _matmul_square(shape, chunks):
+    return _square(shape, chunks, inputs=2, array_shape=shape)
+
+
+_add(Workload(
+    name="B4", title="(x @ y).sum() beyond the GPUs' memory", workflow="matmul",
+    # full: x and y 80 GB each, 240 GB with the product's chunks on 2 x 141 GB; plain
+    # dask-cuda took 46.5 s on the GPU host (inputs generated in the graph)
+    sizes={"full": _matmul_square((100000, 100000), (10000, 10000)),
+           "small": _matmul_square((40000, 40000), (10000, 10000)),
+           "tiny": _matmul_square((1200, 1200), (300, 300))},
+    direct=_matmul, then=_sum,
+    workflow_params=lambda p: {"size": list(p["shape"]), "chunks": list(p["chunks"]), "dtype": p["dtype"]},
+    default=False, reference=_b4_reference, speedup_target=1.5,
+    # at full size one run takes about a minute on each side, the reference another: a
+    # warm-up and one checked run per side is what a 10-minute device call holds
+    max_runs={"full": 1},
+))
+
+
+def _b5_reference(p, seed):
+    from .reference import array_sum
+
+    # a rechunk moves values, it changes none: the sum is the input's, whatever the chunks
+    return array_sum(p["shape"], seed, p["dtype"])
+
+
+def _rechunk_sum_user(p, backend, seed):
+    """What a user writes for plain dask-cuda: dask's default rechunk method, which is P2P
+    for an all-to-all of this many panels whenever a distributed client is up."""
+    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
+    return x.rechunk(p["to_chunks"]).sum()
+
+
+def _panels_square(n, rows):
+    return _square((n, n), (rows, n), array_shape=(n, n), to_chunks=(n, rows), out_chunks=(n, rows))
+
+
+_add(Workload(
+    name="B5", title="rechunk row panels to column panels, then .sum()", workflow="rechunk",
+    # full: 158113^2 float64 (200 GB) in 1000-row panels to 1000-column panels
+    sizes={"full": _panels_square(158113, 1000),
+           "small": _panels_square(60000, 1000),
+           "tiny": _panels_square(2000, 50)},
+    direct=_rechunk, then=_sum, baseline_direct=_rechunk_sum_user,
+    workflow_params=lambda p: {"size": list(p["shape"]), "chunks": list(p["chunks"]), "dtype": p["dtype"]},
+    baseline_expected_failure=("plain dask-cuda with dask's default (P2P) rechunk failed on the GPU host: "
+                               "\"P2P ... failed during transfer phase\""),
+    default=False, reference=_b5_reference, max_runs={"full": 1},
+))
+
+
 def select(only: str | None) -> list[Workload]:
     """Workloads named in ``only`` ("W1,B2"), in catalogue order; None or "" for the
-    default set (all but B3)."""
+    default set (all but B3, B4 and B5)."""
     if not only:
         return [w for w in WORKLOADS.values() if w.default]
     names = [n.strip().upper() for n in only.split(",") if n.strip()]

@@ -96,7 +96,7 @@ def test_select_and_sizes():
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--only", "W9"], "only: 'W9' is not a workload (known: W1, W2, W3, W4, W5, B1, B2, B3)"),
+    (["--only", "W9"], "only: 'W9' is not a workload (known: W1, W2, W3, W4, W5, B1, B2, B3, B4, B5)"),
     (["--runs", "2"], "2 is not in the range x>=3"),
     (["--only", "B1", "--sizes", "full"], "sizes: B1 at full needs 190.73 GiB of input, more than"),
     (["--scheduler-address", "tcp://127.0.0.1:1"], "bench starts its own clusters"),
@@ -854,3 +854,137 @@ def test_step1_on_gpus_reaches_the_gpu_workers_without_a_baseline(tmp_path, gpu_
     assert w1["spillway_s"] > 0 and w1["speedup"] is None and w1["baseline_skipped"] == "skipped: --no-baseline"
     if gpu_count >= 2:
         assert w1["transfer_gbps_median"] > 0
+
+
+# --- B4 and B5: against the baseline, checked against NumPy float64
+
+
+def test_references_from_the_seed_match_numpy():
+    from service.bench import reference
+
+    x = random.uniform_numpy((900, 700), seed=5)
+    y = random.uniform_numpy((700, 900), seed=5, stream=1)
+    assert reference.matmul_sum((900, 700), 5, processes=2) == pytest.approx((x @ y).sum(), rel=1e-13)
+    assert reference.array_sum((900, 700), 5, processes=1) == pytest.approx(x.sum(), rel=1e-13)
+    assert reference.array_sum((700, 900), 5, stream=1, processes=1) == pytest.approx(y.sum(), rel=1e-13)
+    b = random.uniform_numpy((900,), seed=5, stream=1)
+    stats = reference.panel_stats((900, 700), 5, wanted=("sumsq", "colsum", "rowsum", "gram", "xtb"),
+                                  processes=2)
+    assert stats["sumsq"] == pytest.approx((x * x).sum(), rel=1e-13)
+    np.testing.assert_allclose(stats["colsum"], x.sum(axis=0), rtol=1e-13)
+    np.testing.assert_allclose(stats["rowsum"], x.sum(axis=1), rtol=1e-13)
+    np.testing.assert_allclose(stats["gram"], x.T @ x, rtol=1e-12)
+    np.testing.assert_allclose(stats["xtb"], x.T @ b, rtol=1e-12)
+    # panels smaller than the array: the sum is the same however it is cut
+    from unittest import mock
+
+    with mock.patch.object(reference, "PANEL_BYTES", 64 * 700 * 8):
+        assert reference.array_sum((900, 700), 5, processes=1) == pytest.approx(x.sum(), rel=1e-13)
+        np.testing.assert_allclose(reference.gram((900, 700), 5, processes=1), x.T @ x, rtol=1e-12)
+    with pytest.raises(ValueError, match="unknown statistics"):
+        reference.panel_stats((4, 4), 1, wanted=("max",))
+
+
+@pytest.mark.parametrize("name", ["B4", "B5"])
+def test_b4_and_b5_build_the_same_value_on_both_sides_and_match_numpy(name):
+    w = workloads.WORKLOADS[name]
+    p = w.params("tiny")
+    x = random.uniform_numpy(p["shape"], seed=7)
+    expected = (x @ random.uniform_numpy(p["shape"], seed=7, stream=1)).sum() if name == "B4" else x.sum()
+    assert w.reference(p, 7) == pytest.approx(expected, rel=1e-13)
+    target = Target(kind="cpu", n_workers=2)
+    spillway = w.build("tiny", target, 7)
+    baseline = w.build("tiny", target, 7, side="baseline")
+    # spillway's side is the registered workflow, then .sum()
+    assert spillway.source == f"workflow {w.workflow}" and spillway.note is None
+    for built in (spillway, baseline):
+        assert built.result.shape == ()
+        assert abs(built.result.compute(scheduler="sync") - expected) / abs(expected) <= 1e-12
+    if name == "B5":
+        # the baseline is what a user writes: dask's default rechunk method, no method= given
+        assert baseline.source == "direct (baseline: user code)"
+        # spillway's rechunk workflow asks for the task-based method explicitly
+        assert any(str(k[0]).startswith("rechunk-merge") for k in spillway.result.__dask_graph__())
+
+
+def test_b4_and_b5_sizes_and_targets():
+    b4, b5 = workloads.WORKLOADS["B4"], workloads.WORKLOADS["B5"]
+    assert b4.params("full")["shape"] == (100000, 100000) and b4.input_bytes("full") == 160_000_000_000
+    assert b5.params("full")["shape"] == (158113, 158113)
+    assert b5.params("full")["chunks"] == (1000, 158113) and b5.params("full")["to_chunks"] == (158113, 1000)
+    assert 199.9e9 < b5.input_bytes("full") < 200.1e9
+    assert b4.speedup_target == 1.5 and workloads.WORKLOADS["B2"].speedup_target == 5.0
+    assert b5.baseline_expected_failure and b4.baseline_expected_failure is None
+    assert b4.timed_runs("full", 3) == b5.timed_runs("full", 3) == 1 and b4.timed_runs("small", 3) == 3
+    assert [w.name for w in workloads.select(None)] == NAMES  # named with --only, like B3
+
+
+def _p2p_fails(p, backend, seed):
+    import dask.array as da
+
+    def transfer(block):
+        raise RuntimeError("P2P 1234abcd failed during transfer phase")
+
+    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
+    return da.map_blocks(transfer, x.rechunk(p["to_chunks"]), dtype=p["dtype"]).sum()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_b4_b5_b2_on_cpu_clusters_check_numpy_and_record_a_failing_baseline(tmp_path, monkeypatch):
+    """The bench command on real CPU clusters: B4 and B5 checked against NumPy on both
+    sides, B5's baseline failing the way plain dask-cuda's did (recorded with its error,
+    the bench still succeeds), and every target printed with whether it was met."""
+    import dataclasses
+
+    failing = dataclasses.replace(workloads.WORKLOADS["B5"], baseline_direct=_p2p_fails)
+    monkeypatch.setitem(workloads.WORKLOADS, "B5", failing)
+    result = CliRunner().invoke(main, ["bench", "--cpu", "--n-workers", "2", "--only", "B4,B5,B2", "--sizes", "tiny",
+                                       "--no-ceilings", "--out", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob("*.json")
+    data = json.loads(path.read_text())
+    b2, b4, b5 = data["workloads"]
+    assert [b2["name"], b4["name"], b5["name"]] == ["B2", "B4", "B5"]
+    for w in (b4, b5):
+        assert w["verify"]["ok"] and w["verify"]["rel_error"] <= 1e-10
+        assert w["verify"]["seed"] == harness.SEED_BASE + 3 and w["spillway"]["error"] is None
+    x = random.uniform_numpy((1200, 1200), seed=harness.SEED_BASE + 3)
+    y = random.uniform_numpy((1200, 1200), seed=harness.SEED_BASE + 3, stream=1)
+    assert b4["verify"]["reference"] == pytest.approx((x @ y).sum(), rel=1e-12)
+    # B4's baseline ran the same graph and was checked too
+    assert b4["baseline_verify"]["ok"] and b4["speedup"] == pytest.approx(b4["baseline_s"] / b4["spillway_s"])
+    # B5's baseline: failed, with its error, as expected; no time, no speedup
+    base = b5["baseline"]
+    assert base["error"] == "RuntimeError: P2P 1234abcd failed during transfer phase"
+    assert base["expected_failure"].startswith("plain dask-cuda with dask's default (P2P) rechunk failed")
+    assert b5["baseline_error"] == base["error"] and b5["baseline_s"] is None and b5["speedup"] is None
+    assert base["source"] == "" and base["runs_s"] == []
+    targets = {(t["name"], t["target"]): t for t in data["targets"]}
+    done = targets[("B5", "spillway completes with NumPy's answer where the baseline fails")]
+    assert done["met"] is True and done["baseline"].startswith("failed: RuntimeError: P2P")
+    # speed targets are the GPU host's: listed, not judged on CPU workers
+    assert targets[("B4", "at least 1.5x faster than the baseline")]["met"] is None
+    assert targets[("B2", "at least 5x faster than the baseline")]["met"] is None
+    md = path.with_suffix(".md").read_text()
+    assert "| B4 | at least 1.5x faster than the baseline | " in md
+    assert "| B5 | spillway completes with NumPy's answer where the baseline fails | relative error " in md
+    assert "- B5 baseline: failed: RuntimeError: P2P 1234abcd failed during transfer phase (expected: " in md
+    out = result.stdout + result.stderr
+    assert "target B2: at least 5x faster than the baseline: " in out
+    assert "target B5: spillway completes with NumPy's answer where the baseline fails: " in out
+    (line,) = [x for x in out.splitlines() if x.startswith("target B5: spillway completes")]
+    assert line.endswith(": yes") and "baseline failed: RuntimeError: P2P" in line
+    row = [r for r in result.stdout.strip().splitlines() if r.startswith("B5 ")]
+    assert row and "baseline failed (expected)" in row[0]
+    assert "failed workloads" not in out
+
+
+def test_a_spillway_failure_still_fails_the_bench_when_the_baseline_was_expected_to_fail():
+    from service.bench import report
+
+    results = {"workloads": [{"name": "B5", "spillway": {"error": "boom"},
+                              "baseline": {"error": "P2P", "expected_failure": "known"}},
+                             {"name": "B4", "spillway": {"error": None}, "baseline": {"error": "x"}},
+                             {"name": "B2", "spillway": {}, "baseline": {"error": "P2P", "expected_failure": "k"}}]}
+    assert report.failed_workloads(results) == ["B5", "B4"]
