@@ -1,21 +1,19 @@
 """Command lines of dask's scheduler and workers, rendered from the one options object.
 
 Batch scripts and the MPI launcher start the scheduler and workers as separate processes
-(``dask scheduler``, ``dask cuda worker``, ``dask worker``) instead of a local cluster, so
-the cluster settings have to travel as their flags. These pure functions are the only
-place that translates :class:`~service.options.Options` into those flags.
+(``dask scheduler``, ``spillway worker`` or ``dask cuda worker``, ``dask worker``) instead
+of a local cluster, so the cluster settings have to travel as their flags. These pure
+functions are the only place that translates :class:`~service.options.Options` into those flags.
 """
 
 from __future__ import annotations
 
 import ipaddress
 
+from service.launch.gpu_worker import DEATH_TIMEOUT_S
+from service.launch.ucx_env import QUIET_UCX
 from service.launch.worker_config import worker_config
 from service.options import Options
-
-#: seconds a worker waits for a lost scheduler before it exits, so a worker whose
-#: scheduler died does not hold its node until the wall time
-DEATH_TIMEOUT_S = 60
 
 
 def protocol(options: Options, *, gpu: bool, n_workers: int) -> str:
@@ -98,6 +96,37 @@ def gpu_worker_args(options: Options, *, scheduler_file: str, protocol: str) -> 
     return args + _tls(options)
 
 
+#: the options a node's GPU workers are built from (``spillway worker``); the scheduler's
+#: and the client's (host, port, dashboard, devices) are not theirs
+_WORKER_OPTIONS = (
+    "threads-per-worker", "rmm-pool-size", "rmm-maximum-pool-size", "rmm-managed-memory", "rmm-async",
+    "rmm-release-threshold", "rmm-log-directory", "rmm-track-allocations", "device-memory-limit",
+    "memory-limit", "local-directory", "memory-store", "pinned-pool-size", "nvlink", "transfer-connections",
+    "transfer-message-bytes", "interface", "tls-ca-file", "tls-cert", "tls-key",
+)
+
+
+def option_flags(options: Options, keys) -> list[str]:
+    """``spillway`` flags that set each of ``keys`` to its value in ``options``, unset
+    values included (``none``), so nothing is left to the node's own config."""
+    values = options.as_config()
+    args = []
+    for key in keys:
+        value = values[key]
+        if isinstance(value, bool):
+            args.append(f"--{key}" if value else f"--no-{key}")
+        else:
+            args += [f"--{key}", "none" if value is None else _value(value)]
+    return args
+
+
+def spillway_worker_args(options: Options, *, scheduler_file: str, protocol: str) -> list[str]:
+    """Arguments of ``spillway worker``: one worker per GPU the task can see, built like
+    the local GPU cluster's (dask-cuda's set-up, spillway's tiered store)."""
+    return (["worker", "--scheduler-file", scheduler_file, "--protocol", protocol,
+             "--death-timeout", str(DEATH_TIMEOUT_S)] + option_flags(options, _WORKER_OPTIONS))
+
+
 def cpu_worker_args(options: Options, *, scheduler_file: str, protocol: str, n_workers: int) -> list[str]:
     """Flags of ``dask worker``: ``n_workers`` processes with NumPy chunks."""
     args = ["--scheduler-file", scheduler_file, "--protocol", protocol,
@@ -120,15 +149,18 @@ def client_args(options: Options, *, scheduler_file: str) -> list[str]:
 def worker_environment(options: Options) -> dict[str, str]:
     """The workers' dask config (:func:`service.launch.worker_config.worker_config`) as
     ``DASK_`` environment variables, for worker processes started by a batch script.
-    Their workers keep dask-cuda's store, never the tiered one."""
+    Those of dask's own commands keep their store; ``spillway worker`` sets the tiered
+    store's config itself, from the same options."""
     return {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): str(value)
             for key, value in worker_config(options, tiered_store=False).items()}
 
 
 def ucx_environment(options: Options) -> dict[str, str]:
     """Environment for the scheduler and client when the workers talk UCX: they create
-    a CUDA context before UCX starts so UCX can move device buffers to and from them."""
-    env = {"DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT": "True"}
+    a CUDA context before UCX starts so UCX can move device buffers to and from them;
+    and every process leaves out UCX's warning about the variable ucxx sets for older
+    UCX (:mod:`service.launch.ucx_env`)."""
+    env = {"DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT": "True", **QUIET_UCX}
     if options.nvlink:
         env["DASK_DISTRIBUTED_UCXX__NVLINK"] = "True"
     return env

@@ -2,8 +2,9 @@
 
 Every rank calls :func:`run`. Rank 0 starts the scheduler and, in a thread, the client
 that waits for all workers and runs the workflow; the other ranks each start one worker
-(``dask_cuda.CUDAWorker`` on one GPU, or a CPU worker) and block until rank 0 closes the
-cluster. Only rank 0 returns the report.
+(dask-cuda's ``CUDAWorker`` on one GPU, given spillway's tiered store where the options
+choose it, or a CPU worker) and block until rank 0 closes the cluster. Only rank 0
+returns the report.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import os
 import dask.config
 
 from service.errors import OptionsError
+from service.launch.gpu_worker import node_store
+from service.launch.plan import uses_tiered_store
+from service.launch.ucx_env import quiet_ucx
 from service.launch.worker_config import worker_config
 from service.options import Options
 
@@ -57,9 +61,17 @@ def run(options: Options, workflow: str, params: dict, *, verify: bool = False, 
     kwargs = execute_kwargs(options, n_workers=n_workers)
     node_ranks = comm.Split_type(MPI.COMM_TYPE_SHARED).allgather(rank)
 
+    tiered = not options.cpu and uses_tiered_store(options)
     if rank != SCHEDULER_RANK and not options.cpu:
         # one GPU per worker rank: CUDAWorker starts one worker per visible GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device_for_rank(rank, node_ranks, _node_devices()))
+        if tiered:
+            # the rank's share of its node's host and pinned memory, like a local cluster's worker
+            workers = len([r for r in node_ranks if r != SCHEDULER_RANK])
+            kwargs["worker_options"]["data"] = node_store(options.replace(protocol=kwargs["protocol"]),
+                                                          workers=workers)
+    if kwargs["protocol"] == "ucx":
+        quiet_ucx()
     if rank == SCHEDULER_RANK and kwargs["protocol"] == "ucx":
         # the scheduler and the client read these as dask config, like the batch script's exports
         os.environ.update(commands.ucx_environment(options))
@@ -84,7 +96,7 @@ def run(options: Options, workflow: str, params: dict, *, verify: bool = False, 
             result["error"] = e
 
     # a worker rank's nanny hands the config of the moment it is built to its worker
-    with dask.config.set(worker_config(options, tiered_store=False)):
+    with dask.config.set(worker_config(options, tiered_store=tiered)):
         execute(client, comm=comm, **kwargs)
     if rank != SCHEDULER_RANK:
         return None

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from service.errors import OptionsError
 from service.launch.local_gpu import rmm_kwargs
+from service.launch.plan import uses_tiered_store
 from service.options import Options
 
 from .. import commands
@@ -37,13 +38,20 @@ def device_for_rank(rank: int, node_ranks: Sequence[int], devices: Sequence[int 
     return devices[place]
 
 
+#: dask-cuda's CUDAWorker given spillway's tiered store (``data`` among its keywords)
+TIERED_WORKER = "service.launch.gpu_worker.TieredCUDAWorker"
+
+
 def worker_class(options: Options) -> str:
-    return "distributed.Nanny" if options.cpu else "dask_cuda.CUDAWorker"
+    if options.cpu:
+        return "distributed.Nanny"
+    return TIERED_WORKER if uses_tiered_store(options) else "dask_cuda.CUDAWorker"
 
 
 def worker_options(options: Options, *, protocol: str) -> dict:
     """Keywords of each rank's worker beyond those dask-mpi passes itself (interface,
-    protocol, threads, host memory limit, local directory, name)."""
+    protocol, threads, host memory limit, local directory, name). The tiered store's
+    ``data`` depends on the rank's node and is added on the rank (:mod:`.launch`)."""
     if options.cpu:
         return {}
     out = dict(device_memory_limit=options.device_memory_limit, **rmm_kwargs(options))

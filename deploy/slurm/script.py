@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import OptionsError
+from service.launch.plan import uses_tiered_store
 from service.options import Options
 
 from .. import commands
@@ -91,6 +92,25 @@ def _shell(args: Sequence[str]) -> str:
     return " ".join('"$SCHEDULER_FILE"' if a == _SCHEDULER_FILE else shlex.quote(str(a)) for a in args)
 
 
+def _shell_lines(args: Sequence[str], indent: str = "    ", width: int = 100) -> str:
+    """``_shell(args)`` continued over lines of about ``width`` characters, a flag and its
+    value kept together."""
+    words, i = [], 0
+    while i < len(args):
+        take = 2 if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--") else 1
+        words.append(_shell(args[i:i + take]))
+        i += take
+    lines, line = [], ""
+    for word in words:
+        if line and len(indent) + len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    return f" \\\n{indent}".join(lines)
+
+
 def _directives(job: JobSettings, plan: Layout) -> list[str]:
     lines = [f"--job-name={job.job_name}", f"--nodes={job.nodes}", "--ntasks-per-node=1"]
     if plan.kind == "gpu":
@@ -133,13 +153,19 @@ def job_script(options: Options, job: JobSettings, runs: Sequence[Run]) -> str:
     multi_node = job.nodes > 1
     scheduler = commands.scheduler_args(options, scheduler_file=_SCHEDULER_FILE, protocol=plan.protocol,
                                         multi_node=multi_node)
-    if plan.kind == "gpu":
-        worker_command = "cuda worker"
+    if plan.kind == "gpu" and uses_tiered_store(options):
+        # dask-cuda's command has no flag for another store: spillway's own runs its CUDAWorker
+        worker_command = "service"
+        worker = commands.spillway_worker_args(options, scheduler_file=_SCHEDULER_FILE, protocol=plan.protocol)
+        layout_text = "one tiered-store worker per GPU"
+        environment = commands.ucx_environment(options) if plan.protocol == "ucx" else {}
+    elif plan.kind == "gpu":
+        worker_command = "dask cuda worker"
         worker = commands.gpu_worker_args(options, scheduler_file=_SCHEDULER_FILE, protocol=plan.protocol)
         layout_text = "one dask-cuda worker per GPU"
         environment = commands.ucx_environment(options) if plan.protocol == "ucx" else {}
     else:
-        worker_command = "worker"
+        worker_command = "dask worker"
         worker = commands.cpu_worker_args(options, scheduler_file=_SCHEDULER_FILE, protocol=plan.protocol,
                                           n_workers=plan.workers_per_node)
         layout_text = f"{plan.workers_per_node} CPU worker(s) with NumPy chunks"
@@ -169,7 +195,7 @@ def job_script(options: Options, job: JobSettings, runs: Sequence[Run]) -> str:
         # named again on the step: srun does not take the job's CPUs per task from it in every version
         worker_cpus=f" --cpus-per-task={plan.cpus_per_task}" if plan.cpus_per_task else "",
         worker_command=worker_command,
-        worker_args=_shell(worker),
+        worker_args=_shell_lines(worker),
         n_workers=str(plan.n_workers),
         start_timeout=str(job.start_timeout),
         client_tls=f" {_shell(tls)}" if tls else "",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Iterable
 
@@ -23,14 +24,24 @@ from .plan import LaunchPlan, plan, uses_tiered_store
 
 logger = logging.getLogger("spillway")
 
-#: seconds a worker waits for a lost scheduler before it exits (the batch script's value)
+#: seconds a worker waits for a lost scheduler before it exits, so a worker whose
+#: scheduler died does not hold its node until the wall time
 DEATH_TIMEOUT_S = 60
 
 
-def node_plan(options: Options, inventory=None, **plan_kwargs) -> LaunchPlan:
-    """The plan of this node's workers: one per visible GPU (what Slurm or MPI gave the
-    task), with the node's pinned-memory bound. The scheduler and the total worker count
-    belong to the job, not to the node, so they are left out here."""
+def visible_gpus() -> int | None:
+    """How many GPUs this process may use (``CUDA_VISIBLE_DEVICES``, as Slurm sets it for
+    the task); None where it is unset (all of them)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return len([d for d in visible.split(",") if d.strip()])
+
+
+def node_plan(options: Options, inventory=None, *, workers: int | None = None, **plan_kwargs) -> LaunchPlan:
+    """The plan of this node's ``workers`` GPU workers (default: one per GPU), with the
+    node's pinned-memory bound shared among them. The scheduler and the job's total
+    worker count belong to the job, not to the node, so they are left out here."""
     from ..errors import OptionsError
     from ..gpus import discover
 
@@ -38,7 +49,7 @@ def node_plan(options: Options, inventory=None, **plan_kwargs) -> LaunchPlan:
     if options.cpu or not len(inventory):
         why = "cpu is true" if options.cpu else f"no GPU found ({inventory.reason})"
         raise OptionsError(f"worker: {why}; spillway worker starts GPU workers, run CPU workers with `dask worker`")
-    local = options.replace(scheduler_address=None, scheduler_file=None, n_workers=None, devices=None)
+    local = options.replace(scheduler_address=None, scheduler_file=None, n_workers=workers, devices=None)
     found = plan(local, inventory, **plan_kwargs)
     if found.kind != "gpu":
         raise OptionsError(f"worker: {'; '.join(found.notes)}")
@@ -72,6 +83,15 @@ def worker_kwargs(options: Options, node: LaunchPlan, *, death_timeout: float = 
     if uses_tiered_store(options):
         kwargs["data"] = store_spec(options, node, host_limit(options, node))
     return kwargs
+
+
+def node_store(options: Options, *, workers: int, inventory=None, **plan_kwargs) -> tuple:
+    """The tiered store spec of one of this node's ``workers`` workers (an MPI rank's)."""
+    from .local_gpu import host_limit
+    from .worker_store import store_spec
+
+    node = node_plan(options, inventory, workers=workers, **plan_kwargs)
+    return store_spec(options, node, host_limit(options, node))
 
 
 def use_store(nannies: Iterable, data) -> None:
@@ -124,7 +144,7 @@ def run_node(options: Options, *, death_timeout: float = DEATH_TIMEOUT_S) -> Non
     from ..gpus import discover
 
     inventory = discover()
-    node = node_plan(options, inventory)
+    node = node_plan(options, inventory, workers=visible_gpus())
     device_memory = max((g.memory_total for g in inventory.gpus), default=0)
     kwargs = worker_kwargs(options, node, death_timeout=death_timeout)
     if node.protocol == "ucx":

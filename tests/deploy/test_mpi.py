@@ -45,7 +45,7 @@ def test_world_needs_a_worker_rank():
 def test_gpu_worker_keywords_come_from_the_options():
     options = Options.resolve(rmm_pool_size="10GB", device_memory_limit=0.7, threads_per_worker=2)
     kwargs = execute_kwargs(options, n_workers=8)
-    assert kwargs["worker_class"] == "dask_cuda.CUDAWorker"
+    assert kwargs["worker_class"] == "service.launch.gpu_worker.TieredCUDAWorker"  # the default tiered store
     assert kwargs["protocol"] == "ucx" and kwargs["nthreads"] == 2
     assert kwargs["client_rank"] == kwargs["scheduler_rank"] == 0 and kwargs["exclusive_workers"]
     worker = kwargs["worker_options"]

@@ -1,5 +1,5 @@
 """The rendered GPU batch script on a GPU machine without Slurm: a stand-in ``srun`` runs
-each step on this node, so the script's own commands (``dask scheduler``, ``dask cuda
+each step on this node, so the script's own commands (``dask scheduler``, ``spillway
 worker`` with the flags rendered from the options, ``spillway run``) start real GPU
 workers, one per GPU, and the report is checked against NumPy."""
 
@@ -74,6 +74,11 @@ def test_gpu_script_runs_one_worker_per_gpu(tmp_path, gpu_count):
     x = random.uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
     assert relative_error(np.float64(report["result"]["sum"]), (x + x.T).sum()) <= 1e-10
     assert report["verify"]["ok"] is True
+    # `spillway worker` gave every worker the tiered store (its spill counters are in the report),
+    # and UCX started before the store made a CUDA context
+    assert report["spill"] is not None and len(report["spill"]) == gpu_count
+    workers_log = (results / "workers.log").read_text()
+    assert "A CUDA context for device" not in workers_log and "unused environment variable" not in workers_log
     # the trap stopped the scheduler and workers on exit
     time.sleep(2)
     left = subprocess.run(["pgrep", "-f", str(results)], capture_output=True, text=True).stdout.split()

@@ -41,23 +41,74 @@ def test_gpu_script_directives_and_layout():
     assert scheduler[:5] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "--cpu-bind=none"]
     # loopback cannot be reached from the second node: the scheduler takes the node's address
     assert "--host" not in scheduler and scheduler[scheduler.index("--protocol") + 1] == "ucx"
-    worker = shlex.split(line_with(text, "dask cuda worker"))
+    # the default store is spillway's tiered one, which `dask cuda worker` cannot be given
+    assert "dask cuda worker" not in text
+    worker = shlex.split(line_with(text, "-m service worker"))
     assert worker[:6] == ["srun", "--overlap", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=8",
                           "--cpu-bind=none"]
+    flags = dict(zip(worker, worker[1:]))
+    assert flags["--rmm-pool-size"] == "100000000000"
+    assert flags["--device-memory-limit"] == "120000000000"
+    assert flags["--memory-store"] == "tiered" and flags["--pinned-pool-size"] == "auto"
+    assert flags["--scheduler-file"] == "$SCHEDULER_FILE" and flags["--protocol"] == "ucx"
+    assert "--nvlink" in worker
+    assert "--workers 8" in line_with(text, "wait-workers")
+    assert "module load cuda/13" in text.splitlines()
+    assert "export DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT=True" in text
+    assert "export UCX_WARN_UNUSED_ENV_VARS=n" in text
+    # results and report next to the job output
+    assert "RESULTS=/shared/runs/spillway-${SLURM_JOB_ID}" in text
+    run = line_with(text, "-m service run")
+    assert '>"$RESULTS/01-transpose-sum.json"' in run
+    assert "--verify --json --no-progress --scheduler-file \"$SCHEDULER_FILE\"" in run
+
+
+def test_dask_cuda_store_keeps_dask_cuda_worker():
+    options = Options.resolve(rmm_pool_size="100GB", device_memory_limit="120GB", memory_store="dask-cuda")
+    text = job_script(options, GPU_JOB, RUNS)
+    assert "-m service worker" not in text
+    worker = shlex.split(line_with(text, "dask cuda worker"))
     flags = dict(zip(worker, worker[1:]))
     assert flags["--rmm-pool-size"] == "100000000000"
     assert flags["--device-memory-limit"] == "120000000000"
     assert flags["--set-rmm-allocator-for-libs"] == "cupy"
     assert flags["--scheduler-file"] == "$SCHEDULER_FILE"
     assert "--enable-nvlink" in worker
-    assert "--workers 8" in line_with(text, "wait-workers")
-    assert "module load cuda/13" in text.splitlines()
-    assert "export DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT=True" in text
-    # results and report next to the job output
-    assert "RESULTS=/shared/runs/spillway-${SLURM_JOB_ID}" in text
-    run = line_with(text, "-m service run")
-    assert '>"$RESULTS/01-transpose-sum.json"' in run
-    assert "--verify --json --no-progress --scheduler-file \"$SCHEDULER_FILE\"" in run
+    # managed memory has no device tier to manage: dask-cuda's store as well
+    managed = job_script(Options.resolve(rmm_managed_memory=True, nvlink=False), GPU_JOB, RUNS)
+    assert "dask cuda worker" in managed and "-m service worker" not in managed
+
+
+def test_spillway_worker_flags_parse_back_to_the_options(tmp_path, monkeypatch):
+    """The rendered `spillway worker` arguments, parsed by the real command, give the
+    options the script was rendered from (every worker setting, unset ones included)."""
+    from click.testing import CliRunner
+
+    from service.cli import main
+    from service.launch import gpu_worker
+
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (tmp_path / name).write_text("x")
+    options = Options.resolve(rmm_pool_size=0.8, rmm_maximum_pool_size="130GB", device_memory_limit="100GB",
+                              memory_limit=0.4, pinned_pool_size="48GB", nvlink=False, threads_per_worker=3,
+                              transfer_connections=4, local_directory=str(tmp_path), interface="ib0",
+                              rmm_track_allocations=True, tls_ca_file=str(tmp_path / "ca.pem"),
+                              tls_cert=str(tmp_path / "cert.pem"), tls_key=str(tmp_path / "key.pem"))
+    worker = shlex.split(line_with(job_script(options, GPU_JOB, RUNS), "-m service worker"))
+    args = worker[worker.index("service") + 1:]
+    args = [str(tmp_path / "s.json") if a == "$SCHEDULER_FILE" else a for a in args[:args.index(">$RESULTS/workers.log")]]
+    seen = {}
+    monkeypatch.setattr(gpu_worker, "run_node", lambda opts, **kw: seen.update(options=opts, **kw))
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    got = seen["options"]
+    assert seen["death_timeout"] == 60 and got.scheduler_file == str(tmp_path / "s.json")
+    assert got.protocol == "ucx"
+    for key in ("rmm_pool_size", "rmm_maximum_pool_size", "rmm_managed_memory", "rmm_async", "rmm_release_threshold",
+                "rmm_log_directory", "rmm_track_allocations", "device_memory_limit", "memory_limit", "local_directory",
+                "memory_store", "pinned_pool_size", "nvlink", "transfer_connections", "transfer_message_bytes",
+                "interface", "threads_per_worker", "tls_ca_file", "tls_cert", "tls_key"):
+        assert getattr(got, key) == getattr(options, key), key
 
 
 def test_worker_lifetime_is_shorter_than_walltime():
@@ -71,7 +122,7 @@ def test_cleanup_trap_and_background_steps():
     text = job_script(Options.resolve(), GPU_JOB, RUNS)
     assert "trap cleanup EXIT" in text and "trap 'exit 143' TERM" in text
     # every long step runs in the background and is waited for, so a cancel is handled at once
-    for needle in ("dask scheduler", "dask cuda worker", "wait-workers", "-m service run"):
+    for needle in ("dask scheduler", "-m service worker", "wait-workers", "-m service run"):
         assert line_with(text, needle).rstrip().endswith("&"), needle
 
 
@@ -87,7 +138,7 @@ def test_cpus_and_memory_per_node():
     job = JobSettings(nodes=1, gpus_per_node=2, time="00:10:00", cpus_per_task=16, mem="500G")
     text = job_script(Options.resolve(threads_per_worker=4), job, RUNS)
     assert "--cpus-per-task=16" in directives(text) and "--mem=500G" in directives(text)
-    assert "--cpus-per-task=16" in line_with(text, "dask cuda worker")
+    assert "--cpus-per-task=16" in line_with(text, "-m service worker")
     # by default one CPU per worker thread plus one per worker
     default = job_script(Options.resolve(threads_per_worker=4), JobSettings(gpus_per_node=2, time="10"), RUNS)
     assert "--cpus-per-task=10" in directives(default)
@@ -119,9 +170,9 @@ def test_interface_and_tls_reach_every_process(tmp_path):
     options = Options.resolve(interface="ib0", tls_ca_file=str(tmp_path / "ca.pem"),
                               tls_cert=str(tmp_path / "cert.pem"), tls_key=str(tmp_path / "key.pem"))
     text = job_script(options, GPU_JOB, RUNS)
-    for needle in ("dask scheduler", "dask cuda worker", "wait-workers", "-m service run"):
+    for needle in ("dask scheduler", "-m service worker", "wait-workers", "-m service run"):
         assert f"--tls-ca-file {tmp_path / 'ca.pem'}" in line_with(text, needle), needle
-    for needle in ("dask scheduler", "dask cuda worker"):
+    for needle in ("dask scheduler", "-m service worker"):
         assert "--interface ib0" in line_with(text, needle)
 
 

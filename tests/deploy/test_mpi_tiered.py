@@ -1,0 +1,69 @@
+"""`spillway mpi` GPU worker ranks with spillway's tiered store: the worker class dask-mpi
+starts, and the store spec a rank builds from its node (its share of the host)."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploy.mpi.layout import TIERED_WORKER, execute_kwargs, worker_class
+from service.gpus import GPU, Inventory
+from service.launch import gpu_worker, worker_store
+from service.launch.plan import PINNED_HOST_FRACTION
+from service.options import Options
+
+HOST = 2 * 10**12
+
+
+def inventory(n: int) -> Inventory:
+    gpus = tuple(GPU(index=i, uuid=f"GPU-{i:08x}-cccc", name="Test GPU", memory_total=141 * 10**9,
+                     memory_free=140 * 10**9, pci_bus_id=f"00000000:{i:02x}:00.0", nvlinks={})
+                 for i in range(n))
+    return Inventory(gpus, "580.00", "13.0", None)
+
+
+@pytest.mark.parametrize("options, expected", [
+    (dict(), TIERED_WORKER),
+    (dict(memory_store="dask-cuda"), "dask_cuda.CUDAWorker"),
+    (dict(rmm_managed_memory=True, nvlink=False), "dask_cuda.CUDAWorker"),
+    (dict(cpu=True), "distributed.Nanny"),
+])
+def test_the_store_picks_the_worker_class(options, expected):
+    opts = Options.resolve(**options)
+    assert worker_class(opts) == expected
+    assert execute_kwargs(opts, n_workers=8)["worker_class"] == expected
+    # the data spec is the rank's, never part of the shared keywords
+    assert "data" not in execute_kwargs(opts, n_workers=8)["worker_options"]
+
+
+def test_tiered_worker_class_is_found_by_its_import_path_without_importing_gpu_libraries():
+    module, _, name = TIERED_WORKER.rpartition(".")
+    assert module == gpu_worker.__name__ and name == "TieredCUDAWorker"
+
+
+def test_a_rank_takes_its_share_of_its_node():
+    """Four worker ranks on a node: each rank's store may pin a quarter of half the host,
+    like one of four local workers, though the rank sees one GPU."""
+    opts = Options.resolve(pinned_pool_size="auto", memory_limit="100GB").replace(protocol="ucx")
+    func, kwargs = gpu_worker.node_store(opts, workers=4, inventory=inventory(4), have_ucxx=True,
+                                         have_cuda_stack=True, host_memory=HOST)
+    assert func is worker_store.build_store and kwargs["protocol"] == "ucx"
+    assert kwargs["pinned_limit"] == int(PINNED_HOST_FRACTION * HOST) // 4
+    from distributed.system import MEMORY_LIMIT
+
+    assert kwargs["host_limit"] == min(100 * 10**9, MEMORY_LIMIT)  # distributed caps it at this machine's
+    assert kwargs["pinned_pool_size"] == min(kwargs["pinned_limit"], kwargs["host_limit"])
+
+
+def test_visible_gpus_counts_what_slurm_gave_the_task(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu_worker.visible_gpus() is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,GPU-abc")
+    assert gpu_worker.visible_gpus() == 3
+
+
+@pytest.mark.gpu
+def test_tiered_worker_is_dask_cudas_worker():
+    from dask_cuda import CUDAWorker
+    from distributed.utils import import_term
+
+    assert issubclass(import_term(TIERED_WORKER), CUDAWorker)
