@@ -155,3 +155,23 @@ def test_worker_command_needs_a_scheduler_and_a_gpu():
     result = CliRunner().invoke(main, ["worker", "--scheduler-file", "/nonexistent.json", "--cpu"])
     assert result.exit_code == 2
     assert result.output.strip().startswith("spillway: error: worker: cpu is true")
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+def test_gpu_run_json_is_clean(gpu_count):
+    """On the GPU host: `spillway run --json` on every GPU (UCX between two or more) prints
+    one JSON object, and its stderr has none of the three start/close warnings."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "service", "run", "transpose-sum", "--param", "size=8000x8000",
+                          "--param", "chunks=2000x2000", "--verify", "--json", "--dashboard-address", ""],
+                         capture_output=True, text=True, timeout=540)
+    assert out.returncode == 0, out.stderr[-4000:]
+    report = json.loads(out.stdout)
+    assert report["verify"]["ok"] and report["cluster"]["n_workers"] == gpu_count
+    assert report["spill"] is not None  # the tiered store
+    for warning in ("A CUDA context for device", "unused environment variable", "still alive after"):
+        assert warning not in out.stderr, out.stderr[-4000:]
