@@ -116,7 +116,7 @@ def _worker_class():
             if data is not None:
                 use_store(self.nannies, data)
 
-    TieredCUDAWorker.__module__ = __name__
+    TieredCUDAWorker.__module__, TieredCUDAWorker.__qualname__ = __name__, "TieredCUDAWorker"
     return TieredCUDAWorker
 
 
@@ -138,10 +138,9 @@ def run_node(options: Options, *, death_timeout: float = DEATH_TIMEOUT_S) -> Non
     scheduler) or SIGTERM/SIGINT, which closes them."""
     import dask.config
 
+    from ..gpus import discover
     from .ucx_env import quiet_ucx
     from .worker_config import worker_config
-
-    from ..gpus import discover
 
     inventory = discover()
     node = node_plan(options, inventory, workers=visible_gpus())
