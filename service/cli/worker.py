@@ -9,8 +9,9 @@ from .options import cluster_options, resolve
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--death-timeout", type=click.FloatRange(min=1), default=60, show_default=True,
-              help="Seconds the workers wait for a lost scheduler before they exit.")
+@click.option("--death-timeout", type=click.FloatRange(min=1), default=None,
+              help="Seconds the workers wait for a lost scheduler before they exit (default: a minute, "
+                   "as in batch jobs).")
 @cluster_options
 @fail_cleanly
 def worker(death_timeout, options_flags):
@@ -25,9 +26,10 @@ def worker(death_timeout, options_flags):
     Example:
       spillway worker --scheduler-file sched.json --protocol ucx --pinned-pool-size 48GB
     """
-    from ..launch.gpu_worker import run_node
+    # the launch package imports distributed: not at import, so `spillway --help` stays light
+    from ..launch.gpu_worker import DEATH_TIMEOUT_S, run_node
 
     options = resolve(options_flags)
     if not options.attach:
         raise click.UsageError("worker: name the scheduler with --scheduler-file or --scheduler-address")
-    run_node(options, death_timeout=death_timeout)
+    run_node(options, death_timeout=DEATH_TIMEOUT_S if death_timeout is None else death_timeout)
