@@ -1,7 +1,8 @@
 """Run one registered workflow on a cluster session and report what it did.
 
-validate -> build (lazy) -> project the footprint -> compute with progress -> verify ->
-report. The report is one JSON-able dict; :func:`format_report` renders it for people.
+validate (a size the cluster cannot hold is refused first, in bytes) -> build (lazy) -> project
+the footprint and admit -> compute with progress -> verify -> report. The report is one
+JSON-able dict; :func:`format_report` renders it for people.
 """
 
 from __future__ import annotations
@@ -68,15 +69,18 @@ def run_workflow(
     if output is not None:
         output = outputs.check_path(output)
     target = target_of(session)
-    validated, plan = workflow.plan(params, target, arrays)
     client = session.client
+    capacity = cluster_capacity(client)
+    # a size the cluster cannot hold is refused for that, in bytes, before any other check
+    # of the parameters (too many chunks of it, say) can speak first
+    validated, plan = workflow.plan(params, target, arrays, fits=lambda floor: admit(name, floor, capacity))
     if output is not None and plan.array is None:
         from .errors import ParamError
 
         raise ParamError(f"output: {name} has no array result to write (its result is a summary)")
     collections = [plan.result] + ([outputs.zarr_store(plan.array, output)] if output is not None else [])
     # refused here, before anything is computed or allocated, if no tier can hold it
-    decision = admit(name, plan.footprint, cluster_capacity(client))
+    decision = admit(name, plan.footprint, capacity)
 
     client.run(reset_peak)
     before = client.run(worker_snapshot)

@@ -50,21 +50,28 @@ def auto_chunks(shape: tuple[int, ...], dtype: str, target: Target) -> tuple[int
 
 
 #: most chunks one array may have: the graph is built on the client before admission, so
-#: a huge size with small chunks is refused here rather than by running out of memory
+#: a huge size with small chunks is refused here rather than by running out of memory.
+#: Where the cluster is known, a size it cannot hold is refused in bytes before this check
+#: (Workflow.validate's ``fits``): the chunks of such a size are not the user's problem.
 MAX_CHUNKS = 2_000_000
 
 
-def check_count(chunks: tuple[int, ...], shape: tuple[int, ...], *, name="chunks") -> tuple[int, ...]:
+def check_count(chunks: tuple[int, ...], shape: tuple[int, ...], *, name="chunks",
+                dtype: str | None = None) -> tuple[int, ...]:
     count = math.prod(math.ceil(n / c) for n, c in zip(shape, chunks))
     if count > MAX_CHUNKS:
+        # the array's bytes too: where no cluster is known yet (a Slurm job being written),
+        # this is the refusal a huge size gets, and the size is what to change
+        nbytes = f" ({format_bytes(math.prod(shape) * np.dtype(dtype).itemsize)})" if dtype else ""
         raise ParamError(f"{name}: {'x'.join(map(str, chunks))} makes {count} chunks of the "
-                         f"{'x'.join(map(str, shape))} array, more than the limit of {MAX_CHUNKS}; use larger chunks")
+                         f"{'x'.join(map(str, shape))} array{nbytes}, more than the limit of {MAX_CHUNKS}; "
+                         "use larger chunks")
     return chunks
 
 
 def resolve_chunks(chunks, shape: tuple[int, ...], dtype: str, target: Target, *, name="chunks"):
     """Chunks from a parameter value: "auto", bytes per chunk, or a chunk shape."""
-    return check_count(_resolve_chunks(chunks, shape, dtype, target, name=name), shape, name=name)
+    return check_count(_resolve_chunks(chunks, shape, dtype, target, name=name), shape, name=name, dtype=dtype)
 
 
 def _resolve_chunks(chunks, shape: tuple[int, ...], dtype: str, target: Target, *, name="chunks"):
@@ -102,5 +109,5 @@ def panel_rows(chunks, shape: tuple[int, ...], dtype: str, target: Target, *, na
         if rows > shape[0]:
             raise ParamError(f"{name}: panel of {rows} rows is larger than the array's {shape[0]} rows")
     rows = even_split(shape[0], rows)
-    check_count((rows, *shape[1:]), shape, name=name)
+    check_count((rows, *shape[1:]), shape, name=name, dtype=dtype)
     return rows

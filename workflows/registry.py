@@ -71,6 +71,29 @@ class Plan:
     optimize_graph: bool = True
 
 
+def described_bytes(workflow: "Workflow", params: Params) -> int | None:
+    """Bytes of the input ``x`` that the parameters describe, without building chunks: a
+    generated input's ``size`` and ``dtype`` (the parameters of ``inputs.size_params``), a
+    Zarr input's metadata, or an array handed over. None where they describe none (a
+    workflow without those parameters, or values that do not parse: their own error says so).
+
+    Every built-in plan holds its input whole, so this is a floor under its footprint.
+    """
+    names = {p.name: p.kind for p in workflow.params}
+    if names.get("size") != "size" or names.get("dtype") != "dtype":
+        return None
+    import numpy as np
+
+    from .inputs import describe
+
+    try:
+        # the same shape the workflows build: ndim for stencil, columns for tsqr and svd
+        shape, dtype = describe(params, ndim=params.get("ndim", 2), columns=params.get("columns"))
+    except (ParamError, KeyError, AttributeError, TypeError, ValueError):
+        return None
+    return math.prod(shape) * np.dtype(dtype).itemsize
+
+
 @dataclass(frozen=True)
 class Workflow:
     name: str
@@ -81,6 +104,9 @@ class Workflow:
     check: Callable[[Params, Target], None] | None = None
     #: names of the inputs a Python caller may hand over as arrays instead of generating them
     array_inputs: tuple[str, ...] = ()
+    #: (workflow, params) -> bytes the parameters alone say the run holds, or None; a floor
+    #: under the built plan's footprint (see :func:`described_bytes`, the default)
+    data_bytes: Callable[["Workflow", Params], int | None] = described_bytes
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -89,43 +115,71 @@ class Workflow:
         raise KeyError(name)
 
     def validate(
-        self, raw: Mapping[str, Any] | None, target: Target | None = None, arrays: Mapping[str, Any] | None = None
+        self, raw: Mapping[str, Any] | None, target: Target | None = None, arrays: Mapping[str, Any] | None = None,
+        *, fits: Callable[[Footprint], object] | None = None,
     ) -> Params:
         """Validated parameters, defaults for the target filled in.
 
         ``arrays`` maps input names (see ``array_inputs``) to arrays from Python that the
         workflow uses instead of generating its input.
+
+        ``fits`` (where the cluster's capacity is known) is called with the footprint the
+        parameters alone describe (:meth:`data_footprint`) before any other check, and
+        raises AdmissionError: a run that cannot fit the cluster is refused for that, in
+        bytes, whatever else is wrong with it (chunks it would need too many of, say).
         """
         target = target or Target()
         raw = dict(raw or {})
         arrays = dict(arrays or {})
+        # the first error is raised once the footprint has been checked
+        errors: list[ParamError] = []
         for key in arrays:
             if key not in self.array_inputs:
                 accepted = ", ".join(self.array_inputs) or "none"
-                raise ParamError(f"{key}: not an array input of {self.name} (array inputs: {accepted})")
+                errors.append(ParamError(f"{key}: not an array input of {self.name} (array inputs: {accepted})"))
         names = [p.name for p in self.params]
         for key in raw:
             if key not in names:
                 hint = difflib.get_close_matches(key, names, n=1)
-                raise ParamError(
+                errors.append(ParamError(
                     f"{key}: not a parameter of {self.name}"
                     + (f" (did you mean {hint[0]}?)" if hint else f" (parameters: {', '.join(names)})")
-                )
+                ))
         values = {}
         for p in self.params:
             value = raw[p.name] if p.name in raw else p.default_for(target)
-            values[p.name] = p.parse(value)
-        params = Params(values, arrays)
+            try:
+                values[p.name] = p.parse(value)
+            except ParamError as e:
+                errors.append(e)
+        params = Params(values, {k: v for k, v in arrays.items() if k in self.array_inputs})
+        if fits is not None:
+            footprint = self.data_footprint(params, target)
+            if footprint is not None:
+                fits(footprint)
+        if errors:
+            raise errors[0]
         if self.check is not None:
             self.check(params, target)
         return params
 
+    def data_footprint(self, params: Params, target: Target | None = None) -> Footprint | None:
+        """The footprint the parameters alone describe (the input held whole), computed
+        without building chunks; None where they describe no input."""
+        nbytes = self.data_bytes(self, params)
+        if nbytes is None:
+            return None
+        n = max(1, (target or Target()).n_workers)
+        return Footprint(total_bytes=nbytes, per_worker_bytes=-(-nbytes // n), input_bytes=nbytes)
+
     def plan(
-        self, raw: Mapping[str, Any] | None, target: Target | None = None, arrays: Mapping[str, Any] | None = None
+        self, raw: Mapping[str, Any] | None, target: Target | None = None, arrays: Mapping[str, Any] | None = None,
+        *, fits: Callable[[Footprint], object] | None = None,
     ) -> tuple[Params, Plan]:
-        """Validate and build: a lazy :class:`Plan`; nothing is computed."""
+        """Validate and build: a lazy :class:`Plan`; nothing is computed. ``fits`` as in
+        :meth:`validate`."""
         target = target or Target()
-        params = self.validate(raw, target, arrays)
+        params = self.validate(raw, target, arrays, fits=fits)
         return params, self.build(params, target)
 
     def schema(self, target: Target | None = None) -> dict:

@@ -80,7 +80,9 @@ class JobScheduler:
             value = params.get(p.name)
             if p.default == RANDOM and value not in (None, RANDOM):
                 self._check_input(p.name, value)
-        _, plan = spec.plan(params, self.target)
+        # a size the cluster cannot hold is refused for that, in bytes, before any other
+        # check of the parameters
+        _, plan = spec.plan(params, self.target, fits=lambda floor: admit(workflow, floor, self.tiers))
         if output and plan.array is None:
             raise ParamError(f"output: {workflow} has no array result to write (its result is a summary)")
         admit(workflow, plan.footprint, self.tiers)
