@@ -1,0 +1,210 @@
+"""The out-of-core matrix (service/bench/matrix.py): every catalogue workflow through
+``spillway run`` and on the notebook path, and user-written dask code, each at a projected
+footprint of at least 1.3x the GPUs' memory, checked against NumPy float64 or refused by
+admission with both numbers.
+
+GPU host (one case is a test; run it in slices under the 10-minute limit per call):
+
+    pytest -m gpu tests/service/memory/test_ooc_matrix.py -k "cli-"
+    pytest -m gpu tests/service/memory/test_ooc_matrix.py -k "notebook-"
+    pytest -m gpu tests/service/memory/test_ooc_matrix.py -k "user-code-"
+
+Each slice adds its rows to ``benchmarks/results/<machine>-<date>-ooc-matrix.{json,md,png}``
+(``SPILLWAY_MATRIX_OUT`` names another directory). On CPU the same module runs a few
+cases at a small stand-in scale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.bench import matrix
+
+CASES = matrix.cases()
+REPO = Path(__file__).resolve().parents[3]
+#: environment of the GPU host for processes the tests start (see tests/conftest.py)
+CLI_ARGS_CPU = ("--cpu", "--n-workers", "2", "--dashboard-address", "")
+
+
+def _check_row(r: dict, scale: matrix.Scale) -> None:
+    """A case gives NumPy's answer at its scale, or was refused with both numbers."""
+    assert r["device_bytes"] == scale.device_bytes
+    assert r["footprint_bytes"] >= scale.factor * scale.device_bytes * 0.999, r
+    if r["refused"]:
+        assert "projected footprint" in r["error"] and "capacity" in r["error"], r
+        return
+    assert r["ok"], r
+    assert r["rel_error"] is not None and r["rel_error"] <= r["tolerance"], r
+    assert r["wall_s"] > 0 and r["spilled_bytes"] >= 0 and r["error"] is None
+
+
+# --- the GPU host
+
+
+@pytest.fixture(scope="session")
+def matrix_rows():
+    """Rows of the cases run in this session; the table is written at its end."""
+    rows: list[dict] = []
+    yield rows
+    if rows:
+        from service.bench.report import describe_machine
+        from service.gpus import discover
+
+        out = Path(os.environ.get("SPILLWAY_MATRIX_OUT", REPO / "benchmarks" / "results"))
+        machine = describe_machine(discover(), "gpu")["name"]
+        paths = matrix.write_table(rows, out, machine)
+        print(f"\nout-of-core matrix: {', '.join(str(p) for p in paths.values())}")
+
+
+@pytest.fixture(scope="session")
+def gpu_scale():
+    return matrix.gpu_scale()
+
+
+@pytest.fixture(scope="module")
+def gpu_local():
+    """The notebook's cluster at spillway's defaults; started only for the notebook and
+    user-code cases, after the cli cases (which start clusters of their own)."""
+    import service
+
+    with service.local() as cluster:
+        yield cluster
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(580)
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_case_on_the_gpus(case, gpu_scale, matrix_rows, request):
+    cluster = request.getfixturevalue("gpu_local") if case.path != "cli" else None
+    r = matrix.run_case(case, gpu_scale, cluster=cluster)
+    matrix_rows.append(r)
+    _check_row(r, gpu_scale)
+
+
+# --- CPU: the same module at a small stand-in scale
+
+
+@pytest.fixture(scope="module")
+def cpu_local():
+    import service
+
+    with service.local(cpu=True, n_workers=2, dashboard_address=None) as cluster:
+        yield cluster
+
+
+def test_cases_cover_the_catalogue_on_two_paths_and_user_code():
+    import workflows
+
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids))
+    for name in workflows.names():
+        assert f"cli-{name}" in ids and f"notebook-{name}" in ids
+    assert [c.workflow for c in CASES if c.path == "user-code"] == [
+        "qr", "svd", "lstsq", "matmul", "map_overlap", "reductions", "rechunk"]
+    # cli cases first: they start their own clusters, which must not share the GPUs
+    paths = [c.path for c in CASES]
+    assert paths == sorted(paths, key=matrix.PATHS.index)
+
+
+@pytest.mark.parametrize("scale, slack", [
+    # auto chunks step with the size at this scale: footprints move in chunk-sized steps
+    (matrix.cpu_scale(device_bytes=64 * 2**20), 1.6),
+    # the GPU host's: two 141 GB GPUs, 80% of each as the device limit
+    (matrix.Scale(device_bytes=282 * 10**9, kind="gpu", n_workers=2, worker_bytes=int(0.8 * 141e9)), 1.05),
+], ids=["cpu-standin", "two-h200"])
+def test_sizes_reach_the_scale_and_no_more_than_the_slack(scale, slack):
+    for case in CASES:
+        if case.path == "cli":
+            params, projected = matrix.workflow_params(case, scale)
+            assert scale.target_bytes <= projected <= slack * scale.target_bytes, (case, projected)
+            assert params["size"].endswith("B") and params["seed"] == matrix.SEED
+        elif case.path == "user-code":
+            n = matrix.user_size(case, scale)
+            fp = matrix.USER_CODE[case.workflow](n, scale, matrix.SEED, "numpy").footprint.total_bytes
+            assert scale.target_bytes <= fp <= slack * scale.target_bytes, (case, fp)
+
+
+def test_gpu_scale_reads_the_gpus_memory():
+    from service.gpus import GPU, Inventory
+
+    inv = Inventory(gpus=tuple(GPU(index=i, uuid=f"GPU-{i}", name="H200", memory_total=141 * 10**9,
+                                   memory_free=141 * 10**9, pci_bus_id=f"0000:0{i}:00.0") for i in range(2)))
+    gpu = matrix.gpu_scale(inventory=inv)
+    assert gpu.device_bytes == 282 * 10**9 and gpu.target_bytes == int(1.3 * 282 * 10**9)
+    assert gpu.n_workers == 2 and gpu.worker_bytes == int(0.8 * 141 * 10**9)
+
+
+def test_seeded_inputs_are_read_from_the_workflows_graph():
+    import workflows
+    from workflows.params import Target
+
+    _, plan = workflows.get("matmul").plan({"size": [300, 200], "chunks": [100, 50], "seed": 3}, Target())
+    found = matrix.seeded_inputs(plan)
+    assert found == {"x": ((300, 200), ((100,) * 3, (50,) * 4), "float64", 0),
+                     "y": ((200, 300), ((50,) * 4, (100,) * 3), "float64", 1)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_one_case_per_path_on_cpu_and_the_table(cpu_local, tmp_path):
+    from matplotlib import image
+
+    scale = matrix.cpu_scale()
+    rows = [matrix.run_case(matrix.Case("transpose-sum", "cli"), scale, cluster_args=CLI_ARGS_CPU, timeout=240),
+            matrix.run_case(matrix.Case("rechunk", "notebook"), scale, cluster=cpu_local),
+            matrix.run_case(matrix.Case("qr", "user-code"), scale, cluster=cpu_local)]
+    for r in rows:
+        _check_row(r, scale)
+        assert not r["refused"]
+    cli, notebook, user = rows
+    assert cli["reference"] == "numpy float64 (x + x.T).sum()" and cli["process_s"] > cli["wall_s"]
+    assert notebook["inputs"] == {"x": list(map(int, notebook["inputs"]["x"]))}
+    assert user["rel_error"] < 1e-12 and user["reference"].startswith("|R| against the Cholesky factor")
+
+    # refused by admission, with both numbers, before anything starts: more than device +
+    # host + disk together
+    disk = shutil.disk_usage(cpu_local.session.client.run(lambda dask_worker: dask_worker.local_directory)
+                             .popitem()[1]).free
+    huge = matrix.cpu_scale(device_bytes=2 * disk + 2**40)
+    refused = matrix.run_case(matrix.Case("reductions", "user-code"), huge, cluster=cpu_local)
+    assert refused["refused"] and not refused["ok"] and refused["wall_s"] is None
+    assert "reductions: projected footprint" in refused["error"] and "capacity" in refused["error"]
+    _check_row(refused, huge)
+
+    # the writer: json, markdown and a PNG, merging slices into one file of the day
+    paths = matrix.write_table(rows[:2], tmp_path, "cpu-test")
+    paths = matrix.write_table([rows[2], refused], tmp_path, "cpu-test")
+    assert paths["json"].name.startswith("cpu-test-") and paths["json"].name.endswith("-ooc-matrix.json")
+    data = json.loads(paths["json"].read_text())
+    assert [r["case"] for r in data["cases"]] == ["cli-transpose-sum", "notebook-rechunk", "user-code-qr",
+                                                  "user-code-reductions"]
+    for r in data["cases"]:
+        assert {"workflow", "path", "footprint_bytes", "device_bytes", "ok", "rel_error", "wall_s",
+                "spilled_bytes", "error"} <= set(r)
+    md = paths["md"].read_text()
+    assert "4 cases: 3 gave NumPy's answer, 1 refused by admission, 0 failed" in md
+    assert "| transpose-sum | cli | " in md and "| reductions | user-code | " in md and "| refused |" in md
+    assert image.imread(paths["png"]).std() > 0.01
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_every_notebook_and_user_code_case_on_cpu(cpu_local):
+    """The whole notebook and user-code columns at the CPU scale (lstsq needs SciPy on
+    CPU workers; on GPUs dask solves through CuPy)."""
+    import importlib.util
+
+    scale = matrix.cpu_scale()
+    for case in CASES:
+        if case.path == "cli" or (case.workflow == "lstsq" and importlib.util.find_spec("scipy") is None):
+            continue
+        r = matrix.run_case(case, scale, cluster=cpu_local)
+        _check_row(r, scale)
+        assert not r["refused"] and np.isfinite(r["rel_error"])
