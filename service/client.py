@@ -291,19 +291,16 @@ def _gpu_available() -> bool:
 def open_output(path: str, *, backend: str = "auto"):
     """A lazy dask array over a Zarr v3 store written by a run.
 
-    ``backend``: ``numpy``, ``cupy`` (chunks copied to the device as they are read), or
-    ``auto`` (CuPy where it is installed and a GPU is visible).
+    ``backend``: ``numpy``, ``cupy`` (each chunk read into device memory, with KvikIO
+    where it is installed: :mod:`workflows.zarr_io`), or ``auto`` (CuPy where it is
+    installed and a GPU is visible).
     """
-    import dask.array as da
+    from workflows.zarr_io import open_array
 
     if backend not in ("auto", "numpy", "cupy"):
         raise ValueError(f"backend: {backend!r} is not one of auto, numpy, cupy")
     if not os.path.exists(os.path.join(path, "zarr.json")):
         raise ServiceError(f"output: no Zarr store at {path!r} on this machine; pass results_dir= where the "
                            "service's results directory is mounted here")
-    array = da.from_zarr(path)
-    if backend == "cupy" or (backend == "auto" and _gpu_available()):
-        import cupy
-
-        array = array.map_blocks(cupy.asarray, meta=cupy.empty((0,) * array.ndim, dtype=array.dtype))
-    return array
+    on_device = backend == "cupy" or (backend == "auto" and _gpu_available())
+    return open_array(path, "cupy" if on_device else "numpy")

@@ -5,7 +5,7 @@ Three sources, one interface (:class:`Source`):
 * ``random``: the seeded generator of :mod:`.random`, whose values depend only on the seed
   and each element's position, never on chunks or workers;
 * a Zarr v3 array store named by path (the ``input`` parameter), read chunk by chunk by
-  the workers and moved into device memory on GPU workers;
+  the workers: on GPU workers straight into device memory (KvikIO; see :mod:`.zarr_io`);
 * an array handed over from Python: a dask array, a CuPy or NumPy array, or anything that
   exposes ``__cuda_array_interface__`` (Numba, PyTorch on CUDA) or DLPack. Device arrays
   are wrapped by CuPy, host arrays by NumPy, without a copy where the protocols allow.
@@ -207,13 +207,12 @@ def _zarr_meta(path: str, input_name: str):
 
 
 def _from_zarr(path: str, chunks, backend: str, input_name: str) -> Source:
-    import dask.array as da
+    from .zarr_io import open_array
 
     meta = _zarr_meta(path, input_name)
-    stored = da.from_zarr(path)
+    # on GPU workers each stored chunk is read into device memory (zarr_io), then rechunked there
+    stored = open_array(path, backend)
     array = stored.rechunk(chunks) if stored.chunksize != tuple(chunks) else stored
-    if backend == "cupy":
-        array = array.map_blocks(to_device, meta=device_meta(array.dtype, array.ndim))
 
     def region(slices):
         import zarr

@@ -1,8 +1,8 @@
 """Array results written to a Zarr v3 store by the workers, chunk by chunk, in parallel.
 
 The store is created on the client (metadata only); each worker then writes the chunks
-it computed, so nothing passes through the client. Device chunks are copied to host
-memory inside the writing task, on the worker that holds them.
+it computed, so nothing passes through the client. How (uncompressed chunks; device
+chunks straight from GPU memory with KvikIO) is :mod:`.zarr_io`'s to decide.
 """
 
 from __future__ import annotations
@@ -25,24 +25,11 @@ def check_path(path: str) -> str:
     return path
 
 
-def _to_host(block):
-    from .backend import to_numpy
-
-    return to_numpy(block)
-
-
-def _regular(chunks) -> bool:
-    return all(len(set(c[:-1])) <= 1 and (len(c) == 1 or c[-1] <= c[0]) for c in chunks)
-
-
 def zarr_store(array, path: str):
     """A lazy dask collection that writes ``array`` to a Zarr v3 store at ``path``."""
-    import dask.array as da
+    from .zarr_io import store
 
-    host = array.map_blocks(_to_host, meta=np.empty((0,) * array.ndim, dtype=array.dtype))
-    if not _regular(host.chunks):  # Zarr chunks are a regular grid
-        host = host.rechunk(tuple(max(c) for c in host.chunks))
-    return da.to_zarr(host, check_path(path), compute=False, mode="w", zarr_format=3)
+    return store(array, check_path(path))
 
 
 def nbytes(array) -> int:

@@ -72,6 +72,7 @@ def test_zarr_round_trip(cpu_session, tmp_path):
     stored = zarr.open_array(str(out), mode="r")
     assert stored.metadata.zarr_format == 3
     assert stored.chunks == (400, 50)  # column panels, as the workers wrote them
+    assert stored.compressors == () and stored.filters == ()  # uncompressed: what GPU workers read fastest
     np.testing.assert_array_equal(stored[...], random.uniform_numpy((400, 300), seed=0))
 
     again = run_workflow(cpu_session, "reduction", {"op": "sum", "input": str(out)}, verify=True)

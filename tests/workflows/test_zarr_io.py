@@ -1,0 +1,178 @@
+"""Zarr I/O (workflows/zarr_io.py): which codec chains the direct (KvikIO) path takes,
+and that its logic (chunk keys, edge chunks, fill values, skipped chunks) gives zarr's
+values and zarr's files bit for bit. The direct path runs here over host buffers
+(HostIO), the same code the GPU workers run over KvikIO and CuPy."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+
+from workflows import zarr_io
+from workflows.zarr_io import CODECS, RAW, ZSTD, HostIO
+
+
+def _array(path, data, chunks, **kw):
+    z = zarr.create_array(store=str(path), shape=data.shape, chunks=chunks, dtype=data.dtype, zarr_format=3, **kw)
+    z[...] = data
+    return z
+
+
+def _data(shape=(10, 7), dtype="float32"):
+    x = np.random.default_rng(0).random(shape).astype(dtype)
+    x[0:4, 0:3] = 0  # one chunk of fill values: zarr writes no file for it
+    return x
+
+
+@pytest.mark.parametrize("kw, expected", [
+    ({"compressors": None}, RAW),
+    ({}, ZSTD),  # zarr's default: bytes + zstd without checksum
+    ({"compressors": zarr.codecs.ZstdCodec(level=3, checksum=True)}, CODECS),
+    ({"compressors": zarr.codecs.GzipCodec()}, CODECS),
+    ({"compressors": zarr.codecs.BloscCodec()}, CODECS),
+    ({"compressors": None, "serializer": zarr.codecs.BytesCodec(endian="big")}, CODECS),
+    ({"compressors": None, "filters": [zarr.codecs.TransposeCodec(order=(1, 0))]}, CODECS),
+    ({"compressors": None, "shards": (8, 6)}, CODECS),
+])
+def test_layout_names_the_codec_chains_the_direct_path_takes(tmp_path, kw, expected):
+    z = _array(tmp_path / "x.zarr", _data(), (4, 3), **kw)
+    layout = zarr_io.layout_of(z)
+    assert layout.encoding == expected
+    assert layout.root == str(tmp_path / "x.zarr") and os.path.isabs(layout.root)
+    assert layout.chunk_shape == (4, 3) and layout.dask_chunks() == ((4, 4, 2), (3, 3, 1))
+
+
+def test_chunk_paths_follow_both_key_encodings(tmp_path):
+    z = _array(tmp_path / "d.zarr", _data(), (4, 3), compressors=None)
+    assert zarr_io.layout_of(z).chunk_path((2, 1)) == str(tmp_path / "d.zarr" / "c" / "2" / "1")
+    v2 = _array(tmp_path / "v.zarr", _data(), (4, 3), compressors=None,
+                chunk_key_encoding={"name": "v2", "separator": "."})
+    layout = zarr_io.layout_of(v2)
+    assert layout.key_encoding == "v2" and layout.chunk_path((2, 1)) == str(tmp_path / "v.zarr" / "2.1")
+    assert os.path.exists(layout.chunk_path((2, 1)))
+
+
+def test_an_array_inside_a_group_is_found(tmp_path):
+    group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w", zarr_format=3)
+    z = group.create_array("t2m", shape=(10, 7), chunks=(4, 3), dtype="float32", compressors=None)
+    z[...] = _data()
+    layout = zarr_io.layout_of(zarr.open_array(str(tmp_path / "g.zarr" / "t2m"), mode="r"))
+    assert layout.root == str(tmp_path / "g.zarr" / "t2m") and layout.encoding == RAW
+    assert os.path.exists(layout.chunk_path((2, 2)))
+
+
+def _each_block(layout):
+    chunks = layout.dask_chunks()
+    for coords in itertools.product(*(range(len(c)) for c in chunks)):
+        shape = tuple(chunks[d][i] for d, i in enumerate(coords))
+        region = tuple(slice(i * c, i * c + n) for i, c, n in zip(coords, layout.chunk_shape, shape))
+        yield coords, shape, region
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int16", "uint8"])
+@pytest.mark.parametrize("kw", [{"compressors": None}, {}, {"compressors": None, "fill_value": 7}])
+def test_direct_reads_equal_zarr_bit_for_bit(tmp_path, dtype, kw):
+    data = _data(dtype=dtype) if np.dtype(dtype).kind == "f" else \
+        np.random.default_rng(1).integers(0, 100, (10, 7)).astype(dtype)
+    data[0:4, 0:3] = kw.get("fill_value", 0)
+    z = _array(tmp_path / "x.zarr", data, (4, 3), **kw)
+    layout = zarr_io.layout_of(z)
+    assert not os.path.exists(layout.chunk_path((0, 0)))  # the fill-only chunk has no file
+    for coords, shape, region in _each_block(layout):
+        got = zarr_io.read_direct(layout, coords, shape, HostIO())
+        assert got.dtype == data.dtype and got.shape == shape and got.flags.c_contiguous
+        assert got.tobytes() == data[region].tobytes(), coords
+
+
+def test_a_chunk_file_of_the_wrong_size_falls_back_to_zarr(tmp_path):
+    z = _array(tmp_path / "x.zarr", _data(), (4, 3), compressors=None)
+    layout = zarr_io.layout_of(z)
+    with open(layout.chunk_path((1, 1)), "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(zarr_io._Fallback, match="expected 48"):
+        zarr_io.read_direct(layout, (1, 1), (4, 3), HostIO())
+
+
+def _files(root):
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out
+
+
+@pytest.mark.parametrize("fill", [0.0, 1.5, float("nan")])
+def test_direct_writes_give_zarrs_files_byte_for_byte(tmp_path, fill):
+    data = _data(dtype="float64")
+    data[4:8, 3:6] = -0.0  # not the fill value 0.0 by its bits: zarr writes it
+    data[8:10, 6:7] = fill  # an edge chunk of fill values only: no file
+    data[0:4, 0:3] = fill
+    reference = _array(tmp_path / "zarr.zarr", data, (4, 3), compressors=None, fill_value=fill)
+    ours = zarr.create_array(store=str(tmp_path / "ours.zarr"), shape=data.shape, chunks=(4, 3), dtype=data.dtype,
+                             zarr_format=3, compressors=None, fill_value=fill)
+    layout = zarr_io.layout_of(ours)
+    written = sum(zarr_io.write_direct(layout, coords, data[region], HostIO())
+                  for coords, _, region in _each_block(layout))
+    assert _files(tmp_path / "ours.zarr") == _files(tmp_path / "zarr.zarr")
+    assert written == 7 * 4 * 3 * 8  # nine chunks of 4x3 float64 (edges whole) but the two left out
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "ours.zarr"))[...], reference[...])
+
+
+def test_dask_graph_of_the_device_path_reads_and_writes_like_zarr(tmp_path, monkeypatch):
+    """open_array / store with CuPy chunks, their tasks run over host buffers: the store
+    they write is the CPU path's, file for file, and reads back equal."""
+    monkeypatch.setattr(zarr_io, "kvikio_available", lambda: True)
+    monkeypatch.setattr(zarr_io, "_gpu_io", HostIO)
+    monkeypatch.setattr(zarr_io, "_is_device", lambda array: True)
+    data = _data((50, 33), "float32")
+    x = da.from_array(data, chunks=(20, 15))
+    written = zarr_io.store(x, str(tmp_path / "gpu.zarr"))
+    assert int(written.compute(scheduler="sync")) == 9 * 20 * 15 * 4  # edge chunks are written whole
+    monkeypatch.setattr(zarr_io, "_is_device", lambda array: False)
+    da.compute(zarr_io.store(x, str(tmp_path / "cpu.zarr")), scheduler="sync")
+    assert _files(tmp_path / "gpu.zarr") == _files(tmp_path / "cpu.zarr")
+
+    layout = zarr_io.layout_of(zarr.open_array(str(tmp_path / "gpu.zarr")))
+    back = zarr_io.chunk_reads(layout, np.empty((0, 0), np.float32), "read-test")
+    assert back.chunks == ((20, 20, 10), (15, 15, 3))
+    assert back.compute(scheduler="sync").tobytes() == data.tobytes()
+
+    # without KvikIO on the worker, zarr reads it on the host (and the copy to the device is CuPy's)
+    monkeypatch.setattr(zarr_io, "kvikio_available", lambda: False)
+    monkeypatch.setattr(zarr_io, "_to_device", lambda block: block)
+    again = zarr_io.chunk_reads(layout, np.empty((0, 0), np.float32), "read-test-host")
+    assert again.compute(scheduler="sync").tobytes() == data.tobytes()
+
+
+def test_the_cpu_path_writes_uncompressed_chunks_and_reads_with_from_zarr(tmp_path):
+    data = _data((30, 20), "float64")
+    da.compute(zarr_io.store(da.from_array(data, chunks=(7, 20)), str(tmp_path / "x.zarr")), scheduler="sync")
+    z = zarr.open_array(str(tmp_path / "x.zarr"))
+    assert z.compressors == () and z.filters == () and z.chunks == (7, 20)
+    assert zarr_io.layout_of(z).encoding == RAW
+    back = zarr_io.open_array(str(tmp_path / "x.zarr"), "numpy")
+    assert back.name == da.from_zarr(str(tmp_path / "x.zarr")).name  # da.from_zarr itself
+    np.testing.assert_array_equal(back.compute(scheduler="sync"), data)
+    with pytest.raises(ValueError, match="backend: 'torch' is not one of numpy, cupy"):
+        zarr_io.open_array(str(tmp_path / "x.zarr"), "torch")
+
+
+def test_all_fill_follows_zarr():
+    assert zarr_io.all_fill(np, np.zeros(4), 0.0)
+    assert not zarr_io.all_fill(np, np.array([0.0, -0.0]), 0.0)
+    assert zarr_io.all_fill(np, np.full(3, np.nan), float("nan"))
+    assert not zarr_io.all_fill(np, np.array([np.nan, 1.0]), float("nan"))
+    assert zarr_io.all_fill(np, np.full(3, 7, dtype=np.int16), 7)
+
+
+def test_describe_without_kvikio_says_how_chunks_reach_the_device(monkeypatch):
+    monkeypatch.setattr(zarr_io, "kvikio_available", lambda: False)
+    described = zarr_io.describe()
+    assert described["kvikio"] is None and described["mode"] == "host codecs + copy to device"

@@ -1,0 +1,518 @@
+"""How Zarr v3 arrays are read into chunks and written from them: the one place that
+chooses between the GPU path and the CPU path.
+
+Used by workflow inputs (``--param input=PATH``, :mod:`.inputs`), array outputs
+(``--output PATH``, :mod:`.outputs`) and ``cluster.open(...)`` / ``JobResult.array``
+(:func:`service.client.open_output`).
+
+**What spillway writes.** Chunks uncompressed: no compressor and no filter, only Zarr's
+``bytes`` codec (little-endian), one file per chunk (default chunk key encoding
+``c/i/j``), Zarr v3, zarr's default fill value (0), and, as zarr does by default, no
+file for a chunk that holds only the fill value. CPU workers and GPU workers write the
+same bytes, so a store does not say which kind of worker wrote it. Uncompressed chunks
+are the fastest case for GPUs: a chunk file holds the chunk's bytes as they lie in
+device memory, so it moves between the file and the GPU with no decode at all. Numerical
+results of simulations (floats) hardly compress with zstd anyway.
+
+**The CPU path** (NumPy chunks) is plain zarr and dask: ``da.from_zarr`` to read,
+``da.to_zarr`` to write.
+
+**The GPU path** (CuPy chunks) works per stored chunk, inside the task on the GPU worker
+that holds or wants it, so nothing passes through the client:
+
+* *read*, a chunk whose codecs are the ``bytes`` codec alone (what spillway writes): the
+  whole chunk file is read with KvikIO straight into a device buffer (GPUDirect Storage
+  where the system has it, else KvikIO's POSIX compat mode, reading through pinned
+  bounce buffers with its thread pool), and viewed as the chunk: no host copy of the data
+  in Python, no decode;
+* *read*, ``bytes`` + ``zstd`` (zarr's default compressor, without checksum): the
+  compressed file is read with KvikIO into device memory and decoded there by nvCOMP
+  (``nvidia.nvcomp``, the nvCOMP that KvikIO's codecs moved to), where it is installed;
+* *read*, any other codec chain (blosc, gzip, sharding, big-endian, transpose, ...):
+  zarr decodes it with its CPU codecs into host memory and the chunk is copied to the
+  device once;
+* *write*: with KvikIO, the chunk's device bytes go straight to its file (edge chunks
+  padded with the fill value, as zarr pads them; fill-only chunks skipped, as zarr skips
+  them); without KvikIO, the chunk is copied to the host and zarr writes it.
+
+Whichever way a chunk goes, its values are the same bit for bit: uncompressed bytes are
+the array's bytes, and zstd is lossless. Where KvikIO or nvCOMP is missing, or a chunk
+file is not what the metadata says, the task falls back to zarr on the host and logs it
+once per worker.
+
+KvikIO and CuPy are imported only inside tasks that run on GPU workers; a CPU install
+never imports them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+import sys
+import threading
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+logger = logging.getLogger("spillway.zarr_io")
+
+#: chunk layouts the GPU path reads without zarr: "raw" (the bytes codec alone) and
+#: "zstd" (bytes + zstd without checksum, decoded by nvCOMP); anything else is "codecs"
+RAW, ZSTD, CODECS = "raw", "zstd", "codecs"
+
+#: KvikIO threads per worker process where ``KVIKIO_NTHREADS`` does not say: KvikIO's
+#: default is one thread, which leaves a page-cached read at the speed of one memcpy
+IO_THREADS = 16
+#: bytes per KvikIO task (``KVIKIO_TASK_SIZE`` overrides): large enough that a chunk of
+#: hundreds of MB is a few dozen tasks, small enough to spread over the threads
+IO_TASK_BYTES = 16 * 2**20
+
+
+def creation_kwargs(shape, chunks, dtype) -> dict:
+    """What :func:`zarr.create_array` is given for an output, by both paths."""
+    return {"shape": tuple(int(n) for n in shape), "chunks": tuple(int(c) for c in chunks),
+            "dtype": np.dtype(dtype), "zarr_format": 3, "compressors": None}
+
+
+# --- the layout of a stored array, as the workers need it
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a Zarr v3 array's chunks lie and how they are encoded: what a task needs to
+    read or write one chunk file without opening the array (picklable, small)."""
+
+    root: str
+    shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    dtype: str
+    #: the fill value as zarr decodes it (a Python scalar; NaN stays NaN)
+    fill_value: float | int | bool
+    #: RAW, ZSTD or CODECS
+    encoding: str
+    #: "default" (``c/0/1``) or "v2" (``0.1``) chunk keys, and their separator
+    key_encoding: str = "default"
+    separator: str = "/"
+
+    @property
+    def chunk_bytes(self) -> int:
+        return math.prod(self.chunk_shape) * np.dtype(self.dtype).itemsize
+
+    def chunk_path(self, coords: tuple[int, ...]) -> str:
+        """The file of the chunk at grid position ``coords``."""
+        parts = [str(int(c)) for c in coords]
+        if self.key_encoding == "default":
+            key = self.separator.join(["c", *parts])
+        else:
+            key = self.separator.join(parts) if parts else "0"
+        return os.path.join(self.root, *key.split("/"))
+
+    def dask_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """One dask block per stored chunk (edge blocks cut to the array)."""
+        return tuple(tuple(min(c, n - start) for start in range(0, n, c)) if n else (0,)
+                     for n, c in zip(self.shape, self.chunk_shape))
+
+
+def layout_of(array) -> Layout:
+    """The :class:`Layout` of an open zarr v3 array on a local filesystem store."""
+    meta = array.metadata
+    root = _local_root(array)
+    encoding = _encoding(meta.codecs, np.dtype(array.dtype))
+    key = meta.chunk_key_encoding
+    name = getattr(key, "name", None) or ("v2" if type(key).__name__.startswith("V2") else "default")
+    return Layout(
+        root=root,
+        shape=tuple(int(n) for n in array.shape),
+        chunk_shape=tuple(int(c) for c in array.chunks),
+        dtype=np.dtype(array.dtype).name,
+        fill_value=_python_scalar(meta.fill_value),
+        encoding=encoding if root is not None else CODECS,
+        key_encoding="v2" if name == "v2" else "default",
+        separator=str(getattr(key, "separator", "/")),
+    )
+
+
+def _local_root(array) -> str | None:
+    """The directory of a local store, else None (other stores go through zarr)."""
+    store = array.store
+    root = getattr(store, "root", None)
+    if root is None or type(store).__name__ not in ("LocalStore", "GDSStore"):
+        return None
+    path = getattr(array, "path", "") or ""
+    root = os.path.abspath(str(root))
+    return os.path.join(root, *path.split("/")) if path else root
+
+
+def _encoding(codecs, dtype: np.dtype) -> str:
+    """RAW, ZSTD or CODECS for a v3 codec chain (see the module docstring)."""
+    names = [type(c).__name__ for c in codecs]
+    if not names or names[0] != "BytesCodec" or dtype.kind not in "biuf":
+        return CODECS
+    endian = getattr(getattr(codecs[0], "endian", None), "value", getattr(codecs[0], "endian", None))
+    if dtype.itemsize > 1 and (endian not in ("little", None) or sys.byteorder != "little"):
+        return CODECS
+    if names == ["BytesCodec"]:
+        return RAW
+    if len(names) == 2 and names[1] in ("ZstdCodec", "NvcompZstdCodec") and not getattr(codecs[1], "checksum", True):
+        return ZSTD
+    return CODECS
+
+
+def _python_scalar(value):
+    if value is None:
+        return 0
+    return np.asarray(value).item()
+
+
+# --- reading
+
+
+def open_array(path: str, backend: str):
+    """A lazy dask array over the Zarr v3 array at ``path``: NumPy chunks through
+    ``da.from_zarr`` for ``backend="numpy"``; for ``"cupy"``, one block per stored chunk,
+    each read on the worker into device memory (see the module docstring)."""
+    import dask.array as da
+
+    if backend == "numpy":
+        return da.from_zarr(path)
+    if backend != "cupy":
+        raise ValueError(f"backend: {backend!r} is not one of numpy, cupy")
+    import zarr
+    from dask.base import tokenize
+
+    from .backend import device_meta
+
+    path = os.path.abspath(os.path.expanduser(path))
+    stored = zarr.open_array(path, mode="r")
+    layout = layout_of(stored)
+    if layout.root is None:
+        layout = replace(layout, root=os.path.abspath(path), encoding=CODECS)
+    return chunk_reads(layout, device_meta(np.dtype(layout.dtype), len(layout.shape)),
+                       "zarr-read-" + tokenize(layout, _version_stamp(path)))
+
+
+def chunk_reads(layout: Layout, meta, name: str):
+    """One :func:`read_chunk` task per stored chunk, as a dask array with ``meta``."""
+    import dask.array as da
+
+    return da.map_blocks(read_chunk, dtype=np.dtype(layout.dtype), chunks=layout.dask_chunks(), meta=meta,
+                         name=name, layout=layout)
+
+
+def _version_stamp(path: str) -> tuple:
+    """Changes when the store is rewritten, so dask does not reuse an older read's keys."""
+    try:
+        st = os.stat(os.path.join(path, "zarr.json"))
+        return (st.st_mtime_ns, st.st_size)
+    except OSError:
+        return ()
+
+
+def read_chunk(layout: Layout, block_info=None):
+    """The stored chunk of this dask block, as a CuPy array on this worker's GPU."""
+    info = block_info[None]
+    coords = tuple(info["chunk-location"])
+    shape = tuple(info["chunk-shape"])
+    if layout.encoding in (RAW, ZSTD) and kvikio_available():
+        try:
+            return read_direct(layout, coords, shape, _gpu_io())
+        except _Fallback as why:
+            _note_fallback("direct read", f"chunk {coords} of {layout.root}: {why}; read through zarr on the host")
+    elif layout.encoding in (RAW, ZSTD):
+        _note_fallback("no kvikio", "kvikio is not installed on this worker: Zarr chunks are read on the host and copied "
+                       "(install spillway[cuda13] or [cuda12])")
+    return _to_device(_read_with_zarr(layout, info["array-location"]))
+
+
+class _Fallback(Exception):
+    """This chunk cannot take the direct path; zarr on the host reads it instead."""
+
+
+def read_direct(layout: Layout, coords, shape, io):
+    """Read the chunk at ``coords`` without zarr: the whole file into a buffer of ``io``
+    (device memory with KvikIO; host memory in the CPU tests of this logic), viewed as
+    the chunk and cut to ``shape`` at the array's edge. A missing file is the fill value,
+    as in zarr."""
+    path = layout.chunk_path(coords)
+    dtype = np.dtype(layout.dtype)
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return io.xp.full(shape, layout.fill_value, dtype=dtype)
+    if layout.encoding == RAW:
+        if size != layout.chunk_bytes:
+            raise _Fallback(f"file of {size} bytes, expected {layout.chunk_bytes}")
+        raw = io.read(path, size)
+    else:
+        raw = io.decode_zstd(io.read(path, size), layout.chunk_bytes)
+    chunk = raw.view(dtype).reshape(layout.chunk_shape)
+    if shape != layout.chunk_shape:
+        chunk = io.xp.ascontiguousarray(chunk[tuple(slice(0, n) for n in shape)])
+    return chunk
+
+
+def _read_with_zarr(layout: Layout, location):
+    import zarr
+
+    region = tuple(slice(int(a), int(b)) for a, b in location)
+    return zarr.open_array(layout.root, mode="r")[region]
+
+
+def _to_device(block):
+    import cupy
+
+    return cupy.asarray(block)
+
+
+# --- writing
+
+
+def store(array, path: str):
+    """A lazy dask collection that writes ``array`` to a new Zarr v3 store at ``path``
+    (replacing one there), chunk by chunk on the workers; its chunks become the store's
+    (irregular chunks are first made regular, as zarr needs). NumPy chunks go through
+    ``da.to_zarr``; CuPy chunks are written from the device (see the module docstring)."""
+    import dask.array as da
+
+    if not _regular(array.chunks):
+        array = array.rechunk(tuple(max(c) for c in array.chunks))
+    chunks = tuple(max(c[0], 1) for c in array.chunks)
+    if not _is_device(array):
+        return da.to_zarr(array, path, compute=False, mode="w", **creation_kwargs(array.shape, chunks, array.dtype))
+    import zarr
+
+    created = zarr.create_array(store=path, overwrite=True, **creation_kwargs(array.shape, chunks, array.dtype))
+    layout = layout_of(created)
+    ones = tuple((1,) * len(c) for c in array.chunks)
+    written = array.map_blocks(write_chunk, layout=layout, dtype=np.int64, chunks=ones,
+                               meta=np.empty((0,) * array.ndim, dtype=np.int64))
+    return written.sum()
+
+
+def _regular(chunks) -> bool:
+    return all(len(set(c[:-1])) <= 1 and (len(c) == 1 or c[-1] <= c[0]) for c in chunks)
+
+
+def _is_device(array) -> bool:
+    return type(array._meta).__module__.startswith("cupy")
+
+
+def write_chunk(block, layout: Layout, block_info=None):
+    """Write one device block to its chunk file; returns the bytes written (as a block of
+    ones in every dimension, summed by :func:`store`)."""
+    info = block_info[0]
+    coords = tuple(info["chunk-location"])
+    ones = (1,) * block.ndim
+    if kvikio_available():
+        return np.full(ones, write_direct(layout, coords, block, _gpu_io()), dtype=np.int64)
+    _note_fallback("no kvikio", "kvikio is not installed on this worker: Zarr chunks are copied to the host and written by "
+                   "zarr (install spillway[cuda13] or [cuda12])")
+    import zarr
+
+    from .backend import to_numpy
+
+    region = tuple(slice(int(a), int(b)) for a, b in info["array-location"])
+    zarr.open_array(layout.root, mode="r+")[region] = to_numpy(block)
+    return np.full(ones, block.nbytes, dtype=np.int64)
+
+
+def write_direct(layout: Layout, coords, block, io) -> int:
+    """Write ``block`` as the uncompressed chunk at ``coords`` without zarr, as zarr
+    would: padded with the fill value at the array's edge, no file where the chunk holds
+    only the fill value (unless zarr's ``array.write_empty_chunks`` is set). Returns the
+    bytes written."""
+    if layout.encoding != RAW:
+        raise ValueError(f"{layout.root}: the direct writer writes uncompressed chunks, not {layout.encoding}")
+    xp = io.xp
+    dtype = np.dtype(layout.dtype)
+    if tuple(block.shape) != layout.chunk_shape:
+        padded = xp.full(layout.chunk_shape, layout.fill_value, dtype=dtype)
+        padded[tuple(slice(0, n) for n in block.shape)] = block
+        block = padded
+    path = layout.chunk_path(coords)
+    if not _write_empty_chunks() and all_fill(xp, block, layout.fill_value):
+        try:
+            os.remove(path)  # a chunk an earlier write left there
+        except FileNotFoundError:
+            pass
+        return 0
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return io.write(path, xp.ascontiguousarray(block, dtype=dtype))
+
+
+def all_fill(xp, chunk, fill) -> bool:
+    """Whether every element is the fill value, as zarr decides it: a fill of zero
+    compares bit patterns for floats (a chunk of -0.0 is written); NaN equals NaN."""
+    if chunk.dtype.kind == "f" and fill == 0:
+        bits = chunk.view(np.dtype(f"u{chunk.dtype.itemsize}"))
+        return not bool(xp.any(bits != 0))
+    if chunk.dtype.kind == "f" and isinstance(fill, float) and math.isnan(fill):
+        return bool(xp.all(xp.isnan(chunk)))
+    return bool(xp.all(chunk == fill))
+
+
+def _write_empty_chunks() -> bool:
+    import zarr
+
+    return bool(zarr.config.get("array.write_empty_chunks", False))
+
+
+# --- the I/O of the direct path
+
+
+class HostIO:
+    """The direct path over host memory: plain reads and writes into NumPy buffers. The
+    GPU path's logic (keys, edges, fill values, padding) runs through it in CPU tests."""
+
+    xp = np
+
+    def read(self, path: str, size: int):
+        out = np.empty(size, dtype=np.uint8)
+        with open(path, "rb", buffering=0) as f:
+            got = f.readinto(memoryview(out))
+        if got != size:
+            raise _Fallback(f"read {got} of {size} bytes")
+        return out
+
+    def write(self, path: str, chunk) -> int:
+        with open(path, "wb") as f:
+            f.write(memoryview(np.ascontiguousarray(chunk)).cast("B"))
+        return int(chunk.nbytes)
+
+    def decode_zstd(self, compressed, nbytes: int):
+        from numcodecs import Zstd
+
+        out = np.frombuffer(Zstd().decode(compressed), dtype=np.uint8)
+        if out.size != nbytes:
+            raise _Fallback(f"zstd chunk decoded to {out.size} bytes, expected {nbytes}")
+        return out
+
+
+class KvikIO:
+    """The direct path over device memory: KvikIO reads and writes whole chunk files
+    between the file and CuPy buffers (GDS, or POSIX through pinned bounce buffers with
+    KvikIO's thread pool); nvCOMP decodes zstd on the device."""
+
+    def __init__(self):
+        import cupy
+        import kvikio
+
+        self.xp = cupy
+        self.kvikio = kvikio
+        self._zstd = None
+
+    def read(self, path: str, size: int):
+        out = self.xp.empty(size, dtype=self.xp.uint8)
+        with self.kvikio.CuFile(path, "r") as f:
+            got = f.read(out)
+        if got != size:
+            raise _Fallback(f"KvikIO read {got} of {size} bytes")
+        return out
+
+    def write(self, path: str, chunk) -> int:
+        with self.kvikio.CuFile(path, "w") as f:
+            return int(f.write(chunk.reshape(-1).view(self.xp.uint8)))
+
+    def decode_zstd(self, compressed, nbytes: int):
+        try:
+            from nvidia import nvcomp
+        except ImportError:
+            raise _Fallback("nvCOMP (nvidia-nvcomp) is not installed: zstd is decoded on the host") from None
+        cupy = self.xp
+        stream = cupy.cuda.get_current_stream()
+        if self._zstd is None:
+            self._zstd = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
+                                      device_id=cupy.cuda.Device().id, cuda_stream=stream.ptr)
+        try:
+            decoded = self._zstd.decode(nvcomp.as_array(compressed))
+            out = cupy.asarray(decoded).view(cupy.uint8).reshape(-1)
+            stream.synchronize()
+        except Exception as e:  # nvCOMP raises its own types for streams it cannot decode
+            raise _Fallback(f"nvCOMP could not decode it ({type(e).__name__}: {e})") from None
+        if out.size != nbytes:
+            raise _Fallback(f"zstd chunk decoded to {out.size} bytes, expected {nbytes}")
+        return out
+
+
+_local = threading.local()
+_configured = threading.Lock()
+_done: dict[str, bool] = {}
+_noted: set[str] = set()
+
+
+def kvikio_available() -> bool:
+    """Whether KvikIO is installed here (no import)."""
+    return importlib.util.find_spec("kvikio") is not None
+
+
+def _gpu_io() -> KvikIO:
+    """This thread's KvikIO reader; KvikIO's thread pool is set up once per process."""
+    io = getattr(_local, "io", None)
+    if io is None:
+        with _configured:
+            if not _done.get("kvikio"):
+                configure_kvikio()
+                _done["kvikio"] = True
+        io = _local.io = KvikIO()
+    return io
+
+
+def configure_kvikio() -> None:
+    """KvikIO's thread pool and task size for whole-chunk reads, unless the ``KVIKIO_*``
+    environment variables say otherwise."""
+    import kvikio.defaults
+
+    wanted = {}
+    if "KVIKIO_NTHREADS" not in os.environ:
+        wanted["num_threads"] = max(1, min(IO_THREADS, os.cpu_count() or 1))
+    if "KVIKIO_TASK_SIZE" not in os.environ:
+        wanted["task_size"] = IO_TASK_BYTES
+    if not wanted:
+        return
+    if hasattr(kvikio.defaults, "set"):
+        kvikio.defaults.set(wanted)
+    else:  # KvikIO before 25.02
+        if "num_threads" in wanted:
+            kvikio.defaults.num_threads_reset(wanted["num_threads"])
+        if "task_size" in wanted:
+            kvikio.defaults.task_size_reset(wanted["task_size"])
+
+
+def _note_fallback(kind: str, message: str) -> None:
+    """Log a fallback once per worker process and kind of reason."""
+    if kind not in _noted:
+        _noted.add(kind)
+        logger.warning("spillway zarr I/O: %s", message)
+
+
+def describe() -> dict:
+    """What this process reads and writes Zarr chunks with on GPUs (run on a worker):
+    KvikIO's version, whether it runs GDS or POSIX compat mode and with how many
+    threads, and whether nvCOMP decodes zstd."""
+    out = {"kvikio": None, "mode": "host codecs + copy to device", "threads": None,
+           "nvcomp": importlib.util.find_spec("nvidia.nvcomp") is not None if _has_nvidia() else False}
+    if not kvikio_available():
+        return out
+    try:
+        import kvikio
+        import kvikio.defaults
+
+        _gpu_io()
+        out["kvikio"] = getattr(kvikio, "__version__", "installed")
+        compat = kvikio.defaults.get("compat_mode") if hasattr(kvikio.defaults, "get") else \
+            kvikio.defaults.compat_mode()
+        compat = str(getattr(compat, "name", compat)).upper()
+        threads = kvikio.defaults.get("num_threads") if hasattr(kvikio.defaults, "get") else \
+            kvikio.defaults.get_num_threads()
+        out["mode"] = {"ON": "KvikIO POSIX (compat mode)", "TRUE": "KvikIO POSIX (compat mode)",
+                       "OFF": "KvikIO GDS", "FALSE": "KvikIO GDS"}.get(compat, "KvikIO (GDS where the file allows)")
+        out["threads"] = int(threads)
+    except Exception as e:  # a broken CUDA setup: say so rather than fail the caller
+        out["mode"] = f"KvikIO unusable ({type(e).__name__}: {e})"
+    return out
+
+
+def _has_nvidia() -> bool:
+    return importlib.util.find_spec("nvidia") is not None
