@@ -62,6 +62,18 @@ def collect() -> dict:
     }
 
 
+def zarr_io_line(stack: dict, has_gpus: bool) -> str | None:
+    """How GPU workers here read and write Zarr chunks (from what is installed; the
+    bench's results say what the workers really ran: GDS or KvikIO's POSIX mode)."""
+    if not has_gpus:
+        return None
+    if stack.get("kvikio"):
+        return (f"zarr chunks on GPU workers: KvikIO {stack['kvikio']} (whole chunk files to and from device "
+                "memory; GDS where the filesystem has it, else POSIX with KvikIO's threads)")
+    return ("zarr chunks on GPU workers: read on the host and copied (kvikio missing: install spillway[cuda13] "
+            "or [cuda12] for reads straight into device memory)")
+
+
 def planned_transport(inventory) -> str:
     """The transport between workers of the cluster the configured options start here
     (``spillway run`` reports the one the running workers really use)."""
@@ -99,6 +111,9 @@ def format_info(data: dict) -> str:
         lines += topology_lines(data["gpus"])
     if data.get("transport"):
         lines.append(f"transport between workers: {data['transport']}")
+    zarr_line = zarr_io_line(data["stack"], bool(data["gpus"]))
+    if zarr_line:
+        lines.append(zarr_line)
     lines.append("stack: " + ", ".join(f"{k} {v or 'missing'}" for k, v in data["stack"].items()))
     return "\n".join(lines)
 

@@ -74,3 +74,13 @@ def test_topology_of_older_results_files_without_switch_counts():
     lines = info.topology_lines(old)
     assert lines[0] == "NVLink links (rows to columns):"
     assert info.topology_lines(old[:1]) == []
+
+
+def test_info_says_how_gpu_workers_move_zarr_chunks(nvml_host):
+    nvml_host(FakeNVML(lambda i: f"0000:00:0{7 - i}.0"))
+    data = info.collect()
+    data["stack"]["kvikio"] = None
+    assert "zarr chunks on GPU workers: read on the host and copied (kvikio missing" in info.format_info(data)
+    data["stack"]["kvikio"] = "26.10.0"
+    assert "zarr chunks on GPU workers: KvikIO 26.10.0 (whole chunk files" in info.format_info(data)
+    assert info.zarr_io_line(data["stack"], has_gpus=False) is None
