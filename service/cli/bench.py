@@ -47,10 +47,15 @@ from .options import cluster_options, resolve
 @click.option("--sweep-sizes", default=None, metavar="SIZES",
               help="Message sizes of --link-sweep, comma-separated (default 8MiB,32MiB,128MiB,256MiB,"
                    "512MiB,1GiB,2GiB).")
+@click.option("--zarr", "zarr_io", is_flag=True,
+              help="Measure Zarr I/O instead of the workloads: the workers write a float32 store (100 GB at "
+                   "--sizes full, 12 GB small, 61 MB tiny) into --local-directory and read it back into chunks "
+                   "(CuPy on GPUs), cold and page-cached, against the disk ceilings; writes "
+                   "<machine>-<date>-zarr.{json,md,png}.")
 @cluster_options
 @fail_cleanly
 def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_baseline, label, timeline,
-          link_sweep, sweep_sizes, options_flags):
+          link_sweep, sweep_sizes, zarr_io, options_flags):
     """Run each workload on spillway's cluster and on plain LocalCUDACluster(protocol="ucx")
     (plain LocalCluster on CPU), and report times, speedups, transfer bandwidth against the
     hardware ceilings, bytes moved and spilled.
@@ -69,7 +74,12 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_basel
       spillway bench --sizes full --only W1,W3 --no-baseline --label step1 --transfer-connections 4
       spillway bench --only W1,W2,W5,B2 --timeline    # where each worker's time goes
       spillway bench --link-sweep                     # GB/s against message size, 8 MiB to 2 GiB
+      spillway bench --zarr --sizes full              # 100 GB Zarr store written and read by the GPUs
     """
+    if zarr_io:
+        return _zarr_bench(resolve(options_flags), out_dir, sizes, runs, timeout, label, no_ceilings,
+                           only=only, merge_into=merge_into, no_baseline=no_baseline, timeline=timeline,
+                           link_sweep=link_sweep, sweep_sizes=sweep_sizes)
     if link_sweep:
         return _link_sweep(resolve(options_flags), out_dir, sweep_sizes, label, only=only, merge_into=merge_into,
                            no_baseline=no_baseline, no_ceilings=no_ceilings, timeline=timeline)
@@ -104,3 +114,17 @@ def _link_sweep(options, out_dir, sweep_sizes, label, **workload_flags):
     plan = prepare_sweep(options, sizes=sweep_sizes, label=label)
     results, _ = run_sweep(plan, Path(out_dir), stream=sys.stderr)
     click.echo(short_table(results))
+
+
+def _zarr_bench(options, out_dir, sizes, runs, timeout, label, no_ceilings, **workload_flags):
+    from ..bench.zarr_io import prepare_zarr, run_zarr_bench, short_table
+
+    given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
+    if given:
+        raise ParamError(f"zarr: measures Zarr I/O, not the workloads; {', '.join(given)} does not apply")
+    plan = prepare_zarr(options, sizes=sizes, runs=runs, timeout=timeout, label=label, no_ceilings=no_ceilings)
+    results, _ = run_zarr_bench(plan, Path(out_dir), stream=sys.stderr)
+    click.echo(short_table(results))
+    if not all(results[name]["bits_equal"] for name in ("write", "cold_read", "cached_read")):
+        click.echo("spillway: a read gave other bits than were written (see the log)", err=True)
+        sys.exit(1)

@@ -1,0 +1,438 @@
+"""``spillway bench --zarr``: writing and reading a Zarr v3 store from the cluster's
+workers, against the disk ceilings of the same run.
+
+The store is shaped like a daily climate record: float32 days x 721 x 1440 (a 0.25
+degree grid), one chunk per 365 days (1.5 GB), 100 GB at ``--sizes full`` and 12 GB at
+``small``; ``tiny`` (the CPU default) is a 2.5 degree grid of 61 MB. The workers write it
+through spillway's Zarr path (:mod:`workflows.zarr_io`: uncompressed chunks, written from
+device memory with KvikIO on GPU workers), then read it back into chunks (CuPy on GPU
+workers) three ways, each checked bit for bit against what was written:
+
+* ``write``: from persisted chunks to files, until the files are on disk (``fsync``),
+  against the ``disk_write`` ceiling;
+* ``cold read``: with the store's pages dropped from the page cache first (as the
+  ``disk_read`` ceiling drops its own), against ``disk_read``; target 70% of it;
+* ``cached read``: with the store in the page cache, against the pinned host -> GPU copy
+  of every GPU of the run (``host_copy`` on CPU workers); target 10 GB/s per host.
+
+The store lies in ``--local-directory`` (the system's temporary directory without it),
+where the disk ceilings are measured too, and is removed afterwards. Files go to
+``<out>/<machine>-<date>-zarr[-<label>].{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ParamError
+from ..gpus import Inventory, discover
+from ..launch import plan as launch_plan
+from ..launch.plan import host_memory_bytes
+from ..options import Options
+from ..sizes import format_bytes
+from . import ceilings, report
+
+#: (grid, days) by size: one chunk is 365 days of the grid
+SCALES = {
+    "tiny": ((73, 144), 4 * 365),
+    "small": ((721, 1440), 8 * 365),
+    "full": ((721, 1440), 66 * 365),  # 100.1 GB
+}
+CHUNK_DAYS = 365
+DTYPE = "float32"
+#: the issue's targets
+CACHED_TARGET_GBPS = 10.0
+COLD_TARGET = 0.7
+#: share of the workers' memory the store may take (it is held whole once read), and
+#: of the free disk space
+MEMORY_SHARE = {"gpu": 0.6, "cpu": 0.3}
+DISK_SHARE = 0.9
+MEASURES = ("write", "cold_read", "cached_read")
+
+
+@dataclass(frozen=True)
+class ZarrPlan:
+    options: Options
+    kind: str
+    devices: tuple
+    inventory: Inventory | None
+    scale: str
+    runs: int
+    timeout: float
+    directory: str
+    label: str | None = None
+    measure_ceilings: Callable = field(default=ceilings.measure)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        (lat, lon), days = SCALES[self.scale]
+        return (days, lat, lon)
+
+    @property
+    def chunks(self) -> tuple[int, int, int]:
+        return (CHUNK_DAYS, *self.shape[1:])
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(DTYPE).itemsize
+
+    @property
+    def chunk_bytes(self) -> int:
+        return math.prod(self.chunks) * np.dtype(DTYPE).itemsize
+
+
+def prepare_zarr(options: Options, *, sizes: str = "auto", runs: int = 3, timeout: float = 900,
+                 label: str | None = None, inventory: Inventory | None = None,
+                 no_ceilings: bool = False) -> ZarrPlan:
+    """Check the request and plan the run: one-line errors before anything starts."""
+    from . import bench_options
+
+    label = report.check_label(label)
+    if runs < 3:
+        raise ParamError(f"runs: {runs} is below the minimum of 3 timed runs")
+    if options.attach:
+        raise ParamError("scheduler-address/scheduler-file: the Zarr bench measures this machine's disk, "
+                         "it cannot attach")
+    inventory = discover() if inventory is None else inventory
+    launch = launch_plan(options, inventory)
+    options = bench_options(options, launch.kind)
+    scale = sizes if sizes != "auto" else ("small" if launch.kind == "gpu" else "tiny")
+    if scale not in SCALES:
+        raise ParamError(f"sizes: {sizes!r} is not one of auto, {', '.join(SCALES)}")
+    directory = options.local_directory or tempfile.gettempdir()
+    plan = ZarrPlan(options=options, kind=launch.kind, devices=tuple(launch.devices), inventory=inventory,
+                    scale=scale, runs=runs, timeout=timeout, directory=directory, label=label,
+                    **({"measure_ceilings": ceilings.not_measured} if no_ceilings else {}))
+    free = shutil.disk_usage(directory).free
+    if plan.nbytes > DISK_SHARE * free:
+        raise ParamError(f"sizes: the {scale} store takes {format_bytes(plan.nbytes)}, more than "
+                         f"{DISK_SHARE:.0%} of the {format_bytes(free)} free in {directory} (--local-directory)")
+    if launch.kind == "gpu":
+        memory = sum(g.memory_total for g in inventory.gpus if g.index in launch.devices)
+        where = f"the {len(launch.devices)} GPUs' {format_bytes(memory)}"
+    else:
+        memory = host_memory_bytes()
+        where = f"this host's {format_bytes(memory)}"
+    share = MEMORY_SHARE[launch.kind]
+    if memory and plan.nbytes > share * memory:
+        raise ParamError(f"sizes: the {scale} store ({format_bytes(plan.nbytes)}) is read whole into the workers' "
+                         f"memory, more than {share:.0%} of {where}")
+    return plan
+
+
+# --- what the workers run
+
+
+def _fingerprint_block(block):
+    """The sum of a block's bit patterns as unsigned integers, modulo 2**64: equal for
+    equal bits whatever the order of the sum."""
+    from workflows.backend import module_of
+
+    xp = module_of(block)
+    bits = block.view(np.dtype(f"u{block.dtype.itemsize}"))
+    total = int(xp.sum(bits, dtype=xp.uint64))
+    return np.full((1,) * block.ndim, total, dtype=np.uint64)
+
+
+def fingerprint(array):
+    """A lazy uint64 that changes when any bit of ``array`` does."""
+    ones = tuple((1,) * len(c) for c in array.chunks)
+    blocks = array.map_blocks(_fingerprint_block, chunks=ones, dtype=np.uint64,
+                              meta=np.empty((0,) * array.ndim, dtype=np.uint64))
+    return blocks.sum(dtype=np.uint64)
+
+
+def _io_path(dask_worker=None) -> dict:
+    from workflows import zarr_io
+
+    return zarr_io.describe()
+
+
+# --- the page cache
+
+
+def store_files(path: str) -> list[str]:
+    return [os.path.join(d, n) for d, _, names in os.walk(path) for n in names]
+
+
+def sync_and_drop(path: str) -> None:
+    """Every file of the store on disk and out of the page cache."""
+    for f in store_files(path):
+        ceilings._sync_and_drop(f)
+
+
+def warm(path: str) -> None:
+    """Every file of the store read once, so the page cache holds it."""
+    buffer = bytearray(64 * 2**20)
+    for f in store_files(path):
+        with open(f, "rb", buffering=0) as fh:
+            while fh.readinto(buffer):
+                pass
+
+
+# --- the run
+
+
+def measure_zarr(plan: ZarrPlan, client, path: str, *, log: Callable[[str], None]) -> dict:
+    """Write, then read cold and cached ``plan.runs`` times each; seconds per run, and
+    whether every read gave the written bits."""
+    from distributed import wait
+
+    from workflows import random, zarr_io
+    from workflows.backend import backend_for
+
+    from .harness import synchronize_device, wait_released
+
+    backend = backend_for(plan.kind)
+
+    def settle():
+        if plan.kind == "gpu":
+            client.run(synchronize_device)
+
+    source = client.persist(random.uniform(plan.shape, plan.chunks, seed=0, dtype=DTYPE, backend=backend))
+    wait(source, timeout=plan.timeout)
+    expected = int(client.compute(fingerprint(source)).result(timeout=plan.timeout))
+
+    t0 = time.perf_counter()
+    client.compute(zarr_io.store(source, path)).result(timeout=plan.timeout)
+    settle()
+    unsynced = time.perf_counter() - t0
+    sync_and_drop(path)
+    write_s = time.perf_counter() - t0
+    log(f"zarr write        {format_bytes(plan.nbytes)} in {write_s:.2f} s ({unsynced:.2f} s before fsync)")
+    del source
+    wait_released(client)
+
+    def read(label: str, prepare: Callable[[], None]) -> list[dict]:
+        runs = []
+        for i in range(plan.runs):
+            prepare()
+            start = time.perf_counter()
+            array = client.persist(zarr_io.open_array(path, backend))
+            wait(array, timeout=plan.timeout)
+            settle()
+            seconds = time.perf_counter() - start
+            same = int(client.compute(fingerprint(array)).result(timeout=plan.timeout)) == expected
+            del array
+            wait_released(client)
+            runs.append({"seconds": seconds, "bits_equal": same})
+            log(f"zarr {label:<12} run {i + 1}: {seconds:.3f} s ({plan.nbytes / seconds / 1e9:.2f} GB/s)"
+                + ("" if same else "  BITS DIFFER from what was written"))
+        return runs
+
+    cold = read("cold read", lambda: sync_and_drop(path))
+    cached = read("cached read", lambda: warm(path))
+    return {
+        "write": {"runs": [{"seconds": write_s, "seconds_before_fsync": unsynced, "bits_equal": True}]},
+        "cold_read": {"runs": cold},
+        "cached_read": {"runs": cached},
+    }
+
+
+def ceiling_of(name: str, kind: str, gbps: dict, n_gpus: int) -> tuple[str | None, float | None]:
+    """The ceiling each measurement is read against, and its GB/s."""
+    if name == "write":
+        return "disk_write", gbps.get("disk_write")
+    if name == "cold_read":
+        return "disk_read", gbps.get("disk_read")
+    if kind == "gpu":
+        h2d = gbps.get("h2d_pinned")
+        return f"h2d_pinned x {n_gpus} GPUs", h2d * n_gpus if h2d else None
+    return "host_copy", gbps.get("host_copy")
+
+
+def summarize(measured: dict, *, nbytes: int, kind: str, gbps: dict, n_gpus: int) -> dict:
+    out = {}
+    for name in MEASURES:
+        runs = measured[name]["runs"]
+        seconds = statistics.median(r["seconds"] for r in runs)
+        ceiling, value = ceiling_of(name, kind, gbps, n_gpus)
+        rate = nbytes / seconds / 1e9
+        out[name] = {**measured[name], "seconds": seconds, "gbps": rate, "ceiling": ceiling, "ceiling_gbps": value,
+                     "ratio_to_ceiling": rate / value if value else None,
+                     "bits_equal": all(r["bits_equal"] for r in runs)}
+    return out
+
+
+def targets(summary: dict, kind: str) -> list[dict]:
+    """The issue's targets; met is null on CPU workers (they are the GPU host's)."""
+    cached = summary["cached_read"]["gbps"]
+    cold = summary["cold_read"]["ratio_to_ceiling"]
+    return [
+        {"target": f"page-cached read into device chunks >= {CACHED_TARGET_GBPS:.0f} GB/s per host",
+         "value": cached, "met": None if kind != "gpu" else cached >= CACHED_TARGET_GBPS},
+        {"target": f"cold read >= {COLD_TARGET:.0%} of the disk read ceiling", "value": cold,
+         "met": None if kind != "gpu" or cold is None else cold >= COLD_TARGET},
+    ]
+
+
+def run_zarr_bench(plan: ZarrPlan, out_dir: Path, *, stream=sys.stderr) -> tuple[dict, dict[str, Path]]:
+    """Measure the ceilings, start spillway's cluster, write and read; then write the
+    JSON, markdown and plot. Returns the results and the paths."""
+    from ..launch import open_cluster
+
+    machine = report.describe_machine(plan.inventory, plan.kind)
+    started = datetime.now(timezone.utc)
+
+    def log(message: str) -> None:
+        if stream is not None:
+            print(message, file=stream, flush=True)
+
+    log(f"spillway bench --zarr on {machine['name']}: {format_bytes(plan.nbytes)} float32 "
+        f"{'x'.join(map(str, plan.shape))} in {format_bytes(plan.chunk_bytes)} chunks, in {plan.directory}")
+    measured_ceilings = plan.measure_ceilings(plan.kind, plan.devices, plan.chunk_bytes, log=log,
+                                              directory=plan.directory)
+    path = tempfile.mkdtemp(prefix="spillway-zarr-bench-", dir=plan.directory)
+    store = os.path.join(path, "days.zarr")
+    try:
+        with open_cluster(plan.options, inventory=plan.inventory) as session:
+            client = session.client
+            io_paths = client.run(_io_path) if plan.kind == "gpu" else {}
+            measured = measure_zarr(plan, client, store, log=log)
+            cluster = {"kind": session.kind, "n_workers": session.n_workers}
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+    n_gpus = len(plan.devices) if plan.kind == "gpu" else 0
+    summary = summarize(measured, nbytes=plan.nbytes, kind=plan.kind, gbps=measured_ceilings.gbps, n_gpus=n_gpus)
+    results = {
+        "what": "zarr write and read",
+        "machine": machine,
+        "label": plan.label,
+        "workers": plan.kind,
+        "cluster": cluster,
+        "io_path": sorted({p["mode"] + (f", {p['threads']} threads" if p.get("threads") else "")
+                           + (", nvCOMP zstd" if p.get("nvcomp") else "") for p in io_paths.values()})
+        or ["zarr on the host (NumPy chunks)"],
+        "sizes": plan.scale,
+        "runs": plan.runs,
+        "shape": list(plan.shape),
+        "chunks": list(plan.chunks),
+        "dtype": DTYPE,
+        "bytes": plan.nbytes,
+        "directory": plan.directory,
+        "started": started.isoformat(timespec="seconds"),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "ceilings": dict(measured_ceilings.gbps),
+        "ceilings_skipped": dict(measured_ceilings.skipped),
+        **summary,
+        "targets": targets(summary, plan.kind),
+    }
+    name = report.stem(machine, started, "zarr" + (f"-{plan.label}" if plan.label else ""))
+    paths = report.write(results, out_dir, name, render=markdown, draw=plot)
+    for p in paths.values():
+        log(f"wrote {p}")
+    return results, paths
+
+
+# --- rendering
+
+
+def _rows(results: dict) -> list[list[str]]:
+    rows = [["", "s (median)", "GB/s", "ceiling", "of ceiling", "bits"]]
+    for name in MEASURES:
+        m = results[name]
+        ceiling = "—" if m["ceiling_gbps"] is None else f"{m['ceiling']} {m['ceiling_gbps']:.1f}"
+        ratio = "—" if m["ratio_to_ceiling"] is None else f"{100 * m['ratio_to_ceiling']:.0f}%"
+        rows.append([name.replace("_", " "), f"{m['seconds']:.3f}", f"{m['gbps']:.2f}", ceiling, ratio,
+                     "equal" if m["bits_equal"] else "DIFFER"])
+    return rows
+
+
+def short_table(results: dict) -> str:
+    rows = _rows(results)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(widths[i]) if i in (0, 3) else c.rjust(widths[i]) for i, c in enumerate(r))
+             for r in rows]
+    for t in results["targets"]:
+        value = "—" if t["value"] is None else (f"{t['value']:.2f} GB/s" if "GB/s" in t["target"]
+                                                else f"{100 * t['value']:.0f}%")
+        met = "not judged (CPU workers)" if t["met"] is None else ("met" if t["met"] else "NOT met")
+        lines.append(f"target: {t['target']}: {value}, {met}")
+    return "\n".join(lines)
+
+
+def markdown(results: dict) -> str:
+    m = results["machine"]
+    gpus = ", ".join(f"{g['name']} ({format_bytes(g['memory_total'])})" for g in m["gpus"]) or "none"
+    rows = _rows(results)
+    lines = [
+        f"# spillway bench --zarr: {m['name']}",
+        "",
+        f"- started {results['started']}, finished {results['finished']}",
+        *([f"- label `{results['label']}`"] if results.get("label") else []),
+        f"- store: {format_bytes(results['bytes'])} {results['dtype']} {'x'.join(map(str, results['shape']))}, "
+        f"chunks {'x'.join(map(str, results['chunks']))}, uncompressed, in `{results['directory']}`; "
+        f"sizes `{results['sizes']}`, {results['runs']} runs of each read, median shown",
+        f"- workers: {results['cluster']['n_workers']} {results['workers']}; GPUs: {gpus}; "
+        f"driver {m['driver_version']}, CUDA {m['cuda_driver_version']}",
+        f"- chunk I/O: {'; '.join(results['io_path'])}",
+        f"- CPU: {m['cpu']}, {m['cores']} cores, {format_bytes(m['memory_total'])}",
+        "- stack: " + ", ".join(f"{k} {v}" for k, v in m["stack"].items() if v),
+        "",
+        "Write: until the files are on disk (fsync). Cold read: the store's pages dropped first. Cached read: "
+        "the store in the page cache. GB/s are 10^9 bytes per second; every read is checked bit for bit "
+        "against what was written.",
+        "",
+        "| " + " | ".join(rows[0]) + " |",
+        "| --- |" + " ---: |" * 3 + " --- | ---: |",
+        *("| " + " | ".join(r[:5]) + f" | {r[5]} |" for r in rows[1:]),
+        "",
+        "## Targets",
+        "",
+        "| target | value | met |",
+        "| --- | ---: | --- |",
+    ]
+    for t in results["targets"]:
+        value = "—" if t["value"] is None else (f"{t['value']:.2f} GB/s" if "GB/s" in t["target"]
+                                                else f"{100 * t['value']:.0f}%")
+        lines.append(f"| {t['target']} | {value} | "
+                     f"{'not judged (CPU workers)' if t['met'] is None else 'yes' if t['met'] else 'no'} |")
+    lines += ["", "## Ceilings", "", "| ceiling | GB/s |", "| --- | ---: |"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in results["ceilings"].items()]
+    lines += [f"| {k} | skipped: {why} |" for k, why in results["ceilings_skipped"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n.replace("_", " ") for n in MEASURES]
+    measured = [results[n]["gbps"] for n in MEASURES]
+    limits = [results[n]["ceiling_gbps"] for n in MEASURES]
+    x = np.arange(len(MEASURES))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.bar(x - 0.2, measured, width=0.4, label="spillway")
+    ax.bar(x + 0.2, [v or 0 for v in limits], width=0.4, label="ceiling", color="lightgray", edgecolor="gray")
+    for i, n in enumerate(MEASURES):
+        ratio = results[n]["ratio_to_ceiling"]
+        if ratio is not None:
+            ax.annotate(f"{100 * ratio:.0f}%", (i - 0.2, measured[i]), ha="center", va="bottom", fontsize=8)
+        if limits[i]:
+            ax.annotate(results[n]["ceiling"], (i + 0.2, limits[i]), ha="center", va="bottom", fontsize=7)
+    if results["workers"] == "gpu":
+        ax.axhline(CACHED_TARGET_GBPS, color="black", linestyle="--", linewidth=1,
+                   label=f"cached-read target {CACHED_TARGET_GBPS:.0f} GB/s")
+    ax.set_xticks(x, names)
+    ax.set_ylabel("GB/s")
+    ax.legend()
+    label = f", {results['label']}" if results.get("label") else ""
+    ax.set_title(f"Zarr {format_bytes(results['bytes'])} on {results['machine']['name']} "
+                 f"({results['sizes']}{label})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
