@@ -147,3 +147,36 @@ def test_shared_service_notebook_on_two_gpus(tmp_path, monkeypatch, capsys):
     assert s["array_module"] == "cupy"
     check_rich_outputs(nb)
     assert any("<b>spillway job " in h for h in outputs(nb, "text/html")), "no HTML job table"
+
+
+# --- the climatology notebook: xarray over a Zarr store on spillway's workers
+
+
+@pytest.mark.timeout(240)
+def test_climatology_notebook_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("DASK_SPILLWAY__CPU", "true")
+    monkeypatch.setenv("DASK_SPILLWAY__DASHBOARD_ADDRESS", "127.0.0.1:0")
+    nb = execute("climatology.ipynb", tmp_path, cell_timeout=180)
+    s = summary(nb)
+    assert s["kind"] == "cpu" and s["n_workers"] >= 1
+    assert s["shape"] == [12, 73, 144] and s["store_bytes"] == 3 * 365 * 73 * 144 * 4
+    assert s["array_module"] == "numpy" and s["rel_error"] <= 1e-5
+    assert outputs(nb, "image/png"), "no figure"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(1200)
+def test_climatology_notebook_on_gpus(tmp_path, monkeypatch, capsys):
+    from service.gpus import discover
+
+    if not len(discover()):
+        pytest.skip("needs a GPU")
+    monkeypatch.setenv("DASK_SPILLWAY__DASHBOARD_ADDRESS", "127.0.0.1:0")
+    nb = execute("climatology.ipynb", tmp_path, cell_timeout=900)
+    s = summary(nb)
+    report_line(capsys, "climatology notebook", s)
+    assert s["kind"] == "gpu" and s["shape"] == [12, 721, 1440]
+    # the reduction ran on CuPy chunks read by spillway's GPU reader
+    assert s["array_module"] == "cupy" and s["rel_error"] <= 1e-5
+    assert s["chunk_io"] and all(m.startswith("KvikIO") for m in s["chunk_io"]), s["chunk_io"]
+    assert outputs(nb, "image/png"), "no figure"
