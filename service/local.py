@@ -140,7 +140,9 @@ class Local:
                     bar.close()
 
     def open(self, path: str, *, backend: str = "auto"):
-        """A lazy dask array over a Zarr store a run wrote (CuPy chunks on GPU machines)."""
+        """A lazy dask array over a Zarr v3 array (a run's output, or any array of a store
+        such as ``store.zarr/t2m``): CuPy chunks on GPU machines, each chunk file read into
+        device memory with KvikIO by the worker that computes it (workflows.zarr_io)."""
         from .client import open_output
 
         return open_output(path, backend=backend)
