@@ -30,3 +30,8 @@ class ClusterStartError(SpillwayError):
     """Workers that did not start, with what their nannies said of them."""
 
     exit_code = 1
+
+
+class DeviceMemoryExhausted(SpillwayError, MemoryError):
+    """A task's device allocation failed after the worker's store spilled all it could: the
+    task fails with the worker, the bytes asked for and each tier's bytes; the worker lives."""

@@ -78,12 +78,14 @@ class WorkerSetup(WorkerPlugin):
                 rmm.mr.set_current_device_resource(current)
             self.statistics = current
         # CuPy's own pool would hide allocations from RMM's pool and statistics
-        cupy.cuda.set_allocator(rmm_cupy_allocator)
+        cupy.cuda.set_allocator(rmm_cupy_allocator if store is None else explained(rmm_cupy_allocator, store))
 
     def _wire_store(self, worker, store):
-        from .memory.policy import next_use
+        from .memory.policy import next_use, running_inputs
 
         store.rank = next_use(worker)
+        store.in_use = running_inputs(worker)
+        store.name = f"worker {worker.name} ({worker.address})"
         if self.statistics is not None:
             stats = self.statistics
             store.device_usage = lambda: self.window_base + stats.allocation_counts.current_bytes
@@ -147,6 +149,21 @@ class WorkerSetup(WorkerPlugin):
         elif hasattr(data, "fast_to_slow_callbacks"):  # SpillBuffer: host -> disk
             data.fast_to_slow_callbacks.append(counter("host_to_disk"))
             data.slow_to_fast_callbacks.append(counter("disk_to_host"))
+
+
+def explained(allocate, store):
+    """``allocate`` whose failure, once spill on demand has freed all it could, says so in
+    one line naming the worker, the bytes asked for and each tier's bytes, instead of
+    RMM's "maximum pool size exceeded"."""
+    from .errors import DeviceMemoryExhausted
+
+    def allocate_or_explain(nbytes):
+        try:
+            return allocate(nbytes)
+        except MemoryError as error:
+            raise DeviceMemoryExhausted(store.exhausted(nbytes)) from error
+
+    return allocate_or_explain
 
 
 def _tiered_store(worker):

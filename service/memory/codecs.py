@@ -1,7 +1,11 @@
-"""How values move between the device tier and host buffers.
+"""How device memory moves between the device tier and host buffers.
 
-The store's tier logic is the same on GPU and CPU; only the codec differs. The CuPy codec
-copies device arrays to and from pinned host buffers on their own CUDA streams (one per
+The store's tier logic is the same on GPU and CPU; only the codec differs. A codec sees a
+stored array as a view of an *allocation* (the buffer it, and maybe other stored arrays,
+point into): the store counts and frees allocations, and moves the byte ranges that views
+span, so arrays that share memory are copied once and come back sharing it.
+
+The CuPy codec copies to and from pinned host buffers on its own CUDA streams (one per
 direction, so spills and restores use both copy engines and overlap compute). The NumPy
 codec puts NumPy arrays in the device tier's place: the tests exercise the real store with
 it, and nothing in the store knows which codec it has.
@@ -9,6 +13,7 @@ it, and nothing in the store knows which codec it has.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +25,8 @@ Alloc = Callable[[int], np.ndarray]
 
 @dataclass
 class HostCopy:
-    """A device array's bytes in a host buffer, with what it takes to rebuild it."""
+    """Bytes in a host buffer, with the shape and type they are read back as (the disk
+    tier's unit)."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -32,12 +38,29 @@ class HostCopy:
         return int(self.buffer.nbytes)
 
 
-def _layout(array) -> str | None:
-    if array.flags.c_contiguous:
-        return "C"
-    if array.flags.f_contiguous:
-        return "F"
-    return None
+def extent(ptr: int, shape, strides, itemsize: int) -> tuple[int, int]:
+    """The address range ``[start, end)`` an array view spans (empty for no elements)."""
+    if any(n == 0 for n in shape):
+        return ptr, ptr
+    low = sum(s * (n - 1) for n, s in zip(shape, strides) if s < 0)
+    high = sum(s * (n - 1) for n, s in zip(shape, strides) if s > 0)
+    return ptr + low, ptr + high + itemsize
+
+
+@dataclass(frozen=True)
+class View:
+    """Where an array lies: the allocation it points into and its layout there."""
+
+    allocation: int  # the allocation's start address: its identity while it lives
+    allocation_bytes: int
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def extent(self) -> tuple[int, int]:
+        return extent(self.ptr, self.shape, self.strides, self.dtype.itemsize)
 
 
 class NumpyCodec:
@@ -46,24 +69,30 @@ class NumpyCodec:
     def is_device(self, value: Any) -> bool:
         return isinstance(value, np.ndarray) and value.dtype != object
 
-    def nbytes(self, value) -> int:
-        return int(value.nbytes)
+    def view(self, array) -> View:
+        root = array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        start, end = extent(root.__array_interface__["data"][0], root.shape, root.strides, root.itemsize)
+        return View(start, end - start, array.__array_interface__["data"][0], array.shape,
+                    array.strides, array.dtype)
 
     def ready(self, value) -> None:
         """Return once ``value`` is computed (NumPy values always are)."""
 
-    def to_host(self, value, alloc: Alloc) -> HostCopy:
-        order = _layout(value) or "C"
-        src = np.asarray(value, order=order)
-        buf = alloc(src.nbytes)
-        np.copyto(buf, src.reshape(-1, order="A").view(np.uint8) if src.nbytes else buf)
-        return HostCopy(src.shape, src.dtype, order, buf)
+    def to_host(self, ptr: int, nbytes: int, alloc: Alloc) -> np.ndarray:
+        buf = alloc(nbytes)
+        if nbytes:
+            np.copyto(buf, np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr)))
+        return buf
 
-    def to_device(self, copy: HostCopy):
-        out = np.empty(copy.shape, dtype=copy.dtype, order=copy.order)
-        if copy.nbytes:
-            out.reshape(-1, order="A").view(np.uint8)[:] = copy.buffer
+    def to_device(self, buffer: np.ndarray):
+        out = np.empty(buffer.nbytes, dtype=np.uint8)
+        out[:] = buffer
         return out
+
+    def rebuild(self, allocation, offset: int, shape, strides, dtype):
+        return np.ndarray(shape, dtype, buffer=allocation, offset=offset, strides=strides)
 
 
 class CupyCodec:
@@ -79,41 +108,41 @@ class CupyCodec:
     def is_device(self, value) -> bool:
         return isinstance(value, self.cupy.ndarray)
 
-    def nbytes(self, value) -> int:
-        return int(value.nbytes)
+    def view(self, array) -> View:
+        mem = array.data.mem
+        if mem is None:  # no elements, no allocation
+            return View(0, 0, 0, tuple(array.shape), tuple(array.strides), array.dtype)
+        return View(int(mem.ptr), int(mem.size), int(array.data.ptr), tuple(array.shape),
+                    tuple(array.strides), array.dtype)
 
     def ready(self, value) -> None:
         """Wait for the kernels queued on the current stream, which may still be writing
         ``value``."""
         self.cupy.cuda.get_current_stream().record().synchronize()
 
-    def to_host(self, value, alloc: Alloc) -> HostCopy:
+    def to_host(self, ptr: int, nbytes: int, alloc: Alloc) -> np.ndarray:
         cupy = self.cupy
-        order = _layout(value)
-        if order is None:  # a strided view: one device copy makes it contiguous
-            value, order = cupy.ascontiguousarray(value), "C"
-        buf = alloc(value.nbytes)
-        if value.nbytes:
-            # wait for the kernels that produced the value, then copy on our own stream
+        buf = alloc(nbytes)
+        if nbytes:
+            # wait for the kernels that produced the bytes, then copy on our own stream
             self.d2h.wait_event(cupy.cuda.get_current_stream().record())
-            cupy.cuda.runtime.memcpyAsync(
-                buf.ctypes.data, value.data.ptr, value.nbytes,
-                cupy.cuda.runtime.memcpyDeviceToHost, self.d2h.ptr,
-            )
+            cupy.cuda.runtime.memcpyAsync(buf.ctypes.data, ptr, nbytes,
+                                          cupy.cuda.runtime.memcpyDeviceToHost, self.d2h.ptr)
             self.d2h.synchronize()
-        return HostCopy(tuple(value.shape), value.dtype, order, buf)
+        return buf
 
-    def to_device(self, copy: HostCopy):
+    def to_device(self, buffer: np.ndarray):
         cupy = self.cupy
-        out = cupy.empty(copy.shape, dtype=copy.dtype, order=copy.order)
-        if copy.nbytes:
+        out = cupy.empty(buffer.nbytes, dtype=cupy.uint8)
+        if buffer.nbytes:
             # RMM hands out memory in the order of the current stream: `out` may reuse
             # bytes that kernels queued there still read. Copying on our own stream before
             # they finish would overwrite their inputs, so wait for them first.
             self.h2d.wait_event(cupy.cuda.get_current_stream().record())
-            cupy.cuda.runtime.memcpyAsync(
-                out.data.ptr, copy.buffer.ctypes.data, copy.nbytes,
-                cupy.cuda.runtime.memcpyHostToDevice, self.h2d.ptr,
-            )
+            cupy.cuda.runtime.memcpyAsync(out.data.ptr, buffer.ctypes.data, buffer.nbytes,
+                                          cupy.cuda.runtime.memcpyHostToDevice, self.h2d.ptr)
             self.h2d.synchronize()
         return out
+
+    def rebuild(self, allocation, offset: int, shape, strides, dtype):
+        return self.cupy.ndarray(shape, dtype, memptr=allocation.data + offset, strides=strides)

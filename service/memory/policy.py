@@ -32,6 +32,20 @@ def next_use(worker) -> Callable[[Hashable], tuple | None]:
     return rank
 
 
+def running_inputs(worker) -> Callable[[], set]:
+    """The keys that tasks running here are reading (and the running tasks' own keys)."""
+    state = worker.state
+
+    def in_use() -> set:
+        keys = set()
+        for ts in list(state.executing) + list(state.long_running):
+            keys.add(ts.key)
+            keys.update(dep.key for dep in ts.dependencies)
+        return keys
+
+    return in_use
+
+
 def upcoming_inputs(worker, n_tasks: int = 8) -> Iterator[Hashable]:
     """Inputs of the next ``n_tasks`` tasks to run here, soonest first."""
     state = worker.state

@@ -11,8 +11,13 @@ outputs against a limit:
   for go first, then those needed last;
 * **prefetch**: :meth:`prefetch` restores the inputs of the next queued tasks on a
   background thread (copies outside the store's lock), so tasks find them on the device;
-* **spill on demand**: :meth:`evict_for` frees device memory that no running task holds
-  when an allocation fails (RMM calls it, see :mod:`service.memory.ondemand`).
+* **spill on demand**: :meth:`evict_for` frees device memory that no running task reads
+  when an allocation fails (RMM calls it, see :mod:`service.plugins`).
+
+The device tier is counted by allocation, not by value: keys whose values view one
+allocation (slices, the arrays of a tuple that later keys also store) count it once and
+move together (:mod:`service.memory.groups`); values inside tuples, lists and dicts are
+device values too.
 
 The store only moves values through its ``codec`` (CuPy on GPUs, NumPy in CPU tests) and
 counts what it moved and how long it took in :class:`TierStats`.
@@ -20,21 +25,21 @@ counts what it moved and how long it took in :class:`TierStats`.
 
 from __future__ import annotations
 
+import itertools
 import logging
-import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, MutableMapping
+from collections.abc import Callable, Collection, Hashable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from dask.sizeof import sizeof
 
-from .arena import Arena
+from ..sizes import format_bytes
 from .codecs import HostCopy
 from .disk import DiskTier
+from .groups import SpilledGroup, fill, leaves, segments, strip
 from .host import HostBuffers
 
 logger = logging.getLogger("spillway.memory")
@@ -74,6 +79,14 @@ class TierStats:
         }
 
 
+@dataclass
+class _Allocation:
+    """A device allocation that stored values view, and which keys do."""
+
+    nbytes: int
+    keys: set = field(default_factory=set)
+
+
 class TieredStore(MutableMapping):
     def __init__(
         self,
@@ -85,6 +98,7 @@ class TieredStore(MutableMapping):
         host: HostBuffers | None = None,
         rank: Callable[[Hashable], Any] | None = None,
         device_usage: Callable[[], int] | None = None,
+        in_use: Callable[[], Collection] | None = None,
     ):
         self.device_limit = int(device_limit)
         self.host_limit = int(host_limit)
@@ -95,11 +109,20 @@ class TieredStore(MutableMapping):
         self.rank = rank
         #: bytes really allocated on the device (RMM statistics), temporaries included
         self.device_usage = device_usage
+        #: keys that running tasks are reading: never moved (it would free nothing)
+        self.in_use = in_use
+        #: the worker's name in messages (set by the worker plugin)
+        self.name = "this worker"
         self.stats = TierStats()
-        self._device: OrderedDict = OrderedDict()
-        self._host: OrderedDict = OrderedDict()
+        self._device: OrderedDict = OrderedDict()  # key -> value, least recently used first
+        self._holds: dict = {}  # device key -> the allocations its value views
+        self._allocations: dict[int, _Allocation] = {}
         self._plain: dict = {}
-        self._sizes: dict = {}
+        self._sizes: dict = {}  # key -> bytes of its arrays (views of one range counted once)
+        self._spilled: dict = {}  # key -> id of its spilled group
+        self._groups: dict[int, SpilledGroup] = {}
+        self._host: OrderedDict = OrderedDict()  # ids of groups in host buffers, oldest first
+        self._group_ids = itertools.count()
         self.device_bytes = 0
         self.host_bytes = 0
         self._lock = threading.RLock()
@@ -109,18 +132,27 @@ class TieredStore(MutableMapping):
     # --- MutableMapping
 
     def __setitem__(self, key, value) -> None:
-        with self._lock:
-            if key in self:
-                self._remove(key)
-            if self.codec.is_device(value):
-                n = self.codec.nbytes(value)
-                self._make_room(n, exclude={key})
-                self._device[key] = value
-                self._sizes[key] = n
-                self.device_bytes += n
-            else:
-                self._plain[key] = value
-                self._sizes[key] = sizeof(value)
+        while True:
+            with self._lock:
+                event = self._inflight.get(key)
+                if event is None:
+                    if key in self:
+                        self._remove(key)
+                    arrays = leaves(value, self.codec.is_device)
+                    if not arrays:
+                        self._plain[key] = value
+                        self._sizes[key] = sizeof(value)
+                        return
+                    views = [self.codec.view(a) for a in arrays]
+                    new = {v.allocation: v.allocation_bytes for v in views
+                           if v.allocation_bytes and v.allocation not in self._allocations}
+                    # the keys already viewing this value's memory stay with it: moving
+                    # them would free nothing
+                    sharing = self._connected({key} | self._viewers(views))
+                    self._make_room(sum(new.values()), exclude=sharing)
+                    self._insert(key, value, views)
+                    return
+            event.wait()
 
     def __getitem__(self, key):
         while True:
@@ -132,12 +164,12 @@ class TieredStore(MutableMapping):
                     return self._plain[key]
                 event = self._inflight.get(key)
                 if event is None:
-                    if key not in self._host and not (self.disk is not None and key in self.disk):
+                    if key not in self._spilled:
                         raise KeyError(key)
                     start = time.perf_counter()
-                    value = self._restore(key)
+                    self._restore(self._spilled[key])
                     self.stats.wait_s += time.perf_counter() - start
-                    return value
+                    return self._device[key]
             event.wait()  # a prefetch is bringing it back
 
     def __delitem__(self, key) -> None:
@@ -152,24 +184,14 @@ class TieredStore(MutableMapping):
             event.wait()
 
     def __contains__(self, key) -> bool:
-        return (
-            key in self._device
-            or key in self._plain
-            or key in self._host
-            or key in self._inflight
-            or (self.disk is not None and key in self.disk)
-        )
+        return key in self._device or key in self._plain or key in self._spilled or key in self._inflight
 
     def __iter__(self):
-        keys = list(self._device) + list(self._plain) + list(self._host) + list(self._inflight)
-        if self.disk is not None:
-            keys += list(self.disk.meta)
-        return iter(keys)
+        with self._lock:
+            return iter(list(self._device) + list(self._plain) + list(self._spilled) + list(self._inflight))
 
     def __len__(self) -> int:
-        return len(self._device) + len(self._plain) + len(self._host) + len(self._inflight) + (
-            len(self.disk.meta) if self.disk is not None else 0
-        )
+        return len(self._device) + len(self._plain) + len(self._spilled) + len(self._inflight)
 
     # --- where things are
 
@@ -178,56 +200,150 @@ class TieredStore(MutableMapping):
             return "device"
         if key in self._plain:
             return "plain"
-        if key in self._host:
-            return "host"
-        if self.disk is not None and key in self.disk:
-            return "disk"
+        gid = self._spilled.get(key)
+        if gid is not None:
+            return "disk" if self._groups[gid].on_disk else "host"
         if key in self._inflight:
             return "moving"
         return None
 
     def summary(self) -> dict:
+        spilled = [self._groups[g] for g in set(self._spilled.values())]
         return {
             "device_bytes": self.device_bytes,
             "host_bytes": self.host_bytes,
             "disk_bytes": self.disk.nbytes if self.disk is not None else 0,
             "device_keys": len(self._device),
-            "host_keys": len(self._host),
-            "disk_keys": len(self.disk.meta) if self.disk is not None else 0,
+            "device_buffers": len(self._allocations),
+            "host_keys": sum(len(g.skeletons) for g in spilled if not g.on_disk),
+            "disk_keys": sum(len(g.skeletons) for g in spilled if g.on_disk),
             "host_pinned_on_demand_bytes": self.host.pinned_bytes,
             "host_pageable_total": self.host.pageable_total,
+            "host": self.host.summary(),
             "stats": self.stats.to_json(),
         }
 
-    # --- moves (callers hold the lock)
+    def exhausted(self, nbytes: int) -> str:
+        """One line for a device allocation that nothing more could make room for."""
+        with self._lock:
+            running = self._running()
+            in_use = sum(self._allocations[a].nbytes for a in
+                         {a for k in running if k in self._holds for a in self._holds[k]})
+            disk = self.disk.nbytes if self.disk is not None else 0
+            return (f"{self.name}: cannot allocate {format_bytes(nbytes)} on the device and nothing "
+                    f"more can be spilled: device {format_bytes(self.device_bytes)} stored "
+                    f"({format_bytes(in_use)} in use by running tasks) of a "
+                    f"{format_bytes(self.device_limit)} limit, host {format_bytes(self.host_bytes)}, "
+                    f"disk {format_bytes(disk)}; use smaller chunks or more workers")
+
+    # --- the device tier's bookkeeping (callers hold the lock)
+
+    def _insert(self, key, value, views) -> None:
+        held = set()
+        for v in views:
+            if not v.allocation_bytes:
+                continue
+            allocation = self._allocations.get(v.allocation)
+            if allocation is None:
+                allocation = self._allocations[v.allocation] = _Allocation(v.allocation_bytes)
+                self.device_bytes += v.allocation_bytes
+            allocation.keys.add(key)
+            held.add(v.allocation)
+        self._device[key] = value
+        self._holds[key] = tuple(held)
+        self._sizes[key] = _span_bytes(views)
+
+    def _viewers(self, views) -> set:
+        return {k for v in views if v.allocation in self._allocations
+                for k in self._allocations[v.allocation].keys}
+
+    def _connected(self, keys) -> set:
+        """``keys`` and every device key that shares an allocation with them, transitively."""
+        group, todo = set(), [k for k in keys if k in self._holds]
+        group.update(todo)
+        while todo:
+            for a in self._holds[todo.pop()]:
+                for other in self._allocations[a].keys:
+                    if other not in group:
+                        group.add(other)
+                        todo.append(other)
+        return group
 
     def _remove(self, key) -> None:
-        n = self._sizes.pop(key, 0)
+        self._sizes.pop(key, None)
         if key in self._device:
             del self._device[key]
-            self.device_bytes -= n
+            for a in self._holds.pop(key):
+                allocation = self._allocations[a]
+                allocation.keys.discard(key)
+                if not allocation.keys:
+                    del self._allocations[a]
+                    self.device_bytes -= allocation.nbytes
         elif key in self._plain:
             del self._plain[key]
-        elif key in self._host:
-            self.host.release(self._host.pop(key).buffer)
-            self.host_bytes -= n
-        elif self.disk is not None and key in self.disk:
-            self.disk.delete(key)
+        elif key in self._spilled:
+            gid = self._spilled.pop(key)
+            group = self._groups[gid]
+            del group.skeletons[key]
+            self._drop_segments(gid, group, group.unviewed_segments())
 
-    def _victims(self, keys: Iterable, exclude) -> list:
-        """Keys in eviction order: not needed here first (least recently used first),
-        then those needed last."""
-        unused, ranked = [], []
-        for order, key in enumerate(keys):
-            if key in exclude:
-                continue
-            r = self.rank(key) if self.rank is not None else None
-            if r is None:
-                unused.append(key)
+    def _drop_segments(self, gid, group: SpilledGroup, segments) -> None:
+        """Give back the host buffers or disk files of ``segments`` of a spilled group."""
+        for i in segments:
+            if group.on_disk:
+                self.disk.delete((gid, i))
             else:
-                ranked.append((r, order, key))
-        ranked.sort(reverse=True)
-        return unused + [key for _, _, key in ranked]
+                self.host.release(group.buffers[i])
+                group.buffers[i] = None
+                self.host_bytes -= group.sizes[i]
+            group.dropped.add(i)
+        if not group.skeletons:
+            del self._groups[gid]
+            self._host.pop(gid, None)
+
+    def _running(self) -> set:
+        if self.in_use is None:
+            return set()
+        for _ in range(3):
+            try:
+                return set(self.in_use())
+            except RuntimeError:  # the worker's event loop changed its tasks while we read
+                continue
+        return set()
+
+    # --- eviction order
+
+    def _rank_of(self, keys) -> Any:
+        """When the soonest of ``keys`` is needed here (None: by no task here)."""
+        if self.rank is None:
+            return None
+        ranks = [r for r in map(self.rank, keys) if r is not None]
+        return min(ranks) if ranks else None
+
+    def _ordered(self, groups: list) -> list:
+        """Groups in eviction order: needed by no task here first (oldest first), then
+        those needed last."""
+        unused, ranked = [], []
+        for order, group in enumerate(groups):
+            r = self._rank_of(group)
+            if r is None:
+                unused.append(group)
+            else:
+                ranked.append((r, order, group))
+        ranked.sort(key=lambda item: (item[0], item[1]), reverse=True)
+        return unused + [g for _, _, g in ranked]
+
+    def _device_victims(self, exclude) -> list[list]:
+        """Groups of device keys that share allocations, in eviction order; none that holds
+        an excluded key or one a running task reads."""
+        skip = self._connected(set(exclude) | self._running())
+        groups, seen = [], set(skip)
+        for key in self._device:
+            if key not in seen:
+                group = self._connected({key})
+                seen |= group
+                groups.append([k for k in self._device if k in group] if len(group) > 1 else [key])
+        return self._ordered(groups)
 
     def _over_device(self, incoming: int) -> int:
         """Bytes to free on the device before ``incoming`` more bytes fit."""
@@ -240,77 +356,150 @@ class TieredStore(MutableMapping):
         need = self._over_device(incoming)
         if need <= 0:
             return
-        for key in self._victims(list(self._device), exclude):
+        for group in self._device_victims(exclude):
             if need <= 0:
                 break
-            need -= self._device_to_host(key)
+            need -= self._device_to_host(group)
 
-    def _device_to_host(self, key) -> int:
-        n = self._sizes[key]
+    # --- moves (callers hold the lock)
+
+    def _device_to_host(self, keys: list) -> int:
+        """Copy the keys of one group to host buffers; returns the device bytes freed."""
+        values = {k: self._device[k] for k in keys}
+        arrays, views, index = [], [], {}
+
+        def place(array) -> int:
+            view = self.codec.view(array)
+            at = (view.ptr, view.shape, view.strides, view.dtype.str)
+            if at not in index:
+                index[at] = len(views)
+                arrays.append(array)
+                views.append(view)
+            return index[at]
+
+        skeletons = {k: strip(v, self.codec.is_device, place) for k, v in values.items()}
+        ranges, layouts = segments(views)
+        sizes = [end - start for start, end in ranges]
+        n = sum(sizes)
         # Free the host tier first: with the host tier at its limit the pinned arena
         # (sized to that limit) is full, and the copy would land in a buffer pinned on
         # demand (a slow first allocation, and pinned memory beyond the arena).
         self._spill_host(n)
-        value = self._device[key]
         waited = time.perf_counter()
-        # On a busy GPU the value may still be being computed; the copy cannot start
-        # before it is, and that wait is compute, not spilling.
-        self.codec.ready(value)
+        # On a busy GPU the values may still be being computed; the copy cannot start
+        # before they are, and that wait is compute, not spilling.
+        self.codec.ready(arrays[0] if arrays else None)
         start = time.perf_counter()
         self.stats.producer_wait_s += start - waited
-        copy = self.codec.to_host(value, self.host.alloc)  # if it fails, the value stays
+        buffers = []
+        try:
+            for (begin, end) in ranges:
+                buffers.append(self.codec.to_host(begin, end - begin, self.host.alloc))
+        except BaseException:  # nothing lost: the values stay on the device
+            for b in buffers:
+                self.host.release(b)
+            raise
         self.stats.add("device_to_host", n, time.perf_counter() - start)
-        del value, self._device[key]
-        self.device_bytes -= n
-        self._host[key] = copy
+        del values, arrays
+        before = self.device_bytes
+        for k in keys:
+            self._remove(k)
+        gid = next(self._group_ids)
+        self._groups[gid] = SpilledGroup(skeletons, layouts, buffers, sizes)
+        self._host[gid] = None
+        for k in keys:
+            self._spilled[k] = gid
+            self._sizes[k] = n
         self.host_bytes += n
-        return n
+        return before - self.device_bytes
 
     def _spill_host(self, incoming: int) -> None:
-        """Write host copies to disk until ``incoming`` more bytes fit under the host limit
-        (or the host tier is empty: a value larger than the limit still goes to host)."""
+        """Write host groups to disk until ``incoming`` more bytes fit under the host limit
+        (or the host tier is empty: a group larger than the limit still goes to host)."""
         need = self.host_bytes + incoming - self.host_limit
         if need <= 0 or self.disk is None:
             return
-        for key in self._victims(list(self._host), exclude=()):
+        order = self._ordered([list(self._groups[g].skeletons) for g in self._host])
+        by_keys = {id(keys): self._spilled[keys[0]] for keys in order}
+        for keys in order:
             if need <= 0:
                 break
-            copy = self._host.pop(key)
+            gid = by_keys[id(keys)]
+            group = self._groups[gid]
             start = time.perf_counter()
-            self.disk.write(key, copy)
-            self.stats.add("host_to_disk", copy.nbytes, time.perf_counter() - start)
-            self.host.release(copy.buffer)
-            self.host_bytes -= copy.nbytes
-            need -= copy.nbytes
+            for i in group.live_segments():
+                buffer = group.buffers[i]
+                self.disk.write((gid, i), HostCopy((buffer.nbytes,), buffer.dtype, "C", buffer))
+            self.stats.add("host_to_disk", group.nbytes, time.perf_counter() - start)
+            for i in group.live_segments():
+                self.host.release(group.buffers[i])
+                group.buffers[i] = None
+            group.on_disk = True
+            del self._host[gid]
+            self.host_bytes -= group.nbytes
+            need -= group.nbytes
 
-    def _take_host_copy(self, key) -> HostCopy:
-        """Remove ``key``'s host copy from the host or disk tier (caller holds the lock)."""
-        if key in self._host:
-            copy = self._host.pop(key)
-            self.host_bytes -= copy.nbytes
-            return copy
+    def _take_host_buffers(self, gid) -> SpilledGroup:
+        """Take a spilled group off the host or disk tier, its segments in host buffers."""
+        group = self._groups.pop(gid)
+        if not group.on_disk:
+            del self._host[gid]
+            self.host_bytes -= group.nbytes
+            return group
         start = time.perf_counter()
-        copy = self.disk.read(key, self.host.alloc)
-        self.stats.add("disk_to_host", copy.nbytes, time.perf_counter() - start)
-        self.disk.delete(key)
-        return copy
-
-    def _restore(self, key):
-        n = self._sizes[key]
-        self._make_room(n, exclude={key})
-        copy = self._take_host_copy(key)
-        start = time.perf_counter()
+        read = []
         try:
-            value = self.codec.to_device(copy)
+            for i in group.live_segments():
+                group.buffers[i] = self.disk.read((gid, i), self.host.alloc).buffer
+                read.append(i)
         except BaseException:
-            self._host[key] = copy  # nothing lost: the host copy stays
-            self.host_bytes += copy.nbytes
+            for i in read:
+                self.host.release(group.buffers[i])
+                group.buffers[i] = None
+            self._groups[gid] = group
             raise
-        self.stats.add("host_to_device", n, time.perf_counter() - start)
-        self.host.release(copy.buffer)
-        self._device[key] = value
-        self.device_bytes += n
-        return value
+        self.stats.add("disk_to_host", group.nbytes, time.perf_counter() - start)
+        for i in read:
+            self.disk.delete((gid, i))
+        group.on_disk = False
+        return group
+
+    def _put_back(self, gid, group: SpilledGroup) -> None:
+        """A group whose restore failed goes back to the host tier: nothing is lost."""
+        self._groups[gid] = group
+        self._host[gid] = None
+        self.host_bytes += group.nbytes
+        for k in group.skeletons:
+            self._spilled[k] = gid
+
+    def _to_device(self, group: SpilledGroup) -> dict:
+        """The group's values on the device (outside the lock for prefetches)."""
+        start = time.perf_counter()
+        allocations = {i: self.codec.to_device(group.buffers[i]) for i in group.live_segments()}
+        arrays = [None if lay.segment in group.dropped else
+                  self.codec.rebuild(allocations[lay.segment], lay.offset, lay.shape, lay.strides, lay.dtype)
+                  for lay in group.layouts]
+        self.stats.add("host_to_device", group.nbytes, time.perf_counter() - start)
+        return {k: fill(sk, arrays) for k, sk in group.skeletons.items()}
+
+    def _settle(self, group: SpilledGroup, values: dict) -> None:
+        """Give the group's host buffers back and put its values in the device tier."""
+        for i in group.live_segments():
+            self.host.release(group.buffers[i])
+        for k, value in values.items():
+            self._insert(k, value, [self.codec.view(a) for a in leaves(value, self.codec.is_device)])
+
+    def _restore(self, gid) -> None:
+        self._make_room(self._groups[gid].nbytes)
+        group = self._take_host_buffers(gid)
+        for k in group.skeletons:
+            del self._spilled[k]
+        try:
+            values = self._to_device(group)
+        except BaseException:
+            self._put_back(gid, group)
+            raise
+        self._settle(group, values)
 
     # --- prefetch and spill on demand
 
@@ -321,55 +510,55 @@ class TieredStore(MutableMapping):
         restored = 0
         for key in keys:
             with self._lock:
-                if key not in self._host and not (self.disk is not None and key in self.disk):
+                gid = self._spilled.get(key)
+                if gid is None:
                     continue
-                n = self._sizes[key]
+                n = self._groups[gid].nbytes
                 if self._over_device(n) > -(1 - headroom) * self.device_limit:
                     break
-                copy = self._take_host_copy(key)
-                event = self._inflight[key] = threading.Event()
+                group = self._take_host_buffers(gid)
+                event = threading.Event()
+                for k in group.skeletons:
+                    del self._spilled[k]
+                    self._inflight[k] = event
             try:
-                start = time.perf_counter()
-                value = self.codec.to_device(copy)
-                seconds = time.perf_counter() - start
+                values = self._to_device(group)
             except BaseException:
                 with self._lock:
-                    self._host[key] = copy
-                    self.host_bytes += copy.nbytes
-                    del self._inflight[key]
+                    for k in group.skeletons:
+                        del self._inflight[k]
+                    self._put_back(gid, group)
                 event.set()
                 raise
             with self._lock:
-                self.host.release(copy.buffer)
-                self._device[key] = value
-                self.device_bytes += n
-                self.stats.add("host_to_device", n, seconds)
+                self._settle(group, values)
                 self.stats.prefetched_bytes += n
-                del self._inflight[key]
+                for k in group.skeletons:
+                    del self._inflight[k]
             event.set()
             restored += n
         return restored
 
     def evict_for(self, nbytes: int) -> int:
-        """Spill device values that nothing outside the store holds until ``nbytes`` are
-        freed (or none is left). Called when a device allocation fails; returns the bytes
-        freed, 0 when nothing could be (the allocation then fails as it would have)."""
+        """Spill device values that no running task reads until ``nbytes`` are freed (or
+        none is left), whoever else refers to them: keys a client persisted, values waiting
+        to be sent. Called when a device allocation fails; returns the device bytes freed
+        (their allocations leave the store; the memory returns once any outside holder
+        lets go), 0 when nothing could be (the allocation then fails as it would have)."""
         if getattr(self._local, "evicting", False):
             return 0  # an allocation inside our own eviction: let it fail
         self._local.evicting = True
         try:
             with self._lock:
                 freed = 0
-                for key in self._victims(list(self._device), exclude=()):
+                for group in self._device_victims(exclude=()):
                     if freed >= nbytes:
                         break
-                    # three references: the dict, the getrefcount argument and `value`
-                    value = self._device[key]
-                    held = sys.getrefcount(value) > 3
-                    del value
-                    if held:
-                        continue
-                    freed += self._device_to_host(key)
+                    try:
+                        freed += self._device_to_host(group)
+                    except Exception:  # no host buffer: keep what was freed so far
+                        logger.exception("spill on demand could not copy %d keys to host", len(group))
+                        break
                 if freed:
                     self.stats.ondemand_events += 1
                     self.stats.ondemand_bytes += freed
@@ -378,5 +567,12 @@ class TieredStore(MutableMapping):
             self._local.evicting = False
 
     def close(self) -> None:
+        self.host.close()  # stops the pinned arena's growth
         if self.disk is not None:
             self.disk.close()
+
+
+def _span_bytes(views) -> int:
+    """Bytes the views span, ranges that several of them cover counted once."""
+    ranges, _ = segments(list(views))
+    return sum(end - start for start, end in ranges)

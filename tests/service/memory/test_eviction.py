@@ -1,0 +1,222 @@
+"""Spill accounting by device buffers: what the store counts, what spill on demand may
+evict and what it frees, with NumPy arrays in the device tier's place.
+
+A buffer is one allocation; several stored values may view it (slices, the arrays of a
+tuple that other keys also hold). The store counts each buffer once, moves the values that
+share one together, and evicts whatever no running task is using, whoever else refers to
+it (keys a client persisted, values waiting to be sent)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster, get_worker, wait
+
+from service.memory.codecs import NumpyCodec
+from service.memory.disk import DiskTier
+from service.memory.store import TieredStore
+
+MB = 2**20
+
+
+def chunk(i: int, n: int = MB // 8) -> np.ndarray:
+    return np.random.default_rng(i).standard_normal(n)  # 1 MiB float64
+
+
+def make(tmp_path, device_mb=8, host_mb=64, **kwargs):
+    return TieredStore(device_limit=device_mb * MB, host_limit=host_mb * MB, codec=NumpyCodec(),
+                       disk=DiskTier(str(tmp_path)), **kwargs)
+
+
+def test_a_buffer_viewed_by_several_keys_is_counted_once(tmp_path):
+    s = make(tmp_path)
+    base = chunk(0, n=MB // 4)  # 2 MiB
+    s["base"] = base
+    s["head"] = base[: MB // 8]  # a view: no new device memory
+    s["rows"] = base.reshape(512, 512)[::2]  # a strided view of the same buffer
+    assert s.device_bytes == 2 * MB
+    assert s.summary()["device_buffers"] == 1
+
+
+def test_tuple_values_are_device_values_and_share_with_their_items(tmp_path):
+    # what a qr task returns, and the getitem tasks that take its items apart
+    s = make(tmp_path)
+    q, r = chunk(1), chunk(2, n=64)
+    s["qr"] = (q, r)
+    s["q"] = q
+    s["r"] = r
+    assert s.tier_of("qr") == "device"
+    assert s.device_bytes == q.nbytes + r.nbytes
+
+
+def test_keys_sharing_a_buffer_spill_together_and_free_it(tmp_path):
+    s = make(tmp_path)
+    base = chunk(0, n=MB // 4)
+    s["base"], s["head"] = base, base[: MB // 8]
+    s["other"] = chunk(1)
+    freed = s.evict_for(2 * MB)
+    # the buffer is free only when every key viewing it has left the device
+    assert {s.tier_of(k) for k in ("base", "head")} == {"host"}
+    assert freed >= 2 * MB and s.device_bytes == 3 * MB - freed
+    head = s["head"]  # restores the whole group, still one buffer
+    np.testing.assert_array_equal(head, base[: MB // 8])
+    np.testing.assert_array_equal(s["base"], base)
+    assert s.tier_of("base") == "device" and np.shares_memory(s["base"], s["head"])
+    assert s.summary()["device_buffers"] == 2 or s.tier_of("other") == "host"
+
+
+def test_values_held_outside_the_store_are_still_evicted(tmp_path):
+    # a client persisted it, or a transfer is about to send it: neither is a running task,
+    # and the store's accounting frees its buffer once the holder lets go
+    s = make(tmp_path)
+    for i in range(4):
+        s[i] = chunk(i)
+    waiting_to_be_sent = s[0]
+    freed = s.evict_for(4 * MB)
+    assert freed == 4 * MB and s.device_bytes == 0
+    assert s.tier_of(0) == "host"
+    np.testing.assert_array_equal(s[0], waiting_to_be_sent)
+
+
+def test_inputs_of_running_tasks_are_not_evicted(tmp_path):
+    running = {"in-use"}
+    s = make(tmp_path, in_use=lambda: running)
+    s["in-use"] = chunk(0)
+    s["free"] = chunk(1)
+    assert s.evict_for(2 * MB) == MB
+    assert s.tier_of("in-use") == "device" and s.tier_of("free") == "host"
+    assert s.evict_for(MB) == 0  # nothing more may go
+
+
+def test_a_view_of_an_input_in_use_stays_with_it(tmp_path):
+    running = {"x"}
+    s = make(tmp_path, in_use=lambda: running)
+    x = chunk(0)
+    s["x"], s["slice"] = x, x[:100]
+    assert s.evict_for(MB) == 0  # moving the slice would free nothing
+    assert s.tier_of("slice") == "device"
+
+
+def test_spilled_groups_go_to_disk_and_back_with_their_views(tmp_path):
+    s = make(tmp_path, device_mb=2, host_mb=2)
+    bases = {i: chunk(i, n=MB // 8) for i in range(6)}
+    for i, b in bases.items():
+        s[("b", i)] = b
+        s[("t", i)] = b.reshape(128, 1024).T  # F-ordered view
+    assert s.disk.nbytes > 0
+    for i, b in bases.items():
+        np.testing.assert_array_equal(s[("t", i)], b.reshape(128, 1024).T)
+        np.testing.assert_array_equal(s[("b", i)], b)
+    for i in range(6):
+        del s[("b", i)], s[("t", i)]
+    assert len(s) == 0 and s.device_bytes == 0 and s.host_bytes == 0 and s.disk.nbytes == 0
+
+
+def test_deleting_one_key_of_a_spilled_group_keeps_the_others(tmp_path):
+    s = make(tmp_path)
+    q, r = chunk(1), chunk(2, n=64)
+    s["qr"], s["q"], s["r"] = (q, r), q, r
+    s.evict_for(8 * MB)
+    host = s.host_bytes
+    del s["qr"], s["r"]
+    assert s.host_bytes < host  # r's bytes went with the last key that viewed them
+    np.testing.assert_array_equal(s["q"], q)
+    assert s.device_bytes == q.nbytes and s.host_bytes == 0
+
+
+def test_nested_containers_round_trip(tmp_path):
+    s = make(tmp_path)
+    a, b = chunk(3), chunk(4, n=100)
+    s["v"] = {"u": (a, [b, 7]), "name": "x"}
+    s.evict_for(8 * MB)
+    assert s.tier_of("v") == "host"
+    v = s["v"]
+    np.testing.assert_array_equal(v["u"][0], a)
+    np.testing.assert_array_equal(v["u"][1][0], b)
+    assert v["u"][1][1] == 7 and v["name"] == "x" and type(v["u"]) is tuple
+
+
+def test_exhausted_names_the_worker_the_request_and_every_tier(tmp_path):
+    s = make(tmp_path, device_mb=4, in_use=lambda: {0})
+    s.name = "tcp://127.0.0.1:4000"
+    for i in range(3):
+        s[i] = chunk(i)
+    s.evict_for(MB)
+    line = s.exhausted(800 * MB)
+    assert "\n" not in line
+    for part in ("tcp://127.0.0.1:4000", "800.00 MiB", "device", "host", "disk", "in use"):
+        assert part in line, line
+
+
+# --- on a real worker: keys a client persisted are evicted for a running task
+
+
+def _evict_inside_a_task(block, nbytes):
+    store = get_worker().data
+    return store.evict_for(nbytes), {k: store.tier_of(k) for k in list(store)}
+
+
+@pytest.mark.timeout(120)
+def test_persisted_keys_make_room_for_a_running_task(tmp_path):
+    """A user persists chunks, then a task needs device memory: spill on demand evicts the
+    persisted chunks that task does not read, never the one it reads."""
+    import dask.array as da
+
+    from service.plugins import WorkerSetup
+
+    store = TieredStore(device_limit=64 * MB, host_limit=256 * MB, codec=NumpyCodec(),
+                        disk=DiskTier(str(tmp_path)))
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None,
+                      data=store) as cluster, Client(cluster) as client:
+        client.register_plugin(WorkerSetup(prefetch=False))
+        x = da.random.default_rng(0).random(8 * MB // 8, chunks=MB // 8).persist()
+        wait(x)
+        expected = float(x.sum().compute())
+        assert store.device_bytes == 8 * MB
+        blocks = client.futures_of(x)
+        # asks for all 8 MiB: only the 7 that the running task does not read can go
+        freed, tiers = client.submit(_evict_inside_a_task, blocks[0], 8 * MB, pure=False).result()
+        assert freed == 7 * MB, (freed, tiers)
+        assert tiers[blocks[0].key] == "device", tiers  # the running task reads it
+        assert [tiers[b.key] for b in blocks[1:]] == ["host"] * 7, tiers
+        assert float(x.sum().compute()) == expected
+
+
+@pytest.mark.timeout(120)
+def test_data_a_client_scattered_and_still_holds_is_evicted(tmp_path):
+    """In-process, scattered arrays are the client's own objects: referred to from outside
+    the store, yet no task is using them, so they leave the device when a task needs room."""
+    from service.plugins import WorkerSetup
+
+    store = TieredStore(device_limit=64 * MB, host_limit=256 * MB, codec=NumpyCodec(),
+                        disk=DiskTier(str(tmp_path)))
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None,
+                      data=store) as cluster, Client(cluster) as client:
+        client.register_plugin(WorkerSetup(prefetch=False))
+        mine = [chunk(i) for i in range(4)]
+        scattered = client.scatter(mine)
+        wait(scattered)
+        assert store.device_bytes == 4 * MB
+        freed, tiers = client.submit(_evict_inside_a_task, None, 4 * MB, pure=False).result()
+        assert freed == 4 * MB and [tiers[f.key] for f in scattered] == ["host"] * 4, tiers
+        back = client.gather(scattered)
+        assert all(np.array_equal(a, b) for a, b in zip(back, mine))
+
+
+def test_a_failed_allocation_fails_its_task_with_the_store_s_line(tmp_path):
+    from service.errors import DeviceMemoryExhausted
+    from service.plugins import explained
+
+    s = make(tmp_path, device_mb=2, in_use=lambda: {0, 1})
+    s.name = "worker 0 (tcp://127.0.0.1:4000)"
+    s[0], s[1] = chunk(0), chunk(1)
+
+    def pool_exceeded(nbytes):
+        raise MemoryError("std::bad_alloc: out_of_memory: RMM failure: Maximum pool size exceeded")
+
+    with pytest.raises(DeviceMemoryExhausted) as info:
+        explained(pool_exceeded, s)(800 * MB)
+    message = str(info.value)
+    assert message.startswith("worker 0 (tcp://127.0.0.1:4000): cannot allocate 800.00 MiB")
+    assert "device 2.00 MiB stored (2.00 MiB in use by running tasks)" in message
+    assert isinstance(info.value, MemoryError)
