@@ -29,6 +29,18 @@ def local(**option_keywords) -> Local:
     return Local(Options.resolve(**option_keywords))
 
 
+def session_config(kind: str, config: Mapping) -> dict:
+    """Dask settings for the user's own code while a local cluster is open: on GPU workers,
+    rechunks move device chunks as they are (the task-based method, as spillway's rechunk
+    workflow does) rather than through dask's peer-to-peer shuffle, which shards them
+    through host memory and failed plain dask-cuda on a 200 GB rechunk. A method the user
+    chose is kept."""
+    chosen = config.get("array", {}).get("rechunk", {}).get("method")
+    if kind != "gpu" or chosen is not None:
+        return {}
+    return {"array.rechunk.method": "tasks"}
+
+
 class Local:
     """A running embedded cluster. ``client`` is its Dask client, ``dashboard_link`` the
     Dask dashboard, ``kind`` "gpu" or "cpu"."""
@@ -39,6 +51,9 @@ class Local:
         self.options = options
         self._stack = contextlib.ExitStack()
         self.session = self._stack.enter_context(open_cluster(options, inventory=inventory))
+        import dask.config
+
+        self._stack.enter_context(dask.config.set(session_config(self.session.kind, dask.config.config)))
 
     # --- what is running
 

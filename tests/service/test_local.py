@@ -150,3 +150,18 @@ def test_local_on_gpus_runs_cupy_chunks(tmp_path, gpu_count):
         expected = np.concatenate([random.uniform_block(0, 0, (20000, 20000), ((r, r + 1), (0, 20000)), "float64",
                                                         "numpy") for r in range(0, 200, 50)])
         assert rel_error(got, expected) <= 1e-12
+
+
+def test_gpu_sessions_rechunk_with_tasks_unless_the_user_chose():
+    from service.local import session_config
+
+    assert session_config("gpu", {"array": {"rechunk": {"method": None}}}) == {"array.rechunk.method": "tasks"}
+    assert session_config("gpu", {"array": {"rechunk": {"method": "p2p"}}}) == {}
+    assert session_config("cpu", {"array": {"rechunk": {"method": None}}}) == {}
+
+
+def test_a_cpu_session_leaves_dask_s_rechunk_method_alone():
+    import dask.config
+
+    with service.local(cpu=True, n_workers=1, dashboard_address=None):
+        assert dask.config.get("array.rechunk.method") is None
