@@ -34,8 +34,6 @@ from collections.abc import Callable, Collection, Hashable, Iterable, MutableMap
 from dataclasses import dataclass, field
 from typing import Any
 
-from dask.sizeof import sizeof
-
 from ..sizes import format_bytes
 from .codecs import HostCopy
 from .disk import DiskTier
@@ -118,7 +116,6 @@ class TieredStore(MutableMapping):
         self._holds: dict = {}  # device key -> the allocations its value views
         self._allocations: dict[int, _Allocation] = {}
         self._plain: dict = {}
-        self._sizes: dict = {}  # key -> bytes of its arrays (views of one range counted once)
         self._spilled: dict = {}  # key -> id of its spilled group
         self._groups: dict[int, SpilledGroup] = {}
         self._host: OrderedDict = OrderedDict()  # ids of groups in host buffers, oldest first
@@ -141,7 +138,6 @@ class TieredStore(MutableMapping):
                     arrays = leaves(value, self.codec.is_device)
                     if not arrays:
                         self._plain[key] = value
-                        self._sizes[key] = sizeof(value)
                         return
                     views = [self.codec.view(a) for a in arrays]
                     new = {v.allocation: v.allocation_bytes for v in views
@@ -251,7 +247,6 @@ class TieredStore(MutableMapping):
             held.add(v.allocation)
         self._device[key] = value
         self._holds[key] = tuple(held)
-        self._sizes[key] = _span_bytes(views)
 
     def _viewers(self, views) -> set:
         return {k for v in views if v.allocation in self._allocations
@@ -270,7 +265,6 @@ class TieredStore(MutableMapping):
         return group
 
     def _remove(self, key) -> None:
-        self._sizes.pop(key, None)
         if key in self._device:
             del self._device[key]
             for a in self._holds.pop(key):
@@ -287,9 +281,9 @@ class TieredStore(MutableMapping):
             del group.skeletons[key]
             self._drop_segments(gid, group, group.unviewed_segments())
 
-    def _drop_segments(self, gid, group: SpilledGroup, segments) -> None:
-        """Give back the host buffers or disk files of ``segments`` of a spilled group."""
-        for i in segments:
+    def _drop_segments(self, gid, group: SpilledGroup, which) -> None:
+        """Give back the host buffers or disk files of segments ``which`` of a spilled group."""
+        for i in which:
             if group.on_disk:
                 self.disk.delete((gid, i))
             else:
@@ -320,12 +314,12 @@ class TieredStore(MutableMapping):
         ranks = [r for r in map(self.rank, keys) if r is not None]
         return min(ranks) if ranks else None
 
-    def _ordered(self, groups: list) -> list:
-        """Groups in eviction order: needed by no task here first (oldest first), then
+    def _ordered(self, groups: list, keys_of=lambda group: group) -> list:
+        """Groups (oldest first) in eviction order: needed by no task here first, then
         those needed last."""
         unused, ranked = [], []
         for order, group in enumerate(groups):
-            r = self._rank_of(group)
+            r = self._rank_of(keys_of(group))
             if r is None:
                 unused.append(group)
             else:
@@ -409,7 +403,6 @@ class TieredStore(MutableMapping):
         self._host[gid] = None
         for k in keys:
             self._spilled[k] = gid
-            self._sizes[k] = n
         self.host_bytes += n
         return before - self.device_bytes
 
@@ -419,12 +412,9 @@ class TieredStore(MutableMapping):
         need = self.host_bytes + incoming - self.host_limit
         if need <= 0 or self.disk is None:
             return
-        order = self._ordered([list(self._groups[g].skeletons) for g in self._host])
-        by_keys = {id(keys): self._spilled[keys[0]] for keys in order}
-        for keys in order:
+        for gid in self._ordered(list(self._host), keys_of=lambda g: self._groups[g].skeletons):
             if need <= 0:
                 break
-            gid = by_keys[id(keys)]
             group = self._groups[gid]
             start = time.perf_counter()
             for i in group.live_segments():
@@ -571,8 +561,3 @@ class TieredStore(MutableMapping):
         if self.disk is not None:
             self.disk.close()
 
-
-def _span_bytes(views) -> int:
-    """Bytes the views span, ranges that several of them cover counted once."""
-    ranges, _ = segments(list(views))
-    return sum(end - start for start, end in ranges)

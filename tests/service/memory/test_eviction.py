@@ -220,3 +220,51 @@ def test_a_failed_allocation_fails_its_task_with_the_store_s_line(tmp_path):
     assert message.startswith("worker 0 (tcp://127.0.0.1:4000): cannot allocate 800.00 MiB")
     assert "device 2.00 MiB stored (2.00 MiB in use by running tasks)" in message
     assert isinstance(info.value, MemoryError)
+
+
+def test_stress_views_tuples_and_evictions_every_value_checked(tmp_path):
+    from service.memory.arena import Arena
+    from service.memory.host import HostBuffers
+
+    s = TieredStore(device_limit=3 * MB, host_limit=4 * MB, codec=NumpyCodec(),
+                    disk=DiskTier(str(tmp_path)), host=HostBuffers(Arena(np.empty(3 * MB, dtype=np.uint8))))
+    rng = np.random.default_rng(1)
+    live = {}
+    for step in range(500):
+        op, key = int(rng.integers(0, 12)), int(rng.integers(0, 30))
+        if op < 3:
+            live[key] = chunk(step, n=int(rng.integers(1, MB // 8)))
+            s[key] = live[key]
+        elif op < 5 and live:
+            # a view of another stored value, or a tuple holding it: shares its buffer
+            other = list(live)[int(rng.integers(0, len(live)))]
+            base = s[other]
+            if isinstance(base, tuple):
+                base = base[0]
+            value = base[::2] if op == 3 else (base, base[: len(base) // 3])
+            s[key] = live[key] = value
+        elif op < 8 and key in live:
+            _assert_same(s[key], live[key])
+        elif op < 9 and key in live:
+            del s[key], live[key]
+        elif op < 10:
+            s.evict_for(int(rng.integers(1, 3 * MB)))
+        else:
+            s.prefetch([k for k in live if s.tier_of(k) in ("host", "disk")][:3])
+    for key, value in live.items():
+        _assert_same(s[key], value)
+    moved = s.stats.bytes
+    assert moved["device_to_host"] and moved["host_to_disk"] and moved["disk_to_host"] and s.stats.prefetched_bytes
+    for key in list(live):
+        del s[key]
+    assert s.device_bytes == 0 and s.host_bytes == 0 and s.disk.nbytes == 0
+    assert s.host.arena.used_bytes == 0
+
+
+def _assert_same(got, expected):
+    if isinstance(expected, tuple):
+        assert type(got) is tuple and len(got) == len(expected)
+        for g, e in zip(got, expected):
+            np.testing.assert_array_equal(g, e)
+    else:
+        np.testing.assert_array_equal(got, expected)
