@@ -37,18 +37,10 @@ def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", r
     ``baseline=False`` measures spillway's side alone; ``label`` names the run in its
     results and file names.
     """
-    label = report.check_label(label)
-    if runs < 3:
-        raise ParamError(f"runs: {runs} is below the minimum of 3 timed runs")
-    if options.attach:
-        raise ParamError("scheduler-address/scheduler-file: bench starts its own clusters, it cannot attach")
+    label, inventory, launch, options, scale = checked_launch(
+        options, sizes=sizes, runs=runs, label=label, inventory=inventory,
+        no_attach="bench starts its own clusters")
     workloads = select(only)
-    inventory = discover() if inventory is None else inventory
-    launch = launch_plan(options, inventory)
-    options = bench_options(options, launch.kind)
-    scale = sizes if sizes != "auto" else ("small" if launch.kind == "gpu" else "tiny")
-    if scale not in SCALES:
-        raise ParamError(f"sizes: {sizes!r} is not one of auto, {', '.join(SCALES)}")
     check_fits(workloads, scale, launch.kind, _budget(launch, inventory))
     earlier = None
     if merge_into is not None:
@@ -58,6 +50,25 @@ def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", r
                 scale=scale, runs=runs, timeout=timeout, merge_into=earlier,
                 merge_path=Path(merge_into) if merge_into is not None else None,
                 baseline=baseline, label=label)
+
+
+def checked_launch(options: Options, *, sizes: str, runs: int, label: str | None,
+                   inventory: Inventory | None, no_attach: str, scales=SCALES) -> tuple:
+    """What every bench mode checks first: the label, the number of runs, no attaching
+    (``no_attach`` says why), the cluster plan with the bench's settings and the size
+    scale. Returns ``(label, inventory, launch, options, scale)``."""
+    label = report.check_label(label)
+    if runs < 3:
+        raise ParamError(f"runs: {runs} is below the minimum of 3 timed runs")
+    if options.attach:
+        raise ParamError(f"scheduler-address/scheduler-file: {no_attach}, it cannot attach")
+    inventory = discover() if inventory is None else inventory
+    launch = launch_plan(options, inventory)
+    options = bench_options(options, launch.kind)
+    scale = sizes if sizes != "auto" else ("small" if launch.kind == "gpu" else "tiny")
+    if scale not in scales:
+        raise ParamError(f"sizes: {sizes!r} is not one of auto, {', '.join(scales)}")
+    return label, inventory, launch, options, scale
 
 
 def _earlier(path: Path, machine: str, scale: str, runs: int) -> dict:

@@ -37,8 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ParamError
-from ..gpus import Inventory, discover
-from ..launch import plan as launch_plan
+from ..gpus import Inventory
 from ..launch.plan import host_memory_bytes
 from ..options import Options
 from ..sizes import format_bytes
@@ -97,20 +96,11 @@ def prepare_zarr(options: Options, *, sizes: str = "auto", runs: int = 3, timeou
                  label: str | None = None, inventory: Inventory | None = None,
                  no_ceilings: bool = False) -> ZarrPlan:
     """Check the request and plan the run: one-line errors before anything starts."""
-    from . import bench_options
+    from . import checked_launch
 
-    label = report.check_label(label)
-    if runs < 3:
-        raise ParamError(f"runs: {runs} is below the minimum of 3 timed runs")
-    if options.attach:
-        raise ParamError("scheduler-address/scheduler-file: the Zarr bench measures this machine's disk, "
-                         "it cannot attach")
-    inventory = discover() if inventory is None else inventory
-    launch = launch_plan(options, inventory)
-    options = bench_options(options, launch.kind)
-    scale = sizes if sizes != "auto" else ("small" if launch.kind == "gpu" else "tiny")
-    if scale not in SCALES:
-        raise ParamError(f"sizes: {sizes!r} is not one of auto, {', '.join(SCALES)}")
+    label, inventory, launch, options, scale = checked_launch(
+        options, sizes=sizes, runs=runs, label=label, inventory=inventory,
+        no_attach="the Zarr bench measures this machine's disk", scales=SCALES)
     directory = options.local_directory or tempfile.gettempdir()
     plan = ZarrPlan(options=options, kind=launch.kind, devices=tuple(launch.devices), inventory=inventory,
                     scale=scale, runs=runs, timeout=timeout, directory=directory, label=label,

@@ -394,7 +394,8 @@ class TieredStore(MutableMapping):
                 self.host.release(b)
             raise
         self.stats.add("device_to_host", n, time.perf_counter() - start)
-        del values, arrays
+        values.clear()  # our references go before the allocations leave the store
+        arrays.clear()
         before = self.device_bytes
         for k in keys:
             self._remove(k)
