@@ -99,3 +99,53 @@ def test_admission_refuses_what_fits_nowhere():
     )
     assert result.exit_code == 3, result.output
     assert "exceeds the cluster's device + host + disk capacity" in result.output
+
+
+def _qr_parts(block):
+    import cupy
+
+    q, r = cupy.linalg.qr(block)
+    return (q, r)
+
+
+def _allocate(nbytes):
+    import cupy
+
+    return float(cupy.ones(nbytes // 8, dtype=cupy.float64).sum())
+
+
+def test_persisted_views_and_tuples_make_room_and_exhaustion_is_one_line():
+    """Persisted values that view larger allocations, and tuples whose arrays other keys
+    store too, leave the device for a task that needs room; a task asking for more than
+    the pool can ever give fails with the store's line, and the worker lives on."""
+    from distributed import wait
+
+    from service.errors import DeviceMemoryExhausted
+
+    opts = Options.resolve(n_workers=1, rmm_pool_size="1GB", rmm_maximum_pool_size="5GB",
+                           device_memory_limit="100GB", dashboard_address="", memory_store="tiered")
+    with open_cluster(opts) as session:
+        client = session.client
+        x = random.uniform((20000, 20000), (5000, 5000), seed=5, backend="cupy")
+        halves = x.map_blocks(lambda b: b[:, :2500], chunks=(5000, 2500)).persist()  # views
+        blocks = client.compute(x.to_delayed().ravel().tolist())
+        pairs = [client.submit(_qr_parts, b) for b in blocks[:4]]
+        qs = [client.submit(lambda p: p[0], p) for p in pairs]
+        wait([halves, *pairs, *qs])
+        del blocks
+        f = client.submit(_allocate, 3 * 10**9, pure=False)
+        assert f.result(timeout=120) == pytest.approx(3 * 10**9 // 8)
+        stats = list(client.run(_store_stats).values())[0]
+        assert stats["stats"]["ondemand_events"] >= 1 and stats["stats"]["ondemand_bytes"] >= 10**9, stats
+        with pytest.raises(DeviceMemoryExhausted) as info:
+            client.submit(_allocate, 10 * 10**9, pure=False).result(timeout=120)
+        message = str(info.value)
+        assert "cannot allocate 9.31 GiB on the device" in message and "disk" in message, message
+        assert client.run(lambda: 1)  # the worker survived
+        ref = random.uniform_numpy((20000, 20000), seed=5)
+        total = float(halves.sum().compute())
+        expected = sum(ref[i:i + 5000, j:j + 2500].sum() for i in range(0, 20000, 5000)
+                       for j in range(0, 20000, 5000))
+        assert abs(total - expected) / abs(expected) < 1e-12
+        q0 = client.gather(qs[0])
+        assert abs(float(abs(q0).sum()) - float(abs(client.gather(pairs[0])[0]).sum())) == 0
