@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# --import-mode=importlib puts no test folder on sys.path: the shared stand-ins live in
+# their own folder (tests/ itself holds folders named like the packages under test)
+sys.path.append(str(Path(__file__).parent / "helpers"))
 
 # Keep the GPU host's NVLink-multicast guards in every process the tests start.
 for _var, _value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",

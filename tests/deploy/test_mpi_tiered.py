@@ -6,19 +6,15 @@ from __future__ import annotations
 import pytest
 
 from deploy.mpi.layout import TIERED_WORKER, execute_kwargs, worker_class
-from service.gpus import GPU, Inventory
 from service.launch import gpu_worker, worker_store
 from service.launch.plan import PINNED_HOST_FRACTION
 from service.options import Options
+from stand_ins import h200_host
 
 HOST = 2 * 10**12
 
 
-def inventory(n: int) -> Inventory:
-    gpus = tuple(GPU(index=i, uuid=f"GPU-{i:08x}-cccc", name="Test GPU", memory_total=141 * 10**9,
-                     memory_free=140 * 10**9, pci_bus_id=f"00000000:{i:02x}:00.0", nvlinks={})
-                 for i in range(n))
-    return Inventory(gpus, "580.00", "13.0", None)
+inventory = h200_host
 
 
 @pytest.mark.parametrize("options, expected", [

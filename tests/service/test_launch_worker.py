@@ -10,19 +10,16 @@ from click.testing import CliRunner
 
 from service.cli import main
 from service.errors import OptionsError
-from service.gpus import GPU, Inventory
+from service.gpus import Inventory
 from service.launch import gpu_worker, local_gpu, worker_store
 from service.launch.plan import PINNED_HOST_FRACTION, plan
 from service.options import Options
+from stand_ins import h200_host
 
 HOST = 2 * 10**12
 
 
-def inventory(n: int) -> Inventory:
-    gpus = tuple(GPU(index=i, uuid=f"GPU-{i:08x}-aaaa", name="Test GPU", memory_total=141 * 10**9,
-                     memory_free=140 * 10**9, pci_bus_id=f"00000000:{i:02x}:00.0", nvlinks={})
-                 for i in range(n))
-    return Inventory(gpus, "580.00", "13.0", None)
+inventory = h200_host
 
 
 @pytest.mark.parametrize("protocol, steps", [

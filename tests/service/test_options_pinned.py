@@ -5,19 +5,15 @@ from __future__ import annotations
 import pytest
 
 from service.errors import OptionsError
-from service.gpus import GPU, Inventory
 from service.launch import local_gpu
 from service.launch.plan import PINNED_HOST_FRACTION, pinned_pool_bytes, plan
 from service.options import Options
+from stand_ins import h200_host
 
 HOST = 270 * 10**9  # a stand-in for the 2 x H200 host's memory
 
 
-def inventory(n: int) -> Inventory:
-    gpus = tuple(GPU(index=i, uuid=f"GPU-{i:08x}-bbbb", name="Test GPU", memory_total=141 * 10**9,
-                     memory_free=140 * 10**9, pci_bus_id=f"00000000:{i:02x}:00.0", nvlinks={})
-                 for i in range(n))
-    return Inventory(gpus, "580.00", "13.0", None)
+inventory = h200_host
 
 
 def arena_of(options: Options, host_tier: int | None, n_gpus: int = 2, host_memory: int = HOST) -> int:

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from service.errors import OptionsError
-from service.gpus import GPU, Inventory
 from service.launch import local_cpu, local_gpu
 from service.launch.plan import plan
 from service.options import Options
+from stand_ins import h200_host
 
 
-def inventory(n: int) -> Inventory:
-    gpus = tuple(
-        GPU(index=i, uuid=f"GPU-{i:08x}-aaaa", name="Test GPU", memory_total=141 * 10**9,
-            memory_free=140 * 10**9, pci_bus_id=f"00000000:{i:02x}:00.0",
-            nvlinks={j: 18 for j in range(n) if j != i})
-        for i in range(n)
-    )
-    return Inventory(gpus, "580.00", "13.0", None if n else "NVML found no GPU")
+inventory = functools.partial(h200_host, links=18)
 
 
 def test_one_worker_per_gpu_with_ucx():

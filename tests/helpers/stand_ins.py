@@ -1,0 +1,16 @@
+"""Machines described for tests of pure functions (plans, worker keywords, store specs)."""
+
+from __future__ import annotations
+
+from service.gpus import GPU, Inventory
+
+
+def h200_host(n: int, *, links: int = 0) -> Inventory:
+    """``n`` H200-sized GPUs, each pair joined by ``links`` NVLinks (none: no peer links)."""
+    gpus = tuple(
+        GPU(index=i, uuid=f"GPU-{i:08x}-aaaa", name="Test GPU", memory_total=141 * 10**9,
+            memory_free=140 * 10**9, pci_bus_id=f"00000000:{i:02x}:00.0",
+            nvlinks={j: links for j in range(n) if j != i} if links else {})
+        for i in range(n)
+    )
+    return Inventory(gpus, "580.00", "13.0", None if n else "NVML found no GPU")
