@@ -1,0 +1,77 @@
+"""A pytest plugin that runs dask's own CuPy array tests on a cluster, so that every
+value those tests compute passes through a worker's store.
+
+    PYTHONPATH=tests/conformance:$PYTHONPATH python -m pytest -p dask_cupy_conformance \
+        --conformance=tiered-host --pyargs dask.array.tests.test_cupy_core ...
+
+``--conformance`` picks the cluster:
+
+* ``tiered-host``: spillway's local cluster with a 1 MB device limit, so nearly every
+  value leaves the device for host memory and comes back for the next task;
+* ``tiered-disk``: the same with a host tier that holds nothing, so values go on to disk
+  (the store's host limit is set to 0 on the running workers: distributed's own
+  ``memory_limit`` stays, since its scheduler refuses tasks whose inputs pass it);
+* ``dask-cuda``: plain dask-cuda (``LocalCUDACluster`` and its own device -> host store)
+  with the same 1 MB device limit: the control. A test that fails here too fails for a
+  reason of the distributed scheduler, not of spillway's store.
+
+The cluster is started once per session and made dask's default scheduler; a test that
+names its own scheduler keeps it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+CHOICES = ("tiered-host", "tiered-disk", "dask-cuda")
+DEVICE_LIMIT = "1MB"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--conformance", choices=CHOICES, default="tiered-host",
+                     help="the cluster dask's CuPy tests run on")
+
+
+def _open(kind: str):
+    if kind == "dask-cuda":
+        from dask_cuda import LocalCUDACluster
+        from distributed import Client
+
+        cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES="0", n_workers=1,
+                                   device_memory_limit=DEVICE_LIMIT, dashboard_address=None)
+        client = Client(cluster)
+        return client, lambda: (client.close(), cluster.close())
+    import service
+
+    cluster = service.local(devices="0", device_memory_limit=DEVICE_LIMIT, dashboard_address="")
+    if kind == "tiered-disk":
+        cluster.client.run(_host_tier_holds_nothing)
+    return cluster.client, cluster.close
+
+
+def _host_tier_holds_nothing(dask_worker=None):
+    dask_worker.data.host_limit = 0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def conformance_cluster(request):
+    import dask
+
+    kind = request.config.getoption("--conformance")
+    client, close = _open(kind)
+    with dask.config.set(scheduler=client.get):
+        yield client
+    try:
+        summary = client.run(_store_summary)
+        print(f"\n{kind}: store moves per worker: {summary}")
+    finally:
+        close()
+
+
+def _store_summary(dask_worker=None):
+    data = dask_worker.data
+    stats = getattr(data, "stats", None)
+    if stats is not None and hasattr(stats, "to_json"):
+        moved = stats.to_json()
+        return {move: moved["count"][move] for move in moved["count"]}
+    return type(data).__name__
