@@ -44,6 +44,10 @@ logger = logging.getLogger("spillway.memory")
 
 MOVES = ("device_to_host", "host_to_device", "host_to_disk", "disk_to_host")
 
+#: an array whose allocation is at least twice its extent, and this much larger, is
+#: stored as a copy of its extent alone (see TieredStore._compacted)
+COMPACT_MIN_WASTE = 1 << 18
+
 
 @dataclass
 class TierStats:
@@ -135,17 +139,15 @@ class TieredStore(MutableMapping):
                 if event is None:
                     if key in self:
                         self._remove(key)
-                    arrays = leaves(value, self.codec.is_device)
-                    if not arrays:
+                    if not leaves(value, self.codec.is_device):
                         self._plain[key] = value
                         return
-                    views = [self.codec.view(a) for a in arrays]
+                    value, views = self._compacted(value)
                     new = {v.allocation: v.allocation_bytes for v in views
                            if v.allocation_bytes and v.allocation not in self._allocations}
                     # the keys already viewing this value's memory stay with it: moving
                     # them would free nothing
-                    sharing = self._connected({key} | self._viewers(views))
-                    self._make_room(sum(new.values()), exclude=sharing)
+                    self._make_room(sum(new.values()), exclude={key} | self._viewers(views))
                     self._insert(key, value, views)
                     return
             event.wait()
@@ -248,16 +250,45 @@ class TieredStore(MutableMapping):
         self._device[key] = value
         self._holds[key] = tuple(held)
 
+    def _compacted(self, value) -> tuple[Any, list]:
+        """``value`` with each array that views a small part of a large allocation, which
+        no stored key views, replaced by a copy of just its bytes; and the views of its
+        arrays. The R factor of a qr task views the whole panel-sized workspace that
+        cuSOLVER factored in place: kept as it is, a few MB of R would hold that panel on
+        the device for as long as the key lives, and a task reading every R (tsqr's second
+        stage) would hold them all."""
+        arrays: list = []
+        skeleton = strip(value, self.codec.is_device, lambda a: arrays.append(a) or len(arrays) - 1)
+        views = [self.codec.view(a) for a in arrays]
+        spans: dict[int, list] = {}
+        for v in views:
+            if v.allocation_bytes and v.allocation not in self._allocations:
+                low, high = v.extent
+                span = spans.setdefault(v.allocation, [low, high, v.allocation_bytes])
+                span[0], span[1] = min(span[0], low), max(span[1], high)
+        wasteful = {a for a, (low, high, n) in spans.items()
+                    if n - (high - low) >= COMPACT_MIN_WASTE and n >= 2 * (high - low)}
+        if not wasteful:
+            return value, views
+        try:
+            arrays = [a.copy() if v.allocation in wasteful else a for a, v in zip(arrays, views)]
+        except MemoryError:  # no room for the copies: keep the views, and their allocation
+            return value, views
+        return fill(skeleton, arrays), [self.codec.view(a) for a in arrays]
+
     def _viewers(self, views) -> set:
         return {k for v in views if v.allocation in self._allocations
                 for k in self._allocations[v.allocation].keys}
 
-    def _connected(self, keys) -> set:
-        """``keys`` and every device key that shares an allocation with them, transitively."""
+    def _connected(self, keys, blocked=frozenset()) -> set:
+        """``keys`` and every device key that shares an allocation with them, transitively,
+        not through the ``blocked`` allocations (ones that stay on the device anyway)."""
         group, todo = set(), [k for k in keys if k in self._holds]
         group.update(todo)
         while todo:
             for a in self._holds[todo.pop()]:
+                if a in blocked:
+                    continue
                 for other in self._allocations[a].keys:
                     if other not in group:
                         group.add(other)
@@ -328,15 +359,23 @@ class TieredStore(MutableMapping):
         return unused + [g for _, _, g in ranked]
 
     def _device_victims(self, exclude) -> list[list]:
-        """Groups of device keys that share allocations, in eviction order; none that holds
-        an excluded key or one a running task reads."""
-        skip = self._connected(set(exclude) | self._running())
-        groups, seen = [], set(skip)
+        """Groups of device keys that share allocations, in eviction order. The excluded
+        keys and those a running task reads stay, and so do the allocations they view;
+        only those allocations: a key that views one of them and others too (the tuple of
+        a qr task whose R a running task reads) may still go, and frees the others (its
+        Q). Groups are joined through the allocations that can be freed alone, and a group
+        that would free none is left out."""
+        kept = {k for k in set(exclude) | self._running() if k in self._holds}
+        blocked = {a for k in kept for a in self._holds[k]}
+        groups, seen = [], set(kept)
         for key in self._device:
-            if key not in seen:
-                group = self._connected({key})
-                seen |= group
-                groups.append([k for k in self._device if k in group] if len(group) > 1 else [key])
+            if key in seen:
+                continue
+            group = self._connected({key}, blocked)
+            seen |= group
+            if all(a in blocked for k in group for a in self._holds[k]):
+                continue  # its memory stays whatever moves
+            groups.append([k for k in self._device if k in group] if len(group) > 1 else [key])
         return self._ordered(groups)
 
     def _over_device(self, incoming: int) -> int:

@@ -97,6 +97,54 @@ def test_a_view_of_an_input_in_use_stays_with_it(tmp_path):
     assert s.tier_of("slice") == "device"
 
 
+def _qr_like(seed: int, rows: int = MB // 64, cols: int = 8):
+    """What cupy.linalg.qr returns for a tall panel: Q in an allocation of its own, and R
+    a view of the (panel-sized) workspace the factorisation ran in."""
+    workspace = np.random.default_rng(seed).standard_normal((rows, cols))
+    q = workspace * 2.0
+    r = workspace[:cols]
+    r[:] = np.triu(r)
+    return q, r
+
+
+def test_a_small_view_of_a_large_temporary_is_stored_as_its_own_bytes(tmp_path):
+    s = make(tmp_path)
+    q, r = _qr_like(0)
+    s["qr"] = (q, r)
+    s["r"] = s["qr"][1]
+    s["q"] = s["qr"][0]
+    # Q (1 MiB) and a copy of R's 512 bytes: not the 1 MiB workspace R viewed
+    assert s.device_bytes == q.nbytes + r.nbytes
+    np.testing.assert_array_equal(s["r"], r)
+    assert np.shares_memory(s["r"], s["qr"][1])  # the item still shares with its tuple
+    view = np.arange(MB // 4, dtype=np.float64)[:16]  # 128 bytes of a 2 MiB temporary
+    s["v"] = view
+    assert s.device_bytes == q.nbytes + r.nbytes + view.nbytes
+
+
+def test_a_running_task_reading_r_lets_q_of_its_tuple_leave(tmp_path):
+    # tsqr: the second stage reads every R; the Q of each first-stage tuple must be able
+    # to leave the device meanwhile, though the tuple holds Q and R together
+    running = set()
+    s = make(tmp_path, device_mb=64, in_use=lambda: running)
+    for i in range(4):
+        q, r = _qr_like(i)
+        s[("qr", i)] = (q, r)
+        s[("q", i)], s[("r", i)] = s[("qr", i)]
+    running.update(("r", i) for i in range(4))
+    freed = s.evict_for(4 * MB)
+    assert freed >= 4 * MB, (freed, {k: s.tier_of(k) for k in s})
+    assert {s.tier_of(("r", i)) for i in range(4)} == {"device"}
+    assert {s.tier_of(("q", i)) for i in range(4)} == {"host"}
+    line = s.exhausted(MB)
+    assert "(2.00 kiB in use by running tasks)" in line, line  # four R of 512 bytes
+    for i in range(4):
+        q, r = _qr_like(i)
+        np.testing.assert_array_equal(s[("q", i)], q)
+        np.testing.assert_array_equal(s[("qr", i)][0], q)
+        np.testing.assert_array_equal(s[("qr", i)][1], r)
+
+
 def test_spilled_groups_go_to_disk_and_back_with_their_views(tmp_path):
     s = make(tmp_path, device_mb=2, host_mb=2)
     bases = {i: chunk(i, n=MB // 8) for i in range(6)}
@@ -180,6 +228,41 @@ def test_persisted_keys_make_room_for_a_running_task(tmp_path):
         assert tiers[blocks[0].key] == "device", tiers  # the running task reads it
         assert [tiers[b.key] for b in blocks[1:]] == ["host"] * 7, tiers
         assert float(x.sum().compute()) == expected
+
+
+def _evict_reading_rs(*rs, nbytes):
+    store = get_worker().data
+    return store.evict_for(nbytes), {k: store.tier_of(k) for k in list(store)}, store.exhausted(nbytes)
+
+
+@pytest.mark.timeout(120)
+def test_a_task_reading_the_r_of_qr_tuples_lets_their_q_leave(tmp_path):
+    """tsqr's second stage on a real worker: a task reads the R of every first-stage
+    (Q, R) tuple; spill on demand moves the tuples and their Q to host, and counts as in
+    use only the bytes of the R it reads."""
+    import operator
+
+    from service.plugins import WorkerSetup
+
+    store = TieredStore(device_limit=64 * MB, host_limit=256 * MB, codec=NumpyCodec(),
+                        disk=DiskTier(str(tmp_path)))
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None,
+                      data=store) as cluster, Client(cluster) as client:
+        client.register_plugin(WorkerSetup(prefetch=False))
+        tuples = [client.submit(_qr_like, i, pure=False) for i in range(4)]
+        qs = [client.submit(operator.getitem, t, 0) for t in tuples]
+        rs = [client.submit(operator.getitem, t, 1) for t in tuples]
+        wait(qs + rs)
+        assert store.device_bytes == 4 * (MB + 512)  # each R stored as its own 512 bytes
+        freed, tiers, line = client.submit(_evict_reading_rs, *rs, nbytes=4 * MB, pure=False).result()
+        assert freed == 4 * MB, (freed, tiers)
+        assert {tiers[r.key] for r in rs} == {"device"}, tiers
+        assert {tiers[q.key] for q in qs} == {"host"}, tiers
+        assert "(2.00 kiB in use by running tasks)" in line, line
+        for i, (q, r) in enumerate(zip(client.gather(qs), client.gather(rs))):
+            expected_q, expected_r = _qr_like(i)
+            np.testing.assert_array_equal(q, expected_q)
+            np.testing.assert_array_equal(r, expected_r)
 
 
 @pytest.mark.timeout(120)
