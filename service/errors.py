@@ -32,6 +32,12 @@ class ClusterStartError(SpillwayError):
     exit_code = 1
 
 
-class DeviceMemoryExhausted(SpillwayError, MemoryError):
+class DeviceMemoryExhausted(MemoryError, SpillwayError):
     """A task's device allocation failed after the worker's store spilled all it could: the
-    task fails with the worker, the bytes asked for and each tier's bytes; the worker lives."""
+    task fails with the worker, the bytes asked for and each tier's bytes; the worker lives.
+
+    MemoryError comes first among the bases so that the class is built by MemoryError's
+    constructor: distributed pickles a task's exception through tblib, which rebuilds it
+    with ``cls.__new__(cls, ...)``, and with SpillwayError first that call is refused
+    ("MemoryError.__new__(DeviceMemoryExhausted) is not safe") and the client got a plain
+    Exception holding the text."""
