@@ -51,14 +51,30 @@ def rmm_kwargs(options: Options) -> dict:
     )
 
 
+#: host memory a GPU worker process needs beside its spilled chunks: its CUDA context,
+#: Python and the libraries, the host side of its tasks
+PROCESS_BYTES = 2 * 2**30
+
+
 def host_limit(options: Options, plan: LaunchPlan) -> int | None:
-    """Host bytes per worker for spilled chunks, as distributed reads ``memory_limit``."""
+    """Host bytes per worker for spilled chunks (None: no limit): distributed's reading of
+    ``memory_limit``, less the worker process's own needs and its share of the memory the
+    machine keeps free. With ``auto`` the limit is the whole machine shared out, and a
+    host tier that size let a worker reach 101 of the H100 host's 126 GiB and be killed
+    by the kernel; the store also goes to disk early when the machine runs low
+    (:class:`~service.memory.store.TieredStore`'s ``host_available``)."""
     import logging
 
     from distributed.worker_memory import parse_memory_limit
 
-    return parse_memory_limit(options.memory_limit or None, 1, total_cores=plan.n_workers,
-                              logger=logging.getLogger("spillway"))
+    from ..memory.growth import headroom_for, host_total
+
+    limit = parse_memory_limit(options.memory_limit or None, 1, total_cores=plan.n_workers,
+                               logger=logging.getLogger("spillway"))
+    if not limit:
+        return limit
+    reserve = headroom_for(host_total()) // max(1, plan.n_workers) + PROCESS_BYTES
+    return max(limit - reserve, limit // 2)
 
 
 def start(options: Options, plan: LaunchPlan):

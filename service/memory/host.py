@@ -74,6 +74,11 @@ class HostBuffers:
             self.pageable_total += nbytes
         return self.pageable(nbytes)
 
+    def arena_can_take(self, nbytes: int) -> bool:
+        """Whether the arena has ``nbytes`` free (in all; a fragmented arena may not)."""
+        arena = self.arena
+        return arena is not None and arena.capacity - arena.used_bytes >= nbytes
+
     def release(self, buffer: np.ndarray) -> None:
         arena = self.arena
         if arena is not None and arena.owns(buffer):

@@ -101,6 +101,8 @@ class TieredStore(MutableMapping):
         rank: Callable[[Hashable], Any] | None = None,
         device_usage: Callable[[], int] | None = None,
         in_use: Callable[[], Collection] | None = None,
+        host_available: Callable[[], int] | None = None,
+        host_headroom: int = 0,
     ):
         self.device_limit = int(device_limit)
         self.host_limit = int(host_limit)
@@ -113,6 +115,11 @@ class TieredStore(MutableMapping):
         self.device_usage = device_usage
         #: keys that running tasks are reading: never moved (it would free nothing)
         self.in_use = in_use
+        #: host memory the machine has available now, and how much of it spills must
+        #: leave free: the host tier goes to disk before the kernel kills the process,
+        #: whatever else holds the machine's memory (other processes, dirty page cache)
+        self.host_available = host_available
+        self.host_headroom = int(host_headroom)
         #: the worker's name in messages (set by the worker plugin)
         self.name = "this worker"
         self.stats = TierStats()
@@ -447,9 +454,13 @@ class TieredStore(MutableMapping):
         return before - self.device_bytes
 
     def _spill_host(self, incoming: int) -> None:
-        """Write host groups to disk until ``incoming`` more bytes fit under the host limit
-        (or the host tier is empty: a group larger than the limit still goes to host)."""
+        """Write host groups to disk until ``incoming`` more bytes fit under the host limit,
+        and, unless the pinned arena (memory already taken) holds them, leave the host's
+        headroom free (or the host tier is empty: a group larger than the limit still goes
+        to host)."""
         need = self.host_bytes + incoming - self.host_limit
+        if self.host_available is not None and not self.host.arena_can_take(incoming):
+            need = max(need, incoming + self.host_headroom - self.host_available())
         if need <= 0 or self.disk is None:
             return
         for gid in self._ordered(list(self._host), keys_of=lambda g: self._groups[g].skeletons):

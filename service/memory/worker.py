@@ -77,6 +77,8 @@ def make_store(
         codec=CupyCodec(),
         disk=DiskTier(worker_local_directory),
         host=host,
+        host_available=host_available,
+        host_headroom=headroom_for(host_total()),
     )
 
 

@@ -46,7 +46,9 @@ def test_a_rank_takes_its_share_of_its_node():
     assert kwargs["pinned_limit"] == int(PINNED_HOST_FRACTION * HOST) // 4
     from distributed.system import MEMORY_LIMIT
 
-    assert kwargs["host_limit"] == min(100 * 10**9, MEMORY_LIMIT)  # distributed caps it at this machine's
+    limit = min(100 * 10**9, MEMORY_LIMIT)  # distributed caps it at this machine's
+    # less the process's own memory and its share of what the machine keeps free
+    assert limit // 2 <= kwargs["host_limit"] < limit
     assert kwargs["pinned_pool_size"] == min(kwargs["pinned_limit"], kwargs["host_limit"])
 
 

@@ -21,10 +21,10 @@ def chunk(i: int, n: int = MB // 8) -> np.ndarray:
     return np.random.default_rng(i).standard_normal(n)  # 1 MiB float64
 
 
-def make(tmp_path, device_mb=4, host_mb=4, rank=None, arena_mb=None):
+def make(tmp_path, device_mb=4, host_mb=4, rank=None, arena_mb=None, **kwargs):
     arena = Arena(np.empty(arena_mb * MB, dtype=np.uint8)) if arena_mb else None
     return TieredStore(device_limit=device_mb * MB, host_limit=host_mb * MB, codec=NumpyCodec(),
-                       disk=DiskTier(str(tmp_path)), host=HostBuffers(arena), rank=rank)
+                       disk=DiskTier(str(tmp_path)), host=HostBuffers(arena), rank=rank, **kwargs)
 
 
 def test_values_stay_on_device_under_the_limit(tmp_path):
@@ -49,6 +49,23 @@ def test_spill_device_to_host_to_disk_and_back(tmp_path):
     assert st.bytes["disk_to_host"] >= 4 * MB and st.bytes["host_to_device"] >= 6 * MB
     assert st.wait_s > 0
     s.close()
+
+
+def test_spills_go_to_disk_when_the_machine_runs_low_below_the_host_limit(tmp_path):
+    # the host tier may hold 64 MiB, but the machine has 5 MiB left (less what the tier
+    # holds) and must keep 4 MiB: past the first MiB, spills go to disk
+    available = {"bytes": 5 * MB}
+    s = make(tmp_path, device_mb=2, host_mb=64, host_available=lambda: available["bytes"] - s.host_bytes,
+             host_headroom=4 * MB)
+    for i in range(6):
+        s[i] = chunk(i)
+    assert s.host_bytes <= MB and s.disk.nbytes >= 3 * MB, s.summary()
+    available["bytes"] = 64 * MB  # memory came back: the host tier fills again
+    for i in range(6, 9):
+        s[i] = chunk(i)
+    assert s.host_bytes >= 3 * MB
+    for i in range(9):
+        np.testing.assert_array_equal(s[i], chunk(i))
 
 
 def test_lru_without_ranks(tmp_path):
