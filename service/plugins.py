@@ -86,6 +86,7 @@ class WorkerSetup(WorkerPlugin):
         store.rank = next_use(worker)
         store.in_use = running_inputs(worker)
         store.name = f"worker {worker.name} ({worker.address})"
+        store.start()
         if self.statistics is not None:
             stats = self.statistics
             store.device_usage = lambda: self.window_base + stats.allocation_counts.current_bytes
@@ -155,8 +156,11 @@ def explained(allocate, store):
     """``allocate`` whose failure, once spill on demand has freed all it could, says so in
     one line naming the worker, the bytes asked for and each tier's bytes, instead of
     RMM's "maximum pool size exceeded"."""
+    import functools
+
     from .errors import DeviceMemoryExhausted
 
+    @functools.wraps(allocate)
     def allocate_or_explain(nbytes):
         try:
             return allocate(nbytes)

@@ -14,6 +14,7 @@ it, and nothing in the store knows which codec it has.
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -102,8 +103,17 @@ class CupyCodec:
         import cupy
 
         self.cupy = cupy
-        self.d2h = cupy.cuda.Stream(non_blocking=True)
-        self.h2d = cupy.cuda.Stream(non_blocking=True)
+
+    # Made on first use, not with the store: distributed builds the store before the
+    # worker starts, and a CUDA context that exists by then makes dask-cuda's start-up
+    # warn "A CUDA context for device N already exists" on every TCP worker.
+    @functools.cached_property
+    def d2h(self):
+        return self.cupy.cuda.Stream(non_blocking=True)
+
+    @functools.cached_property
+    def h2d(self):
+        return self.cupy.cuda.Stream(non_blocking=True)
 
     def is_device(self, value) -> bool:
         return isinstance(value, self.cupy.ndarray)

@@ -120,6 +120,9 @@ class TieredStore(MutableMapping):
         #: whatever else holds the machine's memory (other processes, dirty page cache)
         self.host_available = host_available
         self.host_headroom = int(host_headroom)
+        #: what the store starts once its worker has started (the pinned arena's growth:
+        #: see :meth:`start`)
+        self.on_start: list[Callable[[], Any]] = []
         #: the worker's name in messages (set by the worker plugin)
         self.name = "this worker"
         self.stats = TierStats()
@@ -405,6 +408,8 @@ class TieredStore(MutableMapping):
 
     def _device_to_host(self, keys: list) -> int:
         """Copy the keys of one group to host buffers; returns the device bytes freed."""
+        if self.on_start:
+            self.start()
         values = {k: self._device[k] for k in keys}
         arrays, views, index = [], [], {}
 
@@ -606,6 +611,15 @@ class TieredStore(MutableMapping):
                 return freed
         finally:
             self._local.evicting = False
+
+    def start(self) -> None:
+        """Start what the store runs beside its worker, once: the worker plugin calls this
+        when the worker has started (its CUDA context made by dask-cuda, which warns when
+        one already exists), and the first spill does if no plugin did."""
+        with self._lock:
+            starting, self.on_start = self.on_start, []
+        for begin in starting:
+            begin()
 
     def close(self) -> None:
         self.host.close()  # stops the pinned arena's growth

@@ -3,6 +3,7 @@ and wired to the worker's task queue, RMM resource and event loop by the worker 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -69,9 +70,7 @@ def make_store(
     # worker's share of what the host may pin, then pageable ones
     host = HostBuffers(None, _pinned_fallback,
                        pinned_limit=math.inf if pinned_limit is None else pinned_limit)
-    if pinned_pool_size:
-        start_arena(host, int(pinned_pool_size))
-    return TieredStore(
+    store = TieredStore(
         device_limit=device_limit,
         host_limit=host_limit or math.inf,
         codec=CupyCodec(),
@@ -80,6 +79,9 @@ def make_store(
         host_available=host_available,
         host_headroom=headroom_for(host_total()),
     )
+    if pinned_pool_size:
+        store.on_start.append(functools.partial(start_arena, host, int(pinned_pool_size)))
+    return store
 
 
 def start_arena(host: HostBuffers, nbytes: int):

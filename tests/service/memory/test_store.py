@@ -363,3 +363,19 @@ def test_spill_seconds_time_the_copy_not_the_wait_for_the_value(tmp_path):
     assert stats["seconds"]["device_to_host"] < 0.05  # four 1 MiB host copies
     for i in range(6):
         np.testing.assert_array_equal(s[i], chunk(i))
+
+
+def test_what_the_store_starts_runs_once_at_start_or_at_the_first_spill(tmp_path):
+    # the pinned arena's growth makes a CUDA context: it waits for the worker to start
+    started = []
+    s = make(tmp_path, device_mb=2)
+    s.on_start.append(lambda: started.append("arena"))
+    s[0] = chunk(0)
+    assert started == []  # building the store and storing under the limit start nothing
+    s.start()
+    s.start()
+    assert started == ["arena"]
+    lazy = make(tmp_path / "lazy", device_mb=1)
+    lazy.on_start.append(lambda: started.append("lazy"))
+    lazy[0], lazy[1] = chunk(0), chunk(1)  # the second spills the first: no plugin started it
+    assert started == ["arena", "lazy"] and lazy.tier_of(0) == "host"
