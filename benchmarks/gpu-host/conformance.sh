@@ -16,7 +16,7 @@ export PYTHONPATH="$here/tests/conformance:${PYTHONPATH:-}"
 for kind in ${KINDS:-tiered-host tiered-disk dask-cuda}; do
   echo "== $kind"
   timeout "$limit" python3 -m pytest -p dask_cupy_conformance --conformance="$kind" -p no:cacheprovider \
-    -v -rfE --timeout ${PER_TEST:-60} -o addopts= --pyargs $modules >"$logs/conformance-$kind.log" 2>&1
+    -v -rfE --timeout ${PER_TEST:-60} -o addopts= ${CONFORMANCE_ARGS:-} --pyargs $modules >"$logs/conformance-$kind.log" 2>&1
   echo "exit $?"
   grep -E "^(FAILED|ERROR)|(passed|failed|error)|Timeout" "$logs/conformance-$kind.log" | tail -30
 done
