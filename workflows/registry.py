@@ -86,13 +86,12 @@ def input_chunks(params: Params, target: Target) -> tuple[int, ...] | None:
 
 
 def graph_size(workflow: "Workflow", params: Params, target: Target) -> GraphSize | None:
-    """The default estimate: a few tasks per input chunk, plus one per pair of chunks that
-    meet in a contraction (matmul's k^3 products of k x k chunks)."""
+    """The default estimate: a few tasks per input chunk (generate, compute, reduce)."""
     per_axis = input_chunks(params, target)
     if per_axis is None:
         return None
     n = math.prod(per_axis)
-    tasks = 4 * n + int(n ** 1.5)
+    tasks = 4 * n
     return GraphSize(tasks=tasks, client_bytes=tasks * BYTES_PER_TASK,
                      why=f"{n:,} input chunks ({'x'.join(map(str, per_axis))})")
 
