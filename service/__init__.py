@@ -14,7 +14,10 @@ def __getattr__(name):
     # The service client loads on first use, so `import service` (every CLI command and
     # worker) pulls in no HTTP client.
     if name == "connect":
-        from .client import connect
-
+        try:
+            from .client import connect
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError(f"service.connect needs {e.name}, which is not installed: "
+                                      "pip install 'spillway[service]'", name=e.name) from None
         return connect
     raise AttributeError(f"module 'service' has no attribute {name!r}")

@@ -12,6 +12,7 @@ import html
 import io
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,12 +32,32 @@ def progress_bar(label: str, progress=True):
     True), or a text bar on ``progress`` when it is a stream."""
     options = dict(total=0, desc=label, unit="task", leave=True)
     if progress is True:
+        if not in_notebook() and not _isatty(sys.stderr):
+            # a redirected log gets no bar: tqdm would write a \r update on every tick
+            return None
         from tqdm.auto import tqdm
 
         return tqdm(**options)
     from tqdm import tqdm
 
     return tqdm(file=progress, dynamic_ncols=True, **options)
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (where bars are widgets)."""
+    shell = sys.modules.get("IPython")
+    try:
+        ip = shell.get_ipython() if shell is not None else None
+    except Exception:  # noqa: BLE001
+        return False
+    return ip is not None and "IPKernelApp" in getattr(ip, "config", {})
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def advance(bar, done: int, total: int, note: str = "") -> None:

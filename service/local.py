@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import sys
 import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from .display import Report, advance, progress_bar
+from .errors import ClusterStartError, SpillwayError
 from .options import Options
 
 __all__ = ["Local", "local"]
@@ -27,6 +29,25 @@ def local(**option_keywords) -> Local:
     n_workers=2)``. Bad options raise :class:`~service.errors.OptionsError` before
     anything starts. Use as a context manager, or call ``close()``."""
     return Local(Options.resolve(**option_keywords))
+
+
+GUARD_HINT = ('in a script, start the cluster under `if __name__ == "__main__":` (worker processes '
+              "import the script again; see the README, From a script)")
+
+
+def _importing_in_worker_process() -> bool:
+    """True while a worker process being started imports the user's script again (the
+    ``spawn`` start method runs the main module as ``__mp_main__``)."""
+    import multiprocessing
+
+    main = sys.modules.get("__main__")
+    return (getattr(main, "__name__", "") == "__mp_main__"
+            or bool(getattr(multiprocessing.current_process(), "_inheriting", False)))
+
+
+def _is_script() -> bool:
+    main = sys.modules.get("__main__")
+    return bool(getattr(main, "__file__", None)) and not hasattr(sys, "ps1")
 
 
 def session_config(kind: str, config: Mapping) -> dict:
@@ -48,9 +69,22 @@ class Local:
     def __init__(self, options: Options, *, inventory=None):
         from .launch import open_cluster
 
+        if _importing_in_worker_process():
+            # a script without the guard: say so once, in one line, and end this process
+            # before multiprocessing's bootstrapping error and a traceback do
+            print(f"spillway: error: service.local() ran while a worker process started; {GUARD_HINT}",
+                  file=sys.stderr)
+            raise SystemExit(2)
         self.options = options
         self._stack = contextlib.ExitStack()
-        self.session = self._stack.enter_context(open_cluster(options, inventory=inventory))
+        try:
+            self.session = self._stack.enter_context(open_cluster(options, inventory=inventory))
+        except SpillwayError:
+            raise
+        except Exception as e:
+            if not _is_script():
+                raise
+            raise ClusterStartError(f"the cluster did not start ({type(e).__name__}: {e}); {GUARD_HINT}") from None
         import dask.config
 
         self._stack.enter_context(dask.config.set(session_config(self.session.kind, dask.config.config)))
@@ -128,6 +162,7 @@ class Local:
         this client's tasks."""
         client = self.client
         bar = None
+        drawn = False  # a bar is made at most once (progress_bar is None for a redirected log)
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spillway-run") as pool:
             future = pool.submit(work)
             try:
@@ -137,13 +172,15 @@ class Local:
                         break
                     except concurrent.futures.TimeoutError:
                         pass
-                    if not progress:
+                    if not progress or (drawn and bar is None):
                         continue
                     counts = _read_progress(client)
                     if counts and counts.get("total"):
                         # made only once tasks arrive, so refused parameters draw no bar
-                        bar = bar or progress_bar(label, progress)
-                        advance(bar, counts["done"], counts["total"])
+                        if not drawn:
+                            bar, drawn = progress_bar(label, progress), True
+                        if bar is not None:
+                            advance(bar, counts["done"], counts["total"])
                 if bar is not None:
                     advance(bar, bar.total, bar.total)
                 return result

@@ -18,6 +18,7 @@ from workflows.registry import relative_error
 
 from .memory.admission import admit, cluster_capacity
 from .plugins import reset_peak, worker_snapshot
+from .errors import SpillwayError
 from .progress import track, wait_with_bar
 from .sizes import format_bytes
 from .transfer import transport
@@ -78,22 +79,24 @@ def run_workflow(
         from .errors import ParamError
 
         raise ParamError(f"output: {name} has no array result to write (its result is a summary)")
-    collections = [plan.result] + ([outputs.zarr_store(plan.array, output)] if output is not None else [])
+    # whatever comes back to the client is a host value, converted on the worker by a final
+    # task: a client process needs no device memory (nor a CUDA context) to read a result
+    collections = [on_host(plan.result)]
+    if output is not None:
+        collections.append(on_host(outputs.zarr_store(plan.array, output)))
     # refused here, before anything is computed or allocated, if no tier can hold it
     decision = admit(name, plan.footprint, capacity)
 
-    client.run(reset_peak)
-    before = client.run(worker_snapshot)
-    run_id = f"{name}-{uuid.uuid4().hex[:8]}"
-    start = time.perf_counter()
-    with track(client, run_id) as tracker:
-        # one graph, so an array result is computed once for the summary and the store
-        futures = client.compute(collections, optimize_graph=plan.optimize_graph)
-        counts = wait_with_bar(futures, tracker, label=name, stream=progress)
-        value = client.gather(futures[0])
-    wall = time.perf_counter() - start
-    after = client.run(worker_snapshot)
-    del futures
+    workers = Workers(client)
+    try:
+        value, counts, wall, before, after, written, readback = _compute(
+            client, name, plan, collections, output, progress, workers)
+    except BaseException:
+        if output is not None:
+            remove_output(output)  # a partial store is never left to look like a result
+        raise
+    finally:
+        lost = workers.lost_list()
 
     report: dict[str, Any] = {
         "workflow": name,
@@ -111,8 +114,10 @@ def run_workflow(
         "tasks": counts.get("total", 0),
         "bytes_produced": counts.get("bytes", 0),
         "bytes_read": plan.bytes_read,
-        "bytes_written": outputs.nbytes(plan.array) if output is not None else 0,
+        "bytes_written": written,
         "output": output,
+        "output_check": readback if output is not None else None,
+        "workers_lost": lost,
     }
     report.update(transfer_stats(before, after, start_wall=time.time() - wall))
     # read on the workers: which UCX transports they really run with, not what was asked
@@ -120,6 +125,207 @@ def run_workflow(
     if verify:
         report["verify"] = check(plan, value)
     return report
+
+
+def _compute(client, name, plan, collections, output, progress, workers):
+    """Compute the run's graph; every future awaited, the output measured and read back."""
+    _run_on_workers(client, reset_peak)
+    before = _run_on_workers(client, worker_snapshot)
+    run_id = f"{name}-{uuid.uuid4().hex[:8]}"
+    start = time.perf_counter()
+    try:
+        with track(client, run_id) as tracker:
+            # one graph, so an array result is computed once for the summary and the store
+            futures = client.compute(collections, optimize_graph=plan.optimize_graph)
+            counts = wait_with_bar(futures, tracker, label=name, stream=progress)
+            # every future is awaited: a store task that failed fails the run
+            if output is not None:
+                _written(futures[1], output)
+            value = client.gather(futures[0])
+    except OutputError:
+        raise
+    except Exception as e:
+        lost = workers.lost()
+        if lost:
+            raise WorkerLost(f"{type(e).__name__}: {_first_line(e)}; {lost}") from e
+        raise
+    wall = time.perf_counter() - start
+    after = _run_on_workers(client, worker_snapshot)
+    del futures
+    written, readback = 0, None
+    if output is not None:
+        written = stored_bytes(output)
+        readback = check_stored(client, plan, value, output)
+
+    return value, counts, wall, before, after, written, readback
+
+
+# --- host values
+
+
+def to_host(value):
+    """``value`` with every device array in it (CuPy, or anything with
+    ``__cuda_array_interface__``) copied to a NumPy array; tuples, lists and dicts are
+    walked. Runs on the worker, as the last task of what the client gathers."""
+    if isinstance(value, tuple):
+        return tuple(to_host(v) for v in value)
+    if isinstance(value, list):
+        return [to_host(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_host(v) for k, v in value.items()}
+    if type(value).__module__.startswith("cupy") or hasattr(value, "__cuda_array_interface__"):
+        get = getattr(value, "get", None)
+        if callable(get):
+            return get()
+        import cupy
+
+        return cupy.asnumpy(value)
+    return value
+
+
+#: key prefix of the tasks that bring results to the host
+HOST_TASK = "spillway-to-host"
+
+
+def on_host(collection):
+    """A delayed value: ``collection`` computed, then :func:`to_host` on its worker."""
+    import dask
+
+    return dask.delayed(to_host, pure=True)(collection, dask_key_name=f"{HOST_TASK}-{uuid.uuid4().hex}")
+
+
+# --- outputs: written, measured and read back
+
+
+class OutputError(SpillwayError):
+    """An output that was not written as asked: the path and the OS error, in one line."""
+
+    exit_code = 1
+
+
+def _written(future, path: str) -> None:
+    """Wait for the store future; a failed write removes what was written and fails the run."""
+    try:
+        future.result()
+    except Exception as e:  # noqa: BLE001 (named in the one line)
+        remove_output(path)
+        raise OutputError(f"output: writing {path} failed: {_os_error(e)}; the partial store was removed") from e
+
+
+def _os_error(e: BaseException) -> str:
+    """The OS error under ``e`` (``[Errno 28] No space left on device``), else its line."""
+    seen = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return f"[Errno {seen.errno}] {seen.strerror}"
+        seen = seen.__cause__ or seen.__context__
+    return f"{type(e).__name__}: {_first_line(e)}"
+
+
+def remove_output(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def stored_bytes(path: str) -> int:
+    """Bytes of the chunk files in a Zarr store, measured on disk (metadata excluded)."""
+    import os
+
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            if f != "zarr.json":
+                total += os.path.getsize(os.path.join(root, f))
+    return total
+
+
+def check_stored(client, plan, value, path: str) -> dict:
+    """Read the store back on the workers and compare its float64 checksum with the one of
+    the computed result: a store that holds other values (chunks lost, zeros) fails the
+    run with :class:`OutputError`, and is removed."""
+    import numpy as np
+
+    from workflows.zarr_io import open_array
+
+    summary = plan.summarize(value)
+    expected = summary.get("checksum")
+    stored = open_array(path, "numpy")
+    complex_result = np.issubdtype(stored.dtype, np.complexfloating)
+    acc = np.complex128 if complex_result else np.float64
+    total, scale = client.gather(client.compute(
+        on_host((stored.sum(dtype=acc), abs(stored).sum(dtype=np.float64)))))
+    total = complex(total) if complex_result else float(total)
+    want = complex(*expected) if isinstance(expected, list) else expected
+    # the sums differ only by the order of additions
+    ok = want is not None and abs(total - want) <= 1e-9 * max(float(scale), 1.0)
+    if not ok:
+        remove_output(path)
+        raise OutputError(f"output: {path} reads back a checksum of {total!r}, not the result's {want!r}; "
+                          "the store was removed")
+    return {"ok": True, "checksum": [total.real, total.imag] if complex_result else total}
+
+
+# --- workers lost during a run
+
+
+class WorkerLost(SpillwayError):
+    """A run that failed with workers lost: which ones, and why where the nanny said."""
+
+    exit_code = 1
+
+
+class Workers:
+    """The workers at a run's start, and (from the nannies of this process, where the
+    cluster is local) why any of them died."""
+
+    def __init__(self, client):
+        self.client = client
+        self.start = self._now()
+        self._deaths = None
+        try:
+            from .launch.deaths import watch_worker_deaths
+
+            self._watch = watch_worker_deaths()
+            self._deaths = self._watch.__enter__()
+        except Exception:  # noqa: BLE001 (the reason is a nicety; the loss is still named)
+            self._watch = None
+
+    def _now(self) -> set[str]:
+        try:
+            return set(self.client.scheduler_info(n_workers=-1)["workers"])
+        except Exception:  # noqa: BLE001
+            return set()
+
+    def lost_list(self) -> list[str]:
+        gone = sorted(self.start - self._now())
+        self.close()
+        return gone
+
+    def lost(self) -> str:
+        gone = sorted(self.start - self._now())
+        why = list(self._deaths.messages) if self._deaths is not None else []
+        self.close()
+        if not gone and not why:
+            return ""
+        text = f"worker{'s' if len(gone) != 1 else ''} lost: {', '.join(gone) or 'unknown'}"
+        return text + (f" ({'; '.join(why)})" if why else "")
+
+    def close(self):
+        if self._watch is not None:
+            self._watch.__exit__(None, None, None)
+            self._watch = None
+
+
+def _run_on_workers(client, func):
+    """``client.run(func)`` on the workers that answer: a worker lost (or restarting) is
+    left out rather than failing the run before Dask can recompute its part."""
+    return client.run(func, on_error="ignore")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def check(plan, value) -> dict:

@@ -12,7 +12,7 @@ import numpy as np
 from . import inputs
 from .chunking import resolve_chunks
 from .params import Param, Params, Target
-from .registry import Workflow, register
+from .registry import BYTES_PER_TASK, GraphSize, Workflow, input_chunks, register
 from .results import FULL_CHECK_BYTES, array_plan, footprint
 
 COMMON = (*inputs.size_params((4000, 4000), (50000, 50000)), inputs.input_param())
@@ -89,6 +89,22 @@ SLICE = register(Workflow(
     array_inputs=("x",),
 ))
 
+def gather_graph(workflow, params: Params, target: Target) -> GraphSize | None:
+    """x[index] from the parameters alone: ``count`` index rows held on the client (with
+    dask's sorted copies of them) and about four tasks per output chunk, whose rows are
+    cut at the input's row chunks."""
+    per_axis = input_chunks(params, target)
+    if per_axis is None:
+        return None
+    shape, _ = inputs.describe(params)
+    out_rows = params.count or shape[0]
+    rows_per_chunk = -(-shape[0] // per_axis[0])
+    out_chunks = -(-out_rows // rows_per_chunk) * per_axis[1]
+    tasks = 4 * (out_chunks + per_axis[0] * per_axis[1])
+    return GraphSize(tasks=tasks, client_bytes=6 * 8 * out_rows + tasks * BYTES_PER_TASK, param="count",
+                     why=f"{out_rows:,} rows gathered in {out_chunks:,} output chunks")
+
+
 GATHER = register(Workflow(
     name="gather",
     description="x[index]: rows of a seeded random array in a seeded random order, with repeats",
@@ -96,4 +112,5 @@ GATHER = register(Workflow(
     build=gather_build,
     check=check,
     array_inputs=("x",),
+    graph=gather_graph,
 ))

@@ -84,6 +84,20 @@ def matmul_build(params: Params, target: Target):
     return plan
 
 
+def matmul_graph(workflow, params: Params, target: Target):
+    """x @ y: every row-chunk of x meets every column-chunk of y along each of the k chunks
+    of the contraction, so the products grow as the cube of the chunks per side."""
+    from .registry import BYTES_PER_TASK, GraphSize, input_chunks
+
+    per_axis = input_chunks(params, target)
+    if per_axis is None:
+        return None
+    rows, inner = per_axis
+    tasks = 8 * rows * inner + 2 * rows * rows * inner
+    return GraphSize(tasks=tasks, client_bytes=tasks * BYTES_PER_TASK,
+                     why=f"{rows * rows * inner:,} chunk products of {rows}x{inner} chunks")
+
+
 MATMUL = register(Workflow(
     name="matmul",
     description="x @ y of seeded random matrices (y has x's transposed shape); chunks cross between workers",
@@ -91,6 +105,7 @@ MATMUL = register(Workflow(
     build=matmul_build,
     check=matmul_check,
     array_inputs=("x", "y"),
+    graph=matmul_graph,
 ))
 
 # --- tall-skinny QR and SVD

@@ -19,8 +19,26 @@ from service.sizes import format_bytes, parse_size
 #: the largest array a parameter may describe: far past any cluster, short of int64 overflow
 MAX_ELEMENTS = 2**53
 MAX_BYTES = 2**60
+#: longest string parameter (paths, names)
+MAX_TEXT = 4096
 
 DTYPES = ("float32", "float64")
+#: longest text of a value that an error message repeats
+SHOWN_CHARS = 80
+
+KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+              "path": "a path", "choice": "one of the choices", "dtype": "a dtype", "shape": "a shape",
+              "size": "a shape or a size", "chunks": "chunks"}
+
+
+def shown(value) -> str:
+    """``repr(value)`` for an error message, cut to :data:`SHOWN_CHARS` (a tenant may send
+    megabytes), with NUL and other control characters escaped as repr does."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 (a repr past the int-digits limit, say)
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -58,15 +76,24 @@ class Param:
     # --- parsing
 
     def parse(self, value: Any) -> Any:
+        """The clean value, or :class:`ParamError` naming the value and the limit: never any
+        other exception, whatever the value (non-finite, huge, NUL-bearing, wrong type)."""
         if value is None:
             if self.optional:
                 return None
             raise ParamError(f"{self.name}: a value is required")
         parser = getattr(self, f"_parse_{self.kind}")
-        return parser(value)
+        try:
+            return parser(value)
+        except ParamError:
+            raise
+        except (ArithmeticError, ValueError, TypeError, RecursionError) as e:
+            # a value past what Python's own parsing holds (1e400GB overflows, a 5000-digit
+            # integer) is still one line naming it
+            self._fail(value, f"cannot be read as {KIND_WORDS.get(self.kind, self.kind)} ({type(e).__name__})")
 
     def _fail(self, value, why: str):
-        raise ParamError(f"{self.name}: {value!r} {why}")
+        raise ParamError(f"{self.name}: {shown(value)} {why}")
 
     def _range(self, value):
         if self.minimum is not None and value < self.minimum:
@@ -109,19 +136,31 @@ class Param:
     def _parse_str(self, value):
         if not isinstance(value, str):
             self._fail(value, "is not a string")
+        if "\x00" in value:
+            self._fail(value, "contains a NUL character")
+        if len(value) > MAX_TEXT:
+            self._fail(value, f"is longer than {MAX_TEXT} characters")
         return value
 
     _parse_path = _parse_str
 
     def _parse_choice(self, value):
-        if value not in self.choices:
-            self._fail(value, f"is not one of {', '.join(map(str, self.choices))}")
-        return value
+        """One of ``choices``; ``0`` and ``"0"`` name the same choice, whichever type the
+        choices are declared in (``axis=0`` on the command line arrives as an integer)."""
+        for choice in self.choices:
+            if type(value) is type(choice) and value == choice:
+                return choice
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            text = value.strip() if isinstance(value, str) else str(value)
+            for choice in self.choices:
+                if not isinstance(choice, bool) and str(choice) == text:
+                    return choice
+        self._fail(value, f"is not one of {', '.join(map(str, self.choices))}")
 
     def _parse_dtype(self, value):
-        if str(value) not in DTYPES:
+        if not isinstance(value, str) or value not in DTYPES:
             self._fail(value, f"is not a supported dtype ({', '.join(DTYPES)})")
-        return str(value)
+        return value
 
     def _parse_shape(self, value) -> tuple[int, ...]:
         return _parse_dims(self, value)
@@ -130,22 +169,29 @@ class Param:
         if isinstance(value, str) and value.strip().lower() == "auto":
             return "auto"
         if isinstance(value, str) and _looks_like_bytes(value):
-            try:
-                return parse_size(value, name=self.name, minimum=1)
-            except ValueError as e:
-                raise ParamError(str(e)) from None
+            nbytes = self._bytes(value)
+            if nbytes > MAX_BYTES:
+                self._fail(value, f"exceeds the largest supported size {format_bytes(MAX_BYTES)}")
+            return nbytes
         return _parse_dims(self, value)
+
+    def _bytes(self, text: str) -> int:
+        try:
+            return parse_size(text, name=self.name, minimum=1)
+        except OverflowError:
+            self._fail(text, f"exceeds the largest supported size {format_bytes(MAX_BYTES)}")
+        except ValueError:
+            self._fail(text, "is not a size of at least 1 byte (use bytes such as 20GB or 512MiB)")
 
     def _parse_size(self, value):
         """A shape (``40000x40000``, ``[40000, 40000]``) or a total size (``200GB``)."""
         if isinstance(value, str) and _looks_like_bytes(value):
-            try:
-                nbytes = parse_size(value, name=self.name, minimum=1)
-            except ValueError as e:
-                raise ParamError(str(e)) from None
+            nbytes = self._bytes(value)
             if nbytes > MAX_BYTES:
                 self._fail(value, f"exceeds the largest supported size {format_bytes(MAX_BYTES)}")
             return nbytes
+        if isinstance(value, float):
+            self._fail(value, "is not a shape such as 40000x40000 or a size such as 200GB")
         return _parse_dims(self, value)
 
     # --- description
@@ -158,7 +204,8 @@ class Param:
             "bool": {"type": "boolean"},
             "str": {"type": "string"},
             "path": {"type": "string"},
-            "choice": {"enum": list(self.choices)},
+            # either spelling of a choice is accepted (axis 0 or "0")
+            "choice": {"enum": _choice_enum(self.choices)},
             "dtype": {"enum": list(DTYPES)},
             "shape": {"oneOf": [dims, {"type": "string", "pattern": r"^\d+(x\d+)*$"}]},
             "size": {
@@ -181,6 +228,16 @@ class Param:
         if self.optional:
             schema = {"anyOf": [schema, {"type": "null"}], "description": self.help}
         return schema
+
+
+def _choice_enum(choices) -> list:
+    out = list(choices)
+    for c in choices:
+        if isinstance(c, str) and c.isdigit() and int(c) not in out:
+            out.append(int(c))
+        elif isinstance(c, int) and not isinstance(c, bool) and str(c) not in out:
+            out.append(str(c))
+    return out
 
 
 def _looks_like_bytes(text: str) -> bool:

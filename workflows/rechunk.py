@@ -15,7 +15,7 @@ from __future__ import annotations
 from . import inputs
 from .chunking import panel_rows
 from .params import Params, Target
-from .registry import Workflow, register
+from .registry import BYTES_PER_TASK, GraphSize, Workflow, register
 from .results import FULL_CHECK_BYTES, array_plan, first_boundary, footprint, window
 
 PARAMS = (
@@ -58,6 +58,15 @@ def build(params: Params, target: Target):
     return array_plan(y, probe=y[probe], reference=reference, footprint=fp, source=source)
 
 
+def graph(workflow, params: Params, target: Target) -> GraphSize:
+    """All-to-all: every row panel meets every column panel."""
+    shape, (rows, _), (_, cols) = _panels(params, target)
+    p, q = -(-shape[0] // rows), -(-shape[1] // cols)
+    tasks = 4 * (p + q) + 2 * p * q
+    return GraphSize(tasks=tasks, client_bytes=tasks * BYTES_PER_TASK,
+                     why=f"{p:,} row panels to {q:,} column panels")
+
+
 WORKFLOW = register(Workflow(
     name="rechunk",
     description="Rechunk a seeded random array from row panels to column panels (all-to-all)",
@@ -65,4 +74,5 @@ WORKFLOW = register(Workflow(
     build=build,
     check=check,
     array_inputs=("x",),
+    graph=graph,
 ))

@@ -21,12 +21,79 @@ from typing import Any
 
 from service.errors import ParamError
 
-from .params import Param, Params, Target
+from .params import Param, Params, Target, shown
+
+
+def key_text(key) -> str:
+    """A parameter name as an error message shows it: as given when printable and short,
+    else quoted with escapes (a tenant may send newlines, NUL or megabytes)."""
+    text = str(key)
+    return text if text.isprintable() and 0 < len(text) <= 64 and " " not in text else shown(key)
 
 ENTRY_POINT_GROUP = "spillway.workflows"
 
 #: relative-error tolerances of the reference checks, by result dtype
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
+
+#: most tasks a run's graph may have: a graph is built on the client (the API process for
+#: the service) before anything runs, so a larger one is refused from its parameters alone
+MAX_TASKS = 200_000
+#: most bytes building a run's graph may take on the client (index arrays, the graph itself)
+MAX_CLIENT_BYTES = 1 << 30
+#: client bytes of one task of a built graph (its key, its spec, dask's bookkeeping)
+BYTES_PER_TASK = 2048
+
+
+@dataclass(frozen=True)
+class GraphSize:
+    """What building a run's graph costs the client, estimated from the parameters alone
+    (shapes and chunk counts: arithmetic, no array and no graph)."""
+
+    tasks: int
+    client_bytes: int
+    #: the parameter to change, and why the graph is this large
+    param: str = "chunks"
+    why: str = ""
+
+
+def check_graph_size(name: str, size: GraphSize) -> None:
+    """Refuse a graph past :data:`MAX_TASKS` or :data:`MAX_CLIENT_BYTES`, naming both numbers."""
+    from service.sizes import format_bytes
+
+    why = f" ({size.why})" if size.why else ""
+    hint = "use fewer rows" if size.param == "count" else "use larger chunks or a smaller size"
+    if size.tasks > MAX_TASKS:
+        raise ParamError(f"{size.param}: {name} would build a graph of about {size.tasks:,} tasks{why}, "
+                         f"more than the limit of {MAX_TASKS:,}; {hint}")
+    if size.client_bytes > MAX_CLIENT_BYTES:
+        raise ParamError(f"{size.param}: building the graph of {name} would take about "
+                         f"{format_bytes(size.client_bytes)} on the client{why}, more than the limit of "
+                         f"{format_bytes(MAX_CLIENT_BYTES)}")
+
+
+def input_chunks(params: Params, target: Target) -> tuple[int, ...] | None:
+    """Chunks per axis of the input ``x`` the parameters describe (None where they describe
+    none); arithmetic on the shape and the chunks parameter only."""
+    from .chunking import _resolve_chunks
+    from .inputs import describe
+
+    try:
+        shape, dtype = describe(params, ndim=params.get("ndim", 2), columns=params.get("columns"))
+        chunks = _resolve_chunks(params["chunks"], shape, dtype, target)
+    except (ParamError, KeyError, AttributeError, TypeError, ValueError):
+        return None
+    return tuple(-(-n // max(1, c)) for n, c in zip(shape, chunks))
+
+
+def graph_size(workflow: "Workflow", params: Params, target: Target) -> GraphSize | None:
+    """The default estimate: a few tasks per input chunk (generate, compute, reduce)."""
+    per_axis = input_chunks(params, target)
+    if per_axis is None:
+        return None
+    n = math.prod(per_axis)
+    tasks = 4 * n
+    return GraphSize(tasks=tasks, client_bytes=tasks * BYTES_PER_TASK,
+                     why=f"{n:,} input chunks ({'x'.join(map(str, per_axis))})")
 
 
 @dataclass(frozen=True)
@@ -107,6 +174,10 @@ class Workflow:
     #: (workflow, params) -> bytes the parameters alone say the run holds, or None; a floor
     #: under the built plan's footprint (see :func:`described_bytes`, the default)
     data_bytes: Callable[["Workflow", Params], int | None] = described_bytes
+    #: (workflow, params, target) -> the :class:`GraphSize` the parameters describe, or None
+    #: (see :func:`graph_size`, the default); past the limits, the run is refused before
+    #: any graph is built
+    graph: Callable[["Workflow", Params, Target], GraphSize | None] = graph_size
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -136,13 +207,13 @@ class Workflow:
         for key in arrays:
             if key not in self.array_inputs:
                 accepted = ", ".join(self.array_inputs) or "none"
-                errors.append(ParamError(f"{key}: not an array input of {self.name} (array inputs: {accepted})"))
+                errors.append(ParamError(f"{key_text(key)}: not an array input of {self.name} (array inputs: {accepted})"))
         names = [p.name for p in self.params]
         for key in raw:
             if key not in names:
                 hint = difflib.get_close_matches(key, names, n=1)
                 errors.append(ParamError(
-                    f"{key}: not a parameter of {self.name}"
+                    f"{key_text(key)}: not a parameter of {self.name}"
                     + (f" (did you mean {hint[0]}?)" if hint else f" (parameters: {', '.join(names)})")
                 ))
         values = {}
@@ -161,7 +232,22 @@ class Workflow:
             raise errors[0]
         if self.check is not None:
             self.check(params, target)
+        size = self.graph(self, params, target)
+        if size is not None:
+            check_graph_size(self.name, size)
         return params
+
+    def check_values(self, raw: Mapping[str, Any] | None) -> None:
+        """Each value given, parsed alone (names and types, ranges, sizes): the checks that
+        need no cluster, so a command line refuses a bad value before one starts."""
+        names = [p.name for p in self.params]
+        for key, value in dict(raw or {}).items():
+            if key not in names:
+                hint = difflib.get_close_matches(key, names, n=1)
+                raise ParamError(
+                    f"{key_text(key)}: not a parameter of {self.name}"
+                    + (f" (did you mean {hint[0]}?)" if hint else f" (parameters: {', '.join(names)})"))
+            self.param(key).parse(value)
 
     def data_footprint(self, params: Params, target: Target | None = None) -> Footprint | None:
         """The footprint the parameters alone describe (the input held whole), computed

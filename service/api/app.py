@@ -7,6 +7,7 @@ tenant's job is a 404, not a 403, so ids do not leak); an admin token sees all.
 """
 
 
+import logging
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
@@ -27,6 +28,8 @@ def _tenant(request: Request, credentials: Annotated[HTTPAuthorizationCredential
 
 
 Tenant = Annotated[dict, Depends(_tenant)]
+
+logger = logging.getLogger("spillway.api")
 
 NOT_FOUND = {404: {"description": "No such job for this tenant"}}
 AUTH = {401: {"description": "Missing, invalid or revoked token"}}
@@ -61,7 +64,8 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
                          200: {"model": schemas.Job,
                                        "description": "An earlier job with the same idempotency key"}})
     def submit(body: JobRequest, tenant: Tenant, response: Response,
-               idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128)] = None):
+               idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128,
+                                                             pattern=schemas.KEY_PATTERN)] = None):
         """Queue a job: a workflow's name and its parameters."""
         key = body.idempotency_key or idempotency_key
         try:
@@ -73,6 +77,10 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
             field = ("output" if name == "output" else f"params.{name}" if name and " " not in name
                      else "params")
             raise _param_error(field, str(e)) from None
+        except Exception as e:  # noqa: BLE001 (a value no check foresaw is still the request's fault)
+            logger.exception("validating a %s job", body.workflow)
+            raise _param_error("params", f"params: cannot be validated ({type(e).__name__}: "
+                                         f"{str(e)[:200]})") from None
         if footprint > tenant["max_job_bytes"]:
             raise _param_error("params", f"projected footprint {format_bytes(footprint)} exceeds this "
                                          f"tenant's limit of {format_bytes(tenant['max_job_bytes'])} per job")

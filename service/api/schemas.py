@@ -6,6 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+#: idempotency keys: printable text (no NUL or control characters, which databases refuse)
+KEY_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+
 State = Literal["queued", "running", "done", "failed", "cancelled"]
 
 
@@ -23,7 +26,7 @@ def job_request_model(workflow_names: list[str]) -> type[BaseModel]:
         verify=(bool, Field(False, description="Check the result against a NumPy float64 reference.")),
         output=(bool, Field(False, description="Write the array result as a Zarr v3 store on the service's "
                                                "results directory (GET /jobs/{id}/result says where).")),
-        idempotency_key=(str | None, Field(None, min_length=1, max_length=128,
+        idempotency_key=(str | None, Field(None, min_length=1, max_length=128, pattern=KEY_PATTERN,
                                            description="A retry with the same key returns the same job.")),
     )
 

@@ -32,8 +32,25 @@ def fail_cleanly(func):
         except SpillwayError as e:
             click.echo(f"spillway: error: {e}", err=True)
             sys.exit(e.exit_code)
+        except ModuleNotFoundError as e:
+            click.echo(f"spillway: error: {missing_module(e)}", err=True)
+            sys.exit(2)
 
     return wrapper
+
+
+#: which install extra brings a module that a command imports only when it runs
+MODULE_EXTRAS = {"fastapi": "service", "uvicorn": "service", "sqlalchemy": "service", "httpx": "service",
+                 "psycopg": "service", "prometheus_client": "service", "jinja2": "service",
+                 "dask_mpi": "mpi", "mpi4py": "mpi"}
+
+
+def missing_module(e: ModuleNotFoundError, command: str | None = None) -> str:
+    """One line for a module that is not installed, with the extra that brings it."""
+    name = (e.name or "").split(".")[0] or str(e)
+    extra = MODULE_EXTRAS.get(name)
+    what = f"{command} needs" if command else "this command needs"
+    return f"{what} {name}, which is not installed" + (f": pip install 'spillway[{extra}]'" if extra else "")
 
 
 class LazyGroup(click.Group):
@@ -51,7 +68,12 @@ class LazyGroup(click.Group):
             import importlib
 
             module, _, attr = self.lazy[name].partition(":")
-            self.add_command(getattr(importlib.import_module(module), attr), name)
+            try:
+                command = getattr(importlib.import_module(module), attr)
+            except ModuleNotFoundError as e:
+                click.echo(f"spillway: error: {missing_module(e, name)}", err=True)
+                ctx.exit(2)
+            self.add_command(command, name)
         return super().get_command(ctx, name)
 
 
@@ -124,7 +146,8 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
     from ..runner import format_report, run_workflow
 
     options = resolve(options_flags)
-    workflows.get(workflow)  # an unknown name fails before a cluster starts
+    # an unknown name or a bad value fails before a cluster starts
+    workflows.get(workflow).check_values(params)
     if output is not None:
         output = check_path(output)
     stream = default_stream() if progress is None else (sys.stderr if progress else None)
@@ -245,8 +268,11 @@ def workflows_command(as_json, gpu):
     for entry in entries:
         click.echo(f"{entry['name']}\n    {entry['description']}")
         for pname, schema in entry["schema"]["properties"].items():
-            default = schema.get("default", schema.get("anyOf", [{}])[0].get("default"))
-            click.echo(f"    --param {pname}=...  {schema.get('description', '')} (default {default})")
+            inner = schema.get("anyOf", [schema])[0]
+            default = schema.get("default", inner.get("default"))
+            choices = inner.get("enum")
+            allowed = f"one of {', '.join(dict.fromkeys(map(str, choices)))}; " if choices else ""
+            click.echo(f"    --param {pname}=...  {schema.get('description', '')} ({allowed}default {default})")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -64,7 +64,11 @@ def parse_param_pairs(pairs: tuple[str, ...]) -> dict:
 
 def collect_params(param_pairs: tuple[str, ...], params_json: str | None) -> dict:
     """``--params-json`` as the base, ``--param K=V`` pairs on top."""
-    params = json.loads(params_json) if params_json else {}
+    try:
+        params = json.loads(params_json) if params_json else {}
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"{params_json[:80]!r} is not JSON ({e.msg} at character {e.pos})",
+                                 param_hint="--params-json") from None
     if not isinstance(params, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--params-json")
     params.update(parse_param_pairs(param_pairs))

@@ -91,7 +91,9 @@ class JobScheduler:
     def _check_input(self, name: str, value) -> None:
         """Tenants read Zarr inputs only inside the service's data directories, so a job
         cannot read another tenant's results or any other file the service can."""
-        path = os.path.realpath(os.path.expanduser(str(value)))
+        if not isinstance(value, str) or "\x00" in value:
+            return  # not a path at all: the parameter's own check refuses it with its reason
+        path = os.path.realpath(os.path.expanduser(value))
         if not any(path == root or path.startswith(root + os.sep) for root in self.input_roots):
             where = ", ".join(self.input_roots) if self.input_roots else "none are configured (--data-dir)"
             raise ParamError(f"{name}: {value!r} is outside the service's data directories ({where})")
@@ -194,6 +196,17 @@ class JobScheduler:
                 self._finish(job_id, "failed", line=f"failed: {msg}", error=msg)
         else:
             done.set()
+            for worker in report.get("workers_lost") or ():
+                self.store.log(job_id, f"worker {worker} was lost during the run; Dask recomputed its part")
+            if entry.cancelled or self.store.cancel_requested(job_id):
+                # a cancel accepted while the last tasks finished still ends the job cancelled:
+                # the 200 it answered promised that, and its output is not kept
+                if report.get("output"):
+                    from ..runner import remove_output
+
+                    remove_output(report["output"])
+                self._finish(job_id, "cancelled", line="cancelled: the run had finished; its result was discarded")
+                return
             verify = report.get("verify")
             if verify and verify.get("ok") is False:
                 msg = (f"verification failed: relative error {verify['rel_error']:.3e} exceeds "
