@@ -578,25 +578,58 @@ class KvikIO:
             raise _Fallback("nvCOMP (nvidia-nvcomp) is not installed: zstd is decoded on the host") from None
         cupy = self.xp
         check_zstd_headers(self._heads(frames), [int(o.size) for o in outs])
-        stream = cupy.cuda.get_current_stream()
         if self._zstd is None:
+            # one codec per thread (nvCOMP's codecs are not thread-safe), on this thread's stream
+            self._stream = cupy.cuda.get_current_stream()
             self._zstd = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
-                                      device_id=cupy.cuda.Device().id, cuda_stream=stream.ptr)
+                                      device_id=cupy.cuda.Device().id, cuda_stream=self._stream.ptr)
+        ptr = self._stream.ptr
         start = time.perf_counter()
         try:
-            src = nvcomp.as_arrays(list(frames), cuda_stream=stream.ptr)
-            try:
-                got = self._zstd.decode(src, out=list(outs))
-            except TypeError:  # an nvCOMP whose batch decode wants its own arrays as outputs
-                got = self._zstd.decode(src, out=nvcomp.as_arrays(list(outs), cuda_stream=stream.ptr))
-            stream.synchronize()
+            src = nvcomp.as_arrays(list(frames), cuda_stream=ptr)
+            self._decode_into(nvcomp, src, outs, ptr)
+            self._stream.synchronize()
+        except _Fallback:
+            raise
         except Exception as e:  # nvCOMP raises its own types for streams it cannot decode
             raise _Fallback(f"nvCOMP could not decode it ({type(e).__name__}: {e})") from None
-        for decoded, out in zip(got if got is not None else (), outs):
-            size = getattr(decoded, "buffer_size", None)
-            if size is not None and int(size) != int(out.size):
-                raise _Fallback(f"a zstd frame decoded to {size} bytes, expected {out.size}")
         _count("gpu", sum(int(o.size) for o in outs), len(outs), time.perf_counter() - start)
+
+    #: how this nvCOMP takes preallocated outputs, once found: "list" (CuPy arrays),
+    #: "arrays" (its own BatchArray) or "copy" (it allocates; the results are copied)
+    _out_form: str | None = None
+
+    def _decode_into(self, nvcomp, src, outs, ptr) -> None:
+        """Decode the batch ``src`` into ``outs``. nvCOMP's Python API documents ``out``
+        for the batch overload loosely; the forms are tried in order, once per process."""
+        forms = [KvikIO._out_form] if KvikIO._out_form else ["list", "arrays", "copy"]
+        error = None
+        for form in forms:
+            try:
+                if form == "list":
+                    got = self._zstd.decode(src, out=list(outs))
+                elif form == "arrays":
+                    got = self._zstd.decode(src, out=nvcomp.as_arrays(list(outs), cuda_stream=ptr))
+                else:
+                    got = self._zstd.decode(src)
+                    for decoded, out in zip(got, outs):
+                        flat = self.xp.asarray(decoded).view(self.xp.uint8).reshape(-1)
+                        if flat.size != out.size:
+                            raise _Fallback(f"a zstd frame decoded to {flat.size} bytes, expected {out.size}")
+                        out[...] = flat
+            except (TypeError, ValueError) as e:  # this form refused before decoding anything
+                error = e
+                continue
+            KvikIO._out_form = form
+            for decoded, out in zip(got if form != "copy" and got is not None else (), outs):
+                size = getattr(decoded, "buffer_size", None)
+                if size is not None and int(size) != int(out.size):
+                    raise _Fallback(f"a zstd frame decoded to {size} bytes, expected {out.size}")
+                where = getattr(decoded, "__cuda_array_interface__", {}).get("data", (out.data.ptr,))[0]
+                if where != out.data.ptr:  # decoded elsewhere than asked: copied into place
+                    out[...] = self.xp.asarray(decoded).view(self.xp.uint8).reshape(-1)
+            return
+        raise error
 
     def _heads(self, frames) -> list[bytes]:
         """The first bytes of each frame (its header), in one copy to the host."""
