@@ -242,7 +242,12 @@ def open_array(path: str, backend: str):
     import dask.array as da
 
     if backend == "numpy":
-        return da.from_zarr(path)
+        import zarr
+
+        shards = getattr(zarr.open_array(path, mode="r"), "shards", None)
+        # a block per shard: dask's default (a block per inner chunk) rereads a shard's
+        # index for each of its inner chunks and makes hundreds of tasks per shard
+        return da.from_zarr(path, chunks=shards) if shards else da.from_zarr(path)
     if backend != "cupy":
         raise ValueError(f"backend: {backend!r} is not one of numpy, cupy")
     import zarr

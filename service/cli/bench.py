@@ -125,6 +125,7 @@ def _zarr_bench(options, out_dir, sizes, runs, timeout, label, no_ceilings, **wo
     plan = prepare_zarr(options, sizes=sizes, runs=runs, timeout=timeout, label=label, no_ceilings=no_ceilings)
     results, _ = run_zarr_bench(plan, Path(out_dir), stream=sys.stderr)
     click.echo(short_table(results))
-    if not all(results[name]["bits_equal"] for name in ("write", "cold_read", "cached_read")):
+    if not all(store[name]["bits_equal"] for store in results["stores"].values()
+               for name in ("write", "cold_read", "cached_read")):
         click.echo("spillway: a read gave other bits than were written (see the log)", err=True)
         sys.exit(1)
