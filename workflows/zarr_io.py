@@ -753,8 +753,7 @@ def describe() -> dict:
     """What this process reads and writes Zarr chunks with on GPUs (run on a worker):
     KvikIO's version, whether it runs GDS or POSIX compat mode and with how many
     threads, and whether nvCOMP decodes zstd."""
-    out = {"kvikio": None, "mode": "host codecs + copy to device", "threads": None,
-           "nvcomp": importlib.util.find_spec("nvidia.nvcomp") is not None if _has_nvidia() else False}
+    out = {"kvikio": None, "mode": "host codecs + copy to device", "threads": None, "nvcomp": _nvcomp_loads()}
     if not kvikio_available():
         return out
     try:
@@ -778,3 +777,16 @@ def describe() -> dict:
 
 def _has_nvidia() -> bool:
     return importlib.util.find_spec("nvidia") is not None
+
+
+def _nvcomp_loads() -> bool:
+    """Whether nvCOMP imports here: its module is found and its library loads (without
+    the ``nvidia-libnvcomp`` wheel the import fails on ``libnvcomp.so``)."""
+    if not _has_nvidia() or importlib.util.find_spec("nvidia.nvcomp") is None:
+        return False
+    try:
+        from nvidia import nvcomp  # noqa: F401
+    except ImportError as e:
+        _note_fallback("no nvcomp", f"nvCOMP does not load ({e}): install spillway[cuda13] or [cuda12]")
+        return False
+    return True

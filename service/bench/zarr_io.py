@@ -448,7 +448,7 @@ def _decode_lines(results: dict) -> list[str]:
                 rate = "—" if d["gbps_per_worker"] is None else f"{d['gbps_per_worker']:.2f} GB/s per worker"
                 lines.append(f"{store}: decoded on the {where}: {format_bytes(d['bytes'])} in {d['frames']} frames, "
                              f"{d['seconds']:.2f} s, {rate} ({d['workers']} workers)")
-        if st.get("ratio"):
+        if store != "uncompressed" and st.get("ratio"):
             lines.append(f"{store}: {format_bytes(st['stored_bytes'])} stored, ratio {st['ratio']:.2f}")
     return lines
 
