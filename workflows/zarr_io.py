@@ -81,6 +81,9 @@ RAW, ZSTD, SHARDED, CODECS = "raw", "zstd", "sharded", "codecs"
 #: fewest zstd frames in one nvCOMP batch for the GPU to decode faster than the host:
 #: nvCOMP gives each frame a small part of the GPU (about 0.1 GB/s per frame on an H100)
 GPU_MIN_FRAMES = 16
+#: largest inner chunk sent to nvCOMP: its zstd compressor's largest chunk (16 MiB);
+#: larger frames are decoded on the host
+GPU_MAX_FRAME_BYTES = 16 * 2**20
 #: an unused inner chunk in a shard index (zarr's sharding codec)
 _MISSING = 2**64 - 1
 
@@ -139,7 +142,8 @@ class Layout:
 
     def gpu_decodes(self) -> bool:
         """Whether a chunk's zstd frames are enough for nvCOMP to beat the host."""
-        return self.zstd and self.frames_per_chunk >= GPU_MIN_FRAMES
+        inner = self.chunk_bytes // self.frames_per_chunk
+        return self.zstd and self.frames_per_chunk >= GPU_MIN_FRAMES and inner <= GPU_MAX_FRAME_BYTES
 
     @property
     def chunk_bytes(self) -> int:
@@ -582,6 +586,7 @@ class KvikIO:
         except ImportError:
             raise _Fallback("nvCOMP (nvidia-nvcomp) is not installed: zstd is decoded on the host") from None
         cupy = self.xp
+        start = time.perf_counter()
         check_zstd_headers(self._heads(frames), [int(o.size) for o in outs])
         if self._zstd is None:
             # one codec per thread (nvCOMP's codecs are not thread-safe), on this thread's stream
@@ -589,7 +594,6 @@ class KvikIO:
             self._zstd = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
                                       device_id=cupy.cuda.Device().id, cuda_stream=self._stream.ptr)
         ptr = self._stream.ptr
-        start = time.perf_counter()
         try:
             src = nvcomp.as_arrays(list(frames), cuda_stream=ptr)
             self._decode_into(nvcomp, src, outs, ptr)
@@ -622,7 +626,9 @@ class KvikIO:
                         if flat.size != out.size:
                             raise _Fallback(f"a zstd frame decoded to {flat.size} bytes, expected {out.size}")
                         out[...] = flat
-            except (TypeError, ValueError) as e:  # this form refused before decoding anything
+            except _Fallback:
+                raise
+            except Exception as e:  # this form refused (nvCOMP's own exception types): try the next
                 error = e
                 continue
             KvikIO._out_form = form
