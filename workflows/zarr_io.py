@@ -589,8 +589,11 @@ class KvikIO:
         start = time.perf_counter()
         check_zstd_headers(self._heads(frames), [int(o.size) for o in outs])
         if self._zstd is None:
-            # one codec per thread (nvCOMP's codecs are not thread-safe), on this thread's stream
-            self._stream = cupy.cuda.get_current_stream()
+            # one codec per thread (nvCOMP's codecs are not thread-safe) on a stream of its own:
+            # a stream pointer of 0 lets nvCOMP create an internal stream that synchronizing
+            # the default stream would not wait for; a blocking stream orders after the
+            # default stream's work (the fill of missing inner chunks) without a sync
+            self._stream = cupy.cuda.Stream(non_blocking=False)
             self._zstd = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
                                       device_id=cupy.cuda.Device().id, cuda_stream=self._stream.ptr)
         ptr = self._stream.ptr
