@@ -45,6 +45,18 @@ def _rel_error(got, reference) -> float:
     return float(np.linalg.norm(got - reference) / np.linalg.norm(reference))
 
 
+def _ndbuffer(dask_worker=None):
+    import zarr
+
+    return zarr.config.get("ndbuffer")
+
+
+def test_gpu_workers_give_zarr_the_host_buffer(cluster):
+    from workflows import zarr_buffers
+
+    assert set(cluster.client.run(_ndbuffer).values()) == {zarr_buffers.QUALNAME}
+
+
 def test_da_to_zarr_of_cupy_chunks_writes_on_the_cluster(cluster, tmp_path):
     import dask.array as da
     import zarr
