@@ -27,11 +27,13 @@ parts=" ${PARTS:-tests small full} "
 has() { [[ "$parts" == *" $1 "* ]]; }
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
-scratch=$(mktemp -d /tmp/spillway-zarr-XXXXXX)
+# the stores, the disk ceilings and the workers' spill space: a real disk, not tmpfs
+scratch=$(mktemp -d "${SCRATCH:-/tmp}/spillway-zarr-XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 export DASK_SPILLWAY__DASHBOARD_ADDRESS=127.0.0.1:0
 
-: >"$out/zarr-bench.log"
+{ echo "scratch $scratch on $(stat -f -c %T "$scratch"):"; df -h "$scratch" | tail -1; nvidia-smi -L; } \
+  >"$out/zarr-bench.log" 2>&1
 tests_rc=skipped small_rc=skipped small_s=0
 if has tests; then
 echo "== GPU tests (Zarr I/O and the climatology notebook)" | tee -a "$out/zarr-bench.log"
@@ -119,10 +121,13 @@ for path in sorted(glob.glob(f"{out}/results/*-zarr-*.json")):
                      f"{s['cached_read']['gbps']:.2f}", "—" if decode is None else f"{decode:.2f}",
                      "equal" if all(s[n]["bits_equal"] for n in ("write", "cold_read", "cached_read")) else "DIFFER"))
     c = r["ceilings"]
+    met = [t for t in r["targets"] if t["met"]]
+    missed = [t for t in r["targets"] if t["met"] is False]
+    value = lambda t: "—" if t["value"] is None else (f"{t['value']:.2f} GB/s" if t["unit"] == "GB/s"
+                                                       else f"{100 * t['value']:.0f}%")
     print(f"{r['label']}: {r['machine']['name']}; ceilings disk_write {c.get('disk_write', 0):.2f}, disk_read "
-          f"{c.get('disk_read', 0):.2f}, h2d_pinned {c.get('h2d_pinned', 0):.1f} GB/s; "
-          + "; ".join(f"{t['target']}: " + {None: "not judged", True: "met", False: "NOT met"}[t["met"]]
-                     for t in r["targets"]))
+          f"{c.get('disk_read', 0):.2f}, h2d_pinned {c.get('h2d_pinned', 0):.1f} GB/s; targets met "
+          f"{len(met)} of {len(r['targets'])}" + "".join(f"\n  NOT met: {t['target']}: {value(t)}" for t in missed))
 widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
 print("GB/s of array bytes (cold/disk: stored bytes against disk_read)")
 for row in rows:
