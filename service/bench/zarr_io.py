@@ -12,8 +12,9 @@ chunks and read back, each in turn (so the disk holds one at a time):
   chunks, written from device memory with KvikIO on GPU workers);
 * ``zstd``: what GPU reads of compressed data want, through the user's path (dask's
   ``store`` into a zarr array, zarr's CPU zstd encoder; CuPy chunks reach zarr through
-  :mod:`workflows.zarr_buffers`): shards of 365 days, each day an inner chunk of its own
-  zstd frame, so a shard is 365 frames that nvCOMP decodes in one batch.
+  :mod:`workflows.zarr_buffers`): shards of 365 days, each day cut into bands of rows of
+  at most 1 MiB, each band an inner chunk of its own zstd frame, so a shard is thousands
+  of frames that nvCOMP decodes in one batch.
 
 Each store is measured three ways, each read checked bit for bit against what was
 written:
@@ -73,8 +74,11 @@ COLD_TARGET = 0.7
 DECODE_TARGET_GBPS = 5.0
 #: the values' precision (module docstring)
 QUANTUM = 1e-3
-#: the zstd store: days per inner chunk (one zstd frame each) in a shard of CHUNK_DAYS
-ZSTD_INNER_DAYS = 1
+#: the zstd store: an inner chunk (one zstd frame) is a day's rows, cut into as few
+#: equal bands as keep it within this size: a 0.25 degree day (4.2 MB) is 7 bands of 103
+#: rows (0.6 MB), so a shard is 2555 frames, which nvCOMP decodes in one batch; each band
+#: is a contiguous slab of the shard, decoded in place
+ZSTD_FRAME_BYTES = 2**20
 STORES = ("uncompressed", "zstd")
 #: share of the workers' memory the store may take (it is held whole once read), and
 #: of the free disk space
@@ -112,6 +116,14 @@ class ZarrPlan:
     @property
     def chunk_bytes(self) -> int:
         return math.prod(self.chunks) * np.dtype(DTYPE).itemsize
+
+    @property
+    def zstd_inner(self) -> tuple[int, int, int]:
+        """The zstd store's inner chunk (see ZSTD_FRAME_BYTES)."""
+        _, lat, lon = self.shape
+        row = lon * np.dtype(DTYPE).itemsize
+        bands = next((k for k in range(1, lat + 1) if lat % k == 0 and (lat // k) * row <= ZSTD_FRAME_BYTES), lat)
+        return (1, lat // bands, lon)
 
 
 def prepare_zarr(options: Options, *, sizes: str = "auto", runs: int = 3, timeout: float = 900,
@@ -207,11 +219,10 @@ def _quantize(block):
 
 def zstd_array(path: str, plan: ZarrPlan):
     """The zstd store, created (metadata only): shards of a chunk, inner chunks of
-    ZSTD_INNER_DAYS, zarr's default zstd (level 0, no checksum)."""
+    ``plan.zstd_inner``, zarr's default zstd (level 0, no checksum)."""
     import zarr
 
-    inner = (ZSTD_INNER_DAYS, *plan.chunks[1:])
-    return zarr.create_array(store=path, shape=plan.shape, chunks=inner, shards=plan.chunks, dtype=DTYPE,
+    return zarr.create_array(store=path, shape=plan.shape, chunks=plan.zstd_inner, shards=plan.chunks, dtype=DTYPE,
                              zarr_format=3, compressors=zarr.codecs.ZstdCodec(level=0, checksum=False),
                              overwrite=True)
 
@@ -407,7 +418,7 @@ def run_zarr_bench(plan: ZarrPlan, out_dir: Path, *, stream=sys.stderr) -> tuple
         "runs": plan.runs,
         "shape": list(plan.shape),
         "chunks": list(plan.chunks),
-        "zstd_inner_chunks": [ZSTD_INNER_DAYS, *plan.chunks[1:]],
+        "zstd_inner_chunks": list(plan.zstd_inner),
         "dtype": DTYPE,
         "bytes": plan.nbytes,
         "directory": plan.directory,
