@@ -8,6 +8,9 @@ whichever launcher started it, and adds what spillway needs:
 * allocation statistics over the worker's RMM resource, so peak memory is read from real
   allocations (temporaries included), not from the sizes of stored results;
 * counters on the worker's spill buffers (bytes moved device -> host -> disk);
+* on GPU workers, zarr takes CuPy chunks (copied to the host as zarr takes them in), so a
+  user's own ``da.to_zarr`` / ``xarray.to_zarr`` of device arrays writes
+  (:mod:`workflows.zarr_buffers`);
 * with spillway's tiered store (:mod:`service.memory`): eviction by the queued tasks'
   next use, prefetch of the next tasks' inputs, and spill on demand when an RMM
   allocation fails.
@@ -79,6 +82,10 @@ class WorkerSetup(WorkerPlugin):
             self.statistics = current
         # CuPy's own pool would hide allocations from RMM's pool and statistics
         cupy.cuda.set_allocator(rmm_cupy_allocator if store is None else explained(rmm_cupy_allocator, store))
+        # dask's store hands CuPy chunks to zarr, whose CPU buffer refuses them
+        from workflows import zarr_buffers
+
+        zarr_buffers.install()
 
     def _wire_store(self, worker, store):
         from .memory.policy import next_use, running_inputs

@@ -2,8 +2,9 @@
 # Wheels for running spillway's service, notebook and bench tests on the offline GPU host
 # (Python 3.12, CUDA 13): the cluster stack of ../shared/gpu-host/fetch-wheels.sh without
 # UCX (the working tree sent there must stay under 64 MiB and libucx alone is 42 MB), plus
-# what the HTTP service and the notebooks import, and KvikIO and xarray for the Zarr GPU path
-# and the climatology notebook. Versions are the ones CI installs.
+# what the HTTP service and the notebooks import, and KvikIO, nvCOMP (GPU zstd decode; the
+# libnvcomp wheel holds libnvcomp.so.6, without which `from nvidia import nvcomp` fails) and
+# xarray for the Zarr GPU path and the climatology notebook. Versions are the ones CI installs.
 #
 #   usage: benchmarks/gpu-host/fetch-test-wheels.sh [DEST]   (DEST defaults to .whl-svc)
 #
@@ -39,5 +40,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   parso==0.8.7 pexpect==4.9.0 ptyprocess==0.7.0 stack-data==0.6.3 executing==2.3.0 asttokens==3.0.2 \
   pure_eval==0.2.4 wcwidth==0.9.4 ipywidgets==8.1.9 widgetsnbextension==4.0.16 jupyterlab_widgets==3.0.17 \
   pytest-timeout decorator nest_asyncio platformdirs python-dateutil \
-  kvikio-cu13==26.10.0 libkvikio-cu13==26.10.0 nvidia-cufile==1.20.0.107 xarray==2026.9.0
+  kvikio-cu13==26.10.0 libkvikio-cu13==26.10.0 nvidia-cufile==1.20.0.107 xarray==2026.9.0 \
+  nvidia-nvcomp-cu13==6.0.0.12 nvidia-libnvcomp-cu13==6.0.0.12
 du -sh "$dest"

@@ -1,19 +1,36 @@
-"""``spillway bench --zarr``: writing and reading a Zarr v3 store from the cluster's
-workers, against the disk ceilings of the same run.
+"""``spillway bench --zarr``: writing and reading Zarr v3 stores from the cluster's
+workers, against the disk and host-copy ceilings of the same run.
 
 The store is shaped like a daily climate record: float32 days x 721 x 1440 (a 0.25
 degree grid), one chunk per 365 days (1.5 GB), 100 GB at ``--sizes full`` and 12 GB at
-``small``; ``tiny`` (the CPU default) is a 2.5 degree grid of 61 MB. The workers write it
-through spillway's Zarr path (:mod:`workflows.zarr_io`: uncompressed chunks, written from
-device memory with KvikIO on GPU workers), then read it back into chunks (CuPy on GPU
-workers) three ways, each checked bit for bit against what was written:
+``small``; ``tiny`` (the CPU default) is a 2.5 degree grid of 61 MB. Values are seeded
+uniform numbers kept to 0.001, as stored records keep a fixed precision (so that zstd has
+something to compress, as it has in real data). Two stores are written from the same
+chunks and read back, each in turn (so the disk holds one at a time):
+
+* ``uncompressed``: spillway's own output path (:mod:`workflows.zarr_io`: uncompressed
+  chunks, written from device memory with KvikIO on GPU workers);
+* ``zstd``: what GPU reads of compressed data want, through the user's path (dask's
+  ``store`` into a zarr array, zarr's CPU zstd encoder; CuPy chunks reach zarr through
+  :mod:`workflows.zarr_buffers`): shards of 365 days, each day cut into bands of rows of
+  at most 1 MiB, each band an inner chunk of its own zstd frame, so a shard is thousands
+  of frames that nvCOMP decodes in one batch.
+
+Each store is measured three ways, each read checked bit for bit against what was
+written:
 
 * ``write``: from persisted chunks to files, until the files are on disk (``fsync``),
   against the ``disk_write`` ceiling;
 * ``cold read``: with the store's pages dropped from the page cache first (as the
-  ``disk_read`` ceiling drops its own), against ``disk_read``; target 70% of it;
+  ``disk_read`` ceiling drops its own), against ``disk_read``; target 70% of it. For the
+  zstd store the ratio is of the bytes that crossed the disk (stored bytes);
 * ``cached read``: with the store in the page cache, against the pinned host -> GPU copy
-  of every GPU of the run (``host_copy`` on CPU workers); target 10 GB/s per host.
+  of every GPU of the run (``host_copy`` on CPU workers); target 10 GB/s per host of
+  array (decoded) bytes.
+
+GB/s are of array bytes (decoded) unless said. The zstd reads also give the **GPU decode
+rate**: bytes nvCOMP decoded per second spent decoding (until its stream finished), per
+GPU, from the workers' counters; target 5 GB/s.
 
 The store lies in ``--local-directory`` (the system's temporary directory without it),
 where the disk ceilings are measured too, and is removed afterwards. Files go to
@@ -54,6 +71,15 @@ DTYPE = "float32"
 #: the issue's targets
 CACHED_TARGET_GBPS = 10.0
 COLD_TARGET = 0.7
+DECODE_TARGET_GBPS = 5.0
+#: the values' precision (module docstring)
+QUANTUM = 1e-3
+#: the zstd store: an inner chunk (one zstd frame) is a day's rows, cut into as few
+#: equal bands as keep it within this size: a 0.25 degree day (4.2 MB) is 7 bands of 103
+#: rows (0.6 MB), so a shard is 2555 frames, which nvCOMP decodes in one batch; each band
+#: is a contiguous slab of the shard, decoded in place
+ZSTD_FRAME_BYTES = 2**20
+STORES = ("uncompressed", "zstd")
 #: share of the workers' memory the store may take (it is held whole once read), and
 #: of the free disk space
 MEMORY_SHARE = {"gpu": 0.6, "cpu": 0.3}
@@ -91,6 +117,14 @@ class ZarrPlan:
     def chunk_bytes(self) -> int:
         return math.prod(self.chunks) * np.dtype(DTYPE).itemsize
 
+    @property
+    def zstd_inner(self) -> tuple[int, int, int]:
+        """The zstd store's inner chunk (see ZSTD_FRAME_BYTES)."""
+        _, lat, lon = self.shape
+        row = lon * np.dtype(DTYPE).itemsize
+        bands = next((k for k in range(1, lat + 1) if lat % k == 0 and (lat // k) * row <= ZSTD_FRAME_BYTES), lat)
+        return (1, lat // bands, lon)
+
 
 def prepare_zarr(options: Options, *, sizes: str = "auto", runs: int = 3, timeout: float = 900,
                  label: str | None = None, inventory: Inventory | None = None,
@@ -106,8 +140,9 @@ def prepare_zarr(options: Options, *, sizes: str = "auto", runs: int = 3, timeou
                     scale=scale, runs=runs, timeout=timeout, directory=directory, label=label,
                     **({"measure_ceilings": ceilings.not_measured} if no_ceilings else {}))
     free = shutil.disk_usage(directory).free
-    if plan.nbytes > DISK_SHARE * free:
-        raise ParamError(f"sizes: the {scale} store takes {format_bytes(plan.nbytes)}, more than "
+    # both stores lie on the disk at once; the zstd one is counted as large as the other
+    if 2 * plan.nbytes > DISK_SHARE * free:
+        raise ParamError(f"sizes: the {scale} stores take up to {format_bytes(2 * plan.nbytes)}, more than "
                          f"{DISK_SHARE:.0%} of the {format_bytes(free)} free in {directory} (--local-directory)")
     if launch.kind == "gpu":
         memory = sum(g.memory_total for g in inventory.gpus if g.index in launch.devices)
@@ -175,9 +210,32 @@ def warm(path: str) -> None:
 # --- the run
 
 
-def measure_zarr(plan: ZarrPlan, client, path: str, *, log: Callable[[str], None]) -> dict:
-    """Write, then read cold and cached ``plan.runs`` times each; seconds per run, and
-    whether every read gave the written bits."""
+def _quantize(block):
+    from workflows.backend import module_of
+
+    xp = module_of(block)
+    return (xp.round(block / QUANTUM) * QUANTUM).astype(block.dtype)
+
+
+def zstd_array(path: str, plan: ZarrPlan):
+    """The zstd store, created (metadata only): shards of a chunk, inner chunks of
+    ``plan.zstd_inner``, zarr's default zstd (level 0, no checksum)."""
+    import zarr
+
+    return zarr.create_array(store=path, shape=plan.shape, chunks=plan.zstd_inner, shards=plan.chunks, dtype=DTYPE,
+                             zarr_format=3, compressors=zarr.codecs.ZstdCodec(level=0, checksum=False),
+                             overwrite=True)
+
+
+def stored_bytes(path: str) -> int:
+    return sum(os.path.getsize(f) for f in store_files(path))
+
+
+def measure_zarr(plan: ZarrPlan, client, directory: str, *, log: Callable[[str], None]) -> dict:
+    """For each store: write, then read cold and cached ``plan.runs`` times each; seconds
+    per run, whether every read gave the written bits, the bytes stored, and (zstd) what
+    the workers decoded on the GPU and on the host."""
+    import dask.array as da
     from distributed import wait
 
     from workflows import random, zarr_io
@@ -191,21 +249,30 @@ def measure_zarr(plan: ZarrPlan, client, path: str, *, log: Callable[[str], None
         if plan.kind == "gpu":
             client.run(synchronize_device)
 
-    source = client.persist(random.uniform(plan.shape, plan.chunks, seed=0, dtype=DTYPE, backend=backend))
+    def decoded():
+        return client.run(zarr_io.decode_counters)
+
+    source = random.uniform(plan.shape, plan.chunks, seed=0, dtype=DTYPE, backend=backend)
+    source = client.persist(source.map_blocks(_quantize, dtype=source.dtype))
     wait(source, timeout=plan.timeout)
     expected = int(client.compute(fingerprint(source)).result(timeout=plan.timeout))
 
-    t0 = time.perf_counter()
-    client.compute(zarr_io.store(source, path)).result(timeout=plan.timeout)
-    settle()
-    unsynced = time.perf_counter() - t0
-    sync_and_drop(path)
-    write_s = time.perf_counter() - t0
-    log(f"zarr write        {format_bytes(plan.nbytes)} in {write_s:.2f} s ({unsynced:.2f} s before fsync)")
-    del source
-    wait_released(client)
+    def write(name: str, path: str) -> dict:
+        t0 = time.perf_counter()
+        if name == "uncompressed":
+            graph = zarr_io.store(source, path)
+        else:
+            graph = da.store(source, zstd_array(path, plan), lock=False, compute=False)
+        client.compute(graph).result(timeout=plan.timeout)
+        settle()
+        unsynced = time.perf_counter() - t0
+        sync_and_drop(path)
+        seconds = time.perf_counter() - t0
+        log(f"zarr {name:<12} write        {format_bytes(plan.nbytes)} in {seconds:.2f} s "
+            f"({unsynced:.2f} s before fsync)")
+        return {"runs": [{"seconds": seconds, "seconds_before_fsync": unsynced, "bits_equal": True}]}
 
-    def read(label: str, prepare: Callable[[], None]) -> list[dict]:
+    def read(name: str, path: str, label: str, prepare: Callable[[], None]) -> list[dict]:
         runs = []
         for i in range(plan.runs):
             prepare()
@@ -218,17 +285,37 @@ def measure_zarr(plan: ZarrPlan, client, path: str, *, log: Callable[[str], None
             del array
             wait_released(client)
             runs.append({"seconds": seconds, "bits_equal": same})
-            log(f"zarr {label:<12} run {i + 1}: {seconds:.3f} s ({plan.nbytes / seconds / 1e9:.2f} GB/s)"
+            log(f"zarr {name:<12} {label:<12} run {i + 1}: {seconds:.3f} s ({plan.nbytes / seconds / 1e9:.2f} GB/s)"
                 + ("" if same else "  BITS DIFFER from what was written"))
         return runs
 
-    cold = read("cold read", lambda: sync_and_drop(path))
-    cached = read("cached read", lambda: warm(path))
-    return {
-        "write": {"runs": [{"seconds": write_s, "seconds_before_fsync": unsynced, "bits_equal": True}]},
-        "cold_read": {"runs": cold},
-        "cached_read": {"runs": cached},
-    }
+    measured = {}
+    paths = {name: os.path.join(directory, f"{name}.zarr") for name in STORES}
+    for name in STORES:
+        measured[name] = {"write": write(name, paths[name]), "stored_bytes": stored_bytes(paths[name])}
+    del source  # the reads hold a whole store: the source goes first
+    wait_released(client)
+    for name in STORES:
+        before = decoded()
+        measured[name]["cold_read"] = {"runs": read(name, paths[name], "cold read", lambda: sync_and_drop(paths[name]))}
+        measured[name]["cached_read"] = {"runs": read(name, paths[name], "cached read", lambda: warm(paths[name]))}
+        measured[name]["decoded"] = _difference(before, decoded())
+        shutil.rmtree(paths[name], ignore_errors=True)
+    return measured
+
+
+def _difference(before: dict, after: dict) -> dict:
+    """Decode counters gained per worker, summed over workers per place (gpu, host);
+    ``workers`` counts those that decoded there."""
+    out = {}
+    for where in ("gpu", "host"):
+        gained = [{k: after[w][where][k] - before.get(w, {}).get(where, {}).get(k, 0) for k in ("bytes", "frames",
+                                                                                                "seconds")}
+                  for w in after]
+        used = [g for g in gained if g["frames"]]
+        out[where] = {"bytes": sum(g["bytes"] for g in used), "frames": sum(g["frames"] for g in used),
+                      "seconds": sum(g["seconds"] for g in used), "workers": len(used)}
+    return out
 
 
 def ceiling_of(name: str, kind: str, gbps: dict, n_gpus: int) -> tuple[str | None, float | None]:
@@ -244,28 +331,51 @@ def ceiling_of(name: str, kind: str, gbps: dict, n_gpus: int) -> tuple[str | Non
 
 
 def summarize(measured: dict, *, nbytes: int, kind: str, gbps: dict, n_gpus: int) -> dict:
+    """Per store: median seconds, GB/s (array bytes; and of stored bytes), against the
+    ceilings; for zstd, the compression ratio and the decode rates."""
     out = {}
-    for name in MEASURES:
-        runs = measured[name]["runs"]
-        seconds = statistics.median(r["seconds"] for r in runs)
-        ceiling, value = ceiling_of(name, kind, gbps, n_gpus)
-        rate = nbytes / seconds / 1e9
-        out[name] = {**measured[name], "seconds": seconds, "gbps": rate, "ceiling": ceiling, "ceiling_gbps": value,
-                     "ratio_to_ceiling": rate / value if value else None,
-                     "bits_equal": all(r["bits_equal"] for r in runs)}
+    for store, m in measured.items():
+        stored = m.get("stored_bytes") or nbytes
+        entry = {"stored_bytes": stored, "ratio": nbytes / stored if stored else None}
+        for name in MEASURES:
+            runs = m[name]["runs"]
+            seconds = statistics.median(r["seconds"] for r in runs)
+            ceiling, value = ceiling_of(name, kind, gbps, n_gpus)
+            rate = nbytes / seconds / 1e9
+            # the disk moves stored bytes: a compressed store is judged on those
+            moved = stored / seconds / 1e9 if name != "cached_read" else rate
+            entry[name] = {**m[name], "seconds": seconds, "gbps": rate, "stored_gbps": stored / seconds / 1e9,
+                           "ceiling": ceiling, "ceiling_gbps": value,
+                           "ratio_to_ceiling": moved / value if value else None,
+                           "bits_equal": all(r["bits_equal"] for r in runs)}
+        decoded = m.get("decoded")
+        if decoded is not None and store != "uncompressed":
+            entry["decode"] = {where: {**d, "gbps_per_worker": d["bytes"] / d["seconds"] / 1e9 if d["seconds"] else None}
+                               for where, d in decoded.items()}
+        out[store] = entry
     return out
 
 
-def targets(summary: dict, kind: str) -> list[dict]:
-    """The issue's targets; met is null on CPU workers (they are the GPU host's)."""
-    cached = summary["cached_read"]["gbps"]
-    cold = summary["cold_read"]["ratio_to_ceiling"]
-    return [
-        {"target": f"page-cached read into device chunks >= {CACHED_TARGET_GBPS:.0f} GB/s per host",
-         "value": cached, "met": None if kind != "gpu" else cached >= CACHED_TARGET_GBPS},
-        {"target": f"cold read >= {COLD_TARGET:.0%} of the disk read ceiling", "value": cold,
-         "met": None if kind != "gpu" or cold is None else cold >= COLD_TARGET},
-    ]
+def targets(stores: dict, kind: str) -> list[dict]:
+    """The issue's targets, per store; met is null on CPU workers (they are the GPU host's)."""
+    out = []
+    judged = kind == "gpu"
+    for store, s in stores.items():
+        cached = s["cached_read"]["gbps"]
+        cold = s["cold_read"]["ratio_to_ceiling"]
+        out += [
+            {"store": store, "target": f"{store}: page-cached read into device chunks >= {CACHED_TARGET_GBPS:.0f} GB/s "
+                                       "per host", "value": cached, "unit": "GB/s",
+             "met": None if not judged else cached >= CACHED_TARGET_GBPS},
+            {"store": store, "target": f"{store}: cold read >= {COLD_TARGET:.0%} of the disk read ceiling",
+             "value": cold, "unit": "ratio", "met": None if not judged or cold is None else cold >= COLD_TARGET},
+        ]
+        if "decode" in s:
+            gpu = s["decode"]["gpu"]["gbps_per_worker"]
+            out.append({"store": store, "target": f"{store}: decoded on the GPU >= {DECODE_TARGET_GBPS:.0f} GB/s per GPU",
+                        "value": gpu, "unit": "GB/s",
+                        "met": None if not judged else (gpu is not None and gpu >= DECODE_TARGET_GBPS)})
+    return out
 
 
 def run_zarr_bench(plan: ZarrPlan, out_dir: Path, *, stream=sys.stderr) -> tuple[dict, dict[str, Path]]:
@@ -285,17 +395,16 @@ def run_zarr_bench(plan: ZarrPlan, out_dir: Path, *, stream=sys.stderr) -> tuple
     measured_ceilings = plan.measure_ceilings(plan.kind, plan.devices, plan.chunk_bytes, log=log,
                                               directory=plan.directory)
     path = tempfile.mkdtemp(prefix="spillway-zarr-bench-", dir=plan.directory)
-    store = os.path.join(path, "days.zarr")
     try:
         with open_cluster(plan.options, inventory=plan.inventory) as session:
             client = session.client
             io_paths = client.run(_io_path) if plan.kind == "gpu" else {}
-            measured = measure_zarr(plan, client, store, log=log)
+            measured = measure_zarr(plan, client, path, log=log)
             cluster = {"kind": session.kind, "n_workers": session.n_workers}
     finally:
         shutil.rmtree(path, ignore_errors=True)
     n_gpus = len(plan.devices) if plan.kind == "gpu" else 0
-    summary = summarize(measured, nbytes=plan.nbytes, kind=plan.kind, gbps=measured_ceilings.gbps, n_gpus=n_gpus)
+    stores = summarize(measured, nbytes=plan.nbytes, kind=plan.kind, gbps=measured_ceilings.gbps, n_gpus=n_gpus)
     results = {
         "what": "zarr write and read",
         "machine": machine,
@@ -309,6 +418,7 @@ def run_zarr_bench(plan: ZarrPlan, out_dir: Path, *, stream=sys.stderr) -> tuple
         "runs": plan.runs,
         "shape": list(plan.shape),
         "chunks": list(plan.chunks),
+        "zstd_inner_chunks": list(plan.zstd_inner),
         "dtype": DTYPE,
         "bytes": plan.nbytes,
         "directory": plan.directory,
@@ -316,8 +426,8 @@ def run_zarr_bench(plan: ZarrPlan, out_dir: Path, *, stream=sys.stderr) -> tuple
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "ceilings": dict(measured_ceilings.gbps),
         "ceilings_skipped": dict(measured_ceilings.skipped),
-        **summary,
-        "targets": targets(summary, plan.kind),
+        "stores": stores,
+        "targets": targets(stores, plan.kind),
     }
     name = report.stem(machine, started, "zarr" + (f"-{plan.label}" if plan.label else ""))
     paths = report.write(results, out_dir, name, render=markdown, draw=plot)
@@ -330,26 +440,45 @@ def run_zarr_bench(plan: ZarrPlan, out_dir: Path, *, stream=sys.stderr) -> tuple
 
 
 def _rows(results: dict) -> list[list[str]]:
-    rows = [["", "s (median)", "GB/s", "ceiling", "of ceiling", "bits"]]
-    for name in MEASURES:
-        m = results[name]
-        ceiling = "—" if m["ceiling_gbps"] is None else f"{m['ceiling']} {m['ceiling_gbps']:.1f}"
-        ratio = "—" if m["ratio_to_ceiling"] is None else f"{100 * m['ratio_to_ceiling']:.0f}%"
-        rows.append([name.replace("_", " "), f"{m['seconds']:.3f}", f"{m['gbps']:.2f}", ceiling, ratio,
-                     "equal" if m["bits_equal"] else "DIFFER"])
+    rows = [["store", "", "s (median)", "GB/s", "stored GB/s", "ceiling", "of ceiling", "bits"]]
+    for store, st in results["stores"].items():
+        for name in MEASURES:
+            m = st[name]
+            ceiling = "—" if m["ceiling_gbps"] is None else f"{m['ceiling']} {m['ceiling_gbps']:.1f}"
+            ratio = "—" if m["ratio_to_ceiling"] is None else f"{100 * m['ratio_to_ceiling']:.0f}%"
+            rows.append([store, name.replace("_", " "), f"{m['seconds']:.3f}", f"{m['gbps']:.2f}",
+                         f"{m['stored_gbps']:.2f}", ceiling, ratio, "equal" if m["bits_equal"] else "DIFFER"])
     return rows
+
+
+def _decode_lines(results: dict) -> list[str]:
+    lines = []
+    for store, st in results["stores"].items():
+        for where, d in st.get("decode", {}).items():
+            if d["frames"]:
+                rate = "—" if d["gbps_per_worker"] is None else f"{d['gbps_per_worker']:.2f} GB/s per worker"
+                lines.append(f"{store}: decoded on the {where}: {format_bytes(d['bytes'])} in {d['frames']} frames, "
+                             f"{d['seconds']:.2f} s, {rate} ({d['workers']} workers)")
+        if store != "uncompressed" and st.get("ratio"):
+            lines.append(f"{store}: {format_bytes(st['stored_bytes'])} stored, ratio {st['ratio']:.2f}")
+    return lines
+
+
+def _value(t: dict) -> str:
+    if t["value"] is None:
+        return "—"
+    return f"{t['value']:.2f} GB/s" if t["unit"] == "GB/s" else f"{100 * t['value']:.0f}%"
 
 
 def short_table(results: dict) -> str:
     rows = _rows(results)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(widths[i]) if i in (0, 3) else c.rjust(widths[i]) for i, c in enumerate(r))
+    lines = ["  ".join(c.ljust(widths[i]) if i in (0, 1, 5) else c.rjust(widths[i]) for i, c in enumerate(r))
              for r in rows]
+    lines += _decode_lines(results)
     for t in results["targets"]:
-        value = "—" if t["value"] is None else (f"{t['value']:.2f} GB/s" if "GB/s" in t["target"]
-                                                else f"{100 * t['value']:.0f}%")
         met = "not judged (CPU workers)" if t["met"] is None else ("met" if t["met"] else "NOT met")
-        lines.append(f"target: {t['target']}: {value}, {met}")
+        lines.append(f"target: {t['target']}: {_value(t)}, {met}")
     return "\n".join(lines)
 
 
@@ -357,14 +486,16 @@ def markdown(results: dict) -> str:
     m = results["machine"]
     gpus = ", ".join(f"{g['name']} ({format_bytes(g['memory_total'])})" for g in m["gpus"]) or "none"
     rows = _rows(results)
+    inner = "x".join(map(str, results["zstd_inner_chunks"]))
     lines = [
         f"# spillway bench --zarr: {m['name']}",
         "",
         f"- started {results['started']}, finished {results['finished']}",
         *([f"- label `{results['label']}`"] if results.get("label") else []),
-        f"- store: {format_bytes(results['bytes'])} {results['dtype']} {'x'.join(map(str, results['shape']))}, "
-        f"chunks {'x'.join(map(str, results['chunks']))}, uncompressed, in `{results['directory']}`; "
-        f"sizes `{results['sizes']}`, {results['runs']} runs of each read, median shown",
+        f"- stores: {format_bytes(results['bytes'])} {results['dtype']} {'x'.join(map(str, results['shape']))}, "
+        f"chunks {'x'.join(map(str, results['chunks']))}: `uncompressed` (spillway's output path), and `zstd` "
+        f"(shards of that size, inner chunks {inner} each its own zstd frame, written by zarr); in "
+        f"`{results['directory']}`; sizes `{results['sizes']}`, {results['runs']} runs of each read, median shown",
         f"- workers: {results['cluster']['n_workers']} {results['workers']}; GPUs: {gpus}; "
         f"driver {m['driver_version']}, CUDA {m['cuda_driver_version']}",
         f"- chunk I/O: {'; '.join(results['io_path'])}",
@@ -372,12 +503,15 @@ def markdown(results: dict) -> str:
         "- stack: " + ", ".join(f"{k} {v}" for k, v in m["stack"].items() if v),
         "",
         "Write: until the files are on disk (fsync). Cold read: the store's pages dropped first. Cached read: "
-        "the store in the page cache. GB/s are 10^9 bytes per second; every read is checked bit for bit "
-        "against what was written.",
+        "the store in the page cache. GB/s are 10^9 array (decoded) bytes per second; stored GB/s count the bytes "
+        "in the files, and the disk ceilings are judged on those. Every read is checked bit for bit against what "
+        "was written.",
         "",
         "| " + " | ".join(rows[0]) + " |",
-        "| --- |" + " ---: |" * 3 + " --- | ---: |",
-        *("| " + " | ".join(r[:5]) + f" | {r[5]} |" for r in rows[1:]),
+        "| --- | --- |" + " ---: |" * 3 + " --- | ---: | --- |",
+        *("| " + " | ".join(r) + " |" for r in rows[1:]),
+        "",
+        *(f"- {line}" for line in _decode_lines(results)),
         "",
         "## Targets",
         "",
@@ -385,9 +519,7 @@ def markdown(results: dict) -> str:
         "| --- | ---: | --- |",
     ]
     for t in results["targets"]:
-        value = "—" if t["value"] is None else (f"{t['value']:.2f} GB/s" if "GB/s" in t["target"]
-                                                else f"{100 * t['value']:.0f}%")
-        lines.append(f"| {t['target']} | {value} | "
+        lines.append(f"| {t['target']} | {_value(t)} | "
                      f"{'not judged (CPU workers)' if t['met'] is None else 'yes' if t['met'] else 'no'} |")
     lines += ["", "## Ceilings", "", "| ceiling | GB/s |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.1f} |" for k, v in results["ceilings"].items()]
@@ -401,23 +533,25 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n.replace("_", " ") for n in MEASURES]
-    measured = [results[n]["gbps"] for n in MEASURES]
-    limits = [results[n]["ceiling_gbps"] for n in MEASURES]
-    x = np.arange(len(MEASURES))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.bar(x - 0.2, measured, width=0.4, label="spillway")
+    bars = [(store, n) for store in results["stores"] for n in MEASURES]
+    names = [f"{store}\n{n.replace('_', ' ')}" for store, n in bars]
+    measured = [results["stores"][s][n]["gbps"] for s, n in bars]
+    limits = [results["stores"][s][n]["ceiling_gbps"] for s, n in bars]
+    x = np.arange(len(bars))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    ax.bar(x - 0.2, measured, width=0.4, label="spillway (array bytes)")
     ax.bar(x + 0.2, [v or 0 for v in limits], width=0.4, label="ceiling", color="lightgray", edgecolor="gray")
-    for i, n in enumerate(MEASURES):
-        ratio = results[n]["ratio_to_ceiling"]
+    for i, (s, n) in enumerate(bars):
+        ratio = results["stores"][s][n]["ratio_to_ceiling"]
         if ratio is not None:
             ax.annotate(f"{100 * ratio:.0f}%", (i - 0.2, measured[i]), ha="center", va="bottom", fontsize=8)
         if limits[i]:
-            ax.annotate(results[n]["ceiling"], (i + 0.2, limits[i]), ha="center", va="bottom", fontsize=7)
+            ax.annotate(results["stores"][s][n]["ceiling"], (i + 0.2, limits[i]), ha="center", va="bottom",
+                        fontsize=7)
     if results["workers"] == "gpu":
         ax.axhline(CACHED_TARGET_GBPS, color="black", linestyle="--", linewidth=1,
                    label=f"cached-read target {CACHED_TARGET_GBPS:.0f} GB/s")
-    ax.set_xticks(x, names)
+    ax.set_xticks(x, names, fontsize=8)
     ax.set_ylabel("GB/s")
     ax.legend()
     label = f", {results['label']}" if results.get("label") else ""

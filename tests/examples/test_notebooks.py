@@ -164,19 +164,29 @@ def test_climatology_notebook_on_cpu(tmp_path, monkeypatch):
     assert outputs(nb, "image/png"), "no figure"
 
 
+#: the climatology's size on the GPU host: 8 years of a 0.25 degree grid, 12.1 GB of float32
+GPU_YEARS = 8
+
+
 @pytest.mark.gpu
-@pytest.mark.timeout(1200)
-def test_climatology_notebook_on_gpus(tmp_path, monkeypatch, capsys):
+@pytest.mark.timeout(900)
+def test_climatology_notebook_on_one_gpu(tmp_path, monkeypatch, capsys):
+    """12 GB written by xarray from CuPy chunks (sharded zstd), read back and decoded by
+    one GPU, the climatology checked against NumPy float64."""
     from service.gpus import discover
 
     if not len(discover()):
         pytest.skip("needs a GPU")
+    monkeypatch.setenv("DASK_SPILLWAY__DEVICES", str(discover().gpus[0].index))  # one GPU, whatever the host has
+    monkeypatch.setenv("CLIMATOLOGY_YEARS", str(GPU_YEARS))
     monkeypatch.setenv("DASK_SPILLWAY__DASHBOARD_ADDRESS", "127.0.0.1:0")
-    nb = execute("climatology.ipynb", tmp_path, cell_timeout=900)
+    nb = execute("climatology.ipynb", tmp_path, cell_timeout=600)
     s = summary(nb)
     report_line(capsys, "climatology notebook", s)
-    assert s["kind"] == "gpu" and s["shape"] == [12, 721, 1440]
-    # the reduction ran on CuPy chunks read by spillway's GPU reader
+    assert s["kind"] == "gpu" and s["n_workers"] == 1 and s["shape"] == [12, 721, 1440]
+    assert s["store_bytes"] == GPU_YEARS * 365 * 721 * 1440 * 4 >= 12e9
+    # the reduction ran on CuPy chunks read by spillway's GPU reader, every day's zstd frame decoded by nvCOMP
     assert s["array_module"] == "cupy" and s["rel_error"] <= 1e-5
     assert s["chunk_io"] and all(m.startswith("KvikIO") for m in s["chunk_io"]), s["chunk_io"]
+    assert s["frames_decoded_on_gpus"] >= GPU_YEARS * 365
     assert outputs(nb, "image/png"), "no figure"

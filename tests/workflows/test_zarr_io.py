@@ -14,7 +14,7 @@ import pytest
 import zarr
 
 from workflows import zarr_io
-from workflows.zarr_io import CODECS, RAW, ZSTD, HostIO
+from workflows.zarr_io import CODECS, RAW, SHARDED, ZSTD, HostIO
 
 
 def _array(path, data, chunks, **kw):
@@ -37,14 +37,21 @@ def _data(shape=(10, 7), dtype="float32"):
     ({"compressors": zarr.codecs.BloscCodec()}, CODECS),
     ({"compressors": None, "serializer": zarr.codecs.BytesCodec(endian="big")}, CODECS),
     ({"compressors": None, "filters": [zarr.codecs.TransposeCodec(order=(1, 0))]}, CODECS),
-    ({"compressors": None, "shards": (8, 6)}, CODECS),
+    ({"compressors": None, "shards": (8, 6)}, SHARDED),
+    ({"shards": (8, 6)}, SHARDED),
+    ({"shards": (8, 6), "compressors": zarr.codecs.GzipCodec()}, CODECS),
 ])
 def test_layout_names_the_codec_chains_the_direct_path_takes(tmp_path, kw, expected):
     z = _array(tmp_path / "x.zarr", _data(), (4, 3), **kw)
     layout = zarr_io.layout_of(z)
     assert layout.encoding == expected
     assert layout.root == str(tmp_path / "x.zarr") and os.path.isabs(layout.root)
-    assert layout.chunk_shape == (4, 3) and layout.dask_chunks() == ((4, 4, 2), (3, 3, 1))
+    if "shards" in kw:  # a dask block per shard
+        assert layout.chunk_shape == (8, 6) and layout.dask_chunks() == ((8, 2), (6, 1))
+        if expected == SHARDED:
+            assert (layout.inner_shape, layout.inner_grid) == ((4, 3), (2, 2))
+    else:
+        assert layout.chunk_shape == (4, 3) and layout.dask_chunks() == ((4, 4, 2), (3, 3, 1))
 
 
 def test_chunk_paths_follow_both_key_encodings(tmp_path):
@@ -89,6 +96,62 @@ def test_direct_reads_equal_zarr_bit_for_bit(tmp_path, dtype, kw):
         assert got.tobytes() == data[region].tobytes(), coords
 
 
+@pytest.mark.parametrize("shape, shards, inner", [
+    ((10, 7), (8, 6), (4, 3)),  # inner chunks interleave: assembled by one copy
+    ((10, 7), (8, 6), (1, 6)),  # rows of the shard: each inner chunk a slab, no copy
+    ((9, 4, 5), (6, 4, 5), (2, 4, 5)),  # days of a record, as the bench and notebook write
+    ((9, 4, 5), (6, 4, 5), (1, 2, 5)),
+])
+@pytest.mark.parametrize("kw", [{}, {"compressors": None}, {"fill_value": 3.0}])
+def test_direct_reads_of_shards_equal_zarr_bit_for_bit(tmp_path, shape, shards, inner, kw):
+    data = np.round(np.random.default_rng(2).standard_normal(shape), 2).astype("float32")
+    data[:inner[0]] = kw.get("fill_value", 0)  # inner chunks of fill values: not stored in the shard
+    data[-1] = -0.0 if "fill_value" not in kw else 3.0
+    z = _array(tmp_path / "s.zarr", data, inner, shards=shards, **kw)
+    layout = zarr_io.layout_of(z)
+    assert layout.encoding == SHARDED and layout.inner_encoding == (RAW if "compressors" in kw else ZSTD)
+    index = zarr_io.shard_index(layout, layout.chunk_path((0,) * len(shape)),
+                                os.path.getsize(layout.chunk_path((0,) * len(shape))))
+    assert (index[0] == 2**64 - 1).all()  # the first inner chunk holds only the fill value
+    for coords, block_shape, region in _each_block(layout):
+        got = zarr_io.read_direct(layout, coords, block_shape, HostIO())
+        assert got.shape == block_shape and got.flags.c_contiguous
+        assert got.tobytes() == data[region].tobytes(), coords
+
+
+def test_a_damaged_shard_index_falls_back_to_zarr(tmp_path):
+    z = _array(tmp_path / "s.zarr", _data(), (4, 3), shards=(8, 6))
+    layout = zarr_io.layout_of(z)
+    path = layout.chunk_path((1, 0))
+    with open(path, "r+b") as f:
+        f.seek(-6, os.SEEK_END)
+        f.write(b"\x01")  # a bit of the index, under its CRC32C
+    with pytest.raises(zarr_io._Fallback, match="CRC32C"):
+        zarr_io.read_direct(layout, (1, 0), (2, 6), HostIO())
+
+
+def test_zstd_frame_headers_are_checked_before_decoding():
+    import numcodecs
+
+    frame = numcodecs.Zstd(level=3).encode(np.arange(1000, dtype="float32"))
+    assert zarr_io.zstd_content_size(frame[:18]) == 4000
+    zarr_io.check_zstd_headers([frame[:18]], [4000])
+    with pytest.raises(zarr_io._Fallback, match="states 4000 bytes, expected 4004"):
+        zarr_io.check_zstd_headers([frame[:18]], [4004])
+    with pytest.raises(zarr_io._Fallback, match="not a zstd frame"):
+        zarr_io.check_zstd_headers([b"\0" * 18], [4000])
+
+
+def test_only_many_frames_per_chunk_are_decoded_on_the_gpu(tmp_path):
+    plain = zarr_io.layout_of(_array(tmp_path / "z.zarr", _data(), (4, 3)))
+    assert plain.encoding == ZSTD and plain.frames_per_chunk == 1 and not plain.gpu_decodes()
+    days = np.zeros((730, 4, 5), "float32")
+    sharded = zarr_io.layout_of(_array(tmp_path / "s.zarr", days, (1, 4, 5), shards=(365, 4, 5)))
+    assert sharded.frames_per_chunk == 365 and sharded.gpu_decodes()
+    raw = zarr_io.layout_of(_array(tmp_path / "r.zarr", days, (1, 4, 5), shards=(365, 4, 5), compressors=None))
+    assert not raw.gpu_decodes()  # nothing to decode
+
+
 def test_a_chunk_file_of_the_wrong_size_falls_back_to_zarr(tmp_path):
     z = _array(tmp_path / "x.zarr", _data(), (4, 3), compressors=None)
     layout = zarr_io.layout_of(z)
@@ -130,12 +193,12 @@ def test_dask_graph_of_the_device_path_reads_and_writes_like_zarr(tmp_path, monk
     they write is the CPU path's, file for file, and reads back equal."""
     monkeypatch.setattr(zarr_io, "kvikio_available", lambda: True)
     monkeypatch.setattr(zarr_io, "_gpu_io", HostIO)
-    monkeypatch.setattr(zarr_io, "_is_device", lambda array: True)
+    monkeypatch.setattr(zarr_io, "_on_device", lambda block: True)
     data = _data((50, 33), "float32")
     x = da.from_array(data, chunks=(20, 15))
     written = zarr_io.store(x, str(tmp_path / "gpu.zarr"))
     assert int(written.compute(scheduler="sync")) == 9 * 20 * 15 * 4  # edge chunks are written whole
-    monkeypatch.setattr(zarr_io, "_is_device", lambda array: False)
+    monkeypatch.setattr(zarr_io, "_on_device", lambda block: False)
     da.compute(zarr_io.store(x, str(tmp_path / "cpu.zarr")), scheduler="sync")
     assert _files(tmp_path / "gpu.zarr") == _files(tmp_path / "cpu.zarr")
 
@@ -197,3 +260,83 @@ def test_kvikio_reads_and_writes_on_the_gpu_equal_zarr(tmp_path, kw):
     da.compute(zarr_io.store(da.from_array(data, chunks=(20, 15)), str(tmp_path / "cpu.zarr")), scheduler="sync")
     assert _files(tmp_path / "gpu.zarr") == _files(tmp_path / "cpu.zarr")
     assert zarr_io.describe()["mode"].startswith("KvikIO")
+
+
+class DeviceLike:
+    """A stand-in for a CuPy chunk on CPU: it exports ``__cuda_array_interface__`` and,
+    like CuPy, refuses to become a NumPy array implicitly."""
+
+    def __init__(self, host):
+        self.host = np.ascontiguousarray(host)
+        self.shape, self.dtype, self.ndim, self.size = host.shape, host.dtype, host.ndim, host.size
+        self.nbytes = host.nbytes
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (0, False), "version": 3}
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use `.get()` ...")
+
+    def __array_function__(self, func, types, args, kwargs):  # a duck array to dask, as CuPy is
+        return NotImplemented
+
+    def __getitem__(self, index):
+        return DeviceLike(self.host[index])
+
+    def astype(self, dtype, **kwargs):
+        return DeviceLike(self.host.astype(dtype))
+
+    def get(self):
+        return self.host.copy()
+
+
+def _device_chunks(data, chunks):
+    """A dask array whose blocks are DeviceLike while its meta says NumPy, as for many
+    graphs that make CuPy chunks."""
+    return da.from_array(data, chunks=chunks).map_blocks(DeviceLike, meta=np.empty((0,) * data.ndim, data.dtype))
+
+
+def test_dask_store_of_device_chunks_into_zarr_fails_without_and_writes_with_the_host_buffer(tmp_path):
+    from workflows import zarr_buffers
+
+    data = _data((50, 33), "float32")
+    for installed in (False, True):
+        target = zarr.create_array(store=str(tmp_path / f"{installed}.zarr"), shape=data.shape, chunks=(20, 15),
+                                   dtype=data.dtype, zarr_format=3)
+        if not installed:  # zarr's CPU buffer: CuPy's refusal, as on the GPU host
+            with pytest.raises(TypeError, match="Implicit conversion to a NumPy array"):
+                da.store(_device_chunks(data, (20, 15)), target, lock=False, scheduler="sync")
+            continue
+        before = zarr.config.get("ndbuffer")
+        try:
+            zarr_buffers.install()
+            assert zarr_buffers.installed()
+            da.store(_device_chunks(data, (20, 15)), target, lock=False, scheduler="sync")
+            # reads are zarr's CPU path unchanged: NumPy
+            back = zarr.open_array(str(tmp_path / f"{installed}.zarr"))[...]
+        finally:
+            zarr.config.set({"ndbuffer": before})
+        assert type(back) is np.ndarray and back.tobytes() == data.tobytes()
+
+
+def test_store_decides_by_each_block_not_the_meta(tmp_path, monkeypatch):
+    """Device blocks under a NumPy meta (what random.uniform and most workflows give on
+    GPUs) take the device path; NumPy blocks are written by zarr."""
+    monkeypatch.setattr(zarr_io, "kvikio_available", lambda: True)
+    monkeypatch.setattr(zarr_io, "_gpu_io", HostIO)
+    sent = []
+    direct = zarr_io.write_direct
+
+    def write_direct(layout, coords, block, io):
+        sent.append(coords)
+        return direct(layout, coords, block.get(), io)  # the stand-in's bytes, over host buffers
+
+    monkeypatch.setattr(zarr_io, "write_direct", write_direct)
+    data = _data((40, 30), "float32")
+    da.compute(zarr_io.store(_device_chunks(data, (20, 15)), str(tmp_path / "d.zarr")), scheduler="sync")
+    assert len(sent) == 4
+    da.compute(zarr_io.store(da.from_array(data, chunks=(20, 15)), str(tmp_path / "h.zarr")), scheduler="sync")
+    assert len(sent) == 4  # host blocks did not take the device path
+    assert zarr.open_array(str(tmp_path / "d.zarr"))[...].tobytes() == data.tobytes()
+    assert zarr.open_array(str(tmp_path / "h.zarr"))[...].tobytes() == data.tobytes()

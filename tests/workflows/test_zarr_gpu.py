@@ -1,0 +1,157 @@
+"""On the GPU host: Zarr with device chunks on spillway's own local cluster
+(``service.local()``, one worker per GPU). A user's ``da.to_zarr`` / ``da.store`` /
+``xarray.Dataset.to_zarr`` of CuPy-backed arrays writes (zarr's defaults: zstd; and
+sharded), ``--output`` of a workflow whose graph says NumPy but makes CuPy chunks writes,
+and sharded zstd stores decode on the GPU with nvCOMP to zarr's bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SHAPE, CHUNKS = (730, 96, 128), (365, 96, 128)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from service.gpus import discover
+
+    if not len(discover()):
+        pytest.skip("needs a GPU")
+    pytest.importorskip("cupy")
+    import service
+
+    with service.local(dashboard_address="127.0.0.1:0") as c:
+        assert c.kind == "gpu"
+        yield c
+
+
+def _device_record(seed=0):
+    """A CuPy-backed dask array made on the workers (its meta says CuPy) and the same
+    values in NumPy: temperatures to 0.01 K, as stored records hold them."""
+    import cupy
+    import dask.array as da
+
+    host = da.random.default_rng(seed).standard_normal(SHAPE, chunks=CHUNKS, dtype=np.float32)
+    host = da.round(250 + 10 * host, 2).astype(np.float32)
+    device = host.map_blocks(cupy.asarray, meta=cupy.empty((0, 0, 0), np.float32))
+    return device, host
+
+
+def _rel_error(got, reference) -> float:
+    got, reference = np.asarray(got, np.float64), np.asarray(reference, np.float64)
+    return float(np.linalg.norm(got - reference) / np.linalg.norm(reference))
+
+
+def _ndbuffer(dask_worker=None):
+    import zarr
+
+    return zarr.config.get("ndbuffer")
+
+
+def test_gpu_workers_give_zarr_the_host_buffer(cluster):
+    from workflows import zarr_buffers
+
+    assert set(cluster.client.run(_ndbuffer).values()) == {zarr_buffers.QUALNAME}
+
+
+def test_da_to_zarr_of_cupy_chunks_writes_on_the_cluster(cluster, tmp_path):
+    import dask.array as da
+    import zarr
+
+    device, host = _device_record()
+    expected = cluster.compute(host)
+    da.to_zarr(device, str(tmp_path / "default.zarr"))  # zarr's defaults: zstd, one frame per chunk
+    stored = zarr.open_array(str(tmp_path / "default.zarr"))
+    assert [type(c).__name__ for c in stored.compressors] == ["ZstdCodec"]
+    assert stored[...].tobytes() == expected.tobytes()
+
+    # sharded (what GPU reads want): dask's store into an array the user created
+    target = zarr.create_array(store=str(tmp_path / "sharded.zarr"), shape=SHAPE, chunks=(1, 96, 128),
+                               shards=CHUNKS, dtype="float32", zarr_format=3)
+    da.store(device, target, lock=False)
+    assert zarr.open_array(str(tmp_path / "sharded.zarr"))[...].tobytes() == expected.tobytes()
+
+    # and read back by spillway's reader into CuPy chunks, to the same bits
+    back = cluster.open(str(tmp_path / "sharded.zarr"))
+    got = cluster.compute(back)
+    assert type(got).__module__.startswith("cupy") and got.get().tobytes() == expected.tobytes()
+
+
+def test_xarray_to_zarr_of_a_cupy_backed_dataset_writes_on_the_cluster(cluster, tmp_path):
+    import pandas as pd
+    import xarray as xr
+
+    device, host = _device_record(seed=1)
+    expected = cluster.compute(host)
+    time = pd.date_range("2001-01-01", periods=SHAPE[0], freq="D")
+    ds = xr.Dataset({"t2m": (("time", "lat", "lon"), device)}, coords={"time": time})
+    for name, encoding in (("default", {}), ("sharded", {"t2m": {"chunks": (1, 96, 128), "shards": CHUNKS}})):
+        path = str(tmp_path / f"{name}.zarr")
+        ds.to_zarr(path, mode="w", consolidated=False, encoding=encoding)
+        back = xr.open_zarr(path, consolidated=False)
+        assert back.t2m.shape == SHAPE and (back.time.values == time.values).all()
+        values = back.t2m.values
+        assert values.tobytes() == expected.tobytes(), name
+        assert _rel_error(values, expected) == 0.0
+
+
+def test_output_of_a_workflow_with_cupy_chunks_under_a_numpy_meta(cluster, tmp_path):
+    """``cluster.run(..., output=)``: the workflow's graph says NumPy (random.uniform) while
+    its chunks are CuPy; the store is written from the device and reads back to the seeds."""
+    import zarr
+
+    from workflows import random
+
+    out = tmp_path / "rows.zarr"
+    report = cluster.run("slice", size="4000x3000", step=7, output=str(out), progress=False)
+    assert report["bytes_written"] > 0
+    stored = zarr.open_array(str(out), mode="r")
+    reference = random.uniform_numpy((4000, 3000), seed=0)[::7]
+    assert stored.shape == reference.shape
+    assert _rel_error(stored[...], reference) <= 1e-12
+
+
+def test_sharded_zstd_decodes_on_the_gpu_to_zarrs_bits(tmp_path):
+    """In this process: a shard of 365 zstd frames is decoded by nvCOMP in one batch
+    (the counters say the GPU decoded every stored frame), equal to zarr's own read."""
+    cupy = pytest.importorskip("cupy")
+    pytest.importorskip("kvikio")
+    pytest.importorskip("nvidia.nvcomp")
+    import zarr
+
+    from workflows import zarr_io
+
+    data = np.round(250 + 10 * np.random.default_rng(3).standard_normal(SHAPE), 2).astype(np.float32)
+    data[:10] = 0  # ten days of fill: inner chunks not stored
+    z = zarr.create_array(store=str(tmp_path / "s.zarr"), shape=SHAPE, chunks=(1, 96, 128), shards=CHUNKS,
+                          dtype="float32", zarr_format=3)
+    z[...] = data
+    layout = zarr_io.layout_of(z)
+    assert layout.encoding == zarr_io.SHARDED and layout.gpu_decodes()
+    before = zarr_io.decode_counters()["gpu"]
+    got = zarr_io.open_array(str(tmp_path / "s.zarr"), "cupy").compute(scheduler="threads")
+    after = zarr_io.decode_counters()["gpu"]
+    assert isinstance(got, cupy.ndarray) and cupy.asnumpy(got).tobytes() == z[...].tobytes()
+    assert after["frames"] - before["frames"] == SHAPE[0] - 10
+    assert after["bytes"] - before["bytes"] == (SHAPE[0] - 10) * 96 * 128 * 4
+
+
+def test_nvcomp_batch_decode_equals_numcodecs():
+    """The batch decode alone, frames of several sizes, against numcodecs' Zstd."""
+    cupy = pytest.importorskip("cupy")
+    pytest.importorskip("kvikio")
+    pytest.importorskip("nvidia.nvcomp")
+    import numcodecs
+
+    from workflows import zarr_io
+
+    rng = np.random.default_rng(4)
+    chunks = [np.round(rng.standard_normal(n), 2).astype(np.float32) for n in (1, 1000, 2**16, 2**20, 3 * 2**20)]
+    frames = [cupy.asarray(np.frombuffer(numcodecs.Zstd(level=3).encode(c), np.uint8)) for c in chunks]
+    outs = [cupy.empty(c.nbytes, cupy.uint8) for c in chunks]
+    zarr_io.KvikIO().decode_zstd(frames, outs)
+    for out, chunk in zip(outs, chunks):
+        assert cupy.asnumpy(out).tobytes() == chunk.tobytes()
