@@ -75,10 +75,14 @@ def check_label(label: str | None) -> str | None:
     return label
 
 
-def stem(machine: dict, when: datetime | None = None, label: str | None = None) -> str:
-    """``<machine>-<date>``, then ``-<label>`` where the run has one."""
+def stem(machine: dict | str, when: datetime | None = None, label: str | None = None, *, day: bool = False) -> str:
+    """``<machine>-<date>``, then ``-<label>`` where the run has one; the date is the
+    UTC time to the second, or the day alone with ``day`` (files that several runs of
+    one day add to, as the out-of-core matrix's)."""
     when = when or datetime.now(timezone.utc)
-    return f"{machine['name']}-{when:%Y-%m-%dT%H%M%SZ}" + (f"-{label}" if label else "")
+    name = machine if isinstance(machine, str) else machine["name"]
+    date = f"{when:%Y-%m-%d}" if day else f"{when:%Y-%m-%dT%H%M%SZ}"
+    return f"{name}-{date}" + (f"-{label}" if label else "")
 
 
 def _ratio(a, b):
@@ -269,7 +273,7 @@ def _pct(v):
     return "—" if v is None else f"{100 * v:.0f}%"
 
 
-def _bytes(v):
+def fmt_bytes(v):
     return "—" if v is None else format_bytes(v)
 
 
@@ -318,8 +322,8 @@ def markdown(results: dict) -> str:
         lines.append(
             f"| {w['name']}: {w['description']} | {_s(w['spillway_s'])} | {_s(w['baseline_s'])} "
             f"| {_s(w['speedup'], '{:.2f}x')} | {bw} | {_pct(w['transfer_ratio_to_peer_copy'])} "
-            f"| {_s(w['baseline_transfer_gbps_median'], '{:.1f}')} | {_bytes(w['bytes_moved'])} "
-            f"| {_bytes(w['bytes_spilled'])} / {_bytes(w['baseline_bytes_spilled'])} |"
+            f"| {_s(w['baseline_transfer_gbps_median'], '{:.1f}')} | {fmt_bytes(w['bytes_moved'])} "
+            f"| {fmt_bytes(w['bytes_spilled'])} / {fmt_bytes(w['baseline_bytes_spilled'])} |"
         )
     lines += _spill_section(results["workloads"])
     lines += _tiers_section(results["workloads"])
@@ -391,14 +395,14 @@ def _spill_section(workloads: list[dict]) -> list[str]:
                 for move, m in moves.items():
                     if m["bytes"] or m["seconds"]:
                         rows.append(f"| {w['name']} | {label} | {move.replace('_to_', ' -> ')} "
-                                    f"| {_bytes(m['bytes'])} | {_s(m['seconds'])} "
+                                    f"| {fmt_bytes(m['bytes'])} | {_s(m['seconds'])} "
                                     f"| {_s(m['gbps_per_worker'], '{:.1f}')} | {_of_ceiling(m)} "
                                     f"| {waited} |")
         else:
-            rows.append(f"| {w['name']} | spillway | {_bytes(w.get('bytes_spilled'))} spilled | — | — | — | — "
+            rows.append(f"| {w['name']} | spillway | {fmt_bytes(w.get('bytes_spilled'))} spilled | — | — | — | — "
                         f"| not measured: no tiered store on these workers |")
         if w.get("baseline_spill_throughput"):
-            rows.append(f"| {w['name']} | baseline | {_bytes(w.get('baseline_bytes_spilled'))} spilled | — | — "
+            rows.append(f"| {w['name']} | baseline | {fmt_bytes(w.get('baseline_bytes_spilled'))} spilled | — | — "
                         f"| — | — | {w['baseline_spill_throughput']} |")
     if not rows:
         return []
@@ -425,7 +429,7 @@ def _tiers_section(workloads: list[dict]) -> list[str]:
         r, v = w.get("resident_after_persist"), w.get("verify")
         if not v and not (r and (r.get("host") or r.get("disk"))):
             continue
-        tiers = " / ".join(_bytes((r or {}).get(t)) for t in ("device", "host", "disk"))
+        tiers = " / ".join(fmt_bytes((r or {}).get(t)) for t in ("device", "host", "disk"))
         check = "—" if not v else (f"{'OK' if v['ok'] else 'FAILED'}: {v['rel_error']:.1e} "
                                    f"(reference in {v['reference_s']:.0f} s)")
         rows.append(f"| {w['name']} | {_s(w.get('persist_s'))} | {_s(w.get('spillway_s'))} | {tiers} | {check} |")
