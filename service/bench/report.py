@@ -120,7 +120,18 @@ def spill_ratio(throughput: dict | None) -> float | None:
     return min(ratios) if ratios and None not in ratios else None
 
 
-def workload_entry(workload, scale: str, sides: dict, ceilings) -> dict:
+def bound_of(side: dict, ceilings, n_workers: int) -> dict | None:
+    """One side's copy bound (:mod:`.copybound`) next to its median time, where it moved
+    bytes between device, host and disk; None where nothing moved or nothing was counted."""
+    from . import copybound
+
+    moves = copybound.move_bytes(side.get("spill_moves"))
+    if not any(moves.values()):
+        return None
+    return copybound.with_time(copybound.copy_bound(moves, ceilings.gbps, n_workers), side.get("median_s"))
+
+
+def workload_entry(workload, scale: str, sides: dict, ceilings, n_workers: int = 1) -> dict:
     """The JSON object of one workload."""
     detail = {side: sides[side].to_json() for side in SIDES if side in sides}
     sp, base = detail.get("spillway", {}), detail.get("baseline", {})
@@ -163,6 +174,11 @@ def workload_entry(workload, scale: str, sides: dict, ceilings) -> dict:
     entry["spill_ratio_to_pinned"] = spill_ratio(throughput)
     entry["restore_wait_s"] = sp.get("restore_wait_s")
     entry["baseline_spill_throughput"] = BASELINE_SPILL if base and not base.get("skipped") else None
+    entry["sized_from_gpu_bytes"] = getattr(workload, "sized_from", None)
+    entry["copy_bound"] = bound_of(sp, ceilings, n_workers) if sp else None
+    entry["copy_bound_s"] = (entry["copy_bound"] or {}).get("bound_s")
+    entry["time_over_copy_bound"] = (entry["copy_bound"] or {}).get("ratio")
+    entry["baseline_copy_bound"] = bound_of(base, ceilings, n_workers) if base and not base.get("skipped") else None
     entry.update(detail)
     return entry
 
@@ -223,7 +239,8 @@ def targets(workloads: list[dict], kind: str) -> list[dict]:
 
 
 def build_results(*, machine, ceilings, plan, outcome, started, finished) -> dict:
-    entries = [workload_entry(w, plan.scale, outcome["results"][w.name], ceilings) for w in plan.workloads]
+    entries = [workload_entry(w, plan.scale, outcome["results"][w.name], ceilings, plan.launch.n_workers)
+               for w in plan.workloads]
     return {
         "machine": machine,
         "label": plan.label,
@@ -326,6 +343,7 @@ def markdown(results: dict) -> str:
             f"| {fmt_bytes(w['bytes_spilled'])} / {fmt_bytes(w['baseline_bytes_spilled'])} |"
         )
     lines += _spill_section(results["workloads"])
+    lines += _bound_section(results["workloads"])
     lines += _tiers_section(results["workloads"])
     lines += timeline.markdown_section(results)
     if results.get("targets"):
@@ -416,6 +434,35 @@ def _spill_section(workloads: list[dict]) -> list[str]:
             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |", *rows]
 
 
+def _bound_section(workloads: list[dict]) -> list[str]:
+    """Per workload that moved data between tiers: bytes each way, the copy bound at the
+    rates of the same run, the median time and their ratio (spillway; the baseline's
+    bound from its counted bytes)."""
+    rows = []
+    for w in workloads:
+        b = w.get("copy_bound")
+        if not b:
+            continue
+        m = {k: v["bytes"] for k, v in b["moves"].items()}
+        disk = (f"{fmt_bytes(m.get('host_to_disk'))} / {fmt_bytes(m.get('disk_to_host'))}"
+                if m.get("host_to_disk") or m.get("disk_to_host") else "—")
+        bound = ("no " + ", ".join(b["missing"])) if b["missing"] else _s(b["bound_s"])
+        base = w.get("baseline_copy_bound") or {}
+        rows.append(f"| {w['name']} | {fmt_bytes(m.get('device_to_host'))} / {fmt_bytes(m.get('host_to_device'))} "
+                    f"| {disk} | {bound} | {_s(w['spillway_s'])} | {_s(b.get('ratio'), '{:.1f}x')} "
+                    f"| {_s(base.get('bound_s'))} | {_s(w['baseline_s'])} | {_s(base.get('ratio'), '{:.1f}x')} |")
+    if not rows:
+        return []
+    return ["", "## Copy bound", "",
+            "Bytes each way per timed run (median, summed over workers) over the rates of the same run: "
+            "device <-> host at the pinned copy ceilings, one link per GPU; host <-> disk at the disk tier's "
+            "fsync'd write and uncached read (the page cache can beat them). The moves are added up; x bound "
+            "is the median time over the bound.", "",
+            "| workload | D->H / H->D | disk W / R | bound s | spillway s | x bound | baseline bound s "
+            "| baseline s | baseline x bound |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", *rows]
+
+
 def _of_ceiling(move: dict) -> str:
     if move.get("ratio_to_ceiling") is None:
         return "—"
@@ -442,7 +489,7 @@ def _tiers_section(workloads: list[dict]) -> list[str]:
 
 def short_table(results: dict) -> str:
     """The few columns printed last on the terminal."""
-    rows = [("workload", "spillway s", "baseline s", "speedup", "xfer GB/s", "of peer")]
+    rows = [("workload", "spillway s", "baseline s", "speedup", "xfer GB/s", "of peer", "x copy bound")]
     for w in results["workloads"]:
         errors = [s for s in SIDES if (w.get(s) or {}).get("error")]
         expected = (w.get("baseline") or {}).get("expected_failure") and errors == ["baseline"]
@@ -451,6 +498,7 @@ def short_table(results: dict) -> str:
             ("baseline failed (expected)" if expected else "failed: " + ",".join(errors) if errors else
              "no baseline" if w.get("baseline_skipped") else _s(w["speedup"], "{:.2f}x")),
             _s(w["transfer_gbps_median"], "{:.1f}"), _pct(w["transfer_ratio_to_peer_copy"]),
+            _s(w.get("time_over_copy_bound"), "{:.1f}x"),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
@@ -474,6 +522,10 @@ def plot(results: dict, path: Path) -> None:
     for offset, side in drawn:
         values = [w[f"{side}_s"] or 0 for w in ws]
         ax_t.bar(x + offset, values, width=0.4, label=side)
+    bounded = [(i, w["copy_bound_s"]) for i, w in enumerate(ws) if w.get("copy_bound_s")]
+    if bounded:
+        ax_t.scatter([i - 0.2 for i, _ in bounded], [b for _, b in bounded], marker="_", s=250, color="black",
+                     zorder=3, label="spillway's copy bound")
     for i, w in enumerate(ws):
         if w["speedup"]:
             top = max(w["spillway_s"] or 0, w["baseline_s"] or 0)
