@@ -28,6 +28,6 @@ if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
   echo "matrix-slices.sh: slice $slice cut off after 575 s; the table holds the cases that finished" | tee -a "$log"
   dmesg 2>/dev/null | grep -iE "out of memory|killed process" | tail -3 >>"$log"
 fi
-grep -E "^(matrix |ceiling |[a-z-]+ +(ok|refused|FAILED) )" "$log" | tail -20
+grep -E "^(matrix |ceiling |[a-z_-]+ +(ok|refused|FAILED) )" "$log" | tail -20
 echo "exit $rc"
 cat "$out/matrix-$slice.txt"

@@ -417,8 +417,8 @@ def _spill_section(workloads: list[dict]) -> list[str]:
                                     f"| {_s(m['gbps_per_worker'], '{:.1f}')} | {_of_ceiling(m)} "
                                     f"| {waited} |")
         else:
-            rows.append(f"| {w['name']} | spillway | {fmt_bytes(w.get('bytes_spilled'))} spilled | — | — | — | — "
-                        f"| not measured: no tiered store on these workers |")
+            rows.append(f"| {w['name']} | spillway | {fmt_bytes(w.get('bytes_spilled'))} spilled "
+                        f"| — | — | — | — | not measured: no tiered store on these workers |")
         if w.get("baseline_spill_throughput"):
             rows.append(f"| {w['name']} | baseline | {fmt_bytes(w.get('baseline_bytes_spilled'))} spilled | — | — "
                         f"| — | — | {w['baseline_spill_throughput']} |")

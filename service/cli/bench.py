@@ -177,7 +177,10 @@ def _matrix(flags, out_dir, selector, merge_dir, budget, timeout, **workload_fla
         scale = matrix.cpu_scale(n_workers=options.n_workers or 2)
         kind = "cpu"
     else:
-        scale, kind = matrix.gpu_scale(), "gpu"
+        try:
+            scale, kind = matrix.gpu_scale(), "gpu"
+        except RuntimeError as e:
+            raise ParamError(f"matrix: {e}; --cpu runs the cases on CPU workers at a small stand-in scale") from None
 
     def local():
         from ..local import Local
