@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..report import fmt_bytes, stem
+from ..render import fmt_bytes
+from ..report import stem
 from .cases import cases
 
 SUFFIX = "ooc-matrix"
