@@ -13,7 +13,7 @@ the disk is the host's one. The moves are added, not overlapped (a copy engine e
 could overlap device -> host with host -> device): the bound is what serial copies would
 take, and ``time / bound`` is how many times that the run took. The store writes to disk
 through the page cache, so a run may beat the fsync'd ``disk_write`` rate while the cache
-has room; a ratio below 1 is possible there.
+has room; with copies both ways overlapping, or the page cache, a ratio below 1 is possible.
 """
 
 from __future__ import annotations
