@@ -40,7 +40,7 @@ def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", r
     label, inventory, launch, options, scale = checked_launch(
         options, sizes=sizes, runs=runs, label=label, inventory=inventory,
         no_attach="bench starts its own clusters")
-    workloads = select(only)
+    workloads = [w.for_machine(_gpu_bytes(launch, inventory)) for w in select(only)]
     check_fits(workloads, scale, launch.kind, _budget(launch, inventory))
     earlier = None
     if merge_into is not None:
@@ -86,6 +86,14 @@ def _earlier(path: Path, machine: str, scale: str, runs: int) -> dict:
             f"this run is {machine} at {scale} sizes with {runs} runs"
         )
     return data
+
+
+def _gpu_bytes(launch, inventory: Inventory) -> int | None:
+    """Total memory of the GPUs the run uses (B4 and B5 are sized from it at full size);
+    None on CPU workers."""
+    if launch.kind != "gpu":
+        return None
+    return sum(g.memory_total for g in inventory.gpus if g.index in launch.devices) or None
 
 
 def _budget(launch, inventory: Inventory) -> int:

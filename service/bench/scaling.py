@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ParamError
-from . import report
+from . import render, report
 from .workloads import WORKLOADS, Workload, data_bytes
 
 #: the worker count whose sizes the weak mode keeps per worker (the issue's 2 x H200 host)
@@ -374,12 +374,6 @@ def _fmt(v, fmt="{:.3f}"):
     return "—" if v is None else fmt.format(v)
 
 
-def _gb(v):
-    from ..sizes import format_bytes
-
-    return "—" if v is None else format_bytes(v)
-
-
 def _shape(s):
     return "—" if not s else "x".join(map(str, s))
 
@@ -392,7 +386,7 @@ def _cells(row) -> tuple[str, ...]:
     return (str(row["workers"]), _shape(row["shape"]), time_s, _fmt(row["relative_time"], "{:.2f}x"),
             _fmt(row["efficiency"], "{:.2f}"), _fmt(row["transfer_gbps_median"], "{:.1f}"),
             f"{_fmt(row['transfer_gbps_p25'], '{:.1f}')} / {_fmt(row['transfer_gbps_p75'], '{:.1f}')}",
-            _gb(row["bytes_moved"]))
+            render.fmt_bytes(row["bytes_moved"]))
 
 
 def text_table(combined: dict) -> str:

@@ -13,8 +13,11 @@ B3 (out of core: inputs at 1.5 times the GPUs' memory, persisted over device, pi
 and disk) runs only when named (``--only B3``), on spillway's side only, with its own
 memory options per scale, and its result is checked against a NumPy float64 reference.
 
-B4 (``(x @ y).sum()`` beyond the GPUs' memory) and B5 (an all-to-all rechunk of 200 GB,
-then ``.sum()``) run against the baseline and are checked against NumPy float64 too
+B4 (``(x @ y).sum()`` of operands that hold 1.3x the GPUs' memory together) and B5 (an
+all-to-all rechunk of an array of 1.3x the GPUs' memory, then ``.sum()``) are sized at
+``full`` from the GPUs of the machine they run on (:meth:`Workload.for_machine`, applied
+when the bench is planned), so one command is out of core on one H100 or four H200s. They
+run against the baseline and are checked against NumPy float64 too
 (:mod:`.reference`: shortcuts that never form ``x @ y`` or the rechunked array). B5's
 baseline is what a user writes for plain dask-cuda, ``x.rechunk(...)`` with dask's default
 method (P2P at that size whenever a client is up), which is known to fail there; its
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -93,6 +96,19 @@ class Workload:
     baseline_expected_failure: str | None = None
     #: the issue's speedup target over the baseline, where the workload has one
     speedup_target: float | None = None
+    #: ``full`` sized from the machine: (total bytes of the GPUs) -> the scale's parameters
+    #: (B4, B5: 1.3x the GPUs' memory, whatever the host)
+    machine_sized: Callable[[int], Mapping[str, Any]] | None = None
+    #: the GPUs' total bytes ``full`` was sized from (:meth:`for_machine`), else None
+    sized_from: int | None = None
+
+    def for_machine(self, device_bytes: int | None) -> "Workload":
+        """This workload with ``full`` sized for GPUs of ``device_bytes`` in all, where its
+        full size follows the machine (None, on CPU workers: the nominal full size)."""
+        if self.machine_sized is None or not device_bytes:
+            return self
+        return replace(self, sizes={**self.sizes, "full": self.machine_sized(device_bytes)},
+                       sized_from=int(device_bytes))
 
     def timed_runs(self, scale: str, runs: int) -> int:
         return min(runs, self.max_runs.get(scale, runs))
@@ -122,7 +138,10 @@ class Workload:
         p = self.params(scale)
         shape = "x".join(map(str, p["shape"]))
         chunks = "x".join(map(str, p["chunks"]))
-        return f"{self.title} {shape} {p['dtype']}, chunks {chunks}"
+        sized = ""
+        if scale == "full" and self.sized_from:
+            sized = f" ({data_bytes(p) / self.sized_from:.2f}x the GPUs' {self.sized_from / 1e9:.1f} GB)"
+        return f"{self.title} {shape} {p['dtype']}, chunks {chunks}{sized}"
 
     def build(self, scale: str, target: Target, seed: int, side: str = "spillway") -> Built:
         """The lazy collection one ``side`` ("spillway" or "baseline") computes."""
@@ -369,16 +388,41 @@ def _matmul_square(shape, chunks):
     return _square(shape, chunks, inputs=2, array_shape=shape)
 
 
+#: B4's operands together and B5's array at this times the GPUs' memory at full size
+OUT_OF_CORE_FACTOR = 1.3
+#: full-size sides are rounded up to a multiple of this
+SIDE_STEP = 1000
+
+
+def side_for(nbytes: float, arrays: int = 1, itemsize: int = 8) -> int:
+    """The side of ``arrays`` square arrays holding at least ``nbytes`` together, rounded
+    up to a multiple of :data:`SIDE_STEP`."""
+    side = math.sqrt(nbytes / (arrays * itemsize))
+    return max(SIDE_STEP, math.ceil(side / SIDE_STEP) * SIDE_STEP)
+
+
+def b4_full(device_bytes: int) -> dict:
+    """x and y square float64 holding 1.3x the GPUs' memory together, chunks 10000^2."""
+    n = side_for(OUT_OF_CORE_FACTOR * device_bytes, arrays=2)
+    return _matmul_square((n, n), (min(n, 10000),) * 2)
+
+
 _add(Workload(
     name="B4", title="(x @ y).sum() beyond the GPUs' memory", workflow="matmul",
-    # full: x and y 80 GB each, 240 GB with the product's chunks on 2 x 141 GB; plain
-    # dask-cuda took 46.5 s on the GPU host (inputs generated in the graph)
+    # full: x and y together 1.3x the GPUs' memory (84000^2 each, 112.9 GB, on one H100 80 GB;
+    # 157000^2 on 2 x H200), chunks 10000^2; the nominal 100000^2 is what runs without GPUs
     sizes={"full": _matmul_square((100000, 100000), (10000, 10000)),
            "small": _matmul_square((40000, 40000), (10000, 10000)),
            "tiny": _matmul_square((1200, 1200), (300, 300))},
+    machine_sized=b4_full,
     direct=_matmul, then=_sum,
     workflow_params=lambda p: {"size": list(p["shape"]), "chunks": list(p["chunks"]), "dtype": p["dtype"]},
     default=False, reference=_b4_reference, speedup_target=1.5,
+    # plain dask-cuda ran out of device memory on (x @ y).sum() of 70000^2 operands on one
+    # H100 (the matrix's user-code matmul): recorded as its result, the target then being
+    # that spillway completes with NumPy's answer
+    baseline_expected_failure="plain dask-cuda ran out of device memory on (x @ y).sum() past the GPU "
+                              "(70000^2 operands on one H100 80 GB)",
     # at full size one run takes about a minute on each side, the reference another: a
     # warm-up and one checked run per side is what a 10-minute device call holds
     max_runs={"full": 1},
@@ -403,12 +447,20 @@ def _panels_square(n, rows):
     return _square((n, n), (rows, n), array_shape=(n, n), to_chunks=(n, rows), out_chunks=(n, rows))
 
 
+def b5_full(device_bytes: int) -> dict:
+    """A square float64 array of 1.3x the GPUs' memory, 1000-row panels to 1000-column panels."""
+    return _panels_square(side_for(OUT_OF_CORE_FACTOR * device_bytes), 1000)
+
+
 _add(Workload(
     name="B5", title="rechunk row panels to column panels, then .sum()", workflow="rechunk",
-    # full: 158113^2 float64 (200 GB) in 1000-row panels to 1000-column panels
+    # full: 1.3x the GPUs' memory (118000^2 float64, 111.4 GB, on one H100 80 GB; 222000^2 on
+    # 2 x H200) in 1000-row panels to 1000-column panels; the nominal 158113^2 (200 GB) is
+    # what runs without GPUs
     sizes={"full": _panels_square(158113, 1000),
            "small": _panels_square(60000, 1000),
            "tiny": _panels_square(2000, 50)},
+    machine_sized=b5_full,
     direct=_rechunk, then=_sum, baseline_direct=_rechunk_sum_user,
     workflow_params=lambda p: {"size": list(p["shape"]), "chunks": list(p["chunks"]), "dtype": p["dtype"]},
     baseline_expected_failure=("plain dask-cuda with dask's default (P2P) rechunk failed on the GPU host: "

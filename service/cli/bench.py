@@ -53,10 +53,21 @@ from .options import cluster_options, resolve
                    "--local-directory and read them back into chunks (CuPy on GPUs, zstd decoded by nvCOMP), cold "
                    "and page-cached, against the disk and host-copy ceilings, with the GPU decode rate; writes "
                    "<machine>-<date>-zarr.{json,md,png}.")
+@click.option("--matrix", "matrix_slice", default=None, metavar="SLICE",
+              help="Run the out-of-core matrix instead of the workloads: a slice (1 ... 10, the order to run "
+                   "them in), 'all', or case ids separated by commas (cli-fft,user-code-qr); each case sized to "
+                   "1.3x the GPUs' memory, checked against NumPy, with its copy bound. Adds its rows to "
+                   "<out>/<machine>-<date>-ooc-matrix.{json,md,png} after every case.")
+@click.option("--matrix-merge", type=click.Path(exists=True, file_okay=False), default=None, metavar="DIR",
+              help="Join every *-ooc-matrix.json under DIR (slices fetched from separate device calls) into "
+                   "the matrix file of their machine and first day in --out.")
+@click.option("--budget", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="With --matrix: no case starts after this many seconds (it gets a row saying so), so a "
+                   "slice ends inside a device call's limit.")
 @cluster_options
 @fail_cleanly
 def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_baseline, label, timeline,
-          link_sweep, sweep_sizes, zarr_io, options_flags):
+          link_sweep, sweep_sizes, zarr_io, matrix_slice, matrix_merge, budget, options_flags):
     """Run each workload on spillway's cluster and on plain LocalCUDACluster(protocol="ucx")
     (plain LocalCluster on CPU), and report times, speedups, transfer bandwidth against the
     hardware ceilings, bytes moved and spilled.
@@ -76,7 +87,15 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_basel
       spillway bench --only W1,W2,W5,B2 --timeline    # where each worker's time goes
       spillway bench --link-sweep                     # GB/s against message size, 8 MiB to 2 GiB
       spillway bench --zarr --sizes full              # 100 GB Zarr stores written and read by the GPUs
+      spillway bench --matrix 1 --budget 420          # out-of-core matrix, slice 1 (tall-skinny linalg)
+      spillway bench --matrix-merge fetched/ --out benchmarks/results
     """
+    if matrix_slice is not None or matrix_merge is not None:
+        return _matrix(options_flags, out_dir, matrix_slice, matrix_merge, budget, timeout,
+                       only=only, merge_into=merge_into, no_baseline=no_baseline, timeline=timeline,
+                       link_sweep=link_sweep, zarr=zarr_io, label=label)
+    if budget is not None:
+        raise ParamError("budget: only used with --matrix")
     if zarr_io:
         return _zarr_bench(resolve(options_flags), out_dir, sizes, runs, timeout, label, no_ceilings,
                            only=only, merge_into=merge_into, no_baseline=no_baseline, timeline=timeline,
@@ -129,4 +148,55 @@ def _zarr_bench(options, out_dir, sizes, runs, timeout, label, no_ceilings, **wo
     if not all(store[name]["bits_equal"] for store in results["stores"].values()
                for name in ("write", "cold_read", "cached_read")):
         click.echo("spillway: a read gave other bits than were written (see the log)", err=True)
+        sys.exit(1)
+
+
+def _matrix(flags, out_dir, selector, merge_dir, budget, timeout, **workload_flags):
+    """The out-of-core matrix: one slice on this machine, or slices' files joined."""
+    from ..bench import matrix
+    from ..bench.matrix.slices import run_slice, short_table
+
+    given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
+    if given:
+        raise ParamError(f"matrix: runs the out-of-core cases, not the workloads; {', '.join(given)} does not apply")
+    if merge_dir is not None:
+        if selector is not None:
+            raise ParamError("matrix-merge: joins files; run --matrix SLICE as its own command")
+        files = sorted(Path(merge_dir).rglob("*-ooc-matrix.json"))
+        if not files:
+            raise ParamError(f"matrix-merge: no *-ooc-matrix.json under {merge_dir}")
+        paths = matrix.merge_files(files, Path(out_dir))
+        for path in paths.values():
+            click.echo(f"wrote {path}", err=True)
+        return
+    options = resolve(flags)
+    set_flags = {k: v for k, v in flags.items() if v is not None}
+    # the cli cases get the same flags as the local cluster
+    cli_args = tuple(a for k, v in set_flags.items()
+                     for a in ((f"--{k.replace('_', '-')}" if v else f"--no-{k.replace('_', '-')}",)
+                               if isinstance(v, bool) else (f"--{k.replace('_', '-')}", str(v))))
+    if options.cpu:
+        scale = matrix.cpu_scale(n_workers=options.n_workers or 2)
+        kind = "cpu"
+    else:
+        try:
+            scale, kind = matrix.gpu_scale(), "gpu"
+        except RuntimeError as e:
+            raise ParamError(f"matrix: {e}; --cpu runs the cases on CPU workers at a small stand-in scale") from None
+
+    def local():
+        from ..local import Local
+
+        return Local(options)
+
+    try:
+        rows, _ = run_slice(selector, Path(out_dir), scale=scale, kind=kind, local=local, cli_args=cli_args,
+                            timeout=min(timeout, 580), budget=budget, directory=options.local_directory,
+                            log=lambda m: click.echo(m, err=True))
+    except ValueError as e:
+        raise ParamError(str(e)) from None
+    click.echo(short_table(rows))
+    bad = [r["case"] for r in rows if not (r["ok"] or r["refused"])]
+    if bad:
+        click.echo(f"spillway: matrix cases without NumPy's answer: {', '.join(bad)}", err=True)
         sys.exit(1)

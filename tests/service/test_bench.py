@@ -909,14 +909,124 @@ def test_b4_and_b5_build_the_same_value_on_both_sides_and_match_numpy(name):
 
 def test_b4_and_b5_sizes_and_targets():
     b4, b5 = workloads.WORKLOADS["B4"], workloads.WORKLOADS["B5"]
+    # the nominal full sizes, used where there is no GPU to size them from
     assert b4.params("full")["shape"] == (100000, 100000) and b4.input_bytes("full") == 160_000_000_000
     assert b5.params("full")["shape"] == (158113, 158113)
     assert b5.params("full")["chunks"] == (1000, 158113) and b5.params("full")["to_chunks"] == (158113, 1000)
     assert 199.9e9 < b5.input_bytes("full") < 200.1e9
+    assert b4.for_machine(None) is b4 and b4.sized_from is None
     assert b4.speedup_target == 1.5 and workloads.WORKLOADS["B2"].speedup_target == 5.0
-    assert b5.baseline_expected_failure and b4.baseline_expected_failure is None
+    assert b5.baseline_expected_failure and "out of device memory" in b4.baseline_expected_failure
     assert b4.timed_runs("full", 3) == b5.timed_runs("full", 3) == 1 and b4.timed_runs("small", 3) == 3
     assert [w.name for w in workloads.select(None)] == NAMES  # named with --only, like B3
+    # small and tiny stay fixed for tests and CI
+    assert b4.for_machine(85 * 10**9).params("tiny") == b4.params("tiny")
+    assert b5.for_machine(85 * 10**9).params("small") == b5.params("small")
+
+
+H100 = 85_520_809_984  # NVML's memory_total of an H100 80 GB
+
+
+@pytest.mark.parametrize("gpu_bytes, b4_side, b5_side", [
+    (H100, 84000, 118000),           # one H100 80 GB
+    (4 * 141 * 10**9, 215000, 303000),  # four H200
+])
+def test_b4_and_b5_at_full_size_hold_1_3x_the_gpus_memory(gpu_bytes, b4_side, b5_side):
+    b4 = workloads.WORKLOADS["B4"].for_machine(gpu_bytes)
+    b5 = workloads.WORKLOADS["B5"].for_machine(gpu_bytes)
+    assert b4.params("full")["shape"] == (b4_side, b4_side) and b4.params("full")["chunks"] == (10000, 10000)
+    assert b5.params("full")["shape"] == (b5_side, b5_side)
+    assert b5.params("full")["chunks"] == (1000, b5_side) and b5.params("full")["to_chunks"] == (b5_side, 1000)
+    for w in (b4, b5):
+        # x and y together (B4), the array (B5): 1.3x, up to the rounding of a side to 1000
+        assert 1.3 * gpu_bytes <= w.input_bytes("full") <= 1.33 * gpu_bytes
+        assert w.sized_from == gpu_bytes and "x the GPUs'" in w.describe("full")
+    # the reference is read off the sized parameters: B4's shortcut at B4's shape
+    assert b4.params("full")["array_shape"] == (b4_side, b4_side)
+
+
+def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
+    import functools
+
+    import service.bench
+    from service.launch.plan import plan as launch_plan
+    from tests.helpers.stand_ins import h200_host
+
+    # GPU workers on the stand-in host, as where dask-cuda and CuPy are installed
+    monkeypatch.setattr(service.bench, "launch_plan",
+                        functools.partial(launch_plan, have_cuda_stack=True, have_ucxx=False))
+    one = prepare(Options.resolve(), only="B4,B5,B2", sizes="full", inventory=h200_host(1))
+    two = prepare(Options.resolve(), only="B4,B5", sizes="full", inventory=h200_host(2))
+    b2, b4, b5 = one.workloads
+    assert b4.sized_from == 141 * 10**9 and b4.params("full")["shape"] == (108000, 108000)
+    assert b5.params("full")["shape"] == (152000, 152000)
+    assert b2.params("full") == workloads.WORKLOADS["B2"].params("full")  # B2 keeps its definition
+    assert [w.sized_from for w in two.workloads] == [282 * 10**9] * 2
+    assert two.workloads[0].input_bytes("full") > 1.9 * b4.input_bytes("full")
+    # CPU workers: nothing to size from
+    cpu = prepare(Options.resolve(cpu=True, n_workers=2), only="B4", sizes="tiny", inventory=Inventory(reason="t"))
+    assert cpu.workloads[0].sized_from is None
+
+
+def test_copy_bound_adds_each_way_over_the_rates_of_the_run():
+    from service.bench import copybound
+
+    gbps = {"d2h_pinned": 50.0, "h2d_pinned": 40.0, "disk_write": 1.0, "disk_read": 2.0}
+    moves = {"device_to_host": 100 * 10**9, "host_to_device": 80 * 10**9, "host_to_disk": 3 * 10**9,
+             "disk_to_host": 4 * 10**9}
+    one = copybound.copy_bound(moves, gbps, 1)
+    assert one["bound_s"] == pytest.approx(2.0 + 2.0 + 3.0 + 2.0)
+    assert one["moves"]["host_to_device"] == {"bytes": 80 * 10**9, "ceiling": "h2d_pinned", "ceiling_gbps": 40.0,
+                                              "seconds": pytest.approx(2.0)}
+    # two GPUs: a host link each; one disk
+    assert copybound.copy_bound(moves, gbps, 2)["bound_s"] == pytest.approx(1.0 + 1.0 + 3.0 + 2.0)
+    timed = copybound.with_time(one, 18.0)
+    assert timed["ratio"] == pytest.approx(2.0) and timed["time_s"] == 18.0
+    # a move without its rate: no bound, and which rate is missing
+    partial = copybound.copy_bound(moves, {"d2h_pinned": 50.0, "h2d_pinned": 40.0}, 1)
+    assert partial["bound_s"] is None and partial["missing"] == ["disk_write", "disk_read"]
+    assert copybound.with_time(partial, 5.0)["ratio"] is None
+    # nothing moved: a zero bound, no ratio
+    nothing = copybound.with_time(copybound.copy_bound({"device_to_host": 0}, gbps, 1), 1.0)
+    assert nothing["bound_s"] == 0 and nothing["ratio"] is None
+    per_worker = {"w1": {"moves": {"device_to_host": {"bytes": 5}}}, "w2": {"moves": {"device_to_host": {"bytes": 7},
+                                                                                    "host_to_device": {"bytes": 1}}}}
+    assert copybound.summed_moves(per_worker) == {"device_to_host": 12, "host_to_device": 1}
+
+
+def _moves(d2h, h2d, disk_w=0, disk_r=0):
+    values = {"device_to_host": d2h, "host_to_device": h2d, "host_to_disk": disk_w, "disk_to_host": disk_r}
+    return {"moves": {m: {"bytes": b, "seconds": b / 40e9 if b else 0.0} for m, b in values.items()},
+            "restore_wait_s": 0.1, "spill_producer_wait_s": 0.0, "workers": 1}
+
+
+def test_the_report_puts_the_copy_bound_next_to_the_time():
+    from service.bench import report
+
+    ceil = ceilings.Ceilings(gbps={"d2h_pinned": 50.0, "h2d_pinned": 50.0, "disk_write": 1.0, "disk_read": 2.0})
+    sp = SideResult(source="direct", runs_s=[4.0], spill=[_moves(100 * 10**9, 50 * 10**9, 1 * 10**9, 2 * 10**9)])
+    base = SideResult(source="direct", runs_s=[20.0], spill=[_moves(100 * 10**9, 100 * 10**9)])
+    b2 = workloads.WORKLOADS["B2"]
+    entry = report.workload_entry(b2, "tiny", {"spillway": sp, "baseline": base}, ceil, n_workers=1)
+    # 2 s + 1 s of pinned copies, 1 s of disk writes, 1 s of disk reads
+    assert entry["copy_bound_s"] == pytest.approx(5.0)
+    assert entry["time_over_copy_bound"] == pytest.approx(0.8)
+    assert entry["baseline_copy_bound"]["bound_s"] == pytest.approx(4.0)
+    assert entry["baseline_copy_bound"]["ratio"] == pytest.approx(5.0)
+    in_core = report.workload_entry(workloads.WORKLOADS["W1"], "tiny",
+                                    {"spillway": SideResult(runs_s=[1.0], spill=[_moves(0, 0)])}, ceil)
+    assert in_core["copy_bound"] is None and in_core["time_over_copy_bound"] is None
+    results = {"machine": {"name": "m", "gpus": [], "workers": "gpu", "driver_version": None,
+                           "cuda_driver_version": None, "cpu": "c", "cores": 1, "memory_total": 1,
+                           "platform": "p", "stack": {}},
+               "started": "s", "finished": "f", "sizes": "tiny", "runs": 3, "clusters": {}, "ceilings": ceil.gbps,
+               "ceilings_skipped": {}, "ceiling_bytes": 1, "workloads": [entry, in_core], "targets": []}
+    md = report.markdown(results)
+    assert "## Copy bound" in md
+    (line,) = [x for x in md.splitlines() if x.startswith("| B2 | ") and "x bound" not in x and "0.8x" in x]
+    assert "| 5.000 | 4.000 | 0.8x | 4.000 | 20.000 | 5.0x |" in line
+    short = report.short_table(results)
+    assert "x copy bound" in short.splitlines()[0] and short.splitlines()[1].rstrip().endswith("0.8x")
 
 
 def _p2p_fails(p, backend, seed):

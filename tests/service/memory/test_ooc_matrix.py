@@ -3,15 +3,12 @@
 footprint of at least 1.3x the GPUs' memory, checked against NumPy float64 or refused by
 admission with both numbers.
 
-GPU host (one case is a test; run it in slices under the 10-minute limit per call):
-
-    pytest -m gpu tests/service/memory/test_ooc_matrix.py -k "cli-"
-    pytest -m gpu tests/service/memory/test_ooc_matrix.py -k "notebook-"
-    pytest -m gpu tests/service/memory/test_ooc_matrix.py -k "user-code-"
-
-Each slice adds its rows to ``benchmarks/results/<machine>-<date>-ooc-matrix.{json,md,png}``
-(``SPILLWAY_MATRIX_OUT`` names another directory). On CPU the same module runs a few
-cases at a small stand-in scale.
+GPU host: ``spillway bench --matrix SLICE`` (``benchmarks/gpu-host/matrix-slices.sh``)
+runs a named slice under the 10-minute limit per call; here one case is a test, for
+``pytest -m gpu ... -k "user-code-qr or ..."``. Each run adds its rows to
+``benchmarks/results/<machine>-<date>-ooc-matrix.{json,md,png}`` (``SPILLWAY_MATRIX_OUT``
+names another directory). On CPU the same module runs a few cases at a small stand-in
+scale, the slices' partition and estimates, and the merging of slices.
 """
 
 from __future__ import annotations
@@ -23,8 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from service.bench import matrix
+from service.bench.matrix import slices
+from service.cli import main
 
 CASES = matrix.cases()
 REPO = Path(__file__).resolve().parents[3]
@@ -42,6 +42,10 @@ def _check_row(r: dict, scale: matrix.Scale) -> None:
     assert r["ok"], r
     assert r["rel_error"] is not None and r["rel_error"] <= r["tolerance"], r
     assert r["wall_s"] > 0 and r["spilled_bytes"] >= 0 and r["error"] is None
+    # bytes each way were counted, and with the run's ceilings the copy bound is next to the time
+    assert set(r["moves"]) <= set(matrix.run.copybound.MOVE_CEILINGS) and all(v >= 0 for v in r["moves"].values())
+    if r.get("ceilings") is not None:
+        assert r["copy_bound"]["time_s"] == r["wall_s"]
 
 
 # --- the GPU host
@@ -67,6 +71,14 @@ def gpu_scale():
     return matrix.gpu_scale()
 
 
+@pytest.fixture(scope="session")
+def copy_ceilings():
+    """The pinned copy and disk rates, measured before any cluster of the session starts."""
+    from service.bench import copybound
+
+    return copybound.measure("gpu", (0,))["gbps"]
+
+
 @pytest.fixture(scope="module")
 def gpu_local():
     """The notebook's cluster at spillway's defaults; started only for the notebook and
@@ -81,9 +93,9 @@ def gpu_local():
 @pytest.mark.slow
 @pytest.mark.timeout(580)
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_case_on_the_gpus(case, gpu_scale, matrix_rows, request):
+def test_case_on_the_gpus(case, gpu_scale, copy_ceilings, matrix_rows, request):
     cluster = request.getfixturevalue("gpu_local") if case.path != "cli" else None
-    r = matrix.run_case(case, gpu_scale, cluster=cluster)
+    r = matrix.run_case(case, gpu_scale, cluster=cluster, ceilings=copy_ceilings)
     matrix_rows.append(r)
     _check_row(r, gpu_scale)
 
@@ -208,3 +220,113 @@ def test_every_notebook_and_user_code_case_on_cpu(cpu_local):
         r = matrix.run_case(case, scale, cluster=cpu_local)
         _check_row(r, scale)
         assert not r["refused"] and np.isfinite(r["rel_error"])
+
+
+# --- slices: a partition of the cases that fits one device call each, merged afterwards
+
+ONE_H100 = matrix.Scale(device_bytes=85_520_809_984, kind="gpu", n_workers=1, worker_bytes=int(0.8 * 85_520_809_984))
+
+
+def test_slices_partition_the_cases_and_start_with_the_linear_algebra_that_failed():
+    named = [c for members in slices.SLICES.values() for c in members]
+    assert sorted(named) == sorted(c.id for c in CASES) and len(named) == len(set(named)) == 29
+    assert slices.SLICES["1"][:3] == ("user-code-qr", "user-code-svd", "user-code-lstsq")
+    assert list(slices.SLICES) == [str(i) for i in range(1, len(slices.SLICES) + 1)]
+    name, chosen = slices.resolve("1")
+    assert name == "slice-1" and [c.id for c in chosen] == list(slices.SLICES["1"])
+    assert [c.id for c in slices.resolve("cli-fft, user-code-qr")[1]] == ["cli-fft", "user-code-qr"]
+    assert len(slices.resolve("all")[1]) == 29
+    with pytest.raises(ValueError, match="'nope' is not a slice"):
+        slices.resolve("cli-fft,nope")
+
+
+def test_every_slice_is_estimated_under_its_budget_on_one_h100():
+    total = 0.0
+    for name in slices.SLICES:
+        e = slices.slice_estimate(name, ONE_H100)
+        assert e["total"] <= slices.SLICE_BUDGET_S, (name, e["total"])
+        total += e["total"]
+        for case in e["cases"]:
+            assert 1.25 * ONE_H100.device_bytes <= case["footprint_bytes"], case
+            assert all(v >= 0 for v in case["parts"].values()) and case["total"] == sum(case["parts"].values())
+    # the cli cases pay their own cluster; a matmul pays its flops; whole-input references cost most
+    est = {c.id: slices.estimate(c, ONE_H100) for c in CASES}
+    assert est["cli-fft"]["parts"]["start"] > 0 and est["notebook-fft"]["parts"]["start"] == 0
+    assert est["user-code-matmul"]["parts"]["flops"] > 10 and est["user-code-qr"]["parts"]["flops"] == 0
+    assert est["cli-elementwise"]["parts"]["reference"] > est["cli-fft"]["parts"]["reference"]
+    assert 30 * 60 < total < 90 * 60
+
+
+def _rows(ids, wall, scale):
+    return [matrix.with_bound(matrix.row(matrix.case_by_id(i), scale, ok=True, rel_error=0.0, tolerance=1e-10,
+                                         wall_s=wall, spilled_bytes=10**9, footprint_bytes=10**9,
+                                         moves={"device_to_host": 10**9, "host_to_device": 10**9}),
+                              {"d2h_pinned": 50.0, "h2d_pinned": 25.0}, scale.n_workers) for i in ids]
+
+
+def test_slices_fetched_from_separate_calls_merge_into_one_table(tmp_path):
+    from datetime import datetime, timezone
+
+    scale = matrix.cpu_scale()
+    day1 = datetime(2026, 11, 24, 23, 50, tzinfo=timezone.utc)
+    day2 = datetime(2026, 11, 25, 0, 10, tzinfo=timezone.utc)
+    first, second, out = tmp_path / "call1", tmp_path / "call2", tmp_path / "results"
+    matrix.write_table(_rows(["user-code-qr", "cli-fft"], 3.0, scale), first, "1x-h100", when=day1,
+                       slices=[{"name": "slice-1", "started": day1.isoformat(), "finished": day1.isoformat()}])
+    # the second call ran after midnight, and ran cli-fft again
+    matrix.write_table(_rows(["cli-fft", "notebook-gather"], 9.0, scale), second, "1x-h100", when=day2,
+                       slices=[{"name": "slice-2", "started": day2.isoformat(), "finished": day2.isoformat()}])
+    result = CliRunner().invoke(main, ["bench", "--matrix-merge", str(tmp_path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    (merged,) = out.glob("*.json")
+    assert merged.name == "1x-h100-2026-11-24-ooc-matrix.json"  # the first slice's day
+    data = json.loads(merged.read_text())
+    assert [r["case"] for r in data["cases"]] == ["cli-fft", "notebook-gather", "user-code-qr"]
+    assert {r["case"]: r["wall_s"] for r in data["cases"]} == {"cli-fft": 9.0, "notebook-gather": 9.0,
+                                                               "user-code-qr": 3.0}
+    assert [s["name"] for s in data["slices"]] == ["slice-1", "slice-2"]
+    # 1 GB each way over 50 and 25 GB/s, two GPUs' links: 0.01 + 0.02 s
+    assert data["cases"][0]["copy_bound"]["bound_s"] == pytest.approx(0.03)
+    assert data["cases"][0]["copy_bound"]["ratio"] == pytest.approx(300.0)
+    md = merged.with_suffix(".md").read_text()
+    assert "| fft | cli | " in md and "| 0.93 GiB / 0.93 GiB | — | 0.03 | 300.0x |" in md
+    assert "Slices: slice-1 (0 cases" in md
+    # merging again (a third call's file next to the merged one) keeps the rows
+    again = CliRunner().invoke(main, ["bench", "--matrix-merge", str(first), "--out", str(out)])
+    assert again.exit_code == 0 and len(json.loads(merged.read_text())["cases"]) == 3
+    other = tmp_path / "other"
+    matrix.write_table(_rows(["cli-fft"], 1.0, scale), other, "2x-h200", when=day1)
+    with pytest.raises(ValueError, match="different machines"):
+        matrix.merge_files([merged, next(other.glob("*.json"))], out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_matrix_command_runs_slices_into_one_file_and_keeps_to_its_budget(tmp_path):
+    """``spillway bench --matrix`` on CPU workers: two calls add to one table of the day,
+    each row with its copy ceilings and bound; a case past the budget is not started."""
+    args = ["bench", "--cpu", "--n-workers", "2", "--dashboard-address", "", "--out", str(tmp_path)]
+    one = CliRunner().invoke(main, [*args, "--matrix", "cli-transpose-sum,notebook-rechunk"])
+    assert one.exit_code == 0, one.output
+    two = CliRunner().invoke(main, [*args, "--matrix", "user-code-qr"])
+    assert two.exit_code == 0, two.output
+    (path,) = tmp_path.glob("*-ooc-matrix.json")
+    data = json.loads(path.read_text())
+    assert [r["case"] for r in data["cases"]] == ["cli-transpose-sum", "notebook-rechunk", "user-code-qr"]
+    assert len(data["slices"]) == 2 and all(s["finished"] for s in data["slices"])
+    for r in data["cases"]:
+        _check_row(r, matrix.cpu_scale())
+        assert set(r["ceilings"]) >= {"disk_write", "disk_read"} and r["copy_bound"]["time_s"] == r["wall_s"]
+    assert two.stdout.splitlines()[0].split()[:4] == ["case", "status", "wall", "s"]
+    # the ceilings alone take longer than a one-second budget: nothing starts, and it says so
+    late = CliRunner().invoke(main, [*args, "--matrix", "user-code-svd", "--budget", "1"])
+    assert late.exit_code == 1
+    row = [r for r in json.loads(path.read_text())["cases"] if r["case"] == "user-code-svd"][0]
+    assert row["error"].startswith("not started: the slice's budget of 1 s was spent") and row["wall_s"] is None
+
+
+def test_the_matrix_command_refuses_workload_flags():
+    result = CliRunner().invoke(main, ["bench", "--matrix", "1", "--only", "W1"])
+    assert result.exit_code != 0 and "--only does not apply" in result.output
+    result = CliRunner().invoke(main, ["bench", "--budget", "10"])
+    assert result.exit_code != 0 and "budget: only used with --matrix" in result.output

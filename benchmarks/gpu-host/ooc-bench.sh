@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# B2, B4 and B5 against plain dask-cuda on the GPU host, at full size and spillway's
+# defaults (no memory flags): B4's operands and B5's array at 1.3x the GPUs' memory.
+#   usage: benchmarks/gpu-host/ooc-bench.sh PART      PART: b2, b4, b5 (one device call each)
+#                                                      or b2b4 (B2 then B4 in one command)
+# Estimates on one H100 80 GB (NOTES.md, "B4, B5 and the out-of-core matrix"): b2 about
+# 5 min, b4 about 5 min, b5 about 6-8 min; b2b4 about 10 min, over one call's limit on
+# one H100 (the script still cuts it at 9.5 min): run b2, b4 and b5 as three calls there.
+# Assumes spillway's wheels are installed and PYTHONPATH=/tmp/site:$PWD. Writes under $OUT
+# (5 files): the bench's <machine>-<date>-<part>.{json,md,png,log} and ooc-PART.txt (its
+# terminal output); prints the targets, met or not, last.
+set -uo pipefail
+part=${1:?usage: ooc-bench.sh b2|b4|b5|b2b4}
+out=${OUT:-/tmp/ooc-out}
+mkdir -p "$out"
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+case "$part" in
+  # B2: 4 runs a side, the baseline's about 40 s each on one H100
+  b2)   only=B2;    timeout=150 ;;
+  # B4: a warm-up and one checked run a side; the baseline may run out of device memory
+  b4)   only=B4;    timeout=240 ;;
+  # B5: the baseline's P2P failure is bounded by the timeout
+  b5)   only=B5;    timeout=200 ;;
+  b2b4) only=B2,B4; timeout=200 ;;
+  *) echo "ooc-bench.sh: unknown part '$part' (b2, b4, b5 or b2b4)" >&2; exit 2 ;;
+esac
+# SIZES and BENCH_FLAGS only for trying the script on CPU workers (SIZES=tiny BENCH_FLAGS=--cpu)
+timeout -k 10 570 python3 -m service bench --sizes "${SIZES:-full}" ${BENCH_FLAGS:-} --only "$only" --label "$part" --timeout "$timeout" \
+  --out "$out" >"$out/ooc-$part.txt" 2>&1
+rc=$?
+[ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && echo "ooc-bench.sh: $part cut off after 570 s" | tee -a "$out/ooc-$part.txt"
+grep -E "^(B[0-9] +(spillway|baseline) |ceiling )" "$out/ooc-$part.txt" | tail -25
+echo "exit $rc"
+sed -n '/^workload /,$p' "$out/ooc-$part.txt" | grep -vE "^(target |wrote |spillway: )"
+python3 - "$out" <<'PY'
+import glob, json, sys
+
+files = sorted(glob.glob(f"{sys.argv[1]}/*.json"))
+if not files:
+    print("targets: no results file (see ooc-*.txt)")
+    sys.exit(0)
+data = json.load(open(files[-1]))
+for w in data["workloads"]:
+    sp, base = w.get("spillway") or {}, w.get("baseline") or {}
+    completed = sp.get("error") is None and bool(sp.get("runs_s")) and bool((w.get("verify") or {}).get("ok"))
+    speedup, goal = w.get("speedup"), w.get("speedup_target")
+    fast = speedup is not None and goal is not None and speedup >= goal
+    parts = [f"spillway {w['spillway_s']:.2f} s" if w.get("spillway_s") else f"spillway failed: {sp.get('error')}"]
+    if w.get("verify"):
+        parts.append(f"relative error {w['verify']['rel_error']:.1e} ({'ok' if w['verify']['ok'] else 'WRONG'})")
+    parts.append(f"baseline {w['baseline_s']:.2f} s" if w.get("baseline_s") else
+                 f"baseline failed: {base.get('error')}" if base.get("error") else "baseline not run")
+    if speedup:
+        parts.append(f"speedup {speedup:.2f}x" + (f" (target {goal:g}x)" if goal else ""))
+    if w.get("time_over_copy_bound"):
+        parts.append(f"copy bound {w['copy_bound_s']:.2f} s ({w['time_over_copy_bound']:.1f}x)")
+    if w["name"] == "B2":
+        met = fast
+    elif w["name"] == "B4":  # faster, or completes where the baseline fails
+        met = completed and (fast or bool(base.get("error")))
+    else:  # B5 completes with NumPy's answer
+        met = completed
+    print(f"target {w['name']}: {'met' if met else 'NOT met'}: " + "; ".join(parts))
+PY
