@@ -197,7 +197,7 @@ class JobScheduler:
         else:
             done.set()
             for worker in report.get("workers_lost") or ():
-                self.store.log(job_id, f"worker {worker} was lost during the run; Dask recomputed its part")
+                self.store.log(job_id, lost_line(worker))
             # a cancel accepted while the last tasks finished still ends the job cancelled:
             # the 200 it answered promised that. The store finishes the job only if no cancel
             # was accepted, in one UPDATE, so a cancel landing after any check made here
@@ -265,3 +265,12 @@ class JobScheduler:
             # not force: identical jobs share task keys, and another tenant's job that
             # wants the same results must keep them
             client.cancel(futures)
+
+
+def lost_line(worker) -> str:
+    """The job log's line for a worker lost during a run that still completed."""
+    if isinstance(worker, str):  # reports written before the reason was kept
+        return f"worker {worker} was lost during the run; Dask recomputed its part"
+    why = f" ({worker['reason']})" if worker.get("reason") else ""
+    pid = f" (pid {worker['pid']})" if worker.get("pid") else ""
+    return f"worker {worker['address']}{pid} was lost during the run{why}; Dask recomputed its part"
