@@ -147,7 +147,8 @@ def _compute(client, name, plan, collections, output, progress, workers):
     except Exception as e:
         lost = workers.lost()
         if lost:
-            raise WorkerLost(f"{type(e).__name__}: {_first_line(e)}; {lost}") from e
+            # the loss first, then what Dask made of it (KilledWorker's first sentence)
+            raise WorkerLost(f"{lost}; the run failed: {type(e).__name__}: {_first_sentence(e)}") from e
         raise
     wall = time.perf_counter() - start
     after = _run_on_workers(client, worker_snapshot)
@@ -276,12 +277,13 @@ class WorkerLost(SpillwayError):
 
 
 class Workers:
-    """The workers at a run's start, and (from the nannies of this process, where the
-    cluster is local) why any of them died."""
+    """The workers at a run's start (address and pid), and (from the nannies of this
+    process, where the cluster is local) why any of them died."""
 
     def __init__(self, client):
         self.client = client
         self.start = self._now()
+        self.pids = self._pids()
         self._deaths = None
         try:
             from .launch.deaths import watch_worker_deaths
@@ -297,19 +299,44 @@ class Workers:
         except Exception:  # noqa: BLE001
             return set()
 
-    def lost_list(self) -> list[str]:
-        gone = sorted(self.start - self._now())
+    def _pids(self) -> dict[str, int]:
+        import os
+
+        try:
+            return dict(self.client.run(os.getpid, on_error="ignore"))
+        except Exception:  # noqa: BLE001 (a worker going away now is seen as lost later)
+            return {}
+
+    def _gone(self) -> list[str]:
+        return sorted(self.start - self._now())
+
+    def reasons(self, gone: list[str]) -> tuple[dict[str, str], list[str]]:
+        """Why each of ``gone`` died where a nanny of this process said (address -> reason),
+        and the nanny's messages about workers not among them."""
+        from .launch.deaths import death_reasons
+
+        messages = list(self._deaths.messages) if self._deaths is not None else []
+        by_pid = death_reasons(messages)
+        why = {addr: by_pid.pop(self.pids[addr]) for addr in gone if self.pids.get(addr) in by_pid}
+        return why, [f"pid {pid} {what}" for pid, what in by_pid.items()]
+
+    def lost_list(self) -> list[dict]:
+        """The workers lost during the run: ``{"address", "pid", "reason"}`` each."""
+        gone = self._gone()
+        why, _ = self.reasons(gone)
         self.close()
-        return gone
+        return [{"address": a, "pid": self.pids.get(a), "reason": why.get(a)} for a in gone]
 
     def lost(self) -> str:
-        gone = sorted(self.start - self._now())
-        why = list(self._deaths.messages) if self._deaths is not None else []
+        """One line naming the lost workers and why (empty where none was lost)."""
+        gone = self._gone()
+        why, others = self.reasons(gone)
         self.close()
-        if not gone and not why:
+        if not gone and not others:
             return ""
-        text = f"worker{'s' if len(gone) != 1 else ''} lost: {', '.join(gone) or 'unknown'}"
-        return text + (f" ({'; '.join(why)})" if why else "")
+        named = [f"{a} ({why[a]})" if a in why else a for a in gone]
+        text = f"worker{'s' if len(gone) != 1 else ''} lost: {', '.join(named) or 'unknown'}"
+        return text + (f" ({'; '.join(others)})" if others else "")
 
     def close(self):
         if self._watch is not None:
@@ -321,6 +348,12 @@ def _run_on_workers(client, func):
     """``client.run(func)`` on the workers that answer: a worker lost (or restarting) is
     left out rather than failing the run before Dask can recompute its part."""
     return client.run(func, on_error="ignore")
+
+
+def _first_sentence(e: BaseException) -> str:
+    line = _first_line(e)
+    end = line.find("died while running it.")
+    return line[:end + len("died while running it.")] if end >= 0 else line
 
 
 def _first_line(e: BaseException) -> str:

@@ -14,11 +14,10 @@ from types import MappingProxyType
 from typing import Any
 
 from service.errors import ParamError
-from service.sizes import format_bytes, parse_size
+from service.sizes import MAX_BYTES, format_bytes, parse_size
 
 #: the largest array a parameter may describe: far past any cluster, short of int64 overflow
 MAX_ELEMENTS = 2**53
-MAX_BYTES = 2**60
 #: longest string parameter (paths, names)
 MAX_TEXT = 4096
 

@@ -197,24 +197,29 @@ class JobScheduler:
         else:
             done.set()
             for worker in report.get("workers_lost") or ():
-                self.store.log(job_id, f"worker {worker} was lost during the run; Dask recomputed its part")
-            if entry.cancelled or self.store.cancel_requested(job_id):
-                # a cancel accepted while the last tasks finished still ends the job cancelled:
-                # the 200 it answered promised that, and its output is not kept
+                self.store.log(job_id, lost_line(worker))
+            # a cancel accepted while the last tasks finished still ends the job cancelled:
+            # the 200 it answered promised that. The store finishes the job only if no cancel
+            # was accepted, in one UPDATE, so a cancel landing after any check made here
+            # cannot be overtaken by done.
+            finished = False
+            if not entry.cancelled:
+                verify = report.get("verify")
+                if verify and verify.get("ok") is False:
+                    msg = (f"verification failed: relative error {verify['rel_error']:.3e} exceeds "
+                           f"tolerance {verify['tolerance']:.0e}")
+                    finished = self._finish(job_id, "failed", line=f"failed: {msg}", error=msg, report=report,
+                                            unless_cancelled=True)
+                else:
+                    finished = self._finish(job_id, "done", line=f"done in {report['wall_s']:.3f} s "
+                                            f"({report['tasks']} tasks)", report=report, unless_cancelled=True)
+            if not finished and not self._stop.is_set() and (entry.cancelled
+                                                             or self.store.cancel_requested(job_id)):
                 if report.get("output"):
                     from ..runner import remove_output
 
                     remove_output(report["output"])
                 self._finish(job_id, "cancelled", line="cancelled: the run had finished; its result was discarded")
-                return
-            verify = report.get("verify")
-            if verify and verify.get("ok") is False:
-                msg = (f"verification failed: relative error {verify['rel_error']:.3e} exceeds "
-                       f"tolerance {verify['tolerance']:.0e}")
-                self._finish(job_id, "failed", line=f"failed: {msg}", error=msg, report=report)
-            else:
-                self._finish(job_id, "done", line=f"done in {report['wall_s']:.3f} s ({report['tasks']} tasks)",
-                             report=report)
         finally:
             watcher.join(5)
             try:
@@ -225,13 +230,14 @@ class JobScheduler:
                 self._running.pop(job_id, None)
             self._wake.set()
 
-    def _finish(self, job_id, state, *, line, error=None, report=None):
+    def _finish(self, job_id, state, *, line, error=None, report=None, unless_cancelled=False) -> bool:
+        """Record the job's end (see :meth:`Store.finish`); False where it was not recorded."""
         if self._stop.is_set():
-            return
-        self.store.finish(job_id, state, line=line, error=error, report=report,
-                          wall_s=report.get("wall_s") if report else None,
-                          bytes_spilled=int(report.get("bytes_spilled") or 0) if report else 0,
-                          tasks=report.get("tasks") if report else None)
+            return False
+        return self.store.finish(job_id, state, line=line, error=error, report=report,
+                                 wall_s=report.get("wall_s") if report else None,
+                                 bytes_spilled=int(report.get("bytes_spilled") or 0) if report else 0,
+                                 tasks=report.get("tasks") if report else None, unless_cancelled=unless_cancelled)
 
     def _watch(self, job_id: str, client, entry: _Running, done: threading.Event):
         """Copy the job's progress to the store and act on a cancel request."""
@@ -259,3 +265,12 @@ class JobScheduler:
             # not force: identical jobs share task keys, and another tenant's job that
             # wants the same results must keep them
             client.cancel(futures)
+
+
+def lost_line(worker) -> str:
+    """The job log's line for a worker lost during a run that still completed."""
+    if isinstance(worker, str):  # reports written before the reason was kept
+        return f"worker {worker} was lost during the run; Dask recomputed its part"
+    why = f" ({worker['reason']})" if worker.get("reason") else ""
+    pid = f" (pid {worker['pid']})" if worker.get("pid") else ""
+    return f"worker {worker['address']}{pid} was lost during the run{why}; Dask recomputed its part"

@@ -15,7 +15,27 @@ from collections.abc import Iterator
 
 from ..errors import ClusterStartError
 
-_DEATH = re.compile(r"Worker process \d+ (was killed by [^\n]*|exited with status -?\d+)")
+_DEATH = re.compile(r"Worker process \d+ (was killed by [^\n]*|exited with status -?\d+)"
+                    r"|Worker \S+ \(pid=\d+\) exceeded \d+% memory budget")
+#: the pid and what became of it, from one of those messages
+_PID_REASON = re.compile(r"Worker process (\d+) (.*)|Worker \S+ \(pid=(\d+)\) (exceeded \d+% memory budget)")
+
+
+def death_reasons(messages: list[str]) -> dict[int, str]:
+    """pid -> why its worker process ended (``killed by signal 9``; ``out of memory:
+    exceeded 95% memory budget, killed by signal 15``), from the nanny's messages."""
+    out: dict[int, str] = {}
+    for message in messages:
+        found = _PID_REASON.fullmatch(message)
+        if not found:
+            continue
+        if found.group(1):
+            pid, what = int(found.group(1)), found.group(2).removeprefix("was ")
+            out[pid] = f"{out[pid]}, {what}" if pid in out else what
+        else:
+            pid = int(found.group(3))
+            out[pid] = f"out of memory: {found.group(4)}" + (f", {out[pid]}" if pid in out else "")
+    return out
 
 
 class WorkerDeaths(logging.Handler):

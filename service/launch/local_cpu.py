@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from ..options import Options
+from .http_server import cluster_class, dashboard_kwargs
 from .plan import LaunchPlan
 
 
@@ -19,7 +20,7 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
         interface=options.interface,
         host=options.host,
         scheduler_port=options.scheduler_port,
-        dashboard_address=options.dashboard_address or None,
+        **dashboard_kwargs(options),
         security=options.security,
         silence_logs=logging.WARNING,
     )
@@ -36,4 +37,5 @@ def start(options: Options, plan: LaunchPlan):
 
     # each nanny hands the config of the moment it is built to its worker process
     with dask.config.set(worker_config(options, tiered_store=False)):
-        return LocalCluster(**cluster_kwargs(options, plan))
+        kwargs = cluster_kwargs(options, plan)
+        return cluster_class(LocalCluster, kwargs)(**kwargs)

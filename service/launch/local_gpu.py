@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..options import Options
+from .http_server import cluster_class, dashboard_kwargs
 from .plan import LaunchPlan, uses_tiered_store
 from .worker_config import worker_config
 from .worker_store import store_spec
@@ -21,7 +22,7 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
         interface=options.interface,
         host=options.host,
         scheduler_port=options.scheduler_port,
-        dashboard_address=options.dashboard_address or None,
+        **dashboard_kwargs(options),
         security=options.security,
         silence_logs=False,
         **rmm_kwargs(options),
@@ -86,4 +87,4 @@ def start(options: Options, plan: LaunchPlan):
     kwargs = cluster_kwargs(options, plan)
     kwargs["silence_logs"] = logging.WARNING
     with dask.config.set(worker_config(options, tiered_store=uses_tiered_store(options))):
-        return LocalCUDACluster(**kwargs)
+        return cluster_class(LocalCUDACluster, kwargs)(**kwargs)

@@ -224,16 +224,20 @@ class Store:
             return [job_dict(*row) for row in s.execute(q)]
 
     def request_cancel(self, job_id: str, tenant: dict | None = None) -> dict | None:
-        """Cancel a queued job at once; mark a running one for the scheduler to stop."""
+        """Cancel a queued job at once; mark a running one for the scheduler to stop.
+
+        Each change is one conditional UPDATE, so it is decided against the job's state at
+        that moment: a job that finished meanwhile is answered as finished, never marked
+        (and answered) cancel-requested after it ended ``done``."""
         if self.job(job_id, tenant) is None:
             return None
         with self._session() as s:
-            j = s.get(Job, job_id, with_for_update=not self.url.startswith("sqlite"))
-            if j.state == "queued":
-                j.state, j.finished, j.cancel_requested = "cancelled", now(), True
+            if s.execute(update(Job).where(Job.id == job_id, Job.state == "queued")
+                         .values(state="cancelled", finished=now(), cancel_requested=True)).rowcount:
                 s.add(LogLine(job_id=job_id, time=now(), line="cancelled while queued"))
-            elif j.state == "running" and not j.cancel_requested:
-                j.cancel_requested = True
+            elif s.execute(update(Job).where(Job.id == job_id, Job.state == "running",
+                                             Job.cancel_requested.is_not(True))
+                           .values(cancel_requested=True)).rowcount:
                 s.add(LogLine(job_id=job_id, time=now(), line="cancel requested"))
             s.commit()
         return self.job(job_id)
@@ -290,16 +294,26 @@ class Store:
 
     def finish(self, job_id: str, state: str, *, line: str, report: dict | None = None,
                error: str | None = None, wall_s: float | None = None, bytes_spilled: int = 0,
-               tasks: int | None = None):
+               tasks: int | None = None, unless_cancelled: bool = False) -> bool:
+        """running -> ``state``; whether the job was changed. With ``unless_cancelled`` a
+        job whose cancel was accepted is left running (False), in the same UPDATE that
+        would finish it: a cancel answered 200 is never overtaken by ``done``."""
         assert state in FINAL_STATES
         values = dict(state=state, report=report, error=error, wall_s=wall_s, bytes_spilled=bytes_spilled,
                       finished=now())
         if tasks is not None:
             values.update(tasks_done=tasks, tasks_total=tasks)
+        where = [Job.id == job_id, Job.state == "running"]
+        if unless_cancelled:
+            where.append(Job.cancel_requested.is_not(True))
         with self._session() as s:
-            s.execute(update(Job).where(Job.id == job_id, Job.state == "running").values(**values))
+            n = s.execute(update(Job).where(*where).values(**values)).rowcount
+            if unless_cancelled and not n:
+                s.rollback()
+                return False
             s.add(LogLine(job_id=job_id, time=now(), line=line))
             s.commit()
+            return bool(n)
 
     def cancel_requested(self, job_id: str) -> bool:
         with self._session() as s:

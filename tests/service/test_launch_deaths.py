@@ -92,3 +92,17 @@ def test_open_cluster_turns_a_start_timeout_into_the_nannies_story(monkeypatch):
         with launch.open_cluster(Options.resolve(cpu=True, n_workers=2)):
             pass
     assert client.closed
+
+
+def test_death_reasons_by_pid_with_out_of_memory():
+    from service.launch.deaths import death_reasons
+
+    messages = ["Worker process 11 was killed by signal 9",
+                "Worker tcp://127.0.0.1:5 (pid=12) exceeded 95% memory budget",
+                "Worker process 12 was killed by signal 15",
+                "Worker process 13 exited with status 1"]
+    assert death_reasons(messages) == {
+        11: "killed by signal 9",
+        12: "out of memory: exceeded 95% memory budget, killed by signal 15",
+        13: "exited with status 1",
+    }

@@ -1,0 +1,88 @@
+"""The scheduler's HTTP server: off when no dashboard is asked for, on the cluster's host
+when one is.
+
+distributed's scheduler starts its HTTP server (dashboard, ``/health``, Prometheus
+metrics) whatever ``dashboard_address`` says: with ``None`` it listens on port 8787, or on
+another port when 8787 is taken ("Port 8787 is already in use ... Hosting the HTTP server on
+port N instead"), and ``dashboard=False`` only leaves the Bokeh pages out of it. The local
+clusters here start a scheduler that builds the server's routes but never listens when the
+dashboard is off (:func:`cluster_class`), and an address given as a port alone (``:8787``,
+which distributed binds on every interface) is bound on the cluster's host
+(:func:`dashboard_kwargs`).
+"""
+
+from __future__ import annotations
+
+from ..options import Options
+
+
+def dashboard_kwargs(options: Options) -> dict:
+    """The dashboard keywords of LocalCluster / LocalCUDACluster for ``options``.
+
+    Off (``dashboard_address`` empty or None): ``dashboard_address=None`` and
+    ``scheduler_kwargs={"dashboard": False}``, which :func:`cluster_class` reads as "no HTTP
+    server" (except over WebSockets, whose connections the HTTP server carries)."""
+    address = options.dashboard_address or None
+    if address is None:
+        return {"dashboard_address": None, "scheduler_kwargs": {"dashboard": False}}
+    host, sep, port = address.rpartition(":")
+    if sep and not host and options.interface is None and options.host:
+        # a port alone: distributed would listen on 0.0.0.0; keep to the cluster's host
+        address = f"{_bracketed(options.host)}:{port}"
+    return {"dashboard_address": address}
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def http_server_off(kwargs: dict) -> bool:
+    """Whether cluster keywords ``kwargs`` ask for a scheduler without an HTTP server."""
+    protocol = kwargs.get("protocol") or ""
+    return (kwargs.get("dashboard_address") is None
+            and (kwargs.get("scheduler_kwargs") or {}).get("dashboard") is False
+            and not protocol.startswith("ws"))
+
+
+def cluster_class(base: type, kwargs: dict) -> type:
+    """``base`` (LocalCluster, LocalCUDACluster) as is, or with a scheduler that serves no
+    HTTP where ``kwargs`` turn the dashboard off."""
+    if not http_server_off(kwargs):
+        return base
+    return _without_http(base)
+
+
+_classes: dict[type, type] = {}
+
+
+def _without_http(base: type) -> type:
+    if base not in _classes:
+        async def _start(self):
+            spec = self.scheduler_spec
+            if spec is not None and self.scheduler is None:
+                self.scheduler_spec = {**spec, "cls": scheduler_without_http()}
+            await base._start(self)
+
+        _classes[base] = type(base.__name__, (base,), {"_start": _start, "__module__": base.__module__})
+    return _classes[base]
+
+
+_scheduler = None
+
+
+def scheduler_without_http() -> type:
+    """distributed's Scheduler with the HTTP server's routes built but nothing listening."""
+    global _scheduler
+    if _scheduler is None:
+        from distributed import Scheduler
+        from distributed.http.routing import RoutingApplication
+
+        class QuietScheduler(Scheduler):
+            def start_http_server(self, routes, dashboard_address, default_port=0, ssl_options=None):
+                # what Node.start_http_server sets up, less the listening socket; no
+                # "dashboard" service, so clients and scheduler_info report none
+                self.http_application = RoutingApplication(routes)
+                self.http_server = None
+
+        _scheduler = QuietScheduler
+    return _scheduler
