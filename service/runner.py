@@ -81,9 +81,9 @@ def run_workflow(
         raise ParamError(f"output: {name} has no array result to write (its result is a summary)")
     # whatever comes back to the client is a host value, converted on the worker by a final
     # task: a client process needs no device memory (nor a CUDA context) to read a result
-    collections = [on_host(plan.result)]
+    collections = [plan.result]
     if output is not None:
-        collections.append(on_host(outputs.zarr_store(plan.array, output)))
+        collections.append(outputs.zarr_store(plan.array, output))
     # refused here, before anything is computed or allocated, if no tier can hold it
     decision = admit(name, plan.footprint, capacity)
 
@@ -137,6 +137,7 @@ def _compute(client, name, plan, collections, output, progress, workers):
         with track(client, run_id) as tracker:
             # one graph, so an array result is computed once for the summary and the store
             futures = client.compute(collections, optimize_graph=plan.optimize_graph)
+            futures = [on_host(client, f) for f in futures]
             counts = wait_with_bar(futures, tracker, label=name, stream=progress)
             # every future is awaited: a store task that failed fails the run
             if output is not None:
@@ -188,11 +189,12 @@ def to_host(value):
 HOST_TASK = "spillway-to-host"
 
 
-def on_host(collection):
-    """A delayed value: ``collection`` computed, then :func:`to_host` on its worker."""
-    import dask
-
-    return dask.delayed(to_host, pure=True)(collection, dask_key_name=f"{HOST_TASK}-{uuid.uuid4().hex}")
+def on_host(client, future):
+    """A future of ``future``'s value brought to the host by :func:`to_host`, on the worker
+    that holds it. Submitted after the graph rather than wrapped around it (a delayed over
+    the collection): that would rebuild the graph and drop the layers' annotations, such
+    as where each generated chunk is placed."""
+    return client.submit(to_host, future, key=f"{HOST_TASK}-{uuid.uuid4().hex}", pure=False)
 
 
 # --- outputs: written, measured and read back
@@ -254,8 +256,8 @@ def check_stored(client, plan, value, path: str) -> dict:
     stored = open_array(path, "numpy")
     complex_result = np.issubdtype(stored.dtype, np.complexfloating)
     acc = np.complex128 if complex_result else np.float64
-    total, scale = client.gather(client.compute(
-        on_host((stored.sum(dtype=acc), abs(stored).sum(dtype=np.float64)))))
+    sums = client.compute([stored.sum(dtype=acc), abs(stored).sum(dtype=np.float64)])
+    total, scale = client.gather([on_host(client, f) for f in sums])
     total = complex(total) if complex_result else float(total)
     want = complex(*expected) if isinstance(expected, list) else expected
     # the sums differ only by the order of additions
