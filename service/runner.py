@@ -136,8 +136,9 @@ def _compute(client, name, plan, collections, output, progress, workers):
     try:
         with track(client, run_id) as tracker:
             # one graph, so an array result is computed once for the summary and the store
-            futures = client.compute(collections, optimize_graph=plan.optimize_graph)
-            futures = [on_host(client, f) for f in futures]
+            computed = client.compute(collections, optimize_graph=plan.optimize_graph)
+            # the computed futures stay held: the run's progress is found through them
+            futures = [on_host(client, f) for f in computed]
             counts = wait_with_bar(futures, tracker, label=name, stream=progress)
             # every future is awaited: a store task that failed fails the run
             if output is not None:
@@ -153,7 +154,7 @@ def _compute(client, name, plan, collections, output, progress, workers):
         raise
     wall = time.perf_counter() - start
     after = _run_on_workers(client, worker_snapshot)
-    del futures
+    del futures, computed
     written, readback = 0, None
     if output is not None:
         written = stored_bytes(output)
