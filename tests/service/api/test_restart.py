@@ -13,7 +13,7 @@ from serve_helpers import Server, add_tenant, cpu_cluster, jobs_json, wait_for, 
 from workflows import random
 
 SMALL = {"size": "300x300", "chunks": "100x100"}
-MEDIUM = {"size": "3000x3000", "chunks": "100x100"}
+MEDIUM = {"size": "4500x4500", "chunks": "100x100"}  # long enough to be caught running under load
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_sigkill_and_restart_loses_nothing(cluster, db_state):
                 assert any("service restarted while running" in line for line in lines)
             for job_id, seed in zip(running, (0, 1)):
                 got = admin.get(f"/jobs/{job_id}/result").json()["summary"]["sum"]
-                assert abs(got - expected_sum(3000, seed)) / expected_sum(3000, seed) < 1e-10
+                assert abs(got - expected_sum(4500, seed)) / expected_sum(4500, seed) < 1e-10
             for job_id in queued:
                 assert admin.get(f"/jobs/{job_id}").json()["attempts"] == 1
             # an idempotent retry after the restart still finds its job
