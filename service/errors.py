@@ -41,3 +41,15 @@ class DeviceMemoryExhausted(MemoryError, SpillwayError):
     with ``cls.__new__(cls, ...)``, and with SpillwayError first that call is refused
     ("MemoryError.__new__(DeviceMemoryExhausted) is not safe") and the client got a plain
     Exception holding the text."""
+
+
+class OutputError(SpillwayError):
+    """An output that was not written as asked: the path and the OS error, in one line."""
+
+    exit_code = 1
+
+
+class WorkerLost(SpillwayError):
+    """A run that failed with workers lost: which ones, and why where the nanny said."""
+
+    exit_code = 1

@@ -14,11 +14,13 @@ from typing import Any
 
 import workflows
 from workflows.params import Target
+from workflows.outputs import remove_output, stored_bytes
 from workflows.registry import relative_error
 
+from .errors import OutputError, WorkerLost
+from .launch.deaths import Workers
 from .memory.admission import admit, cluster_capacity
 from .plugins import reset_peak, worker_snapshot
-from .errors import SpillwayError
 from .progress import track, wait_with_bar
 from .sizes import format_bytes
 from .transfer import transport
@@ -201,12 +203,6 @@ def on_host(client, future):
 # --- outputs: written, measured and read back
 
 
-class OutputError(SpillwayError):
-    """An output that was not written as asked: the path and the OS error, in one line."""
-
-    exit_code = 1
-
-
 def _written(future, path: str) -> None:
     """Wait for the store future; a failed write removes what was written and fails the run."""
     try:
@@ -224,24 +220,6 @@ def _os_error(e: BaseException) -> str:
             return f"[Errno {seen.errno}] {seen.strerror}"
         seen = seen.__cause__ or seen.__context__
     return f"{type(e).__name__}: {_first_line(e)}"
-
-
-def remove_output(path: str) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def stored_bytes(path: str) -> int:
-    """Bytes of the chunk files in a Zarr store, measured on disk (metadata excluded)."""
-    import os
-
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            if f != "zarr.json":
-                total += os.path.getsize(os.path.join(root, f))
-    return total
 
 
 def check_stored(client, plan, value, path: str) -> dict:
@@ -271,80 +249,6 @@ def check_stored(client, plan, value, path: str) -> dict:
 
 
 # --- workers lost during a run
-
-
-class WorkerLost(SpillwayError):
-    """A run that failed with workers lost: which ones, and why where the nanny said."""
-
-    exit_code = 1
-
-
-class Workers:
-    """The workers at a run's start (address and pid), and (from the nannies of this
-    process, where the cluster is local) why any of them died."""
-
-    def __init__(self, client):
-        self.client = client
-        self.start = self._now()
-        self.pids = self._pids()
-        self._deaths = None
-        try:
-            from .launch.deaths import watch_worker_deaths
-
-            self._watch = watch_worker_deaths()
-            self._deaths = self._watch.__enter__()
-        except Exception:  # noqa: BLE001 (the reason is a nicety; the loss is still named)
-            self._watch = None
-
-    def _now(self) -> set[str]:
-        try:
-            return set(self.client.scheduler_info(n_workers=-1)["workers"])
-        except Exception:  # noqa: BLE001
-            return set()
-
-    def _pids(self) -> dict[str, int]:
-        import os
-
-        try:
-            return dict(self.client.run(os.getpid, on_error="ignore"))
-        except Exception:  # noqa: BLE001 (a worker going away now is seen as lost later)
-            return {}
-
-    def _gone(self) -> list[str]:
-        return sorted(self.start - self._now())
-
-    def reasons(self, gone: list[str]) -> tuple[dict[str, str], list[str]]:
-        """Why each of ``gone`` died where a nanny of this process said (address -> reason),
-        and the nanny's messages about workers not among them."""
-        from .launch.deaths import death_reasons
-
-        messages = list(self._deaths.messages) if self._deaths is not None else []
-        by_pid = death_reasons(messages)
-        why = {addr: by_pid.pop(self.pids[addr]) for addr in gone if self.pids.get(addr) in by_pid}
-        return why, [f"pid {pid} {what}" for pid, what in by_pid.items()]
-
-    def lost_list(self) -> list[dict]:
-        """The workers lost during the run: ``{"address", "pid", "reason"}`` each."""
-        gone = self._gone()
-        why, _ = self.reasons(gone)
-        self.close()
-        return [{"address": a, "pid": self.pids.get(a), "reason": why.get(a)} for a in gone]
-
-    def lost(self) -> str:
-        """One line naming the lost workers and why (empty where none was lost)."""
-        gone = self._gone()
-        why, others = self.reasons(gone)
-        self.close()
-        if not gone and not others:
-            return ""
-        named = [f"{a} ({why[a]})" if a in why else a for a in gone]
-        text = f"worker{'s' if len(gone) != 1 else ''} lost: {', '.join(named) or 'unknown'}"
-        return text + (f" ({'; '.join(others)})" if others else "")
-
-    def close(self):
-        if self._watch is not None:
-            self._watch.__exit__(None, None, None)
-            self._watch = None
 
 
 def _run_on_workers(client, func):

@@ -8,8 +8,7 @@ chunks straight from GPU memory with KvikIO) is :mod:`.zarr_io`'s to decide.
 from __future__ import annotations
 
 import os
-
-import numpy as np
+import shutil
 
 from service.errors import ParamError
 
@@ -32,5 +31,16 @@ def zarr_store(array, path: str):
     return store(array, check_path(path))
 
 
-def nbytes(array) -> int:
-    return int(np.prod(array.shape, dtype=object)) * array.dtype.itemsize if array is not None else 0
+def remove_output(path: str) -> None:
+    """Remove a store that is not a result (a failed or cancelled write)."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def stored_bytes(path: str) -> int:
+    """Bytes of the chunk files in a Zarr store, measured on disk (metadata excluded)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            if f != "zarr.json":
+                total += os.path.getsize(os.path.join(root, f))
+    return total

@@ -216,7 +216,7 @@ class JobScheduler:
             if not finished and not self._stop.is_set() and (entry.cancelled
                                                              or self.store.cancel_requested(job_id)):
                 if report.get("output"):
-                    from ..runner import remove_output
+                    from workflows.outputs import remove_output
 
                     remove_output(report["output"])
                 self._finish(job_id, "cancelled", line="cancelled: the run had finished; its result was discarded")

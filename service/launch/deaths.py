@@ -3,7 +3,8 @@
 distributed logs a worker process's death ("was killed by signal 9") at INFO, which the
 quieted cluster logs hide. A worker the kernel's out-of-memory killer ends while it starts
 (taking a pinned pool, say) then leaves only "0/2 workers arrived after 120 s". These
-messages are collected while a cluster starts and put into the error instead.
+messages are collected while a cluster starts and put into the error instead, and while a
+run goes on (:class:`Workers`), to name the workers it lost and why.
 """
 
 from __future__ import annotations
@@ -85,3 +86,70 @@ def start_failure(expected: int, arrived: int | None, timeout: float, deaths: li
     else:
         message += ": no worker process died; see the workers' logs"
     return ClusterStartError(message)
+
+
+# --- workers lost during a run
+
+
+class Workers:
+    """The workers at a run's start (address and pid), and (from the nannies of this
+    process, where the cluster is local) why any of them died."""
+
+    def __init__(self, client):
+        self.client = client
+        self.start = self._now()
+        self.pids = self._pids()
+        self._deaths = None
+        try:
+            self._watch = watch_worker_deaths()
+            self._deaths = self._watch.__enter__()
+        except Exception:  # noqa: BLE001 (the reason is a nicety; the loss is still named)
+            self._watch = None
+
+    def _now(self) -> set[str]:
+        try:
+            return set(self.client.scheduler_info(n_workers=-1)["workers"])
+        except Exception:  # noqa: BLE001
+            return set()
+
+    def _pids(self) -> dict[str, int]:
+        import os
+
+        try:
+            return dict(self.client.run(os.getpid, on_error="ignore"))
+        except Exception:  # noqa: BLE001 (a worker going away now is seen as lost later)
+            return {}
+
+    def _gone(self) -> list[str]:
+        return sorted(self.start - self._now())
+
+    def reasons(self, gone: list[str]) -> tuple[dict[str, str], list[str]]:
+        """Why each of ``gone`` died where a nanny of this process said (address -> reason),
+        and the nanny's messages about workers not among them."""
+        messages = list(self._deaths.messages) if self._deaths is not None else []
+        by_pid = death_reasons(messages)
+        why = {addr: by_pid.pop(self.pids[addr]) for addr in gone if self.pids.get(addr) in by_pid}
+        return why, [f"pid {pid} {what}" for pid, what in by_pid.items()]
+
+    def lost_list(self) -> list[dict]:
+        """The workers lost during the run: ``{"address", "pid", "reason"}`` each."""
+        gone = self._gone()
+        why, _ = self.reasons(gone)
+        self.close()
+        return [{"address": a, "pid": self.pids.get(a), "reason": why.get(a)} for a in gone]
+
+    def lost(self) -> str:
+        """One line naming the lost workers and why (empty where none was lost)."""
+        gone = self._gone()
+        why, others = self.reasons(gone)
+        self.close()
+        if not gone and not others:
+            return ""
+        named = [f"{a} ({why[a]})" if a in why else a for a in gone]
+        text = f"worker{'s' if len(gone) != 1 else ''} lost: {', '.join(named) or 'unknown'}"
+        return text + (f" ({'; '.join(others)})" if others else "")
+
+    def close(self):
+        if self._watch is not None:
+            self._watch.__exit__(None, None, None)
+            self._watch = None
