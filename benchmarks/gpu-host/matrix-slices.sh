@@ -21,7 +21,7 @@ budget=${BUDGET:-420}
 log="$out/matrix-$slice.log"
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader; free -g | head -2; } >"$log" 2>&1
 # MATRIX_FLAGS only for trying the script on CPU workers (MATRIX_FLAGS="--cpu --n-workers 2")
-timeout -k 10 575 python3 -m service bench --matrix "$slice" ${MATRIX_FLAGS:-} --budget "$budget" --timeout 400 --out "$out" \
+timeout -k 10 575 python3 -m spillway bench --matrix "$slice" ${MATRIX_FLAGS:-} --budget "$budget" --timeout 400 --out "$out" \
   >"$out/matrix-$slice.txt" 2>>"$log"
 rc=$?
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then

@@ -25,7 +25,7 @@ case "$part" in
   *) echo "ooc-bench.sh: unknown part '$part' (b2, b4, b5 or b2b4)" >&2; exit 2 ;;
 esac
 # SIZES and BENCH_FLAGS only for trying the script on CPU workers (SIZES=tiny BENCH_FLAGS=--cpu)
-timeout -k 10 570 python3 -m service bench --sizes "${SIZES:-full}" ${BENCH_FLAGS:-} --only "$only" --label "$part" --timeout "$timeout" \
+timeout -k 10 570 python3 -m spillway bench --sizes "${SIZES:-full}" ${BENCH_FLAGS:-} --only "$only" --label "$part" --timeout "$timeout" \
   --out "$out" >"$out/ooc-$part.txt" 2>&1
 rc=$?
 [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && echo "ooc-bench.sh: $part cut off after 570 s" | tee -a "$out/ooc-$part.txt"

@@ -2,7 +2,7 @@
 # Zarr on one GPU (issue 20), in one call of under 8 minutes on nvidia-h100-x1 (one H100
 # 80 GB, 125 GiB RAM, ~60 GB free disk at 1.1 GB/s write, 1.6 GB/s read):
 #   1. the GPU tests of Zarr I/O: to_zarr of CuPy-backed dask arrays and xarray Datasets on
-#      service.local(), --output under a NumPy meta, sharded zstd decoded by nvCOMP to
+#      spillway.local(), --output under a NumPy meta, sharded zstd decoded by nvCOMP to
 #      zarr's bits, and the climatology notebook at 8 years (12.1 GB) on one GPU;
 #   2. `spillway bench --zarr --sizes small` (12.1 GB: an uncompressed and a sharded zstd
 #      store, each written, read cold and cached 3 times, ~2.5 min);
@@ -47,7 +47,7 @@ fi
 if has small; then
 echo "== spillway bench --zarr --sizes $small" | tee -a "$out/zarr-bench.log"
 t0=$(date +%s)
-timeout 300 python3 -m service bench --zarr --sizes "$small" --label "$small" --local-directory "$scratch" \
+timeout 300 python3 -m spillway bench --zarr --sizes "$small" --label "$small" --local-directory "$scratch" \
   --out "$out/results" >>"$out/zarr-bench.log" 2>&1
 small_rc=$?
 small_s=$(( $(date +%s) - t0 ))
@@ -73,8 +73,8 @@ elif has full && [ "$years" -ge 10 ]; then
   timeout $(( left + 20 )) python3 - "$years" "$scratch" "$out/results" >>"$out/zarr-bench.log" 2>&1 <<'PY'
 import sys
 
-from service.bench import zarr_io
-from service.cli import main
+from spillway.service.bench import zarr_io
+from spillway.service.cli import main
 
 years, scratch, results = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 zarr_io.SCALES["full"] = ((721, 1440), years * 365)  # the full grid, fewer years: see the script's header

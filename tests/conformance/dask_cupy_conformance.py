@@ -48,9 +48,9 @@ def _open(kind: str):
                                    device_memory_limit=DEVICE_LIMIT, dashboard_address=None)
         client = Client(cluster)
         return client, lambda: (client.close(), cluster.close())
-    import service
+    import spillway
 
-    cluster = service.local(devices="0", device_memory_limit=DEVICE_LIMIT, dashboard_address="")
+    cluster = spillway.local(devices="0", device_memory_limit=DEVICE_LIMIT, dashboard_address="")
     if kind == "tiered-disk":
         cluster.client.run(_host_tier_holds_nothing)
     return cluster.client, cluster.close

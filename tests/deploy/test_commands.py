@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from deploy import commands
-from service.options import Options
+from spillway.deploy import commands
+from spillway.service.options import Options
 
 
 def _parse(command, args: list[str]) -> dict:

@@ -14,11 +14,11 @@ import sysconfig
 import numpy as np
 import pytest
 
-from deploy.mpi.layout import check_world, device_for_rank, execute_kwargs, worker_options
-from service.errors import OptionsError
-from service.options import Options
-from workflows import random
-from workflows.registry import relative_error
+from spillway.deploy.mpi.layout import check_world, device_for_rank, execute_kwargs, worker_options
+from spillway.service.errors import OptionsError
+from spillway.service.options import Options
+from spillway.workflows import random
+from spillway.workflows.registry import relative_error
 
 
 def test_worker_ranks_take_distinct_gpus_of_their_node():
@@ -45,7 +45,7 @@ def test_world_needs_a_worker_rank():
 def test_gpu_worker_keywords_come_from_the_options():
     options = Options.resolve(rmm_pool_size="10GB", device_memory_limit=0.7, threads_per_worker=2)
     kwargs = execute_kwargs(options, n_workers=8)
-    assert kwargs["worker_class"] == "service.launch.gpu_worker.TieredCUDAWorker"  # the default tiered store
+    assert kwargs["worker_class"] == "spillway.service.launch.gpu_worker.TieredCUDAWorker"  # the default tiered store
     assert kwargs["protocol"] == "ucx" and kwargs["nthreads"] == 2
     assert kwargs["client_rank"] == kwargs["scheduler_rank"] == 0 and kwargs["exclusive_workers"]
     worker = kwargs["worker_options"]
@@ -66,7 +66,7 @@ def test_cpu_worker_keywords():
     (dict(scheduler_address="tcp://h:1"), "scheduler-address/scheduler-file: spillway mpi starts its own"),
 ])
 def test_launch_refuses_options_it_cannot_honour(options, message):
-    from deploy.mpi import launch
+    from spillway.deploy.mpi import launch
 
     with pytest.raises(OptionsError) as e:
         launch.run(Options.resolve(**options), "transpose-sum", {})
@@ -103,7 +103,7 @@ def _mpirun(tmp_path, n_ranks: int, shape, seed: int, *flags: str, timeout: floa
     # more ranks than the CI machine's 2 cores: Open MPI 4 reads the OMPI_ setting, 5 (PRRTE) the PRTE_ one
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"}
-    args = [mpirun, "-n", str(n_ranks), sys.executable, "-m", "service", "mpi", "transpose-sum", "--verify",
+    args = [mpirun, "-n", str(n_ranks), sys.executable, "-m", "spillway", "mpi", "transpose-sum", "--verify",
             "--param", f"size={shape[0]}x{shape[1]}", "--param", f"seed={seed}", *flags,
             "--dashboard-address", "none", "--local-directory", str(tmp_path / "scratch"),
             "--report", str(report_path)]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.mpi.layout import TIERED_WORKER, execute_kwargs, worker_class
-from service.launch import gpu_worker, worker_store
-from service.launch.plan import PINNED_HOST_FRACTION
-from service.options import Options
+from spillway.deploy.mpi.layout import TIERED_WORKER, execute_kwargs, worker_class
+from spillway.service.launch import gpu_worker, worker_store
+from spillway.service.launch.plan import PINNED_HOST_FRACTION
+from spillway.service.options import Options
 from stand_ins import h200_host
 
 HOST = 2 * 10**12

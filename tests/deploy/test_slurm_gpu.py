@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy.slurm import JobSettings, Run, job_script
-from service.options import Options
-from workflows import random
-from workflows.registry import relative_error
+from spillway.deploy.slurm import JobSettings, Run, job_script
+from spillway.service.options import Options
+from spillway.workflows import random
+from spillway.workflows.registry import relative_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

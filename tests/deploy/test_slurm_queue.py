@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from deploy.slurm import queue
-from service.cli import main
+from spillway.deploy.slurm import queue
+from spillway.service.cli import main
 
 
 def test_sbatch_parsable_output():

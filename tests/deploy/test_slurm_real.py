@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workflows import random
-from workflows.registry import relative_error
+from spillway.workflows import random
+from spillway.workflows.registry import relative_error
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ JOB_TIMEOUT_S = 180
 
 
 def spillway(cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "service", *args], env=cluster.env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "spillway", *args], env=cluster.env, capture_output=True,
                           text=True, timeout=timeout)
 
 

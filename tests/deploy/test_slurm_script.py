@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from deploy.slurm import JobSettings, Run, job_script, parse_walltime, worker_lifetime
-from service.errors import OptionsError
-from service.options import Options
+from spillway.deploy.slurm import JobSettings, Run, job_script, parse_walltime, worker_lifetime
+from spillway.service.errors import OptionsError
+from spillway.service.options import Options
 
 GPU_JOB = JobSettings(nodes=2, gpus_per_node=4, time="01:00:00", partition="gpu", account="proj", qos="high",
                       job_name="spillway-transpose-sum", output_dir="/shared/runs", python="/shared/venv/bin/python",
@@ -43,7 +43,7 @@ def test_gpu_script_directives_and_layout():
     assert "--host" not in scheduler and scheduler[scheduler.index("--protocol") + 1] == "ucx"
     # the default store is spillway's tiered one, which `dask cuda worker` cannot be given
     assert "dask cuda worker" not in text
-    worker = shlex.split(line_with(text, "-m service worker"))
+    worker = shlex.split(line_with(text, "-m spillway worker"))
     assert worker[:6] == ["srun", "--overlap", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=8",
                           "--cpu-bind=none"]
     flags = dict(zip(worker, worker[1:]))
@@ -58,7 +58,7 @@ def test_gpu_script_directives_and_layout():
     assert "export UCX_WARN_UNUSED_ENV_VARS=n" in text
     # results and report next to the job output
     assert "RESULTS=/shared/runs/spillway-${SLURM_JOB_ID}" in text
-    run = line_with(text, "-m service run")
+    run = line_with(text, "-m spillway run")
     assert '>"$RESULTS/01-transpose-sum.json"' in run
     assert "--verify --json --no-progress --scheduler-file \"$SCHEDULER_FILE\"" in run
 
@@ -66,7 +66,7 @@ def test_gpu_script_directives_and_layout():
 def test_dask_cuda_store_keeps_dask_cuda_worker():
     options = Options.resolve(rmm_pool_size="100GB", device_memory_limit="120GB", memory_store="dask-cuda")
     text = job_script(options, GPU_JOB, RUNS)
-    assert "-m service worker" not in text
+    assert "-m spillway worker" not in text
     worker = shlex.split(line_with(text, "dask cuda worker"))
     flags = dict(zip(worker, worker[1:]))
     assert flags["--rmm-pool-size"] == "100000000000"
@@ -76,7 +76,7 @@ def test_dask_cuda_store_keeps_dask_cuda_worker():
     assert "--enable-nvlink" in worker
     # managed memory has no device tier to manage: dask-cuda's store as well
     managed = job_script(Options.resolve(rmm_managed_memory=True, nvlink=False), GPU_JOB, RUNS)
-    assert "dask cuda worker" in managed and "-m service worker" not in managed
+    assert "dask cuda worker" in managed and "-m spillway worker" not in managed
 
 
 def test_spillway_worker_flags_parse_back_to_the_options(tmp_path, monkeypatch):
@@ -84,8 +84,8 @@ def test_spillway_worker_flags_parse_back_to_the_options(tmp_path, monkeypatch):
     options the script was rendered from (every worker setting, unset ones included)."""
     from click.testing import CliRunner
 
-    from service.cli import main
-    from service.launch import gpu_worker
+    from spillway.service.cli import main
+    from spillway.service.launch import gpu_worker
 
     for name in ("ca.pem", "cert.pem", "key.pem"):
         (tmp_path / name).write_text("x")
@@ -94,8 +94,8 @@ def test_spillway_worker_flags_parse_back_to_the_options(tmp_path, monkeypatch):
                               transfer_connections=4, local_directory=str(tmp_path), interface="ib0",
                               rmm_track_allocations=True, tls_ca_file=str(tmp_path / "ca.pem"),
                               tls_cert=str(tmp_path / "cert.pem"), tls_key=str(tmp_path / "key.pem"))
-    worker = shlex.split(line_with(job_script(options, GPU_JOB, RUNS), "-m service worker"))
-    args = worker[worker.index("service") + 1:]
+    worker = shlex.split(line_with(job_script(options, GPU_JOB, RUNS), "-m spillway worker"))
+    args = worker[worker.index("spillway") + 1:]
     args = [str(tmp_path / "s.json") if a == "$SCHEDULER_FILE" else a for a in args[:args.index(">$RESULTS/workers.log")]]
     seen = {}
     monkeypatch.setattr(gpu_worker, "run_node", lambda opts, **kw: seen.update(options=opts, **kw))
@@ -122,7 +122,7 @@ def test_cleanup_trap_and_background_steps():
     text = job_script(Options.resolve(), GPU_JOB, RUNS)
     assert "trap cleanup EXIT" in text and "trap 'exit 143' TERM" in text
     # every long step runs in the background and is waited for, so a cancel is handled at once
-    for needle in ("dask scheduler", "-m service worker", "wait-workers", "-m service run"):
+    for needle in ("dask scheduler", "-m spillway worker", "wait-workers", "-m spillway run"):
         assert line_with(text, needle).rstrip().endswith("&"), needle
 
 
@@ -138,7 +138,7 @@ def test_cpus_and_memory_per_node():
     job = JobSettings(nodes=1, gpus_per_node=2, time="00:10:00", cpus_per_task=16, mem="500G")
     text = job_script(Options.resolve(threads_per_worker=4), job, RUNS)
     assert "--cpus-per-task=16" in directives(text) and "--mem=500G" in directives(text)
-    assert "--cpus-per-task=16" in line_with(text, "-m service worker")
+    assert "--cpus-per-task=16" in line_with(text, "-m spillway worker")
     # by default one CPU per worker thread plus one per worker
     default = job_script(Options.resolve(threads_per_worker=4), JobSettings(gpus_per_node=2, time="10"), RUNS)
     assert "--cpus-per-task=10" in directives(default)
@@ -170,9 +170,9 @@ def test_interface_and_tls_reach_every_process(tmp_path):
     options = Options.resolve(interface="ib0", tls_ca_file=str(tmp_path / "ca.pem"),
                               tls_cert=str(tmp_path / "cert.pem"), tls_key=str(tmp_path / "key.pem"))
     text = job_script(options, GPU_JOB, RUNS)
-    for needle in ("dask scheduler", "-m service worker", "wait-workers", "-m service run"):
+    for needle in ("dask scheduler", "-m spillway worker", "wait-workers", "-m spillway run"):
         assert f"--tls-ca-file {tmp_path / 'ca.pem'}" in line_with(text, needle), needle
-    for needle in ("dask scheduler", "-m service worker"):
+    for needle in ("dask scheduler", "-m spillway worker"):
         assert "--interface ib0" in line_with(text, needle)
 
 

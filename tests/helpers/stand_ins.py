@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.gpus import GPU, Inventory
+from spillway.service.gpus import GPU, Inventory
 
 
 def h200_host(n: int, *, links: int = 0) -> Inventory:

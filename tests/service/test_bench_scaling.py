@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from service.bench import scaling, workloads
-from service.bench.scaling import BASE_WORKERS, STUDY
-from service.cli import main
-from service.errors import ParamError
-from workflows import random
-from workflows.params import Target
+from spillway.service.bench import scaling, workloads
+from spillway.service.bench.scaling import BASE_WORKERS, STUDY
+from spillway.service.cli import main
+from spillway.service.errors import ParamError
+from spillway.workflows import random
+from spillway.workflows.params import Target
 
 SCALES = ("tiny", "small", "full")
 COUNTS = (1, 2, 3, 4, 6, 8, 16)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from service.bench import zarr_io as bench
-from service.cli import main
-from service.gpus import Inventory
-from service.options import Options
+from spillway.service.bench import zarr_io as bench
+from spillway.service.cli import main
+from spillway.service.gpus import Inventory
+from spillway.service.options import Options
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from service.cli import main
-from workflows import random
+from spillway.service.cli import main
+from spillway.workflows import random
 
 QUIET = ["--dashboard-address", "", "--cpu", "--n-workers", "2"]
 
@@ -32,7 +32,7 @@ def test_help_has_examples(command):
 
 
 def test_help_imports_no_gpu_or_cluster_library():
-    code = ("import sys; from click.testing import CliRunner; from service.cli import main; "
+    code = ("import sys; from click.testing import CliRunner; from spillway.service.cli import main; "
             "r = CliRunner().invoke(main, ['--help']); assert r.exit_code == 0; "
             "print(sorted(m for m in ('cupy', 'rmm', 'dask_cuda', 'distributed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -41,7 +41,7 @@ def test_help_imports_no_gpu_or_cluster_library():
 
 
 def test_python_dash_m_service():
-    out = subprocess.run([sys.executable, "-m", "service", "--help"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "spillway", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "Usage: spillway" in out.stdout
 
 
@@ -116,7 +116,7 @@ def test_up_then_run_attached_then_sigterm(tmp_path):
     sched = tmp_path / "sched.json"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "up", "--cpu", "--n-workers", "2", "--dashboard-address", "",
+        [sys.executable, "-m", "spillway", "up", "--cpu", "--n-workers", "2", "--dashboard-address", "",
          "--scheduler-file-out", str(sched)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
     )
@@ -127,7 +127,7 @@ def test_up_then_run_attached_then_sigterm(tmp_path):
         assert sched.exists(), proc.stderr.read() if proc.poll() is not None else "no scheduler file"
         time.sleep(0.5)
         out = subprocess.run(
-            [sys.executable, "-m", "service", "run", "transpose-sum", "--scheduler-file", str(sched),
+            [sys.executable, "-m", "spillway", "run", "transpose-sum", "--scheduler-file", str(sched),
              "--param", "size=400x400", "--param", "chunks=100x100", "--json", "--verify"],
             capture_output=True, text=True, timeout=120, env=env,
         )
@@ -164,7 +164,7 @@ def test_run_json_stdout_is_one_object_whatever_processes_print(tmp_path):
                DASK_DISTRIBUTED__WORKER__PRELOAD=f"['{preload}']",
                DASK_DISTRIBUTED__SCHEDULER__PRELOAD=f"['{preload}']")
     out = subprocess.run(
-        [sys.executable, "-m", "service", "run", "transpose-sum", "--param", "size=200x200", "--json", *QUIET],
+        [sys.executable, "-m", "spillway", "run", "transpose-sum", "--param", "size=200x200", "--json", *QUIET],
         capture_output=True, text=True, timeout=150, env=env,
     )
     assert out.returncode == 0, out.stderr
@@ -177,7 +177,7 @@ def test_run_json_stdout_is_one_object_whatever_processes_print(tmp_path):
 
 
 def test_json_stdout_in_process_keeps_fd1_and_writes_to_the_stream(capsys):
-    from service.cli.stdout import JsonStdout
+    from spillway.service.cli.stdout import JsonStdout
 
     with JsonStdout() as out:
         out.emit('{"a": 1}')
@@ -186,7 +186,7 @@ def test_json_stdout_in_process_keeps_fd1_and_writes_to_the_stream(capsys):
 
 def test_json_stdout_moves_fd1_and_restores_it(tmp_path):
     code = ("import os, sys\n"
-            "from service.cli.stdout import JsonStdout\n"
+            "from spillway.service.cli.stdout import JsonStdout\n"
             "with JsonStdout() as out:\n"
             "    os.write(1, b'c-level\\n'); print('python'); out.emit('{}')\n"
             "os.write(1, b'after\\n')\n")

@@ -1,4 +1,4 @@
-"""`service.connect`: the notebook client against a real `spillway serve` on loopback
+"""`spillway.connect`: the notebook client against a real `spillway serve` on loopback
 with its own CPU cluster."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 
 pytest.importorskip("httpx")
 
-import service  # noqa: E402
-from service.client import JobFailed, JobResult, ServiceError, open_output  # noqa: E402
-from service.display import Report  # noqa: E402
-from workflows import random  # noqa: E402
+import spillway  # noqa: E402
+from spillway.service.client import JobFailed, JobResult, ServiceError, open_output  # noqa: E402
+from spillway.service.display import Report  # noqa: E402
+from spillway.workflows import random  # noqa: E402
 
 # the service tests' helpers start `spillway serve` on loopback and add tenants
 sys.path.insert(0, str(Path(__file__).parent / "api"))
@@ -46,7 +46,7 @@ def served(tmp_path_factory):
 @pytest.fixture(scope="module")
 def alice(served):
     server, tokens, _ = served
-    with service.connect(server.url, tokens["alice"]) as client:
+    with spillway.connect(server.url, tokens["alice"]) as client:
         yield client
 
 
@@ -57,16 +57,16 @@ def rel_error(computed, expected) -> float:
 def test_connect_refuses_a_bad_token_with_the_service_message(served):
     server, _, _ = served
     with pytest.raises(ServiceError, match="invalid or revoked token") as e:
-        service.connect(server.url, "spw_not-a-token")
+        spillway.connect(server.url, "spw_not-a-token")
     assert e.value.status == 401
     with pytest.raises(ServiceError, match="token: a tenant token is required"):
-        service.connect(server.url, "")
+        spillway.connect(server.url, "")
 
 
 def test_connect_to_nothing_names_the_address():
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ServiceError, match=f"cannot reach the service at {url}"):
-        service.connect(url, "spw_x", timeout=5)
+        spillway.connect(url, "spw_x", timeout=5)
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
@@ -80,8 +80,8 @@ def test_connect_over_https_with_the_service_certificate(tmp_path):
     server = Server(state, "--cpu", "--n-workers", "1", https=(str(cert), str(key))).start()
     try:
         with pytest.raises(ServiceError, match="cannot reach the service at https://.*CERTIFICATE_VERIFY_FAILED"):
-            service.connect(server.url, token)
-        with service.connect(server.url, token, verify=str(cert)) as svc:
+            spillway.connect(server.url, token)
+        with spillway.connect(server.url, token, verify=str(cert)) as svc:
             result = svc.submit("transpose-sum", size="200x200", chunks="100x100", verify=True).result(timeout=60)
             assert result.report["verify"]["ok"] is True
     finally:
@@ -89,8 +89,7 @@ def test_connect_over_https_with_the_service_certificate(tmp_path):
 
 
 def test_catalogue_and_health(alice):
-    import workflows
-
+    from spillway import workflows
     catalogue = alice.workflows()
     assert [w["name"] for w in catalogue] == workflows.names()
     assert all(w["schema"]["properties"] for w in catalogue)
@@ -166,7 +165,7 @@ def test_bad_parameters_arrive_as_the_service_message(alice):
 def test_other_tenants_jobs_are_not_found(served, alice):
     server, tokens, _ = served
     job = alice.submit("transpose-sum", SMALL)
-    with service.connect(server.url, tokens["bob"]) as bob:
+    with spillway.connect(server.url, tokens["bob"]) as bob:
         with pytest.raises(ServiceError, match=f"job '{job.id}' not found") as e:
             bob.job(job.id)
         assert e.value.status == 404

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import jsonschema
 
-from service.config_docs import BEGIN, END, readme_block
-from service.options import Options, fields, load_defaults, load_schema
+from spillway.service.config_docs import BEGIN, END, readme_block
+from spillway.service.options import Options, fields, load_defaults, load_schema
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -48,5 +48,5 @@ def test_readme_table_is_generated_from_schema():
     block = re.search(re.escape(BEGIN) + ".*?" + re.escape(END), text, flags=re.S)
     assert block, "README lacks the configuration table markers"
     assert block.group(0) == readme_block(), (
-        "README configuration table is stale: regenerate it from service.config_docs.readme_block()"
+        "README configuration table is stale: regenerate it from spillway.service.config_docs.readme_block()"
     )

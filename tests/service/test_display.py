@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from service.display import Report, advance, job_html, plot, progress_bar, report_html
+from spillway.service.display import Report, advance, job_html, plot, progress_bar, report_html
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from distributed import Client, LocalCluster
 
-from service.errors import DeviceMemoryExhausted, SpillwayError
+from spillway.service.errors import DeviceMemoryExhausted, SpillwayError
 
 
 def _exhausted():

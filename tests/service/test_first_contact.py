@@ -11,7 +11,7 @@ import textwrap
 
 from click.testing import CliRunner
 
-from service.cli import main
+from spillway.service.cli import main
 
 
 def test_bad_params_json_is_one_line():
@@ -21,12 +21,12 @@ def test_bad_params_json_is_one_line():
 
 
 def test_bad_param_refused_before_a_cluster_starts(monkeypatch):
-    import service.launch
+    import spillway.service.launch
 
     def no_cluster(*args, **kwargs):
         raise AssertionError("a cluster was started for a bad value")
 
-    monkeypatch.setattr(service.launch, "open_cluster", no_cluster)
+    monkeypatch.setattr(spillway.service.launch, "open_cluster", no_cluster)
     result = CliRunner().invoke(main, ["run", "reduction", "--param", "axis=5"])
     assert result.exit_code == 2, result.output
     assert result.output.strip() == "spillway: error: axis: 5 is not one of all, 0, 1"
@@ -41,7 +41,7 @@ def test_catalogue_lists_allowed_values():
 def test_service_commands_without_the_extra_are_one_line():
     for command in (["serve"], ["tenant", "list"]):
         code = ("import sys; [sys.modules.__setitem__(m, None) for m in ('fastapi', 'uvicorn', 'sqlalchemy')];"
-                f"from service.cli import main; main({command!r})")
+                f"from spillway.service.cli import main; main({command!r})")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert out.returncode == 2, out.stderr
         assert "Traceback" not in out.stderr
@@ -49,7 +49,7 @@ def test_service_commands_without_the_extra_are_one_line():
 
 
 def test_progress_bar_stays_out_of_a_redirected_log(monkeypatch):
-    from service.display import progress_bar
+    from spillway.service.display import progress_bar
 
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert progress_bar("run", True) is None
@@ -61,8 +61,8 @@ def test_progress_bar_stays_out_of_a_redirected_log(monkeypatch):
 def test_script_without_main_guard_is_told_so(tmp_path):
     script = tmp_path / "snippet.py"
     script.write_text(textwrap.dedent("""
-        import service
-        with service.local(cpu=True, n_workers=1, dashboard_address=None) as cluster:
+        import spillway
+        with spillway.local(cpu=True, n_workers=1, dashboard_address=None) as cluster:
             print(cluster.run("transpose-sum", progress=False)["result"])
     """))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)

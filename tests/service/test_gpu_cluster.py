@@ -7,11 +7,11 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from service.cli import main
-from service.gpus import discover
-from service.launch import open_cluster
-from service.launch.plan import ucxx_installed
-from service.options import Options
+from spillway.service.cli import main
+from spillway.service.gpus import discover
+from spillway.service.launch import open_cluster
+from spillway.service.launch.plan import ucxx_installed
+from spillway.service.options import Options
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +22,7 @@ def _device_identity(dask_worker):
     import cupy
     import rmm
 
-    from service.plugins import PLUGIN_NAME
+    from spillway.service.plugins import PLUGIN_NAME
 
     resources = []
     mr = rmm.mr.get_current_device_resource()

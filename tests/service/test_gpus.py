@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from service import gpus
+from spillway.service import gpus
 
 
 class FakeNVML:

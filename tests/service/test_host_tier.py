@@ -7,10 +7,10 @@ import logging
 
 from distributed.worker_memory import parse_memory_limit
 
-from service.launch import local_gpu
-from service.launch.plan import plan
-from service.memory.growth import headroom_for, host_total
-from service.options import Options
+from spillway.service.launch import local_gpu
+from spillway.service.launch.plan import plan
+from spillway.service.memory.growth import headroom_for, host_total
+from spillway.service.options import Options
 from stand_ins import h200_host
 
 GiB = 2**30

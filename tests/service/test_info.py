@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from service import gpus, info
-from service.bench import report
+from spillway.service import gpus, info
+from spillway.service.bench import report
 
 from .test_gpus import FakeNVML, FakeSwitchNVML
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 from distributed import WorkerPlugin
 
-from service.launch import close_cluster
+from spillway.service.launch import close_cluster
 
 
 class Cluster:
@@ -70,8 +70,8 @@ def _run_and_close(close_timeout) -> list[str]:
     worker a 6 s exit and close it; the nanny's log lines."""
     import dask.array as da
 
-    from service import launch
-    from service.options import Options
+    from spillway.service import launch
+    from spillway.service.options import Options
 
     nanny = logging.getLogger("distributed.nanny")
     lines, level = Lines(), nanny.level
@@ -102,9 +102,9 @@ def test_closing_after_a_run_waits_for_a_slow_worker_instead_of_killing_it():
 
 
 def test_close_timeout_grows_with_what_a_gpu_worker_holds():
-    from service.launch import CLOSE_BASE_S, CLOSE_BYTES_PER_S, close_timeout_s
-    from service.launch.plan import LaunchPlan
-    from service.options import Options
+    from spillway.service.launch import CLOSE_BASE_S, CLOSE_BYTES_PER_S, close_timeout_s
+    from spillway.service.launch.plan import LaunchPlan
+    from spillway.service.options import Options
 
     cpu = LaunchPlan(kind="cpu", n_workers=2)
     assert close_timeout_s(Options.resolve(cpu=True), cpu) == CLOSE_BASE_S

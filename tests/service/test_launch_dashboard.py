@@ -11,10 +11,10 @@ import httpx
 import psutil
 import pytest
 
-from service.launch import local_cpu, local_gpu, open_cluster
-from service.launch.http_server import http_server_off
-from service.launch.plan import plan
-from service.options import Options
+from spillway.service.launch import local_cpu, local_gpu, open_cluster
+from spillway.service.launch.http_server import http_server_off
+from spillway.service.launch.plan import plan
+from spillway.service.options import Options
 from stand_ins import h200_host
 
 inventory = functools.partial(h200_host, links=18)

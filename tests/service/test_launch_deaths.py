@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from service.errors import ClusterStartError, SpillwayError
-from service.launch.deaths import start_failure, watch_worker_deaths
+from spillway.service.errors import ClusterStartError, SpillwayError
+from spillway.service.launch.deaths import start_failure, watch_worker_deaths
 
 
 def test_nanny_death_messages_are_collected_at_info_and_only_inside_the_block():
@@ -66,8 +66,8 @@ def test_no_death_points_at_the_worker_logs():
 
 def test_open_cluster_turns_a_start_timeout_into_the_nannies_story(monkeypatch):
     """The real open_cluster path, with a launcher whose worker never arrives."""
-    import service.launch as launch
-    from service.options import Options
+    import spillway.service.launch as launch
+    from spillway.service.options import Options
 
     class Client:
         status = "running"
@@ -95,7 +95,7 @@ def test_open_cluster_turns_a_start_timeout_into_the_nannies_story(monkeypatch):
 
 
 def test_death_reasons_by_pid_with_out_of_memory():
-    from service.launch.deaths import death_reasons
+    from spillway.service.launch.deaths import death_reasons
 
     messages = ["Worker process 11 was killed by signal 9",
                 "Worker tcp://127.0.0.1:5 (pid=12) exceeded 95% memory budget",

@@ -3,7 +3,7 @@ UCX_MEMTYPE_CACHE, which UCX 1.18 and later no longer read), unless the user set
 
 from __future__ import annotations
 
-from service.launch.ucx_env import QUIET_UCX, quiet_ucx
+from spillway.service.launch.ucx_env import QUIET_UCX, quiet_ucx
 
 
 def test_quiet_ucx_keeps_what_the_user_set():
@@ -18,8 +18,8 @@ def test_quiet_ucx_keeps_what_the_user_set():
 def test_attaching_a_client_quiets_ucx_for_this_process(monkeypatch):
     from distributed import LocalCluster
 
-    from service.launch import open_cluster
-    from service.options import Options
+    from spillway.service.launch import open_cluster
+    from spillway.service.options import Options
 
     monkeypatch.delenv("UCX_WARN_UNUSED_ENV_VARS", raising=False)
     with LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=None,

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from service.cli import main
-from service.errors import OptionsError
-from service.gpus import Inventory
-from service.launch import gpu_worker, local_gpu, worker_store
-from service.launch.plan import PINNED_HOST_FRACTION, plan
-from service.options import Options
+from spillway.service.cli import main
+from spillway.service.errors import OptionsError
+from spillway.service.gpus import Inventory
+from spillway.service.launch import gpu_worker, local_gpu, worker_store
+from spillway.service.launch.plan import PINNED_HOST_FRACTION, plan
+from spillway.service.options import Options
 from stand_ins import h200_host
 
 HOST = 2 * 10**12
@@ -97,7 +97,7 @@ def test_importing_the_worker_module_imports_no_gpu_library():
     import subprocess
     import sys
 
-    code = ("import sys, service.launch.gpu_worker as g; "
+    code = ("import sys, spillway.service.launch.gpu_worker as g; "
             "print(sorted(m for m in ('cupy', 'rmm', 'dask_cuda') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
@@ -105,9 +105,9 @@ def test_importing_the_worker_module_imports_no_gpu_library():
 
 def numpy_store(*, worker_local_directory, device_limit, host_limit):
     """spillway's tiered store with NumPy in the device tier's place (CPU workers)."""
-    from service.memory.codecs import NumpyCodec
-    from service.memory.disk import DiskTier
-    from service.memory.store import TieredStore
+    from spillway.service.memory.codecs import NumpyCodec
+    from spillway.service.memory.disk import DiskTier
+    from spillway.service.memory.store import TieredStore
 
     return TieredStore(device_limit=device_limit, host_limit=host_limit, codec=NumpyCodec(),
                        disk=DiskTier(worker_local_directory))
@@ -163,7 +163,7 @@ def test_gpu_run_json_is_clean(gpu_count):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "service", "run", "transpose-sum", "--param", "size=8000x8000",
+    out = subprocess.run([sys.executable, "-m", "spillway", "run", "transpose-sum", "--param", "size=8000x8000",
                           "--param", "chunks=2000x2000", "--verify", "--json", "--dashboard-address", ""],
                          capture_output=True, text=True, timeout=540)
     assert out.returncode == 0, out.stderr[-4000:]

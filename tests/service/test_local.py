@@ -1,4 +1,4 @@
-"""`service.local`: the embedded cluster of a notebook, on CPU workers here."""
+"""`spillway.local`: the embedded cluster of a notebook, on CPU workers here."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import dask.array as da
 import numpy as np
 import pytest
 
-import service
-from service import OptionsError, ParamError
-from service.display import Report
-from service.local import Local
-from workflows import random
+import spillway
+from spillway import OptionsError, ParamError
+from spillway.service.display import Report
+from spillway.service.local import Local
+from spillway.workflows import random
 
 sys.path.insert(0, str(Path(__file__).parent / "api"))
 from serve_helpers import wait_for  # noqa: E402
@@ -24,7 +24,7 @@ from serve_helpers import wait_for  # noqa: E402
 
 @pytest.fixture(scope="module")
 def cluster():
-    with service.local(cpu=True, n_workers=2, dashboard_address="127.0.0.1:0") as lc:
+    with spillway.local(cpu=True, n_workers=2, dashboard_address="127.0.0.1:0") as lc:
         yield lc
 
 
@@ -34,9 +34,9 @@ def rel_error(computed, expected) -> float:
 
 def test_bad_options_are_refused_before_anything_starts():
     with pytest.raises(OptionsError, match="n-workers: 0 must be >= 1"):
-        service.local(cpu=True, n_workers=0)
+        spillway.local(cpu=True, n_workers=0)
     with pytest.raises(OptionsError, match="nworkers: not a spillway option \\(did you mean n_workers\\?\\)"):
-        service.local(nworkers=2)
+        spillway.local(nworkers=2)
 
 
 def test_options_come_from_the_one_options_object(cluster, monkeypatch):
@@ -137,7 +137,7 @@ def test_an_interrupt_cancels_the_run_and_the_cluster_carries_on(cluster):
 
 
 def test_close_stops_the_cluster():
-    with service.local(cpu=True, n_workers=1, dashboard_address="127.0.0.1:0") as lc:
+    with spillway.local(cpu=True, n_workers=1, dashboard_address="127.0.0.1:0") as lc:
         client = lc.client
         assert lc.compute(da.ones(10, chunks=5).sum(), progress=False) == 10
     assert client.status == "closed"
@@ -147,7 +147,7 @@ def test_close_stops_the_cluster():
 def test_local_on_gpus_runs_cupy_chunks(tmp_path, gpu_count):
     import cupy
 
-    with service.local(dashboard_address="127.0.0.1:0") as lc:
+    with spillway.local(dashboard_address="127.0.0.1:0") as lc:
         assert lc.kind == "gpu" and lc.n_workers == gpu_count
         report = lc.run("transpose-sum", size="20000x20000", verify=True, progress=False)
         assert report["verify"]["ok"] is True and report["cluster"]["kind"] == "gpu"
@@ -161,7 +161,7 @@ def test_local_on_gpus_runs_cupy_chunks(tmp_path, gpu_count):
 
 
 def test_gpu_sessions_rechunk_with_tasks_unless_the_user_chose():
-    from service.local import session_config
+    from spillway.service.local import session_config
 
     assert session_config("gpu", {"array": {"rechunk": {"method": None}}}) == {"array.rechunk.method": "tasks"}
     assert session_config("gpu", {"array": {"rechunk": {"method": "p2p"}}}) == {}
@@ -171,5 +171,5 @@ def test_gpu_sessions_rechunk_with_tasks_unless_the_user_chose():
 def test_a_cpu_session_leaves_dask_s_rechunk_method_alone():
     import dask.config
 
-    with service.local(cpu=True, n_workers=1, dashboard_address=None):
+    with spillway.local(cpu=True, n_workers=1, dashboard_address=None):
         assert dask.config.get("array.rechunk.method") is None

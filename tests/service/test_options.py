@@ -5,8 +5,8 @@ from __future__ import annotations
 import dask.config
 import pytest
 
-from service.errors import OptionsError
-from service.options import Options, fields
+from spillway.service.errors import OptionsError
+from spillway.service.options import Options, fields
 
 
 def test_defaults_resolve_without_gpu():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from service.errors import OptionsError
-from service.launch import local_gpu
-from service.launch.plan import PINNED_HOST_FRACTION, pinned_pool_bytes, plan
-from service.options import Options
+from spillway.service.errors import OptionsError
+from spillway.service.launch import local_gpu
+from spillway.service.launch.plan import PINNED_HOST_FRACTION, pinned_pool_bytes, plan
+from spillway.service.options import Options
 from stand_ins import h200_host
 
 HOST = 270 * 10**9  # a stand-in for the 2 x H200 host's memory

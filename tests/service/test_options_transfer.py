@@ -11,10 +11,10 @@ import dask.config
 import pytest
 import yaml
 
-from service.errors import OptionsError
-from service.launch import open_cluster
-from service.launch.worker_config import worker_config
-from service.options import Options
+from spillway.service.errors import OptionsError
+from spillway.service.launch import open_cluster
+from spillway.service.launch.worker_config import worker_config
+from spillway.service.options import Options
 
 KEYS = {
     "incoming": "distributed.worker.connections.incoming",
@@ -76,7 +76,7 @@ def test_bad_values_are_one_line_errors_naming_value_and_limit(key, value, messa
 def test_cli_flag_error_exits_2_before_starting():
     from click.testing import CliRunner
 
-    from service.cli import main
+    from spillway.service.cli import main
 
     result = CliRunner().invoke(main, ["run", "transpose-sum", "--cpu", "--transfer-connections", "0"])
     assert result.exit_code == 2
@@ -138,7 +138,7 @@ def test_unset_options_leave_distributeds_defaults_on_the_workers():
 
 
 def test_batch_script_exports_the_workers_config_for_dask_to_read(tmp_path):
-    from deploy.slurm import JobSettings, Run, job_script
+    from spillway.deploy.slurm import JobSettings, Run, job_script
 
     options = Options.resolve(transfer_connections=6, transfer_message_bytes="2GB", memory_store="tiered")
     text = job_script(options, JobSettings(nodes=1, gpus_per_node=2, time="01:00:00"), [Run("transpose-sum")])
@@ -163,7 +163,7 @@ def test_batch_script_exports_the_workers_config_for_dask_to_read(tmp_path):
 def test_mpi_ranks_build_their_workers_under_the_options_config(monkeypatch):
     pytest.importorskip("mpi4py")
     dask_mpi = pytest.importorskip("dask_mpi")
-    from deploy.mpi import launch
+    from spillway.deploy.mpi import launch
 
     seen = {}
 

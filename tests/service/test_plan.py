@@ -6,10 +6,10 @@ import functools
 
 import pytest
 
-from service.errors import OptionsError
-from service.launch import local_cpu, local_gpu
-from service.launch.plan import plan
-from service.options import Options
+from spillway.service.errors import OptionsError
+from spillway.service.launch import local_cpu, local_gpu
+from spillway.service.launch.plan import plan
+from spillway.service.options import Options
 from stand_ins import h200_host
 
 

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from service import runner
+from spillway.service import runner
 
 
 @pytest.fixture(scope="module")

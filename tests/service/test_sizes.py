@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from service.errors import OptionsError
-from service.options import Options
-from service.sizes import MAX_BYTES, parse_size, parse_size_or_fraction
+from spillway.service.errors import OptionsError
+from spillway.service.options import Options
+from spillway.service.sizes import MAX_BYTES, parse_size, parse_size_or_fraction
 
 
 @pytest.mark.parametrize("value", ["1e400GB", "1e400", "1e300GB", 2**61, 1e300, "9" * 400 + "B"])
@@ -37,7 +37,7 @@ def test_options_refuse_overflowing_sizes_with_one_line(key):
 
 
 def test_cli_overflowing_pool_size_exits_2_without_traceback():
-    out = subprocess.run([sys.executable, "-m", "service", "run", "--cpu", "--rmm-pool-size", "1e400GB",
+    out = subprocess.run([sys.executable, "-m", "spillway", "run", "--cpu", "--rmm-pool-size", "1e400GB",
                           "transpose-sum"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr

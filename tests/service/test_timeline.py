@@ -9,8 +9,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from service.bench import harness, timeline, workloads
-from service.cli import main
+from spillway.service.bench import harness, timeline, workloads
+from spillway.service.cli import main
 
 
 def _adds_up(tl: dict, wall: float) -> None:

@@ -8,8 +8,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from service import transfer
-from service.transfer import IPC, STAGED, cuda_ipc_enabled, describe, effective_tls
+from spillway.service import transfer
+from spillway.service.transfer import IPC, STAGED, cuda_ipc_enabled, describe, effective_tls
 
 
 @pytest.mark.parametrize("tls, enabled", [
@@ -68,9 +68,9 @@ def test_planned_transport_follows_the_nvlink_option():
 def test_read_on_real_cpu_workers_and_in_the_run_report():
     from distributed import Client, LocalCluster
 
-    from service.launch import open_cluster
-    from service.options import Options
-    from service.runner import format_report, run_workflow
+    from spillway.service.launch import open_cluster
+    from spillway.service.options import Options
+    from spillway.service.runner import format_report, run_workflow
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, protocol="tcp", host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
@@ -89,7 +89,7 @@ def test_read_on_real_cpu_workers_and_in_the_run_report():
 
 
 def test_info_says_the_planned_transport():
-    from service.cli import main
+    from spillway.service.cli import main
 
     result = CliRunner().invoke(main, ["info", "--json"], catch_exceptions=False)
     assert result.exit_code == 0
@@ -105,10 +105,10 @@ def test_info_says_the_planned_transport():
 def test_cuda_ipc_is_reported_between_two_gpus(gpu_count):
     if gpu_count < 2:
         pytest.skip("needs two GPUs")
-    from service.cli import main
-    from service.launch import open_cluster
-    from service.options import Options
-    from service.runner import run_workflow
+    from spillway.service.cli import main
+    from spillway.service.launch import open_cluster
+    from spillway.service.options import Options
+    from spillway.service.runner import run_workflow
 
     with open_cluster(Options.resolve(protocol="ucx", rmm_pool_size="4GB", dashboard_address="",
                                       devices="0,1")) as session:

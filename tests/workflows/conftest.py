@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.launch import open_cluster
-from service.options import Options
+from spillway.service.launch import open_cluster
+from spillway.service.options import Options
 
 
 @pytest.fixture(scope="session")

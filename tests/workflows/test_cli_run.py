@@ -7,8 +7,8 @@ import json
 import numpy as np
 from click.testing import CliRunner
 
-from service.cli import main
-from workflows import random
+from spillway.service.cli import main
+from spillway.workflows import random
 
 REPORT_KEYS = {"workflow", "params", "wall_s", "result", "verify", "bytes_transferred", "bytes_spilled",
                "peak_bytes_per_worker", "bytes_read", "bytes_written", "footprint"}

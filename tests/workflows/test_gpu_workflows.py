@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from service.launch import open_cluster
-from service.options import Options
-from service.runner import run_workflow
-from service.sizes import format_bytes
+from spillway.service.launch import open_cluster
+from spillway.service.options import Options
+from spillway.service.runner import run_workflow
+from spillway.service.sizes import format_bytes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -48,7 +48,7 @@ ROWS: list[tuple] = []
 
 @pytest.fixture(scope="module")
 def gpu2(request):
-    from service.gpus import discover
+    from spillway.service.gpus import discover
 
     if len(discover()) < 2:
         pytest.skip("needs two GPUs")
@@ -99,10 +99,10 @@ def test_200gb_input_is_balanced_over_both_gpus(gpu2, capsys):
     within 10% of an even share, rather than one filling up and spilling."""
     from distributed import wait
 
-    from workflows import placement, random
-    from workflows.chunking import auto_chunks, shape_from_size
-    from workflows.params import Target
-    from service.runner import target_of
+    from spillway.workflows import placement, random
+    from spillway.workflows.chunking import auto_chunks, shape_from_size
+    from spillway.workflows.params import Target
+    from spillway.service.runner import target_of
 
     client = gpu2.client
     target = target_of(gpu2)
@@ -138,7 +138,7 @@ def test_zarr_store_written_and_read_by_gpu_workers(gpu2, tmp_path):
     device memory as the input of the next run."""
     import zarr
 
-    from workflows import random
+    from spillway.workflows import random
 
     out = tmp_path / "panels.zarr"
     report = run_workflow(gpu2, "rechunk", {"size": "16000x16000"}, verify=True, output=str(out))
@@ -178,7 +178,7 @@ class DLPackOnly:
 def test_device_arrays_from_python_are_wrapped_without_a_copy(gpu2):
     import cupy
 
-    from workflows import inputs
+    from spillway.workflows import inputs
 
     a = cupy.random.default_rng(0).random((4000, 3000))
     for given in (a, CudaArrayInterfaceOnly(a), DLPackOnly(a)):
@@ -195,7 +195,7 @@ def test_device_arrays_from_python_are_wrapped_without_a_copy(gpu2):
 
 def test_200gb_workflow_run_spreads_its_input(gpu2, capsys):
     """The same through the runner: a 200 GB sum, its input placed evenly on both GPUs."""
-    from workflows import placement
+    from spillway.workflows import placement
 
     report = run_workflow(gpu2, "reduction", {"op": "sum", "size": "200GB"})
     planned = report["result"]["input_bytes_per_worker"]

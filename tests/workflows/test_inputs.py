@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import workflows
-from service.errors import ParamError
-from service.runner import run_workflow
-from workflows import inputs, random
-from workflows.params import Target
+from spillway import workflows
+from spillway.service.errors import ParamError
+from spillway.service.runner import run_workflow
+from spillway.workflows import inputs, random
+from spillway.workflows.params import Target
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

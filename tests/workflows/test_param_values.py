@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import workflows
-from service.errors import ParamError
-from workflows.params import Target
+from spillway import workflows
+from spillway.service.errors import ParamError
+from spillway.workflows.params import Target
 
 NASTY_TEXT = st.sampled_from(["1e400GB", "\u0000", "a\u0000b", "nanGB", "infGB", "-1GB", "1e18GB", "9" * 5000,
                               "x", "1x", "0x0", "auto", "", " ", "1e400", "NaN", "all", "0", "1", "float64",

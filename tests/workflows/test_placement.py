@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from distributed import wait
 
-from workflows import placement, random
-from workflows.params import Target
+from spillway.workflows import placement, random
+from spillway.workflows.params import Target
 
 
 @pytest.mark.parametrize("workers", [2, 3, 8])
@@ -62,8 +62,8 @@ def test_runner_keeps_the_placement(cpu_session, monkeypatch):
     replaced so two CPU workers stand in for two GPUs.)"""
     from distributed import get_task_stream
 
-    from service.runner import run_workflow
-    from workflows import inputs
+    from spillway.service.runner import run_workflow
+    from spillway.workflows import inputs
 
     monkeypatch.setattr(inputs, "spread_workers", lambda target, nbytes: target.workers)
     client = cpu_session.client

@@ -9,11 +9,11 @@ import re
 import pytest
 from click.testing import CliRunner
 
-import workflows
-from service.cli import main
-from service.errors import AdmissionError, ParamError
-from service.memory.admission import Capacity, admit
-from workflows.params import Target
+from spillway import workflows
+from spillway.service.cli import main
+from spillway.service.errors import AdmissionError, ParamError
+from spillway.service.memory.admission import Capacity, admit
+from spillway.workflows.params import Target
 
 GB = 10**9
 CAPACITY = Capacity(device_bytes=0, host_bytes=16 * GB, disk_bytes=400 * GB, n_workers=2)
@@ -87,8 +87,8 @@ def test_the_footprint_of_the_parameters_is_a_floor_under_the_built_plans():
 
 
 def test_a_workflow_without_size_parameters_projects_nothing():
-    from workflows.params import Param
-    from workflows.registry import Workflow
+    from spillway.workflows.params import Param
+    from spillway.workflows.registry import Workflow
 
     plain = Workflow(name="plain", description="", params=(Param("n", "int", "n", default=3),),
                      build=lambda params, target: None)

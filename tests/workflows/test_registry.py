@@ -9,10 +9,10 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-import workflows
-from service.cli import main
-from service.errors import ParamError
-from workflows.params import Target
+from spillway import workflows
+from spillway.service.cli import main
+from spillway.service.errors import ParamError
+from spillway.workflows.params import Target
 
 CPU = Target(kind="cpu", n_workers=2)
 GPU = Target(kind="gpu", n_workers=2, worker_bytes=140 * 2**30)
@@ -159,10 +159,10 @@ def test_gpu_plan_of_a_large_input_spreads_it_evenly():
 def test_other_packages_add_workflows_through_entry_points(tmp_path, monkeypatch):
     from importlib.metadata import EntryPoint
 
-    from workflows import registry
+    from spillway.workflows import registry
 
     (tmp_path / "extra_workflows.py").write_text(
-        "from workflows import Workflow, Plan, Footprint, Param\n"
+        "from spillway.workflows import Workflow, Plan, Footprint, Param\n"
         "def build(params, target):\n"
         "    import dask.array as da\n"
         "    return Plan(result=da.ones(params.n, chunks=10).sum(), footprint=Footprint(8, 8),\n"

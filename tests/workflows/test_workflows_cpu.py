@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-import workflows
-from service.runner import run_workflow
+from spillway import workflows
+from spillway.service.runner import run_workflow
 
 #: small parameters per case; each must still make several chunks
 CASES = {

@@ -1,5 +1,5 @@
 """On the GPU host: Zarr with device chunks on spillway's own local cluster
-(``service.local()``, one worker per GPU). A user's ``da.to_zarr`` / ``da.store`` /
+(``spillway.local()``, one worker per GPU). A user's ``da.to_zarr`` / ``da.store`` /
 ``xarray.Dataset.to_zarr`` of CuPy-backed arrays writes (zarr's defaults: zstd; and
 sharded), ``--output`` of a workflow whose graph says NumPy but makes CuPy chunks writes,
 and sharded zstd stores decode on the GPU with nvCOMP to zarr's bits."""
@@ -16,14 +16,14 @@ SHAPE, CHUNKS = (730, 96, 128), (365, 96, 128)
 
 @pytest.fixture(scope="module")
 def cluster():
-    from service.gpus import discover
+    from spillway.service.gpus import discover
 
     if not len(discover()):
         pytest.skip("needs a GPU")
     pytest.importorskip("cupy")
-    import service
+    import spillway
 
-    with service.local(dashboard_address="127.0.0.1:0") as c:
+    with spillway.local(dashboard_address="127.0.0.1:0") as c:
         assert c.kind == "gpu"
         yield c
 
@@ -52,7 +52,7 @@ def _ndbuffer(dask_worker=None):
 
 
 def test_gpu_workers_give_zarr_the_host_buffer(cluster):
-    from workflows import zarr_buffers
+    from spillway.workflows import zarr_buffers
 
     assert set(cluster.client.run(_ndbuffer).values()) == {zarr_buffers.QUALNAME}
 
@@ -103,7 +103,7 @@ def test_output_of_a_workflow_with_cupy_chunks_under_a_numpy_meta(cluster, tmp_p
     its chunks are CuPy; the store is written from the device and reads back to the seeds."""
     import zarr
 
-    from workflows import random
+    from spillway.workflows import random
 
     out = tmp_path / "rows.zarr"
     report = cluster.run("slice", size="4000x3000", step=7, output=str(out), progress=False)
@@ -122,7 +122,7 @@ def test_sharded_zstd_decodes_on_the_gpu_to_zarrs_bits(tmp_path):
     pytest.importorskip("nvidia.nvcomp")
     import zarr
 
-    from workflows import zarr_io
+    from spillway.workflows import zarr_io
 
     data = np.round(250 + 10 * np.random.default_rng(3).standard_normal(SHAPE), 2).astype(np.float32)
     data[:10] = 0  # ten days of fill: inner chunks not stored
@@ -146,7 +146,7 @@ def test_nvcomp_batch_decode_equals_numcodecs():
     pytest.importorskip("nvidia.nvcomp")
     import numcodecs
 
-    from workflows import zarr_io
+    from spillway.workflows import zarr_io
 
     rng = np.random.default_rng(4)
     chunks = [np.round(rng.standard_normal(n), 2).astype(np.float32) for n in (1, 1000, 2**16, 2**20, 3 * 2**20)]

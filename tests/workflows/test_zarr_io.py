@@ -1,4 +1,4 @@
-"""Zarr I/O (workflows/zarr_io.py): which codec chains the direct (KvikIO) path takes,
+"""Zarr I/O (spillway/workflows/zarr_io.py): which codec chains the direct (KvikIO) path takes,
 and that its logic (chunk keys, edge chunks, fill values, skipped chunks) gives zarr's
 values and zarr's files bit for bit. The direct path runs here over host buffers
 (HostIO), the same code the GPU workers run over KvikIO and CuPy."""
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import zarr
 
-from workflows import zarr_io
-from workflows.zarr_io import CODECS, RAW, SHARDED, ZSTD, HostIO
+from spillway.workflows import zarr_io
+from spillway.workflows.zarr_io import CODECS, RAW, SHARDED, ZSTD, HostIO
 
 
 def _array(path, data, chunks, **kw):
@@ -298,7 +298,7 @@ def _device_chunks(data, chunks):
 
 
 def test_dask_store_of_device_chunks_into_zarr_fails_without_and_writes_with_the_host_buffer(tmp_path):
-    from workflows import zarr_buffers
+    from spillway.workflows import zarr_buffers
 
     data = _data((50, 33), "float32")
     for installed in (False, True):

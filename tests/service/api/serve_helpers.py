@@ -28,7 +28,7 @@ def free_port() -> int:
 
 
 def spillway(*args: str, timeout: float = 60, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "service", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "spillway", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
@@ -60,7 +60,7 @@ class Server:
         self.log = Path(state["state_dir"]) / f"serve-{self.port}.log"
 
     def start(self):
-        args = [sys.executable, "-m", "service", "serve", "--port", str(self.port), *state_args(self.state),
+        args = [sys.executable, "-m", "spillway", "serve", "--port", str(self.port), *state_args(self.state),
                 "--dashboard-address", "", *self.cluster_args]
         if self.https:
             args += ["--https-cert", self.https[0], "--https-key", self.https[1]]
@@ -142,7 +142,7 @@ def wait_state(client: httpx.Client, job_id: str, states, timeout: float = 60) -
 def cpu_cluster(tmp: Path, n_workers: int = 2):
     scheduler_file = tmp / "cluster.json"
     log = open(tmp / "up.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "service", "up", "--cpu", "--n-workers", str(n_workers),
+    proc = subprocess.Popen([sys.executable, "-m", "spillway", "up", "--cpu", "--n-workers", str(n_workers),
                              "--dashboard-address", "", "--scheduler-file-out", str(scheduler_file)],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from serve_helpers import Server, add_tenant, jobs_json, wait_for, wait_state
 
-from workflows import random
+from spillway.workflows import random
 
 SMALL = {"size": "400x400", "chunks": "100x100"}
 #: long enough (several seconds on 2 cores) to be caught running

@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serve_helpers import Server, add_tenant, jobs_json
 
-import workflows
-
+from spillway import workflows
 REQUESTS = int(os.environ.get("SPILLWAY_FUZZ_REQUESTS", "1000"))
 
 

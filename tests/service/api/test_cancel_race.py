@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-import service.jobs.scheduler as scheduler_module
-from service.jobs.scheduler import JobScheduler
-from service.launch import open_cluster
-from service.options import Options
-from service.store import Store
+import spillway.service.jobs.scheduler as scheduler_module
+from spillway.service.jobs.scheduler import JobScheduler
+from spillway.service.launch import open_cluster
+from spillway.service.options import Options
+from spillway.service.store import Store
 
 JOB = {"workflow": "slice", "params": {"size": [400, 400], "chunks": [100, 100], "step": 1}, "verify": True,
        "priority": 0, "idempotency_key": None, "footprint_bytes": 1, "output": True}

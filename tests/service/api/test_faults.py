@@ -11,7 +11,7 @@ import pytest
 from distributed import Client
 from serve_helpers import Server, add_tenant, cpu_cluster, wait_for, wait_state
 
-from workflows import random
+from spillway.workflows import random
 
 PARAMS = {"size": "3000x3000", "chunks": "100x100", "seed": 3}
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from serve_helpers import Server, add_tenant, cpu_cluster, jobs_json, wait_for, wait_state
 
-from workflows import random
+from spillway.workflows import random
 
 SMALL = {"size": "300x300", "chunks": "100x100"}
 MEDIUM = {"size": "4500x4500", "chunks": "100x100"}  # long enough to be caught running under load

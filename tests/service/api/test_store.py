@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from service.jobs import next_job
-from service.store import Store, StoreError, hash_token
+from spillway.service.jobs import next_job
+from spillway.service.store import Store, StoreError, hash_token
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import os
 
 from serve_helpers import spillway
 
-from service.store import Store
+from spillway.service.store import Store
 
 
 def test_tenant_add_list_revoke(tmp_path):

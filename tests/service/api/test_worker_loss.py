@@ -16,7 +16,7 @@ import pytest
 from distributed import Client
 from serve_helpers import Server, add_tenant, wait_for, wait_state
 
-from workflows import random
+from spillway.workflows import random
 
 PARAMS = {"size": "3000x3000", "chunks": "100x100", "seed": 3}
 

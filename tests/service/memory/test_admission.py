@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from service.cli import main
-from service.errors import AdmissionError
-from service.memory.admission import Capacity, admit
-from workflows.registry import Footprint
+from spillway.service.cli import main
+from spillway.service.errors import AdmissionError
+from spillway.service.memory.admission import Capacity, admit
+from spillway.workflows.registry import Footprint
 
 GB = 10**9
 

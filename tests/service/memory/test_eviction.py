@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster, get_worker, wait
 
-from service.memory.codecs import NumpyCodec
-from service.memory.disk import DiskTier
-from service.memory.store import TieredStore
+from spillway.service.memory.codecs import NumpyCodec
+from spillway.service.memory.disk import DiskTier
+from spillway.service.memory.store import TieredStore
 
 MB = 2**20
 
@@ -210,7 +210,7 @@ def test_persisted_keys_make_room_for_a_running_task(tmp_path):
     persisted chunks that task does not read, never the one it reads."""
     import dask.array as da
 
-    from service.plugins import WorkerSetup
+    from spillway.service.plugins import WorkerSetup
 
     store = TieredStore(device_limit=64 * MB, host_limit=256 * MB, codec=NumpyCodec(),
                         disk=DiskTier(str(tmp_path)))
@@ -242,7 +242,7 @@ def test_a_task_reading_the_r_of_qr_tuples_lets_their_q_leave(tmp_path):
     use only the bytes of the R it reads."""
     import operator
 
-    from service.plugins import WorkerSetup
+    from spillway.service.plugins import WorkerSetup
 
     store = TieredStore(device_limit=64 * MB, host_limit=256 * MB, codec=NumpyCodec(),
                         disk=DiskTier(str(tmp_path)))
@@ -269,7 +269,7 @@ def test_a_task_reading_the_r_of_qr_tuples_lets_their_q_leave(tmp_path):
 def test_data_a_client_scattered_and_still_holds_is_evicted(tmp_path):
     """In-process, scattered arrays are the client's own objects: referred to from outside
     the store, yet no task is using them, so they leave the device when a task needs room."""
-    from service.plugins import WorkerSetup
+    from spillway.service.plugins import WorkerSetup
 
     store = TieredStore(device_limit=64 * MB, host_limit=256 * MB, codec=NumpyCodec(),
                         disk=DiskTier(str(tmp_path)))
@@ -287,8 +287,8 @@ def test_data_a_client_scattered_and_still_holds_is_evicted(tmp_path):
 
 
 def test_a_failed_allocation_fails_its_task_with_the_store_s_line(tmp_path):
-    from service.errors import DeviceMemoryExhausted
-    from service.plugins import explained
+    from spillway.service.errors import DeviceMemoryExhausted
+    from spillway.service.plugins import explained
 
     s = make(tmp_path, device_mb=2, in_use=lambda: {0, 1})
     s.name = "worker 0 (tcp://127.0.0.1:4000)"
@@ -306,8 +306,8 @@ def test_a_failed_allocation_fails_its_task_with_the_store_s_line(tmp_path):
 
 
 def test_stress_views_tuples_and_evictions_every_value_checked(tmp_path):
-    from service.memory.arena import Arena
-    from service.memory.host import HostBuffers
+    from spillway.service.memory.arena import Arena
+    from spillway.service.memory.host import HostBuffers
 
     s = TieredStore(device_limit=3 * MB, host_limit=4 * MB, codec=NumpyCodec(),
                     disk=DiskTier(str(tmp_path)), host=HostBuffers(Arena(np.empty(3 * MB, dtype=np.uint8))))

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from service.cli import main
-from service.launch import open_cluster
-from service.options import Options
-from workflows import random
+from spillway.service.cli import main
+from spillway.service.launch import open_cluster
+from spillway.service.options import Options
+from spillway.workflows import random
 
 pytestmark = pytest.mark.gpu
 
@@ -61,8 +61,8 @@ def test_persisted_input_larger_than_device_limit_gives_reference(memory_limit, 
     (x + x.T).sum(); with a 1 GB host limit the rest goes to disk."""
     from distributed import wait
 
-    from service.plugins import worker_snapshot
-    from service.runner import transfer_stats
+    from spillway.service.plugins import worker_snapshot
+    from spillway.service.runner import transfer_stats
 
     opts = Options.resolve(device_memory_limit="1GB", memory_limit=memory_limit, rmm_pool_size="4GB",
                            local_directory=str(tmp_path), dashboard_address="", memory_store="tiered")
@@ -120,7 +120,7 @@ def test_persisted_views_and_tuples_make_room_and_exhaustion_is_one_line():
     the pool can ever give fails with the store's line, and the worker lives on."""
     from distributed import wait
 
-    from service.errors import DeviceMemoryExhausted
+    from spillway.service.errors import DeviceMemoryExhausted
 
     opts = Options.resolve(n_workers=1, rmm_pool_size="1GB", rmm_maximum_pool_size="5GB",
                            device_memory_limit="100GB", dashboard_address="", memory_store="tiered")

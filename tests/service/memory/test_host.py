@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from service.memory.arena import Arena
-from service.memory.growth import ArenaGrowth, headroom_for
-from service.memory.host import HostBuffers
+from spillway.service.memory.arena import Arena
+from spillway.service.memory.growth import ArenaGrowth, headroom_for
+from spillway.service.memory.host import HostBuffers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -358,7 +358,7 @@ def test_segments_are_touched_then_registered_page_aligned(monkeypatch):
     import sys
     import types
 
-    from service.memory import worker
+    from spillway.service.memory import worker
 
     calls = []
     memset = ctypes.memset
@@ -390,7 +390,7 @@ def test_growth_sees_the_worker_of_its_process_closing(monkeypatch):
     from distributed import Worker
     from distributed.core import Status
 
-    from service.memory.worker import _worker_closing
+    from spillway.service.memory.worker import _worker_closing
 
     class FakeWorker:
         status = Status.running
@@ -411,7 +411,7 @@ def test_growth_sees_the_worker_of_its_process_closing(monkeypatch):
 def test_real_segments_are_pinned_and_spills_copy_into_them():
     import cupy
 
-    from service.memory.worker import _pinned_fallback, start_arena, take_segment
+    from spillway.service.memory.worker import _pinned_fallback, start_arena, take_segment
 
     seg = take_segment(8 * MB)
     attrs = cupy.cuda.runtime.pointerGetAttributes(seg.__array_interface__["data"][0])

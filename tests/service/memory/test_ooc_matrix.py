@@ -1,4 +1,4 @@
-"""The out-of-core matrix (service/bench/matrix.py): every catalogue workflow through
+"""The out-of-core matrix (spillway/service/bench/matrix.py): every catalogue workflow through
 ``spillway run`` and on the notebook path, and user-written dask code, each at a projected
 footprint of at least 1.3x the GPUs' memory, checked against NumPy float64 or refused by
 admission with both numbers.
@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from service.bench import matrix
-from service.bench.matrix import slices
-from service.cli import main
+from spillway.service.bench import matrix
+from spillway.service.bench.matrix import slices
+from spillway.service.cli import main
 
 CASES = matrix.cases()
 REPO = Path(__file__).resolve().parents[3]
@@ -57,8 +57,8 @@ def matrix_rows():
     rows: list[dict] = []
     yield rows
     if rows:
-        from service.bench.report import describe_machine
-        from service.gpus import discover
+        from spillway.service.bench.report import describe_machine
+        from spillway.service.gpus import discover
 
         out = Path(os.environ.get("SPILLWAY_MATRIX_OUT", REPO / "benchmarks" / "results"))
         machine = describe_machine(discover(), "gpu")["name"]
@@ -74,7 +74,7 @@ def gpu_scale():
 @pytest.fixture(scope="session")
 def copy_ceilings():
     """The pinned copy and disk rates, measured before any cluster of the session starts."""
-    from service.bench import copybound
+    from spillway.service.bench import copybound
 
     return copybound.measure("gpu", (0,))["gbps"]
 
@@ -83,9 +83,9 @@ def copy_ceilings():
 def gpu_local():
     """The notebook's cluster at spillway's defaults; started only for the notebook and
     user-code cases, after the cli cases (which start clusters of their own)."""
-    import service
+    import spillway
 
-    with service.local() as cluster:
+    with spillway.local() as cluster:
         yield cluster
 
 
@@ -105,15 +105,14 @@ def test_case_on_the_gpus(case, gpu_scale, copy_ceilings, matrix_rows, request):
 
 @pytest.fixture(scope="module")
 def cpu_local():
-    import service
+    import spillway
 
-    with service.local(cpu=True, n_workers=2, dashboard_address=None) as cluster:
+    with spillway.local(cpu=True, n_workers=2, dashboard_address=None) as cluster:
         yield cluster
 
 
 def test_cases_cover_the_catalogue_on_two_paths_and_user_code():
-    import workflows
-
+    from spillway import workflows
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids))
     for name in workflows.names():
@@ -144,7 +143,7 @@ def test_sizes_reach_the_scale_and_no_more_than_the_slack(scale, slack):
 
 
 def test_gpu_scale_reads_the_gpus_memory():
-    from service.gpus import GPU, Inventory
+    from spillway.service.gpus import GPU, Inventory
 
     inv = Inventory(gpus=tuple(GPU(index=i, uuid=f"GPU-{i}", name="H200", memory_total=141 * 10**9,
                                    memory_free=141 * 10**9, pci_bus_id=f"0000:0{i}:00.0") for i in range(2)))
@@ -154,8 +153,8 @@ def test_gpu_scale_reads_the_gpus_memory():
 
 
 def test_seeded_inputs_are_read_from_the_workflows_graph():
-    import workflows
-    from workflows.params import Target
+    from spillway import workflows
+    from spillway.workflows.params import Target
 
     _, plan = workflows.get("matmul").plan({"size": [300, 200], "chunks": [100, 50], "seed": 3}, Target())
     found = matrix.seeded_inputs(plan)

@@ -8,11 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from service.memory.arena import Arena
-from service.memory.codecs import NumpyCodec
-from service.memory.disk import DiskTier
-from service.memory.host import HostBuffers
-from service.memory.store import TieredStore
+from spillway.service.memory.arena import Arena
+from spillway.service.memory.codecs import NumpyCodec
+from spillway.service.memory.disk import DiskTier
+from spillway.service.memory.host import HostBuffers
+from spillway.service.memory.store import TieredStore
 
 MB = 2**20
 

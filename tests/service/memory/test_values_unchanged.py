@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.memory.arena import Arena
-from service.memory.codecs import NumpyCodec
-from service.memory.disk import DiskTier
-from service.memory.host import HostBuffers
-from service.memory.store import TieredStore
+from spillway.service.memory.arena import Arena
+from spillway.service.memory.codecs import NumpyCodec
+from spillway.service.memory.disk import DiskTier
+from spillway.service.memory.host import HostBuffers
+from spillway.service.memory.store import TieredStore
 
 KB = 2**10
 

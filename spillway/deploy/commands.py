@@ -1,0 +1,166 @@
+"""Command lines of dask's scheduler and workers, rendered from the one options object.
+
+Batch scripts and the MPI launcher start the scheduler and workers as separate processes
+(``dask scheduler``, ``spillway worker`` or ``dask cuda worker``, ``dask worker``) instead
+of a local cluster, so the cluster settings have to travel as their flags. These pure
+functions are the only place that translates :class:`~spillway.service.options.Options` into those flags.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from spillway.service.launch.gpu_worker import DEATH_TIMEOUT_S
+from spillway.service.launch.ucx_env import QUIET_UCX
+from spillway.service.launch.worker_config import worker_config
+from spillway.service.options import Options
+
+
+def protocol(options: Options, *, gpu: bool, n_workers: int) -> str:
+    """The transport: ``auto`` means UCX between several GPU workers (the GPU extras
+    always install distributed-ucxx on the nodes), TCP otherwise."""
+    if options.protocol != "auto":
+        return options.protocol
+    return "ucx" if gpu and n_workers > 1 else "tcp"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _value(value) -> str:
+    # ints are bytes, floats fractions; dask and dask-cuda read both from strings
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _tls(options: Options) -> list[str]:
+    if not options.tls_ca_file:
+        return []
+    return ["--tls-ca-file", options.tls_ca_file, "--tls-cert", options.tls_cert, "--tls-key", options.tls_key]
+
+
+def _where(options: Options, *, multi_node: bool) -> list[str]:
+    """Interface or host to listen on. A loopback host cannot be reached from other
+    nodes, so across nodes it is left out and dask listens on the node's address."""
+    if options.interface:
+        return ["--interface", options.interface]
+    if multi_node and is_loopback(options.host):
+        return []
+    return ["--host", options.host]
+
+
+def scheduler_args(options: Options, *, scheduler_file: str, protocol: str, multi_node: bool) -> list[str]:
+    """Flags of ``dask scheduler``."""
+    args = ["--scheduler-file", scheduler_file, "--protocol", protocol]
+    args += _where(options, multi_node=multi_node)
+    args += ["--port", str(options.scheduler_port)]
+    if options.dashboard_address:
+        args += ["--dashboard-address", options.dashboard_address]
+    else:
+        args += ["--no-dashboard"]
+    return args + _tls(options)
+
+
+def gpu_worker_args(options: Options, *, scheduler_file: str, protocol: str) -> list[str]:
+    """Flags of ``dask cuda worker``: one worker process per GPU the task can see."""
+    args = ["--scheduler-file", scheduler_file, "--protocol", protocol,
+            "--nthreads", str(options.threads_per_worker),
+            "--memory-limit", _value(options.memory_limit),
+            "--device-memory-limit", _value(options.device_memory_limit),
+            "--death-timeout", str(DEATH_TIMEOUT_S)]
+    if options.interface:
+        args += ["--interface", options.interface]
+    for flag, value in (("--rmm-pool-size", options.pool_size),
+                        ("--rmm-maximum-pool-size", options.rmm_maximum_pool_size),
+                        ("--rmm-release-threshold", options.rmm_release_threshold),
+                        ("--rmm-log-directory", options.rmm_log_directory),
+                        ("--local-directory", options.local_directory)):
+        if value is not None:
+            args += [flag, _value(value)]
+    for flag, on in (("--rmm-managed-memory", options.rmm_managed_memory),
+                     ("--rmm-async", options.rmm_async),
+                     ("--rmm-track-allocations", options.rmm_track_allocations)):
+        if on:
+            args.append(flag)
+    if options.uses_rmm:
+        # CuPy allocates through RMM so its chunks come from the worker's pool
+        args += ["--set-rmm-allocator-for-libs", "cupy"]
+    if protocol == "ucx":
+        # dask-cuda sets UCX_TLS for CUDA IPC over NVLink from this flag
+        args.append("--enable-nvlink" if options.nvlink else "--disable-nvlink")
+    return args + _tls(options)
+
+
+#: the options a node's GPU workers are built from (``spillway worker``); the scheduler's
+#: and the client's (host, port, dashboard, devices) are not theirs
+_WORKER_OPTIONS = (
+    "threads-per-worker", "rmm-pool-size", "rmm-maximum-pool-size", "rmm-managed-memory", "rmm-async",
+    "rmm-release-threshold", "rmm-log-directory", "rmm-track-allocations", "device-memory-limit",
+    "memory-limit", "local-directory", "memory-store", "pinned-pool-size", "nvlink", "transfer-connections",
+    "transfer-message-bytes", "interface", "tls-ca-file", "tls-cert", "tls-key",
+)
+
+
+def option_flags(options: Options, keys) -> list[str]:
+    """``spillway`` flags that set each of ``keys`` to its value in ``options``, unset
+    values included (``none``), so nothing is left to the node's own config."""
+    values = options.as_config()
+    args = []
+    for key in keys:
+        value = values[key]
+        if isinstance(value, bool):
+            args.append(f"--{key}" if value else f"--no-{key}")
+        else:
+            args += [f"--{key}", "none" if value is None else _value(value)]
+    return args
+
+
+def spillway_worker_args(options: Options, *, scheduler_file: str, protocol: str) -> list[str]:
+    """Arguments of ``spillway worker``: one worker per GPU the task can see, built like
+    the local GPU cluster's (dask-cuda's set-up, spillway's tiered store)."""
+    return (["worker", "--scheduler-file", scheduler_file, "--protocol", protocol,
+             "--death-timeout", str(DEATH_TIMEOUT_S)] + option_flags(options, _WORKER_OPTIONS))
+
+
+def cpu_worker_args(options: Options, *, scheduler_file: str, protocol: str, n_workers: int) -> list[str]:
+    """Flags of ``dask worker``: ``n_workers`` processes with NumPy chunks."""
+    args = ["--scheduler-file", scheduler_file, "--protocol", protocol,
+            "--nworkers", str(n_workers),
+            "--nthreads", str(options.threads_per_worker),
+            "--memory-limit", _value(options.memory_limit),
+            "--death-timeout", str(DEATH_TIMEOUT_S)]
+    if options.interface:
+        args += ["--interface", options.interface]
+    if options.local_directory is not None:
+        args += ["--local-directory", options.local_directory]
+    return args + _tls(options)
+
+
+def client_args(options: Options, *, scheduler_file: str) -> list[str]:
+    """Flags of ``spillway run`` attaching to the job's scheduler."""
+    return ["--scheduler-file", scheduler_file] + _tls(options)
+
+
+def worker_environment(options: Options) -> dict[str, str]:
+    """The workers' dask config (:func:`spillway.service.launch.worker_config.worker_config`) as
+    ``DASK_`` environment variables, for worker processes started by a batch script.
+    Those of dask's own commands keep their store; ``spillway worker`` sets the tiered
+    store's config itself, from the same options."""
+    return {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): str(value)
+            for key, value in worker_config(options, tiered_store=False).items()}
+
+
+def ucx_environment(options: Options) -> dict[str, str]:
+    """Environment for the scheduler and client when the workers talk UCX: they create
+    a CUDA context before UCX starts so UCX can move device buffers to and from them;
+    and every process leaves out UCX's warning about the variable ucxx sets for older
+    UCX (:mod:`spillway.service.launch.ucx_env`)."""
+    env = {"DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT": "True", **QUIET_UCX}
+    if options.nvlink:
+        env["DASK_DISTRIBUTED_UCXX__NVLINK"] = "True"
+    return env

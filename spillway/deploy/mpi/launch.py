@@ -1,0 +1,105 @@
+"""Run a workflow on a cluster of MPI ranks (dask-mpi's ``execute``).
+
+Every rank calls :func:`run`. Rank 0 starts the scheduler and, in a thread, the client
+that waits for all workers and runs the workflow; the other ranks each start one worker
+(dask-cuda's ``CUDAWorker`` on one GPU, given spillway's tiered store where the options
+choose it, or a CPU worker) and block until rank 0 closes the cluster. Only rank 0
+returns the report.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dask.config
+
+from spillway.service.errors import OptionsError
+from spillway.service.launch.gpu_worker import node_store
+from spillway.service.launch.plan import uses_tiered_store
+from spillway.service.launch.ucx_env import quiet_ucx
+from spillway.service.launch.worker_config import worker_config
+from spillway.service.options import Options
+
+from .. import commands
+from .layout import SCHEDULER_RANK, check_world, device_for_rank, execute_kwargs
+
+#: seconds rank 0 waits for every worker rank to join
+WORKERS_TIMEOUT_S = 300
+
+
+def _check(options: Options) -> None:
+    if options.attach:
+        raise OptionsError("scheduler-address/scheduler-file: spillway mpi starts its own scheduler; unset them")
+    if options.devices is not None:
+        raise OptionsError(
+            f"devices: {','.join(map(str, options.devices))} cannot be chosen under MPI; "
+            "each rank takes one GPU by its place on the node"
+        )
+    if options.tls_ca_file:
+        raise OptionsError("tls-ca-file: dask-mpi starts its scheduler without TLS; use spillway slurm or up")
+
+
+def _node_devices() -> list[int | str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [int(d) if d.strip().isdigit() else d.strip() for d in visible.split(",") if d.strip()]
+    from spillway.service.gpus import discover
+
+    return [gpu.index for gpu in discover().gpus]
+
+
+def run(options: Options, workflow: str, params: dict, *, verify: bool = False, comm=None) -> dict | None:
+    _check(options)
+    try:
+        from dask_mpi import execute
+        from mpi4py import MPI
+    except ImportError as e:
+        raise OptionsError(f"mpi: {e.name} is not installed; install spillway[mpi]") from None
+
+    comm = comm or MPI.COMM_WORLD
+    rank, n_workers = comm.Get_rank(), check_world(comm.Get_size())
+    kwargs = execute_kwargs(options, n_workers=n_workers)
+    node_ranks = comm.Split_type(MPI.COMM_TYPE_SHARED).allgather(rank)
+
+    tiered = not options.cpu and uses_tiered_store(options)
+    if rank != SCHEDULER_RANK and not options.cpu:
+        # one GPU per worker rank: CUDAWorker starts one worker per visible GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(device_for_rank(rank, node_ranks, _node_devices()))
+        if tiered:
+            # the rank's share of its node's host and pinned memory, like a local cluster's worker
+            workers = len([r for r in node_ranks if r != SCHEDULER_RANK])
+            kwargs["worker_options"]["data"] = node_store(options.replace(protocol=kwargs["protocol"]),
+                                                          workers=workers)
+    if kwargs["protocol"] == "ucx":
+        quiet_ucx()
+    if rank == SCHEDULER_RANK and kwargs["protocol"] == "ucx":
+        # the scheduler and the client read these as dask config, like the batch script's exports
+        os.environ.update(commands.ucx_environment(options))
+        dask.config.refresh()
+
+    result: dict = {}
+
+    def client():
+        import dask.config
+        from distributed import Client
+
+        from spillway.service.launch import open_cluster
+        from spillway.service.runner import run_workflow
+
+        address = dask.config.get("scheduler-address")
+        try:
+            with Client(address, timeout="60s") as c:
+                c.wait_for_workers(n_workers, timeout=WORKERS_TIMEOUT_S)
+            with open_cluster(options.replace(scheduler_address=address)) as session:
+                result["report"] = run_workflow(session, workflow, params, verify=verify)
+        except BaseException as e:  # reported on rank 0 after the cluster is closed
+            result["error"] = e
+
+    # a worker rank's nanny hands the config of the moment it is built to its worker
+    with dask.config.set(worker_config(options, tiered_store=tiered)):
+        execute(client, comm=comm, **kwargs)
+    if rank != SCHEDULER_RANK:
+        return None
+    if "error" in result:
+        raise result["error"]
+    return result["report"]

@@ -1,0 +1,163 @@
+"""The HTTP API of the shared service.
+
+Jobs are declarative: a registered workflow's name and parameters that validate against
+its schema. Nothing a tenant sends is ever executed as code, and the Dask scheduler is not
+reachable through the API. A tenant sees, cancels and reads only its own jobs (another
+tenant's job is a 404, not a 403, so ids do not leak); an admin token sees all.
+"""
+
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials
+
+from ..errors import AdmissionError, ParamError
+from ..sizes import format_bytes
+from . import schemas
+from .auth import bearer, current_tenant
+from .metrics import metrics_registry, metrics_response
+from .web import router as web_router
+
+
+def _tenant(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]):
+    return current_tenant(request, credentials)
+
+
+Tenant = Annotated[dict, Depends(_tenant)]
+
+logger = logging.getLogger("spillway.api")
+
+NOT_FOUND = {404: {"description": "No such job for this tenant"}}
+AUTH = {401: {"description": "Missing, invalid or revoked token"}}
+
+
+def _param_error(field: str, message: str) -> RequestValidationError:
+    """A 422 in FastAPI's own shape, naming the field, so clients handle one error form."""
+    return RequestValidationError([{"loc": ("body", *field.split(".")), "msg": message,
+                                    "type": "value_error", "input": None}])
+
+
+def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
+    """The ASGI app over ``store`` (a :class:`spillway.service.store.Store`) and ``scheduler``
+    (a :class:`spillway.service.jobs.JobScheduler` bound to the cluster session)."""
+    from spillway import workflows
+    app = FastAPI(title=title, version="1", description=__doc__,
+                  openapi_tags=[{"name": "jobs"}, {"name": "catalogue"}, {"name": "service"}])
+    app.state.store = store
+    app.state.scheduler = scheduler
+    JobRequest = schemas.job_request_model(workflows.names())
+    registry = metrics_registry(store, scheduler)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.post("/jobs", response_model=schemas.Job, status_code=201, tags=["jobs"],
+              responses={**AUTH, 400: {"description": "The body is not valid JSON"},
+                         409: {"description": "The idempotency key names a job submitted with other values"},
+                         200: {"model": schemas.Job,
+                                       "description": "An earlier job with the same idempotency key"}})
+    def submit(body: JobRequest, tenant: Tenant, response: Response,
+               idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128,
+                                                             pattern=schemas.KEY_PATTERN)] = None):
+        """Queue a job: a workflow's name and its parameters."""
+        key = body.idempotency_key or idempotency_key
+        try:
+            footprint = scheduler.footprint(body.workflow, body.params, output=body.output)
+        except AdmissionError as e:
+            raise _param_error("params", str(e)) from None
+        except ParamError as e:
+            name, _, _ = str(e).partition(":")
+            field = ("output" if name == "output" else f"params.{name}" if name and " " not in name
+                     else "params")
+            raise _param_error(field, str(e)) from None
+        except Exception as e:  # noqa: BLE001 (a value no check foresaw is still the request's fault)
+            logger.exception("validating a %s job", body.workflow)
+            raise _param_error("params", f"params: cannot be validated ({type(e).__name__}: "
+                                         f"{str(e)[:200]})") from None
+        if footprint > tenant["max_job_bytes"]:
+            raise _param_error("params", f"projected footprint {format_bytes(footprint)} exceeds this "
+                                         f"tenant's limit of {format_bytes(tenant['max_job_bytes'])} per job")
+        job, created = store.submit(tenant, workflow=body.workflow, params=body.params, verify=body.verify,
+                                    priority=body.priority, idempotency_key=key, footprint_bytes=footprint,
+                                    output=body.output)
+        if created:
+            scheduler.wake()
+            return job
+        asked = {"workflow": body.workflow, "params": body.params, "priority": body.priority,
+                 "verify": body.verify, "output": body.output}
+        if any(job[k] != v for k, v in asked.items()):
+            raise HTTPException(409, f"idempotency_key: {key!r} already names job {job['id']}, "
+                                     "submitted with other values")
+        response.status_code = 200
+        return job
+
+    @app.get("/jobs", response_model=schemas.JobList, tags=["jobs"], responses=AUTH)
+    def list_jobs(tenant: Tenant, query: Annotated[schemas.JobQuery, Query()]):
+        """This tenant's jobs (every tenant's for an admin), newest first."""
+        return {"jobs": store.jobs(tenant, state=query.state, limit=query.limit, offset=query.offset)}
+
+    def _job(job_id: str, tenant: dict) -> dict:
+        job = store.job(job_id, tenant)
+        if job is None:
+            raise HTTPException(404, f"job {job_id!r} not found")
+        return job
+
+    @app.get("/jobs/{job_id}", response_model=schemas.Job, tags=["jobs"], responses={**AUTH, **NOT_FOUND})
+    def get_job(job_id: str, tenant: Tenant):
+        """State, progress, timings, bytes spilled and error of one job."""
+        return _job(job_id, tenant)
+
+    @app.post("/jobs/{job_id}/cancel", response_model=schemas.Job, tags=["jobs"],
+              responses={**AUTH, **NOT_FOUND})
+    def cancel(job_id: str, tenant: Tenant):
+        """Cancel a job: a queued one at once; a running one has its tasks stopped and its
+        memory freed (its state turns cancelled when that is done). Finished jobs stay."""
+        job = store.request_cancel(job_id, tenant)
+        if job is None:
+            raise HTTPException(404, f"job {job_id!r} not found")
+        return job
+
+    @app.get("/jobs/{job_id}/result", response_model=schemas.JobResult, tags=["jobs"],
+             responses={**AUTH, **NOT_FOUND, 409: {"description": "The job has not finished"}})
+    def result(job_id: str, tenant: Tenant):
+        """The result summary and run report of a finished job, and where its Zarr output is."""
+        job = _job(job_id, tenant)
+        report = store.report(job_id)
+        if report is None:
+            raise HTTPException(409, f"job {job_id} is {job['state']}; a result exists once it is done")
+        return {"id": job_id, "state": job["state"], "summary": report.get("result") or {},
+                "output": report.get("output"), "report": report}
+
+    @app.get("/jobs/{job_id}/logs", response_model=schemas.JobLogs, tags=["jobs"],
+             responses={**AUTH, **NOT_FOUND})
+    def logs(job_id: str, tenant: Tenant):
+        """What happened to the job, line by line."""
+        _job(job_id, tenant)
+        return {"id": job_id, "lines": store.logs(job_id)}
+
+    @app.get("/workflows", response_model=list[schemas.Workflow], tags=["catalogue"], responses=AUTH)
+    def catalogue(tenant: Tenant) -> list[dict[str, Any]]:
+        """The workflow catalogue with each workflow's parameter schema (defaults for this cluster)."""
+        return workflows.catalogue(scheduler.target)
+
+    @app.get("/healthz", response_model=schemas.Health, tags=["service"])
+    def healthz():
+        """Liveness: the database answers and the cluster has workers."""
+        counts = store.counts()
+        return {"status": "ok", "kind": scheduler.session.kind, "workers": scheduler.session.n_workers,
+                "queued": counts["queued"], "running": counts["running"]}
+
+    @app.get("/metrics", tags=["service"], response_class=Response,
+             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+    def metrics():
+        """Prometheus metrics: queue depth, jobs by state, worker memory, spilled bytes."""
+        return metrics_response(registry)
+
+    app.include_router(web_router)
+    return app

@@ -1,0 +1,126 @@
+"""NumPy float64 references for the bench's checked workloads and the out-of-core
+matrix, computed on the host CPUs from the seeds alone, independently of the cluster and
+its store.
+
+The seeded generator is chunk-invariant (:mod:`spillway.workflows.random`), so a reference
+regenerates the array in row panels of about :data:`PANEL_BYTES`, whatever the chunks
+were, in parallel processes: memory stays bounded at any size. Each panel is reduced to
+a few small statistics (its sum, column sums, row sums, Gram matrix ...), which are then
+combined in float64: nothing the size of the array is ever held.
+
+Shortcuts that keep references at full size to about a minute on the GPU host's cores:
+
+- ``sum(x @ y) = sum_k colsum(x)[k] * rowsum(y)[k]``: two passes over the inputs, no
+  product matrix;
+- the sum of an array does not depend on its chunks, so a rechunk followed by ``.sum()``
+  is checked against the sum of the input;
+- tall-skinny factorisations are checked through the Gram matrix ``x.T @ x`` (``R.T @ R``
+  for QR, the squared singular values for SVD, the normal equations for least squares),
+  well conditioned enough for uniform inputs (condition number about ``sqrt(3 n)``).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+from collections.abc import Iterable
+
+import numpy as np
+
+#: bytes of one panel a reference process generates at a time (the generator's
+#: temporaries take a few times this; small, since the cluster's pinned pools stay up)
+PANEL_BYTES = 256 * 2**20
+
+#: what a panel can be reduced to
+STATS = ("sum", "sumsq", "colsum", "rowsum", "gram", "xtb")
+
+
+def default_processes() -> int:
+    """Host cores for the reference, leaving two for the cluster's processes."""
+    return max(1, (os.cpu_count() or 2) - 2)
+
+
+def _panel(args) -> dict:
+    from spillway.workflows import random
+
+    seed, stream, shape, start, stop, dtype, wanted, b_stream = args
+    rest = tuple((0, n) for n in shape[1:])
+    block = random.uniform_block(seed, stream, shape, ((start, stop), *rest), dtype, "numpy").astype(np.float64)
+    out = {"start": start, "stop": stop}
+    if "sum" in wanted:
+        out["sum"] = float(block.sum())
+    if "sumsq" in wanted:
+        out["sumsq"] = float(np.square(block).sum())
+    if "colsum" in wanted:
+        out["colsum"] = block.reshape(block.shape[0], -1).sum(axis=0)
+    if "rowsum" in wanted:
+        out["rowsum"] = block.reshape(block.shape[0], -1).sum(axis=1)
+    if "gram" in wanted:
+        out["gram"] = block.T @ block
+    if "xtb" in wanted:
+        b = random.uniform_block(seed, b_stream, (shape[0],), ((start, stop),), dtype, "numpy").astype(np.float64)
+        out["xtb"] = block.T @ b
+    return out
+
+
+def panel_stats(shape: tuple[int, ...], seed: int, *, stream: int = 0, dtype: str = "float64",
+                wanted: Iterable[str] = ("sum",), b_stream: int = 1, processes: int | None = None) -> dict:
+    """Statistics of the seeded array (``stream``) of ``shape`` in float64, panel by panel:
+    ``sum``, ``sumsq`` (scalars), ``colsum`` (per trailing element), ``rowsum`` (per row),
+    ``gram`` (``x.T @ x`` of a 2-D array) and ``xtb`` (``x.T @ b`` with ``b`` the seeded
+    vector of ``b_stream`` and ``shape[0]`` elements)."""
+    wanted = tuple(wanted)
+    unknown = set(wanted) - set(STATS)
+    if unknown:
+        raise ValueError(f"unknown statistics {sorted(unknown)} (known: {', '.join(STATS)})")
+    shape = tuple(int(n) for n in shape)
+    row_bytes = math.prod(shape[1:]) * np.dtype(dtype).itemsize
+    rows = max(1, min(shape[0], PANEL_BYTES // max(1, row_bytes)))
+    tasks = [(seed, stream, shape, s, min(shape[0], s + rows), dtype, wanted, b_stream)
+             for s in range(0, shape[0], rows)]
+    processes = min(processes or default_processes(), len(tasks))
+    if processes == 1:
+        parts = list(map(_panel, tasks))
+    else:
+        with mp.get_context("spawn").Pool(processes) as pool:
+            parts = list(pool.imap_unordered(_panel, tasks, chunksize=1))
+    parts.sort(key=lambda p: p["start"])
+    out: dict = {}
+    for name in ("sum", "sumsq"):
+        if name in wanted:
+            out[name] = math.fsum(p[name] for p in parts)
+    for name in ("colsum", "gram", "xtb"):
+        if name in wanted:
+            out[name] = np.sum([p[name] for p in parts], axis=0)
+    if "rowsum" in wanted:
+        out["rowsum"] = np.concatenate([p["rowsum"] for p in parts])
+    return out
+
+
+def array_sum(shape, seed: int, dtype: str = "float64", *, stream: int = 0, processes: int | None = None) -> float:
+    """``x.sum()`` in float64 for the seeded uniform ``x`` of ``stream``."""
+    return panel_stats(shape, seed, stream=stream, dtype=dtype, processes=processes)["sum"]
+
+
+def transpose_sum(shape: tuple[int, int], seed: int, dtype: str = "float64", *,
+                  processes: int | None = None) -> float:
+    """``(x + x.T).sum()`` in float64 for the seeded uniform ``x`` (stream 0): twice the
+    sum of x, summed panel by panel."""
+    return 2 * array_sum(shape, seed, dtype, processes=processes)
+
+
+def matmul_sum(shape: tuple[int, int], seed: int, dtype: str = "float64", *,
+               processes: int | None = None) -> float:
+    """``(x @ y).sum()`` in float64 for the seeded ``x`` (stream 0, ``shape``) and ``y``
+    (stream 1, ``shape`` transposed): ``sum_k colsum(x)[k] * rowsum(y)[k]``."""
+    colsum = panel_stats(shape, seed, stream=0, dtype=dtype, wanted=("colsum",), processes=processes)["colsum"]
+    rowsum = panel_stats(tuple(shape)[::-1], seed, stream=1, dtype=dtype, wanted=("rowsum",),
+                         processes=processes)["rowsum"]
+    return math.fsum(colsum * rowsum)
+
+
+def gram(shape: tuple[int, int], seed: int, dtype: str = "float64", *, stream: int = 0,
+         processes: int | None = None) -> np.ndarray:
+    """``x.T @ x`` in float64 of the seeded tall-skinny ``x``."""
+    return panel_stats(shape, seed, stream=stream, dtype=dtype, wanted=("gram",), processes=processes)["gram"]

@@ -1,0 +1,275 @@
+"""The scheduler loop: starts queued jobs on the cluster, tracks them, stops cancelled ones.
+
+Each job runs :func:`spillway.service.runner.run_workflow` in its own thread with its own Dask
+client on the shared scheduler. A client of its own gives each job its own progress
+count (the progress plugin follows a client's next graph) and a clean cancel: cancelling
+that client's futures stops the job's tasks and releases its memory, touching no other
+job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from ..errors import ParamError
+from ..memory.admission import admit, cluster_capacity
+from ..progress import client_progress
+from ..runner import run_workflow, target_of
+from ..store import Store
+from .order import next_job
+
+logger = logging.getLogger("spillway.jobs")
+
+
+@dataclasses.dataclass
+class _Running:
+    thread: threading.Thread
+    client: object = None
+    cancelled: bool = False
+
+
+class JobScheduler:
+    """Runs the queue kept in ``store`` on ``session`` (a :class:`spillway.service.launch.Session`)."""
+
+    def __init__(self, store: Store, session, *, results_dir: str | None = None,
+                 input_roots: tuple[str, ...] = (), poll_s: float = 0.25,
+                 client_factory: Callable[[], object] | None = None):
+        self.store = store
+        self.session = session
+        self.poll_s = poll_s
+        self.client_factory = client_factory or self._new_client
+        #: where jobs that ask for an output get their Zarr store (``<job id>.zarr``)
+        self.results_dir = results_dir
+        #: directories tenants may name Zarr inputs in; none means generated inputs only
+        self.input_roots = tuple(os.path.realpath(os.path.expanduser(r)) for r in input_roots)
+        self.target = target_of(session)
+        #: what the queue admits running jobs against: every worker's memory limit
+        self.capacity_bytes = self.target.worker_bytes * self.target.n_workers
+        #: device + host + disk of the cluster: a job beyond it is refused when submitted
+        self.tiers = cluster_capacity(session.client)
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _new_client(self):
+        from distributed import Client
+
+        options = self.session.options
+        return Client(self.session.scheduler_address, security=options.security,
+                      set_as_default=False, timeout="30s")
+
+    # --- submission helpers
+
+    def footprint(self, workflow: str, params: dict, *, output: bool = False) -> int:
+        """Validate a submission against the workflow on this cluster; the projected
+        bytes. Raises :class:`~spillway.service.errors.ParamError` (or AdmissionError) with the bad
+        value and the limit, before anything is queued."""
+        from spillway import workflows
+        from spillway.workflows.inputs import RANDOM
+
+        spec = workflows.get(workflow)
+        # before planning, which opens the inputs it names
+        for p in spec.params:
+            value = params.get(p.name)
+            if p.default == RANDOM and value not in (None, RANDOM):
+                self._check_input(p.name, value)
+        # a size the cluster cannot hold is refused for that, in bytes, before any other
+        # check of the parameters
+        _, plan = spec.plan(params, self.target, fits=lambda floor: admit(workflow, floor, self.tiers))
+        if output and plan.array is None:
+            raise ParamError(f"output: {workflow} has no array result to write (its result is a summary)")
+        admit(workflow, plan.footprint, self.tiers)
+        return int(plan.footprint.total_bytes)
+
+    def _check_input(self, name: str, value) -> None:
+        """Tenants read Zarr inputs only inside the service's data directories, so a job
+        cannot read another tenant's results or any other file the service can."""
+        if not isinstance(value, str) or "\x00" in value:
+            return  # not a path at all: the parameter's own check refuses it with its reason
+        path = os.path.realpath(os.path.expanduser(value))
+        if not any(path == root or path.startswith(root + os.sep) for root in self.input_roots):
+            where = ", ".join(self.input_roots) if self.input_roots else "none are configured (--data-dir)"
+            raise ParamError(f"{name}: {value!r} is outside the service's data directories ({where})")
+
+    def output_path(self, job_id: str) -> str:
+        return os.path.join(self.results_dir, f"{job_id}.zarr")
+
+    # --- lifecycle
+
+    def start(self):
+        from spillway import workflows
+        # load the catalogue here, once: job threads starting together must not each
+        # trigger (and race) the registry's first import
+        workflows.names()
+        requeued = self.store.recover()
+        if requeued:
+            logger.warning("requeued %d job(s) that were running when the service stopped", len(requeued))
+        self._thread = threading.Thread(target=self._loop, name="spillway-jobs", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10):
+        self._stop.set()
+        self._wake.set()
+        with self._lock:
+            running = list(self._running.values())
+        for r in running:
+            # the jobs stay "running" in the store and run again on the next start
+            try:
+                r.client.close()
+            except Exception:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for r in running:
+            r.thread.join(timeout)
+
+    def wake(self):
+        self._wake.set()
+
+    @property
+    def running_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._running)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except Exception:
+                logger.exception("scheduler loop")
+            # a burst of submissions wakes the loop once, not once per job
+            self._stop.wait(0.05)
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+
+    def _tick(self):
+        while not self._stop.is_set():
+            with self._lock:
+                ours = set(self._running)
+            running = [j for j in self.store.running() if j["id"] in ours]
+            job = next_job(self.store.queued(), running, self.capacity_bytes)
+            if job is None:
+                return
+            if not self.store.start(job["id"], f"started (attempt {job['attempts'] + 1}) on "
+                                               f"{self.session.n_workers} {self.session.kind} workers"):
+                continue
+            thread = threading.Thread(target=self._execute, args=(job,), name=f"job-{job['id'][:8]}",
+                                      daemon=True)
+            with self._lock:
+                self._running[job["id"]] = _Running(thread=thread)
+            thread.start()
+
+    # --- one job
+
+    def _execute(self, job: dict):
+        job_id = job["id"]
+        entry = self._running[job_id]
+        try:
+            client = self.client_factory()
+        except Exception as e:
+            self._finish(job_id, "failed", line=f"failed: cannot reach the cluster: {e}",
+                         error=f"cannot reach the cluster: {e}")
+            return
+        entry.client = client
+        done = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(job_id, client, entry, done), daemon=True)
+        watcher.start()
+        try:
+            session = dataclasses.replace(self.session, client=client)
+            output = self.output_path(job_id) if job["output"] else None
+            report = run_workflow(session, job["workflow"], job["params"], verify=job["verify"], output=output)
+        except BaseException as e:  # noqa: BLE001 (every outcome is recorded)
+            done.set()
+            if entry.cancelled or self._stop.is_set():
+                if not self._stop.is_set():
+                    self._finish(job_id, "cancelled", line="cancelled: tasks stopped and memory released")
+            else:
+                msg = f"{type(e).__name__}: {e}".strip().splitlines()[0] if str(e) else type(e).__name__
+                self._finish(job_id, "failed", line=f"failed: {msg}", error=msg)
+        else:
+            done.set()
+            for worker in report.get("workers_lost") or ():
+                self.store.log(job_id, lost_line(worker))
+            # a cancel accepted while the last tasks finished still ends the job cancelled:
+            # the 200 it answered promised that. The store finishes the job only if no cancel
+            # was accepted, in one UPDATE, so a cancel landing after any check made here
+            # cannot be overtaken by done.
+            finished = False
+            if not entry.cancelled:
+                verify = report.get("verify")
+                if verify and verify.get("ok") is False:
+                    msg = (f"verification failed: relative error {verify['rel_error']:.3e} exceeds "
+                           f"tolerance {verify['tolerance']:.0e}")
+                    finished = self._finish(job_id, "failed", line=f"failed: {msg}", error=msg, report=report,
+                                            unless_cancelled=True)
+                else:
+                    finished = self._finish(job_id, "done", line=f"done in {report['wall_s']:.3f} s "
+                                            f"({report['tasks']} tasks)", report=report, unless_cancelled=True)
+            if not finished and not self._stop.is_set() and (entry.cancelled
+                                                             or self.store.cancel_requested(job_id)):
+                if report.get("output"):
+                    from spillway.workflows.outputs import remove_output
+
+                    remove_output(report["output"])
+                self._finish(job_id, "cancelled", line="cancelled: the run had finished; its result was discarded")
+        finally:
+            watcher.join(5)
+            try:
+                client.close()
+            except Exception:
+                pass
+            with self._lock:
+                self._running.pop(job_id, None)
+            self._wake.set()
+
+    def _finish(self, job_id, state, *, line, error=None, report=None, unless_cancelled=False) -> bool:
+        """Record the job's end (see :meth:`Store.finish`); False where it was not recorded."""
+        if self._stop.is_set():
+            return False
+        return self.store.finish(job_id, state, line=line, error=error, report=report,
+                                 wall_s=report.get("wall_s") if report else None,
+                                 bytes_spilled=int(report.get("bytes_spilled") or 0) if report else 0,
+                                 tasks=report.get("tasks") if report else None, unless_cancelled=unless_cancelled)
+
+    def _watch(self, job_id: str, client, entry: _Running, done: threading.Event):
+        """Copy the job's progress to the store and act on a cancel request."""
+        while not done.wait(0.5):
+            try:
+                # asked again each time: a cancel that lands before the job's graph
+                # reaches the scheduler must still catch its futures
+                if entry.cancelled or self.store.cancel_requested(job_id):
+                    entry.cancelled = True
+                    self._cancel(client)
+                counts = client.run_on_scheduler(client_progress, client.id)
+                if counts:
+                    self.store.progress(job_id, counts.get("done", 0), counts.get("total", 0))
+            except Exception:
+                if done.is_set():
+                    return
+                time.sleep(0.5)
+
+    @staticmethod
+    def _cancel(client):
+        from distributed import Future
+
+        futures = [Future(key, client) for key in list(client.futures)]
+        if futures:
+            # not force: identical jobs share task keys, and another tenant's job that
+            # wants the same results must keep them
+            client.cancel(futures)
+
+
+def lost_line(worker) -> str:
+    """The job log's line for a worker lost during a run that still completed."""
+    if isinstance(worker, str):  # reports written before the reason was kept
+        return f"worker {worker} was lost during the run; Dask recomputed its part"
+    why = f" ({worker['reason']})" if worker.get("reason") else ""
+    pid = f" (pid {worker['pid']})" if worker.get("pid") else ""
+    return f"worker {worker['address']}{pid} was lost during the run{why}; Dask recomputed its part"

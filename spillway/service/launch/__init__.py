@@ -1,0 +1,185 @@
+"""Start (or attach to) a cluster from an :class:`~spillway.service.options.Options`.
+
+``open_cluster(options)`` is the one way in: it plans against the GPU inventory (raising
+:class:`~spillway.service.errors.OptionsError` before anything starts), starts the local GPU or
+CPU cluster or attaches to a running scheduler, registers spillway's worker plugin and
+yields a :class:`Session`. Leaving the context shuts down what it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..gpus import Inventory, discover
+from ..options import Options
+from ..plugins import WorkerSetup
+from .deaths import start_failure, watch_worker_deaths
+from .plan import LaunchPlan, plan, uses_tiered_store
+from .ucx_env import quiet_ucx
+
+logger = logging.getLogger("spillway")
+
+#: seconds the workers of a new cluster have to register (a pinned pool of tens of GB
+#: takes about half a minute per worker to take)
+START_TIMEOUT_S = 120
+
+__all__ = ["Session", "open_cluster", "plan", "LaunchPlan", "close_cluster", "close_timeout_s"]
+
+
+@dataclass
+class Session:
+    client: Any
+    cluster: Any
+    plan: LaunchPlan
+    options: Options
+    #: "gpu" or "cpu": what the workers compute on (read from the workers when attached)
+    kind: str
+    n_workers: int
+
+    @property
+    def scheduler_address(self) -> str:
+        return self.client.scheduler.address
+
+    @property
+    def dashboard_link(self) -> str | None:
+        try:
+            return self.client.dashboard_link
+        except Exception:
+            return None
+
+    def write_scheduler_file(self, path: str) -> None:
+        self.client.write_scheduler_file(path)
+
+
+def start_cluster(options: Options, launch: LaunchPlan):
+    """The cluster object for a local plan (None when attaching)."""
+    if launch.kind == "gpu":
+        from . import local_gpu
+
+        return local_gpu.start(options, launch)
+    if launch.kind == "cpu":
+        from . import local_cpu
+
+        return local_cpu.start(options, launch)
+    return None
+
+
+def connect_client(options: Options, cluster=None):
+    from distributed import Client
+
+    if cluster is not None:
+        return Client(cluster, security=options.security)
+    if options.scheduler_file:
+        return Client(scheduler_file=options.scheduler_file, security=options.security, timeout="30s")
+    return Client(options.scheduler_address, security=options.security, timeout="30s")
+
+
+def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
+    """Register the worker plugin and return (kind, number of workers)."""
+    if wait_for:
+        client.wait_for_workers(wait_for, timeout=timeout)
+    client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
+    kinds = client.run(_worker_kind)
+    if not kinds:
+        raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")
+    values = set(kinds.values())
+    if len(values) > 1:
+        raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
+    return values.pop(), len(kinds)
+
+
+def _arrived(client) -> int | None:
+    try:
+        return len(client.scheduler_info(n_workers=-1)["workers"])
+    except Exception:  # the scheduler may be gone too
+        return None
+
+
+#: seconds a worker process has to exit when spillway closes its cluster (distributed's
+#: nanny gives it 5 s, the last second for the kill: "Worker process still alive after 4.0
+#: seconds, killing" ended every close on the GPU host) ...
+CLOSE_BASE_S = 15
+#: ... and one more second for each of these many bytes the worker holds in its RMM pool
+#: and pinned host memory: handing them back is most of a large worker's exit (48 GB
+#: pinned beside a 126 GB pool took over 5 s on the GPU host)
+CLOSE_BYTES_PER_S = 8 * 10**9
+
+
+def close_timeout_s(options: Options, launch: LaunchPlan, device_memory: int = 0) -> float:
+    """Seconds each worker of ``launch`` gets to exit on close, from what it may hold: its
+    RMM pool (a fraction of ``device_memory``, the GPU's bytes, or bytes) and the pinned
+    host memory it may take (its pinned bound, or the arena's size where that is larger)."""
+    held = 0
+    if launch.kind == "gpu":
+        pool = options.pool_size
+        if isinstance(pool, float):
+            held += int(pool * device_memory)
+        elif pool:
+            held += int(pool)
+        if uses_tiered_store(options):
+            pinned = options.pinned_pool_size if isinstance(options.pinned_pool_size, int) else 0
+            held += max(int(launch.pinned_limit or 0), pinned)
+    return CLOSE_BASE_S + held / CLOSE_BYTES_PER_S
+
+
+def close_cluster(cluster, timeout: float | None = None) -> None:
+    """Close a cluster spillway started: its workers first, each given ``timeout`` seconds
+    to exit (:func:`close_timeout_s`; None keeps distributed's 5 s), then the scheduler.
+    A worker process that outlives that after its work is done is killed, and the close
+    goes on: waiting longer would not keep anything."""
+    try:
+        if timeout is not None:
+            _close_workers(cluster, timeout)
+        cluster.close()
+    except TimeoutError:
+        logger.warning("closing the cluster: a worker process did not exit within the close timeout "
+                       "and was killed (workers with large pinned or RMM pools take longer to exit)")
+
+
+def _close_workers(cluster, timeout: float) -> None:
+    workers = list(getattr(cluster, "workers", {}).values())
+    if workers and hasattr(cluster, "sync"):
+        cluster.sync(_close_all, workers, timeout)
+
+
+async def _close_all(workers, timeout: float) -> None:
+    import asyncio
+
+    # nannies (and in-process workers) close their worker within ``timeout``; the cluster's
+    # own close then finds them closed
+    await asyncio.gather(*(w.close(timeout=timeout) for w in workers))
+
+
+def _worker_kind(dask_worker):
+    from ..plugins import PLUGIN_NAME
+
+    return dask_worker.plugins[PLUGIN_NAME].kind
+
+
+@contextlib.contextmanager
+def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Iterator[Session]:
+    inventory = discover() if inventory is None and not options.attach else inventory or Inventory()
+    launch = plan(options, inventory)
+    for note in launch.notes:
+        logger.warning(note)
+    if launch.kind == "attach" or launch.protocol == "ucx":
+        quiet_ucx()  # this process and the workers it starts inherit it
+    with contextlib.ExitStack() as stack:
+        deaths = stack.enter_context(watch_worker_deaths())
+        cluster = start_cluster(options, launch)
+        if cluster is not None:
+            device_memory = max((g.memory_total for g in inventory.gpus), default=0)
+            # registered first, so it runs after the client's close: client, workers, scheduler
+            stack.callback(close_cluster, cluster, close_timeout_s(options, launch, device_memory))
+        client = connect_client(options, cluster)
+        stack.callback(client.close)
+        expected = launch.n_workers or 1
+        try:
+            kind, n = setup_workers(client, options, wait_for=expected, timeout=START_TIMEOUT_S)
+        except TimeoutError as e:
+            raise start_failure(expected, _arrived(client), START_TIMEOUT_S, deaths.messages) from e
+        yield Session(client=client, cluster=cluster, plan=launch, options=options, kind=kind, n_workers=n)

@@ -1,0 +1,216 @@
+"""Linear algebra: matmul ``x @ y``, and tall-skinny QR and SVD (dask's tsqr).
+
+matmul contracts chunk rows of ``x`` with chunk columns of ``y``: every output chunk
+needs a whole row of chunks and a whole column of chunks, so chunks cross between
+workers many times. tsqr factors each row panel on its worker and combines only the
+small ``R`` factors, the usual way to factor a matrix far taller than one GPU.
+
+The references are NumPy float64: for matmul, a window of ``x @ y`` from the same rows
+of ``x`` and columns of ``y``; for QR, ``|R|`` (R is unique up to the signs of its rows)
+and for SVD the singular values, both from a float64 QR of the input's row panels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spillway.service.errors import ParamError
+
+from . import inputs
+from .chunking import panel_rows, resolve_chunks
+from .params import Param, Params, Target
+from .registry import Workflow, register
+from .results import FULL_CHECK_BYTES, REFERENCE_WHOLE_BYTES, array_plan, first_boundary, footprint, window
+
+# --- matmul
+
+MATMUL_PARAMS = (
+    *inputs.size_params((2500, 2500), (32768, 32768), what="Shape of x (y is its transpose's shape)"),
+    inputs.input_param(what="x"),
+    inputs.input_param("input_y", what="y"),
+)
+
+
+def _matmul_shapes(params: Params, target: Target):
+    xshape, xdtype = inputs.describe(params)
+    yshape, ydtype = inputs.describe(params, name="y", input_name="input_y", shape=xshape[::-1])
+    if xshape[1] != yshape[0]:
+        raise ParamError(f"y: shape {yshape[0]}x{yshape[1]} does not match x {xshape[0]}x{xshape[1]} "
+                         f"(x @ y needs y to have {xshape[1]} rows)")
+    if xdtype != ydtype:
+        raise ParamError(f"y: dtype {ydtype} differs from x's {xdtype}")
+    xchunks = resolve_chunks(params.chunks, xshape, xdtype, target)
+    ychunks = (xchunks[1], min(xchunks[0], yshape[1]))
+    return xshape, yshape, xchunks, ychunks
+
+
+def matmul_check(params: Params, target: Target) -> None:
+    _matmul_shapes(params, target)
+
+
+def matmul_build(params: Params, target: Target):
+    xshape, yshape, xchunks, ychunks = _matmul_shapes(params, target)
+    xs = inputs.open_source(params, target, xchunks)
+    ys = inputs.open_source(params, target, ychunks, name="y", stream=1, input_name="input_y", shape=xshape[::-1])
+    z = xs.array @ ys.array
+    n, k, m = xshape[0], xshape[1], yshape[1]
+    itemsize = z.dtype.itemsize
+    if n * m * itemsize <= FULL_CHECK_BYTES:
+        rows, cols = slice(0, n), slice(0, m)
+    else:
+        rows = window(n, first_boundary(z.chunks[0]), 128)
+        cols = window(m, first_boundary(z.chunks[1]), 128)
+
+    def reference():
+        a = xs.region((rows, slice(0, k)))
+        b = ys.region((slice(0, k), cols))
+        return a @ b, f"numpy float64 x[{rows.start}:{rows.stop}] @ y[:, {cols.start}:{cols.stop}]"
+
+    chunk_bytes = int(np.prod(z.chunksize)) * itemsize
+    fp = footprint(xs.nbytes + ys.nbytes, n * m * itemsize, chunk_bytes, target.n_workers, temporaries=4)
+    plan = array_plan(z, probe=z[rows, cols], reference=reference, footprint=fp, source=xs)
+    plan.bytes_read += ys.bytes_read
+    plan.optimize_graph = not (xs.placed or ys.placed)
+    if ys.placed:
+        summarize = plan.summarize
+
+        def summarize_both(value):
+            out = summarize(value)
+            out["input_bytes_per_worker"] = {w: xs.placement.get(w, 0) + ys.placement.get(w, 0)
+                                             for w in set(xs.placement) | set(ys.placement)}
+            return out
+
+        plan.summarize = summarize_both
+    return plan
+
+
+def matmul_graph(workflow, params: Params, target: Target):
+    """x @ y: every row-chunk of x meets every column-chunk of y along each of the k chunks
+    of the contraction, so the products grow as the cube of the chunks per side."""
+    from .registry import BYTES_PER_TASK, GraphSize, input_chunks
+
+    per_axis = input_chunks(params, target)
+    if per_axis is None:
+        return None
+    rows, inner = per_axis
+    tasks = 8 * rows * inner + 2 * rows * rows * inner
+    return GraphSize(tasks=tasks, client_bytes=tasks * BYTES_PER_TASK,
+                     why=f"{rows * rows * inner:,} chunk products of {rows}x{inner} chunks")
+
+
+MATMUL = register(Workflow(
+    name="matmul",
+    description="x @ y of seeded random matrices (y has x's transposed shape); chunks cross between workers",
+    params=MATMUL_PARAMS,
+    build=matmul_build,
+    check=matmul_check,
+    array_inputs=("x", "y"),
+    graph=matmul_graph,
+))
+
+# --- tall-skinny QR and SVD
+
+TS_PARAMS = (
+    *inputs.size_params((200_000, 32), (8_000_000, 128), what="Tall-skinny shape (rows x columns)",
+                        chunks_help=inputs.PANELS_HELP),
+    Param("columns", "int", "Columns of the matrix when size is given in bytes", default=32, gpu_default=128,
+          minimum=1, maximum=2**16),
+    inputs.input_param(),
+)
+
+
+def _ts_chunks(params: Params, target: Target):
+    shape, dtype = inputs.describe(params, columns=params.columns)
+    rows, cols = shape
+    if cols > rows:
+        raise ParamError(f"size: {rows}x{cols} is not tall-skinny (more columns than rows)")
+    if params.chunks != "auto" and not isinstance(params.chunks, int) and params.chunks[-1] != cols \
+            and len(params.chunks) > 1:
+        raise ParamError(f"chunks: {'x'.join(map(str, params.chunks))} must span all {cols} columns (row panels)")
+    panel = panel_rows(params.chunks, shape, dtype, target)
+    if panel < cols:
+        raise ParamError(f"chunks: row panels of {panel} rows are shorter than the {cols} columns; "
+                         f"tsqr needs each panel at least as tall as it is wide")
+    return shape, (panel, cols)
+
+
+def ts_check(params: Params, target: Target) -> None:
+    _ts_chunks(params, target)
+
+
+def reference_r(source) -> np.ndarray:
+    """R of the input by float64 QR, whole or by row panels (the R of the stacked panel
+    Rs is the input's R up to row signs)."""
+    if source.nbytes * 8 // np.dtype(source.dtype).itemsize <= REFERENCE_WHOLE_BYTES:
+        return np.linalg.qr(source.whole(), mode="r")
+    rs = [np.linalg.qr(p, mode="r") for _, _, p in source.panels()]
+    return np.linalg.qr(np.vstack(rs), mode="r")
+
+
+def _ts_footprint(source, chunks, target):
+    chunk_bytes = chunks[0] * chunks[1] * np.dtype(source.dtype).itemsize
+    return footprint(source.nbytes, source.nbytes, chunk_bytes, target.n_workers, temporaries=4)
+
+
+def tsqr_build(params: Params, target: Target):
+    import dask.array as da
+
+    shape, chunks = _ts_chunks(params, target)
+    source = inputs.open_source(params, target, chunks, columns=params.columns)
+    x = source.array
+    q, r = da.linalg.qr(x)
+    gram = q.T @ q  # n x n: orthogonality is judged on the client from it
+    reconstruction = da.linalg.norm(q @ r - x) / da.linalg.norm(x)
+
+    def extra(values):
+        from .backend import to_numpy
+
+        g = np.asarray(to_numpy(values[0]), dtype=np.float64)
+        orthogonality = np.linalg.norm(g - np.eye(g.shape[0])) / np.sqrt(g.shape[0])
+        return {"orthogonality": float(orthogonality), "reconstruction": float(to_numpy(values[1]))}
+
+    def reference():
+        return np.abs(reference_r(source)), "numpy float64 |R| of the input's QR"
+
+    return array_plan(q, probe=abs(r), reference=reference, footprint=_ts_footprint(source, chunks, target),
+                      source=source, extra=extra, more=(gram, reconstruction))
+
+
+def svd_build(params: Params, target: Target):
+    import dask.array as da
+
+    shape, chunks = _ts_chunks(params, target)
+    source = inputs.open_source(params, target, chunks, columns=params.columns)
+    u, s, v = da.linalg.svd(source.array)
+
+    def extra(values):
+        from .backend import to_numpy
+
+        sv = to_numpy(values[0])
+        return {"singular_max": float(sv.max()), "singular_min": float(sv.min())}
+
+    def reference():
+        return np.linalg.svd(reference_r(source), compute_uv=False), \
+            "numpy float64 singular values (of the input's R)"
+
+    return array_plan(u, probe=s, reference=reference, footprint=_ts_footprint(source, chunks, target),
+                      source=source, extra=extra, more=(s,))
+
+
+TSQR = register(Workflow(
+    name="tsqr",
+    description="Tall-skinny QR (dask tsqr) of a seeded random matrix in row panels; writes Q",
+    params=TS_PARAMS,
+    build=tsqr_build,
+    check=ts_check,
+    array_inputs=("x",),
+))
+
+SVD = register(Workflow(
+    name="svd",
+    description="Tall-skinny SVD (dask tsqr) of a seeded random matrix in row panels; writes U",
+    params=TS_PARAMS,
+    build=svd_build,
+    check=ts_check,
+    array_inputs=("x",),
+))
