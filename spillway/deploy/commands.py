@@ -11,17 +11,19 @@ from __future__ import annotations
 import ipaddress
 
 from spillway.service.launch.gpu_worker import DEATH_TIMEOUT_S
+from spillway.service.launch.protocol import choose_protocol
+from spillway.service.launch.render import dask_cuda_worker_flags, flag_value
+from spillway.service.launch.spec import WorkerSpec
 from spillway.service.launch.ucx_env import QUIET_UCX
 from spillway.service.launch.worker_config import worker_config
 from spillway.service.options import Options
 
 
 def protocol(options: Options, *, gpu: bool, n_workers: int) -> str:
-    """The transport: ``auto`` means UCX between several GPU workers (the GPU extras
-    always install distributed-ucxx on the nodes), TCP otherwise."""
-    if options.protocol != "auto":
-        return options.protocol
-    return "ucx" if gpu and n_workers > 1 else "tcp"
+    """The transport of a cluster started on nodes this process cannot look at: decided
+    as a local plan decides it, with distributed-ucxx taken as installed there (the GPU
+    extras always install it on the nodes)."""
+    return choose_protocol(options.protocol, gpu=gpu, n_workers=n_workers, have_ucxx=True)[0]
 
 
 def is_loopback(host: str) -> bool:
@@ -31,11 +33,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _value(value) -> str:
-    # ints are bytes, floats fractions; dask and dask-cuda read both from strings
-    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _tls(options: Options) -> list[str]:
@@ -66,34 +63,11 @@ def scheduler_args(options: Options, *, scheduler_file: str, protocol: str, mult
     return args + _tls(options)
 
 
-def gpu_worker_args(options: Options, *, scheduler_file: str, protocol: str) -> list[str]:
-    """Flags of ``dask cuda worker``: one worker process per GPU the task can see."""
-    args = ["--scheduler-file", scheduler_file, "--protocol", protocol,
-            "--nthreads", str(options.threads_per_worker),
-            "--memory-limit", _value(options.memory_limit),
-            "--device-memory-limit", _value(options.device_memory_limit),
-            "--death-timeout", str(DEATH_TIMEOUT_S)]
-    if options.interface:
-        args += ["--interface", options.interface]
-    for flag, value in (("--rmm-pool-size", options.pool_size),
-                        ("--rmm-maximum-pool-size", options.rmm_maximum_pool_size),
-                        ("--rmm-release-threshold", options.rmm_release_threshold),
-                        ("--rmm-log-directory", options.rmm_log_directory),
-                        ("--local-directory", options.local_directory)):
-        if value is not None:
-            args += [flag, _value(value)]
-    for flag, on in (("--rmm-managed-memory", options.rmm_managed_memory),
-                     ("--rmm-async", options.rmm_async),
-                     ("--rmm-track-allocations", options.rmm_track_allocations)):
-        if on:
-            args.append(flag)
-    if options.uses_rmm:
-        # CuPy allocates through RMM so its chunks come from the worker's pool
-        args += ["--set-rmm-allocator-for-libs", "cupy"]
-    if protocol == "ucx":
-        # dask-cuda sets UCX_TLS for CUDA IPC over NVLink from this flag
-        args.append("--enable-nvlink" if options.nvlink else "--disable-nvlink")
-    return args + _tls(options)
+def gpu_worker_args(spec: WorkerSpec, *, scheduler_file: str) -> list[str]:
+    """Flags of ``dask cuda worker`` for workers of ``spec`` (dask-cuda's store): one
+    worker process per GPU the task can see."""
+    return (["--scheduler-file", scheduler_file, "--death-timeout", str(DEATH_TIMEOUT_S)]
+            + dask_cuda_worker_flags(spec))
 
 
 #: the options a node's GPU workers are built from (``spillway worker``); the scheduler's
@@ -116,7 +90,7 @@ def option_flags(options: Options, keys) -> list[str]:
         if isinstance(value, bool):
             args.append(f"--{key}" if value else f"--no-{key}")
         else:
-            args += [f"--{key}", "none" if value is None else _value(value)]
+            args += [f"--{key}", "none" if value is None else flag_value(value)]
     return args
 
 
@@ -132,7 +106,7 @@ def cpu_worker_args(options: Options, *, scheduler_file: str, protocol: str, n_w
     args = ["--scheduler-file", scheduler_file, "--protocol", protocol,
             "--nworkers", str(n_workers),
             "--nthreads", str(options.threads_per_worker),
-            "--memory-limit", _value(options.memory_limit),
+            "--memory-limit", flag_value(options.memory_limit),
             "--death-timeout", str(DEATH_TIMEOUT_S)]
     if options.interface:
         args += ["--interface", options.interface]

@@ -35,19 +35,26 @@ def test_cpu_worker_flags_parse_as_meant():
     assert params["death_timeout"] == str(commands.DEATH_TIMEOUT_S) and params["scheduler_file"] == "/s.json"
 
 
+def _spec(options):
+    """The spec of ``dask cuda worker``'s workers (dask-cuda's store), rendered away from their node."""
+    from spillway.service.launch.spec import off_node_spec
+
+    return off_node_spec(options.replace(memory_store="dask-cuda"), protocol="ucx", workers=4)
+
+
 @pytest.mark.gpu
 def test_gpu_worker_flags_parse_as_meant():
     from dask_cuda.cli import worker
 
     options = Options.resolve(rmm_pool_size="100GB", rmm_maximum_pool_size="120GB", device_memory_limit=0.7,
                               rmm_track_allocations=True, local_directory="/scratch")
-    params = _parse(worker, commands.gpu_worker_args(options, scheduler_file="/s.json", protocol="ucx"))
+    params = _parse(worker, commands.gpu_worker_args(_spec(options), scheduler_file="/s.json"))
     assert params["rmm_pool_size"] == "100000000000" and params["rmm_maximum_pool_size"] == "120000000000"
     assert params["device_memory_limit"] == "0.7" and params["rmm_track_allocations"] is True
     assert params["rmm_allocator_external_lib_list"] == ["cupy"] and params["enable_nvlink"] is True
     assert params["preload_argv"] == ()
     asynchronous = Options.resolve(rmm_async=True, rmm_release_threshold="10GB", nvlink=False)
-    params = _parse(worker, commands.gpu_worker_args(asynchronous, scheduler_file="/s.json", protocol="ucx"))
+    params = _parse(worker, commands.gpu_worker_args(_spec(asynchronous), scheduler_file="/s.json"))
     assert params["rmm_async"] is True and params["rmm_release_threshold"] == "10000000000"
     assert params["enable_nvlink"] is False
 

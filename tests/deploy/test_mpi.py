@@ -58,7 +58,7 @@ def test_cpu_worker_keywords():
     kwargs = execute_kwargs(options, n_workers=2)
     assert kwargs["worker_class"] == "distributed.Nanny" and kwargs["protocol"] == "tcp"
     assert kwargs["memory_limit"] == 1_000_000_000
-    assert worker_options(options, protocol="tcp") == {}
+    assert kwargs["worker_options"] == worker_options(None) == {}
 
 
 @pytest.mark.parametrize("options,message", [

@@ -7,7 +7,7 @@ import logging
 
 from distributed.worker_memory import parse_memory_limit
 
-from spillway.service.launch import local_gpu
+from spillway.service.launch import local_gpu, spec
 from spillway.service.launch.plan import plan
 from spillway.service.memory.growth import headroom_for, host_total
 from spillway.service.options import Options
@@ -21,7 +21,7 @@ def _tier(n_gpus: int, **options) -> tuple[int, int]:
     p = plan(opts, h200_host(n_gpus), have_ucxx=True, have_cuda_stack=True, host_memory=host_total())
     limit = parse_memory_limit(opts.memory_limit or None, 1, total_cores=p.n_workers,
                                logger=logging.getLogger("test"))
-    return local_gpu.host_limit(opts, p), limit
+    return spec.worker_specs(opts, p)[0].host_limit, limit
 
 
 def test_the_default_host_tier_leaves_the_process_and_the_machine_their_memory():
@@ -29,7 +29,7 @@ def test_the_default_host_tier_leaves_the_process_and_the_machine_their_memory()
         tier, limit = _tier(n)
         # distributed's auto limit shares the whole machine out
         assert limit * n >= 0.95 * host_total()
-        reserve = headroom_for(host_total()) // n + local_gpu.PROCESS_BYTES
+        reserve = headroom_for(host_total()) // n + spec.PROCESS_BYTES
         assert tier == max(limit - reserve, limit // 2)
         assert tier * n <= host_total() - headroom_for(host_total())
         # and the store the launcher builds gets that tier

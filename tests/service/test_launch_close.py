@@ -104,17 +104,21 @@ def test_closing_after_a_run_waits_for_a_slow_worker_instead_of_killing_it():
 def test_close_timeout_grows_with_what_a_gpu_worker_holds():
     from spillway.service.launch import CLOSE_BASE_S, CLOSE_BYTES_PER_S, close_timeout_s
     from spillway.service.launch.plan import LaunchPlan
+    from spillway.service.launch.spec import worker_specs
     from spillway.service.options import Options
 
-    cpu = LaunchPlan(kind="cpu", n_workers=2)
-    assert close_timeout_s(Options.resolve(cpu=True), cpu) == CLOSE_BASE_S
+    assert close_timeout_s(None) == CLOSE_BASE_S  # a CPU worker
     gpu = LaunchPlan(kind="gpu", devices=(0, 1), n_workers=2, protocol="ucx", host_memory=4 * 10**11)
+
+    def spec(**options):
+        return worker_specs(Options.resolve(**options), gpu)[0]
+
     # the B3 worker of the GPU host: a 126 GB pool, 48 GB pinned (under its 100 GB bound)
-    b3 = close_timeout_s(Options.resolve(rmm_pool_size="126GB", pinned_pool_size="48GB"), gpu, 141 * 10**9)
+    b3 = close_timeout_s(spec(rmm_pool_size="126GB", pinned_pool_size="48GB"), 141 * 10**9)
     assert b3 == CLOSE_BASE_S + (126 + 100) * 10**9 / CLOSE_BYTES_PER_S
     # the default pool is 90% of the GPU
-    default = close_timeout_s(Options.resolve(), gpu, 141 * 10**9)
+    default = close_timeout_s(spec(), 141 * 10**9)
     assert default == pytest.approx(CLOSE_BASE_S + (0.9 * 141 + 100) * 10**9 / CLOSE_BYTES_PER_S)
     # dask-cuda's store pins nothing of spillway's
-    assert close_timeout_s(Options.resolve(memory_store="dask-cuda", rmm_pool_size="10GB"), gpu) == \
+    assert close_timeout_s(spec(memory_store="dask-cuda", rmm_pool_size="10GB")) == \
         CLOSE_BASE_S + 10 * 10**9 / CLOSE_BYTES_PER_S

@@ -86,7 +86,7 @@ def test_open_cluster_turns_a_start_timeout_into_the_nannies_story(monkeypatch):
             self.closed = True
 
     client = Client()
-    monkeypatch.setattr(launch, "start_cluster", lambda options, plan: None)
+    monkeypatch.setattr(launch, "start_cluster", lambda options, plan, specs=(): None)
     monkeypatch.setattr(launch, "connect_client", lambda options, cluster: client)
     with pytest.raises(ClusterStartError, match=r"^0 of 2 workers started within 120 s: Worker process 42 was killed by signal 9"):
         with launch.open_cluster(Options.resolve(cpu=True, n_workers=2)):

@@ -73,7 +73,8 @@ def test_worker_keywords_come_from_the_options():
                            device_memory_limit="120GB", memory_limit="200GB", threads_per_worker=2,
                            pinned_pool_size="48GB", local_directory="/scratch")
     node = gpu_worker.node_plan(opts, inventory(4), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
-    kw = gpu_worker.worker_kwargs(opts, node, death_timeout=60)
+    spec = gpu_worker.node_spec(opts, inventory(4), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    kw = gpu_worker.worker_kwargs(opts, spec, death_timeout=60)
     assert kw["scheduler_file"] == "/s.json" and "scheduler" not in kw
     assert kw["protocol"] == "ucx" and kw["enable_nvlink"] is True and kw["death_timeout"] == 60
     assert kw["nthreads"] == 2 and kw["memory_limit"] == 200 * 10**9
@@ -82,14 +83,14 @@ def test_worker_keywords_come_from_the_options():
     func, store = kw["data"]
     assert func is worker_store.build_store
     assert store == {"protocol": "ucx", "device_memory_limit": 120 * 10**9,
-                     "host_limit": local_gpu.host_limit(opts, node), "pinned_pool_size": 48 * 10**9,
+                     "host_limit": spec.host_limit, "pinned_pool_size": 48 * 10**9,
                      "pinned_limit": node.pinned_limit}
 
 
 def test_dask_cuda_store_keeps_dask_cuda_data():
     opts = Options.resolve(scheduler_address="tcp://h:8786", protocol="tcp", memory_store="dask-cuda")
-    node = gpu_worker.node_plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
-    kw = gpu_worker.worker_kwargs(opts, node)
+    spec = gpu_worker.node_spec(opts, inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    kw = gpu_worker.worker_kwargs(opts, spec)
     assert kw["scheduler"] == "tcp://h:8786" and "data" not in kw and "enable_nvlink" not in kw
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch import local_gpu
-from spillway.service.launch.plan import PINNED_HOST_FRACTION, pinned_pool_bytes, plan
+from spillway.service.launch import local_gpu, spec
+from spillway.service.launch.plan import PINNED_HOST_FRACTION, plan
 from spillway.service.options import Options
 from stand_ins import h200_host
 
@@ -22,7 +22,7 @@ def arena_of(options: Options, host_tier: int | None, n_gpus: int = 2, host_memo
     memory of the machine running the test, so the tier is a stand-in too)."""
     p = plan(options, inventory(n_gpus), have_ucxx=True, have_cuda_stack=True, host_memory=host_memory)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(local_gpu, "host_limit", lambda options, plan: host_tier)
+        m.setattr(spec, "host_limit", lambda memory_limit, facts, n_workers: host_tier)
         kwargs = local_gpu.cluster_kwargs(options, p)["data"][1]
     assert kwargs["host_limit"] == host_tier
     return kwargs["pinned_pool_size"]
@@ -70,7 +70,7 @@ def test_auto_is_never_refused_by_the_plan():
     # on a small host with many workers auto shrinks to fit; an explicit size is refused
     small = 16 * 10**9
     p = plan(Options.resolve(), inventory(8), have_ucxx=True, have_cuda_stack=True, host_memory=small)
-    assert pinned_pool_bytes(Options.resolve(), p, 10**12) == small // 2 // 8
+    assert spec.pinned_arena(Options.resolve().pinned_pool_size, p.pinned_limit, 10**12) == small // 2 // 8
     with pytest.raises(OptionsError, match="pinned-pool-size: 2.0 GB per worker x 8 workers"):
         plan(Options.resolve(pinned_pool_size="2GB"), inventory(8), have_ucxx=True, have_cuda_stack=True,
              host_memory=small)
@@ -78,4 +78,4 @@ def test_auto_is_never_refused_by_the_plan():
 
 def test_auto_without_any_bound_takes_no_arena():
     p = plan(Options.resolve(), inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=0)
-    assert p.pinned_limit is None and pinned_pool_bytes(Options.resolve(), p, None) == 0
+    assert p.pinned_limit is None and spec.pinned_arena(Options.resolve().pinned_pool_size, p.pinned_limit, None) == 0

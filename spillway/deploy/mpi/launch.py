@@ -14,8 +14,7 @@ import os
 import dask.config
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch.gpu_worker import node_store
-from spillway.service.launch.plan import uses_tiered_store
+from spillway.service.launch.gpu_worker import node_spec
 from spillway.service.launch.ucx_env import quiet_ucx
 from spillway.service.launch.worker_config import worker_config
 from spillway.service.options import Options
@@ -39,13 +38,11 @@ def _check(options: Options) -> None:
         raise OptionsError("tls-ca-file: dask-mpi starts its scheduler without TLS; use spillway slurm or up")
 
 
-def _node_devices() -> list[int | str]:
+def _node_devices(inventory) -> list[int | str]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
         return [int(d) if d.strip().isdigit() else d.strip() for d in visible.split(",") if d.strip()]
-    from spillway.service.gpus import discover
-
-    return [gpu.index for gpu in discover().gpus]
+    return [gpu.index for gpu in inventory.gpus]
 
 
 def run(options: Options, workflow: str, params: dict, *, verify: bool = False, comm=None) -> dict | None:
@@ -61,15 +58,18 @@ def run(options: Options, workflow: str, params: dict, *, verify: bool = False, 
     kwargs = execute_kwargs(options, n_workers=n_workers)
     node_ranks = comm.Split_type(MPI.COMM_TYPE_SHARED).allgather(rank)
 
-    tiered = not options.cpu and uses_tiered_store(options)
+    spec = None
     if rank != SCHEDULER_RANK and not options.cpu:
+        from spillway.service.gpus import discover
+
+        # the node's GPUs, seen before this rank is narrowed to its own
+        inventory = discover()
         # one GPU per worker rank: CUDAWorker starts one worker per visible GPU
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(device_for_rank(rank, node_ranks, _node_devices()))
-        if tiered:
-            # the rank's share of its node's host and pinned memory, like a local cluster's worker
-            workers = len([r for r in node_ranks if r != SCHEDULER_RANK])
-            kwargs["worker_options"]["data"] = node_store(options.replace(protocol=kwargs["protocol"]),
-                                                          workers=workers)
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(device_for_rank(rank, node_ranks, _node_devices(inventory)))
+        # the rank's share of its node's host and pinned memory, like a local cluster's worker
+        workers = len([r for r in node_ranks if r != SCHEDULER_RANK])
+        spec = node_spec(options.replace(protocol=kwargs["protocol"]), inventory, workers=workers)
+        kwargs = execute_kwargs(options, n_workers=n_workers, spec=spec)
     if kwargs["protocol"] == "ucx":
         quiet_ucx()
     if rank == SCHEDULER_RANK and kwargs["protocol"] == "ucx":
@@ -96,7 +96,7 @@ def run(options: Options, workflow: str, params: dict, *, verify: bool = False, 
             result["error"] = e
 
     # a worker rank's nanny hands the config of the moment it is built to its worker
-    with dask.config.set(worker_config(options, tiered_store=tiered)):
+    with dask.config.set(worker_config(options, tiered_store=spec is not None and spec.tiered)):
         execute(client, comm=comm, **kwargs)
     if rank != SCHEDULER_RANK:
         return None

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch.local_gpu import rmm_kwargs
 from spillway.service.launch.plan import uses_tiered_store
+from spillway.service.launch.render import dask_cuda_kwargs, store_data
+from spillway.service.launch.spec import WorkerSpec, off_node_spec
 from spillway.service.options import Options
 
 from .. import commands
@@ -48,34 +49,47 @@ def worker_class(options: Options) -> str:
     return TIERED_WORKER if uses_tiered_store(options) else "dask_cuda.CUDAWorker"
 
 
-def worker_options(options: Options, *, protocol: str) -> dict:
+def worker_options(spec: WorkerSpec | None) -> dict:
     """Keywords of each rank's worker beyond those dask-mpi passes itself (interface,
-    protocol, threads, host memory limit, local directory, name). The tiered store's
-    ``data`` depends on the rank's node and is added on the rank (:mod:`.launch`)."""
-    if options.cpu:
+    protocol, threads, host memory limit, local directory, name: :func:`execute_kwargs`
+    gives those from the same spec); none for CPU workers (``spec`` None)."""
+    if spec is None:
         return {}
-    out = dict(device_memory_limit=options.device_memory_limit, **rmm_kwargs(options))
-    if protocol == "ucx":
-        out["enable_nvlink"] = options.nvlink
+    out = dask_cuda_kwargs(spec)
+    for key in _PASSED_BY_DASK_MPI:
+        out.pop(key, None)
     return out
 
 
-def execute_kwargs(options: Options, *, n_workers: int) -> dict:
-    """Keywords of ``dask_mpi.execute`` for ``options`` (the client function aside)."""
+#: the worker keywords dask-mpi's ``execute`` takes as its own arguments
+_PASSED_BY_DASK_MPI = ("protocol", "memory_limit", "local_directory")
+
+
+def execute_kwargs(options: Options, *, n_workers: int, spec: WorkerSpec | None = None) -> dict:
+    """Keywords of ``dask_mpi.execute`` for ``options`` (the client function aside). A GPU
+    worker rank passes its ``spec`` (resolved on its node, with the tiered store's
+    ``data``); without one the worker settings are those known off the node (a rank's
+    one GPU, its node's memory unknown)."""
     protocol = commands.protocol(options, gpu=not options.cpu, n_workers=n_workers)
+    on_node = spec is not None
+    if not options.cpu and spec is None:
+        spec = off_node_spec(options, protocol=protocol, workers=1)
+    workers = worker_options(spec)
+    if on_node and spec.tiered:
+        workers["data"] = store_data(spec)
     return dict(
         client_rank=SCHEDULER_RANK,
         scheduler_rank=SCHEDULER_RANK,
         exclusive_workers=True,
         scheduler_port=options.scheduler_port or None,
-        interface=options.interface,
-        protocol=protocol,
-        nthreads=options.threads_per_worker,
-        memory_limit=options.memory_limit,
-        local_directory=options.local_directory,
+        interface=options.interface if spec is None else spec.interface,
+        protocol=protocol if spec is None else spec.protocol,
+        nthreads=options.threads_per_worker if spec is None else spec.threads,
+        memory_limit=options.memory_limit if spec is None else spec.memory_limit,
+        local_directory=options.local_directory if spec is None else spec.local_directory,
         dashboard=bool(options.dashboard_address),
         dashboard_address=options.dashboard_address or ":0",
         worker_class=worker_class(options),
-        worker_options=worker_options(options, protocol=protocol),
+        worker_options=workers,
         worker_name="spillway",
     )

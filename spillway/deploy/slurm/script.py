@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch.plan import uses_tiered_store
+from spillway.service.launch.spec import off_node_spec
 from spillway.service.options import Options
 
 from .. import commands
@@ -111,12 +111,12 @@ def _shell_lines(args: Sequence[str], indent: str = "    ", width: int = 100) ->
     return f" \\\n{indent}".join(lines)
 
 
-def _directives(job: JobSettings, plan: Layout) -> list[str]:
+def _directives(job: JobSettings, job_layout: Layout) -> list[str]:
     lines = [f"--job-name={job.job_name}", f"--nodes={job.nodes}", "--ntasks-per-node=1"]
-    if plan.kind == "gpu":
+    if job_layout.kind == "gpu":
         lines.append(f"--gpus-per-node={job.gpus_per_node}")
-    if plan.cpus_per_task is not None:
-        lines.append(f"--cpus-per-task={plan.cpus_per_task}")
+    if job_layout.cpus_per_task is not None:
+        lines.append(f"--cpus-per-task={job_layout.cpus_per_task}")
     if job.mem is not None:
         lines.append(f"--mem={job.mem}")
     lines.append(f"--time={format_walltime(job.walltime_s)}")
@@ -149,39 +149,43 @@ def job_script(options: Options, job: JobSettings, runs: Sequence[Run]) -> str:
     """The sbatch script that runs ``runs`` on a cluster started inside the job."""
     if not runs:
         raise OptionsError("workflows: a batch job needs at least one workflow")
-    plan = layout(options, job)
+    job_layout = layout(options, job)
     multi_node = job.nodes > 1
-    scheduler = commands.scheduler_args(options, scheduler_file=_SCHEDULER_FILE, protocol=plan.protocol,
+    scheduler = commands.scheduler_args(options, scheduler_file=_SCHEDULER_FILE, protocol=job_layout.protocol,
                                         multi_node=multi_node)
-    if plan.kind == "gpu" and uses_tiered_store(options):
-        # dask-cuda's command has no flag for another store: spillway's own runs its CUDAWorker
+    # the workers' settings as far as they are known here: the nodes' GPUs and memory are not
+    spec = (off_node_spec(options, protocol=job_layout.protocol, workers=job_layout.workers_per_node)
+            if job_layout.kind == "gpu" else None)
+    if spec is not None and spec.tiered:
+        # dask-cuda's command has no flag for another store: spillway's own runs its
+        # CUDAWorker, and resolves the workers' spec from these options on the node
         worker_command = "spillway"
-        worker = commands.spillway_worker_args(options, scheduler_file=_SCHEDULER_FILE, protocol=plan.protocol)
+        worker = commands.spillway_worker_args(options, scheduler_file=_SCHEDULER_FILE, protocol=job_layout.protocol)
         layout_text = "one tiered-store worker per GPU"
-        environment = commands.ucx_environment(options) if plan.protocol == "ucx" else {}
-    elif plan.kind == "gpu":
+        environment = commands.ucx_environment(options) if job_layout.protocol == "ucx" else {}
+    elif spec is not None:
         worker_command = "dask cuda worker"
-        worker = commands.gpu_worker_args(options, scheduler_file=_SCHEDULER_FILE, protocol=plan.protocol)
+        worker = commands.gpu_worker_args(spec, scheduler_file=_SCHEDULER_FILE)
         layout_text = "one dask-cuda worker per GPU"
-        environment = commands.ucx_environment(options) if plan.protocol == "ucx" else {}
+        environment = commands.ucx_environment(options) if job_layout.protocol == "ucx" else {}
     else:
         worker_command = "dask worker"
-        worker = commands.cpu_worker_args(options, scheduler_file=_SCHEDULER_FILE, protocol=plan.protocol,
-                                          n_workers=plan.workers_per_node)
-        layout_text = f"{plan.workers_per_node} CPU worker(s) with NumPy chunks"
+        worker = commands.cpu_worker_args(options, scheduler_file=_SCHEDULER_FILE, protocol=job_layout.protocol,
+                                          n_workers=job_layout.workers_per_node)
+        layout_text = f"{job_layout.workers_per_node} CPU worker(s) with NumPy chunks"
         environment = {}
     # the workers' dask config travels as DASK_ variables, which every process started here inherits
     environment.update(commands.worker_environment(options))
     client = commands.client_args(options, scheduler_file=_SCHEDULER_FILE)
     tls = client[2:]
     names = ", ".join(run.workflow for run in runs)
-    per_node = f"{job.gpus_per_node} GPUs" if plan.kind == "gpu" else f"{plan.workers_per_node} CPU workers"
-    summary = (f"{names} on {job.nodes} node(s) x {per_node} ({plan.n_workers} workers, {plan.protocol}), "
+    per_node = f"{job.gpus_per_node} GPUs" if job_layout.kind == "gpu" else f"{job_layout.workers_per_node} CPU workers"
+    summary = (f"{names} on {job.nodes} node(s) x {per_node} ({job_layout.n_workers} workers, {job_layout.protocol}), "
                f"wall time {format_walltime(job.walltime_s)}")
     margin = job.walltime_s - job.lifetime_s
     env_lines = [f"export {k}={shlex.quote(v)}" for k, v in sorted(environment.items())]
     text = _ScriptTemplate(TEMPLATE_FILE.read_text()).substitute(
-        directives="\n".join(_directives(job, plan)),
+        directives="\n".join(_directives(job, job_layout)),
         summary=summary,
         worker_layout=layout_text,
         results_dir=shlex.quote(job.output_dir),
@@ -193,10 +197,10 @@ def job_script(options: Options, job: JobSettings, runs: Sequence[Run]) -> str:
         scheduler_args=_shell(scheduler),
         nodes=str(job.nodes),
         # named again on the step: srun does not take the job's CPUs per task from it in every version
-        worker_cpus=f" --cpus-per-task={plan.cpus_per_task}" if plan.cpus_per_task else "",
+        worker_cpus=f" --cpus-per-task={job_layout.cpus_per_task}" if job_layout.cpus_per_task else "",
         worker_command=worker_command,
         worker_args=_shell_lines(worker),
-        n_workers=str(plan.n_workers),
+        n_workers=str(job_layout.n_workers),
         start_timeout=str(job.start_timeout),
         client_tls=f" {_shell(tls)}" if tls else "",
         runs="\n".join(_run_lines(runs, client)),

@@ -18,7 +18,8 @@ from ..gpus import Inventory, discover
 from ..options import Options
 from ..plugins import WorkerSetup
 from .deaths import start_failure, watch_worker_deaths
-from .plan import LaunchPlan, plan, uses_tiered_store
+from .plan import LaunchPlan, plan
+from .spec import WorkerSpec, worker_specs
 from .ucx_env import quiet_ucx
 
 logger = logging.getLogger("spillway")
@@ -55,12 +56,13 @@ class Session:
         self.client.write_scheduler_file(path)
 
 
-def start_cluster(options: Options, launch: LaunchPlan):
-    """The cluster object for a local plan (None when attaching)."""
+def start_cluster(options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...] = ()):
+    """The cluster object for a local plan (None when attaching); ``specs``: the GPU
+    workers' (:func:`~.spec.worker_specs`)."""
     if launch.kind == "gpu":
         from . import local_gpu
 
-        return local_gpu.start(options, launch)
+        return local_gpu.start(options, launch, specs)
     if launch.kind == "cpu":
         from . import local_cpu
 
@@ -109,20 +111,20 @@ CLOSE_BASE_S = 15
 CLOSE_BYTES_PER_S = 8 * 10**9
 
 
-def close_timeout_s(options: Options, launch: LaunchPlan, device_memory: int = 0) -> float:
-    """Seconds each worker of ``launch`` gets to exit on close, from what it may hold: its
-    RMM pool (a fraction of ``device_memory``, the GPU's bytes, or bytes) and the pinned
-    host memory it may take (its pinned bound, or the arena's size where that is larger)."""
+def close_timeout_s(spec: WorkerSpec | None, device_memory: int = 0) -> float:
+    """Seconds a GPU worker of ``spec`` (None: a CPU worker) gets to exit on close, from
+    what it may hold: its RMM pool (a fraction of ``device_memory``, the GPU's bytes, or
+    bytes) and the pinned host memory it may take (its pinned bound, or the arena's size
+    where that is larger)."""
     held = 0
-    if launch.kind == "gpu":
-        pool = options.pool_size
+    if spec is not None:
+        pool = spec.rmm_pool_size
         if isinstance(pool, float):
             held += int(pool * device_memory)
         elif pool:
             held += int(pool)
-        if uses_tiered_store(options):
-            pinned = options.pinned_pool_size if isinstance(options.pinned_pool_size, int) else 0
-            held += max(int(launch.pinned_limit or 0), pinned)
+        if spec.tiered:
+            held += max(int(spec.pinned_limit or 0), int(spec.pinned_arena or 0))
     return CLOSE_BASE_S + held / CLOSE_BYTES_PER_S
 
 
@@ -170,11 +172,13 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Ite
         quiet_ucx()  # this process and the workers it starts inherit it
     with contextlib.ExitStack() as stack:
         deaths = stack.enter_context(watch_worker_deaths())
-        cluster = start_cluster(options, launch)
+        specs = worker_specs(options, launch) if launch.kind == "gpu" else ()
+        cluster = start_cluster(options, launch, specs)
         if cluster is not None:
-            device_memory = max((g.memory_total for g in inventory.gpus), default=0)
+            timeout = max((close_timeout_s(s, m) for s, m in zip(specs, launch.device_memory)),
+                          default=close_timeout_s(None))
             # registered first, so it runs after the client's close: client, workers, scheduler
-            stack.callback(close_cluster, cluster, close_timeout_s(options, launch, device_memory))
+            stack.callback(close_cluster, cluster, timeout)
         client = connect_client(options, cluster)
         stack.callback(client.close)
         expected = launch.n_workers or 1

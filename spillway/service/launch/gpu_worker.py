@@ -20,7 +20,9 @@ import signal
 from collections.abc import Iterable
 
 from ..options import Options
-from .plan import LaunchPlan, plan, uses_tiered_store
+from .plan import LaunchPlan, plan
+from .render import cuda_worker_kwargs
+from .spec import WorkerSpec, one_for_all, worker_specs
 
 logger = logging.getLogger("spillway")
 
@@ -56,42 +58,22 @@ def node_plan(options: Options, inventory=None, *, workers: int | None = None, *
     return found
 
 
-def worker_kwargs(options: Options, node: LaunchPlan, *, death_timeout: float = DEATH_TIMEOUT_S) -> dict:
-    """:class:`TieredCUDAWorker` keywords for this node: a pure function of the options
-    and the node's plan (``data`` only with the tiered store)."""
-    from .local_gpu import host_limit, rmm_kwargs
-    from .worker_store import store_spec
+def node_spec(options: Options, inventory=None, *, workers: int | None = None, facts=None,
+              **plan_kwargs) -> WorkerSpec:
+    """The spec this node's ``workers`` GPU workers (default: one per GPU) are started
+    with: one set of keywords for all of them (:func:`~.spec.one_for_all`)."""
+    return one_for_all(worker_specs(options, node_plan(options, inventory, workers=workers, **plan_kwargs), facts))
 
-    kwargs = dict(
-        nthreads=options.threads_per_worker,
-        memory_limit=options.memory_limit,
-        device_memory_limit=options.device_memory_limit,
-        local_directory=options.local_directory,
-        interface=options.interface,
-        security=options.security,
-        protocol=node.protocol,
-        death_timeout=death_timeout,
-        **rmm_kwargs(options),
-    )
+
+def worker_kwargs(options: Options, spec: WorkerSpec, *, death_timeout: float = DEATH_TIMEOUT_S) -> dict:
+    """:class:`TieredCUDAWorker` keywords for this node's workers of ``spec``, attached to
+    the scheduler of ``options`` (``data`` only with the tiered store)."""
+    kwargs = dict(cuda_worker_kwargs(spec), death_timeout=death_timeout)
     if options.scheduler_file:
         kwargs["scheduler_file"] = options.scheduler_file
     elif options.scheduler_address:
         kwargs["scheduler"] = options.scheduler_address
-    if node.protocol == "ucx":
-        # dask-cuda sets UCX_TLS for CUDA IPC over NVLink from this flag
-        kwargs["enable_nvlink"] = options.nvlink
-    if uses_tiered_store(options):
-        kwargs["data"] = store_spec(options, node, host_limit(options, node))
     return kwargs
-
-
-def node_store(options: Options, *, workers: int, inventory=None, **plan_kwargs) -> tuple:
-    """The tiered store spec of one of this node's ``workers`` workers (an MPI rank's)."""
-    from .local_gpu import host_limit
-    from .worker_store import store_spec
-
-    node = node_plan(options, inventory, workers=workers, **plan_kwargs)
-    return store_spec(options, node, host_limit(options, node))
 
 
 def use_store(nannies: Iterable, data) -> None:
@@ -143,10 +125,10 @@ def run_node(options: Options, *, death_timeout: float = DEATH_TIMEOUT_S) -> Non
     from .worker_config import worker_config
 
     inventory = discover()
-    node = node_plan(options, inventory, workers=visible_gpus())
+    spec = node_spec(options, inventory, workers=visible_gpus())
     device_memory = max((g.memory_total for g in inventory.gpus), default=0)
-    kwargs = worker_kwargs(options, node, death_timeout=death_timeout)
-    if node.protocol == "ucx":
+    kwargs = worker_kwargs(options, spec, death_timeout=death_timeout)
+    if spec.protocol == "ucx":
         quiet_ucx()
     worker_class = __getattr__("TieredCUDAWorker")
 
@@ -163,9 +145,9 @@ def run_node(options: Options, *, death_timeout: float = DEATH_TIMEOUT_S) -> Non
         if not finished.done():
             from . import close_timeout_s
 
-            await worker.close(timeout=close_timeout_s(options, node, device_memory))
+            await worker.close(timeout=close_timeout_s(spec, device_memory))
         stopped.cancel()
 
     # each nanny hands the config of the moment it starts its worker to the worker process
-    with dask.config.set(worker_config(options, tiered_store=uses_tiered_store(options))):
+    with dask.config.set(worker_config(options, tiered_store=spec.tiered)):
         asyncio.run(serve())

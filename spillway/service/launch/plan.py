@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..errors import OptionsError
 from ..gpus import Inventory
 from ..options import Options
+from .protocol import choose_protocol
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class LaunchPlan:
     notes: tuple[str, ...] = ()
     #: bytes of memory of this host (GPU plans: what the workers' pinned memory is bounded by)
     host_memory: int = 0
+    #: bytes of each worker's GPU, in worker order (empty where not known)
+    device_memory: tuple[int, ...] = ()
 
     @property
     def pinned_limit(self) -> int | None:
@@ -97,11 +100,9 @@ def plan(
         notes.append(f"no GPU found ({inventory.reason}): running on CPU workers")
 
     if not use_gpu:
-        if options.protocol == "ucx" and not have_ucxx:
-            raise OptionsError("protocol: ucx requested but distributed-ucxx is not installed")
         cores = cpu_count or os.cpu_count() or 1
         n = options.n_workers or max(1, min(4, cores // options.threads_per_worker))
-        protocol = "ucx" if options.protocol == "ucx" else "tcp"
+        protocol, _ = choose_protocol(options.protocol, gpu=False, n_workers=n, have_ucxx=have_ucxx)
         return LaunchPlan(kind="cpu", n_workers=n, protocol=protocol, notes=tuple(notes))
 
     if options.devices is None:
@@ -117,41 +118,17 @@ def plan(
     host_memory = host_memory_bytes() if host_memory is None else host_memory
     _check_pinned(options, n, host_memory)
 
-    if options.protocol == "ucx":
-        if not have_ucxx:
-            raise OptionsError(
-                "protocol: ucx requested but distributed-ucxx is not installed; "
-                "install spillway[cuda13] or use protocol tcp"
-            )
-        protocol = "ucx"
-    elif options.protocol == "tcp":
-        protocol = "tcp"
-    elif n > 1 and have_ucxx:
-        protocol = "ucx"
-    else:
-        protocol = "tcp"
-        if n > 1:
-            notes.append(
-                "protocol: TCP between GPU workers because distributed-ucxx is not installed "
-                "(chunks are staged through host memory; install spillway[cuda13] for NVLink)"
-            )
+    protocol, note = choose_protocol(options.protocol, gpu=True, n_workers=n, have_ucxx=have_ucxx)
+    if note:
+        notes.append(note)
     return LaunchPlan(kind="gpu", devices=devices, n_workers=n, protocol=protocol, notes=tuple(notes),
-                      host_memory=host_memory)
+                      host_memory=host_memory,
+                      device_memory=tuple(inventory.find(d).memory_total for d in devices))
 
 
 def uses_tiered_store(options: Options) -> bool:
     # with managed memory the driver migrates pages itself: there is no device tier to manage
     return options.memory_store == "tiered" and not options.rmm_managed_memory
-
-
-def pinned_pool_bytes(options: Options, plan: LaunchPlan, host_limit: int | None) -> int:
-    """The pinned arena each worker grows: ``auto`` is the worker's share of the pinned
-    bound (:attr:`LaunchPlan.pinned_limit`), at most its host tier (``host_limit``, the
-    memory-limit in bytes): pinning more than the host tier holds would never be used."""
-    if options.pinned_pool_size != "auto":
-        return int(options.pinned_pool_size)
-    bounds = [int(b) for b in (plan.pinned_limit, host_limit) if b]
-    return min(bounds) if bounds else 0
 
 
 def _check_pinned(options: Options, n_workers: int, host_memory: int) -> None:

@@ -12,9 +12,6 @@ listener's ``init_once`` later finds UCX started and does nothing.
 
 from __future__ import annotations
 
-from ..options import Options
-from .plan import LaunchPlan, pinned_pool_bytes
-
 
 def setup_steps(protocol: str) -> tuple[str, ...]:
     """What :func:`build_store` does, in order: ``comm`` (start UCX, which makes the CUDA
@@ -47,16 +44,3 @@ def build_store(*, worker_local_directory: str, protocol: str, **store):
         else:
             built = make_store(worker_local_directory=worker_local_directory, **store)
     return built
-
-
-def store_spec(options: Options, plan: LaunchPlan, host_limit: int | None) -> tuple:
-    """``(build_store, kwargs)``: distributed's ``data=`` for each GPU worker of ``plan``
-    (one host's workers), from the options alone; ``host_limit`` is a worker's host tier
-    in bytes (distributed's reading of ``memory-limit`` on that host)."""
-    return (build_store, {
-        "protocol": plan.protocol,
-        "device_memory_limit": options.device_memory_limit,
-        "host_limit": host_limit,
-        "pinned_pool_size": pinned_pool_bytes(options, plan, host_limit),
-        "pinned_limit": plan.pinned_limit,
-    })

@@ -57,15 +57,15 @@ def give_back_segment(buf: np.ndarray) -> None:
 def make_store(
     *,
     worker_local_directory: str,
-    device_memory_limit,
+    device_memory_limit: int | None,
     host_limit: int | None,
     pinned_pool_size: int,
     pinned_limit: int | None = None,
 ) -> TieredStore:
-    """Runs in the worker process (its CUDA_VISIBLE_DEVICES already set)."""
-    from dask_cuda.utils import parse_device_memory_limit
-
-    device_limit = parse_device_memory_limit(device_memory_limit, device_index=0) or math.inf
+    """Runs in the worker process (its CUDA_VISIBLE_DEVICES already set). The limits are
+    bytes, None for none (the worker's spec resolved them:
+    :mod:`spillway.service.launch.spec`)."""
+    device_limit = math.inf if device_memory_limit is None else device_memory_limit
     # past the arena, pinned buffers from CuPy's pool (freed ones are reused) up to the
     # worker's share of what the host may pin, then pageable ones
     host = HostBuffers(None, _pinned_fallback,
