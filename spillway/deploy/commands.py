@@ -3,7 +3,9 @@
 Batch scripts and the MPI launcher start the scheduler and workers as separate processes
 (``dask scheduler``, ``spillway worker`` or ``dask cuda worker``, ``dask worker``) instead
 of a local cluster, so the cluster settings have to travel as their flags. These pure
-functions are the only place that translates :class:`~spillway.service.options.Options` into those flags.
+functions render them: the scheduler's and CPU workers' from the options, ``spillway
+worker``'s as the options themselves (the node resolves its workers' spec from them), and
+``dask cuda worker``'s from the workers' spec (:mod:`spillway.service.launch.render`).
 """
 
 from __future__ import annotations
