@@ -73,7 +73,7 @@ elif has full && [ "$years" -ge 10 ]; then
   timeout $(( left + 20 )) python3 - "$years" "$scratch" "$out/results" >>"$out/zarr-bench.log" 2>&1 <<'PY'
 import sys
 
-from spillway.service.bench import zarr_io
+from spillway.bench import zarr_io
 from spillway.service.cli import main
 
 years, scratch, results = int(sys.argv[1]), sys.argv[2], sys.argv[3]

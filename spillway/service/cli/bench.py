@@ -106,9 +106,9 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_basel
     if sweep_sizes is not None:
         raise ParamError(f"sweep-sizes: {sweep_sizes!r} is only used with --link-sweep")
 
-    from ..bench import prepare, run_bench
-    from ..bench.ceilings import not_measured
-    from ..bench.report import failed_workloads, short_table, target_lines
+    from spillway.bench import prepare, run_bench
+    from spillway.bench.ceilings import not_measured
+    from spillway.bench.report import failed_workloads, short_table, target_lines
 
     plan = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout,
                    merge_into=merge_into, baseline=not no_baseline, label=label)
@@ -126,7 +126,7 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_basel
 
 
 def _link_sweep(options, out_dir, sweep_sizes, label, **workload_flags):
-    from ..bench.link import prepare_sweep, run_sweep, short_table
+    from spillway.bench.link import prepare_sweep, run_sweep, short_table
 
     given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
     if given:
@@ -137,7 +137,7 @@ def _link_sweep(options, out_dir, sweep_sizes, label, **workload_flags):
 
 
 def _zarr_bench(options, out_dir, sizes, runs, timeout, label, no_ceilings, **workload_flags):
-    from ..bench.zarr_io import prepare_zarr, run_zarr_bench, short_table
+    from spillway.bench.zarr_io import prepare_zarr, run_zarr_bench, short_table
 
     given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
     if given:
@@ -153,8 +153,8 @@ def _zarr_bench(options, out_dir, sizes, runs, timeout, label, no_ceilings, **wo
 
 def _matrix(flags, out_dir, selector, merge_dir, budget, timeout, **workload_flags):
     """The out-of-core matrix: one slice on this machine, or slices' files joined."""
-    from ..bench import matrix
-    from ..bench.matrix.slices import run_slice, short_table
+    from spillway.bench import matrix
+    from spillway.bench.matrix.slices import run_slice, short_table
 
     given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
     if given:

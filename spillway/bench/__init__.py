@@ -3,7 +3,7 @@
 :func:`prepare` fixes everything before memory is taken (workloads, sizes, the cluster
 plan, whether the inputs fit); :func:`run_bench` measures the ceilings, runs every
 workload on both clusters (spillway's alone without the baseline) and writes the JSON,
-markdown and PNG next to a full log. :mod:`spillway.service.bench.link` is the link sweep.
+markdown and PNG next to a full log. :mod:`spillway.bench.link` is the link sweep.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import ParamError
-from ..gpus import Inventory, discover
-from ..launch import plan as launch_plan
-from ..options import Options
+from spillway.service.errors import ParamError
+from spillway.service.gpus import Inventory, discover
+from spillway.service.launch import plan as launch_plan
+from spillway.service.options import Options
 from . import ceilings, report
 from .harness import Plan, bench_options, check_fits, run
 from .workloads import SCALES, WORKLOADS, select
@@ -33,7 +33,7 @@ def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", r
     """Check the request and plan the run; raises one-line errors before anything starts.
 
     ``options`` are the user's; the bench's own settings for speed are added here where
-    the user left a value unset (:func:`~spillway.service.bench.harness.bench_options`).
+    the user left a value unset (:func:`~spillway.bench.harness.bench_options`).
     ``baseline=False`` measures spillway's side alone; ``label`` names the run in its
     results and file names.
     """

@@ -7,7 +7,7 @@
 
 A row records the bytes each move between device, host and disk carried during the
 computation (``moves``, summed over workers) and, given the copy ceilings measured in
-the same run, its copy bound (:mod:`spillway.service.bench.copybound`) next to its time.
+the same run, its copy bound (:mod:`spillway.bench.copybound`) next to its time.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def _futures(collection):
 def _measured(cluster, collections: tuple) -> tuple[Any, float, int, dict]:
     """Compute on the cluster: (values, wall seconds, bytes spilled device -> host and
     host -> disk meanwhile, bytes per move between tiers summed over workers)."""
-    from ...plugins import worker_snapshot
-    from ...runner import transfer_stats
+    from spillway.service.plugins import worker_snapshot
+    from spillway.service.runner import transfer_stats
     from ..harness import spill_moves
 
     client = cluster.client
@@ -104,7 +104,7 @@ def _measured(cluster, collections: tuple) -> tuple[Any, float, int, dict]:
 
 
 def _admit(cluster, name: str, footprint) -> None:
-    from ...memory.admission import admit, cluster_capacity
+    from spillway.service.memory.admission import admit, cluster_capacity
 
     admit(name, footprint, cluster_capacity(cluster.client))
 
@@ -114,8 +114,8 @@ def run_notebook(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict
     the seed, persist them as a user would, hand them to the workflow, compute its graph
     through the notebook's ``compute`` and check against the seeded reference."""
     from spillway import workflows
-    from ...errors import AdmissionError
-    from ...runner import target_of
+    from spillway.service.errors import AdmissionError
+    from spillway.service.runner import target_of
     from spillway.workflows import random
     from spillway.workflows.backend import backend_for
     from spillway.workflows.registry import relative_error
@@ -155,7 +155,7 @@ def run_notebook(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict
 
 def run_user_code(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict:
     """User-written dask code on inputs the user persisted first, on ``cluster``."""
-    from ...errors import AdmissionError
+    from spillway.service.errors import AdmissionError
     from spillway.workflows.backend import backend_for
 
     nbytes = user_size(case, scale, seed)

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import ParamError
-from ..gpus import Inventory, discover
-from ..launch import plan as launch_plan
-from ..launch.plan import host_memory_bytes
-from ..options import Options
-from ..sizes import format_bytes, parse_size
+from spillway.service.errors import ParamError
+from spillway.service.gpus import Inventory, discover
+from spillway.service.launch import plan as launch_plan
+from spillway.service.launch.plan import host_memory_bytes
+from spillway.service.options import Options
+from spillway.service.sizes import format_bytes, parse_size
 from . import ceilings, report
 
 #: message sizes of the sweep unless ``--sweep-sizes`` names others

@@ -12,7 +12,7 @@ serves both.
 The harness runs a workload at a scaled size without knowing of it: :func:`scaled`
 returns a copy of the workload whose only size, under the scale the harness is asked
 for, is the scaled one, and :func:`run_study` puts those copies into the plan
-:func:`~spillway.service.bench.prepare` made.
+:func:`~spillway.bench.prepare` made.
 
 One study run is cut into parts (:data:`PARTS`), each written into the first part's
 results file as soon as it ends, so a command stopped at a time limit keeps what it
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ParamError
+from spillway.service.errors import ParamError
 from . import render, report
 from .workloads import WORKLOADS, Workload, data_bytes
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from spillway.service.bench import ceilings, harness, prepare, workloads
-from spillway.service.bench.harness import SideResult
+from spillway.bench import ceilings, harness, prepare, workloads
+from spillway.bench.harness import SideResult
 from spillway.service.cli import main
 from spillway.service.gpus import Inventory
 from spillway.service.options import Options
@@ -413,10 +413,10 @@ def test_probes_run_as_a_module_the_package_does_not_import():
     import sys
 
     # importing the package must not import the module its children run with -m
-    code = "import sys, spillway.service.bench, spillway.service.bench.ceilings; print('spillway.service.bench.probes' in sys.modules)"
+    code = "import sys, spillway.bench, spillway.bench.ceilings; print('spillway.bench.probes' in sys.modules)"
     out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
-    assert ceilings.PROBE[1:] == ("-m", "spillway.service.bench.probes")
+    assert ceilings.PROBE[1:] == ("-m", "spillway.bench.probes")
     # started as the ceilings start it, with warnings as errors: no runpy warning on stderr
     child = subprocess.run([*ceilings.PROBE, "no-such-probe", "1"], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PYTHONWARNINGS": "error"})
@@ -472,7 +472,7 @@ def test_last_error_skips_warnings():
 
 
 def test_targets_are_judged_on_gpus_only():
-    from spillway.service.bench.report import targets
+    from spillway.bench.report import targets
 
     ws = [{"name": "W1", "speedup": 2.5, "transfer_256mib_ratio_to_peer_copy": 0.7},
           {"name": "B1", "speedup": 1.0, "transfer_256mib_ratio_to_peer_copy": None}]
@@ -550,7 +550,7 @@ def test_b3_is_named_to_run_with_its_own_tiers_on_spillway_only():
 
 
 def test_reference_panels_match_numpy(monkeypatch):
-    from spillway.service.bench import reference
+    from spillway.bench import reference
 
     shape, seed = (300, 200), 5
     x = random.uniform_numpy(shape, seed=seed, dtype="float64")
@@ -600,7 +600,7 @@ def test_spill_moves_are_summed_over_workers_and_timed_only_by_the_tiered_store(
 
 
 def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
-    from spillway.service.bench import report
+    from spillway.bench import report
 
     zero = dict.fromkeys(harness.MOVES, 0)
     moves = {"moves": {m: {"bytes": 0, "seconds": 0.0} for m in harness.MOVES}, "restore_wait_s": 0.3, "workers": 2}
@@ -784,7 +784,7 @@ def test_link_sweep_on_cpu_measures_host_copy_at_each_size(tmp_path):
 
 def test_link_sweep_records_every_gpu_measurement_and_why_one_is_missing(tmp_path):
     """The GPU path of the sweep, its files and plot, from given measurements."""
-    from spillway.service.bench import link
+    from spillway.bench import link
 
     assert link.SWEEP_SIZES == tuple(n * 2**20 for n in (8, 32, 128, 256, 512, 1024, 2048))
     calls = []
@@ -860,7 +860,7 @@ def test_step1_on_gpus_reaches_the_gpu_workers_without_a_baseline(tmp_path, gpu_
 
 
 def test_references_from_the_seed_match_numpy():
-    from spillway.service.bench import reference
+    from spillway.bench import reference
 
     x = random.uniform_numpy((900, 700), seed=5)
     y = random.uniform_numpy((700, 900), seed=5, stream=1)
@@ -948,12 +948,12 @@ def test_b4_and_b5_at_full_size_hold_1_3x_the_gpus_memory(gpu_bytes, b4_side, b5
 def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
     import functools
 
-    import spillway.service.bench
+    import spillway.bench
     from spillway.service.launch.plan import plan as launch_plan
     from tests.helpers.stand_ins import h200_host
 
     # GPU workers on the stand-in host, as where dask-cuda and CuPy are installed
-    monkeypatch.setattr(spillway.service.bench, "launch_plan",
+    monkeypatch.setattr(spillway.bench, "launch_plan",
                         functools.partial(launch_plan, have_cuda_stack=True, have_ucxx=False))
     one = prepare(Options.resolve(), only="B4,B5,B2", sizes="full", inventory=h200_host(1))
     two = prepare(Options.resolve(), only="B4,B5", sizes="full", inventory=h200_host(2))
@@ -969,7 +969,7 @@ def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
 
 
 def test_copy_bound_adds_each_way_over_the_rates_of_the_run():
-    from spillway.service.bench import copybound
+    from spillway.bench import copybound
 
     gbps = {"d2h_pinned": 50.0, "h2d_pinned": 40.0, "disk_write": 1.0, "disk_read": 2.0}
     moves = {"device_to_host": 100 * 10**9, "host_to_device": 80 * 10**9, "host_to_disk": 3 * 10**9,
@@ -1001,7 +1001,7 @@ def _moves(d2h, h2d, disk_w=0, disk_r=0):
 
 
 def test_the_report_puts_the_copy_bound_next_to_the_time():
-    from spillway.service.bench import report
+    from spillway.bench import report
 
     ceil = ceilings.Ceilings(gbps={"d2h_pinned": 50.0, "h2d_pinned": 50.0, "disk_write": 1.0, "disk_read": 2.0})
     sp = SideResult(source="direct", runs_s=[4.0], spill=[_moves(100 * 10**9, 50 * 10**9, 1 * 10**9, 2 * 10**9)])
@@ -1091,7 +1091,7 @@ def test_b4_b5_b2_on_cpu_clusters_check_numpy_and_record_a_failing_baseline(tmp_
 
 
 def test_a_spillway_failure_still_fails_the_bench_when_the_baseline_was_expected_to_fail():
-    from spillway.service.bench import report
+    from spillway.bench import report
 
     results = {"workloads": [{"name": "B5", "spillway": {"error": "boom"},
                               "baseline": {"error": "P2P", "expected_failure": "known"}},

@@ -1,9 +1,9 @@
-"""The GPU measurements behind :mod:`spillway.service.bench.ceilings`, run in child processes.
+"""The GPU measurements behind :mod:`spillway.bench.ceilings`, run in child processes.
 
-``python -m spillway.service.bench.probes device NBYTES`` prints the device ceilings as one JSON
+``python -m spillway.bench.probes device NBYTES`` prints the device ceilings as one JSON
 line; ``ucxx-server NBYTES`` prints ``{"port": ...}`` once it listens and ``ucxx-client
 NBYTES PORT`` prints ``{"gbps": ...}``. This module is run with ``-m`` and never imported
-by the package (``spillway.service.bench`` importing the module it runs would make runpy warn on
+by the package (``spillway.bench`` importing the module it runs would make runpy warn on
 the child's stderr), so it holds only what the children run.
 """
 

@@ -53,11 +53,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ParamError
-from ..gpus import Inventory
-from ..launch.plan import host_memory_bytes
-from ..options import Options
-from ..sizes import format_bytes
+from spillway.service.errors import ParamError
+from spillway.service.gpus import Inventory
+from spillway.service.launch.plan import host_memory_bytes
+from spillway.service.options import Options
+from spillway.service.sizes import format_bytes
 from . import ceilings, report
 
 #: (grid, days) by size: one chunk is 365 days of the grid
@@ -381,7 +381,7 @@ def targets(stores: dict, kind: str) -> list[dict]:
 def run_zarr_bench(plan: ZarrPlan, out_dir: Path, *, stream=sys.stderr) -> tuple[dict, dict[str, Path]]:
     """Measure the ceilings, start spillway's cluster, write and read; then write the
     JSON, markdown and plot. Returns the results and the paths."""
-    from ..launch import open_cluster
+    from spillway.service.launch import open_cluster
 
     machine = report.describe_machine(plan.inventory, plan.kind)
     started = datetime.now(timezone.utc)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from spillway.service.bench import scaling, workloads
-from spillway.service.bench.scaling import BASE_WORKERS, STUDY
+from spillway.bench import scaling, workloads
+from spillway.bench.scaling import BASE_WORKERS, STUDY
 from spillway.service.cli import main
 from spillway.service.errors import ParamError
 from spillway.workflows import random

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from spillway.service.bench import zarr_io as bench
+from spillway.bench import zarr_io as bench
 from spillway.service.cli import main
 from spillway.service.gpus import Inventory
 from spillway.service.options import Options

@@ -14,7 +14,7 @@ Each case is one computation at a size whose projected footprint is at least ``f
 Every case ends with its answer checked against a NumPy float64 reference computed on
 the host from the seeds (relative error), or refused by admission before it starts with
 the projected footprint and the cluster's capacity; its row has the bytes each move
-between device, host and disk carried and its copy bound (:mod:`spillway.service.bench.copybound`)
+between device, host and disk carried and its copy bound (:mod:`spillway.bench.copybound`)
 next to its time.
 
 Modules: :mod:`.scale` (how large), :mod:`.cases` (which cases, their workflow

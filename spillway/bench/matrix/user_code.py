@@ -1,7 +1,7 @@
 """User-written dask code on persisted inputs: tall-skinny QR, SVD and least squares, a
 matmul, a ``map_overlap`` Laplacian, reductions and a rechunk with dask's defaults, each
 with its projected footprint and its check against a NumPy float64 reference from the
-seeds (:mod:`spillway.service.bench.reference`)."""
+seeds (:mod:`spillway.bench.reference`)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@
   they are on disk (``fsync``), and reading them back with the page cache dropped: the
   path spills past the host limit take (measured everywhere).
 
-GPU measurements run in child processes (``python -m spillway.service.bench.probes``, a module
+GPU measurements run in child processes (``python -m spillway.bench.probes``, a module
 the package never imports) so their CUDA contexts and buffers are gone before any
 cluster starts. A ceiling that cannot be measured here (no GPU, one GPU, no UCXX) is
 left out with the reason.
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 #: how a child measurement is started: the probes module, run (never imported) by -m
-PROBE = (sys.executable, "-m", "spillway.service.bench.probes")
+PROBE = (sys.executable, "-m", "spillway.bench.probes")
 
 #: seconds the UCXX server may take to listen (CUDA context and UCX start-up)
 SERVER_START_S = 120
@@ -79,8 +79,8 @@ def disk_gbps(nbytes: int, directory: str | None = None) -> dict[str, float]:
     spill directory; the system's temporary directory when None)."""
     import numpy as np
 
-    from ..memory.codecs import HostCopy
-    from ..memory.disk import DiskTier
+    from spillway.service.memory.codecs import HostCopy
+    from spillway.service.memory.disk import DiskTier
 
     lo, hi = DISK_BYTES
     piece = max(1, min(nbytes, hi))

@@ -1,4 +1,4 @@
-"""The out-of-core matrix (spillway/service/bench/matrix.py): every catalogue workflow through
+"""The out-of-core matrix (spillway/bench/matrix/): every catalogue workflow through
 ``spillway run`` and on the notebook path, and user-written dask code, each at a projected
 footprint of at least 1.3x the GPUs' memory, checked against NumPy float64 or refused by
 admission with both numbers.
@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from spillway.service.bench import matrix
-from spillway.service.bench.matrix import slices
+from spillway.bench import matrix
+from spillway.bench.matrix import slices
 from spillway.service.cli import main
 
 CASES = matrix.cases()
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 #: environment of the GPU host for processes the tests start (see tests/conftest.py)
 CLI_ARGS_CPU = ("--cpu", "--n-workers", "2", "--dashboard-address", "")
 
@@ -57,7 +57,7 @@ def matrix_rows():
     rows: list[dict] = []
     yield rows
     if rows:
-        from spillway.service.bench.report import describe_machine
+        from spillway.bench.report import describe_machine
         from spillway.service.gpus import discover
 
         out = Path(os.environ.get("SPILLWAY_MATRIX_OUT", REPO / "benchmarks" / "results"))
@@ -74,7 +74,7 @@ def gpu_scale():
 @pytest.fixture(scope="session")
 def copy_ceilings():
     """The pinned copy and disk rates, measured before any cluster of the session starts."""
-    from spillway.service.bench import copybound
+    from spillway.bench import copybound
 
     return copybound.measure("gpu", (0,))["gbps"]
 

@@ -31,14 +31,14 @@ from typing import Any
 
 import dask.config
 
-from ..errors import ParamError
-from ..gpus import Inventory
-from ..launch import LaunchPlan, open_cluster
-from ..launch.plan import ucxx_installed
-from ..options import Options
-from ..memory.store import MOVES
-from ..plugins import WorkerSetup, worker_snapshot
-from ..transfer import transport
+from spillway.service.errors import ParamError
+from spillway.service.gpus import Inventory
+from spillway.service.launch import LaunchPlan, open_cluster
+from spillway.service.launch.plan import ucxx_installed
+from spillway.service.options import Options
+from spillway.service.memory.store import MOVES
+from spillway.service.plugins import WorkerSetup, worker_snapshot
+from spillway.service.transfer import transport
 from .workloads import Workload
 
 #: spillway's settings for speed, used where the user set no value of their own: an RMM
@@ -394,7 +394,7 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
 
 def timed_run_recorded(client, collection, *, record: bool, **kwargs) -> tuple[RunMeasure, dict | None]:
     """:func:`timed_run`, and where ``record`` is set, where its time went on each worker
-    (:mod:`spillway.service.bench.timeline`; read after the clock stops)."""
+    (:mod:`spillway.bench.timeline`; read after the clock stops)."""
     if not record:
         return timed_run(client, collection, **kwargs), None
     from . import timeline
@@ -524,7 +524,7 @@ def check_fits(workloads: list[Workload], scale: str, kind: str, budget_bytes: i
     for w in workloads:
         need = w.input_bytes(scale)
         if need > budget_bytes:
-            from ..sizes import format_bytes
+            from spillway.service.sizes import format_bytes
 
             raise ParamError(
                 f"sizes: {w.name} at {scale} needs {format_bytes(need)} of input, more than the "

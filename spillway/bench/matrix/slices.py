@@ -3,7 +3,7 @@
 A device call on the GPU host lasts at most 10 minutes, so the 29 cases run in slices
 (:data:`SLICES`), the most informative first: the tall-skinny linear algebra on persisted
 data that failed before. :func:`estimate` predicts a case's seconds from the bytes it
-moves and the flops it does at a scale; ``tests/service/memory/test_ooc_matrix.py``
+moves and the flops it does at a scale; ``tests/bench/test_ooc_matrix.py``
 holds every slice under :data:`SLICE_BUDGET_S` at one H100 80 GB.
 
 :func:`run_slice` measures the copy ceilings (before any cluster), runs the slice's cli
@@ -54,7 +54,7 @@ class Rates:
     pinned: float = 54e9
     disk_write: float = 1.1e9
     disk_read: float = 1.6e9
-    #: NumPy references from the seeds in processes (:mod:`spillway.service.bench.reference`, 14 on
+    #: NumPy references from the seeds in processes (:mod:`spillway.bench.reference`, 14 on
     #: 16 cores): 0.25-0.6 GB/s a process measured on a 2-core machine; B3's 423 GB took
     #: 118 s on the 2 x H200 host (3.6 GB/s)
     reference_processes: float = 3.0e9
@@ -79,7 +79,7 @@ class Rates:
 #: per workflow: passes over the data that leave the device and come back when the
 #: footprint is past the device limit, and how the reference is computed:
 #: "window" (a few MB of the seeded input), "threads" (the workflow's whole-input
-#: reference, by panels), "procs" (:mod:`spillway.service.bench.reference`, in processes),
+#: reference, by panels), "procs" (:mod:`spillway.bench.reference`, in processes),
 #: "procs-half" (two statistics a panel, or row sums: about half the rate)
 PROFILE: dict[str, tuple[int, str]] = {
     "elementwise": (1, "threads-slow"), "fft": (3, "window"), "gather": (2, "window"), "matmul": (4, "window"),
@@ -180,7 +180,7 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
 
         scale = gpu_scale()
     if machine is None:
-        from ...gpus import discover
+        from spillway.service.gpus import discover
 
         machine = describe_machine(discover() if kind == "gpu" else None, kind)["name"]
     started = datetime.now(timezone.utc)

@@ -9,7 +9,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from spillway.service.bench import harness, timeline, workloads
+from spillway.bench import harness, timeline, workloads
 from spillway.service.cli import main
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..info import topology_lines
-from ..sizes import format_bytes
+from spillway.service.info import topology_lines
+from spillway.service.sizes import format_bytes
 from . import timeline
 
 SIDES = ("spillway", "baseline")
