@@ -1,6 +1,6 @@
 """``spillway bench``: spillway against plain dask-cuda (or distributed) in one run.
 
-:func:`prepare` fixes everything before memory is taken (workloads, sizes, the cluster
+:func:`prepare` fixes everything before memory is taken (workloads, sizes, the launch
 plan, whether the inputs fit); :func:`run_bench` measures the ceilings, runs every
 workload on both clusters (spillway's alone without the baseline) and writes the JSON,
 markdown and PNG next to a full log. :mod:`spillway.bench.link` is the link sweep.
@@ -18,10 +18,11 @@ from spillway.service.gpus import Inventory, discover
 from spillway.service.launch import plan as launch_plan
 from spillway.service.options import Options
 from . import ceilings, report
-from .harness import Plan, bench_options, check_fits, run
+from .clusters import bench_options
+from .harness import BenchRun, check_fits, run
 from .workloads import SCALES, WORKLOADS, select
 
-__all__ = ["Plan", "WORKLOADS", "bench_options", "prepare", "run_bench"]
+__all__ = ["BenchRun", "WORKLOADS", "bench_options", "prepare", "run_bench"]
 
 #: share of worker memory the persisted inputs of one workload may take
 INPUT_SHARE = {"cpu": 0.4, "gpu": 1.5}
@@ -29,11 +30,11 @@ INPUT_SHARE = {"cpu": 0.4, "gpu": 1.5}
 
 def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", runs: int = 3,
             timeout: float = 900, inventory: Inventory | None = None,
-            merge_into: str | Path | None = None, baseline: bool = True, label: str | None = None) -> Plan:
-    """Check the request and plan the run; raises one-line errors before anything starts.
+            merge_into: str | Path | None = None, baseline: bool = True, label: str | None = None) -> BenchRun:
+    """Check the request and fix the run; raises one-line errors before anything starts.
 
     ``options`` are the user's; the bench's own settings for speed are added here where
-    the user left a value unset (:func:`~spillway.bench.harness.bench_options`).
+    the user left a value unset (:func:`~spillway.bench.clusters.bench_options`).
     ``baseline=False`` measures spillway's side alone; ``label`` names the run in its
     results and file names.
     """
@@ -46,7 +47,7 @@ def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", r
     if merge_into is not None:
         earlier = _earlier(Path(merge_into), report.describe_machine(inventory, launch.kind)["name"],
                            scale, runs)
-    return Plan(options=options, launch=launch, inventory=inventory, workloads=workloads,
+    return BenchRun(options=options, launch=launch, inventory=inventory, workloads=workloads,
                 scale=scale, runs=runs, timeout=timeout, merge_into=earlier,
                 merge_path=Path(merge_into) if merge_into is not None else None,
                 baseline=baseline, label=label)
@@ -55,7 +56,7 @@ def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", r
 def checked_launch(options: Options, *, sizes: str, runs: int, label: str | None,
                    inventory: Inventory | None, no_attach: str, scales=SCALES) -> tuple:
     """What every bench mode checks first: the label, the number of runs, no attaching
-    (``no_attach`` says why), the cluster plan with the bench's settings and the size
+    (``no_attach`` says why), the launch plan with the bench's settings and the size
     scale. Returns ``(label, inventory, launch, options, scale)``."""
     label = report.check_label(label)
     if runs < 3:
@@ -107,12 +108,12 @@ def _budget(launch, inventory: Inventory) -> int:
     return int(INPUT_SHARE["cpu"] * host)
 
 
-def run_bench(plan: Plan, out_dir: Path, *, stream=sys.stderr,
+def run_bench(bench_run: BenchRun, out_dir: Path, *, stream=sys.stderr,
               measure_ceilings=ceilings.measure) -> tuple[dict, dict[str, Path]]:
     """Run the benchmark; returns the results and the paths written."""
-    machine = report.describe_machine(plan.inventory, plan.launch.kind)
+    machine = report.describe_machine(bench_run.inventory, bench_run.launch.kind)
     started = datetime.now(timezone.utc)
-    name = report.stem(machine, started, plan.label)
+    name = report.stem(machine, started, bench_run.label)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / f"{name}.log"
     # progress and spillway's own records in one handler; the libraries' in another,
@@ -136,28 +137,28 @@ def run_bench(plan: Plan, out_dir: Path, *, stream=sys.stderr,
             print(message, file=stream, flush=True)
 
     try:
-        log(f"spillway bench on {machine['name']}: {', '.join(w.name for w in plan.workloads)} "
-            f"at {plan.scale} sizes, {plan.runs} timed runs each; log in {log_path}")
-        if plan.merge_into is not None:
+        log(f"spillway bench on {machine['name']}: {', '.join(w.name for w in bench_run.workloads)} "
+            f"at {bench_run.scale} sizes, {bench_run.runs} timed runs each; log in {log_path}")
+        if bench_run.merge_into is not None:
             # one machine, one set of ceilings: the earlier file's
-            old = plan.merge_into
+            old = bench_run.merge_into
             ceiling = ceilings.Ceilings(gbps=dict(old["ceilings"]), skipped=dict(old["ceilings_skipped"]),
                                         nbytes=old["ceiling_bytes"])
-            log(f"adding to {plan.merge_path}; its ceilings are used")
+            log(f"adding to {bench_run.merge_path}; its ceilings are used")
         else:
-            chunk = max(w.chunk_bytes(plan.scale) for w in plan.workloads)
+            chunk = max(w.chunk_bytes(bench_run.scale) for w in bench_run.workloads)
             # the disk ceilings in the directory the workers spill to
-            ceiling = measure_ceilings(plan.launch.kind, plan.launch.devices, chunk, log=log,
-                                       directory=plan.options.local_directory)
-        outcome = run(plan, log=log)
+            ceiling = measure_ceilings(bench_run.launch.kind, bench_run.launch.devices, chunk, log=log,
+                                       directory=bench_run.options.local_directory)
+        outcome = run(bench_run, log=log)
         results = report.build_results(
-            machine=machine, ceilings=ceiling, plan=plan, outcome=outcome,
+            machine=machine, ceilings=ceiling, bench_run=bench_run, outcome=outcome,
             started=started.isoformat(timespec="seconds"),
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        if plan.merge_into is not None:
-            results = report.merge(plan.merge_into, results, kind=plan.launch.kind,
+        if bench_run.merge_into is not None:
+            results = report.merge(bench_run.merge_into, results, kind=bench_run.launch.kind,
                                    order=list(WORKLOADS))
-            paths = report.write(results, plan.merge_path.parent, plan.merge_path.stem)
+            paths = report.write(results, bench_run.merge_path.parent, bench_run.merge_path.stem)
         else:
             paths = report.write(results, out_dir, name)
         paths["log"] = log_path

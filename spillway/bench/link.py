@@ -24,6 +24,7 @@ from spillway.service.launch.plan import host_memory_bytes
 from spillway.service.options import Options
 from spillway.service.sizes import format_bytes, parse_size
 from . import ceilings, report
+from .formatting import columns, fmt_value, gpu_list, stack_line
 
 #: message sizes of the sweep unless ``--sweep-sizes`` names others
 SWEEP_SIZES = tuple(n * 2**20 for n in (8, 32, 128, 256, 512, 1024, 2048))
@@ -41,7 +42,7 @@ MEMORY_SHARE = 0.5
 
 
 @dataclass(frozen=True)
-class SweepPlan:
+class LinkSweep:
     kind: str
     devices: tuple
     inventory: Inventory | None
@@ -66,8 +67,8 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 
 
 def prepare_sweep(options: Options, *, sizes: str | None = None, label: str | None = None,
-                  inventory: Inventory | None = None) -> SweepPlan:
-    """Check the request and plan the sweep; one-line errors before any buffer is taken."""
+                  inventory: Inventory | None = None) -> LinkSweep:
+    """Check the request and fix the sweep; one-line errors before any buffer is taken."""
     label = report.check_label(label)
     parsed = parse_sizes(sizes)
     if options.attach:
@@ -84,7 +85,7 @@ def prepare_sweep(options: Options, *, sizes: str | None = None, label: str | No
         if memory and 2 * largest > MEMORY_SHARE * min(memory):
             raise ParamError(f"sweep-sizes: {format_bytes(largest)} needs {format_bytes(2 * largest)} on one GPU, "
                              f"more than half of its {format_bytes(min(memory))}")
-    return SweepPlan(kind=launch.kind, devices=tuple(launch.devices), inventory=inventory, sizes=parsed,
+    return LinkSweep(kind=launch.kind, devices=tuple(launch.devices), inventory=inventory, sizes=parsed,
                      label=label)
 
 
@@ -99,50 +100,50 @@ def measure_at(kind: str, devices: tuple, nbytes: int, *, timeout: float = 300) 
     return gbps, skipped
 
 
-def sweep(plan: SweepPlan, *, log: Callable[[str], None] = lambda _: None,
+def sweep(link_sweep: LinkSweep, *, log: Callable[[str], None] = lambda _: None,
           measure: Callable = measure_at) -> dict:
     """Every measurement at every size: ``gbps`` (a list per name, None where not
     measured) and ``skipped`` (per name, the reason by size)."""
-    names = MEASURES[plan.kind]
+    names = MEASURES[link_sweep.kind]
     gbps = {name: [] for name in names}
     skipped: dict[str, dict[str, str]] = {}
-    for nbytes in plan.sizes:
-        found, why = measure(plan.kind, plan.devices, nbytes)
+    for nbytes in link_sweep.sizes:
+        found, why = measure(link_sweep.kind, link_sweep.devices, nbytes)
         for name in names:
             value = found.get(name)
             gbps[name].append(value)
             if value is None:
                 skipped.setdefault(name, {})[str(nbytes)] = why.get(name, "not measured")
         log(f"link {format_bytes(nbytes):>10}  " + "  ".join(
-            f"{name} {'—' if gbps[name][-1] is None else f'{gbps[name][-1]:.1f}'}" for name in names))
+            f"{name} {fmt_value(gbps[name][-1], '{:.1f}')}" for name in names))
     return {"gbps": gbps, "skipped": skipped}
 
 
-def run_sweep(plan: SweepPlan, out_dir: Path, *, stream=sys.stderr,
+def run_sweep(link_sweep: LinkSweep, out_dir: Path, *, stream=sys.stderr,
               measure: Callable = measure_at) -> tuple[dict, dict[str, Path]]:
     """Measure, then write the JSON, markdown and plot; returns the results and paths."""
-    machine = report.describe_machine(plan.inventory, plan.kind)
+    machine = report.describe_machine(link_sweep.inventory, link_sweep.kind)
     started = datetime.now(timezone.utc)
 
     def log(message: str) -> None:
         if stream is not None:
             print(message, file=stream, flush=True)
 
-    log(f"spillway bench --link-sweep on {machine['name']}: {', '.join(MEASURES[plan.kind])} "
-        f"at {', '.join(format_bytes(n) for n in plan.sizes)}")
-    measured = sweep(plan, log=log, measure=measure)
+    log(f"spillway bench --link-sweep on {machine['name']}: {', '.join(MEASURES[link_sweep.kind])} "
+        f"at {', '.join(format_bytes(n) for n in link_sweep.sizes)}")
+    measured = sweep(link_sweep, log=log, measure=measure)
     results = {
         "what": "link sweep",
         "machine": machine,
-        "label": plan.label,
-        "workers": plan.kind,
-        "devices": [str(d) for d in ceilings.physical(plan.devices)],
+        "label": link_sweep.label,
+        "workers": link_sweep.kind,
+        "devices": [str(d) for d in ceilings.physical(link_sweep.devices)],
         "started": started.isoformat(timespec="seconds"),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "message_bytes": list(plan.sizes),
+        "message_bytes": list(link_sweep.sizes),
         **measured,
     }
-    name = report.stem(machine, started, "link" + (f"-{plan.label}" if plan.label else ""))
+    name = report.stem(machine, started, "link" + (f"-{link_sweep.label}" if link_sweep.label else ""))
     paths = report.write(results, out_dir, name, render=markdown, draw=plot)
     for path in paths.values():
         log(f"wrote {path}")
@@ -157,21 +158,18 @@ def _rows(results: dict) -> list[list[str]]:
     rows = [["message", *names]]
     for i, nbytes in enumerate(results["message_bytes"]):
         rows.append([format_bytes(nbytes),
-                     *("—" if results["gbps"][n][i] is None else f"{results['gbps'][n][i]:.1f}" for n in names)])
+                     *(fmt_value(results["gbps"][n][i], "{:.1f}") for n in names)])
     return rows
 
 
 def short_table(results: dict) -> str:
     """GB/s by message size, printed last on the terminal."""
-    rows = _rows(results)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
-                     for r in rows)
+    return columns(_rows(results))
 
 
 def markdown(results: dict) -> str:
     m = results["machine"]
-    gpus = ", ".join(f"{g['name']} ({format_bytes(g['memory_total'])})" for g in m["gpus"]) or "none"
+    gpus = gpu_list(m)
     rows = _rows(results)
     lines = [
         f"# spillway bench --link-sweep: {m['name']}",
@@ -180,7 +178,7 @@ def markdown(results: dict) -> str:
         *([f"- label `{results['label']}`"] if results.get("label") else []),
         f"- workers: {results['workers']}; devices {', '.join(results['devices']) or 'none'}; GPUs: {gpus}; "
         f"driver {m['driver_version']}, CUDA {m['cuda_driver_version']}",
-        "- stack: " + ", ".join(f"{k} {v}" for k, v in m["stack"].items() if v),
+        stack_line(m),
         "",
         "GB/s (10^9 bytes per second) by message size.",
         "",

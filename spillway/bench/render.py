@@ -7,7 +7,9 @@ from pathlib import Path
 
 from spillway.service.info import topology_lines
 from spillway.service.sizes import format_bytes
+
 from . import timeline
+from .formatting import columns, fmt_bytes, fmt_percent, fmt_value, gpu_list, stack_line
 
 SIDES = ("spillway", "baseline")
 
@@ -21,21 +23,9 @@ def spills(w: dict) -> bool:
     return any((moves.get(m) or {}).get("bytes", 0) > 0 for m in SPILL_CEILINGS) or bool(w.get("bytes_spilled"))
 
 
-def _s(v, fmt="{:.3f}"):
-    return "—" if v is None else fmt.format(v)
-
-
-def _pct(v):
-    return "—" if v is None else f"{100 * v:.0f}%"
-
-
-def fmt_bytes(v):
-    return "—" if v is None else format_bytes(v)
-
-
 def markdown(results: dict) -> str:
     m = results["machine"]
-    gpus = ", ".join(f"{g['name']} ({format_bytes(g['memory_total'])})" for g in m["gpus"]) or "none"
+    gpus = gpu_list(m)
     parts = results.get("parts")
     when = (f"- started {results['started']}, finished {results['finished']}" if not parts else
             "- runs: " + "; ".join(f"{', '.join(p['workloads'])} from {p['started']} to {p['finished']}"
@@ -50,7 +40,7 @@ def markdown(results: dict) -> str:
           if results.get("baseline_run") is False else []),
         f"- workers: {m['workers']}; GPUs: {gpus}; driver {m['driver_version']}, CUDA {m['cuda_driver_version']}",
         f"- CPU: {m['cpu']}, {m['cores']} cores, {format_bytes(m['memory_total'])}; {m['platform']}",
-        "- stack: " + ", ".join(f"{k} {v}" for k, v in m["stack"].items() if v),
+        stack_line(m),
     ]
     links = topology_lines(m["gpus"])
     if links:
@@ -74,11 +64,12 @@ def markdown(results: dict) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for w in results["workloads"]:
-        bw = " / ".join(_s(w[k], "{:.1f}") for k in ("transfer_gbps_p25", "transfer_gbps_median", "transfer_gbps_p75"))
+        bw = " / ".join(fmt_value(w[k], "{:.1f}")
+                        for k in ("transfer_gbps_p25", "transfer_gbps_median", "transfer_gbps_p75"))
         lines.append(
-            f"| {w['name']}: {w['description']} | {_s(w['spillway_s'])} | {_s(w['baseline_s'])} "
-            f"| {_s(w['speedup'], '{:.2f}x')} | {bw} | {_pct(w['transfer_ratio_to_peer_copy'])} "
-            f"| {_s(w['baseline_transfer_gbps_median'], '{:.1f}')} | {fmt_bytes(w['bytes_moved'])} "
+            f"| {w['name']}: {w['description']} | {fmt_value(w['spillway_s'])} | {fmt_value(w['baseline_s'])} "
+            f"| {fmt_value(w['speedup'], '{:.2f}x')} | {bw} | {fmt_percent(w['transfer_ratio_to_peer_copy'])} "
+            f"| {fmt_value(w['baseline_transfer_gbps_median'], '{:.1f}')} | {fmt_bytes(w['bytes_moved'])} "
             f"| {fmt_bytes(w['bytes_spilled'])} / {fmt_bytes(w['baseline_bytes_spilled'])} |"
         )
     lines += _spill_section(results["workloads"])
@@ -109,10 +100,10 @@ def markdown(results: dict) -> str:
 
 def _target_value(t: dict) -> str:
     if "faster" in t["target"]:
-        return _s(t["value"], "{:.2f}x")
+        return fmt_value(t["value"], "{:.2f}x")
     if "NumPy" in t["target"]:
-        return ("relative error " + _s(t["value"], "{:.1e}")) + f"; baseline {t.get('baseline', '—')}"
-    return _pct(t["value"])
+        return ("relative error " + fmt_value(t["value"], "{:.1e}")) + f"; baseline {t.get('baseline', '—')}"
+    return fmt_percent(t["value"])
 
 
 def _met(t: dict) -> str:
@@ -134,15 +125,15 @@ def _spill_section(workloads: list[dict]) -> list[str]:
         if not spills(w) and not w.get("spill_throughput"):
             continue
         t = w.get("spill_throughput")
-        wait = _s(w.get("restore_wait_s"), "{:.3f} s")
+        wait = fmt_value(w.get("restore_wait_s"), "{:.3f} s")
         if t:
             for label, moves, waited in (("spillway", t, wait),
                                          ("spillway, persisting inputs", w.get("persist_spill_throughput") or {}, "—")):
                 for move, m in moves.items():
                     if m["bytes"] or m["seconds"]:
                         rows.append(f"| {w['name']} | {label} | {move.replace('_to_', ' -> ')} "
-                                    f"| {fmt_bytes(m['bytes'])} | {_s(m['seconds'])} "
-                                    f"| {_s(m['gbps_per_worker'], '{:.1f}')} | {_of_ceiling(m)} "
+                                    f"| {fmt_bytes(m['bytes'])} | {fmt_value(m['seconds'])} "
+                                    f"| {fmt_value(m['gbps_per_worker'], '{:.1f}')} | {_of_ceiling(m)} "
                                     f"| {waited} |")
         else:
             rows.append(f"| {w['name']} | spillway | {fmt_bytes(w.get('bytes_spilled'))} spilled "
@@ -174,11 +165,12 @@ def _bound_section(workloads: list[dict]) -> list[str]:
         m = {k: v["bytes"] for k, v in b["moves"].items()}
         disk = (f"{fmt_bytes(m.get('host_to_disk'))} / {fmt_bytes(m.get('disk_to_host'))}"
                 if m.get("host_to_disk") or m.get("disk_to_host") else "—")
-        bound = ("no " + ", ".join(b["missing"])) if b["missing"] else _s(b["bound_s"])
+        bound = ("no " + ", ".join(b["missing"])) if b["missing"] else fmt_value(b["bound_s"])
         base = w.get("baseline_copy_bound") or {}
         rows.append(f"| {w['name']} | {fmt_bytes(m.get('device_to_host'))} / {fmt_bytes(m.get('host_to_device'))} "
-                    f"| {disk} | {bound} | {_s(w['spillway_s'])} | {_s(b.get('ratio'), '{:.1f}x')} "
-                    f"| {_s(base.get('bound_s'))} | {_s(w['baseline_s'])} | {_s(base.get('ratio'), '{:.1f}x')} |")
+                    f"| {disk} | {bound} | {fmt_value(w['spillway_s'])} | {fmt_value(b.get('ratio'), '{:.1f}x')} "
+                    f"| {fmt_value(base.get('bound_s'))} | {fmt_value(w['baseline_s'])} "
+                    f"| {fmt_value(base.get('ratio'), '{:.1f}x')} |")
     if not rows:
         return []
     return ["", "## Copy bound", "",
@@ -194,7 +186,7 @@ def _bound_section(workloads: list[dict]) -> list[str]:
 def _of_ceiling(move: dict) -> str:
     if move.get("ratio_to_ceiling") is None:
         return "—"
-    return f"{_pct(move['ratio_to_ceiling'])} of {move['ceiling']}"
+    return f"{fmt_percent(move['ratio_to_ceiling'])} of {move['ceiling']}"
 
 
 def _tiers_section(workloads: list[dict]) -> list[str]:
@@ -207,7 +199,8 @@ def _tiers_section(workloads: list[dict]) -> list[str]:
         tiers = " / ".join(fmt_bytes((r or {}).get(t)) for t in ("device", "host", "disk"))
         check = "—" if not v else (f"{'OK' if v['ok'] else 'FAILED'}: {v['rel_error']:.1e} "
                                    f"(reference in {v['reference_s']:.0f} s)")
-        rows.append(f"| {w['name']} | {_s(w.get('persist_s'))} | {_s(w.get('spillway_s'))} | {tiers} | {check} |")
+        rows.append(f"| {w['name']} | {fmt_value(w.get('persist_s'))} | {fmt_value(w.get('spillway_s'))} "
+                    f"| {tiers} | {check} |")
     if not rows:
         return []
     return ["", "## Inputs over the tiers", "",
@@ -222,15 +215,13 @@ def short_table(results: dict) -> str:
         errors = [s for s in SIDES if (w.get(s) or {}).get("error")]
         expected = (w.get("baseline") or {}).get("expected_failure") and errors == ["baseline"]
         rows.append((
-            w["name"], _s(w["spillway_s"]), _s(w["baseline_s"]),
+            w["name"], fmt_value(w["spillway_s"]), fmt_value(w["baseline_s"]),
             ("baseline failed (expected)" if expected else "failed: " + ",".join(errors) if errors else
-             "no baseline" if w.get("baseline_skipped") else _s(w["speedup"], "{:.2f}x")),
-            _s(w["transfer_gbps_median"], "{:.1f}"), _pct(w["transfer_ratio_to_peer_copy"]),
-            _s(w.get("time_over_copy_bound"), "{:.1f}x"),
+             "no baseline" if w.get("baseline_skipped") else fmt_value(w["speedup"], "{:.2f}x")),
+            fmt_value(w["transfer_gbps_median"], "{:.1f}"), fmt_percent(w["transfer_ratio_to_peer_copy"]),
+            fmt_value(w.get("time_over_copy_bound"), "{:.1f}x"),
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
-                     for r in rows)
+    return columns(rows)
 
 
 def plot(results: dict, path: Path) -> None:

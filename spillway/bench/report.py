@@ -230,23 +230,23 @@ def targets(workloads: list[dict], kind: str) -> list[dict]:
     return out
 
 
-def build_results(*, machine, ceilings, plan, outcome, started, finished) -> dict:
-    entries = [workload_entry(w, plan.scale, outcome["results"][w.name], ceilings, plan.launch.n_workers)
-               for w in plan.workloads]
+def build_results(*, machine, ceilings, bench_run, outcome, started, finished) -> dict:
+    entries = [workload_entry(w, bench_run.scale, outcome["results"][w.name], ceilings, bench_run.launch.n_workers)
+               for w in bench_run.workloads]
     return {
         "machine": machine,
-        "label": plan.label,
-        "baseline_run": plan.baseline,
+        "label": bench_run.label,
+        "baseline_run": bench_run.baseline,
         "ceilings": dict(ceilings.gbps),
         "ceilings_skipped": dict(ceilings.skipped),
         "ceiling_bytes": ceilings.nbytes,
-        "sizes": plan.scale,
-        "runs": plan.runs,
+        "sizes": bench_run.scale,
+        "runs": bench_run.runs,
         "started": started,
         "finished": finished,
         "clusters": outcome["clusters"],
         "workloads": entries,
-        "targets": targets(entries, plan.launch.kind),
+        "targets": targets(entries, bench_run.launch.kind),
     }
 
 

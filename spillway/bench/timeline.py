@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .formatting import fmt_value
+
 #: classes of activity, highest first: an instant counts for the first one active
 CLASSES = ("compute", "transfer", "other")
 COLORS = {"compute": "tab:blue", "transfer": "tab:orange", "other": "tab:gray"}
@@ -300,15 +302,12 @@ def markdown_section(results: dict) -> list[str]:
         names = tl.get("names", {})
         for addr, w in tl["workers"].items():
             lines.append(
-                f"| {workload} | {side} | {tl['wall_s']:.3f} | {_f(tl['first_task_s'])} | {_f(tl['tail_s'])} "
+                f"| {workload} | {side} | {tl['wall_s']:.3f} | {fmt_value(tl['first_task_s'])} "
+                f"| {fmt_value(tl['tail_s'])} "
                 f"| {names.get(addr, addr)} | {w['compute_s']:.3f} | {w['transfer_s']:.3f} "
                 f"| {w['transfer_total_s']:.3f} | {w['other_s']:.3f} | {w['idle_s']:.3f} "
                 f"| {w.get('tasks', '—')} | {w.get('transfers', '—')} |")
     return lines
-
-
-def _f(value) -> str:
-    return "—" if value is None else f"{value:.3f}"
 
 
 def plot(results: dict, path: Path) -> None:

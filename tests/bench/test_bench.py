@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from spillway.bench import ceilings, harness, prepare, workloads
-from spillway.bench.harness import SideResult
+from spillway.bench import ceilings, clusters, harness, measure, prepare, workloads
+from spillway.bench.measure import SideResult
 from spillway.service.cli import main
 from spillway.service.gpus import Inventory
 from spillway.service.options import Options
@@ -125,12 +125,12 @@ def test_bad_input_fails_with_one_line_before_starting(args, fragment, tmp_path)
 
 
 def test_bench_options_fill_only_unset_values():
-    assert harness.bench_options(Options.resolve(), "gpu").rmm_pool_size == 0.85
-    assert harness.bench_options(Options.resolve(), "gpu").dashboard_address is None
-    assert harness.bench_options(Options.resolve(), "cpu").rmm_pool_size == "auto"  # untouched
-    assert harness.bench_options(Options.resolve(rmm_pool_size="10GB"), "gpu").rmm_pool_size == 10**10
-    assert harness.bench_options(Options.resolve(rmm_async=True), "gpu").pool_size is None
-    user = harness.bench_options(Options.resolve({"dashboard_address": ":8799"}), "gpu")
+    assert clusters.bench_options(Options.resolve(), "gpu").rmm_pool_size == 0.85
+    assert clusters.bench_options(Options.resolve(), "gpu").dashboard_address is None
+    assert clusters.bench_options(Options.resolve(), "cpu").rmm_pool_size == "auto"  # untouched
+    assert clusters.bench_options(Options.resolve(rmm_pool_size="10GB"), "gpu").rmm_pool_size == 10**10
+    assert clusters.bench_options(Options.resolve(rmm_async=True), "gpu").pool_size is None
+    user = clusters.bench_options(Options.resolve({"dashboard_address": ":8799"}), "gpu")
     assert user.dashboard_address == ":8799" and user.sources["dashboard_address"] == "flag --dashboard-address"
 
 
@@ -140,7 +140,7 @@ def test_bandwidth_percentiles_skip_small_transfers():
     assert bw["count"] == 3
     assert bw["p25"] == pytest.approx(3.0) and bw["median"] == pytest.approx(4.0)
     assert bw["p75"] == pytest.approx(6.0)
-    assert side.bandwidth(harness.LARGE_TRANSFER_BYTES)["median"] is None
+    assert side.bandwidth(measure.LARGE_TRANSFER_BYTES)["median"] is None
 
 
 # --- the harness on real clusters
@@ -152,7 +152,7 @@ def cpu_cluster():
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster, timeout="30s") as client:
-        client.register_plugin(harness.SpillCounter())
+        client.register_plugin(clusters.SpillCounter())
         yield client
 
 
@@ -161,7 +161,7 @@ def test_inputs_are_persisted_and_not_recomputed(cpu_cluster):
     w = workloads.WORKLOADS["W1"]
     p = w.params("tiny")
     lazy = w.direct(p, "numpy", 11)
-    futures, op = harness.split_inputs(client, lazy, timeout=60)
+    futures, op = measure.split_inputs(client, lazy, timeout=60)
     assert len(futures) == math.prod(n // c for n, c in zip(p["shape"], p["chunks"]))
     assert all(f.status == "finished" for f in futures)
     value = client.compute(op).result(timeout=60)
@@ -170,17 +170,17 @@ def test_inputs_are_persisted_and_not_recomputed(cpu_cluster):
         lambda dask_scheduler: dask_scheduler.task_prefixes["uniform"].state_counts["memory"])
     assert computed == len(futures)  # the timed graph reused them
     del futures, op
-    assert harness.wait_released(client, timeout=30)
+    assert measure.wait_released(client, timeout=30)
 
 
 def test_timed_run_measures_transfers_and_releases(cpu_cluster):
     client = cpu_cluster
     w = workloads.WORKLOADS["W2"]
-    m = harness.timed_run(client, w.direct(w.params("tiny"), "numpy", 5), kind="cpu", timeout=60)
+    m = measure.timed_run(client, w.direct(w.params("tiny"), "numpy", 5), kind="cpu", timeout=60)
     assert m.seconds > 0
     assert m.bytes_moved > 0 and all(b > 0 and s > 0 for b, s in m.transfers)
     assert m.bytes_spilled == 0
-    assert harness.wait_released(client, timeout=30)
+    assert measure.wait_released(client, timeout=30)
 
 
 def _failing(p, backend, seed):
@@ -210,7 +210,7 @@ def test_a_failing_workload_is_recorded_and_the_rest_still_runs(tmp_path):
     def side(*_args):
         with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
                           dashboard_address=None) as cluster, Client(cluster) as client:
-            client.register_plugin(harness.SpillCounter())
+            client.register_plugin(clusters.SpillCounter())
             opened.append(cluster)
             yield client, {"kind": "cpu", "n_workers": 2, "protocol": "inproc"}
 
@@ -512,14 +512,14 @@ def test_b2_gets_its_own_clusters_with_the_device_limit_on_gpus():
     from spillway.service.launch import LaunchPlan
 
     gpu = LaunchPlan(kind="gpu", devices=(0, 1), n_workers=2, protocol="ucx")
-    plan = harness.Plan(options=Options.resolve(rmm_pool_size=0.85), launch=gpu, inventory=None,
+    plan = harness.BenchRun(options=Options.resolve(rmm_pool_size=0.85), launch=gpu, inventory=None,
                         workloads=workloads.select("W1,W3,B2,B1"), scale="small", runs=3, timeout=60)
     split = [(changes, [w.name for w in ws]) for changes, ws in harness.groups(plan)]
     b2 = {"device_memory_limit": "12GB"}
     assert split == [({"spillway": {}, "baseline": {}}, ["W1", "W3", "B1"]),
                      ({"spillway": b2, "baseline": b2}, ["B2"])]
     assert plan.options.replace(**split[1][0]["spillway"]).device_memory_limit == 12_000_000_000
-    cpu = harness.Plan(options=Options.resolve(), launch=LaunchPlan(kind="cpu", n_workers=2),
+    cpu = harness.BenchRun(options=Options.resolve(), launch=LaunchPlan(kind="cpu", n_workers=2),
                        inventory=None, workloads=plan.workloads, scale="tiny", runs=3, timeout=60)
     assert [changes for changes, _ in harness.groups(cpu)] == [{"spillway": {}, "baseline": {}}]
 
@@ -533,7 +533,7 @@ def test_b3_is_named_to_run_with_its_own_tiers_on_spillway_only():
     assert b3.input_bytes("full") == 423_200_000_000 and b3.chunk_bytes("full") == 800_000_000
     assert b3.baseline_skip and "not run" in b3.baseline_skip and not b3.warmup
     gpu = LaunchPlan(kind="gpu", devices=(0, 1), n_workers=2, protocol="ucx")
-    plan = harness.Plan(options=Options.resolve(), launch=gpu, inventory=None, workloads=[b3],
+    plan = harness.BenchRun(options=Options.resolve(), launch=gpu, inventory=None, workloads=[b3],
                         scale="full", runs=3, timeout=60)
     ((changes, members),) = harness.groups(plan)
     assert changes["baseline"] == {}
@@ -574,21 +574,21 @@ def _snap(store_bytes=None, store_seconds=None, wait=0.0, spilled=None):
 
 
 def test_spill_moves_are_summed_over_workers_and_timed_only_by_the_tiered_store():
-    zero = dict.fromkeys(harness.MOVES, 0)
-    zs = dict.fromkeys(harness.MOVES, 0.0)
+    zero = dict.fromkeys(measure.MOVES, 0)
+    zs = dict.fromkeys(measure.MOVES, 0.0)
     before = {"a": _snap(zero, zs), "b": _snap(zero, zs)}
     after = {"a": _snap({**zero, "device_to_host": 6e9, "host_to_device": 4e9},
                         {**zs, "device_to_host": 0.2, "host_to_device": 0.1}, wait=0.5),
              "b": _snap({**zero, "device_to_host": 2e9}, {**zs, "device_to_host": 0.2}, wait=0.25)}
-    got = harness.spill_moves(before, after)
+    got = measure.spill_moves(before, after)
     assert got["moves"]["device_to_host"] == {"bytes": 8e9, "seconds": pytest.approx(0.4)}
     assert got["moves"]["host_to_device"] == {"bytes": 4e9, "seconds": pytest.approx(0.1)}
     assert got["restore_wait_s"] == pytest.approx(0.75) and got["workers"] == 2
-    assert harness.resident_bytes(after) == {"device": 8, "host": 4, "disk": 2}
-    counted = harness.spill_moves({"a": _snap(spilled={"device_to_host": 1})},
+    assert measure.resident_bytes(after) == {"device": 8, "host": 4, "disk": 2}
+    counted = measure.spill_moves({"a": _snap(spilled={"device_to_host": 1})},
                                   {"a": _snap(spilled={"device_to_host": 11, "host_to_disk": 3})})
     assert counted["moves"]["device_to_host"] == {"bytes": 10, "seconds": None}
-    assert counted["restore_wait_s"] is None and harness.resident_bytes({"a": _snap()}) is None
+    assert counted["restore_wait_s"] is None and measure.resident_bytes({"a": _snap()}) is None
 
     # three runs: median bytes and seconds per run, GB/s over all the copying
     side = SideResult(runs_s=[1, 1, 1], spill=[got, got, {**got, "restore_wait_s": 2.0}])
@@ -602,17 +602,17 @@ def test_spill_moves_are_summed_over_workers_and_timed_only_by_the_tiered_store(
 def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
     from spillway.bench import report
 
-    zero = dict.fromkeys(harness.MOVES, 0)
-    moves = {"moves": {m: {"bytes": 0, "seconds": 0.0} for m in harness.MOVES}, "restore_wait_s": 0.3, "workers": 2}
+    zero = dict.fromkeys(measure.MOVES, 0)
+    moves = {"moves": {m: {"bytes": 0, "seconds": 0.0} for m in measure.MOVES}, "restore_wait_s": 0.3, "workers": 2}
     moves["moves"]["device_to_host"] = {"bytes": 40e9, "seconds": 1.0}   # 40 GB/s per worker
     moves["moves"]["host_to_device"] = {"bytes": 30e9, "seconds": 1.0}   # 30 GB/s
     moves["moves"]["host_to_disk"] = {"bytes": 5e9, "seconds": 2.0}
-    persist = {"moves": {m: {"bytes": 0, "seconds": 0.0} for m in harness.MOVES}, "restore_wait_s": 0.0,
+    persist = {"moves": {m: {"bytes": 0, "seconds": 0.0} for m in measure.MOVES}, "restore_wait_s": 0.0,
                "workers": 2}
     persist["moves"]["device_to_host"] = {"bytes": 20e9, "seconds": 0.5}
     sp = SideResult(runs_s=[1.0] * 3, bytes_spilled=[45e9] * 3, spill=[moves] * 3, persist_spill=[persist] * 3)
     base = SideResult(runs_s=[2.0] * 3, bytes_spilled=[50e9] * 3,
-                      spill=[harness.spill_moves({"a": _snap(spilled=zero)}, {"a": _snap(spilled=zero)})] * 3)
+                      spill=[measure.spill_moves({"a": _snap(spilled=zero)}, {"a": _snap(spilled=zero)})] * 3)
     ceil = ceilings.Ceilings(gbps={"d2h_pinned": 50.0, "h2d_pinned": 50.0, "peer_copy": 300.0,
                                    "disk_write": 2.0, "disk_read": 4.0})
     entry = report.workload_entry(workloads.WORKLOADS["B2"], "tiny", {"spillway": sp, "baseline": base}, ceil)
@@ -668,9 +668,9 @@ def test_timed_run_reads_spill_moves_from_real_tiered_stores(tmp_path):
     store = (_tiered, {"device_limit": 8 * 2**20, "host_limit": 4 * 2**20, "directory": str(tmp_path)})
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
                       dashboard_address=None, data=store) as cluster, Client(cluster) as client:
-        client.register_plugin(harness.SpillCounter(prefetch=False))
+        client.register_plugin(clusters.SpillCounter(prefetch=False))
         w = workloads.WORKLOADS["W1"]
-        m = harness.timed_run(client, w.direct(w.params("tiny"), "numpy", 3), kind="cpu", timeout=60,
+        m = measure.timed_run(client, w.direct(w.params("tiny"), "numpy", 3), kind="cpu", timeout=60,
                               keep_value=True)
         assert rel_error(m.value, _reference("W1", w.params("tiny"), 3)) <= 1e-10
         # 32 MB of inputs over two workers with 8 MB device and 8 MB host each
@@ -682,7 +682,7 @@ def test_timed_run_reads_spill_moves_from_real_tiered_stores(tmp_path):
         assert moves["host_to_device"]["bytes"] > 0 and moves["host_to_device"]["seconds"] > 0
         assert m.spill["restore_wait_s"] > 0
         del m
-        assert harness.wait_released(client, timeout=30)
+        assert measure.wait_released(client, timeout=30)
 
 
 @pytest.mark.slow
@@ -800,7 +800,7 @@ def test_link_sweep_records_every_gpu_measurement_and_why_one_is_missing(tmp_pat
             gbps["ucxx_send_recv"] = 100.0 * nbytes / 2**30
         return gbps, skipped
 
-    plan = link.SweepPlan(kind="gpu", devices=(0, 1), inventory=Inventory(reason="test"), sizes=link.SWEEP_SIZES)
+    plan = link.LinkSweep(kind="gpu", devices=(0, 1), inventory=Inventory(reason="test"), sizes=link.SWEEP_SIZES)
     results, paths = link.run_sweep(plan, tmp_path, stream=None, measure=measure)
     assert [c[2] for c in calls] == list(link.SWEEP_SIZES) and calls[0][:2] == ("gpu", (0, 1))
     assert list(results["gbps"]) == list(link.MEASURES["gpu"])

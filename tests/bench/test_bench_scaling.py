@@ -34,7 +34,7 @@ def rel_error(computed, reference) -> float:
 def test_weak_sizes_keep_chunks_and_data_per_worker(name, scale):
     w = workloads.WORKLOADS[name]
     base = w.params(scale)
-    per_worker = scaling.data_bytes(base) / BASE_WORKERS
+    per_worker = workloads.data_bytes(base) / BASE_WORKERS
     for n in COUNTS:
         p = scaling.weak_params(w, scale, n)
         # chunk shapes are the workload's, and every axis is a whole number of them
@@ -50,7 +50,7 @@ def test_weak_sizes_keep_chunks_and_data_per_worker(name, scale):
         # the total data is the 2-worker data per worker times n, within one growth row
         # (W3 grows in whole column chunks of its full height, so below 2 workers it cannot shrink)
         if not (name == "W3" and n < BASE_WORKERS):
-            assert abs(scaling.data_bytes(p) - per_worker * n) <= scaling.row_bytes(w, p), (n, p["shape"])
+            assert abs(workloads.data_bytes(p) - per_worker * n) <= scaling.row_bytes(w, p), (n, p["shape"])
         assert all(s // c >= 1 for s, c in zip(p["shape"], p["chunks"]))
     assert scaling.weak_params(w, scale, BASE_WORKERS)["shape"] == tuple(base["shape"])
 
@@ -76,9 +76,9 @@ def test_weak_exact_when_the_worker_count_is_a_power_of_four_times_the_base():
     for name in STUDY:
         w = workloads.WORKLOADS[name]
         for scale in SCALES:
-            base = scaling.data_bytes(w.params(scale))
-            assert scaling.data_bytes(scaling.weak_params(w, scale, 8)) == 4 * base
-            assert scaling.data_bytes(scaling.weak_params(w, scale, 32)) == 16 * base
+            base = workloads.data_bytes(w.params(scale))
+            assert workloads.data_bytes(scaling.weak_params(w, scale, 8)) == 4 * base
+            assert workloads.data_bytes(scaling.weak_params(w, scale, 32)) == 16 * base
 
 
 @pytest.mark.parametrize("name", STUDY)

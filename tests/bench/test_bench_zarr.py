@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from spillway.bench import zarr_io as bench
+from spillway.bench.zarr import measure as zarr_measure, prepare as zarr_prepare, run as zarr_run
 from spillway.service.cli import main
 from spillway.service.gpus import Inventory
 from spillway.service.options import Options
@@ -25,8 +25,8 @@ from spillway.service.options import Options
     (["--label", "a b"], "label: 'a b' must be"),
 ])
 def test_bad_input_fails_with_one_line_before_starting(args, fragment, tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "host_memory_bytes", lambda: 24 * 2**30)
-    monkeypatch.setattr(bench.shutil, "disk_usage", lambda path: type("U", (), {"free": 10**15})())
+    monkeypatch.setattr(zarr_prepare, "host_memory_bytes", lambda: 24 * 2**30)
+    monkeypatch.setattr(zarr_prepare.shutil, "disk_usage", lambda path: type("U", (), {"free": 10**15})())
     t0 = time.perf_counter()
     result = CliRunner().invoke(main, ["bench", "--zarr", "--cpu", "--out", str(tmp_path), *args])
     assert result.exit_code == 2, result.output
@@ -36,10 +36,10 @@ def test_bad_input_fails_with_one_line_before_starting(args, fragment, tmp_path,
 
 
 def test_a_store_larger_than_the_free_disk_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench.shutil, "disk_usage", lambda path: type("U", (), {"free": 10**6})())
+    monkeypatch.setattr(zarr_prepare.shutil, "disk_usage", lambda path: type("U", (), {"free": 10**6})())
     with pytest.raises(Exception, match=r"sizes: the tiny stores take up to 117.09 MiB, more than 90% of the 0.95 MiB "
                                         r"free"):
-        bench.prepare_zarr(Options.resolve(cpu=True, local_directory=str(tmp_path)),
+        zarr_prepare.prepare_zarr(Options.resolve(cpu=True, local_directory=str(tmp_path)),
                            inventory=Inventory(gpus=(), reason="test"))
 
 
@@ -52,14 +52,14 @@ def _store(cached, cold, decode):
 
 def test_targets_are_judged_on_gpus_only():
     stores = {"uncompressed": _store(12.0, 0.65, decode="none"), "zstd": _store(9.0, 0.9, decode=6.0)}
-    gpu = bench.targets(stores, "gpu")
+    gpu = zarr_run.targets(stores, "gpu")
     assert [(t["store"], t["met"]) for t in gpu] == [("uncompressed", True), ("uncompressed", False),
                                                      ("zstd", False), ("zstd", True), ("zstd", True)]
     assert "decoded on the GPU >= 5 GB/s" in gpu[-1]["target"]
-    assert bench.targets({"zstd": _store(9.0, 0.9, decode=None)}, "gpu")[-1]["met"] is False
-    assert all(t["met"] is None for t in bench.targets(stores, "cpu"))
-    assert bench.ceiling_of("cached_read", "gpu", {"h2d_pinned": 50.0}, 2) == ("h2d_pinned x 2 GPUs", 100.0)
-    assert bench.ceiling_of("cold_read", "cpu", {"disk_read": 3.0}, 0) == ("disk_read", 3.0)
+    assert zarr_run.targets({"zstd": _store(9.0, 0.9, decode=None)}, "gpu")[-1]["met"] is False
+    assert all(t["met"] is None for t in zarr_run.targets(stores, "cpu"))
+    assert zarr_run.ceiling_of("cached_read", "gpu", {"h2d_pinned": 50.0}, 2) == ("h2d_pinned x 2 GPUs", 100.0)
+    assert zarr_run.ceiling_of("cold_read", "cpu", {"disk_read": 3.0}, 0) == ("disk_read", 3.0)
 
 
 def test_a_compressed_store_is_judged_on_the_bytes_that_crossed_the_disk():
@@ -67,7 +67,7 @@ def test_a_compressed_store_is_judged_on_the_bytes_that_crossed_the_disk():
     measured = {"zstd": {"write": runs, "cold_read": runs, "cached_read": runs, "stored_bytes": 10**9,
                          "decoded": {"gpu": {"bytes": 4 * 10**9, "frames": 10, "seconds": 0.5, "workers": 1},
                                      "host": {"bytes": 0, "frames": 0, "seconds": 0.0, "workers": 0}}}}
-    s = bench.summarize(measured, nbytes=4 * 10**9, kind="gpu", gbps={"disk_read": 1.0, "disk_write": 1.0,
+    s = zarr_run.summarize(measured, nbytes=4 * 10**9, kind="gpu", gbps={"disk_read": 1.0, "disk_write": 1.0,
                                                                       "h2d_pinned": 20.0}, n_gpus=1)["zstd"]
     assert s["ratio"] == 4.0
     assert s["cold_read"]["gbps"] == 2.0 and s["cold_read"]["stored_gbps"] == 0.5
@@ -82,9 +82,9 @@ def test_the_fingerprint_sees_every_bit():
     x = np.random.default_rng(0).random((40, 30)).astype(np.float32)
     y = x.copy()
     y.view(np.uint32)[17, 3] ^= 1  # the last bit of one element
-    fx = bench.fingerprint(da.from_array(x, chunks=(7, 11))).compute(scheduler="sync")
-    assert fx == bench.fingerprint(da.from_array(x, chunks=(40, 30))).compute(scheduler="sync")
-    assert fx != bench.fingerprint(da.from_array(y, chunks=(7, 11))).compute(scheduler="sync")
+    fx = zarr_measure.fingerprint(da.from_array(x, chunks=(7, 11))).compute(scheduler="sync")
+    assert fx == zarr_measure.fingerprint(da.from_array(x, chunks=(40, 30))).compute(scheduler="sync")
+    assert fx != zarr_measure.fingerprint(da.from_array(y, chunks=(7, 11))).compute(scheduler="sync")
 
 
 @pytest.mark.timeout(300)
@@ -138,7 +138,7 @@ def test_zarr_bench_on_the_gpus(tmp_path, capsys):
     with capsys.disabled():
         print("\n" + result.output, flush=True)
     assert data["cluster"]["kind"] == "gpu" and data["machine"]["gpus"]
-    assert all(s[n]["bits_equal"] for s in data["stores"].values() for n in bench.MEASURES)
+    assert all(s[n]["bits_equal"] for s in data["stores"].values() for n in zarr_prepare.MEASURES)
     assert any(p.startswith("KvikIO") for p in data["io_path"]), data["io_path"]
     # every zstd frame was decoded on the GPU, none on the host
     decoded = data["stores"]["zstd"]["decode"]

@@ -9,7 +9,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from spillway.bench import harness, timeline, workloads
+from spillway.bench import clusters, timeline, workloads
+from spillway.bench.measure import timed_run_recorded
 from spillway.service.cli import main
 
 
@@ -63,14 +64,14 @@ def cpu_client():
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster, timeout="30s") as client:
-        client.register_plugin(harness.SpillCounter())
+        client.register_plugin(clusters.SpillCounter())
         yield client
 
 
 @pytest.mark.timeout(120)
 def test_recorded_run_adds_up_to_its_wall_time_per_worker(cpu_client):
     w = workloads.WORKLOADS["W2"]
-    measure, tl = harness.timed_run_recorded(cpu_client, w.direct(w.params("tiny"), "numpy", 5), kind="cpu",
+    measure, tl = timed_run_recorded(cpu_client, w.direct(w.params("tiny"), "numpy", 5), kind="cpu",
                                              timeout=60, record=True)
     assert len(tl["workers"]) == 2 and sorted(tl["names"].values()) == ["w0", "w1"]
     _adds_up(tl, measure.seconds)
@@ -82,7 +83,7 @@ def test_recorded_run_adds_up_to_its_wall_time_per_worker(cpu_client):
     # no bokeh here: the performance report says why it is missing
     if tl["performance_report"] != "included":
         assert tl["performance_report"].startswith("not written: ")
-    plain, nothing = harness.timed_run_recorded(cpu_client, w.direct(w.params("tiny"), "numpy", 6), kind="cpu",
+    plain, nothing = timed_run_recorded(cpu_client, w.direct(w.params("tiny"), "numpy", 6), kind="cpu",
                                                 timeout=60, record=False)
     assert nothing is None and plain.seconds > 0
 
@@ -100,7 +101,7 @@ def test_performance_report_is_asked_of_the_scheduler_after_the_run(cpu_client, 
     real = timeline.importlib.util.find_spec
     monkeypatch.setattr(timeline.importlib.util, "find_spec", lambda name: True if name == "bokeh" else real(name))
     w = workloads.WORKLOADS["W1"]
-    measure, tl = harness.timed_run_recorded(cpu_client, w.direct(w.params("tiny"), "numpy", 7), kind="cpu",
+    measure, tl = timed_run_recorded(cpu_client, w.direct(w.params("tiny"), "numpy", 7), kind="cpu",
                                              timeout=60, record=True)
     assert tl[timeline.REPORT_KEY] == "<html>report</html>" and tl["performance_report"] == "included"
     (start, count, code), = asked

@@ -90,7 +90,7 @@ def _measured(cluster, collections: tuple) -> tuple[Any, float, int, dict]:
     host -> disk meanwhile, bytes per move between tiers summed over workers)."""
     from spillway.service.plugins import worker_snapshot
     from spillway.service.runner import transfer_stats
-    from ..harness import spill_moves
+    from ..measure import spill_moves
 
     client = cluster.client
     before = client.run(worker_snapshot)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..formatting import columns, fmt_value
 from .cases import Case, case_by_id, cases, workflow_params
 from .scale import SEED, Scale
 from .user_code import USER_CODE, user_size
@@ -199,7 +200,8 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
         rows.append(r)
         b = r.get("copy_bound") or {}
         status = "ok" if r["ok"] else "refused" if r["refused"] else "FAILED"
-        log(f"{r['case']:<26} {status:<7} wall {_s(r['wall_s'])} s  bound {_s(b.get('bound_s'))} s  "
+        wall, bound = fmt_value(r["wall_s"], "{:.2f}"), fmt_value(b.get("bound_s"), "{:.2f}")
+        log(f"{r['case']:<26} {status:<7} wall {wall} s  bound {bound} s  "
             f"case {time.perf_counter() - t0:.0f} s  {r['error'] or ''}")
         info["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         paths = write_table([r], Path(out_dir), machine, when=started, slices=[info])
@@ -247,18 +249,12 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
     return rows, paths
 
 
-def _s(v) -> str:
-    return "—" if v is None else f"{v:.2f}"
-
-
 def short_table(rows: list[dict]) -> str:
     """Printed last: case, status, wall s, copy bound s, ratio, relative error."""
     table = [("case", "status", "wall s", "bound s", "x bound", "rel error")]
     for r in rows:
         b = r.get("copy_bound") or {}
-        table.append((r["case"], "ok" if r["ok"] else "refused" if r["refused"] else "FAILED", _s(r["wall_s"]),
-                      _s(b.get("bound_s")), "—" if b.get("ratio") is None else f"{b['ratio']:.1f}x",
-                      "—" if r["rel_error"] is None else f"{r['rel_error']:.1e}"))
-    widths = [max(len(t[i]) for t in table) for i in range(len(table[0]))]
-    return "\n".join("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(t))
-                     for t in table)
+        table.append((r["case"], "ok" if r["ok"] else "refused" if r["refused"] else "FAILED",
+                      fmt_value(r["wall_s"], "{:.2f}"), fmt_value(b.get("bound_s"), "{:.2f}"),
+                      fmt_value(b.get("ratio"), "{:.1f}x"), fmt_value(r["rel_error"], "{:.1e}")))
+    return columns(table)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..render import fmt_bytes
+from ..formatting import fmt_bytes, fmt_value
 from ..report import stem
 from .cases import cases
 
@@ -94,10 +94,10 @@ def _bound_cells(r: dict) -> tuple[str, str, str, str]:
     disk = (f"{fmt_bytes(moves.get('host_to_disk'))} / {fmt_bytes(moves.get('disk_to_host'))}"
             if moves.get("host_to_disk") or moves.get("disk_to_host") else "—")
     b = r.get("copy_bound") or {}
-    bound = "—" if b.get("bound_s") is None else f"{b['bound_s']:.2f}"
+    bound = fmt_value(b.get("bound_s"), "{:.2f}")
     if b.get("missing"):
         bound = "no " + ", ".join(b["missing"])
-    ratio = "—" if b.get("ratio") is None else f"{b['ratio']:.1f}x"
+    ratio = fmt_value(b.get("ratio"), "{:.1f}x")
     return pcie, disk, bound, ratio
 
 
@@ -118,8 +118,8 @@ def markdown(results: dict) -> str:
         ratio = (f"{r['footprint_bytes'] / r['device_bytes']:.2f}"
                  if r.get("footprint_bytes") and r.get("device_bytes") else "—")
         status = "yes" if r["ok"] else "refused" if r["refused"] else "no"
-        err = "—" if r["rel_error"] is None else f"{r['rel_error']:.1e}"
-        wall = "—" if r["wall_s"] is None else f"{r['wall_s']:.2f}"
+        err = fmt_value(r["rel_error"], "{:.1e}")
+        wall = fmt_value(r["wall_s"], "{:.2f}")
         pcie, disk, bound, x_bound = _bound_cells(r)
         lines.append(f"| {r['workflow']} | {r['path']} | {fmt_bytes(r['footprint_bytes'])} "
                      f"| {fmt_bytes(r['device_bytes'])} | {ratio} | {status} | {err} | {wall} "
