@@ -80,8 +80,8 @@ def zstd_array(path: str, zarr_run: ZarrRun):
     ``zarr_run.zstd_inner``, zarr's default zstd (level 0, no checksum)."""
     import zarr
 
-    return zarr.create_array(store=path, shape=zarr_run.shape, chunks=zarr_run.zstd_inner, shards=zarr_run.chunks, dtype=DTYPE,
-                             zarr_format=3, compressors=zarr.codecs.ZstdCodec(level=0, checksum=False),
+    return zarr.create_array(store=path, shape=zarr_run.shape, chunks=zarr_run.zstd_inner, shards=zarr_run.chunks,
+                             dtype=DTYPE, zarr_format=3, compressors=zarr.codecs.ZstdCodec(level=0, checksum=False),
                              overwrite=True)
 
 
