@@ -73,11 +73,11 @@ elif has full && [ "$years" -ge 10 ]; then
   timeout $(( left + 20 )) python3 - "$years" "$scratch" "$out/results" >>"$out/zarr-bench.log" 2>&1 <<'PY'
 import sys
 
-from spillway.service.bench import zarr_io
+from spillway.bench.zarr import SCALES
 from spillway.service.cli import main
 
 years, scratch, results = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-zarr_io.SCALES["full"] = ((721, 1440), years * 365)  # the full grid, fewer years: see the script's header
+SCALES["full"] = ((721, 1440), years * 365)  # the full grid, fewer years: see the script's header
 main(["bench", "--zarr", "--sizes", "full", "--label", f"full-{years}y", "--local-directory", scratch,
       "--out", results])
 PY

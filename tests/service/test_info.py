@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from spillway.service import gpus, info
-from spillway.service.bench import report
+from spillway.bench import report
 
 from .test_gpus import FakeNVML, FakeSwitchNVML
 

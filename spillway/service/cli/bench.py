@@ -106,15 +106,15 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_basel
     if sweep_sizes is not None:
         raise ParamError(f"sweep-sizes: {sweep_sizes!r} is only used with --link-sweep")
 
-    from ..bench import prepare, run_bench
-    from ..bench.ceilings import not_measured
-    from ..bench.report import failed_workloads, short_table, target_lines
+    from spillway.bench import prepare, run_bench
+    from spillway.bench.ceilings import not_measured
+    from spillway.bench.report import failed_workloads, short_table, target_lines
 
-    plan = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout,
-                   merge_into=merge_into, baseline=not no_baseline, label=label)
-    plan.timeline = timeline
+    bench_run = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout,
+                        merge_into=merge_into, baseline=not no_baseline, label=label)
+    bench_run.timeline = timeline
     extra = {"measure_ceilings": not_measured} if no_ceilings else {}
-    results, _ = run_bench(plan, Path(out_dir), stream=sys.stderr, **extra)
+    results, _ = run_bench(bench_run, Path(out_dir), stream=sys.stderr, **extra)
     for line in target_lines(results):
         click.echo(line, err=True)
     click.echo(short_table(results))
@@ -126,24 +126,24 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_basel
 
 
 def _link_sweep(options, out_dir, sweep_sizes, label, **workload_flags):
-    from ..bench.link import prepare_sweep, run_sweep, short_table
+    from spillway.bench.link import prepare_sweep, run_sweep, short_table
 
     given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
     if given:
         raise ParamError(f"link-sweep: measures the link, not the workloads; {', '.join(given)} does not apply")
-    plan = prepare_sweep(options, sizes=sweep_sizes, label=label)
-    results, _ = run_sweep(plan, Path(out_dir), stream=sys.stderr)
+    link_sweep = prepare_sweep(options, sizes=sweep_sizes, label=label)
+    results, _ = run_sweep(link_sweep, Path(out_dir), stream=sys.stderr)
     click.echo(short_table(results))
 
 
 def _zarr_bench(options, out_dir, sizes, runs, timeout, label, no_ceilings, **workload_flags):
-    from ..bench.zarr_io import prepare_zarr, run_zarr_bench, short_table
+    from spillway.bench.zarr import prepare_zarr, run_zarr_bench, short_table
 
     given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
     if given:
         raise ParamError(f"zarr: measures Zarr I/O, not the workloads; {', '.join(given)} does not apply")
-    plan = prepare_zarr(options, sizes=sizes, runs=runs, timeout=timeout, label=label, no_ceilings=no_ceilings)
-    results, _ = run_zarr_bench(plan, Path(out_dir), stream=sys.stderr)
+    zarr_run = prepare_zarr(options, sizes=sizes, runs=runs, timeout=timeout, label=label, no_ceilings=no_ceilings)
+    results, _ = run_zarr_bench(zarr_run, Path(out_dir), stream=sys.stderr)
     click.echo(short_table(results))
     if not all(store[name]["bits_equal"] for store in results["stores"].values()
                for name in ("write", "cold_read", "cached_read")):
@@ -153,8 +153,8 @@ def _zarr_bench(options, out_dir, sizes, runs, timeout, label, no_ceilings, **wo
 
 def _matrix(flags, out_dir, selector, merge_dir, budget, timeout, **workload_flags):
     """The out-of-core matrix: one slice on this machine, or slices' files joined."""
-    from ..bench import matrix
-    from ..bench.matrix.slices import run_slice, short_table
+    from spillway.bench import matrix
+    from spillway.bench.matrix.slices import run_slice, short_table
 
     given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
     if given:

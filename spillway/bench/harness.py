@@ -1,0 +1,249 @@
+"""Run each workload on spillway's cluster and on the plain baseline (:mod:`.clusters`),
+and measure both (:mod:`.measure`).
+
+For every workload and side: one warm-up and ``runs`` timed runs, each on fresh inputs (a
+new seed, so new keys). After each run the outputs and inputs are released and the
+harness waits until the workers hold nothing, so one run's memory never slows the next.
+A bench run without the baseline (``--no-baseline``) records each workload's baseline as
+skipped and starts no baseline cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dask.config
+
+from spillway.service.errors import ParamError
+from spillway.service.gpus import Inventory
+from spillway.service.launch import LaunchPlan
+from spillway.service.options import Options
+
+from .clusters import baseline_cluster, spillway_cluster
+from .measure import SideResult, timed_run_recorded, wait_released
+from .workloads import Workload
+
+#: seeds of the warm-up and timed runs: run i uses SEED_BASE + i
+SEED_BASE = 1000
+
+#: entries each worker keeps in its incoming-transfer log (distributed keeps 1000)
+TRANSFER_LOG_LENGTH = 200_000
+
+#: why the baseline of a workload did not run when the command said so
+NO_BASELINE = "skipped: --no-baseline"
+
+
+# --- the whole benchmark
+
+
+@dataclass
+class BenchRun:
+    """What one ``spillway bench`` run does, fixed before anything starts."""
+
+    options: Options
+    launch: LaunchPlan
+    inventory: Inventory | None
+    workloads: list[Workload]
+    scale: str
+    runs: int
+    timeout: float
+    #: an earlier results file on this machine to add these workloads to, and its path
+    merge_into: dict | None = None
+    merge_path: Any = None
+    #: run the baseline cluster too (``--no-baseline`` measures spillway's side alone)
+    baseline: bool = True
+    #: a short name of this run, kept in the JSON and the file names
+    label: str | None = None
+    #: record each workload's first timed run per worker (``--timeline``)
+    timeline: bool = False
+
+
+def check_fits(workloads: list[Workload], scale: str, kind: str, budget_bytes: int) -> None:
+    """Refuse, before any memory is taken, a workload whose inputs cannot fit."""
+    for w in workloads:
+        need = w.input_bytes(scale)
+        if need > budget_bytes:
+            from spillway.service.sizes import format_bytes
+
+            raise ParamError(
+                f"sizes: {w.name} at {scale} needs {format_bytes(need)} of input, more than the "
+                f"{format_bytes(budget_bytes)} the {kind} workers can hold; use --sizes tiny or small"
+            )
+
+
+def worker_bytes(bench_run: BenchRun) -> int:
+    """Memory one worker holds before it spills: 80% of the smallest GPU (dask-cuda's
+    default limit), or an even share of the host's memory."""
+    import psutil
+
+    if bench_run.launch.kind == "gpu" and bench_run.inventory is not None:
+        sizes = [g.memory_total for g in bench_run.inventory.gpus if g.index in bench_run.launch.devices]
+        if sizes:
+            return int(0.8 * min(sizes))
+    return psutil.virtual_memory().total // max(1, bench_run.launch.n_workers)
+
+
+def groups(bench_run: BenchRun) -> list[tuple[dict[str, dict], list[Workload]]]:
+    """Workloads that share cluster settings, in order, with each side's options changes
+    (``{"spillway": ..., "baseline": ...}``); B2's device limit and B3's tiers are their own."""
+    out: list[tuple[dict[str, dict], list[Workload]]] = []
+    for w in bench_run.workloads:
+        changes = {side: w.cluster_changes(bench_run.scale, bench_run.launch.kind, side)
+                   for side in ("spillway", "baseline")}
+        if out and out[-1][0] == changes:
+            out[-1][1].append(w)
+        else:
+            out.append((changes, [w]))
+    return out
+
+
+def run(bench_run: BenchRun, *, log: Callable[[str], None],
+        spillway: Callable = spillway_cluster, baseline: Callable = baseline_cluster) -> dict:
+    """Both sides of every workload; returns per-workload results and cluster descriptions."""
+    from spillway.workflows.params import Target
+
+    kind = bench_run.launch.kind
+    # the same target on both sides, so both build the same graph from the same inputs
+    target = Target(kind=kind, n_workers=bench_run.launch.n_workers, worker_bytes=worker_bytes(bench_run))
+    results: dict[str, dict[str, SideResult]] = {w.name: {} for w in bench_run.workloads}
+    clusters: dict[str, dict] = {}
+    with dask.config.set({"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}):
+        for changes, members in groups(bench_run):
+            for side in ("spillway", "baseline"):
+                mine = changes[side]
+                if side == "spillway":
+                    opener = lambda: spillway(  # noqa: E731
+                        bench_run.options.replace(**mine) if mine else bench_run.options, bench_run.inventory)
+                else:
+                    opener = lambda: baseline(bench_run.launch, bench_run.options, mine)  # noqa: E731
+                running = []
+                for w in members:
+                    skip = None
+                    if side == "baseline":
+                        skip = w.baseline_skip or (None if bench_run.baseline else NO_BASELINE)
+                    if skip:
+                        results[w.name][side] = SideResult(skipped=skip)
+                        log(f"{w.name} {side:<8} {skip}")
+                    else:
+                        running.append(w)
+                if running:
+                    _run_side(opener, running, side, bench_run, target, kind, results, clusters, log)
+                for w in running if mine else ():
+                    results[w.name][side].notes.append(
+                        "cluster options of this workload: " + ", ".join(f"{k}={v}" for k, v in mine.items()))
+    return {"results": results, "clusters": clusters}
+
+
+def _run_side(opener, members, side, bench_run, target, kind, results, clusters, log):
+    """Run ``members`` on one side; a failed workload gets a fresh cluster for the next."""
+    pending = list(members)
+    while pending:
+        log(f"starting the {side} cluster")
+        try:
+            with opener() as (client, described):
+                clusters.setdefault(side, described)
+                while pending:
+                    w = pending.pop(0)
+                    try:
+                        results[w.name][side] = run_workload(
+                            client, w, scale=bench_run.scale, target=target, runs=bench_run.runs,
+                            timeout=bench_run.timeout, kind=kind, log=log, label=side, timeline=bench_run.timeline)
+                    except Exception as e:  # one workload failing must not end the benchmark
+                        error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                        expected = w.baseline_expected_failure if side == "baseline" else None
+                        results[w.name][side] = SideResult(error=error, expected_failure=expected)
+                        log(f"{w.name} {side:<8} FAILED: {error}" + (f" (expected: {expected})" if expected else ""))
+                        # the traceback goes to the log file only
+                        logging.getLogger("spillway.bench.progress").info(
+                            "%s on %s failed", w.name, side, exc_info=True)
+                        break  # restart the cluster: the failure may have left it unusable
+        except Exception as e:
+            error = f"{side} cluster failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log(error)
+            for w in pending:
+                results[w.name][side] = SideResult(error=error)
+            return
+
+
+# --- one workload on one side
+
+
+def run_workload(client, workload: Workload, *, scale: str, target, runs: int, timeout: float,
+                 kind: str, log: Callable[[str], None], label: str, timeline: bool = False) -> SideResult:
+    """One warm-up (where the workload has one) and ``runs`` timed runs of ``workload``,
+    each on fresh inputs; the last is checked against the workload's reference. With
+    ``timeline`` the first timed run's timeline is recorded (:func:`timed_run_recorded`)."""
+    result = SideResult()
+    if not workload.warmup:
+        result.notes.append("no warm-up run (its inputs alone take minutes to persist)")
+    capped = workload.timed_runs(scale, runs)
+    if capped < runs:
+        runs = capped
+        result.notes.append(f"{runs} timed run at {scale} size (one run takes minutes)")
+    for i in range(0 if workload.warmup else 1, runs + 1):
+        seed = SEED_BASE + i
+        built = workload.build(scale, target, seed, side=label)
+        result.source = built.source
+        if built.note and built.note not in result.notes:
+            result.notes.append(built.note)
+        check = workload.reference is not None and i == runs
+        measure, recorded = timed_run_recorded(client, built.result, kind=kind, timeout=timeout,
+                                               keep_value=check, record=timeline and i == 1)
+        if recorded is not None:
+            result.timeline = recorded
+        del built
+        if not wait_released(client):
+            result.notes.append("workers still held data 120 s after a run")
+        what = "warm-up" if i == 0 else f"run {i}/{runs}"
+        log(f"{workload.name} {label:<8} {what:<9} {measure.seconds:9.3f} s  "
+            f"moved {measure.bytes_moved / 1e9:8.2f} GB  spilled {measure.bytes_spilled / 1e9:7.2f} GB  "
+            f"(inputs persisted in {measure.persist_s:.2f} s)")
+        if i == 0:
+            result.warmup_s = measure.seconds
+            continue
+        result.runs_s.append(measure.seconds)
+        result.transfers.extend(measure.transfers)
+        result.bytes_moved.append(measure.bytes_moved)
+        result.bytes_spilled.append(measure.bytes_spilled)
+        result.persist_s.append(measure.persist_s)
+        result.spill.append(measure.spill)
+        result.persist_spill.append(measure.persist_spill)
+        result.resident = measure.resident
+        if check:
+            result.verify = verify(workload, scale, seed, measure.value, log=log, label=label)
+            if not result.verify["ok"]:
+                result.error = (f"result check failed: relative error {result.verify['rel_error']:.3e} "
+                                f"above {workload.tolerance:.0e}")
+    return result
+
+
+#: references already computed in this process, by (workload, scale, seed)
+_REFERENCES: dict[tuple, Any] = {}
+
+
+def verify(workload: Workload, scale: str, seed: int, value, *, log, label: str) -> dict:
+    """``value`` (one run's result) against the workload's NumPy float64 reference."""
+    import numpy as np
+
+    from spillway.workflows.registry import relative_error
+
+    computed = float(value.get() if hasattr(value, "get") else value)  # a CuPy scalar comes back as 0-d
+    # logged before the reference, which takes minutes at full sizes
+    log(f"{workload.name} {label:<8} result    {computed!r} (seed {seed}); computing the NumPy reference")
+    t0 = time.perf_counter()
+    key = (workload.name, scale, seed)
+    if key not in _REFERENCES:  # both sides check the same seed: B4's and B5's take a minute at full size
+        _REFERENCES[key] = workload.reference(workload.params(scale), seed)
+    expected = _REFERENCES[key]
+    reference_s = time.perf_counter() - t0
+    err = float(relative_error(np.float64(computed), np.float64(expected)))
+    ok = bool(err <= workload.tolerance)
+    log(f"{workload.name} {label:<8} check     {'OK' if ok else 'FAILED'}: {computed!r} against "
+        f"{expected!r}, relative error {err:.3e} (reference in {reference_s:.1f} s)")
+    return {"seed": seed, "value": computed, "reference": expected, "rel_error": err,
+            "tolerance": workload.tolerance, "ok": ok, "reference_s": reference_s,
+            "how": "NumPy float64 on the host CPUs, from the seed"}

@@ -1,0 +1,182 @@
+"""One benchmark workload: its sizes by scale, how it is built (its registered workflow,
+or the same expression directly), and the cluster settings it imposes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from spillway import workflows
+from spillway.service.errors import ParamError
+from spillway.workflows.backend import backend_for
+from spillway.workflows.params import Target
+
+SCALES = ("tiny", "small", "full")
+
+
+@dataclass(frozen=True)
+class Built:
+    """One workload instance: the lazy result and where it came from."""
+
+    result: Any
+    #: "workflow <name>" or "direct"
+    source: str
+    note: str | None = None
+
+
+def data_bytes(params: Mapping[str, Any]) -> int:
+    """Bytes of a workload's inputs at these parameters."""
+    return params.get("inputs", 1) * math.prod(params["shape"]) * np.dtype(params["dtype"]).itemsize
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    #: the registered workflow this workload is, where it exists
+    workflow: str | None
+    #: scale -> parameters (shape, chunks, dtype and the workload's own)
+    sizes: Mapping[str, Mapping[str, Any]]
+    #: builds the expression directly: (params, backend, seed) -> lazy collection
+    direct: Callable[[Mapping[str, Any], str, int], Any]
+    #: parameters handed to the registered workflow, from the scale's parameters
+    workflow_params: Callable[[Mapping[str, Any]], dict] | None = None
+    #: Options changes the workload's definition imposes on both clusters, on GPUs
+    gpu_cluster: Mapping[str, Any] = field(default_factory=dict)
+    #: scale -> Options changes for spillway's side only, on GPUs (B3's tiers)
+    spillway_cluster: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: why the baseline is not run, where it is not
+    baseline_skip: str | None = None
+    #: part of a plain ``spillway bench``, or only when named in ``--only``
+    default: bool = True
+    #: whether a warm-up run precedes the timed ones
+    warmup: bool = True
+    #: NumPy float64 reference of the result, (params, seed) -> value; the last timed
+    #: run is checked against it
+    reference: Callable[[Mapping[str, Any], int], Any] | None = None
+    #: relative error the checked result may have
+    tolerance: float = 1e-10
+    #: scale -> most timed runs at that scale, where one run takes minutes (B3 full)
+    max_runs: Mapping[str, int] = field(default_factory=dict)
+    #: applied to the built array (workflow or direct): B4 and B5 end in ``.sum()``
+    then: Callable[[Any], Any] | None = None
+    #: the expression on the baseline's side where it differs from spillway's: what a
+    #: user writes for plain dask-cuda, (params, backend, seed) -> lazy collection
+    baseline_direct: Callable[[Mapping[str, Any], str, int], Any] | None = None
+    #: why the baseline is expected to fail: its failure is then recorded as its result
+    #: (with the error) and does not fail the bench
+    baseline_expected_failure: str | None = None
+    #: the issue's speedup target over the baseline, where the workload has one
+    speedup_target: float | None = None
+    #: ``full`` sized from the machine: (total bytes of the GPUs) -> the scale's parameters
+    #: (B4, B5: 1.3x the GPUs' memory, whatever the host)
+    machine_sized: Callable[[int], Mapping[str, Any]] | None = None
+    #: the GPUs' total bytes ``full`` was sized from (:meth:`for_machine`), else None
+    sized_from: int | None = None
+
+    def for_machine(self, device_bytes: int | None) -> "Workload":
+        """This workload with ``full`` sized for GPUs of ``device_bytes`` in all, where its
+        full size follows the machine (None, on CPU workers: the nominal full size)."""
+        if self.machine_sized is None or not device_bytes:
+            return self
+        return replace(self, sizes={**self.sizes, "full": self.machine_sized(device_bytes)},
+                       sized_from=int(device_bytes))
+
+    def timed_runs(self, scale: str, runs: int) -> int:
+        return min(runs, self.max_runs.get(scale, runs))
+
+    def cluster_changes(self, scale: str, kind: str, side: str) -> dict:
+        """Options changes for one side's cluster at ``scale`` on ``kind`` workers."""
+        if kind != "gpu":
+            return {}
+        changes = dict(self.gpu_cluster)
+        if side == "spillway":
+            changes.update(self.spillway_cluster.get(scale, {}))
+        return changes
+
+    def params(self, scale: str) -> Mapping[str, Any]:
+        if scale not in self.sizes:
+            raise ParamError(f"sizes: {scale!r} is not one of {', '.join(SCALES)}")
+        return self.sizes[scale]
+
+    def input_bytes(self, scale: str) -> int:
+        return data_bytes(self.params(scale))
+
+    def chunk_bytes(self, scale: str) -> int:
+        p = self.params(scale)
+        return math.prod(p["chunks"]) * np.dtype(p["dtype"]).itemsize
+
+    def describe(self, scale: str) -> str:
+        p = self.params(scale)
+        shape = "x".join(map(str, p["shape"]))
+        chunks = "x".join(map(str, p["chunks"]))
+        sized = ""
+        if scale == "full" and self.sized_from:
+            sized = f" ({data_bytes(p) / self.sized_from:.2f}x the GPUs' {self.sized_from / 1e9:.1f} GB)"
+        return f"{self.title} {shape} {p['dtype']}, chunks {chunks}{sized}"
+
+    def build(self, scale: str, target: Target, seed: int, side: str = "spillway") -> Built:
+        """The lazy collection one ``side`` ("spillway" or "baseline") computes."""
+        params = self.params(scale)
+        backend = backend_for(target.kind)
+        if side == "baseline" and self.baseline_direct is not None:
+            return Built(self.baseline_direct(params, backend, seed), source="direct (baseline: user code)")
+        built = self._build(params, target, seed, backend)
+        if self.then is None:
+            return built
+        return Built(self.then(built.result), source=built.source, note=built.note)
+
+    def _build(self, params, target: Target, seed: int, backend: str) -> Built:
+        note = None
+        if self.workflow is not None and self.workflow in workflows.names():
+            raw = dict(self.workflow_params(params) if self.workflow_params else {}, seed=seed)
+            try:
+                _, plan = workflows.get(self.workflow).plan(raw, target)
+            except ParamError as e:
+                note = f"workflow {self.workflow} rejected {raw}: {e}; built directly"
+            else:
+                # array workflows add a checksum and a probe to their result: time the array
+                result = plan.array if getattr(plan, "array", None) is not None else plan.result
+                mismatch = _mismatch(result, params)
+                if mismatch is None:
+                    return Built(result, source=f"workflow {self.workflow}")
+                note = f"workflow {self.workflow} gave {mismatch}; built directly"
+        elif self.workflow is not None:
+            note = f"workflow {self.workflow} is not registered; built directly"
+        result = self.direct(params, backend, seed)
+        return Built(result, source="direct", note=note)
+
+
+def _mismatch(result, params) -> str | None:
+    """How a workflow's result differs from the workload's definition (before ``then``:
+    ``array_shape`` where the workload has one), or None."""
+    shape = tuple(getattr(result, "shape", ()) or ())
+    want_shape = tuple(params.get("array_shape", params["out_shape"]))
+    if shape != want_shape:
+        return f"shape {shape}, expected {want_shape}"
+    want = params.get("out_chunks")
+    if want is not None and tuple(result.chunksize) != tuple(want):
+        return f"chunks {tuple(result.chunksize)}, expected {tuple(want)}"
+    return None
+
+
+# --- parameters by scale
+
+
+def square(shape, chunks, **extra) -> dict:
+    """float64 inputs of ``shape`` reduced to a scalar (``out_shape`` ())."""
+    return {"shape": shape, "chunks": chunks, "dtype": "float64", "out_shape": (), **extra}
+
+
+def same_shape(p, **extra) -> dict:
+    """``p`` with an output of the input's shape."""
+    return {**p, "out_shape": p["shape"], **extra}
+
+
+def workflow_size(p) -> dict:
+    """The registered workflows' parameters for a workload's shape, chunks and dtype."""
+    return {"size": list(p["shape"]), "chunks": list(p["chunks"]), "dtype": p["dtype"]}
