@@ -41,7 +41,8 @@ def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", r
     label, inventory, launch, options, scale = checked_launch(
         options, sizes=sizes, runs=runs, label=label, inventory=inventory,
         no_attach="bench starts its own clusters")
-    workloads = [w.for_machine(_gpu_bytes(launch, inventory)) for w in select(only)]
+    gpu_workers = launch.n_workers if launch.kind == "gpu" else 0
+    workloads = [w.for_machine(_gpu_bytes(launch, inventory), gpu_workers) for w in select(only)]
     check_fits(workloads, scale, launch.kind, _budget(launch, inventory))
     earlier = None
     if merge_into is not None:

@@ -339,7 +339,12 @@ def test_small_gpu_run_against_dask_cuda(tmp_path, gpu_count):
     (path,) = tmp_path.glob("*.json")
     data = json.loads(path.read_text())
     assert data["clusters"]["spillway"]["kind"] == "gpu"
-    assert data["clusters"]["baseline"]["cluster"].startswith("LocalCUDACluster(protocol='ucx'")
+    # the baseline is what a user gets: UCX where distributed-ucxx is installed (a one-GPU
+    # host is given the stack without it), TCP otherwise, and the report says which
+    from spillway.service.launch.plan import ucxx_installed
+
+    protocol = "ucx" if ucxx_installed() else "tcp"
+    assert data["clusters"]["baseline"]["cluster"].startswith(f"LocalCUDACluster(protocol='{protocol}'")
     assert data["ceilings"]["hbm_copy"] > 0 and data["ceilings"]["h2d_pinned"] > 0
     for w in data["workloads"]:
         assert w["spillway_s"] > 0 and w["baseline_s"] > 0
@@ -378,7 +383,7 @@ def test_b3_small_over_the_tiers_on_gpus_checked_against_numpy(tmp_path, gpu_cou
     (b3,) = data["workloads"]
     assert b3["verify"]["ok"] and b3["verify"]["rel_error"] <= 1e-10
     assert b3["baseline"]["skipped"] and b3["baseline_s"] is None
-    # 115.2 GB over workers holding 30 GB on the device and 20 GB on the host each
+    # 57.6 GB per worker (b3_small) over workers holding 30 GB on the device and 20 GB on the host each
     tiers = b3["resident_after_persist"]
     n = data["clusters"]["spillway"]["n_workers"]
     assert n * 50e9 < b3["input_bytes"]  # so part of it is on disk
@@ -966,6 +971,28 @@ def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
     # CPU workers: nothing to size from
     cpu = prepare(Options.resolve(cpu=True, n_workers=2), only="B4", sizes="tiny", inventory=Inventory(reason="t"))
     assert cpu.workloads[0].sized_from is None
+
+
+def test_b3_small_puts_the_same_few_gb_on_each_workers_disk(monkeypatch):
+    import functools
+
+    import spillway.bench
+    from spillway.service.launch.plan import plan as launch_plan
+    from tests.helpers.stand_ins import h200_host
+
+    monkeypatch.setattr(spillway.bench, "launch_plan",
+                        functools.partial(launch_plan, have_cuda_stack=True, have_ucxx=False))
+    (one,) = prepare(Options.resolve(), only="B3", sizes="small", inventory=h200_host(1)).workloads
+    (two,) = prepare(Options.resolve(), only="B3", sizes="small", inventory=h200_host(2)).workloads
+    assert two.params("small")["shape"] == (120000, 120000)  # as measured on 2 x H200
+    assert one.params("small")["shape"] == (85000, 85000)
+    # each worker: past its 30 GB device limit and 20 GB host tier, by less than 10 GB of disk
+    for workload, workers in ((one, 1), (two, 2)):
+        per_worker = workload.input_bytes("small") / workers
+        assert 50e9 < per_worker < 60e9
+    # CPU workers keep the nominal size
+    cpu = prepare(Options.resolve(cpu=True, n_workers=2), only="B3", sizes="tiny", inventory=Inventory(reason="t"))
+    assert cpu.workloads[0].params("small")["shape"] == (120000, 120000)
 
 
 def test_copy_bound_adds_each_way_over_the_rates_of_the_run():

@@ -44,7 +44,19 @@ B3 = Workload(
     # one run at full size persists 423 GB and moves ~320 GB through the tiers, over 2
     # minutes on the 2 x H200 host: one checked run is what a 10-minute device call holds
     max_runs={"full": 1},
+    worker_sized={"small": lambda workers: b3_small(workers)},
 )
+
+
+#: B3 small's input per GPU worker: past the worker's 30 GB device limit and 20 GB host
+#: tier by a few GB of disk (120000^2 on 2 GPUs; 85000^2 on one, where 120000^2 would put
+#: 65 GB on the one worker's disk, more than the 64 GB one-GPU host has)
+B3_SMALL_PER_WORKER = 57.6e9
+
+
+def b3_small(workers: int) -> dict:
+    n = side_for(B3_SMALL_PER_WORKER * workers)
+    return square((n, n), (10000, 10000))
 
 
 def _b4_reference(p, seed):

@@ -77,13 +77,20 @@ class Workload:
     machine_sized: Callable[[int], Mapping[str, Any]] | None = None
     #: the GPUs' total bytes ``full`` was sized from (:meth:`for_machine`), else None
     sized_from: int | None = None
+    #: scale -> (GPU workers) -> the scale's parameters, for a scale whose memory options
+    #: are per worker (B3 small: each worker's device, host and disk take the same share)
+    worker_sized: Mapping[str, Callable[[int], Mapping[str, Any]]] = field(default_factory=dict)
 
-    def for_machine(self, device_bytes: int | None) -> "Workload":
+    def for_machine(self, device_bytes: int | None, gpu_workers: int = 0) -> "Workload":
         """This workload with ``full`` sized for GPUs of ``device_bytes`` in all, where its
-        full size follows the machine (None, on CPU workers: the nominal full size)."""
+        full size follows the machine (None, on CPU workers: the nominal full size), and
+        the scales sized per worker for ``gpu_workers`` (0: CPU workers, nominal sizes)."""
+        sizes = dict(self.sizes)
+        if gpu_workers:
+            sizes.update({scale: size(gpu_workers) for scale, size in self.worker_sized.items()})
         if self.machine_sized is None or not device_bytes:
-            return self
-        return replace(self, sizes={**self.sizes, "full": self.machine_sized(device_bytes)},
+            return replace(self, sizes=sizes) if sizes != self.sizes else self
+        return replace(self, sizes={**sizes, "full": self.machine_sized(device_bytes)},
                        sized_from=int(device_bytes))
 
     def timed_runs(self, scale: str, runs: int) -> int:
