@@ -82,11 +82,11 @@ class JobScheduler:
                 self._check_input(p.name, value)
         # a size the cluster cannot hold is refused for that, in bytes, before any other
         # check of the parameters
-        _, plan = spec.plan(params, self.target, fits=lambda floor: admit(workflow, floor, self.tiers))
-        if output and plan.array is None:
+        _, built = spec.plan(params, self.target, fits=lambda floor: admit(workflow, floor, self.tiers))
+        if output and built.array is None:
             raise ParamError(f"output: {workflow} has no array result to write (its result is a summary)")
-        admit(workflow, plan.footprint, self.tiers)
-        return int(plan.footprint.total_bytes)
+        admit(workflow, built.footprint, self.tiers)
+        return int(built.footprint.total_bytes)
 
     def _check_input(self, name: str, value) -> None:
         """Tenants read Zarr inputs only inside the service's data directories, so a job
