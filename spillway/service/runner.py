@@ -228,7 +228,7 @@ def check_stored(client, built, value, path: str) -> dict:
     run with :class:`OutputError`, and is removed."""
     import numpy as np
 
-    from spillway.workflows.zarr_io import open_array
+    from spillway.workflows.zarr.read import open_array
 
     summary = built.summarize(value)
     expected = summary.get("checksum")

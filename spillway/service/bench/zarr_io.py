@@ -180,7 +180,7 @@ def fingerprint(array):
 
 
 def _io_path(dask_worker=None) -> dict:
-    from spillway.workflows import zarr_io
+    from spillway.workflows import zarr as zarr_io
 
     return zarr_io.describe()
 
@@ -238,7 +238,7 @@ def measure_zarr(plan: ZarrPlan, client, directory: str, *, log: Callable[[str],
     import dask.array as da
     from distributed import wait
 
-    from spillway.workflows import random, zarr_io
+    from spillway.workflows import random, zarr as zarr_io
     from spillway.workflows.backend import backend_for
 
     from .harness import synchronize_device, wait_released
