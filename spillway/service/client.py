@@ -292,10 +292,10 @@ def open_output(path: str, *, backend: str = "auto"):
     """A lazy dask array over a Zarr v3 store written by a run.
 
     ``backend``: ``numpy``, ``cupy`` (each chunk read into device memory, with KvikIO
-    where it is installed: :mod:`spillway.workflows.zarr_io`), or ``auto`` (CuPy where it is
+    where it is installed: :mod:`spillway.workflows.zarr`), or ``auto`` (CuPy where it is
     installed and a GPU is visible).
     """
-    from spillway.workflows.zarr_io import open_array
+    from spillway.workflows.zarr.read import open_array
 
     if backend not in ("auto", "numpy", "cupy"):
         raise ValueError(f"backend: {backend!r} is not one of auto, numpy, cupy")

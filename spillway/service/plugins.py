@@ -10,7 +10,7 @@ whichever launcher started it, and adds what spillway needs:
 * counters on the worker's spill buffers (bytes moved device -> host -> disk);
 * on GPU workers, zarr takes CuPy chunks (copied to the host as zarr takes them in), so a
   user's own ``da.to_zarr`` / ``xarray.to_zarr`` of device arrays writes
-  (:mod:`spillway.workflows.zarr_buffers`);
+  (:mod:`spillway.workflows.zarr.buffers`);
 * with spillway's tiered store (:mod:`spillway.service.memory`): eviction by the queued tasks'
   next use, prefetch of the next tasks' inputs, and spill on demand when an RMM
   allocation fails.
@@ -83,9 +83,9 @@ class WorkerSetup(WorkerPlugin):
         # CuPy's own pool would hide allocations from RMM's pool and statistics
         cupy.cuda.set_allocator(rmm_cupy_allocator if store is None else explained(rmm_cupy_allocator, store))
         # dask's store hands CuPy chunks to zarr, whose CPU buffer refuses them
-        from spillway.workflows import zarr_buffers
+        from spillway.workflows.zarr import buffers
 
-        zarr_buffers.install()
+        buffers.install()
 
     def _wire_store(self, worker, store):
         from .memory.policy import next_use, running_inputs

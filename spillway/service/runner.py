@@ -76,23 +76,23 @@ def run_workflow(
     capacity = cluster_capacity(client)
     # a size the cluster cannot hold is refused for that, in bytes, before any other check
     # of the parameters (too many chunks of it, say) can speak first
-    validated, plan = workflow.plan(params, target, arrays, fits=lambda floor: admit(name, floor, capacity))
-    if output is not None and plan.array is None:
+    validated, built = workflow.plan(params, target, arrays, fits=lambda floor: admit(name, floor, capacity))
+    if output is not None and built.array is None:
         from .errors import ParamError
 
         raise ParamError(f"output: {name} has no array result to write (its result is a summary)")
     # whatever comes back to the client is a host value, converted on the worker by a final
     # task: a client process needs no device memory (nor a CUDA context) to read a result
-    collections = [plan.result]
+    collections = [built.result]
     if output is not None:
-        collections.append(outputs.zarr_store(plan.array, output))
+        collections.append(outputs.zarr_store(built.array, output))
     # refused here, before anything is computed or allocated, if no tier can hold it
-    decision = admit(name, plan.footprint, capacity)
+    decision = admit(name, built.footprint, capacity)
 
     workers = Workers(client)
     try:
         value, counts, wall, before, after, written, readback = _compute(
-            client, name, plan, collections, output, progress, workers)
+            client, name, built, collections, output, progress, workers)
     except BaseException:
         if output is not None:
             remove_output(output)  # a partial store is never left to look like a result
@@ -104,18 +104,18 @@ def run_workflow(
         "workflow": name,
         "params": validated.to_json(),
         "wall_s": wall,
-        "result": plan.summarize(value),
+        "result": built.summarize(value),
         "verify": None,
         "cluster": {
             "kind": session.kind,
             "n_workers": session.n_workers,
             "protocol": session.plan.protocol if session.plan.kind != "attach" else _protocol(client),
         },
-        "footprint": plan.footprint.to_json(),
+        "footprint": built.footprint.to_json(),
         "admission": decision.to_json(),
         "tasks": counts.get("total", 0),
         "bytes_produced": counts.get("bytes", 0),
-        "bytes_read": plan.bytes_read,
+        "bytes_read": built.bytes_read,
         "bytes_written": written,
         "output": output,
         "output_check": readback if output is not None else None,
@@ -125,11 +125,11 @@ def run_workflow(
     # read on the workers: which UCX transports they really run with, not what was asked
     report["transport"] = transport(client)
     if verify:
-        report["verify"] = check(plan, value)
+        report["verify"] = check(built, value)
     return report
 
 
-def _compute(client, name, plan, collections, output, progress, workers):
+def _compute(client, name, built, collections, output, progress, workers):
     """Compute the run's graph; every future awaited, the output measured and read back."""
     _run_on_workers(client, reset_peak)
     before = _run_on_workers(client, worker_snapshot)
@@ -138,7 +138,7 @@ def _compute(client, name, plan, collections, output, progress, workers):
     try:
         with track(client, run_id) as tracker:
             # one graph, so an array result is computed once for the summary and the store
-            computed = client.compute(collections, optimize_graph=plan.optimize_graph)
+            computed = client.compute(collections, optimize_graph=built.optimize_graph)
             # the computed futures stay held: the run's progress is found through them
             futures = [on_host(client, f) for f in computed]
             counts = wait_with_bar(futures, tracker, label=name, stream=progress)
@@ -160,7 +160,7 @@ def _compute(client, name, plan, collections, output, progress, workers):
     written, readback = 0, None
     if output is not None:
         written = stored_bytes(output)
-        readback = check_stored(client, plan, value, output)
+        readback = check_stored(client, built, value, output)
 
     return value, counts, wall, before, after, written, readback
 
@@ -222,15 +222,15 @@ def _os_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {_first_line(e)}"
 
 
-def check_stored(client, plan, value, path: str) -> dict:
+def check_stored(client, built, value, path: str) -> dict:
     """Read the store back on the workers and compare its float64 checksum with the one of
     the computed result: a store that holds other values (chunks lost, zeros) fails the
     run with :class:`OutputError`, and is removed."""
     import numpy as np
 
-    from spillway.workflows.zarr_io import open_array
+    from spillway.workflows.zarr.read import open_array
 
-    summary = plan.summarize(value)
+    summary = built.summarize(value)
     expected = summary.get("checksum")
     stored = open_array(path, "numpy")
     complex_result = np.issubdtype(stored.dtype, np.complexfloating)
@@ -268,16 +268,16 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def check(plan, value) -> dict:
-    if plan.reference is None:
-        return {"rel_error": None, "tolerance": plan.tolerance, "ok": None, "reference": "none"}
+def check(built, value) -> dict:
+    if built.reference is None:
+        return {"rel_error": None, "tolerance": built.tolerance, "ok": None, "reference": "none"}
     t0 = time.perf_counter()
-    expected, how = plan.reference(value)
-    err = relative_error(plan.checked(value), expected)
+    expected, how = built.reference(value)
+    err = relative_error(built.checked(value), expected)
     return {
         "rel_error": err,
-        "tolerance": plan.tolerance,
-        "ok": bool(err <= plan.tolerance),
+        "tolerance": built.tolerance,
+        "ok": bool(err <= built.tolerance),
         "reference": how,
         "reference_s": time.perf_counter() - t0,
     }

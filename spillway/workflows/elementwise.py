@@ -13,7 +13,7 @@ from . import inputs
 from .chunking import resolve_chunks
 from .params import Params, Target
 from .registry import Workflow, register
-from .results import REFERENCE_WHOLE_BYTES, footprint, scalar_plan
+from .results import REFERENCE_WHOLE_BYTES, footprint, scalar_run
 
 PARAMS = (*inputs.size_params((4000, 4000), (50000, 50000)), inputs.input_param())
 
@@ -44,7 +44,7 @@ def build(params: Params, target: Target):
     x = source.array
     chunk_bytes = int(np.prod(x.chunksize)) * x.dtype.itemsize
     fp = footprint(source.nbytes, 0, chunk_bytes, target.n_workers, temporaries=4)
-    return scalar_plan(total, reference=reference, footprint=fp, dtype=source.dtype, source=source, name="sum",
+    return scalar_run(total, reference=reference, footprint=fp, dtype=source.dtype, source=source, name="sum",
                        extra={"shape": list(source.shape), "input_dtype": source.dtype})
 
 

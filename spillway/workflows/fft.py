@@ -15,7 +15,7 @@ from .backend import module_of
 from .chunking import panel_rows, resolve_chunks
 from .params import Params, Target
 from .registry import Workflow, register
-from .results import FULL_CHECK_BYTES, array_plan, first_boundary, footprint, window
+from .results import FULL_CHECK_BYTES, array_run, first_boundary, footprint, window
 
 PARAMS = (*inputs.size_params((4096, 2048), (65536, 32768), what="Shape (transform length x columns)"),
           inputs.input_param())
@@ -57,7 +57,7 @@ def build(params: Params, target: Target):
 
     chunk_bytes = panels[0] * panels[1] * itemsize
     fp = footprint(source.nbytes, shape[0] * shape[1] * itemsize, chunk_bytes, target.n_workers, temporaries=4)
-    return array_plan(y, probe=y[:, cols], reference=reference, footprint=fp, source=source)
+    return array_run(y, probe=y[:, cols], reference=reference, footprint=fp, source=source)
 
 
 WORKFLOW = register(Workflow(

@@ -13,7 +13,7 @@ from . import inputs
 from .chunking import resolve_chunks
 from .params import Param, Params, Target
 from .registry import BYTES_PER_TASK, GraphSize, Workflow, input_chunks, register
-from .results import FULL_CHECK_BYTES, array_plan, footprint
+from .results import FULL_CHECK_BYTES, array_run, footprint
 
 COMMON = (*inputs.size_params((4000, 4000), (50000, 50000)), inputs.input_param())
 
@@ -41,7 +41,7 @@ def gather_index(n_rows: int, count: int, seed: int) -> np.ndarray:
     return rng.integers(0, n_rows, size=count or n_rows, dtype=np.int64)
 
 
-def _plan(source, result, rows: np.ndarray, target: Target, what: str):
+def _built_run(source, result, rows: np.ndarray, target: Target, what: str):
     """``rows[i]`` is the input row that result row ``i`` must equal."""
     n_out, n_cols = result.shape
     itemsize = result.dtype.itemsize
@@ -63,21 +63,21 @@ def _plan(source, result, rows: np.ndarray, target: Target, what: str):
     chunk_bytes = int(np.prod(source.array.chunksize)) * itemsize
     fp = footprint(source.nbytes, n_out * n_cols * itemsize, chunk_bytes, target.n_workers, temporaries=3)
     probe = result[picked] if len(picked) < n_out else result
-    return array_plan(result, probe=probe, reference=reference, footprint=fp, source=source)
+    return array_run(result, probe=probe, reference=reference, footprint=fp, source=source)
 
 
 def slice_build(params: Params, target: Target):
     source = inputs.open_source(params, target, _chunks(params, target))
     result = source.array[:: params.step]
     rows = np.arange(0, source.shape[0], params.step)
-    return _plan(source, result, rows, target, f"x[::{params.step}]")
+    return _built_run(source, result, rows, target, f"x[::{params.step}]")
 
 
 def gather_build(params: Params, target: Target):
     source = inputs.open_source(params, target, _chunks(params, target))
     index = gather_index(source.shape[0], params.count, params.seed)
     result = source.array[index]
-    return _plan(source, result, index, target, "x[index]")
+    return _built_run(source, result, index, target, "x[index]")
 
 
 SLICE = register(Workflow(

@@ -5,7 +5,7 @@ Three sources, one interface (:class:`Source`):
 * ``random``: the seeded generator of :mod:`.random`, whose values depend only on the seed
   and each element's position, never on chunks or workers;
 * a Zarr v3 array store named by path (the ``input`` parameter), read chunk by chunk by
-  the workers: on GPU workers straight into device memory (KvikIO; see :mod:`.zarr_io`);
+  the workers: on GPU workers straight into device memory (KvikIO; see :mod:`.zarr`);
 * an array handed over from Python: a dask array, a CuPy or NumPy array, or anything that
   exposes ``__cuda_array_interface__`` (Numba, PyTorch on CUDA) or DLPack. Device arrays
   are wrapped by CuPy, host arrays by NumPy, without a copy where the protocols allow.
@@ -207,10 +207,10 @@ def _zarr_meta(path: str, input_name: str):
 
 
 def _from_zarr(path: str, chunks, backend: str, input_name: str) -> Source:
-    from .zarr_io import open_array
+    from .zarr.read import open_array
 
     meta = _zarr_meta(path, input_name)
-    # on GPU workers each stored chunk is read into device memory (zarr_io), then rechunked there
+    # on GPU workers each stored chunk is read into device memory (zarr.read), then rechunked there
     stored = open_array(path, backend)
     array = stored.rechunk(chunks) if stored.chunksize != tuple(chunks) else stored
 

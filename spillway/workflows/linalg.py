@@ -20,7 +20,7 @@ from . import inputs
 from .chunking import panel_rows, resolve_chunks
 from .params import Param, Params, Target
 from .registry import Workflow, register
-from .results import FULL_CHECK_BYTES, REFERENCE_WHOLE_BYTES, array_plan, first_boundary, footprint, window
+from .results import FULL_CHECK_BYTES, REFERENCE_WHOLE_BYTES, array_run, first_boundary, footprint, window
 
 # --- matmul
 
@@ -68,11 +68,11 @@ def matmul_build(params: Params, target: Target):
 
     chunk_bytes = int(np.prod(z.chunksize)) * itemsize
     fp = footprint(xs.nbytes + ys.nbytes, n * m * itemsize, chunk_bytes, target.n_workers, temporaries=4)
-    plan = array_plan(z, probe=z[rows, cols], reference=reference, footprint=fp, source=xs)
-    plan.bytes_read += ys.bytes_read
-    plan.optimize_graph = not (xs.placed or ys.placed)
+    built = array_run(z, probe=z[rows, cols], reference=reference, footprint=fp, source=xs)
+    built.bytes_read += ys.bytes_read
+    built.optimize_graph = not (xs.placed or ys.placed)
     if ys.placed:
-        summarize = plan.summarize
+        summarize = built.summarize
 
         def summarize_both(value):
             out = summarize(value)
@@ -80,8 +80,8 @@ def matmul_build(params: Params, target: Target):
                                              for w in set(xs.placement) | set(ys.placement)}
             return out
 
-        plan.summarize = summarize_both
-    return plan
+        built.summarize = summarize_both
+    return built
 
 
 def matmul_graph(workflow, params: Params, target: Target):
@@ -172,8 +172,8 @@ def tsqr_build(params: Params, target: Target):
     def reference():
         return np.abs(reference_r(source)), "numpy float64 |R| of the input's QR"
 
-    return array_plan(q, probe=abs(r), reference=reference, footprint=_ts_footprint(source, chunks, target),
-                      source=source, extra=extra, more=(gram, reconstruction))
+    return array_run(q, probe=abs(r), reference=reference, footprint=_ts_footprint(source, chunks, target),
+                     source=source, extra=extra, more=(gram, reconstruction))
 
 
 def svd_build(params: Params, target: Target):
@@ -193,8 +193,8 @@ def svd_build(params: Params, target: Target):
         return np.linalg.svd(reference_r(source), compute_uv=False), \
             "numpy float64 singular values (of the input's R)"
 
-    return array_plan(u, probe=s, reference=reference, footprint=_ts_footprint(source, chunks, target),
-                      source=source, extra=extra, more=(s,))
+    return array_run(u, probe=s, reference=reference, footprint=_ts_footprint(source, chunks, target),
+                     source=source, extra=extra, more=(s,))
 
 
 TSQR = register(Workflow(

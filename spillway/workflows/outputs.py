@@ -2,7 +2,7 @@
 
 The store is created on the client (metadata only); each worker then writes the chunks
 it computed, so nothing passes through the client. How (uncompressed chunks; device
-chunks straight from GPU memory with KvikIO) is :mod:`.zarr_io`'s to decide.
+chunks straight from GPU memory with KvikIO) is :mod:`.zarr`'s to decide.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def check_path(path: str) -> str:
 
 def zarr_store(array, path: str):
     """A lazy dask collection that writes ``array`` to a Zarr v3 store at ``path``."""
-    from .zarr_io import store
+    from .zarr.write import store
 
     return store(array, check_path(path))
 

@@ -16,7 +16,7 @@ from . import inputs
 from .chunking import panel_rows
 from .params import Params, Target
 from .registry import BYTES_PER_TASK, GraphSize, Workflow, register
-from .results import FULL_CHECK_BYTES, array_plan, first_boundary, footprint, window
+from .results import FULL_CHECK_BYTES, array_run, first_boundary, footprint, window
 
 PARAMS = (
     *inputs.size_params((4000, 4000), (50000, 50000),
@@ -55,7 +55,7 @@ def build(params: Params, target: Target):
 
     chunk_bytes = row_panels[0] * row_panels[1] * itemsize
     fp = footprint(source.nbytes, source.nbytes, chunk_bytes, target.n_workers, temporaries=3)
-    return array_plan(y, probe=y[probe], reference=reference, footprint=fp, source=source)
+    return array_run(y, probe=y[probe], reference=reference, footprint=fp, source=source)
 
 
 def graph(workflow, params: Params, target: Target) -> GraphSize:

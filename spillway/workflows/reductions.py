@@ -16,7 +16,7 @@ from . import inputs
 from .chunking import resolve_chunks
 from .params import Param, Params, Target
 from .registry import Workflow, register
-from .results import REFERENCE_WHOLE_BYTES, footprint, scalar_plan
+from .results import REFERENCE_WHOLE_BYTES, footprint, scalar_run
 
 OPS = ("sum", "mean", "std", "histogram")
 
@@ -121,7 +121,7 @@ def build(params: Params, target: Target):
     result = compute(x, params)
     chunk_bytes = int(np.prod(x.chunksize)) * x.dtype.itemsize
     fp = footprint(source.nbytes, 0, chunk_bytes, target.n_workers, temporaries=2)
-    return scalar_plan(result, reference=lambda: reference(source, params), footprint=fp, source=source,
+    return scalar_run(result, reference=lambda: reference(source, params), footprint=fp, source=source,
                        dtype=source.dtype, name=params.op, extra={"shape": list(source.shape), "input_dtype": source.dtype})
 
 

@@ -1,7 +1,7 @@
 """The workflow registry: named, parameterised chunked-array workflows.
 
 A workflow declares its parameters and a ``build`` function that turns validated
-parameters into a lazy :class:`Plan` (a dask collection, its projected footprint and a
+parameters into a lazy :class:`BuiltRun` (a dask collection, its projected footprint and a
 reference check). Building computes nothing. The CLI, the HTTP service, notebooks and
 Slurm jobs all go through :func:`get` / :func:`catalogue` here.
 
@@ -114,8 +114,10 @@ class Footprint:
 
 
 @dataclass
-class Plan:
-    """A built (lazy) workflow run."""
+class BuiltRun:
+    """A workflow run as ``Workflow.build`` makes it: lazy, nothing computed yet.
+
+    (Not a plan: a :class:`spillway.service.launch.LaunchPlan` is how a cluster starts.)"""
 
     #: the dask collection (or collections) to compute
     result: Any
@@ -144,7 +146,7 @@ def described_bytes(workflow: "Workflow", params: Params) -> int | None:
     Zarr input's metadata, or an array handed over. None where they describe none (a
     workflow without those parameters, or values that do not parse: their own error says so).
 
-    Every built-in plan holds its input whole, so this is a floor under its footprint.
+    Every built-in workflow's run holds its input whole, so this is a floor under its footprint.
     """
     names = {p.name: p.kind for p in workflow.params}
     if names.get("size") != "size" or names.get("dtype") != "dtype":
@@ -166,13 +168,13 @@ class Workflow:
     name: str
     description: str
     params: tuple[Param, ...]
-    build: Callable[[Params, Target], Plan]
+    build: Callable[[Params, Target], BuiltRun]
     #: cross-parameter checks (chunks larger than the array, ...) raising ParamError
     check: Callable[[Params, Target], None] | None = None
     #: names of the inputs a Python caller may hand over as arrays instead of generating them
     array_inputs: tuple[str, ...] = ()
     #: (workflow, params) -> bytes the parameters alone say the run holds, or None; a floor
-    #: under the built plan's footprint (see :func:`described_bytes`, the default)
+    #: under the built run's footprint (see :func:`described_bytes`, the default)
     data_bytes: Callable[["Workflow", Params], int | None] = described_bytes
     #: (workflow, params, target) -> the :class:`GraphSize` the parameters describe, or None
     #: (see :func:`graph_size`, the default); past the limits, the run is refused before
@@ -261,8 +263,8 @@ class Workflow:
     def plan(
         self, raw: Mapping[str, Any] | None, target: Target | None = None, arrays: Mapping[str, Any] | None = None,
         *, fits: Callable[[Footprint], object] | None = None,
-    ) -> tuple[Params, Plan]:
-        """Validate and build: a lazy :class:`Plan`; nothing is computed. ``fits`` as in
+    ) -> tuple[Params, BuiltRun]:
+        """Validate and build: a lazy :class:`BuiltRun`; nothing is computed. ``fits`` as in
         :meth:`validate`."""
         target = target or Target()
         params = self.validate(raw, target, arrays, fits=fits)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .backend import to_numpy
-from .registry import TOLERANCE, Footprint, Plan
+from .registry import TOLERANCE, BuiltRun, Footprint
 
 #: results up to this size are compared whole with the reference
 FULL_CHECK_BYTES = 64 * 2**20
@@ -43,7 +43,7 @@ def nbytes(shape, dtype) -> int:
     return int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
 
 
-def array_plan(
+def array_run(
     result,
     *,
     probe,
@@ -52,8 +52,8 @@ def array_plan(
     source=None,
     extra: Callable[[tuple], dict] | None = None,
     more: tuple = (),
-) -> Plan:
-    """A plan whose result is the array ``result``; ``probe`` is the lazy region of it
+) -> BuiltRun:
+    """A built run whose result is the array ``result``; ``probe`` is the lazy region of it
     that ``reference()`` recomputes in NumPy float64. ``more`` are further lazy values
     computed in the same graph, handed to ``extra`` for the summary."""
     complex_result = np.issubdtype(result.dtype, np.complexfloating)
@@ -72,7 +72,7 @@ def array_plan(
         out.update(placement_summary(source))
         return out
 
-    return Plan(
+    return BuiltRun(
         result=(checksum, probe, *more),
         footprint=footprint,
         summarize=summarize,
@@ -92,8 +92,8 @@ def placement_summary(source) -> dict:
     return {"input_bytes_per_worker": dict(source.placement)}
 
 
-def scalar_plan(result, *, reference, footprint: Footprint, dtype, source=None, name="value", extra=None) -> Plan:
-    """A plan whose result is a small array or scalar compared whole with the reference;
+def scalar_run(result, *, reference, footprint: Footprint, dtype, source=None, name="value", extra=None) -> BuiltRun:
+    """A built run whose result is a small array or scalar compared whole with the reference;
     ``dtype`` is the precision it was computed in (sets the tolerance)."""
 
     def summarize(value) -> dict:
@@ -107,7 +107,7 @@ def scalar_plan(result, *, reference, footprint: Footprint, dtype, source=None, 
         out.update(placement_summary(source))
         return out
 
-    return Plan(
+    return BuiltRun(
         result=result,
         footprint=footprint,
         summarize=summarize,

@@ -22,7 +22,7 @@ from .backend import module_of
 from .chunking import resolve_chunks
 from .params import Param, Params, Target
 from .registry import Workflow, register
-from .results import FULL_CHECK_BYTES, array_plan, footprint, window
+from .results import FULL_CHECK_BYTES, array_run, footprint, window
 
 PARAMS = (
     Param("ndim", "choice", "Dimensions of the array", default=2, choices=(2, 3)),
@@ -90,7 +90,7 @@ def build(params: Params, target: Target):
 
     halo_chunk = int(np.prod([c + 2 * depth for c in chunks])) * itemsize
     fp = footprint(source.nbytes, source.nbytes, halo_chunk, target.n_workers, temporaries=4)
-    return array_plan(y, probe=y[rows], reference=reference, footprint=fp, source=source)
+    return array_run(y, probe=y[rows], reference=reference, footprint=fp, source=source)
 
 
 WORKFLOW = register(Workflow(

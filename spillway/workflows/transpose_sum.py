@@ -14,7 +14,7 @@ from . import inputs
 from .chunking import resolve_chunks
 from .params import Params, Target
 from .registry import Workflow, register
-from .results import REFERENCE_WHOLE_BYTES, footprint, scalar_plan
+from .results import REFERENCE_WHOLE_BYTES, footprint, scalar_run
 
 #: largest input the NumPy float64 reference regenerates whole on the client
 REFERENCE_LIMIT_BYTES = 2 * 2**30
@@ -53,7 +53,7 @@ def build(params: Params, target: Target):
     chunk_bytes = chunks[0] * chunks[1] * x.dtype.itemsize
     # the input, plus per worker a received mirror chunk and the sum's temporary
     fp = footprint(source.nbytes, 0, chunk_bytes, target.n_workers, temporaries=2)
-    return scalar_plan(total, reference=reference, footprint=fp, dtype=source.dtype, source=source, name="sum",
+    return scalar_run(total, reference=reference, footprint=fp, dtype=source.dtype, source=source, name="sum",
                        extra={"shape": list(shape), "chunks": list(chunks), "dtype": source.dtype})
 
 

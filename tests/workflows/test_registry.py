@@ -162,11 +162,11 @@ def test_other_packages_add_workflows_through_entry_points(tmp_path, monkeypatch
     from spillway.workflows import registry
 
     (tmp_path / "extra_workflows.py").write_text(
-        "from spillway.workflows import Workflow, Plan, Footprint, Param\n"
+        "from spillway.workflows import Workflow, BuiltRun, Footprint, Param\n"
         "def build(params, target):\n"
         "    import dask.array as da\n"
-        "    return Plan(result=da.ones(params.n, chunks=10).sum(), footprint=Footprint(8, 8),\n"
-        "                summarize=lambda v: {'sum': float(v)})\n"
+        "    return BuiltRun(result=da.ones(params.n, chunks=10).sum(), footprint=Footprint(8, 8),\n"
+        "                    summarize=lambda v: {'sum': float(v)})\n"
         "WORKFLOW = Workflow(name='ones-sum', description='sum of ones', build=build,\n"
         "                    params=(Param('n', 'int', 'length', default=30, minimum=1),))\n"
     )

@@ -52,9 +52,9 @@ def _ndbuffer(dask_worker=None):
 
 
 def test_gpu_workers_give_zarr_the_host_buffer(cluster):
-    from spillway.workflows import zarr_buffers
+    from spillway.workflows.zarr import buffers
 
-    assert set(cluster.client.run(_ndbuffer).values()) == {zarr_buffers.QUALNAME}
+    assert set(cluster.client.run(_ndbuffer).values()) == {buffers.QUALNAME}
 
 
 def test_da_to_zarr_of_cupy_chunks_writes_on_the_cluster(cluster, tmp_path):
@@ -122,18 +122,20 @@ def test_sharded_zstd_decodes_on_the_gpu_to_zarrs_bits(tmp_path):
     pytest.importorskip("nvidia.nvcomp")
     import zarr
 
-    from spillway.workflows import zarr_io
+    from spillway.workflows.zarr.chunk_files import SHARDED, chunk_files_of
+    from spillway.workflows.zarr.counters import decode_counters
+    from spillway.workflows.zarr.read import open_array
 
     data = np.round(250 + 10 * np.random.default_rng(3).standard_normal(SHAPE), 2).astype(np.float32)
     data[:10] = 0  # ten days of fill: inner chunks not stored
     z = zarr.create_array(store=str(tmp_path / "s.zarr"), shape=SHAPE, chunks=(1, 96, 128), shards=CHUNKS,
                           dtype="float32", zarr_format=3)
     z[...] = data
-    layout = zarr_io.layout_of(z)
-    assert layout.encoding == zarr_io.SHARDED and layout.gpu_decodes()
-    before = zarr_io.decode_counters()["gpu"]
-    got = zarr_io.open_array(str(tmp_path / "s.zarr"), "cupy").compute(scheduler="threads")
-    after = zarr_io.decode_counters()["gpu"]
+    files = chunk_files_of(z)
+    assert files.encoding == SHARDED and files.gpu_decodes()
+    before = decode_counters()["gpu"]
+    got = open_array(str(tmp_path / "s.zarr"), "cupy").compute(scheduler="threads")
+    after = decode_counters()["gpu"]
     assert isinstance(got, cupy.ndarray) and cupy.asnumpy(got).tobytes() == z[...].tobytes()
     assert after["frames"] - before["frames"] == SHAPE[0] - 10
     assert after["bytes"] - before["bytes"] == (SHAPE[0] - 10) * 96 * 128 * 4
@@ -146,12 +148,12 @@ def test_nvcomp_batch_decode_equals_numcodecs():
     pytest.importorskip("nvidia.nvcomp")
     import numcodecs
 
-    from spillway.workflows import zarr_io
+    from spillway.workflows.zarr.device_io import KvikIO
 
     rng = np.random.default_rng(4)
     chunks = [np.round(rng.standard_normal(n), 2).astype(np.float32) for n in (1, 1000, 2**16, 2**20, 3 * 2**20)]
     frames = [cupy.asarray(np.frombuffer(numcodecs.Zstd(level=3).encode(c), np.uint8)) for c in chunks]
     outs = [cupy.empty(c.nbytes, cupy.uint8) for c in chunks]
-    zarr_io.KvikIO().decode_zstd(frames, outs)
+    KvikIO().decode_zstd(frames, outs)
     for out, chunk in zip(outs, chunks):
         assert cupy.asnumpy(out).tobytes() == chunk.tobytes()

@@ -8,11 +8,11 @@ uniform numbers kept to 0.001, as stored records keep a fixed precision (so that
 something to compress, as it has in real data). Two stores are written from the same
 chunks and read back, each in turn (so the disk holds one at a time):
 
-* ``uncompressed``: spillway's own output path (:mod:`spillway.workflows.zarr_io`: uncompressed
+* ``uncompressed``: spillway's own output path (:mod:`spillway.workflows.zarr`: uncompressed
   chunks, written from device memory with KvikIO on GPU workers);
 * ``zstd``: what GPU reads of compressed data want, through the user's path (dask's
   ``store`` into a zarr array, zarr's CPU zstd encoder; CuPy chunks reach zarr through
-  :mod:`spillway.workflows.zarr_buffers`): shards of 365 days, each day cut into bands of rows of
+  :mod:`spillway.workflows.zarr.buffers`): shards of 365 days, each day cut into bands of rows of
   at most 1 MiB, each band an inner chunk of its own zstd frame, so a shard is thousands
   of frames that nvCOMP decodes in one batch.
 

@@ -38,7 +38,7 @@ def fingerprint(array):
 
 
 def io_path(dask_worker=None) -> dict:
-    from spillway.workflows import zarr_io
+    from spillway.workflows import zarr as zarr_io
 
     return zarr_io.describe()
 
@@ -96,7 +96,8 @@ def measure_zarr(zarr_run: ZarrRun, client, directory: str, *, log: Callable[[st
     import dask.array as da
     from distributed import wait
 
-    from spillway.workflows import random, zarr_io
+    from spillway.workflows import random
+    from spillway.workflows import zarr as zarr_io
     from spillway.workflows.backend import backend_for
 
     from ..measure import synchronize_device, wait_released

@@ -41,16 +41,16 @@ def _param_error(field: str, message: str) -> RequestValidationError:
                                     "type": "value_error", "input": None}])
 
 
-def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
-    """The ASGI app over ``store`` (a :class:`spillway.service.store.Store`) and ``scheduler``
+def create_app(jobdb, scheduler, *, title: str = "spillway") -> FastAPI:
+    """The ASGI app over ``jobdb`` (a :class:`spillway.service.jobdb.JobDB`) and ``scheduler``
     (a :class:`spillway.service.jobs.JobScheduler` bound to the cluster session)."""
     from spillway import workflows
     app = FastAPI(title=title, version="1", description=__doc__,
                   openapi_tags=[{"name": "jobs"}, {"name": "catalogue"}, {"name": "service"}])
-    app.state.store = store
+    app.state.jobdb = jobdb
     app.state.scheduler = scheduler
     JobRequest = schemas.job_request_model(workflows.names())
-    registry = metrics_registry(store, scheduler)
+    registry = metrics_registry(jobdb, scheduler)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
@@ -83,7 +83,7 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
         if footprint > tenant["max_job_bytes"]:
             raise _param_error("params", f"projected footprint {format_bytes(footprint)} exceeds this "
                                          f"tenant's limit of {format_bytes(tenant['max_job_bytes'])} per job")
-        job, created = store.submit(tenant, workflow=body.workflow, params=body.params, verify=body.verify,
+        job, created = jobdb.submit(tenant, workflow=body.workflow, params=body.params, verify=body.verify,
                                     priority=body.priority, idempotency_key=key, footprint_bytes=footprint,
                                     output=body.output)
         if created:
@@ -100,10 +100,10 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
     @app.get("/jobs", response_model=schemas.JobList, tags=["jobs"], responses=AUTH)
     def list_jobs(tenant: Tenant, query: Annotated[schemas.JobQuery, Query()]):
         """This tenant's jobs (every tenant's for an admin), newest first."""
-        return {"jobs": store.jobs(tenant, state=query.state, limit=query.limit, offset=query.offset)}
+        return {"jobs": jobdb.jobs(tenant, state=query.state, limit=query.limit, offset=query.offset)}
 
     def _job(job_id: str, tenant: dict) -> dict:
-        job = store.job(job_id, tenant)
+        job = jobdb.job(job_id, tenant)
         if job is None:
             raise HTTPException(404, f"job {job_id!r} not found")
         return job
@@ -118,7 +118,7 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
     def cancel(job_id: str, tenant: Tenant):
         """Cancel a job: a queued one at once; a running one has its tasks stopped and its
         memory freed (its state turns cancelled when that is done). Finished jobs stay."""
-        job = store.request_cancel(job_id, tenant)
+        job = jobdb.request_cancel(job_id, tenant)
         if job is None:
             raise HTTPException(404, f"job {job_id!r} not found")
         return job
@@ -128,7 +128,7 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
     def result(job_id: str, tenant: Tenant):
         """The result summary and run report of a finished job, and where its Zarr output is."""
         job = _job(job_id, tenant)
-        report = store.report(job_id)
+        report = jobdb.report(job_id)
         if report is None:
             raise HTTPException(409, f"job {job_id} is {job['state']}; a result exists once it is done")
         return {"id": job_id, "state": job["state"], "summary": report.get("result") or {},
@@ -139,7 +139,7 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
     def logs(job_id: str, tenant: Tenant):
         """What happened to the job, line by line."""
         _job(job_id, tenant)
-        return {"id": job_id, "lines": store.logs(job_id)}
+        return {"id": job_id, "lines": jobdb.logs(job_id)}
 
     @app.get("/workflows", response_model=list[schemas.Workflow], tags=["catalogue"], responses=AUTH)
     def catalogue(tenant: Tenant) -> list[dict[str, Any]]:
@@ -149,7 +149,7 @@ def create_app(store, scheduler, *, title: str = "spillway") -> FastAPI:
     @app.get("/healthz", response_model=schemas.Health, tags=["service"])
     def healthz():
         """Liveness: the database answers and the cluster has workers."""
-        counts = store.counts()
+        counts = jobdb.counts()
         return {"status": "ok", "kind": scheduler.session.kind, "workers": scheduler.session.n_workers,
                 "queued": counts["queued"], "running": counts["running"]}
 

@@ -13,7 +13,7 @@ UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}
 def current_tenant(request: Request, credentials: HTTPAuthorizationCredentials | None) -> dict:
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise HTTPException(401, "missing bearer token (Authorization: Bearer <token>)", headers=UNAUTHORIZED)
-    tenant = request.app.state.store.tenant_for_token(credentials.credentials)
+    tenant = request.app.state.jobdb.tenant_for_token(credentials.credentials)
     if tenant is None:
         raise HTTPException(401, "invalid or revoked token", headers=UNAUTHORIZED)
     return tenant

@@ -1,4 +1,4 @@
-"""Prometheus metrics, collected when scraped from the store and the workers."""
+"""Prometheus metrics, collected when scraped from the job database and the workers."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ def _device_memory(dask_worker):
 
 
 class ServiceCollector:
-    """Reads the queue from the store and memory and spills from the workers; worker
+    """Reads the queue from the job database and memory and spills from the workers; worker
     readings are cached a few seconds so frequent scrapes do not load the cluster."""
 
-    def __init__(self, store, scheduler, cache_s: float = 2.0):
-        self.store = store
+    def __init__(self, jobdb, scheduler, cache_s: float = 2.0):
+        self.jobdb = jobdb
         self.scheduler = scheduler
         self.cache_s = cache_s
         self._cached = (0.0, {}, {})
@@ -52,7 +52,7 @@ class ServiceCollector:
             return snaps, devices
 
     def collect(self):
-        counts = self.store.counts()
+        counts = self.jobdb.counts()
         yield GaugeMetricFamily("spillway_queue_depth", "Jobs waiting to start", value=counts["queued"])
         jobs = GaugeMetricFamily("spillway_jobs", "Jobs by state", labels=["state"])
         for state, n in counts.items():
@@ -61,7 +61,7 @@ class ServiceCollector:
         yield GaugeMetricFamily("spillway_capacity_bytes", "Memory the scheduler admits jobs against",
                                 value=self.scheduler.capacity_bytes)
         yield CounterMetricFamily("spillway_job_spilled_bytes", "Bytes spilled by finished jobs",
-                                  value=self.store.spilled_total())
+                                  value=self.jobdb.spilled_total())
         snaps, devices = self._workers()
         memory = GaugeMetricFamily("spillway_worker_memory_bytes",
                                    "Memory a worker holds (RMM bytes on GPUs, RSS on CPUs)",
@@ -85,9 +85,9 @@ class ServiceCollector:
         yield total
 
 
-def metrics_registry(store, scheduler) -> CollectorRegistry:
+def metrics_registry(jobdb, scheduler) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(ServiceCollector(store, scheduler))
+    registry.register(ServiceCollector(jobdb, scheduler))
     return registry
 
 

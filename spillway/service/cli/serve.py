@@ -42,10 +42,10 @@ def service_cluster_options(func):
     return wrapper
 
 
-def open_store(state_dir, db):
-    from ..store import Store
+def open_jobdb(state_dir, db):
+    from ..jobdb import JobDB
 
-    return Store.open(state_dir, db)
+    return JobDB.open(state_dir, db)
 
 
 @click.command(context_settings=CONTEXT)
@@ -94,15 +94,15 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     if not https_cert and http_host not in LOOPBACK:
         click.echo(f"spillway: warning: plain HTTP on {http_host}: tokens cross the network in clear; "
                    "use --https-cert/--https-key or a TLS proxy", err=True)
-    store = open_store(state_dir, db)
+    jobdb = open_jobdb(state_dir, db)
     results = Path(results_dir or Path(state_dir).expanduser() / "results").expanduser()
     results.mkdir(parents=True, exist_ok=True)
     with open_cluster(options) as session:
         _write_owner_file(session, Path(state_dir).expanduser())
-        scheduler = JobScheduler(store, session, results_dir=str(results.resolve()), input_roots=data_dirs)
+        scheduler = JobScheduler(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
         scheduler.start()
         try:
-            app = create_app(store, scheduler)
+            app = create_app(jobdb, scheduler)
             scheme = "https" if https_cert else "http"
             click.echo(f"serving {scheme}://{http_host}:{port}  ({session.n_workers} {session.kind} workers, "
                        f"scheduler {session.scheduler_address})", err=True)
@@ -110,7 +110,7 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
                         log_level="warning", access_log=False)
         finally:
             scheduler.stop()
-            store.close()
+            jobdb.close()
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -171,12 +171,12 @@ def tenant_add(name, admin, priority, max_running, max_job_bytes, state_dir, db)
         limit = parse_size(max_job_bytes, name="max-job-bytes", minimum=1)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--max-job-bytes") from None
-    store = open_store(state_dir, db)
+    jobdb = open_jobdb(state_dir, db)
     try:
-        info, token = store.add_tenant(name, admin=admin, priority=priority, max_running=max_running,
+        info, token = jobdb.add_tenant(name, admin=admin, priority=priority, max_running=max_running,
                                        max_job_bytes=limit)
     finally:
-        store.close()
+        jobdb.close()
     click.echo(f"tenant {info['name']} added (admin={str(info['admin']).lower()}, priority={info['priority']}, "
                f"max-running={info['max_running']}, max-job-bytes={info['max_job_bytes']}); "
                "its token, shown only now:")
@@ -189,11 +189,11 @@ def tenant_add(name, admin, priority, max_running, max_job_bytes, state_dir, db)
 @fail_cleanly
 def tenant_list(as_json, state_dir, db):
     """List tenants (never their tokens)."""
-    store = open_store(state_dir, db)
+    jobdb = open_jobdb(state_dir, db)
     try:
-        rows = store.tenants()
+        rows = jobdb.tenants()
     finally:
-        store.close()
+        jobdb.close()
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -209,9 +209,9 @@ def tenant_list(as_json, state_dir, db):
 @fail_cleanly
 def tenant_revoke(name, state_dir, db):
     """Revoke tenant NAME's token at once (its jobs stay readable to an admin)."""
-    store = open_store(state_dir, db)
+    jobdb = open_jobdb(state_dir, db)
     try:
-        store.revoke_tenant(name)
+        jobdb.revoke_tenant(name)
     finally:
-        store.close()
+        jobdb.close()
     click.echo(f"tenant {name} revoked")

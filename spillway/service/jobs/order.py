@@ -17,7 +17,7 @@ from collections import Counter
 def next_job(queued: list[dict], running: list[dict], capacity_bytes: int) -> dict | None:
     """The job to start now, or None. ``queued`` rows carry ``tenant_id``,
     ``tenant_priority``, ``tenant_max_running`` and ``tenant_revoked`` (see
-    :meth:`spillway.service.store.Store.queued`); ``running`` rows carry ``tenant_id``."""
+    :meth:`spillway.service.jobdb.JobDB.queued`); ``running`` rows carry ``tenant_id``."""
     per_tenant = Counter(j["tenant_id"] for j in running)
     used = sum(j["footprint_bytes"] for j in running)
     waiting = [j for j in queued

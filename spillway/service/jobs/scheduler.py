@@ -20,7 +20,7 @@ from ..errors import ParamError
 from ..memory.admission import admit, cluster_capacity
 from ..progress import client_progress
 from ..runner import run_workflow, target_of
-from ..store import Store
+from ..jobdb import JobDB
 from .order import next_job
 
 logger = logging.getLogger("spillway.jobs")
@@ -34,12 +34,12 @@ class _Running:
 
 
 class JobScheduler:
-    """Runs the queue kept in ``store`` on ``session`` (a :class:`spillway.service.launch.Session`)."""
+    """Runs the queue kept in ``jobdb`` on ``session`` (a :class:`spillway.service.launch.Session`)."""
 
-    def __init__(self, store: Store, session, *, results_dir: str | None = None,
+    def __init__(self, jobdb: JobDB, session, *, results_dir: str | None = None,
                  input_roots: tuple[str, ...] = (), poll_s: float = 0.25,
                  client_factory: Callable[[], object] | None = None):
-        self.store = store
+        self.jobdb = jobdb
         self.session = session
         self.poll_s = poll_s
         self.client_factory = client_factory or self._new_client
@@ -82,11 +82,11 @@ class JobScheduler:
                 self._check_input(p.name, value)
         # a size the cluster cannot hold is refused for that, in bytes, before any other
         # check of the parameters
-        _, plan = spec.plan(params, self.target, fits=lambda floor: admit(workflow, floor, self.tiers))
-        if output and plan.array is None:
+        _, built = spec.plan(params, self.target, fits=lambda floor: admit(workflow, floor, self.tiers))
+        if output and built.array is None:
             raise ParamError(f"output: {workflow} has no array result to write (its result is a summary)")
-        admit(workflow, plan.footprint, self.tiers)
-        return int(plan.footprint.total_bytes)
+        admit(workflow, built.footprint, self.tiers)
+        return int(built.footprint.total_bytes)
 
     def _check_input(self, name: str, value) -> None:
         """Tenants read Zarr inputs only inside the service's data directories, so a job
@@ -108,7 +108,7 @@ class JobScheduler:
         # load the catalogue here, once: job threads starting together must not each
         # trigger (and race) the registry's first import
         workflows.names()
-        requeued = self.store.recover()
+        requeued = self.jobdb.recover()
         if requeued:
             logger.warning("requeued %d job(s) that were running when the service stopped", len(requeued))
         self._thread = threading.Thread(target=self._loop, name="spillway-jobs", daemon=True)
@@ -120,7 +120,7 @@ class JobScheduler:
         with self._lock:
             running = list(self._running.values())
         for r in running:
-            # the jobs stay "running" in the store and run again on the next start
+            # the jobs stay "running" in the job database and run again on the next start
             try:
                 r.client.close()
             except Exception:
@@ -153,11 +153,11 @@ class JobScheduler:
         while not self._stop.is_set():
             with self._lock:
                 ours = set(self._running)
-            running = [j for j in self.store.running() if j["id"] in ours]
-            job = next_job(self.store.queued(), running, self.capacity_bytes)
+            running = [j for j in self.jobdb.running() if j["id"] in ours]
+            job = next_job(self.jobdb.queued(), running, self.capacity_bytes)
             if job is None:
                 return
-            if not self.store.start(job["id"], f"started (attempt {job['attempts'] + 1}) on "
+            if not self.jobdb.start(job["id"], f"started (attempt {job['attempts'] + 1}) on "
                                                f"{self.session.n_workers} {self.session.kind} workers"):
                 continue
             thread = threading.Thread(target=self._execute, args=(job,), name=f"job-{job['id'][:8]}",
@@ -196,11 +196,11 @@ class JobScheduler:
         else:
             done.set()
             for worker in report.get("workers_lost") or ():
-                self.store.log(job_id, lost_line(worker))
+                self.jobdb.log(job_id, lost_line(worker))
             # a cancel accepted while the last tasks finished still ends the job cancelled:
-            # the 200 it answered promised that. The store finishes the job only if no cancel
-            # was accepted, in one UPDATE, so a cancel landing after any check made here
-            # cannot be overtaken by done.
+            # the 200 it answered promised that. The job database finishes the job only if no
+            # cancel was accepted, in one UPDATE, so a cancel landing after any check made
+            # here cannot be overtaken by done.
             finished = False
             if not entry.cancelled:
                 verify = report.get("verify")
@@ -213,7 +213,7 @@ class JobScheduler:
                     finished = self._finish(job_id, "done", line=f"done in {report['wall_s']:.3f} s "
                                             f"({report['tasks']} tasks)", report=report, unless_cancelled=True)
             if not finished and not self._stop.is_set() and (entry.cancelled
-                                                             or self.store.cancel_requested(job_id)):
+                                                             or self.jobdb.cancel_requested(job_id)):
                 if report.get("output"):
                     from spillway.workflows.outputs import remove_output
 
@@ -230,26 +230,26 @@ class JobScheduler:
             self._wake.set()
 
     def _finish(self, job_id, state, *, line, error=None, report=None, unless_cancelled=False) -> bool:
-        """Record the job's end (see :meth:`Store.finish`); False where it was not recorded."""
+        """Record the job's end (see :meth:`JobDB.finish`); False where it was not recorded."""
         if self._stop.is_set():
             return False
-        return self.store.finish(job_id, state, line=line, error=error, report=report,
+        return self.jobdb.finish(job_id, state, line=line, error=error, report=report,
                                  wall_s=report.get("wall_s") if report else None,
                                  bytes_spilled=int(report.get("bytes_spilled") or 0) if report else 0,
                                  tasks=report.get("tasks") if report else None, unless_cancelled=unless_cancelled)
 
     def _watch(self, job_id: str, client, entry: _Running, done: threading.Event):
-        """Copy the job's progress to the store and act on a cancel request."""
+        """Copy the job's progress to the job database and act on a cancel request."""
         while not done.wait(0.5):
             try:
                 # asked again each time: a cancel that lands before the job's graph
                 # reaches the scheduler must still catch its futures
-                if entry.cancelled or self.store.cancel_requested(job_id):
+                if entry.cancelled or self.jobdb.cancel_requested(job_id):
                     entry.cancelled = True
                     self._cancel(client)
                 counts = client.run_on_scheduler(client_progress, client.id)
                 if counts:
-                    self.store.progress(job_id, counts.get("done", 0), counts.get("total", 0))
+                    self.jobdb.progress(job_id, counts.get("done", 0), counts.get("total", 0))
             except Exception:
                 if done.is_set():
                     return

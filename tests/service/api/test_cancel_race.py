@@ -1,7 +1,7 @@
 """A cancel accepted (answered with ``cancel_requested: true``) while a job's last tasks
 finish ends the job cancelled and removes its output, never ``done``: the job runner on a
-real CPU cluster and a real store, with the cancel placed at the two points of the race
-(after the run returned; after the runner's last look at the store, before it records done)."""
+real CPU cluster and a real job database, with the cancel placed at the two points of the race
+(after the run returned; after the runner's last look at the job database, before it records done)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import spillway.service.jobs.scheduler as scheduler_module
 from spillway.service.jobs.scheduler import JobScheduler
 from spillway.service.launch import open_cluster
 from spillway.service.options import Options
-from spillway.service.store import Store
+from spillway.service.jobdb import JobDB
 
 JOB = {"workflow": "slice", "params": {"size": [400, 400], "chunks": [100, 100], "step": 1}, "verify": True,
        "priority": 0, "idempotency_key": None, "footprint_bytes": 1, "output": True}
@@ -27,32 +27,32 @@ def session():
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'jobs.db'}")
+def jobdb(tmp_path):
+    s = JobDB(f"sqlite:///{tmp_path / 'jobs.db'}")
     yield s
     s.close()
 
 
-def _final(store: Store, job_id: str, timeout: float = 60) -> dict:
+def _final(jobdb: JobDB, job_id: str, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        job = store.job(job_id)
+        job = jobdb.job(job_id)
         if job["state"] not in ("queued", "running"):
             return job
         time.sleep(0.1)
-    raise AssertionError(f"job {job_id} did not finish in {timeout} s: {store.job(job_id)}; {store.logs(job_id)}")
+    raise AssertionError(f"job {job_id} did not finish in {timeout} s: {jobdb.job(job_id)}; {jobdb.logs(job_id)}")
 
 
-def _run(store: Store, session, tmp_path) -> tuple[dict, JobScheduler]:
-    tenant, _ = store.add_tenant("ann")
-    job, _ = store.submit(tenant, **JOB)
-    sched = JobScheduler(store, session, results_dir=str(tmp_path / "results"), poll_s=0.05)
+def _run(jobdb: JobDB, session, tmp_path) -> tuple[dict, JobScheduler]:
+    tenant, _ = jobdb.add_tenant("ann")
+    job, _ = jobdb.submit(tenant, **JOB)
+    sched = JobScheduler(jobdb, session, results_dir=str(tmp_path / "results"), poll_s=0.05)
     os.makedirs(sched.results_dir, exist_ok=True)
     return job, sched
 
 
-def test_cancel_accepted_after_the_run_returned_ends_cancelled(session, store, tmp_path, monkeypatch):
-    job, sched = _run(store, session, tmp_path)
+def test_cancel_accepted_after_the_run_returned_ends_cancelled(session, jobdb, tmp_path, monkeypatch):
+    job, sched = _run(jobdb, session, tmp_path)
     answers = []
     real_run = scheduler_module.run_workflow
 
@@ -60,53 +60,53 @@ def test_cancel_accepted_after_the_run_returned_ends_cancelled(session, store, t
         report = real_run(*args, **kwargs)
         # every task is done and the output written; the tenant's cancel arrives now
         assert os.path.isdir(report["output"])
-        answers.append(store.request_cancel(job["id"]))
+        answers.append(jobdb.request_cancel(job["id"]))
         return report
 
     monkeypatch.setattr(scheduler_module, "run_workflow", run_then_cancel)
     sched.start()
     try:
-        end = _final(store, job["id"])
+        end = _final(jobdb, job["id"])
     finally:
         sched.stop()
     assert answers and answers[0]["state"] == "running" and answers[0]["cancel_requested"] is True
-    assert end["state"] == "cancelled", (end, store.logs(job["id"]))
-    assert store.report(job["id"]) is None
+    assert end["state"] == "cancelled", (end, jobdb.logs(job["id"]))
+    assert jobdb.report(job["id"]) is None
     assert not os.path.exists(sched.output_path(job["id"]))
-    assert store.logs(job["id"])[-1]["line"] == "cancelled: the run had finished; its result was discarded"
+    assert jobdb.logs(job["id"])[-1]["line"] == "cancelled: the run had finished; its result was discarded"
 
 
-def test_cancel_accepted_just_before_done_is_recorded_ends_cancelled(session, store, tmp_path, monkeypatch):
-    job, sched = _run(store, session, tmp_path)
+def test_cancel_accepted_just_before_done_is_recorded_ends_cancelled(session, jobdb, tmp_path, monkeypatch):
+    job, sched = _run(jobdb, session, tmp_path)
     answers = []
-    real_finish = store.finish
+    real_finish = jobdb.finish
 
     def cancel_then_finish(job_id, state, **kwargs):
-        # the runner has looked at the store for a cancel and found none; the tenant's
+        # the runner has looked at the job database for a cancel and found none; the tenant's
         # cancel lands between that look and the write of the job's end
         if state == "done" and not answers:
-            answers.append(store.request_cancel(job_id))
+            answers.append(jobdb.request_cancel(job_id))
         return real_finish(job_id, state, **kwargs)
 
-    monkeypatch.setattr(store, "finish", cancel_then_finish)
+    monkeypatch.setattr(jobdb, "finish", cancel_then_finish)
     sched.start()
     try:
-        end = _final(store, job["id"])
+        end = _final(jobdb, job["id"])
     finally:
         sched.stop()
     assert answers and answers[0]["state"] == "running" and answers[0]["cancel_requested"] is True
-    assert end["state"] == "cancelled", (end, store.logs(job["id"]))
+    assert end["state"] == "cancelled", (end, jobdb.logs(job["id"]))
     assert not os.path.exists(sched.output_path(job["id"]))
 
 
-def test_cancel_after_done_is_answered_as_done(session, store, tmp_path):
-    job, sched = _run(store, session, tmp_path)
+def test_cancel_after_done_is_answered_as_done(session, jobdb, tmp_path):
+    job, sched = _run(jobdb, session, tmp_path)
     sched.start()
     try:
-        end = _final(store, job["id"])
+        end = _final(jobdb, job["id"])
     finally:
         sched.stop()
-    assert end["state"] == "done", (end, store.logs(job["id"]))
-    answer = store.request_cancel(job["id"])
+    assert end["state"] == "done", (end, jobdb.logs(job["id"]))
+    answer = jobdb.request_cancel(job["id"])
     assert answer["state"] == "done" and answer["cancel_requested"] is False
     assert os.path.isdir(sched.output_path(job["id"]))

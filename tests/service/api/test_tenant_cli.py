@@ -7,7 +7,7 @@ import os
 
 from serve_helpers import spillway
 
-from spillway.service.store import Store
+from spillway.service.jobdb import JobDB
 
 
 def test_tenant_add_list_revoke(tmp_path):
@@ -26,11 +26,11 @@ def test_tenant_add_list_revoke(tmp_path):
     assert token not in listed.stdout and "hash" not in listed.stdout
     assert token not in (tmp_path / "spillway.db").read_bytes().decode("latin-1")
 
-    store = Store.open(str(tmp_path))
-    assert store.tenant_for_token(token)["name"] == "alice"
+    jobdb = JobDB.open(str(tmp_path))
+    assert jobdb.tenant_for_token(token)["name"] == "alice"
     assert spillway("tenant", "revoke", "alice", *state).returncode == 0
-    assert store.tenant_for_token(token) is None
-    store.close()
+    assert jobdb.tenant_for_token(token) is None
+    jobdb.close()
     assert "revoked" in spillway("tenant", "list", *state).stdout
 
 

@@ -1,4 +1,6 @@
-"""Persistence of tenants and jobs through SQLAlchemy.
+"""The job database: tenants, jobs and their logs, persisted through SQLAlchemy.
+
+(Called the job database, never a store: "store" is the workers' tiered memory store.)
 
 SQLite in WAL mode (in the service's state directory) is the embedded default; a
 ``postgresql://`` URL uses PostgreSQL through psycopg 3. Every state change is committed
@@ -26,12 +28,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..errors import SpillwayError
 from .models import FINAL_STATES, STATES, Base, Job, LogLine, Tenant
 
-__all__ = ["Store", "StoreError", "STATES", "FINAL_STATES", "hash_token", "database_url"]
+__all__ = ["JobDB", "JobDBError", "STATES", "FINAL_STATES", "hash_token", "database_url"]
 
 DB_FILE = "spillway.db"
 
 
-class StoreError(SpillwayError):
+class JobDBError(SpillwayError):
     exit_code = 2
 
 
@@ -52,7 +54,7 @@ def database_url(state_dir: str | Path | None, db: str | None) -> str:
             return "postgresql+psycopg://" + db.split("://", 1)[1]
         return db
     if not state_dir:
-        raise StoreError("state-dir: give a state directory or --db URL")
+        raise JobDBError("state-dir: give a state directory or --db URL")
     path = Path(state_dir).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path / DB_FILE}"
@@ -93,7 +95,7 @@ def job_dict(j: Job, tenant_name: str | None = None) -> dict:
     }
 
 
-class Store:
+class JobDB:
     def __init__(self, url: str):
         self.url = url
         kwargs: dict[str, Any] = {"future": True}
@@ -111,7 +113,7 @@ class Store:
         Base.metadata.create_all(self.engine)
 
     @classmethod
-    def open(cls, state_dir=None, db=None) -> Store:
+    def open(cls, state_dir=None, db=None) -> JobDB:
         return cls(database_url(state_dir, db))
 
     def close(self):
@@ -127,15 +129,15 @@ class Store:
         """A new tenant and its bearer token (the only time the token exists in clear)."""
         name = name.strip()
         if not name or len(name) > 64:
-            raise StoreError(f"name: {name!r} must be 1 to 64 characters")
+            raise JobDBError(f"name: {name!r} must be 1 to 64 characters")
         if max_running < 1:
-            raise StoreError(f"max-running: {max_running} must be >= 1")
+            raise JobDBError(f"max-running: {max_running} must be >= 1")
         if max_job_bytes < 1:
-            raise StoreError(f"max-job-bytes: {max_job_bytes} must be >= 1")
+            raise JobDBError(f"max-job-bytes: {max_job_bytes} must be >= 1")
         token = "spw_" + secrets.token_urlsafe(32)
         with self._session() as s:
             if s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
-                raise StoreError(f"name: tenant {name!r} already exists")
+                raise JobDBError(f"name: tenant {name!r} already exists")
             t = Tenant(name=name, token_hash=hash_token(token), admin=admin, priority=priority,
                        max_running=max_running, max_job_bytes=max_job_bytes, revoked=False, created=now())
             s.add(t)
@@ -150,7 +152,7 @@ class Store:
         with self._session() as s:
             t = s.scalar(select(Tenant).where(Tenant.name == name))
             if t is None:
-                raise StoreError(f"name: no tenant {name!r}")
+                raise JobDBError(f"name: no tenant {name!r}")
             t.revoked = True
             # its queued jobs would never start; running ones finish
             for j in s.scalars(select(Job).where(Job.tenant_id == t.id, Job.state == "queued")):

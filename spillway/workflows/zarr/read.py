@@ -1,0 +1,124 @@
+"""Reading a stored array: a lazy dask array of one task per stored chunk, and the task,
+which reads its chunk on the worker: on the direct path into device memory (or host
+memory, for a few large zstd frames), else through zarr on the host, then copied to the
+device once (the package docstring says which chunks go which way)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import numpy as np
+
+from . import device_io, fallback
+from .chunk_files import CODECS, RAW, SHARDED, ZSTD, ChunkFiles, chunk_files_of
+from .host_io import HostIO
+from .shards import read_shard
+
+
+def open_array(path: str, backend: str):
+    """A lazy dask array over the Zarr v3 array at ``path``: NumPy chunks through
+    ``da.from_zarr`` for ``backend="numpy"``; for ``"cupy"``, one block per stored chunk,
+    each read on the worker into device memory (see the package docstring)."""
+    import dask.array as da
+
+    if backend == "numpy":
+        import zarr
+
+        shards = getattr(zarr.open_array(path, mode="r"), "shards", None)
+        # a block per shard: dask's default (a block per inner chunk) rereads a shard's
+        # index for each of its inner chunks and makes hundreds of tasks per shard
+        return da.from_zarr(path, chunks=shards) if shards else da.from_zarr(path)
+    if backend != "cupy":
+        raise ValueError(f"backend: {backend!r} is not one of numpy, cupy")
+    import zarr
+    from dask.base import tokenize
+
+    from ..backend import device_meta
+
+    path = os.path.abspath(os.path.expanduser(path))
+    stored = zarr.open_array(path, mode="r")
+    files = chunk_files_of(stored)
+    if files.root is None:
+        files = replace(files, root=os.path.abspath(path), encoding=CODECS)
+    return chunk_reads(files, device_meta(np.dtype(files.dtype), len(files.shape)),
+                       "zarr-read-" + tokenize(files, _version_stamp(path)))
+
+
+def chunk_reads(files: ChunkFiles, meta, name: str):
+    """One :func:`read_chunk` task per stored chunk, as a dask array with ``meta``."""
+    import dask.array as da
+
+    return da.map_blocks(read_chunk, dtype=np.dtype(files.dtype), chunks=files.dask_chunks(), meta=meta,
+                         name=name, files=files)
+
+
+def _version_stamp(path: str) -> tuple:
+    """Changes when the store is rewritten, so dask does not reuse an older read's keys."""
+    try:
+        st = os.stat(os.path.join(path, "zarr.json"))
+        return (st.st_mtime_ns, st.st_size)
+    except OSError:
+        return ()
+
+
+def read_chunk(files: ChunkFiles, block_info=None):
+    """The stored chunk of this dask block, as a CuPy array on this worker's GPU."""
+    info = block_info[None]
+    coords = tuple(info["chunk-location"])
+    shape = tuple(info["chunk-shape"])
+    direct = files.encoding in (RAW, ZSTD, SHARDED)
+    if direct and files.zstd and not files.gpu_decodes():
+        # a few large zstd frames: a host core decodes them faster than nvCOMP (package docstring)
+        try:
+            return _to_device(read_direct(files, coords, shape, HostIO()))
+        except fallback.Fallback as why:
+            fallback.note("direct read", f"chunk {coords} of {files.root}: {why}; read through zarr on the host")
+    elif direct and device_io.kvikio_available():
+        try:
+            return read_direct(files, coords, shape, device_io.gpu_io())
+        except fallback.Fallback as why:
+            fallback.note("direct read", f"chunk {coords} of {files.root}: {why}; read through zarr on the host")
+    elif direct:
+        fallback.note("no kvikio", "kvikio is not installed on this worker: Zarr chunks are read on the host "
+                      "and copied (install spillway[cuda13] or [cuda12])")
+    return _to_device(_read_with_zarr(files, info["array-location"]))
+
+
+def read_direct(files: ChunkFiles, coords, shape, io):
+    """Read the chunk at ``coords`` without zarr: the whole file into a buffer of ``io``
+    (device memory with KvikIO; host memory in the CPU tests of this logic), viewed as
+    the chunk (decoded first if zstd; assembled from its inner chunks if a shard) and cut
+    to ``shape`` at the array's edge. A missing file is the fill value, as in zarr."""
+    path = files.chunk_path(coords)
+    dtype = np.dtype(files.dtype)
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return io.xp.full(shape, files.fill_value, dtype=dtype)
+    if files.encoding == SHARDED:
+        chunk = read_shard(files, path, size, io)
+    elif files.encoding == RAW:
+        if size != files.chunk_bytes:
+            raise fallback.Fallback(f"file of {size} bytes, expected {files.chunk_bytes}")
+        chunk = io.read(path, size).view(dtype).reshape(files.chunk_shape)
+    else:
+        out = io.xp.empty(files.chunk_bytes, dtype=np.uint8)
+        io.decode_zstd([io.read(path, size)], [out])
+        chunk = out.view(dtype).reshape(files.chunk_shape)
+    if shape != files.chunk_shape:
+        chunk = io.xp.ascontiguousarray(chunk[tuple(slice(0, n) for n in shape)])
+    return chunk
+
+
+def _read_with_zarr(files: ChunkFiles, location):
+    import zarr
+
+    region = tuple(slice(int(a), int(b)) for a, b in location)
+    return zarr.open_array(files.root, mode="r")[region]
+
+
+def _to_device(block):
+    import cupy
+
+    return cupy.asarray(block)
