@@ -423,7 +423,7 @@ class TieredStore(MutableMapping):
             return index[at]
 
         skeletons = {k: strip(v, self.codec.is_device, place) for k, v in values.items()}
-        ranges, layouts = segments(views)
+        ranges, placements = segments(views)
         sizes = [end - start for start, end in ranges]
         n = sum(sizes)
         # Free the host tier first: with the host tier at its limit the pinned arena
@@ -451,7 +451,7 @@ class TieredStore(MutableMapping):
         for k in keys:
             self._remove(k)
         gid = next(self._group_ids)
-        self._groups[gid] = SpilledGroup(skeletons, layouts, buffers, sizes)
+        self._groups[gid] = SpilledGroup(skeletons, placements, buffers, sizes)
         self._host[gid] = None
         for k in keys:
             self._spilled[k] = gid
@@ -522,9 +522,9 @@ class TieredStore(MutableMapping):
         """The group's values on the device (outside the lock for prefetches)."""
         start = time.perf_counter()
         allocations = {i: self.codec.to_device(group.buffers[i]) for i in group.live_segments()}
-        arrays = [None if lay.segment in group.dropped else
-                  self.codec.rebuild(allocations[lay.segment], lay.offset, lay.shape, lay.strides, lay.dtype)
-                  for lay in group.layouts]
+        arrays = [None if p.segment in group.dropped else
+                  self.codec.rebuild(allocations[p.segment], p.offset, p.shape, p.strides, p.dtype)
+                  for p in group.placements]
         self.stats.add("host_to_device", group.nbytes, time.perf_counter() - start)
         return {k: fill(sk, arrays) for k, sk in group.skeletons.items()}
 
