@@ -84,8 +84,9 @@ def slots(skeleton) -> set[int]:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """A view's place in its group's segments."""
+class ViewPlacement:
+    """Where one view lies in its spilled group: the segment holding its bytes, its
+    offset there, and the shape, strides and dtype it is rebuilt with."""
 
     segment: int
     offset: int
@@ -94,9 +95,9 @@ class Layout:
     dtype: np.dtype
 
 
-def segments(views: list[View]) -> tuple[list[tuple[int, int]], list[Layout]]:
+def segments(views: list[View]) -> tuple[list[tuple[int, int]], list[ViewPlacement]]:
     """Address ranges to copy for ``views`` (overlapping ranges of one allocation merged)
-    and each view's layout in them."""
+    and each view's placement in them."""
     order = sorted(range(len(views)), key=lambda i: (views[i].allocation, views[i].extent))
     ranges: list[list[int]] = []
     owner: list[int] = [0] * len(views)
@@ -109,18 +110,18 @@ def segments(views: list[View]) -> tuple[list[tuple[int, int]], list[Layout]]:
             ranges.append([start, end])
             last_allocation = views[i].allocation
         owner[i] = len(ranges) - 1
-    layouts = [Layout(owner[i], v.ptr - ranges[owner[i]][0], v.shape, v.strides, v.dtype)
-               for i, v in enumerate(views)]
-    return [(a, b) for a, b in ranges], layouts
+    placements = [ViewPlacement(owner[i], v.ptr - ranges[owner[i]][0], v.shape, v.strides, v.dtype)
+                  for i, v in enumerate(views)]
+    return [(a, b) for a, b in ranges], placements
 
 
 @dataclass
 class SpilledGroup:
-    """Keys that left the device together: their skeletons, the views' layouts, and one
+    """Keys that left the device together: their skeletons, the views' placements, and one
     host buffer per segment (None once written to disk, or once no key views it)."""
 
     skeletons: dict[Hashable, Any]
-    layouts: list[Layout]
+    placements: list[ViewPlacement]
     buffers: list[np.ndarray | None]
     sizes: list[int]
     on_disk: bool = False
@@ -136,5 +137,5 @@ class SpilledGroup:
 
     def unviewed_segments(self) -> list[int]:
         """Segments that no remaining key's views point into (after a key was deleted)."""
-        used = {self.layouts[s].segment for sk in self.skeletons.values() for s in slots(sk)}
+        used = {self.placements[s].segment for sk in self.skeletons.values() for s in slots(sk)}
         return [i for i in self.live_segments() if i not in used]
