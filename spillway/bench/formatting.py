@@ -47,3 +47,12 @@ def gpu_list(machine: dict) -> str:
 def stack_line(machine: dict) -> str:
     """The markdown line of the installed stack's versions."""
     return "- stack: " + ", ".join(f"{k} {v}" for k, v in machine["stack"].items() if v)
+
+
+def stream_log(stream):
+    """A ``log(message)`` that prints each progress line to ``stream`` at once (None: silent)."""
+    def log(message: str) -> None:
+        if stream is not None:
+            print(message, file=stream, flush=True)
+
+    return log

@@ -24,7 +24,7 @@ from spillway.service.launch.plan import host_memory_bytes
 from spillway.service.options import Options
 from spillway.service.sizes import format_bytes, parse_size
 from . import ceilings, report
-from .formatting import columns, fmt_value, gpu_list, stack_line
+from .formatting import columns, fmt_value, gpu_list, stack_line, stream_log
 
 #: message sizes of the sweep unless ``--sweep-sizes`` names others
 SWEEP_SIZES = tuple(n * 2**20 for n in (8, 32, 128, 256, 512, 1024, 2048))
@@ -125,10 +125,7 @@ def run_sweep(link_sweep: LinkSweep, out_dir: Path, *, stream=sys.stderr,
     machine = report.describe_machine(link_sweep.inventory, link_sweep.kind)
     started = datetime.now(timezone.utc)
 
-    def log(message: str) -> None:
-        if stream is not None:
-            print(message, file=stream, flush=True)
-
+    log = stream_log(stream)
     log(f"spillway bench --link-sweep on {machine['name']}: {', '.join(MEASURES[link_sweep.kind])} "
         f"at {', '.join(format_bytes(n) for n in link_sweep.sizes)}")
     measured = sweep(link_sweep, log=log, measure=measure)

@@ -354,20 +354,7 @@ class Options:
     @property
     def security(self):
         """distributed ``Security`` for the TLS files, or None."""
-        if not self.tls_ca_file:
-            return None
-        from distributed.security import Security
-
-        return Security(
-            tls_ca_file=self.tls_ca_file,
-            tls_client_cert=self.tls_cert,
-            tls_client_key=self.tls_key,
-            tls_scheduler_cert=self.tls_cert,
-            tls_scheduler_key=self.tls_key,
-            tls_worker_cert=self.tls_cert,
-            tls_worker_key=self.tls_key,
-            require_encryption=True,
-        )
+        return tls_security(self.tls_ca_file, self.tls_cert, self.tls_key)
 
     def as_config(self) -> dict[str, Any]:
         """The settings as a ``spillway`` config mapping (hyphenated keys)."""
@@ -446,3 +433,16 @@ def _check_keys(mapping: Mapping[str, Any], where: str):
 def fields() -> tuple[str, ...]:
     """The option names, in declaration order (``sources`` excluded)."""
     return tuple(f.name for f in dataclasses.fields(Options) if f.name != "sources")
+
+
+def tls_security(ca_file: str | None, cert: str | None, key: str | None):
+    """distributed ``Security`` requiring TLS with one certificate for every role (a local
+    cluster starts its scheduler with the same files as its workers and client), or None
+    without a CA file."""
+    if not ca_file:
+        return None
+    from distributed.security import Security
+
+    return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key,
+                    tls_scheduler_cert=cert, tls_scheduler_key=key,
+                    tls_worker_cert=cert, tls_worker_key=key, require_encryption=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from spillway.service.sizes import format_bytes
 
 from .. import report
-from ..formatting import fmt_shape
+from ..formatting import fmt_shape, stream_log
 from .measure import io_path, measure_zarr
 from .prepare import CACHED_TARGET_GBPS, COLD_TARGET, DECODE_TARGET_GBPS, DTYPE, MEASURES, ZarrRun
 from .render import markdown, plot
@@ -86,10 +86,7 @@ def run_zarr_bench(zarr_run: ZarrRun, out_dir: Path, *, stream=sys.stderr) -> tu
     machine = report.describe_machine(zarr_run.inventory, zarr_run.kind)
     started = datetime.now(timezone.utc)
 
-    def log(message: str) -> None:
-        if stream is not None:
-            print(message, file=stream, flush=True)
-
+    log = stream_log(stream)
     log(f"spillway bench --zarr on {machine['name']}: {format_bytes(zarr_run.nbytes)} float32 "
         f"{fmt_shape(zarr_run.shape)} in {format_bytes(zarr_run.chunk_bytes)} chunks, in {zarr_run.directory}")
     measured_ceilings = zarr_run.measure_ceilings(zarr_run.kind, zarr_run.devices, zarr_run.chunk_bytes, log=log,

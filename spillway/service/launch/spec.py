@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..errors import OptionsError
-from ..options import Options
+from ..options import Options, tls_security
 from .plan import LaunchPlan, uses_tiered_store
 
 #: the device limit of ``device-memory-limit: default``, as a fraction of the GPU
@@ -104,14 +104,7 @@ class WorkerSpec:
     @property
     def security(self):
         """distributed ``Security`` for the TLS files, or None."""
-        if not self.tls_ca_file:
-            return None
-        from distributed.security import Security
-
-        # the scheduler's as well: a local cluster starts its scheduler with the same files
-        return Security(tls_ca_file=self.tls_ca_file, tls_client_cert=self.tls_cert, tls_client_key=self.tls_key,
-                        tls_scheduler_cert=self.tls_cert, tls_scheduler_key=self.tls_key,
-                        tls_worker_cert=self.tls_cert, tls_worker_key=self.tls_key, require_encryption=True)
+        return tls_security(self.tls_ca_file, self.tls_cert, self.tls_key)
 
 
 def worker_specs(options: Options, plan: LaunchPlan, facts: HostFacts | None = None) -> tuple[WorkerSpec, ...]:
