@@ -76,7 +76,7 @@ def run_workflow(
     capacity = cluster_capacity(client)
     # a size the cluster cannot hold is refused for that, in bytes, before any other check
     # of the parameters (too many chunks of it, say) can speak first
-    validated, built = workflow.plan(params, target, arrays, fits=lambda floor: admit(name, floor, capacity))
+    validated, built = workflow.build_run(params, target, arrays, fits=lambda floor: admit(name, floor, capacity))
     if output is not None and built.array is None:
         from .errors import ParamError
 

@@ -260,7 +260,7 @@ class Workflow:
         n = max(1, (target or Target()).n_workers)
         return Footprint(total_bytes=nbytes, per_worker_bytes=-(-nbytes // n), input_bytes=nbytes)
 
-    def plan(
+    def build_run(
         self, raw: Mapping[str, Any] | None, target: Target | None = None, arrays: Mapping[str, Any] | None = None,
         *, fits: Callable[[Footprint], object] | None = None,
     ) -> tuple[Params, BuiltRun]:

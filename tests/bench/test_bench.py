@@ -904,7 +904,9 @@ def test_b4_and_b5_build_the_same_value_on_both_sides_and_match_numpy(name):
     assert spillway.source == f"workflow {w.workflow}" and spillway.note is None
     for built in (spillway, baseline):
         assert built.result.shape == ()
-        assert abs(built.result.compute(scheduler="sync") - expected) / abs(expected) <= 1e-12
+        # dask's default scheduler: a distributed client left as the default by an earlier
+        # test makes dask's default rechunk P2P, which runs only on that client
+        assert abs(built.result.compute() - expected) / abs(expected) <= 1e-12
     if name == "B5":
         # the baseline is what a user writes: dask's default rechunk method, no method= given
         assert baseline.source == "direct (baseline: user code)"

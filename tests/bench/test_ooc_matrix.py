@@ -156,8 +156,8 @@ def test_seeded_inputs_are_read_from_the_workflows_graph():
     from spillway import workflows
     from spillway.workflows.params import Target
 
-    _, plan = workflows.get("matmul").plan({"size": [300, 200], "chunks": [100, 50], "seed": 3}, Target())
-    found = matrix.seeded_inputs(plan)
+    _, built = workflows.get("matmul").build_run({"size": [300, 200], "chunks": [100, 50], "seed": 3}, Target())
+    found = matrix.seeded_inputs(built)
     assert found == {"x": ((300, 200), ((100,) * 3, (50,) * 4), "float64", 0),
                      "y": ((200, 300), ((50,) * 4, (100,) * 3), "float64", 1)}
 

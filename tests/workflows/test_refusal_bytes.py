@@ -42,7 +42,7 @@ def _assert_speaks_in_bytes(message: str):
 ])
 def test_a_size_past_the_cluster_is_refused_in_bytes_first(raw):
     with pytest.raises(AdmissionError) as e:
-        workflows.get("transpose-sum").plan(raw, CPU, fits=_fits("transpose-sum"))
+        workflows.get("transpose-sum").build_run(raw, CPU, fits=_fits("transpose-sum"))
     _assert_speaks_in_bytes(str(e.value))
     assert str(e.value).startswith("transpose-sum: projected footprint 909.49 TiB")
 
@@ -75,15 +75,15 @@ def test_without_a_cluster_the_chunk_refusal_names_the_bytes_too():
 
 
 def test_the_footprint_of_the_parameters_is_a_floor_under_the_built_plans():
-    # refusing on it never refuses a run that the built plan's footprint would admit
+    # refusing on it never refuses a run that the built run's footprint would admit
     for name in workflows.names():
         workflow = workflows.get(name)
         for raw in ({}, {"dtype": "float32"}):
-            params, plan = workflow.plan(raw, CPU)
+            params, built = workflow.build_run(raw, CPU)
             floor = workflow.data_footprint(params, CPU)
             assert floor is not None, name
-            assert 0 < floor.total_bytes <= plan.footprint.total_bytes, (name, raw)
-            assert floor.total_bytes == plan.footprint.input_bytes or name == "matmul", name
+            assert 0 < floor.total_bytes <= built.footprint.total_bytes, (name, raw)
+            assert floor.total_bytes == built.footprint.input_bytes or name == "matmul", name
 
 
 def test_a_workflow_without_size_parameters_projects_nothing():

@@ -43,10 +43,10 @@ def test_workflows_command_json():
 def test_gpu_defaults_use_gigabytes():
     """On CPU workers the defaults are tens of MB (seconds); on GPUs they are gigabytes."""
     for name in workflows.names():
-        _, cpu_plan = workflows.get(name).plan({}, CPU)
-        _, gpu_plan = workflows.get(name).plan({}, GPU)
-        assert cpu_plan.footprint.input_bytes < 300 * 2**20, name
-        assert gpu_plan.footprint.input_bytes >= 2 * 10**9, name
+        _, cpu_built = workflows.get(name).build_run({}, CPU)
+        _, gpu_built = workflows.get(name).build_run({}, GPU)
+        assert cpu_built.footprint.input_bytes < 300 * 2**20, name
+        assert gpu_built.footprint.input_bytes >= 2 * 10**9, name
 
 
 def _refuse(*args, **kwargs):
@@ -56,18 +56,18 @@ def _refuse(*args, **kwargs):
 @pytest.mark.parametrize("name", workflows.names())
 @pytest.mark.parametrize("target", [CPU, GPU], ids=["cpu", "gpu"])
 def test_building_computes_nothing(name, target):
-    """A scheduler that raises if called: building (even a GPU plan of gigabytes) must
+    """A scheduler that raises if called: building (even a GPU run of gigabytes) must
     only describe the work."""
     with dask.config.set(scheduler=_refuse):
-        params, plan = workflows.get(name).plan({}, target)
-    assert plan.footprint.per_worker_bytes > 0
-    assert plan.footprint.total_bytes >= plan.footprint.per_worker_bytes
-    assert dask.is_dask_collection(plan.result) or all(dask.is_dask_collection(r) for r in plan.result)
+        params, built = workflows.get(name).build_run({}, target)
+    assert built.footprint.per_worker_bytes > 0
+    assert built.footprint.total_bytes >= built.footprint.per_worker_bytes
+    assert dask.is_dask_collection(built.result) or all(dask.is_dask_collection(r) for r in built.result)
 
 
 def test_footprint_is_stated_per_worker_and_in_total():
-    _, plan = workflows.get("matmul").plan({"size": "4000x4000", "chunks": "1000x1000"}, Target(n_workers=4))
-    fp = plan.footprint
+    _, built = workflows.get("matmul").build_run({"size": "4000x4000", "chunks": "1000x1000"}, Target(n_workers=4))
+    fp = built.footprint
     inputs_and_output = 3 * 4000 * 4000 * 8
     assert fp.input_bytes == 2 * 4000 * 4000 * 8
     assert fp.total_bytes >= inputs_and_output
@@ -135,15 +135,15 @@ def test_zarr_path_that_is_not_a_store(tmp_path):
         workflows.get("reduction").validate({"input": str(tmp_path / "plain")}, CPU)
 
 
-def test_gpu_plan_of_a_large_input_spreads_it_evenly():
+def test_gpu_built_of_a_large_input_spreads_it_evenly():
     """Built for two GPUs (nothing runs), a 16 GB input larger than half a GPU carries a
     per-chunk placement within 10% of an even share, kept through to the scheduler."""
     target = Target(kind="gpu", n_workers=2, worker_bytes=20 * 10**9, workers=("ucx://a:1", "ucx://b:1"))
     with dask.config.set(scheduler=_refuse):
-        _, plan = workflows.get("reduction").plan({"op": "sum", "size": "16GB"}, target)
-    assert plan.optimize_graph is False  # low-level fusion would drop the annotations
+        _, built = workflows.get("reduction").build_run({"op": "sum", "size": "16GB"}, target)
+    assert built.optimize_graph is False  # low-level fusion would drop the annotations
     placed = {}
-    for layer in plan.result.dask.layers.values():
+    for layer in built.result.dask.layers.values():
         if layer.annotations and "workers" in layer.annotations:
             for key in layer:
                 (worker,) = layer.annotations["workers"](key)
@@ -152,7 +152,7 @@ def test_gpu_plan_of_a_large_input_spreads_it_evenly():
     assert set(placed) == {"ucx://a:1", "ucx://b:1"}
     assert max(placed.values()) - min(placed.values()) <= 1 + 0.1 * sum(placed.values()) / 2
     # a small input is left to the scheduler
-    _, small = workflows.get("reduction").plan({"op": "sum", "size": "1GB"}, target)
+    _, small = workflows.get("reduction").build_run({"op": "sum", "size": "1GB"}, target)
     assert small.optimize_graph is True
 
 
@@ -180,16 +180,16 @@ def test_other_packages_add_workflows_through_entry_points(tmp_path, monkeypatch
     monkeypatch.setattr(registry, "_LOADED", False)
     assert "ones-sum" in workflows.names()
     assert "transpose-sum" in workflows.names()
-    _, plan = workflows.get("ones-sum").plan({"n": 25})
-    assert float(plan.result.compute(scheduler="sync")) == 25.0
+    _, built = workflows.get("ones-sum").build_run({"n": 25})
+    assert float(built.result.compute(scheduler="sync")) == 25.0
 
 
 def test_sizes_in_bytes():
     """Bytes give a square (or cubic) shape, or a tall-skinny one of the given columns."""
-    _, plan = workflows.get("transpose-sum").plan({"size": "8MB"}, CPU)
-    assert plan.footprint.input_bytes == 1000 * 1000 * 8
-    _, plan = workflows.get("stencil").plan({"ndim": 3, "size": "8MB", "dtype": "float32"}, CPU)
-    assert plan.footprint.input_bytes == 125**3 * 4  # floor of the cube root of 2e6
-    params, plan = workflows.get("tsqr").plan({"size": "64MB", "columns": 40}, CPU)
-    assert plan.footprint.input_bytes == (64 * 10**6 // (40 * 8)) * 40 * 8
-    assert plan.array.shape == (64 * 10**6 // (40 * 8), 40)
+    _, built = workflows.get("transpose-sum").build_run({"size": "8MB"}, CPU)
+    assert built.footprint.input_bytes == 1000 * 1000 * 8
+    _, built = workflows.get("stencil").build_run({"ndim": 3, "size": "8MB", "dtype": "float32"}, CPU)
+    assert built.footprint.input_bytes == 125**3 * 4  # floor of the cube root of 2e6
+    params, built = workflows.get("tsqr").build_run({"size": "64MB", "columns": 40}, CPU)
+    assert built.footprint.input_bytes == (64 * 10**6 // (40 * 8)) * 40 * 8
+    assert built.array.shape == (64 * 10**6 // (40 * 8), 40)

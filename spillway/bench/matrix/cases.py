@@ -61,21 +61,21 @@ def workflow_params(case: Case, scale: Scale, seed: int = SEED, target=None) -> 
 
     def footprint_of(size: int) -> int:
         raw = {**case.params, "size": f"{size}B", "seed": seed}
-        return workflow.plan(raw, target)[1].footprint.total_bytes
+        return workflow.build_run(raw, target)[1].footprint.total_bytes
 
     size = grow(footprint_of, scale.target_bytes, scale.target_bytes // 2)
     return {**case.params, "size": f"{size}B", "seed": seed}, footprint_of(size)
 
 
-def seeded_inputs(plan) -> dict[str, tuple]:
-    """``{input name: (shape, chunks, dtype, stream)}`` of a plan's seeded inputs, read from
+def seeded_inputs(built) -> dict[str, tuple]:
+    """``{input name: (shape, chunks, dtype, stream)}`` of a built run's seeded inputs, read from
     the root layers of its graph (the generator's tasks name shape, location and stream),
     so a user can generate and persist exactly the arrays the workflow would have."""
     from dask.highlevelgraph import HighLevelGraph
 
     from spillway.workflows import random
 
-    collections = plan.result if isinstance(plan.result, tuple) else (plan.result,)
+    collections = built.result if isinstance(built.result, tuple) else (built.result,)
     found: dict[int, tuple] = {}
     for c in collections:
         graph = c.__dask_graph__()

@@ -123,7 +123,7 @@ def run_notebook(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict
     workflow = workflows.get(case.workflow)
     target = target_of(cluster.session)
     params, _ = workflow_params(case, scale, seed, target)
-    _, seeded = workflow.plan(params, target)
+    _, seeded = workflow.build_run(params, target)
     backend = backend_for(cluster.kind)
     wanted = seeded_inputs(seeded)
     try:
@@ -136,16 +136,16 @@ def run_notebook(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict
               for name, (shape, chunks, dtype, stream) in wanted.items()}
     persisted = _persist(cluster.client, arrays)
     try:
-        _, plan = workflow.plan(params, target, arrays=persisted)
-        # a plan's result is one collection or a tuple of them; compute returns the same shape
-        collections = plan.result if isinstance(plan.result, tuple) else (plan.result,)
+        _, built = workflow.build_run(params, target, arrays=persisted)
+        # a built run's result is one collection or a tuple of them; compute returns the same shape
+        collections = built.result if isinstance(built.result, tuple) else (built.result,)
         value, wall, spilled, moves = _measured(cluster, collections)
         expected, how = seeded.reference(value)
-        err = float(relative_error(plan.checked(value), expected))
-        return row(case, scale, params=params, footprint_bytes=plan.footprint.total_bytes,
-                   ok=err <= plan.tolerance, rel_error=err, tolerance=plan.tolerance, wall_s=wall,
+        err = float(relative_error(built.checked(value), expected))
+        return row(case, scale, params=params, footprint_bytes=built.footprint.total_bytes,
+                   ok=err <= built.tolerance, rel_error=err, tolerance=built.tolerance, wall_s=wall,
                    spilled_bytes=spilled, moves=moves, reference=how, inputs={k: list(v[0]) for k, v in wanted.items()},
-                   error=None if err <= plan.tolerance else f"relative error {err:.3e} above {plan.tolerance:.0e}")
+                   error=None if err <= built.tolerance else f"relative error {err:.3e} above {built.tolerance:.0e}")
     except Exception as e:  # a failed case is a row of the table, not the end of the matrix
         return row(case, scale, params=params, footprint_bytes=seeded.footprint.total_bytes,
                    error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

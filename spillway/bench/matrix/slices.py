@@ -103,11 +103,11 @@ def _sizes(case: Case, scale: Scale) -> tuple[int, int, int, int]:
         side = built.inputs["x"].shape[0] if case.workflow == "matmul" else 0
         return nbytes, built.footprint.total_bytes, chunks, side
     params, projected = workflow_params(case, scale)
-    _, plan = workflows.get(case.workflow).plan(params, scale.target())
-    results = plan.result if isinstance(plan.result, tuple) else (plan.result,)
+    _, built = workflows.get(case.workflow).build_run(params, scale.target())
+    results = built.result if isinstance(built.result, tuple) else (built.result,)
     chunks = max(getattr(r, "npartitions", 1) for r in results)
-    side = int(math.sqrt(plan.footprint.input_bytes / 16)) if case.workflow == "matmul" else 0
-    return plan.footprint.input_bytes, projected, chunks, side
+    side = int(math.sqrt(built.footprint.input_bytes / 16)) if case.workflow == "matmul" else 0
+    return built.footprint.input_bytes, projected, chunks, side
 
 
 def estimate(case: Case, scale: Scale, rates: Rates = Rates()) -> dict:

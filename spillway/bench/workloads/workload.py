@@ -142,12 +142,12 @@ class Workload:
         if self.workflow is not None and self.workflow in workflows.names():
             raw = dict(self.workflow_params(params) if self.workflow_params else {}, seed=seed)
             try:
-                _, plan = workflows.get(self.workflow).plan(raw, target)
+                _, built = workflows.get(self.workflow).build_run(raw, target)
             except ParamError as e:
                 note = f"workflow {self.workflow} rejected {raw}: {e}; built directly"
             else:
                 # array workflows add a checksum and a probe to their result: time the array
-                result = plan.array if getattr(plan, "array", None) is not None else plan.result
+                result = built.array if getattr(built, "array", None) is not None else built.result
                 mismatch = _mismatch(result, params)
                 if mismatch is None:
                     return Built(result, source=f"workflow {self.workflow}")
