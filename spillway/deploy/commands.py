@@ -14,7 +14,7 @@ import ipaddress
 
 from spillway.service.launch.gpu_worker import DEATH_TIMEOUT_S
 from spillway.service.launch.protocol import choose_protocol
-from spillway.service.launch.render import dask_cuda_worker_flags, flag_value
+from spillway.service.launch.render import dask_cuda_worker_flags, flag_value, tls_flags
 from spillway.service.launch.spec import WorkerSpec
 from spillway.service.launch.ucx_env import QUIET_UCX
 from spillway.service.launch.worker_config import worker_config
@@ -38,9 +38,7 @@ def is_loopback(host: str) -> bool:
 
 
 def _tls(options: Options) -> list[str]:
-    if not options.tls_ca_file:
-        return []
-    return ["--tls-ca-file", options.tls_ca_file, "--tls-cert", options.tls_cert, "--tls-key", options.tls_key]
+    return tls_flags(options.tls_ca_file, options.tls_cert, options.tls_key)
 
 
 def _where(options: Options, *, multi_node: bool) -> list[str]:

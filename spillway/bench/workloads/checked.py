@@ -21,13 +21,38 @@ def _b3_reference(p, seed):
     return transpose_sum(p["shape"], seed, p["dtype"])
 
 
+#: B4's operands together and B5's array at this times the GPUs' memory at full size
+OUT_OF_CORE_FACTOR = 1.3
+#: full-size sides are rounded up to a multiple of this
+SIDE_STEP = 1000
+
+
+def side_for(nbytes: float, arrays: int = 1, itemsize: int = 8) -> int:
+    """The side of ``arrays`` square arrays holding at least ``nbytes`` together, rounded
+    up to a multiple of :data:`SIDE_STEP`."""
+    side = math.sqrt(nbytes / (arrays * itemsize))
+    return max(SIDE_STEP, math.ceil(side / SIDE_STEP) * SIDE_STEP)
+
+
+#: B3 small's input per GPU worker: past the worker's 30 GB device limit and 20 GB host
+#: tier by a few GB of disk (120000^2 on 2 GPUs; 85000^2 on one, where 120000^2 would put
+#: 65 GB on the one worker's disk, more than the 64 GB one-GPU host has)
+B3_SMALL_PER_WORKER = 57.6e9
+
+
+def b3_small(workers: int) -> dict:
+    n = side_for(B3_SMALL_PER_WORKER * workers)
+    return square((n, n), (10000, 10000))
+
+
 B3 = Workload(
     name="B3", title="transpose-sum out of core (inputs over device, host and disk)",
     workflow="transpose-sum",
     # 1.5x the GPUs' memory at full size (423.2 GB on 2 x H200): per worker the device
     # holds up to its limit, the pinned host pool the next part, disk the rest
     sizes={"full": square((230000, 230000), (10000, 10000)),
-           "small": square((120000, 120000), (10000, 10000)),
+           # where no GPU workers size it: two workers' worth, as on the 2 x H200 host
+           "small": b3_small(2),
            "tiny": square((2400, 2400), (400, 400))},
     direct=ex.transpose_sum, workflow_params=workflow_size,
     spillway_cluster={
@@ -44,19 +69,8 @@ B3 = Workload(
     # one run at full size persists 423 GB and moves ~320 GB through the tiers, over 2
     # minutes on the 2 x H200 host: one checked run is what a 10-minute device call holds
     max_runs={"full": 1},
-    worker_sized={"small": lambda workers: b3_small(workers)},
+    worker_sized={"small": b3_small},
 )
-
-
-#: B3 small's input per GPU worker: past the worker's 30 GB device limit and 20 GB host
-#: tier by a few GB of disk (120000^2 on 2 GPUs; 85000^2 on one, where 120000^2 would put
-#: 65 GB on the one worker's disk, more than the 64 GB one-GPU host has)
-B3_SMALL_PER_WORKER = 57.6e9
-
-
-def b3_small(workers: int) -> dict:
-    n = side_for(B3_SMALL_PER_WORKER * workers)
-    return square((n, n), (10000, 10000))
 
 
 def _b4_reference(p, seed):
@@ -67,19 +81,6 @@ def _b4_reference(p, seed):
 
 def _matmul_square(shape, chunks):
     return square(shape, chunks, inputs=2, array_shape=shape)
-
-
-#: B4's operands together and B5's array at this times the GPUs' memory at full size
-OUT_OF_CORE_FACTOR = 1.3
-#: full-size sides are rounded up to a multiple of this
-SIDE_STEP = 1000
-
-
-def side_for(nbytes: float, arrays: int = 1, itemsize: int = 8) -> int:
-    """The side of ``arrays`` square arrays holding at least ``nbytes`` together, rounded
-    up to a multiple of :data:`SIDE_STEP`."""
-    side = math.sqrt(nbytes / (arrays * itemsize))
-    return max(SIDE_STEP, math.ceil(side / SIDE_STEP) * SIDE_STEP)
 
 
 def b4_full(device_bytes: int) -> dict:

@@ -92,6 +92,11 @@ def dask_cuda_worker_flags(spec: WorkerSpec) -> list[str]:
     if spec.protocol == "ucx":
         # dask-cuda sets UCX_TLS for CUDA IPC over NVLink from this flag
         args.append("--enable-nvlink" if spec.nvlink else "--disable-nvlink")
-    if spec.tls_ca_file:
-        args += ["--tls-ca-file", spec.tls_ca_file, "--tls-cert", spec.tls_cert, "--tls-key", spec.tls_key]
-    return args
+    return args + tls_flags(spec.tls_ca_file, spec.tls_cert, spec.tls_key)
+
+
+def tls_flags(ca_file: str | None, cert: str | None, key: str | None) -> list[str]:
+    """The TLS flags every dask command takes alike (none without a CA file)."""
+    if not ca_file:
+        return []
+    return ["--tls-ca-file", ca_file, "--tls-cert", cert, "--tls-key", key]
