@@ -42,8 +42,9 @@ def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", r
         options, sizes=sizes, runs=runs, label=label, inventory=inventory,
         no_attach="bench starts its own clusters")
     gpu_workers = launch.n_workers if launch.kind == "gpu" else 0
-    workloads = [w.for_machine(_gpu_bytes(launch, inventory), gpu_workers) for w in select(only)]
-    check_fits(workloads, scale, launch.kind, _budget(launch, inventory))
+    # B4 and B5 are sized at full size from the memory of the run's GPUs (none on CPU workers)
+    workloads = [w.for_machine(sum(launch.device_memory) or None, gpu_workers) for w in select(only)]
+    check_fits(workloads, scale, launch.kind, _budget(launch))
     earlier = None
     if merge_into is not None:
         earlier = _earlier(Path(merge_into), report.describe_machine(inventory, launch.kind)["name"],
@@ -90,20 +91,12 @@ def _earlier(path: Path, machine: str, scale: str, runs: int) -> dict:
     return data
 
 
-def _gpu_bytes(launch, inventory: Inventory) -> int | None:
-    """Total memory of the GPUs the run uses (B4 and B5 are sized from it at full size);
-    None on CPU workers."""
-    if launch.kind != "gpu":
-        return None
-    return sum(g.memory_total for g in inventory.gpus if g.index in launch.devices) or None
-
-
-def _budget(launch, inventory: Inventory) -> int:
+def _budget(launch) -> int:
     import psutil
 
     host = psutil.virtual_memory().total
     if launch.kind == "gpu":
-        device = sum(g.memory_total for g in inventory.gpus if g.index in launch.devices)
+        device = sum(launch.device_memory)
         # device memory plus the host memory spilling may use
         return int(INPUT_SHARE["gpu"] * device + 0.5 * host)
     return int(INPUT_SHARE["cpu"] * host)

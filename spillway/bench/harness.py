@@ -80,10 +80,8 @@ def worker_bytes(bench_run: BenchRun) -> int:
     default limit), or an even share of the host's memory."""
     import psutil
 
-    if bench_run.launch.kind == "gpu" and bench_run.inventory is not None:
-        sizes = [g.memory_total for g in bench_run.inventory.gpus if g.index in bench_run.launch.devices]
-        if sizes:
-            return int(0.8 * min(sizes))
+    if bench_run.launch.kind == "gpu" and bench_run.launch.device_memory:
+        return int(0.8 * min(bench_run.launch.device_memory))
     return psutil.virtual_memory().total // max(1, bench_run.launch.n_workers)
 
 

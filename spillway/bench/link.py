@@ -81,7 +81,7 @@ def prepare_sweep(options: Options, *, sizes: str | None = None, label: str | No
         raise ParamError(f"sweep-sizes: {format_bytes(largest)} needs {format_bytes(2 * largest)} of host "
                          f"memory, more than half of this machine's {format_bytes(host)}")
     if launch.kind == "gpu":
-        memory = [g.memory_total for g in inventory.gpus if g.index in launch.devices]
+        memory = launch.device_memory
         if memory and 2 * largest > MEMORY_SHARE * min(memory):
             raise ParamError(f"sweep-sizes: {format_bytes(largest)} needs {format_bytes(2 * largest)} on one GPU, "
                              f"more than half of its {format_bytes(min(memory))}")

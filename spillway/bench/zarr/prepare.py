@@ -104,7 +104,7 @@ def prepare_zarr(options: Options, *, sizes: str = "auto", runs: int = 3, timeou
         raise ParamError(f"sizes: the {scale} stores take up to {format_bytes(2 * zarr_run.nbytes)}, more than "
                          f"{DISK_SHARE:.0%} of the {format_bytes(free)} free in {directory} (--local-directory)")
     if launch.kind == "gpu":
-        memory = sum(g.memory_total for g in inventory.gpus if g.index in launch.devices)
+        memory = sum(launch.device_memory)
         where = f"the {len(launch.devices)} GPUs' {format_bytes(memory)}"
     else:
         memory = host_memory_bytes()
