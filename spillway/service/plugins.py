@@ -97,6 +97,15 @@ class WorkerSetup(WorkerPlugin):
         if self.statistics is not None:
             stats = self.statistics
             store.device_usage = lambda: self.window_base + stats.allocation_counts.current_bytes
+        if store.books is not None:
+            from tornado.ioloop import PeriodicCallback
+
+            from .memory.pause import TICK_MS, HostPause
+
+            self.host_pause = HostPause(worker, store)
+            callback = PeriodicCallback(self.host_pause.tick, TICK_MS)
+            worker.periodic_callbacks["spillway-host-pause"] = callback
+            callback.start()
         if self.prefetch:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -212,6 +221,8 @@ def worker_snapshot(dask_worker) -> dict:
     store = _tiered_store(dask_worker)
     if store is not None:
         summary = store.summary()
+        pause = getattr(plugin, "host_pause", None)
+        summary["host_pause"] = pause.summary() if pause is not None else None
         snap["store"] = summary
         snap["spilled"] = dict(summary["stats"]["bytes"])
     stats = getattr(plugin, "statistics", None)
@@ -240,6 +251,9 @@ def reset_peak(dask_worker) -> None:
     if plugin is None:
         return
     plugin.window_start = time.time()
+    store = _tiered_store(dask_worker)
+    if store is not None and store.books is not None:
+        store.books.lowest_available, store.books.peak_resident = None, 0
     stats = plugin.statistics
     if stats is not None:
         # RMM keeps a stack of counters: a pushed window counts from zero, so remember

@@ -84,7 +84,7 @@ def test_worker_keywords_come_from_the_options():
     assert func is worker_store.build_store
     assert store == {"protocol": "ucx", "device_memory_limit": 120 * 10**9,
                      "host_limit": spec.host_limit, "pinned_pool_size": 48 * 10**9,
-                     "pinned_limit": node.pinned_limit}
+                     "pinned_limit": node.pinned_limit, "memory_limit": 200 * 10**9}
 
 
 def test_dask_cuda_store_keeps_dask_cuda_data():

@@ -56,6 +56,7 @@ def store_data(spec: WorkerSpec) -> tuple:
         "host_limit": spec.host_limit,
         "pinned_pool_size": spec.pinned_arena,
         "pinned_limit": spec.pinned_limit,
+        "memory_limit": spec.memory_limit,
     })
 
 

@@ -22,6 +22,9 @@ from .groups import SpilledGroup, fill, strip
 #: an array whose allocation is at least twice its extent, and this much larger, is
 #: stored as a copy of its extent alone (see DeviceAccounts.compacted)
 COMPACT_MIN_WASTE = 1 << 18
+#: a view of an allocation that stored keys view too is copied when it spans at most
+#: this fraction's inverse of it
+SHARED_FACTOR = 8
 
 
 @dataclass
@@ -62,15 +65,43 @@ class DeviceAccounts:
         self.stored[key] = value
         self.holds[key] = tuple(held)
 
-    def remove(self, key) -> None:
-        """Take a device key out; allocations no other key views leave the count."""
+    def remove(self, key) -> list:
+        """Take a device key out; allocations no other key views leave the count. Returns
+        the allocations other keys still view."""
         del self.stored[key]
+        kept = []
         for a in self.holds.pop(key):
             allocation = self.allocations[a]
             allocation.keys.discard(key)
             if not allocation.keys:
                 del self.allocations[a]
                 self.nbytes -= allocation.nbytes
+            else:
+                kept.append(a)
+        return kept
+
+    def recompact(self, allocations, codec, stay=frozenset()) -> int:
+        """Once a key leaves, the keys left viewing ``allocations`` may view a small part
+        of them: a tuple's getitem (tsqr's R, a view of cuSOLVER's panel-sized workspace)
+        stored while the tuple was, then the tuple released. Those keys are stored again
+        as copies of their bytes (:meth:`compacted`), so the allocation can go; keys in
+        ``stay`` (running tasks read them, so nothing would be freed) are left. Returns
+        the device bytes given back."""
+        before = self.nbytes
+        for a in allocations:
+            allocation = self.allocations.get(a)
+            if allocation is None or allocation.keys & stay:
+                continue
+            keys = [k for k in self.stored if k in allocation.keys]
+            spans = [v.extent for k in keys for v in _views(self.stored[k], codec) if v.allocation == a]
+            if not spans or not _wasteful(allocation.nbytes, min(lo for lo, _ in spans), max(hi for _, hi in spans)):
+                continue
+            values = {k: self.stored[k] for k in keys}
+            for key in keys:  # all out first: a copy is made only once none views the allocation
+                self.remove(key)
+            for key in keys:
+                self.insert(key, *self.compacted(values[key], codec))
+        return before - self.nbytes
 
     def new_bytes(self, views) -> int:
         """Bytes of the allocations in ``views`` that no stored key views yet."""
@@ -79,8 +110,8 @@ class DeviceAccounts:
         return sum(new.values())
 
     def compacted(self, value, codec) -> tuple[Any, list]:
-        """``value`` with each array that views a small part of a large allocation, which
-        no stored key views, replaced by a copy of just its bytes; and the views of its
+        """``value`` with each array that views a small part of a large allocation (see
+        :func:`_wasteful`) replaced by a copy of just its bytes; and the views of its
         arrays. The R factor of a qr task views the whole panel-sized workspace that
         cuSOLVER factored in place: kept as it is, a few MB of R would hold that panel on
         the device for as long as the key lives, and a task reading every R (tsqr's second
@@ -90,12 +121,12 @@ class DeviceAccounts:
         views = [codec.view(a) for a in arrays]
         spans: dict[int, list] = {}
         for v in views:
-            if v.allocation_bytes and v.allocation not in self.allocations:
+            if v.allocation_bytes:
                 low, high = v.extent
                 span = spans.setdefault(v.allocation, [low, high, v.allocation_bytes])
                 span[0], span[1] = min(span[0], low), max(span[1], high)
         wasteful = {a for a, (low, high, n) in spans.items()
-                    if n - (high - low) >= COMPACT_MIN_WASTE and n >= 2 * (high - low)}
+                    if _wasteful(n, low, high, shared=a in self.allocations)}
         if not wasteful:
             return value, views
         try:
@@ -128,6 +159,22 @@ class DeviceAccounts:
         """Bytes of the allocations that the device keys among ``keys`` view."""
         return sum(self.allocations[a].nbytes for a in
                    {a for k in keys if k in self.holds for a in self.holds[k]})
+
+
+def _wasteful(nbytes: int, low: int, high: int, *, shared: bool = False) -> bool:
+    """Whether views spanning ``low`` to ``high`` of an allocation of ``nbytes`` hold it
+    mostly for nothing: at most half of it, or where stored keys view it too (and keep
+    it anyway), at most an eighth: the copy is small, and the value no longer ties the
+    allocation to the device while a task reads it (tsqr's second stage reads every R,
+    each a getitem of a (Q, R) tuple that views Q's panel-sized allocation)."""
+    span = high - low
+    return nbytes - span >= COMPACT_MIN_WASTE and nbytes >= (SHARED_FACTOR if shared else 2) * span
+
+
+def _views(value, codec) -> list:
+    arrays: list = []
+    strip(value, codec.is_device, lambda a: arrays.append(a) or len(arrays) - 1)
+    return [codec.view(a) for a in arrays]
 
 
 class SpilledKeys:

@@ -49,8 +49,13 @@ def worker_capacity(dask_worker) -> dict:
     host = dask_worker.memory_manager.memory_limit or 0
     device = 0
     if isinstance(data, TieredStore):
-        device = data.device_limit if data.device_limit != float("inf") else 0
-        host = data.host_limit if data.host_limit != float("inf") else host
+        # no limit (None) is what the hardware holds: the whole GPU, the machine less the
+        # headroom the store keeps free
+        device = data.device_limit if data.device_limit is not None else _gpu_memory()
+        if data.host_limit is not None:
+            host = data.host_limit
+        elif data.books is not None:
+            host = host or max(0, data.books.available() + data.books.read()[1] - data.books.headroom)
     elif getattr(data, "device_memory_limit", None):
         device = int(data.device_memory_limit)
     try:
@@ -58,6 +63,14 @@ def worker_capacity(dask_worker) -> dict:
     except OSError:
         disk = 0
     return {"device": int(device), "host": int(host), "disk": int(disk)}
+
+
+def _gpu_memory() -> int:
+    """Bytes of this worker's GPU (its CUDA_VISIBLE_DEVICES puts it first)."""
+    from ..gpus import discover
+
+    inventory = discover()
+    return inventory.gpus[0].memory_total if len(inventory) else 0
 
 
 def cluster_capacity(client) -> Capacity:

@@ -105,6 +105,12 @@ class Arena:
                         return view
         return None
 
+    def fits(self, nbytes: int) -> bool:
+        """Whether :meth:`allocate` of ``nbytes`` would find a slice now."""
+        size = max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+        with self._lock:
+            return any(free >= size for segment in self._segments for free in segment.free_sizes.values())
+
     def free(self, view: np.ndarray) -> None:
         ptr = _address(view)
         with self._lock:

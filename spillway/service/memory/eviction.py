@@ -15,7 +15,6 @@ from collections.abc import Callable, Collection, Hashable
 from typing import Any
 
 from .accounting import DeviceAccounts
-from .host import HostBuffers
 
 
 def running(in_use: Callable[[], Collection] | None) -> set:
@@ -73,21 +72,22 @@ def device_victims(device: DeviceAccounts, stay, rank) -> list[list]:
     return ordered(groups, rank)
 
 
-def over_device(stored_bytes: int, incoming: int, limit, usage: Callable[[], int] | None) -> int:
+def over_device(stored_bytes: int, incoming: int, limit: int | None, usage: Callable[[], int] | None) -> int:
     """Bytes to free on the device before ``incoming`` more bytes fit: over the limit by
-    what is stored, or by what is really allocated (``usage``, temporaries included)."""
+    what is stored, or by what is really allocated (``usage``, temporaries included);
+    nothing without a limit (None)."""
+    if limit is None:
+        return 0
     over = stored_bytes + incoming - limit
     if usage is not None:
         over = max(over, usage() + incoming - limit)
     return over
 
 
-def over_host(host_bytes: int, incoming: int, limit, host: HostBuffers,
-              available: Callable[[], int] | None, headroom: int) -> int:
-    """Bytes to write to disk before ``incoming`` more bytes fit under the host limit,
-    and, unless the pinned arena (memory already taken) holds them, leave ``headroom``
-    of the machine's ``available`` memory free."""
-    need = host_bytes + incoming - limit
-    if available is not None and not host.arena_can_take(incoming):
-        need = max(need, incoming + headroom - available())
-    return need
+def over_host(host_bytes: int, incoming: int, limit: int | None) -> int:
+    """Bytes to write to disk before ``incoming`` more bytes fit under the host limit
+    (None: no limit); what the machine has room for is checked per buffer
+    (:class:`~spillway.service.memory.books.HostBooks`)."""
+    if limit is None:
+        return 0
+    return host_bytes + incoming - limit

@@ -75,7 +75,7 @@ class ArenaGrowth(threading.Thread):
     ):
         super().__init__(name="spillway-pinned-arena", daemon=True)
         self.host = host
-        self.target = int(min(target, host.pinned_limit))
+        self.target = int(target if host.pinned_limit is None else min(target, host.pinned_limit))
         self.take = take
         self.give_back = give_back
         self.segment_bytes = int(segment_bytes)

@@ -21,15 +21,22 @@ class HostBuffers:
     The arena may grow while the worker runs (:meth:`grow_arena`): its segments are taken
     on a background thread, and until they are, values take the on-demand path. Segments
     being taken count against ``pinned_limit`` from the moment they are reserved, so the
-    arena, the segments in flight and the on-demand buffers never pass it together."""
+    arena, the segments in flight and the on-demand buffers never pass it together.
+
+    Every buffer that takes new memory from the machine (on-demand pinned or pageable,
+    not an arena slice) is first announced to ``before_new(nbytes)``: the tiered store
+    gives host memory back there (values to disk) until the machine and the process have
+    room for it (:mod:`spillway.service.memory.books`). ``trim()`` gives back pinned
+    blocks cached by the on-demand allocator."""
 
     def __init__(
         self,
         arena: Arena | None = None,
         pinned: Callable[[int], np.ndarray] | None = None,
         *,
-        pinned_limit: float = float("inf"),
+        pinned_limit: int | None = None,
         pageable: Callable[[int], np.ndarray] | None = None,
+        trim: Callable[[], None] | None = None,
     ):
         self.arena = arena
         self.pinned = pinned
@@ -39,25 +46,35 @@ class HostBuffers:
         self.pinned_bytes = 0
         #: bytes handed out as pageable buffers since the start (past the pinned limit)
         self.pageable_total = 0
+        #: bytes of pageable buffers handed out and not yet released
+        self.pageable_bytes = 0
+        #: called with the bytes of each buffer about to take new memory (see above)
+        self.before_new: Callable[[int], None] | None = None
+        self.trim = trim
         #: the largest buffer asked for so far (the arena's growth sizes segments from it)
         self.largest_request = 0
         #: the background thread growing the arena, if any
         self.growth = None
         self._arena_reserved = 0  # segments being taken, not yet in the arena
         self._on_demand: dict[int, int] = {}
+        self._pageable: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def alloc(self, nbytes: int) -> np.ndarray:
         if nbytes > self.largest_request:
             self.largest_request = nbytes
-        arena = self.arena
-        if arena is not None:
-            view = arena.allocate(nbytes)
+        view = self._from_arena(nbytes)
+        if view is not None:
+            return view
+        if self.before_new is not None:
+            self.before_new(nbytes)
+            # what it wrote to disk may have freed arena slices
+            view = self._from_arena(nbytes)
             if view is not None:
                 return view
         if self.pinned is not None:
             with self._lock:
-                take = self._held() + nbytes <= self.pinned_limit
+                take = self._within_pinned_limit(nbytes)
                 if take:
                     self.pinned_bytes += nbytes
             if take:
@@ -70,24 +87,44 @@ class HostBuffers:
                 with self._lock:
                     self._on_demand[_address(buffer)] = nbytes
                 return buffer
+        buffer = self.pageable(nbytes)
         with self._lock:
             self.pageable_total += nbytes
-        return self.pageable(nbytes)
+            self.pageable_bytes += nbytes
+            self._pageable[_address(buffer)] = nbytes
+        return buffer
 
-    def arena_can_take(self, nbytes: int) -> bool:
-        """Whether the arena has ``nbytes`` free (in all; a fragmented arena may not)."""
+    def _from_arena(self, nbytes: int) -> np.ndarray | None:
         arena = self.arena
-        return arena is not None and arena.capacity - arena.used_bytes >= nbytes
+        return arena.allocate(nbytes) if arena is not None else None
+
+    def arena_fits(self, nbytes: int) -> bool:
+        """Whether one slice of ``nbytes`` fits the arena now (a fragmented arena with that
+        much free in all may not hold it in one piece)."""
+        arena = self.arena
+        return arena is not None and arena.fits(nbytes)
+
+    @property
+    def held_bytes(self) -> int:
+        """Host memory these buffers hold from the machine: the arena (taken whole, used
+        or not), segments being taken, on-demand pinned and pageable buffers in use."""
+        with self._lock:
+            return self._held() + self.pageable_bytes
 
     def release(self, buffer: np.ndarray) -> None:
         arena = self.arena
         if arena is not None and arena.owns(buffer):
             arena.free(buffer)
             return
+        address = _address(buffer)
         with self._lock:
-            nbytes = self._on_demand.pop(_address(buffer), None)
+            nbytes = self._on_demand.pop(address, None)
             if nbytes is not None:
                 self.pinned_bytes -= nbytes
+                return
+            nbytes = self._pageable.pop(address, None)
+            if nbytes is not None:
+                self.pageable_bytes -= nbytes
 
     # --- arena growth (called by the growth thread)
 
@@ -98,6 +135,9 @@ class HostBuffers:
         with self._lock:
             return self._held()
 
+    def _within_pinned_limit(self, nbytes: int) -> bool:
+        return self.pinned_limit is None or self._held() + nbytes <= self.pinned_limit
+
     def _held(self) -> int:
         arena = self.arena
         return (arena.capacity if arena is not None else 0) + self._arena_reserved + self.pinned_bytes
@@ -106,7 +146,7 @@ class HostBuffers:
         """Count ``nbytes`` against the pinned limit before a segment is taken; False when
         they do not fit beside what is already held."""
         with self._lock:
-            if self._held() + nbytes > self.pinned_limit:
+            if not self._within_pinned_limit(nbytes):
                 return False
             self._arena_reserved += nbytes
             return True
@@ -154,6 +194,7 @@ class HostBuffers:
             "arena_segments": arena.segments if arena is not None else 0,
             "pinned_on_demand_bytes": self.pinned_bytes,
             "pageable_total": self.pageable_total,
+            "pageable_bytes": self.pageable_bytes,
         }
         if self.growth is not None:
             out.update(self.growth.summary())

@@ -42,6 +42,7 @@ from . import eviction, moves
 from .accounting import DeviceAccounts, SpilledKeys
 from .disk import DiskTier
 from .groups import leaves
+from .books import HostBooks
 from .host import HostBuffers
 from .stats import MOVES, TierStats
 
@@ -54,19 +55,19 @@ class TieredStore(MutableMapping):
     def __init__(
         self,
         *,
-        device_limit: int,
-        host_limit: int,
+        device_limit: int | None,
+        host_limit: int | None,
         codec,
         disk: DiskTier | None = None,
         host: HostBuffers | None = None,
         rank: Callable[[Hashable], Any] | None = None,
         device_usage: Callable[[], int] | None = None,
         in_use: Callable[[], Collection] | None = None,
-        host_available: Callable[[], int] | None = None,
-        host_headroom: int = 0,
+        books: HostBooks | None = None,
     ):
-        self.device_limit = int(device_limit)
-        self.host_limit = int(host_limit)
+        #: bytes of the tiers; None: no limit
+        self.device_limit = None if device_limit is None else int(device_limit)
+        self.host_limit = None if host_limit is None else int(host_limit)
         self.codec = codec
         self.disk = disk
         self.host = host or HostBuffers()
@@ -76,11 +77,11 @@ class TieredStore(MutableMapping):
         self.device_usage = device_usage
         #: keys that running tasks are reading: never moved (it would free nothing)
         self.in_use = in_use
-        #: host memory the machine has available now, and how much of it spills must
-        #: leave free: the host tier goes to disk before the kernel kills the process,
-        #: whatever else holds the machine's memory (other processes, dirty page cache)
-        self.host_available = host_available
-        self.host_headroom = int(host_headroom)
+        #: what the machine and the process really hold: every buffer that takes new host
+        #: memory waits until both have room for it, values going to disk meanwhile,
+        #: whatever else holds the machine's memory (other processes, the process's own)
+        self.books = books
+        self.host.before_new = self._room_for_new_host_memory
         #: what the store starts once its worker has started (the pinned arena's growth:
         #: see :meth:`start`)
         self.on_start: list[Callable[[], Any]] = []
@@ -195,6 +196,7 @@ class TieredStore(MutableMapping):
             "host_pinned_on_demand_bytes": self.host.pinned_bytes,
             "host_pageable_total": self.host.pageable_total,
             "host": self.host.summary(),
+            "books": self.books.summary(self.host.held_bytes) if self.books is not None else None,
             "stats": self.stats.to_json(),
         }
 
@@ -205,8 +207,8 @@ class TieredStore(MutableMapping):
             disk = self.disk.nbytes if self.disk is not None else 0
             return (f"{self.name}: cannot allocate {format_bytes(nbytes)} on the device and nothing "
                     f"more can be spilled: device {format_bytes(self.device_bytes)} stored "
-                    f"({format_bytes(in_use)} in use by running tasks) of a "
-                    f"{format_bytes(self.device_limit)} limit, host {format_bytes(self.host_bytes)}, "
+                    f"({format_bytes(in_use)} in use by running tasks) of "
+                    f"{_limit(self.device_limit)}, host {format_bytes(self.host_bytes)}, "
                     f"disk {format_bytes(disk)}; use smaller chunks or more workers")
 
     # --- the tiers' changes (callers hold the lock)
@@ -216,7 +218,9 @@ class TieredStore(MutableMapping):
 
     def _remove(self, key) -> None:
         if key in self._device:
-            self._device.remove(key)
+            shared = self._device.remove(key)
+            if shared:
+                self._device.recompact(shared, self.codec, stay=eviction.running(self.in_use))
         elif key in self._plain:
             del self._plain[key]
         elif key in self._spilled:
@@ -247,17 +251,60 @@ class TieredStore(MutableMapping):
         return moves.device_to_host(self._device, self._spilled, keys, self._means(), self._spill_host)
 
     def _spill_host(self, incoming: int) -> None:
-        """Write host groups to disk until ``incoming`` more bytes fit under the host limit,
-        and, unless the pinned arena (memory already taken) holds them, leave the host's
-        headroom free (or the host tier is empty: a group larger than the limit still goes
-        to host)."""
-        need = eviction.over_host(self._spilled.host_bytes, incoming, self.host_limit, self.host,
-                                  self.host_available, self.host_headroom)
+        """Write host groups to disk until ``incoming`` more bytes fit under the host limit
+        (or the host tier is empty: a group larger than the limit still goes to host).
+        The machine's own room is checked buffer by buffer (:meth:`_room_for_new_host_memory`)."""
+        need = eviction.over_host(self._spilled.host_bytes, incoming, self.host_limit)
         if need <= 0 or self.disk is None:
             return
+        moves.host_to_disk(self._spilled, self._host_order(), need, self._means())
+
+    def _host_order(self) -> list:
         groups = self._spilled.groups
-        order = eviction.ordered(list(self._spilled.on_host), self.rank, keys_of=lambda g: groups[g].skeletons)
-        moves.host_to_disk(self._spilled, order, need, self._means())
+        return eviction.ordered(list(self._spilled.on_host), self.rank, keys_of=lambda g: groups[g].skeletons)
+
+    def _room_for_new_host_memory(self, nbytes: int) -> None:
+        """Before a host buffer takes ``nbytes`` of new memory (HostBuffers calls this,
+        with the lock held): while the machine would fall under its headroom or the
+        process over its limit, give back cached pinned blocks, then write host groups
+        to disk, each freeing its buffers (or arena slices the buffer can take)."""
+        books = self.books
+        if books is None or books.short_by(nbytes) <= 0:
+            return
+        if self.host.trim is not None:
+            self.host.trim()
+        if books.short_by(nbytes, count=False) <= 0 or self.disk is None:
+            return
+        for gid in self._host_order():
+            moves.host_to_disk(self._spilled, [gid], 1, self._means())
+            if self.host.arena_fits(nbytes):
+                return
+            if books.short_by(nbytes, count=False) <= 0:
+                return
+            if self.host.trim is not None:
+                self.host.trim()
+        if books.short_by(nbytes, count=False) > 0:
+            logger.warning("%s: the host is short of memory for a %s buffer and the host tier holds "
+                           "nothing more to write to disk (%s)", self.name, format_bytes(nbytes),
+                           books.pressure(paused=False) or "the process holds it outside the store")
+
+    def relieve_host(self) -> int:
+        """Write host groups to disk while the machine is under its headroom or the
+        process over its limit (the worker plugin calls this while the worker is paused
+        for memory); returns the bytes written."""
+        if self.books is None or self.disk is None:
+            return 0
+        written = 0
+        with self._lock:
+            for gid in self._host_order():
+                if self.books.short_by(0, count=False) <= 0:
+                    break
+                n = self._spilled.groups[gid].nbytes
+                moves.host_to_disk(self._spilled, [gid], 1, self._means())
+                written += n
+                if self.host.trim is not None:
+                    self.host.trim()
+        return written
 
     def _restore(self, gid) -> None:
         moves.restore(self._device, self._spilled, gid, self._means(), self._make_room)
@@ -275,7 +322,7 @@ class TieredStore(MutableMapping):
                 if gid is None:
                     continue
                 n = self._spilled.groups[gid].nbytes
-                if self._over_device(n) > -(1 - headroom) * self.device_limit:
+                if self.device_limit is not None and self._over_device(n) > -(1 - headroom) * self.device_limit:
                     break
                 group = moves.take_host_buffers(self._spilled, gid, self._means())
                 event = threading.Event()
@@ -340,3 +387,7 @@ class TieredStore(MutableMapping):
         self.host.close()  # stops the pinned arena's growth
         if self.disk is not None:
             self.disk.close()
+
+
+def _limit(nbytes: int | None) -> str:
+    return "no limit" if nbytes is None else f"a {format_bytes(nbytes)} limit"

@@ -4,11 +4,11 @@ and wired to the worker's task queue, RMM resource and event loop by the worker 
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import numpy as np
 
+from .books import HostBooks
 from .codecs import CupyCodec
 from .disk import DiskTier
 from .growth import headroom_for, host_available, host_total
@@ -61,23 +61,22 @@ def make_store(
     host_limit: int | None,
     pinned_pool_size: int,
     pinned_limit: int | None = None,
+    memory_limit: int | None = None,
 ) -> TieredStore:
     """Runs in the worker process (its CUDA_VISIBLE_DEVICES already set). The limits are
     bytes, None for none (the worker's spec resolved them:
-    :mod:`spillway.service.launch.spec`)."""
-    device_limit = math.inf if device_memory_limit is None else device_memory_limit
+    :mod:`spillway.service.launch.spec`); ``memory_limit`` bounds what the whole process
+    holds, measured, beside the host tier's books."""
     # past the arena, pinned buffers from CuPy's pool (freed ones are reused) up to the
     # worker's share of what the host may pin, then pageable ones
-    host = HostBuffers(None, _pinned_fallback,
-                       pinned_limit=math.inf if pinned_limit is None else pinned_limit)
+    host = HostBuffers(None, _pinned_fallback, pinned_limit=pinned_limit, trim=_trim_pinned_pool)
     store = TieredStore(
-        device_limit=device_limit,
-        host_limit=host_limit or math.inf,
+        device_limit=device_memory_limit,
+        host_limit=host_limit,
         codec=CupyCodec(),
         disk=DiskTier(worker_local_directory),
         host=host,
-        host_available=host_available,
-        host_headroom=headroom_for(host_total()),
+        books=HostBooks(host_available, headroom=headroom_for(host_total()), process_limit=memory_limit),
     )
     if pinned_pool_size:
         store.on_start.append(functools.partial(start_arena, host, int(pinned_pool_size)))

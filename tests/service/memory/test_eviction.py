@@ -92,7 +92,7 @@ def test_a_view_of_an_input_in_use_stays_with_it(tmp_path):
     running = {"x"}
     s = make(tmp_path, in_use=lambda: running)
     x = chunk(0)
-    s["x"], s["slice"] = x, x[:100]
+    s["x"], s["slice"] = x, x[: x.size // 4]  # a quarter: kept as a view (see the next tests)
     assert s.evict_for(MB) == 0  # moving the slice would free nothing
     assert s.tier_of("slice") == "device"
 
@@ -120,6 +120,41 @@ def test_a_small_view_of_a_large_temporary_is_stored_as_its_own_bytes(tmp_path):
     view = np.arange(MB // 4, dtype=np.float64)[:16]  # 128 bytes of a 2 MiB temporary
     s["v"] = view
     assert s.device_bytes == q.nbytes + r.nbytes + view.nbytes
+
+
+def _qr_sharing_one_workspace(seed: int, rows: int = MB // 64, cols: int = 8):
+    """Q and R both views of one panel-sized allocation (Q all of it, R its first rows)."""
+    workspace = np.random.default_rng(seed).standard_normal((rows, cols))
+    return workspace, workspace[:cols]
+
+
+def test_tsqr_second_stage_reads_every_r_while_every_q_may_leave(tmp_path):
+    # The H100's 108 GB svd: each first-stage tuple's R shared Q's allocation, so the
+    # task reading every R held every Q on the device ("77 GiB in use by running tasks")
+    running = set()
+    s = make(tmp_path, device_mb=64, in_use=lambda: running)
+    for i in range(4):
+        s[("qr", i)] = _qr_sharing_one_workspace(i)
+        s[("q", i)], s[("r", i)] = s[("qr", i)]
+        del s[("qr", i)]
+    running.update(("r", i) for i in range(4))
+    assert s.evict_for(4 * MB) >= 4 * MB
+    assert {s.tier_of(("q", i)) for i in range(4)} == {"host"}
+    assert "(2.00 kiB in use by running tasks)" in s.exhausted(MB)
+    for i in range(4):
+        q, r = _qr_sharing_one_workspace(i)
+        np.testing.assert_array_equal(s[("q", i)], q)
+        np.testing.assert_array_equal(s[("r", i)], r)
+
+
+def test_a_view_left_alone_on_a_large_allocation_is_compacted(tmp_path):
+    s = make(tmp_path, device_mb=64)
+    w = chunk(0)
+    s["w"], s["quarter"] = w, w[: w.size // 4]  # a quarter of a stored array: a view
+    assert s.device_bytes == MB
+    del s["w"]  # now it holds 1 MiB for 256 KiB: stored again as its own bytes
+    assert s.device_bytes == MB // 4
+    np.testing.assert_array_equal(s["quarter"], chunk(0)[: w.size // 4])
 
 
 def test_a_running_task_reading_r_lets_q_of_its_tuple_leave(tmp_path):

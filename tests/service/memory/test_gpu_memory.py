@@ -149,3 +149,27 @@ def test_persisted_views_and_tuples_make_room_and_exhaustion_is_one_line():
         assert abs(total - expected) / abs(expected) < 1e-12
         q0 = client.gather(qs[0])
         assert abs(float(abs(q0).sum()) - float(abs(client.gather(pairs[0])[0]).sum())) == 0
+
+
+@pytest.mark.parametrize("limit", ["device_memory_limit", "memory_limit"])
+def test_a_limit_of_zero_starts_a_real_worker_with_no_limit(limit, tmp_path):
+    """0 is "no limit" from the options to the store: the worker starts (it used to die
+    building its store on int(math.inf)), admission reads the hardware, and a run is
+    NumPy's answer."""
+    from spillway.service.runner import run_workflow
+
+    opts = Options.resolve(**{limit: 0}, rmm_pool_size="4GB", local_directory=str(tmp_path),
+                           dashboard_address="", memory_store="tiered")
+    with open_cluster(opts) as session:
+        stores = list(session.client.run(_store_stats).values())
+        limits = session.client.run(lambda dask_worker: (dask_worker.data.device_limit, dask_worker.data.host_limit))
+        device, host = list(limits.values())[0]
+        if limit == "device_memory_limit":
+            assert device is None and host > 0
+        else:
+            assert host is None and device > 0
+        assert stores[0]["books"]["available_bytes"] > 0
+        report = run_workflow(session, "transpose-sum", {"size": "2GB"}, verify=True)
+        assert report["verify"]["ok"], report["verify"]
+        capacity = report["admission"]["capacity"]
+        assert capacity["device_bytes"] > 10 * GB and capacity["host_bytes"] > GB, capacity

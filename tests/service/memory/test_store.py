@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from spillway.service.memory.arena import Arena
+from spillway.service.memory.books import HostBooks
 from spillway.service.memory.codecs import NumpyCodec
 from spillway.service.memory.disk import DiskTier
 from spillway.service.memory.host import HostBuffers
@@ -55,8 +56,8 @@ def test_spills_go_to_disk_when_the_machine_runs_low_below_the_host_limit(tmp_pa
     # the host tier may hold 64 MiB, but the machine has 5 MiB left (less what the tier
     # holds) and must keep 4 MiB: past the first MiB, spills go to disk
     available = {"bytes": 5 * MB}
-    s = make(tmp_path, device_mb=2, host_mb=64, host_available=lambda: available["bytes"] - s.host_bytes,
-             host_headroom=4 * MB)
+    books = HostBooks(lambda: available["bytes"] - s.host.held_bytes, headroom=4 * MB, resident=lambda: 0)
+    s = make(tmp_path, device_mb=2, host_mb=64, books=books)
     for i in range(6):
         s[i] = chunk(i)
     assert s.host_bytes <= MB and s.disk.nbytes >= 3 * MB, s.summary()

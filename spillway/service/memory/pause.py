@@ -1,0 +1,83 @@
+"""Holding a worker's execution while its host is short of memory.
+
+The store gives host memory back before each buffer it takes (:mod:`.books`), but a task's
+own host temporaries and incoming transfers are not the store's: where they, or a disk
+slower than the host fills, bring the machine under its headroom, the worker stops
+starting tasks, as distributed pauses a worker past its memory limit, and the store
+writes its host tier to disk until the headroom is back. distributed's own pause is off
+on these workers (it counts the pinned arena, which is memory already taken, as if it
+were growth: :mod:`spillway.service.launch.worker_config`), so this one reads the
+store's books beside the kernel's figures instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+logger = logging.getLogger("spillway.memory")
+
+#: how often the host is read, and how often a long pause is said again
+TICK_MS = 200
+REPEAT_S = 30.0
+
+
+class HostPause:
+    def __init__(self, worker, store):
+        self.worker = worker
+        self.store = store
+        self.paused = False
+        #: times the worker was paused, and seconds paused in all (also while paused now)
+        self.pauses = 0
+        self._paused_s = 0.0
+        self._since: float | None = None
+        self._said_at = 0.0
+        self._relieving = threading.Event()
+
+    @property
+    def paused_s(self) -> float:
+        return self._paused_s + (time.monotonic() - self._since if self._since is not None else 0.0)
+
+    def tick(self) -> None:
+        from distributed.core import Status
+
+        worker, books = self.worker, self.store.books
+        reason = books.pressure(self.paused)
+        if reason is not None and not self.paused:
+            if worker.status != Status.running:
+                return
+            worker.status = Status.paused
+            self.paused, self.pauses, self._since = True, self.pauses + 1, time.monotonic()
+            self._said_at = self._since
+            logger.warning("%s paused: %s; writing its host tier to disk", self.store.name, reason)
+        elif reason is None and self.paused:
+            self._resume(Status)
+            return
+        elif reason is not None and time.monotonic() - self._said_at > REPEAT_S:
+            self._said_at = time.monotonic()
+            logger.warning("%s still paused after %.0f s: %s (host tier %d bytes, disk %d bytes)",
+                           self.store.name, self.paused_s, reason, self.store.host_bytes,
+                           self.store.disk.nbytes if self.store.disk is not None else 0)
+        if self.paused and not self._relieving.is_set():
+            self._relieving.set()
+            threading.Thread(target=self._relieve, name="spillway-relieve-host", daemon=True).start()
+
+    def _resume(self, Status) -> None:
+        if self.worker.status == Status.paused:
+            self.worker.status = Status.running
+        self._paused_s += time.monotonic() - self._since
+        logger.warning("%s resumed after %.1f s paused for host memory", self.store.name,
+                       time.monotonic() - self._since)
+        self.paused, self._since = False, None
+
+    def _relieve(self) -> None:
+        try:
+            self.store.relieve_host()
+        except Exception:  # a failed write leaves the values where they were
+            logger.exception("%s: writing the host tier to disk while paused failed", self.store.name)
+        finally:
+            self._relieving.clear()
+
+    def summary(self) -> dict:
+        return {"paused": self.paused, "pauses": self.pauses, "paused_s": round(self.paused_s, 3)}
