@@ -93,8 +93,8 @@ class DeviceAccounts:
             if allocation is None or allocation.keys & stay:
                 continue
             keys = [k for k in self.stored if k in allocation.keys]
-            spans = [v.extent for k in keys for v in _views(self.stored[k], codec) if v.allocation == a]
-            if not spans or not _wasteful(allocation.nbytes, min(lo for lo, _ in spans), max(hi for _, hi in spans)):
+            views = [v for k in keys for v in _views(self.stored[k], codec) if v.allocation == a]
+            if not views or not _wasteful(allocation.nbytes, _covered(views)):
                 continue
             values = {k: self.stored[k] for k in keys}
             for key in keys:  # all out first: a copy is made only once none views the allocation
@@ -119,14 +119,12 @@ class DeviceAccounts:
         arrays: list = []
         skeleton = strip(value, codec.is_device, lambda a: arrays.append(a) or len(arrays) - 1)
         views = [codec.view(a) for a in arrays]
-        spans: dict[int, list] = {}
+        by_allocation: dict[int, list] = {}
         for v in views:
             if v.allocation_bytes:
-                low, high = v.extent
-                span = spans.setdefault(v.allocation, [low, high, v.allocation_bytes])
-                span[0], span[1] = min(span[0], low), max(span[1], high)
-        wasteful = {a for a, (low, high, n) in spans.items()
-                    if _wasteful(n, low, high, shared=a in self.allocations)}
+                by_allocation.setdefault(v.allocation, []).append(v)
+        wasteful = {a for a, vs in by_allocation.items()
+                    if _wasteful(vs[0].allocation_bytes, _covered(vs), shared=a in self.allocations)}
         if not wasteful:
             return value, views
         try:
@@ -161,14 +159,22 @@ class DeviceAccounts:
                    {a for k in keys if k in self.holds for a in self.holds[k]})
 
 
-def _wasteful(nbytes: int, low: int, high: int, *, shared: bool = False) -> bool:
-    """Whether views spanning ``low`` to ``high`` of an allocation of ``nbytes`` hold it
+def _covered(views) -> int:
+    """Bytes that ``views`` (of one allocation) hold: the smaller of their elements' bytes
+    and the range they span. CuPy's R of a tall panel's qr is a 500 x 500 view strided
+    across the whole 761 MiB workspace: it spans all of it and holds 2 MB."""
+    low = min(v.extent[0] for v in views)
+    high = max(v.extent[1] for v in views)
+    return min(high - low, sum(v.nbytes for v in views))
+
+
+def _wasteful(nbytes: int, covered: int, *, shared: bool = False) -> bool:
+    """Whether views holding ``covered`` bytes of an allocation of ``nbytes`` hold it
     mostly for nothing: at most half of it, or where stored keys view it too (and keep
     it anyway), at most an eighth: the copy is small, and the value no longer ties the
     allocation to the device while a task reads it (tsqr's second stage reads every R,
-    each a getitem of a (Q, R) tuple that views Q's panel-sized allocation)."""
-    span = high - low
-    return nbytes - span >= COMPACT_MIN_WASTE and nbytes >= (SHARED_FACTOR if shared else 2) * span
+    each a getitem of a (Q, R) tuple whose R views a panel-sized allocation)."""
+    return nbytes - covered >= COMPACT_MIN_WASTE and nbytes >= (SHARED_FACTOR if shared else 2) * covered
 
 
 def _views(value, codec) -> list:

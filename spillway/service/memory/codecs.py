@@ -63,6 +63,14 @@ class View:
     def extent(self) -> tuple[int, int]:
         return extent(self.ptr, self.shape, self.strides, self.dtype.itemsize)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its elements: a strided view may span far more than it holds."""
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
 
 class NumpyCodec:
     """NumPy arrays as the "device" tier (CPU tests, and a reference implementation)."""

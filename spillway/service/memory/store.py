@@ -203,13 +203,15 @@ class TieredStore(MutableMapping):
     def exhausted(self, nbytes: int) -> str:
         """One line for a device allocation that nothing more could make room for."""
         with self._lock:
-            in_use = self._device.held_bytes(eviction.running(self.in_use))
+            running = eviction.running(self.in_use)
+            in_use = self._device.held_bytes(running)
             disk = self.disk.nbytes if self.disk is not None else 0
+            held = _held_by_layer(self._device, running)
             return (f"{self.name}: cannot allocate {format_bytes(nbytes)} on the device and nothing "
                     f"more can be spilled: device {format_bytes(self.device_bytes)} stored "
                     f"({format_bytes(in_use)} in use by running tasks) of "
                     f"{_limit(self.device_limit)}, host {format_bytes(self.host_bytes)}, "
-                    f"disk {format_bytes(disk)}; use smaller chunks or more workers")
+                    f"disk {format_bytes(disk)}{held}; use smaller chunks or more workers")
 
     # --- the tiers' changes (callers hold the lock)
 
@@ -391,3 +393,20 @@ class TieredStore(MutableMapping):
 
 def _limit(nbytes: int | None) -> str:
     return "no limit" if nbytes is None else f"a {format_bytes(nbytes)} limit"
+
+
+def _held_by_layer(device, keys) -> str:
+    """The largest holders among ``keys``, by the name of their layer (``; running tasks
+    read 104 x getitem-q1 (77.4 GiB)``), or nothing when they hold nothing."""
+    from dask.utils import key_split
+
+    layers: dict[str, list] = {}
+    for key in keys:
+        if key in device.holds:
+            entry = layers.setdefault(key_split(key), [0, 0])
+            entry[0] += 1
+            entry[1] += device.held_bytes([key])
+    top = sorted(layers.items(), key=lambda item: -item[1][1])[:3]
+    if not top or not top[0][1][1]:
+        return ""
+    return "; running tasks read " + ", ".join(f"{n} x {name} ({format_bytes(b)})" for name, (n, b) in top)

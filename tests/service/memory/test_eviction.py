@@ -147,6 +147,26 @@ def test_tsqr_second_stage_reads_every_r_while_every_q_may_leave(tmp_path):
         np.testing.assert_array_equal(s[("r", i)], r)
 
 
+def test_a_strided_r_spanning_its_whole_workspace_is_compacted(tmp_path):
+    # cupy.linalg.qr of a tall panel: the workspace is the panel transposed (cols x rows,
+    # C order) and R = workspace[:, :cols].T, 8 x 8 values strided across all of it
+    running = set()
+    s = make(tmp_path, device_mb=64, in_use=lambda: running)
+    for i in range(4):
+        workspace = np.random.default_rng(i).standard_normal((8, MB // 64))
+        q = workspace.T * 2.0
+        s[("qr", i)] = (q, workspace[:, :8].T)
+        s[("q", i)], s[("r", i)] = s[("qr", i)]
+        del s[("qr", i)]
+    running.update(("r", i) for i in range(4))
+    assert s.evict_for(4 * MB) >= 4 * MB
+    assert "(2.00 kiB in use by running tasks)" in s.exhausted(MB), s.exhausted(MB)
+    for i in range(4):
+        workspace = np.random.default_rng(i).standard_normal((8, MB // 64))
+        np.testing.assert_array_equal(s[("r", i)], workspace[:, :8].T)
+        np.testing.assert_array_equal(s[("q", i)], workspace.T * 2.0)
+
+
 def test_a_view_left_alone_on_a_large_allocation_is_compacted(tmp_path):
     s = make(tmp_path, device_mb=64)
     w = chunk(0)
