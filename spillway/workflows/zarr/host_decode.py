@@ -1,0 +1,283 @@
+"""Chunks of a few large zstd frames (zarr's and xarray's default store: one frame per
+chunk, no shards), read and decoded on the host by a pool of threads, many chunks at
+once, and copied to the device.
+
+Why a pool: a zstd frame decodes on one core (its blocks depend on the ones before, so
+neither zstd nor nvCOMP splits one frame over threads; nvCOMP gives a frame a small part
+of the GPU, about 0.1 GB/s), and a worker has one task thread: a 365-day chunk of a
+0.25 degree grid (1.5 GB, one frame) took seconds on that thread while the host's other
+cores idled. The only parallelism such a store offers is between chunks, so several
+chunk reads must be in flight per worker.
+
+How they get in flight: the read task hands its chunk to the pool and *secedes* from the
+worker's thread pool while it waits (``distributed.secede``). The scheduler then counts
+it as long-running and sends the worker its next tasks, which are the next chunk reads
+(read tasks have no inputs: they are the graph's roots, which the scheduler queues and
+hands out as threads free up). So the chunks read ahead are exactly the ones the graph
+needs on this worker, in the scheduler's order, and compute on the chunks already read
+runs on the worker's thread meanwhile. Outside a worker (dask's threaded scheduler, the
+tests) the task waits on the pool in its own thread.
+
+Each chunk in the pool: the file read whole into a host buffer (page cache or disk), its
+frame header checked, decoded by numcodecs (libzstd, which releases the GIL) straight into
+a second host buffer, and that copied to the device on the thread's own stream. Host
+buffers are reused (a fresh buffer costs a page fault per 4 KB page on first touch, which
+on a 1.5 GB chunk halves the decode rate). Buffers come from a bounded set per process
+(:class:`BufferSet`): the reads in flight wait for room rather than take more than
+:data:`BUFFER_SHARE` of the host's memory; the set's bytes are in :func:`buffer_counts`
+(and ``decode_counters()["host_buffers"]``). They are ordinary process memory, so the
+tiered store's host check, which reads the memory the machine has available, sees them
+and spills to disk before the host runs out.
+
+Each stage's seconds are counted (:mod:`.counters`: read, decode, copy), so a run says
+where the time of getting the bytes into the GPU went."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from .counters import count_stage
+
+#: most host-decode threads per worker process (cores beyond it go to other workers)
+MAX_THREADS = 16
+#: share of the host's memory one GPU's worker may hold in decode buffers (the compressed
+#: file and the decoded chunk of each read in flight, kept for reuse)
+BUFFER_SHARE = 0.25
+#: and at most this many bytes, whatever the host
+MAX_BUFFER_BYTES = 24 * 2**30
+#: idle seconds after which the kept buffers are given back to the system
+IDLE_RELEASE_S = 30.0
+
+
+def _threads() -> int:
+    env = os.environ.get("SPILLWAY_ZARR_DECODE_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        cores = len(os.sched_getaffinity(0))  # dask-cuda pins a GPU's worker to its NUMA node's cores
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_THREADS, cores))
+
+
+def _budget() -> int:
+    env = os.environ.get("SPILLWAY_ZARR_DECODE_BUFFER_BYTES")
+    if env:
+        return int(env)
+    from spillway.service.launch.plan import host_memory_bytes
+
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    share = BUFFER_SHARE / max(1, len(visible))  # one worker per GPU on this host
+    return int(min(MAX_BUFFER_BYTES, share * host_memory_bytes()))
+
+
+class BufferSet:
+    """Host buffers for reads in flight, reused between chunks, within ``budget`` bytes
+    (held: in use plus kept). :meth:`take` waits while a new buffer would pass the budget
+    and another read holds buffers (one read alone always proceeds, however large its
+    chunk, so no chunk waits forever)."""
+
+    def __init__(self, budget: int, alloc: Callable[[int], np.ndarray] | None = None):
+        self.budget = int(budget)
+        self._alloc = alloc or (lambda n: np.empty(n, dtype=np.uint8))
+        self._free: dict[int, list[np.ndarray]] = {}
+        self.in_use = 0
+        self.kept = 0
+        self.peak = 0
+        self.allocated = 0  # bytes of buffers made (not reused) since the start
+        self._cond = threading.Condition()
+
+    @property
+    def held(self) -> int:
+        return self.in_use + self.kept
+
+    def take(self, nbytes: int) -> np.ndarray:
+        with self._cond:
+            while True:
+                kept = self._free.get(nbytes)
+                if kept:
+                    buffer = kept.pop()
+                    self.kept -= nbytes
+                    break
+                if self.held + nbytes > self.budget and self.kept:
+                    self._drop_one()  # buffers of other sizes make room first
+                    continue
+                if self.held + nbytes <= self.budget or self.in_use == 0:
+                    buffer = None
+                    break
+                self._cond.wait()
+            self.in_use += nbytes
+            self.peak = max(self.peak, self.held)
+        if buffer is None:
+            try:
+                buffer = self._alloc(nbytes)
+            except BaseException:
+                with self._cond:
+                    self.in_use -= nbytes
+                    self._cond.notify_all()
+                raise
+            with self._cond:
+                self.allocated += nbytes
+        return buffer
+
+    def give(self, buffer: np.ndarray) -> None:
+        nbytes = int(buffer.nbytes)
+        with self._cond:
+            self.in_use -= nbytes
+            if self.held + nbytes <= self.budget:
+                self._free.setdefault(nbytes, []).append(buffer)
+                self.kept += nbytes
+            self._cond.notify_all()
+
+    def release_kept(self) -> int:
+        """Give the kept buffers back to the system; returns their bytes."""
+        with self._cond:
+            freed = self.kept
+            self._free.clear()
+            self.kept = 0
+            self._cond.notify_all()
+        return freed
+
+    def _drop_one(self) -> None:
+        size = next(s for s, bufs in self._free.items() if bufs)
+        self._free[size].pop()
+        self.kept -= size
+
+    def counts(self) -> dict:
+        with self._cond:
+            return {"budget": self.budget, "in_use": self.in_use, "kept": self.kept, "peak": self.peak,
+                    "allocated": self.allocated}
+
+
+class HostDecoder:
+    """The pool: ``threads`` threads that each read, decode and copy one chunk at a time,
+    over one :class:`BufferSet`."""
+
+    def __init__(self, threads: int, budget: int):
+        self.threads = threads
+        self.buffers = BufferSet(budget)
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="spillway-zarr-decode")
+        self._local = threading.local()
+        self._idle: threading.Timer | None = None
+        self._active = 0
+        self._lock = threading.Lock()
+
+    def submit(self, read: Callable, to_device: bool) -> Future:
+        """Run ``read(io)`` in the pool (``io`` a :class:`~.host_io.HostIO` over this
+        pool's buffers); its chunk is copied to the device there when ``to_device``."""
+        with self._lock:
+            self._active += 1
+            if self._idle is not None:
+                self._idle.cancel()
+                self._idle = None
+        return self._pool.submit(self._run, read, to_device)
+
+    def _run(self, read, to_device: bool):
+        from .host_io import HostIO
+
+        io = HostIO(self.buffers)
+        try:
+            chunk = read(io)
+            if not to_device:
+                return np.array(chunk, copy=True) if io.owns(chunk) else chunk
+            return self._copy(chunk)
+        finally:
+            io.give_back()
+            with self._lock:
+                self._active -= 1
+                if self._active == 0:
+                    self._idle = threading.Timer(IDLE_RELEASE_S, self.buffers.release_kept)
+                    self._idle.daemon = True
+                    self._idle.start()
+
+    def _copy(self, chunk):
+        """The host chunk on the device, copied on this thread's own stream (a
+        non-blocking one: the legacy default stream would wait for, and hold up, the
+        compute kernels of the worker's task thread)."""
+        import cupy
+
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = cupy.cuda.Stream(non_blocking=True)
+        start = time.perf_counter()
+        host = np.ascontiguousarray(chunk)
+        with stream:
+            out = cupy.empty(host.shape, dtype=host.dtype)
+            out.set(host, stream=stream)
+        stream.synchronize()  # the host buffer goes back to the set after this
+        count_stage("copy", int(host.nbytes), time.perf_counter() - start)
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            if self._idle is not None:
+                self._idle.cancel()
+        self.buffers.release_kept()
+
+
+_decoder: HostDecoder | None = None
+_decoder_lock = threading.Lock()
+
+
+def decoder() -> HostDecoder:
+    """This process's pool, made on first use."""
+    global _decoder
+    with _decoder_lock:
+        if _decoder is None:
+            _decoder = HostDecoder(_threads(), _budget())
+        return _decoder
+
+
+def close() -> None:
+    """Stop this process's pool and give back its buffers (the worker's teardown)."""
+    global _decoder
+    with _decoder_lock:
+        pool, _decoder = _decoder, None
+    if pool is not None:
+        pool.close()
+
+
+def buffer_counts() -> dict:
+    """The decode buffers' bytes in this process: budget, in use, kept for reuse, peak."""
+    pool = _decoder
+    if pool is None:
+        return {"budget": 0, "in_use": 0, "kept": 0, "peak": 0, "allocated": 0, "threads": 0}
+    return {**pool.buffers.counts(), "threads": pool.threads}
+
+
+def read_in_pool(read: Callable, *, to_device: bool = True):
+    """``read(io)`` run in this process's pool, the chunk on the device (or a NumPy copy
+    with ``to_device=False``); on a dask worker the calling task secedes while it waits,
+    so the worker starts its next tasks (the module docstring says why)."""
+    future = decoder().submit(read, to_device)
+    worker = _in_worker()
+    if not worker:
+        return future.result()
+    from distributed import rejoin, secede
+
+    secede()
+    try:
+        return future.result()
+    finally:
+        rejoin()
+
+
+def _in_worker() -> bool:
+    """Whether this thread runs a task in a dask worker's thread pool (and may secede)."""
+    try:
+        from distributed import get_worker
+        from distributed.threadpoolexecutor import thread_state
+
+        get_worker()
+    except (ImportError, ValueError):
+        return False
+    executor = getattr(thread_state, "executor", None)
+    return executor is not None and getattr(thread_state, "proceed", False) and \
+        threading.current_thread() in getattr(executor, "_threads", ())
