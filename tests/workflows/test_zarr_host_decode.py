@@ -1,0 +1,106 @@
+"""The host-decode pool of Zarr default stores (zstd, one frame per chunk), on CPU: its
+buffers stay within their budget and are reused, chunks decode to zarr's bits, and a read
+task on a dask worker secedes, so one worker with one thread has several reads in flight."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from spillway.workflows.zarr import host_decode, read
+from spillway.workflows.zarr.chunk_files import ZSTD, chunk_files_of
+from spillway.workflows.zarr.fallback import Fallback
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_THREADS", "4")
+    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_BUFFER_BYTES", str(64 * 2**20))
+    host_decode.close()
+    yield host_decode.decoder()
+    host_decode.close()
+
+
+def test_buffers_wait_for_room_and_are_reused():
+    buffers = host_decode.BufferSet(100)
+    a = buffers.take(60)
+    got = []
+    t = threading.Thread(target=lambda: got.append(buffers.take(60)))
+    t.start()
+    time.sleep(0.1)
+    assert not got  # 120 bytes would pass the budget while another read holds 60
+    buffers.give(a)
+    t.join(2)
+    assert got and got[0] is a  # the given-back buffer, reused
+    assert buffers.counts()["allocated"] == 60 and buffers.counts()["peak"] == 60
+    buffers.give(got[0])
+    big = buffers.take(500)  # larger than the budget: one read alone still proceeds
+    assert big.nbytes == 500 and buffers.counts()["kept"] == 0  # the kept 60 were dropped for it
+    buffers.give(big)
+    assert buffers.held == 0  # not kept: over the budget
+    assert buffers.release_kept() == 0
+
+
+def test_default_store_chunks_decode_in_the_pool_to_zarrs_bits(pool, tmp_path):
+    import zarr
+
+    data = np.round(250 + 10 * np.random.default_rng(0).standard_normal((30, 40, 50)), 2).astype(np.float32)
+    z = zarr.create_array(str(tmp_path / "d.zarr"), shape=data.shape, chunks=(8, 40, 50), dtype="float32")
+    z[...] = data
+    files = chunk_files_of(z)
+    assert files.encoding == ZSTD and not files.gpu_decodes()
+    for i, start in enumerate(range(0, 30, 8)):
+        shape = (min(8, 30 - start), 40, 50)
+        got = host_decode.read_in_pool(lambda io: read.read_direct(files, (i, 0, 0), shape, io), to_device=False)
+        assert got.tobytes() == data[start:start + 8].tobytes()
+    counts = host_decode.buffer_counts()
+    assert counts["in_use"] == 0 and counts["kept"] > 0 and counts["threads"] == 4
+
+
+def test_a_corrupt_frame_is_a_fallback_not_a_crash(pool, tmp_path):
+    import zarr
+
+    z = zarr.create_array(str(tmp_path / "d.zarr"), shape=(16, 64), chunks=(8, 64), dtype="float32")
+    z[...] = np.arange(16 * 64, dtype=np.float32).reshape(16, 64)
+    files = chunk_files_of(z)
+    path = files.chunk_path((1, 0))
+    raw = bytearray(open(path, "rb").read())
+    raw[len(raw) // 2:] = b"\x00" * (len(raw) - len(raw) // 2)
+    open(path, "wb").write(bytes(raw))
+    with pytest.raises(Fallback, match="zstd"):
+        host_decode.read_in_pool(lambda io: read.read_direct(files, (1, 0), (8, 64), io), to_device=False)
+    assert host_decode.buffer_counts()["in_use"] == 0
+
+
+_lock = threading.Lock()
+_in_flight = {"now": 0, "most": 0}
+
+
+def _slow_read(io):
+    with _lock:
+        _in_flight["now"] += 1
+        _in_flight["most"] = max(_in_flight["most"], _in_flight["now"])
+    time.sleep(0.4)
+    with _lock:
+        _in_flight["now"] -= 1
+    return np.zeros(4, np.uint8)
+
+
+def _read_task(i):
+    return int(host_decode.read_in_pool(_slow_read, to_device=False).sum()) + i
+
+
+def test_read_tasks_secede_so_one_worker_thread_has_several_reads_in_flight(pool):
+    from distributed import Client, LocalCluster
+
+    _in_flight.update(now=0, most=0)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        start = time.perf_counter()
+        assert client.gather(client.map(_read_task, range(8), pure=False)) == list(range(8))
+        wall = time.perf_counter() - start
+    assert _in_flight["most"] >= 3, _in_flight  # one task thread, several reads at once
+    assert wall < 8 * 0.4 * 0.75
