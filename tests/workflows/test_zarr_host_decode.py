@@ -104,3 +104,21 @@ def test_read_tasks_secede_so_one_worker_thread_has_several_reads_in_flight(pool
         wall = time.perf_counter() - start
     assert _in_flight["most"] >= 3, _in_flight  # one task thread, several reads at once
     assert wall < 8 * 0.4 * 0.75
+
+
+def test_buffers_for_the_device_come_from_the_stores_arena_while_it_has_room():
+    from spillway.service.memory.arena import Arena
+    from spillway.service.memory.host import HostBuffers
+
+    host = HostBuffers(Arena(np.empty(2**20, dtype=np.uint8)))
+    buffers = host_decode.BufferSet(2**22, pinned=host)
+    a = buffers.take(600_000, pinned=True)
+    assert host.arena.owns(a) and host.arena.used_bytes >= 600_000  # the store counts it
+    b = buffers.take(600_000, pinned=True)  # the arena is full: an ordinary buffer
+    c = buffers.take(1000)  # a file's bytes: never the arena
+    assert not host.arena.owns(b) and not host.arena.owns(c)
+    assert buffers.counts()["arena_taken"] == 600_000 and buffers.in_use == 1_201_000
+    for buffer in (a, b, c):
+        buffers.give(buffer)
+    assert host.arena.used_bytes == 0 and buffers.in_use == 0
+    assert buffers.kept == 601_000  # the arena slice went back to the store, not kept here

@@ -75,7 +75,7 @@ class KvikIO:
             gc.collect()  # anything of nvCOMP's still in a reference cycle goes before its stream
         del stream
 
-    def empty(self, nbytes: int):
+    def empty(self, nbytes: int, pinned: bool = True):
         return self.xp.empty(nbytes, dtype=self.xp.uint8)
 
     def read(self, path: str, size: int):

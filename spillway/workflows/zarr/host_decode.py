@@ -20,7 +20,10 @@ tests) the task waits on the pool in its own thread.
 
 Each chunk in the pool: the file read whole into a host buffer (page cache or disk), its
 frame header checked, decoded by numcodecs (libzstd, which releases the GIL) straight into
-a second host buffer, and that copied to the device on the thread's own stream. Host
+a second host buffer, and that copied to the device on the thread's own stream. On a
+worker with spillway's tiered store the second buffer is a slice of the store's pinned
+arena while the arena has room (counted there as arena bytes in use until the copy is
+done), so the copy runs at the pinned rate without pinning anything. Host
 buffers are reused (a fresh buffer costs a page fault per 4 KB page on first touch, which
 on a 1.5 GB chunk halves the decode rate). Buffers come from a bounded set per process
 (:class:`BufferSet`): the reads in flight wait for room rather than take more than
@@ -83,9 +86,16 @@ class BufferSet:
     and another read holds buffers (one read alone always proceeds, however large its
     chunk, so no chunk waits forever)."""
 
-    def __init__(self, budget: int, alloc: Callable[[int], np.ndarray] | None = None):
+    def __init__(self, budget: int, alloc: Callable[[int], np.ndarray] | None = None, pinned=None):
         self.budget = int(budget)
         self._alloc = alloc or (lambda n: np.empty(n, dtype=np.uint8))
+        #: the tiered store's host buffers (:class:`~spillway.service.memory.host.HostBuffers`)
+        #: on a worker that has one: buffers that go to the device are slices of its
+        #: pinned arena while it has room (already pinned: the copy runs at the pinned rate,
+        #: with no pinning cost), counted in the store's summary as arena bytes in use
+        self.pinned = pinned
+        self._from_arena: set[int] = set()
+        self.arena_taken = 0  # bytes of arena slices handed out since the start
         self._free: dict[int, list[np.ndarray]] = {}
         self.in_use = 0
         self.kept = 0
@@ -97,7 +107,19 @@ class BufferSet:
     def held(self) -> int:
         return self.in_use + self.kept
 
-    def take(self, nbytes: int) -> np.ndarray:
+    def take(self, nbytes: int, pinned: bool = False) -> np.ndarray:
+        """A buffer of ``nbytes``; ``pinned``: one the device copies from (an arena slice
+        where the store's arena has room, else as any other)."""
+        arena = getattr(self.pinned, "arena", None) if pinned else None
+        if arena is not None:
+            view = arena.allocate(nbytes)
+            if view is not None:
+                with self._cond:
+                    self._from_arena.add(view.ctypes.data)
+                    self.in_use += nbytes
+                    self.arena_taken += nbytes
+                    self.peak = max(self.peak, self.held)
+                return view
         with self._cond:
             while True:
                 kept = self._free.get(nbytes)
@@ -130,6 +152,11 @@ class BufferSet:
         nbytes = int(buffer.nbytes)
         with self._cond:
             self.in_use -= nbytes
+            if buffer.ctypes.data in self._from_arena:  # back to the store's arena, not kept
+                self._from_arena.discard(buffer.ctypes.data)
+                self.pinned.release(buffer)
+                self._cond.notify_all()
+                return
             if self.held + nbytes <= self.budget:
                 self._free.setdefault(nbytes, []).append(buffer)
                 self.kept += nbytes
@@ -152,16 +179,16 @@ class BufferSet:
     def counts(self) -> dict:
         with self._cond:
             return {"budget": self.budget, "in_use": self.in_use, "kept": self.kept, "peak": self.peak,
-                    "allocated": self.allocated}
+                    "allocated": self.allocated, "arena_taken": self.arena_taken}
 
 
 class HostDecoder:
     """The pool: ``threads`` threads that each read, decode and copy one chunk at a time,
     over one :class:`BufferSet`."""
 
-    def __init__(self, threads: int, budget: int):
+    def __init__(self, threads: int, budget: int, pinned=None):
         self.threads = threads
-        self.buffers = BufferSet(budget)
+        self.buffers = BufferSet(budget, pinned=pinned)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="spillway-zarr-decode")
         self._local = threading.local()
         self._idle: threading.Timer | None = None
@@ -198,8 +225,13 @@ class HostDecoder:
 
     def _copy(self, chunk):
         """The host chunk on the device, copied on this thread's own stream (a
-        non-blocking one: the legacy default stream would wait for, and hold up, the
-        compute kernels of the worker's task thread)."""
+        non-blocking one: on the legacy default stream the copy would wait for the
+        compute kernels of the worker's task thread, and later kernels for the copy).
+
+        The device buffer is allocated on the default stream, as the task thread's
+        arrays are, and the copy waits for the work already queued there: RMM's pool
+        hands out memory freed on that stream as soon as the free is queued, so a kernel
+        still reading the previous chunk may own these bytes until it finishes."""
         import cupy
 
         stream = getattr(self._local, "stream", None)
@@ -207,9 +239,9 @@ class HostDecoder:
             stream = self._local.stream = cupy.cuda.Stream(non_blocking=True)
         start = time.perf_counter()
         host = np.ascontiguousarray(chunk)
-        with stream:
-            out = cupy.empty(host.shape, dtype=host.dtype)
-            out.set(host, stream=stream)
+        out = cupy.empty(host.shape, dtype=host.dtype)
+        stream.wait_event(cupy.cuda.Stream.null.record())
+        out.set(host, stream=stream)
         stream.synchronize()  # the host buffer goes back to the set after this
         count_stage("copy", int(host.nbytes), time.perf_counter() - start)
         return out
@@ -231,8 +263,21 @@ def decoder() -> HostDecoder:
     global _decoder
     with _decoder_lock:
         if _decoder is None:
-            _decoder = HostDecoder(_threads(), _budget())
+            _decoder = HostDecoder(_threads(), _budget(), _store_host_buffers())
         return _decoder
+
+
+def _store_host_buffers():
+    """The tiered store's host buffers on a worker that has one, else None."""
+    try:
+        from distributed import get_worker
+
+        data = get_worker().data
+    except (ImportError, ValueError):
+        return None
+    from spillway.service.memory.store import TieredStore
+
+    return data.host if isinstance(data, TieredStore) else None
 
 
 def close() -> None:
@@ -248,7 +293,7 @@ def buffer_counts() -> dict:
     """The decode buffers' bytes in this process: budget, in use, kept for reuse, peak."""
     pool = _decoder
     if pool is None:
-        return {"budget": 0, "in_use": 0, "kept": 0, "peak": 0, "allocated": 0, "threads": 0}
+        return {"budget": 0, "in_use": 0, "kept": 0, "peak": 0, "allocated": 0, "arena_taken": 0, "threads": 0}
     return {**pool.buffers.counts(), "threads": pool.threads}
 
 

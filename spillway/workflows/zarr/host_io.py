@@ -29,10 +29,12 @@ class HostIO:
         self.buffers = buffers
         self._taken: list[np.ndarray] = []
 
-    def empty(self, nbytes: int) -> np.ndarray:
+    def empty(self, nbytes: int, pinned: bool = True) -> np.ndarray:
+        """A buffer for a decoded chunk (``pinned``: the device copies from it, so a
+        pinned one is taken where the set has one) or for a file's bytes."""
         if self.buffers is None:
             return np.empty(nbytes, dtype=np.uint8)
-        buffer = self.buffers.take(nbytes)
+        buffer = self.buffers.take(nbytes, pinned=pinned)
         self._taken.append(buffer)
         return buffer
 
@@ -50,7 +52,7 @@ class HostIO:
 
     def read(self, path: str, size: int):
         start = time.perf_counter()
-        out = self.empty(size)
+        out = self.empty(size, pinned=False)
         fd = os.open(path, os.O_RDONLY)
         try:
             if hasattr(os, "posix_fadvise"):  # a whole file, front to back: read ahead far
