@@ -24,23 +24,33 @@ def pool(monkeypatch):
     host_decode.close()
 
 
-def test_buffers_wait_for_room_and_are_reused():
+def test_reads_wait_for_room_and_buffers_are_reused():
     buffers = host_decode.BufferSet(100)
+    buffers.reserve(60)
     a = buffers.take(60)
     got = []
-    t = threading.Thread(target=lambda: got.append(buffers.take(60)))
+
+    def second_read():
+        buffers.reserve(60)
+        got.append(buffers.take(60))
+
+    t = threading.Thread(target=second_read)
     t.start()
     time.sleep(0.1)
-    assert not got  # 120 bytes would pass the budget while another read holds 60
+    assert not got  # 120 bytes would pass the budget while the first read holds 60
     buffers.give(a)
+    buffers.unreserve(60)
     t.join(2)
     assert got and got[0] is a  # the given-back buffer, reused
     assert buffers.counts()["allocated"] == 60 and buffers.counts()["peak"] == 60
     buffers.give(got[0])
-    big = buffers.take(500)  # larger than the budget: one read alone still proceeds
+    buffers.unreserve(60)
+    buffers.reserve(500)  # larger than the budget: one read alone still proceeds
+    big = buffers.take(500)
     assert big.nbytes == 500 and buffers.counts()["kept"] == 0  # the kept 60 were dropped for it
     buffers.give(big)
-    assert buffers.held == 0  # not kept: over the budget
+    buffers.unreserve(500)
+    assert buffers.held == 0 and buffers.reserved == 0  # not kept: over the budget
     assert buffers.release_kept() == 0
 
 
@@ -54,7 +64,8 @@ def test_default_store_chunks_decode_in_the_pool_to_zarrs_bits(pool, tmp_path):
     assert files.encoding == ZSTD and not files.gpu_decodes()
     for i, start in enumerate(range(0, 30, 8)):
         shape = (min(8, 30 - start), 40, 50)
-        got = host_decode.read_in_pool(lambda io: read.read_direct(files, (i, 0, 0), shape, io), to_device=False)
+        got = host_decode.read_in_pool(lambda io: read.read_direct(files, (i, 0, 0), shape, io),
+                                       need=host_decode.bytes_to_read(files, (i, 0, 0)), to_device=False)
         assert got.tobytes() == data[start:start + 8].tobytes()
     counts = host_decode.buffer_counts()
     assert counts["in_use"] == 0 and counts["kept"] > 0 and counts["threads"] == 4
@@ -122,3 +133,24 @@ def test_buffers_for_the_device_come_from_the_stores_arena_while_it_has_room():
         buffers.give(buffer)
     assert host.arena.used_bytes == 0 and buffers.in_use == 0
     assert buffers.kept == 601_000  # the arena slice went back to the store, not kept here
+
+
+def test_a_budget_of_about_one_read_serialises_the_reads_without_deadlock(monkeypatch, tmp_path):
+    import zarr
+
+    data = np.round(np.random.default_rng(1).standard_normal((48, 64, 64)), 2).astype(np.float32)
+    z = zarr.create_array(str(tmp_path / "d.zarr"), shape=data.shape, chunks=(8, 64, 64), dtype="float32")
+    z[...] = data
+    files = chunk_files_of(z)
+    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_THREADS", "4")
+    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_BUFFER_BYTES", str(int(1.5 * files.chunk_bytes)))
+    host_decode.close()
+    try:
+        pool = host_decode.decoder()
+        futures = [pool.submit(lambda io, i=i: read.read_direct(files, (i, 0, 0), files.chunk_shape, io), False,
+                               host_decode.bytes_to_read(files, (i, 0, 0))) for i in range(6)]
+        for i, f in enumerate(futures):
+            assert f.result(timeout=20).tobytes() == data[8 * i:8 * i + 8].tobytes()
+        assert pool.buffers.peak <= 2 * files.chunk_bytes  # one read's file and chunk at a time
+    finally:
+        host_decode.close()

@@ -81,10 +81,9 @@ def _budget() -> int:
 
 
 class BufferSet:
-    """Host buffers for reads in flight, reused between chunks, within ``budget`` bytes
-    (held: in use plus kept). :meth:`take` waits while a new buffer would pass the budget
-    and another read holds buffers (one read alone always proceeds, however large its
-    chunk, so no chunk waits forever)."""
+    """Host buffers for reads in flight, reused between chunks, within ``budget`` bytes:
+    each read first reserves the bytes it will take (:meth:`reserve` waits for room),
+    then takes its buffers without waiting; kept buffers are dropped to make room."""
 
     def __init__(self, budget: int, alloc: Callable[[int], np.ndarray] | None = None, pinned=None):
         self.budget = int(budget)
@@ -99,6 +98,7 @@ class BufferSet:
         self._free: dict[int, list[np.ndarray]] = {}
         self.in_use = 0
         self.kept = 0
+        self.reserved = 0  # bytes the reads in flight may take (:meth:`reserve`)
         self.peak = 0
         self.allocated = 0  # bytes of buffers made (not reused) since the start
         self._cond = threading.Condition()
@@ -106,6 +106,19 @@ class BufferSet:
     @property
     def held(self) -> int:
         return self.in_use + self.kept
+
+    def reserve(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more fit the budget beside the reads in flight (a read
+        alone always proceeds, however large its chunk, so none waits forever)."""
+        with self._cond:
+            while self.reserved and self.reserved + nbytes > self.budget:
+                self._cond.wait()
+            self.reserved += nbytes
+
+    def unreserve(self, nbytes: int) -> None:
+        with self._cond:
+            self.reserved -= nbytes
+            self._cond.notify_all()
 
     def take(self, nbytes: int, pinned: bool = False) -> np.ndarray:
         """A buffer of ``nbytes``; ``pinned``: one the device copies from (an arena slice
@@ -130,10 +143,10 @@ class BufferSet:
                 if self.held + nbytes > self.budget and self.kept:
                     self._drop_one()  # buffers of other sizes make room first
                     continue
-                if self.held + nbytes <= self.budget or self.in_use == 0:
-                    buffer = None
-                    break
-                self._cond.wait()
+                # no wait here: the read reserved its bytes before it took any buffer
+                # (:meth:`reserve`), so a read holding one buffer never waits for another
+                buffer = None
+                break
             self.in_use += nbytes
             self.peak = max(self.peak, self.held)
         if buffer is None:
@@ -195,20 +208,22 @@ class HostDecoder:
         self._active = 0
         self._lock = threading.Lock()
 
-    def submit(self, read: Callable, to_device: bool) -> Future:
+    def submit(self, read: Callable, to_device: bool, need: int = 0) -> Future:
         """Run ``read(io)`` in the pool (``io`` a :class:`~.host_io.HostIO` over this
-        pool's buffers); its chunk is copied to the device there when ``to_device``."""
+        pool's buffers, of which it takes at most ``need`` bytes); its chunk is copied to
+        the device there when ``to_device``."""
         with self._lock:
             self._active += 1
             if self._idle is not None:
                 self._idle.cancel()
                 self._idle = None
-        return self._pool.submit(self._run, read, to_device)
+        return self._pool.submit(self._run, read, to_device, need)
 
-    def _run(self, read, to_device: bool):
+    def _run(self, read, to_device: bool, need: int):
         from .host_io import HostIO
 
         io = HostIO(self.buffers)
+        self.buffers.reserve(need)
         try:
             chunk = read(io)
             if not to_device:
@@ -216,6 +231,7 @@ class HostDecoder:
             return self._copy(chunk)
         finally:
             io.give_back()
+            self.buffers.unreserve(need)
             with self._lock:
                 self._active -= 1
                 if self._active == 0:
@@ -297,11 +313,21 @@ def buffer_counts() -> dict:
     return {**pool.buffers.counts(), "threads": pool.threads}
 
 
-def read_in_pool(read: Callable, *, to_device: bool = True):
-    """``read(io)`` run in this process's pool, the chunk on the device (or a NumPy copy
-    with ``to_device=False``); on a dask worker the calling task secedes while it waits,
-    so the worker starts its next tasks (the module docstring says why)."""
-    future = decoder().submit(read, to_device)
+def bytes_to_read(files, coords) -> int:
+    """The host bytes a chunk's read takes: its file and its decoded chunk."""
+    try:
+        size = os.path.getsize(files.chunk_path(coords))
+    except OSError:
+        size = 0
+    return size + files.chunk_bytes
+
+
+def read_in_pool(read: Callable, *, need: int = 0, to_device: bool = True):
+    """``read(io)`` run in this process's pool, taking at most ``need`` bytes of host
+    buffers, the chunk on the device (or a NumPy copy with ``to_device=False``); on a
+    dask worker the calling task secedes while it waits, so the worker starts its next
+    tasks (the module docstring says why)."""
+    future = decoder().submit(read, to_device, need)
     worker = _in_worker()
     if not worker:
         return future.result()

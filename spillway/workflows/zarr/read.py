@@ -72,7 +72,8 @@ def read_chunk(files: ChunkFiles, block_info=None):
         # a few large zstd frames: a host core decodes them faster than nvCOMP, and several
         # chunks at once in the pool of host_decode, each copied to the device there
         try:
-            return host_decode.read_in_pool(lambda io: read_direct(files, coords, shape, io))
+            return host_decode.read_in_pool(lambda io: read_direct(files, coords, shape, io),
+                                            need=host_decode.bytes_to_read(files, coords))
         except fallback.Fallback as why:
             fallback.note("direct read", f"chunk {coords} of {files.root}: {why}; read through zarr on the host")
     elif direct and device_io.kvikio_available():
