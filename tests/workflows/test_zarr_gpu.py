@@ -191,5 +191,5 @@ def test_default_zstd_store_is_decoded_on_the_host_many_chunks_at_once(cluster, 
     assert decoded == copied == data.nbytes
     buffers = [a["host_buffers"] for a in after.values()]
     assert all(b["in_use"] == 0 for b in buffers)  # every decode buffer handed back
-    # more than one chunk's buffers were held at once: reads were in flight together
-    assert max(b["peak"] for b in buffers) > 2 * data.nbytes // 8
+    # the read tasks seceded: the one worker thread had several chunk reads in flight
+    assert max(b["reads_in_flight_peak"] for b in buffers) >= 2

@@ -24,34 +24,44 @@ def pool(monkeypatch):
     host_decode.close()
 
 
+U = 2**16  # the smallest size class
+
+
 def test_reads_wait_for_room_and_buffers_are_reused():
-    buffers = host_decode.BufferSet(100)
-    buffers.reserve(60)
-    a = buffers.take(60)
+    buffers = host_decode.BufferSet(10 * U)
+    buffers.reserve(6 * U)
+    a = buffers.take(6 * U)
     got = []
 
     def second_read():
-        buffers.reserve(60)
-        got.append(buffers.take(60))
+        buffers.reserve(6 * U)
+        got.append(buffers.take(6 * U - 100))  # a file a little smaller: the same size class
 
     t = threading.Thread(target=second_read)
     t.start()
     time.sleep(0.1)
-    assert not got  # 120 bytes would pass the budget while the first read holds 60
+    assert not got  # 12 U would pass the budget while the first read holds 6 U
     buffers.give(a)
-    buffers.unreserve(60)
+    buffers.unreserve(6 * U)
     t.join(2)
-    assert got and got[0] is a  # the given-back buffer, reused
-    assert buffers.counts()["allocated"] == 60 and buffers.counts()["peak"] == 60
+    assert got and got[0].nbytes == 6 * U - 100 and got[0].ctypes.data == a.ctypes.data  # reused
+    assert buffers.counts()["allocated"] == 6 * U and buffers.counts()["peak"] == 6 * U
     buffers.give(got[0])
-    buffers.unreserve(60)
-    buffers.reserve(500)  # larger than the budget: one read alone still proceeds
-    big = buffers.take(500)
-    assert big.nbytes == 500 and buffers.counts()["kept"] == 0  # the kept 60 were dropped for it
+    buffers.unreserve(6 * U)
+    buffers.reserve(50 * U)  # larger than the budget: one read alone still proceeds
+    big = buffers.take(50 * U)
+    assert big.nbytes == 50 * U and buffers.counts()["kept"] == 0  # the kept 6 U were dropped for it
     buffers.give(big)
-    buffers.unreserve(500)
+    buffers.unreserve(50 * U)
     assert buffers.held == 0 and buffers.reserved == 0  # not kept: over the budget
     assert buffers.release_kept() == 0
+
+
+def test_size_classes():
+    assert host_decode.size_class(1) == U
+    assert host_decode.size_class(1_500_000_000) == 12 * 2**27  # twelve sixteenths of 2 GiB
+    assert all(host_decode.size_class(n) >= n for n in (U + 1, 10**6, 7 * 10**8, 2**31))
+    assert host_decode.size_class(7 * 10**8) == host_decode.size_class(6.9e8.__int__())
 
 
 def test_default_store_chunks_decode_in_the_pool_to_zarrs_bits(pool, tmp_path):
@@ -114,6 +124,7 @@ def test_read_tasks_secede_so_one_worker_thread_has_several_reads_in_flight(pool
         assert client.gather(client.map(_read_task, range(8), pure=False)) == list(range(8))
         wall = time.perf_counter() - start
     assert _in_flight["most"] >= 3, _in_flight  # one task thread, several reads at once
+    assert host_decode.buffer_counts()["reads_in_flight_peak"] >= 3
     assert wall < 8 * 0.4 * 0.75
 
 
@@ -128,11 +139,11 @@ def test_buffers_for_the_device_come_from_the_stores_arena_while_it_has_room():
     b = buffers.take(600_000, pinned=True)  # the arena is full: an ordinary buffer
     c = buffers.take(1000)  # a file's bytes: never the arena
     assert not host.arena.owns(b) and not host.arena.owns(c)
-    assert buffers.counts()["arena_taken"] == 600_000 and buffers.in_use == 1_201_000
+    assert buffers.counts()["arena_taken"] == 600_000 and buffers.in_use == 600_000 + 10 * U + U
     for buffer in (a, b, c):
         buffers.give(buffer)
     assert host.arena.used_bytes == 0 and buffers.in_use == 0
-    assert buffers.kept == 601_000  # the arena slice went back to the store, not kept here
+    assert buffers.kept == 10 * U + U  # the arena slice went back to the store, not kept here
 
 
 def test_a_budget_of_about_one_read_serialises_the_reads_without_deadlock(monkeypatch, tmp_path):

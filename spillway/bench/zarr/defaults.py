@@ -190,7 +190,9 @@ def stage_rates(before: dict, after: dict) -> dict:
         out[stage] = {"bytes": nbytes, "thread_seconds": round(seconds, 3),
                       "gbps_per_thread": round(nbytes / seconds / 1e9, 3) if seconds else None}
     out["buffer_peak_bytes"] = max(a["host_buffers"]["peak"] for a in after.values())
+    out["arena_taken_bytes"] = max(a["host_buffers"]["arena_taken"] for a in after.values())
     out["threads"] = max(a["host_buffers"]["threads"] for a in after.values())
+    out["reads_in_flight_peak"] = max(a["host_buffers"]["reads_in_flight_peak"] for a in after.values())
     return out
 
 
@@ -218,9 +220,11 @@ def old_path_stages(path: str, gpu: bool, chunks: int = 2) -> dict:
             import cupy
 
             start = time.perf_counter()
-            cupy.asarray(decoded)
+            on_device = cupy.asarray(decoded)
             cupy.cuda.runtime.deviceSynchronize()
             copy_s += time.perf_counter() - start
+            del on_device
+            cupy.get_default_memory_pool().free_all_blocks()  # this process is the client
         nbytes += decoded.nbytes
         stored += len(raw)
     total = read_s + decode_s + copy_s

@@ -80,6 +80,14 @@ def _budget() -> int:
     return int(min(MAX_BUFFER_BYTES, share * host_memory_bytes()))
 
 
+def size_class(nbytes: int) -> int:
+    """``nbytes`` rounded up to a sixteenth of its power of two (at least 64 KiB): the
+    compressed files of a store's chunks differ by a few percent in size, and buffers
+    are reused between sizes of one class."""
+    step = max(2**16, (1 << max(0, int(nbytes - 1).bit_length())) // 16)
+    return -(-nbytes // step) * step
+
+
 class BufferSet:
     """Host buffers for reads in flight, reused between chunks, within ``budget`` bytes:
     each read first reserves the bytes it will take (:meth:`reserve` waits for room),
@@ -94,6 +102,7 @@ class BufferSet:
         #: with no pinning cost), counted in the store's summary as arena bytes in use
         self.pinned = pinned
         self._from_arena: set[int] = set()
+        self._lent: dict[int, np.ndarray] = {}  # a view handed out -> its whole buffer
         self.arena_taken = 0  # bytes of arena slices handed out since the start
         self._free: dict[int, list[np.ndarray]] = {}
         self.in_use = 0
@@ -133,46 +142,52 @@ class BufferSet:
                     self.arena_taken += nbytes
                     self.peak = max(self.peak, self.held)
                 return view
+        size = size_class(nbytes)
         with self._cond:
             while True:
-                kept = self._free.get(nbytes)
+                kept = self._free.get(size)
                 if kept:
                     buffer = kept.pop()
-                    self.kept -= nbytes
+                    self.kept -= size
                     break
-                if self.held + nbytes > self.budget and self.kept:
+                if self.held + size > self.budget and self.kept:
                     self._drop_one()  # buffers of other sizes make room first
                     continue
                 # no wait here: the read reserved its bytes before it took any buffer
                 # (:meth:`reserve`), so a read holding one buffer never waits for another
                 buffer = None
                 break
-            self.in_use += nbytes
+            self.in_use += size
             self.peak = max(self.peak, self.held)
         if buffer is None:
             try:
-                buffer = self._alloc(nbytes)
+                buffer = self._alloc(size)
             except BaseException:
                 with self._cond:
-                    self.in_use -= nbytes
+                    self.in_use -= size
                     self._cond.notify_all()
                 raise
             with self._cond:
-                self.allocated += nbytes
-        return buffer
-
-    def give(self, buffer: np.ndarray) -> None:
-        nbytes = int(buffer.nbytes)
+                self.allocated += size
+        view = buffer[:nbytes]
         with self._cond:
-            self.in_use -= nbytes
-            if buffer.ctypes.data in self._from_arena:  # back to the store's arena, not kept
-                self._from_arena.discard(buffer.ctypes.data)
-                self.pinned.release(buffer)
+            self._lent[view.ctypes.data] = buffer
+        return view
+
+    def give(self, view: np.ndarray) -> None:
+        with self._cond:
+            if view.ctypes.data in self._from_arena:  # back to the store's arena, not kept
+                self._from_arena.discard(view.ctypes.data)
+                self.in_use -= int(view.nbytes)
+                self.pinned.release(view)
                 self._cond.notify_all()
                 return
-            if self.held + nbytes <= self.budget:
-                self._free.setdefault(nbytes, []).append(buffer)
-                self.kept += nbytes
+            buffer = self._lent.pop(view.ctypes.data)
+            size = int(buffer.nbytes)
+            self.in_use -= size
+            if self.held + size <= self.budget:
+                self._free.setdefault(size, []).append(buffer)
+                self.kept += size
             self._cond.notify_all()
 
     def release_kept(self) -> int:
@@ -206,6 +221,9 @@ class HostDecoder:
         self._local = threading.local()
         self._idle: threading.Timer | None = None
         self._active = 0
+        self._reading = 0
+        #: the most chunk reads in flight at once (what the pool is for)
+        self.most_reading = 0
         self._lock = threading.Lock()
 
     def submit(self, read: Callable, to_device: bool, need: int = 0) -> Future:
@@ -224,6 +242,9 @@ class HostDecoder:
 
         io = HostIO(self.buffers)
         self.buffers.reserve(need)
+        with self._lock:
+            self._reading += 1
+            self.most_reading = max(self.most_reading, self._reading)
         try:
             chunk = read(io)
             if not to_device:
@@ -233,6 +254,7 @@ class HostDecoder:
             io.give_back()
             self.buffers.unreserve(need)
             with self._lock:
+                self._reading -= 1
                 self._active -= 1
                 if self._active == 0:
                     self._idle = threading.Timer(IDLE_RELEASE_S, self.buffers.release_kept)
@@ -306,11 +328,14 @@ def close() -> None:
 
 
 def buffer_counts() -> dict:
-    """The decode buffers' bytes in this process: budget, in use, kept for reuse, peak."""
+    """The decode buffers' bytes in this process (budget, in use, kept for reuse, peak,
+    allocated, taken from the store's arena), the pool's threads and the most chunk reads
+    it had in flight at once."""
     pool = _decoder
     if pool is None:
-        return {"budget": 0, "in_use": 0, "kept": 0, "peak": 0, "allocated": 0, "arena_taken": 0, "threads": 0}
-    return {**pool.buffers.counts(), "threads": pool.threads}
+        return {"budget": 0, "in_use": 0, "kept": 0, "peak": 0, "allocated": 0, "arena_taken": 0, "threads": 0,
+                "reads_in_flight_peak": 0}
+    return {**pool.buffers.counts(), "threads": pool.threads, "reads_in_flight_peak": pool.most_reading}
 
 
 def bytes_to_read(files, coords) -> int:
