@@ -124,17 +124,13 @@ def write_stores(root: str, years: int, grid=GRID) -> dict:
 def cold(path: str) -> None:
     from .measure import sync_and_drop
 
-    sync_and_drop(_store_root(path))
+    sync_and_drop(path)
 
 
 def cached(path: str) -> None:
     from .measure import warm
 
     warm(path)
-
-
-def _store_root(path: str) -> str:
-    return path
 
 
 # --- reads
@@ -275,7 +271,8 @@ def run(years: int, out_dir: str, directory: str | None, baseline_years: int, gp
         stores = write_stores(root, years, grid)
         result["stores"] = stores
         log(f"stores written in {time.perf_counter() - start:.1f} s: " + ", ".join(
-            f"{n} {s['stored_bytes'] / 1e9:.2f} GB stored ({s['ratio']:.2f}x, {s['codecs']})" for n, s in stores.items()))
+            f"{n} {s['stored_bytes'] / 1e9:.2f} GB stored ({s['ratio']:.2f}x, {s['codecs']})"
+            for n, s in stores.items()))
         chunk = math.prod(grid) * CHUNK_DAYS * 4
         c = ceilings.measure("gpu" if gpu else "cpu", (0,) if gpu else (), chunk, directory=root, log=None)
         result["ceilings"] = dict(c.gbps)
@@ -372,7 +369,8 @@ def short_table(r: dict) -> str:
              f"{c.get('h2d_pinned', 0):.1f} GB/s)"]
     for name, s in r["stores"].items():
         lines.append(f"  {name}: {s['writer']}, {s['codecs']}, {s['array_bytes'] / 1e9:.1f} GB, {s['ratio']:.2f}x")
-    lines.append(f"{'read into device memory':32} {'GB/s':>6} {'cold: stored/disk':>18} {'/host_copy':>10} {'x dask-cuda':>11}")
+    lines.append(f"{'read into device memory':32} {'GB/s':>6} {'cold: stored/disk':>18} {'/host_copy':>10} "
+                 f"{'x dask-cuda':>11}")
     reads = r["reads"]
     for key, row in reads.items():
         if not key.startswith("spillway"):

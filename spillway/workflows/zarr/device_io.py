@@ -136,8 +136,9 @@ class KvikIO:
     _out_form: str | None = None
 
     def _decode_into(self, nvcomp, src, outs, ptr):
-        """Decode the batch ``src`` into ``outs``; returns what nvCOMP returned (for the
-        caller to release). nvCOMP's Python API documents ``out`` for the batch overload
+        """Decode the batch ``src`` into ``outs``; returns nvCOMP's arrays of the batch (what
+        it returned, and the outputs wrapped for it) for the caller to release once the
+        stream has finished with them (nvCOMP queues the decode; its arrays must outlive it). nvCOMP's Python API documents ``out`` for the batch overload
         loosely; the forms are tried in order, once per process. A refused form leaves
         only its message (see the class docstring)."""
         forms = [KvikIO._out_form] if KvikIO._out_form else ["list", "arrays", "copy"]
@@ -165,6 +166,7 @@ class KvikIO:
                 del got, out_arrays
                 continue
             KvikIO._out_form = form
+            kept = (got, out_arrays)  # released by the caller once the stream has finished
             for decoded, out in zip(got if form != "copy" and got is not None else (), outs):
                 size = getattr(decoded, "buffer_size", None)
                 if size is not None and int(size) != int(out.size):
@@ -172,7 +174,7 @@ class KvikIO:
                 where = getattr(decoded, "__cuda_array_interface__", {}).get("data", (out.data.ptr,))[0]
                 if where != out.data.ptr:  # decoded elsewhere than asked: copied into place
                     out[...] = self.xp.asarray(decoded).view(self.xp.uint8).reshape(-1)
-            return got
+            return kept
         raise Fallback(f"nvCOMP refused every output form (last: {refused})")
 
     def _heads(self, frames) -> list[bytes]:
