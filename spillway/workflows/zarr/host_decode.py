@@ -247,8 +247,8 @@ class HostDecoder:
             self.most_reading = max(self.most_reading, self._reading)
         try:
             chunk = read(io)
-            if not to_device:
-                return np.array(chunk, copy=True) if io.owns(chunk) else chunk
+            if not to_device:  # a copy: the buffers go back to the set below
+                return np.array(chunk, copy=True)
             return self._copy(chunk)
         finally:
             io.give_back()

@@ -38,13 +38,6 @@ class HostIO:
         self._taken.append(buffer)
         return buffer
 
-    def owns(self, array) -> bool:
-        """Whether ``array`` lies in a buffer this reader took from its set."""
-        base = array
-        while getattr(base, "base", None) is not None:
-            base = base.base
-        return any(base is b for b in self._taken)
-
     def give_back(self) -> None:
         taken, self._taken = self._taken, []
         for buffer in taken:
