@@ -140,7 +140,7 @@ def timed_persist(client, array) -> float:
     from distributed import wait
 
     start = time.perf_counter()
-    persisted = array.persist()
+    persisted = client.persist(array)
     wait(persisted)
     seconds = time.perf_counter() - start
     client.cancel(persisted)
