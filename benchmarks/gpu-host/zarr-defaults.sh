@@ -11,7 +11,8 @@
 #    dask-cuda (xr.open_zarr + map_blocks(cupy.asarray), 3 chunks) in the same run, and the
 #    monthly climatology by each on the field store, checked against NumPy float64.
 # Files under $OUT (/tmp/zarr-defaults without it): zarr-tests.log, nvcomp-alone.log,
-# zarr-defaults.log, zarr-defaults.json. The short table is printed last.
+# zarr-defaults.log, zarr-defaults.json. The short table is printed last. BUDGET_S (450) bounds
+# the script after the install; a dry run on CPU here: PARTS=bench YEARS=2 BENCH_ARGS="--cpu --grid 37x72".
 set -uo pipefail
 out=${OUT:-/tmp/zarr-defaults}
 mkdir -p "$out"
@@ -42,9 +43,9 @@ if has nvcomp; then
   summary+=("nvCOMP test alone, 3 runs, exit codes:$codes (0 passed; 139 SIGSEGV) after $(elapsed) s")
 fi
 if has bench; then
-  left=$(( ${BUDGET_S:-520} - $(elapsed) ))
+  left=$(( ${BUDGET_S:-450} - $(elapsed) ))
   timeout $(( left > 60 ? left : 60 )) python3 -m spillway.bench.zarr.defaults --years "${YEARS:-8}" \
-    --baseline-years "${BASELINE_YEARS:-3}" --directory "$scratch" --out "$out" > "$out/zarr-defaults.log" 2>&1
+    --baseline-years "${BASELINE_YEARS:-3}" --directory "$scratch" --out "$out" ${BENCH_ARGS:-} > "$out/zarr-defaults.log" 2>&1
   rc=$?
   summary+=("bench: exit $rc after $(elapsed) s (log zarr-defaults.log)")
 fi

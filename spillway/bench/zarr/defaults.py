@@ -19,8 +19,8 @@ Steps, in one process (the cluster is the bench's, one worker per GPU):
    the task's thread: read the file, numcodecs decode into a fresh buffer, a pageable
    copy to the device) and in the pool (:mod:`spillway.workflows.zarr.host_decode`),
    from the workers' stage counters;
-2. each store read whole into device memory (``persist``) by spillway, cached and cold,
-   GB/s of array bytes, against ``disk_read`` (stored bytes over the disk's rate) and
+2. each store read whole into device memory (``persist``) by spillway, cached (the
+   better of two runs, after one untimed chunk) and cold, GB/s of array bytes, against ``disk_read`` (stored bytes over the disk's rate) and
    ``host_copy`` measured in the same run;
 3. the same by plain dask-cuda on the first ``--baseline-years`` chunks (its rate does not
    depend on the count; its full read takes 30-40 s per store);
@@ -283,13 +283,20 @@ def run(years: int, out_dir: str, directory: str | None, baseline_years: int, gp
         reads = result["reads"] = {}
         with spillway.local(**({} if gpu else {"cpu": True}), dashboard_address="127.0.0.1:0") as cluster:
             client = cluster.client
+            # the workers' first read (imports, the pool, CUDA on its threads) is not timed
+            timed_persist(client, spillway_array(cluster, stores["random"]["path"], 1))
             for name, s in stores.items():
-                for state, prepare in (("cached", cached), ("cold", cold)):
+                for state, prepare in (("cached", cached), ("cached", cached), ("cold", cold)):
                     prepare(s["path"])
                     before = counters(client)
                     seconds = timed_persist(client, spillway_array(cluster, s["path"]))
+                    previous = reads.get(f"spillway {name} {state}")
+                    if previous and previous["seconds"] <= seconds:  # the better of two cached runs
+                        previous["runs_s"].append(round(seconds, 3))
+                        continue
                     row = {"seconds": round(seconds, 3), "gbps": s["array_bytes"] / seconds / 1e9,
-                           "stored_gbps": s["stored_bytes"] / seconds / 1e9}
+                           "stored_gbps": s["stored_bytes"] / seconds / 1e9,
+                           "runs_s": (previous["runs_s"] if previous else []) + [round(seconds, 3)]}
                     if gpu:
                         row["stages"] = stage_rates(before, counters(client))
                     reads[f"spillway {name} {state}"] = row
