@@ -177,7 +177,9 @@ def test_default_zstd_store_is_decoded_on_the_host_many_chunks_at_once(cluster, 
     from spillway.workflows.zarr.chunk_files import ZSTD, chunk_files_of
     from spillway.workflows.zarr.counters import decode_counters
 
-    shape, chunks = (8 * 40, 96, 128), (40, 96, 128)
+    # chunks of 64 MB: each decode takes tens of milliseconds, far longer than the
+    # scheduler's round trip that hands the worker its next read after a secede
+    shape, chunks = (8 * 64, 512, 512), (64, 512, 512)
     data = np.round(250 + 10 * np.random.default_rng(5).standard_normal(shape), 2).astype(np.float32)
     z = zarr.create_array(str(tmp_path / "d.zarr"), shape=shape, chunks=chunks, dtype="float32")
     z[...] = data
