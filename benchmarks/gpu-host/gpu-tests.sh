@@ -10,10 +10,6 @@
 set -u
 part=${1:?part 1, 2 or 3}
 out=${OUT:-/tmp}
-# nvCOMP 6.0.0's batch decode of frames of mixed sizes (4 B to 12 MB) crashed the process
-# (SIGSEGV inside nvCOMP) when run alone on the H100, and passed after the shard decode:
-# it runs in a process of its own so a crash is reported and takes no other test with it
-NVCOMP_ALONE=tests/workflows/test_zarr_gpu.py::test_nvcomp_batch_decode_equals_numcodecs
 export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
 case $part in
   1) paths=(tests/deploy tests/examples tests/service --ignore=tests/service/api) ;;
@@ -29,7 +25,3 @@ timeout -k 10 ${BUDGET:-540} python3 -m pytest -m gpu -v -p no:cacheprovider "${
 grep -E ' (PASSED|FAILED|ERROR|SKIPPED)' "$out/gpu-tests-$part.log" | sed -E 's/ +\[ *[0-9]+%\]$//' | cut -c1-160
 grep -E '^[0-9:]{8} (E  |FAILED|ERROR)' "$out/gpu-tests-$part.log" | cut -c1-240 | tail -25
 tail -1 "$out/gpu-tests-$part.log"
-if [ "$part" = 3 ]; then
-  timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider "$NVCOMP_ALONE" > "$out/gpu-tests-3-nvcomp.log" 2>&1
-  echo "$NVCOMP_ALONE: exit $? (139: killed by SIGSEGV; log gpu-tests-3-nvcomp.log)"
-fi

@@ -143,6 +143,12 @@ class WorkerSetup(WorkerPlugin):
         pool = getattr(self, "_prefetch_pool", None)
         if pool is not None:
             pool.shutdown(wait=False)
+        if self.kind == "gpu":
+            # nvCOMP's codecs before their streams, while the CUDA context is alive, and the
+            # Zarr host-decode pool's buffers (workflows.zarr.device_io.KvikIO says why)
+            from spillway.workflows.zarr import device_io
+
+            device_io.close_all()
 
     def _count_spills(self, data):
         """Hook the zict buffers of the worker's store (dask-cuda's DeviceHostFile or

@@ -143,3 +143,30 @@ def test_zarr_bench_on_the_gpus(tmp_path, capsys):
     # every zstd frame was decoded on the GPU, none on the host
     decoded = data["stores"]["zstd"]["decode"]
     assert decoded["gpu"]["frames"] == 6 * 8 * 365 * 7 and decoded["host"]["frames"] == 0  # 7 bands a day
+
+
+def test_default_stores_bench_on_cpu_workers(tmp_path):
+    """``python -m spillway.bench.zarr.defaults --cpu`` on a small grid: the two stores are
+    zarr's and xarray's defaults (bytes + zstd, one frame per chunk, no shards), the field
+    compresses like a real one and the random data hardly, every read and both
+    climatologies run, and the climatologies equal NumPy float64 within 1e-5."""
+    pytest.importorskip("xarray")
+    from spillway.bench.zarr import defaults
+
+    result = defaults.run(2, str(tmp_path / "out"), str(tmp_path), baseline_years=1, gpu=False, grid=(37, 72),
+                          log=lambda m: None)
+    for name, s in result["stores"].items():
+        assert s["codecs"] == ["BytesCodec", "ZstdCodec"], name
+        assert s["shape"] == [730, 37, 72]
+    assert 1.5 <= result["stores"]["field"]["ratio"] <= 4
+    assert result["stores"]["random"]["ratio"] < 1.3
+    assert set(result["reads"]) == {f"{who} {name} {state}" for who in ("spillway", "dask-cuda")
+                                    for name in ("field", "random") for state in ("cached", "cold")}
+    assert all(r["gbps"] > 0 for r in result["reads"].values())
+    assert result["rel_error_spillway"] <= 1e-5 and result["rel_error_baseline"] <= 1e-5
+    assert result["old_path"]["decode_s"] > 0
+    saved = json.loads((tmp_path / "out" / "zarr-defaults.json").read_text())
+    assert saved["stores"]["field"]["writer"] == "xarray to_zarr"
+    table = defaults.short_table(saved)
+    assert "spillway field cold" in table and "climatology: spillway" in table
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("spillway-zarr-defaults-")]  # stores removed

@@ -154,6 +154,44 @@ def test_nvcomp_batch_decode_equals_numcodecs():
     chunks = [np.round(rng.standard_normal(n), 2).astype(np.float32) for n in (1, 1000, 2**16, 2**20, 3 * 2**20)]
     frames = [cupy.asarray(np.frombuffer(numcodecs.Zstd(level=3).encode(c), np.uint8)) for c in chunks]
     outs = [cupy.empty(c.nbytes, cupy.uint8) for c in chunks]
-    KvikIO().decode_zstd(frames, outs)
+    # the codec and its stream released here, in order, not by the garbage collector or at exit
+    with KvikIO() as io:
+        io.decode_zstd(frames, outs)
+        io.decode_zstd(frames[::-1], outs[::-1])  # the same codec again, its output form known
     for out, chunk in zip(outs, chunks):
         assert cupy.asnumpy(out).tobytes() == chunk.tobytes()
+    # a temporary reader dropped right after its decode (what crashed before)
+    again = [cupy.empty(c.nbytes, cupy.uint8) for c in chunks]
+    KvikIO().decode_zstd(frames, again)
+    import gc
+
+    gc.collect()
+    assert all(cupy.asnumpy(a).tobytes() == c.tobytes() for a, c in zip(again, chunks))
+
+
+def test_default_zstd_store_is_decoded_on_the_host_many_chunks_at_once(cluster, tmp_path):
+    """zarr's defaults (zstd, one frame per chunk, no shards): ``cluster.open`` reads the
+    chunks in the host-decode pool, several at once on the one worker, to zarr's bits."""
+    import zarr
+
+    from spillway.workflows.zarr.chunk_files import ZSTD, chunk_files_of
+    from spillway.workflows.zarr.counters import decode_counters
+
+    # chunks of 64 MB: each decode takes tens of milliseconds, far longer than the
+    # scheduler's round trip that hands the worker its next read after a secede
+    shape, chunks = (8 * 64, 512, 512), (64, 512, 512)
+    data = np.round(250 + 10 * np.random.default_rng(5).standard_normal(shape), 2).astype(np.float32)
+    z = zarr.create_array(str(tmp_path / "d.zarr"), shape=shape, chunks=chunks, dtype="float32")
+    z[...] = data
+    assert chunk_files_of(z).encoding == ZSTD and not chunk_files_of(z).gpu_decodes()
+    before = cluster.client.run(decode_counters)
+    got = cluster.compute(cluster.open(str(tmp_path / "d.zarr")))
+    after = cluster.client.run(decode_counters)
+    assert type(got).__module__.startswith("cupy") and got.get().tobytes() == data.tobytes()
+    decoded = sum(after[w]["stages"]["decode"]["bytes"] - before[w]["stages"]["decode"]["bytes"] for w in after)
+    copied = sum(after[w]["stages"]["copy"]["bytes"] - before[w]["stages"]["copy"]["bytes"] for w in after)
+    assert decoded == copied == data.nbytes
+    buffers = [a["host_buffers"] for a in after.values()]
+    assert all(b["in_use"] == 0 for b in buffers)  # every decode buffer handed back
+    # the read tasks seceded: the one worker thread had several chunk reads in flight
+    assert max(b["reads_in_flight_peak"] for b in buffers) >= 2

@@ -35,9 +35,13 @@ that holds or wants it, so nothing passes through the client:
 * *read*, ``bytes`` + ``zstd`` without sharding (zarr's and xarray's default compressor,
   without checksum): one zstd frame per chunk. One frame decodes on nvCOMP at about
   0.1 GB/s (measured on an H100: 32 frames of 8 MiB, one at a time), slower than one host
-  core, so such a chunk is read and decoded on the host and copied to the device once;
-  write stores meant for GPU reads sharded (``shards=`` in zarr, ``"shards"`` in an
-  xarray encoding) with small inner chunks;
+  core, and no decoder splits one frame over threads, so such chunks are read and decoded
+  on the host, **many at once**, in a pool of threads per worker (:mod:`.host_decode`:
+  the read task secedes while it waits, so the worker starts its next chunk reads), into
+  reused host buffers (slices of the tiered store's pinned arena for the decoded bytes
+  while it has room) and copied to the device from there; stores written sharded
+  (``shards=`` in zarr, ``"shards"`` in an xarray encoding) with small inner chunks
+  decode on the GPU instead;
 * *read*, any other codec chain (blosc, gzip, big-endian, transpose, a checksum, ...):
   zarr decodes it with its CPU codecs into host memory and the chunk is copied to the
   device once;
@@ -68,7 +72,9 @@ never imports them.
 * :mod:`.zstd`: the checks of zstd frame headers made before nvCOMP sees the frames;
 * :mod:`.host_io` and :mod:`.device_io`: whole chunk files between a file and host memory,
   or device memory (KvikIO; zstd decoded by nvCOMP); :mod:`.device_io` also says what a
-  worker reads with;
+  worker reads with, and closes nvCOMP's codecs before their streams;
+* :mod:`.host_decode`: the pool that reads and decodes default-store chunks on the host,
+  many at once, and its decode buffers;
 * :mod:`.fallback` and :mod:`.counters`: the fallbacks to zarr (logged once per worker),
   and the zstd bytes each process decoded, on the GPU and on the host;
 * :mod:`.buffers`: the host buffer that lets zarr take device chunks.

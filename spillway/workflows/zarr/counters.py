@@ -1,13 +1,17 @@
 """What this process decoded: zstd bytes, frames and seconds, on the GPU (nvCOMP) and on
-the host. The bench and the climatology example read them on every worker with
-``client.run(decode_counters)``."""
+the host; and, for chunks read through the host (:mod:`.host_decode`), the bytes and
+seconds of each stage (file read, decode, copy to the device) summed over the pool's
+threads, with the decode buffers' bytes. The bench and the climatology example read them
+on every worker with ``client.run(decode_counters)``."""
 
 from __future__ import annotations
 
 import threading
 
 _decoded = {"gpu": [0, 0, 0.0], "host": [0, 0, 0.0]}  # bytes, frames, seconds
-# a worker decodes chunks on several task threads at once
+#: stage -> [bytes, seconds, calls]; seconds are thread-seconds (several threads at once)
+_stages = {"read": [0, 0.0, 0], "decode": [0, 0.0, 0], "copy": [0, 0.0, 0]}
+# a worker decodes chunks on several threads at once
 _decoded_lock = threading.Lock()
 
 
@@ -19,8 +23,23 @@ def count(where: str, nbytes: int, frames: int, seconds: float) -> None:
         entry[2] += seconds
 
 
+def count_stage(stage: str, nbytes: int, seconds: float) -> None:
+    with _decoded_lock:
+        entry = _stages[stage]
+        entry[0] += nbytes
+        entry[1] += seconds
+        entry[2] += 1
+
+
 def decode_counters(dask_worker=None) -> dict:
     """Bytes decoded, frames and seconds spent decoding zstd, on the GPU (nvCOMP, until
-    its stream finished) and on the host, since this process started."""
+    its stream finished) and on the host, since this process started; the host path's
+    stages (``read``, ``decode``, ``copy``: bytes, thread-seconds, calls) and its decode
+    buffers (``host_buffers``: budget, in use, kept, peak, allocated bytes, threads)."""
+    from .host_decode import buffer_counts
+
     with _decoded_lock:
-        return {k: {"bytes": v[0], "frames": v[1], "seconds": v[2]} for k, v in _decoded.items()}
+        out = {k: {"bytes": v[0], "frames": v[1], "seconds": v[2]} for k, v in _decoded.items()}
+        out["stages"] = {k: {"bytes": v[0], "seconds": v[1], "calls": v[2]} for k, v in _stages.items()}
+    out["host_buffers"] = buffer_counts()
+    return out

@@ -7,10 +7,13 @@ KvikIO, CuPy and nvCOMP are imported only inside functions that run on GPU worke
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib.util
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -29,7 +32,20 @@ IO_TASK_BYTES = 16 * 2**20
 class KvikIO:
     """The direct path over device memory: KvikIO reads and writes whole chunk files
     between the file and CuPy buffers (GDS, or POSIX through pinned bounce buffers with
-    KvikIO's thread pool); nvCOMP decodes zstd on the device."""
+    KvikIO's thread pool); nvCOMP decodes zstd on the device.
+
+    **Lifetimes** (nvCOMP crashed the process when they were left to the garbage
+    collector: benchmarks/NOTES.md, "The house refactor on one H100"). The nvCOMP codec
+    and the arrays it decodes from and into are given a CUDA stream by pointer, which
+    nvCOMP borrows and does not keep alive, and they may touch it when they are
+    destroyed (stream-ordered frees of their scratch). So this object owns the stream,
+    and the order of destruction is explicit: the batch's nvCOMP arrays are released
+    inside :meth:`decode_zstd`, after the stream has finished; :meth:`close` releases
+    the codec, then the stream, while the CUDA context is alive. :func:`close_all` closes
+    every reader of the process: the worker plugin's teardown calls it, and so does an
+    exit handler (run before CUDA's own teardown at exit). No exception of a refused
+    nvCOMP call is kept (a kept exception holds its frame, and with it the arrays and the
+    codec, until a later garbage-collection pass)."""
 
     def __init__(self):
         import cupy
@@ -38,9 +54,32 @@ class KvikIO:
         self.xp = cupy
         self.kvikio = kvikio
         self._zstd = None
+        self._stream = None
+        _opened.append(weakref.ref(self))
+        _exit_handler()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        """Release the nvCOMP codec, then its stream (once the stream has finished)."""
+        codec, stream = self._zstd, self._stream
+        self._zstd = self._stream = None
+        if stream is not None:
+            stream.synchronize()
+        if codec is not None:
+            del codec
+            gc.collect()  # anything of nvCOMP's still in a reference cycle goes before its stream
+        del stream
+
+    def empty(self, nbytes: int, pinned: bool = True):
+        return self.xp.empty(nbytes, dtype=self.xp.uint8)
 
     def read(self, path: str, size: int):
-        out = self.xp.empty(size, dtype=self.xp.uint8)
+        out = self.empty(size)
         with self.kvikio.CuFile(path, "r") as f:
             got = f.read(out)
         if got != size:
@@ -74,31 +113,44 @@ class KvikIO:
             self._zstd = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
                                       device_id=cupy.cuda.Device().id, cuda_stream=self._stream.ptr)
         ptr = self._stream.ptr
+        failure = None
+        src = got = None
         try:
             src = nvcomp.as_arrays(list(frames), cuda_stream=ptr)
-            self._decode_into(nvcomp, src, outs, ptr)
-            self._stream.synchronize()
-        except Fallback:
-            raise
+            got = self._decode_into(nvcomp, src, outs, ptr)
+        except Fallback as e:
+            failure = str(e)
         except Exception as e:  # nvCOMP raises its own types for streams it cannot decode
-            raise Fallback(f"nvCOMP could not decode it ({type(e).__name__}: {e})") from None
+            failure = f"nvCOMP could not decode it ({type(e).__name__}: {e})"
+        finally:
+            # the batch's arrays die here, after the stream has finished with them, not in
+            # a later garbage-collection pass
+            self._stream.synchronize()
+            del src, got
+        if failure is not None:
+            raise Fallback(failure)
         count("gpu", sum(int(o.size) for o in outs), len(outs), time.perf_counter() - start)
 
     #: how this nvCOMP takes preallocated outputs, once found: "list" (CuPy arrays),
     #: "arrays" (its own BatchArray) or "copy" (it allocates; the results are copied)
     _out_form: str | None = None
 
-    def _decode_into(self, nvcomp, src, outs, ptr) -> None:
-        """Decode the batch ``src`` into ``outs``. nvCOMP's Python API documents ``out``
-        for the batch overload loosely; the forms are tried in order, once per process."""
+    def _decode_into(self, nvcomp, src, outs, ptr):
+        """Decode the batch ``src`` into ``outs``; returns nvCOMP's arrays of the batch (what
+        it returned, and the outputs wrapped for it) for the caller to release once the
+        stream has finished with them (nvCOMP queues the decode; its arrays must outlive it). nvCOMP's Python API documents ``out`` for the batch overload
+        loosely; the forms are tried in order, once per process. A refused form leaves
+        only its message (see the class docstring)."""
         forms = [KvikIO._out_form] if KvikIO._out_form else ["list", "arrays", "copy"]
-        error = None
+        refused = None
         for form in forms:
+            got = out_arrays = None
             try:
                 if form == "list":
                     got = self._zstd.decode(src, out=list(outs))
                 elif form == "arrays":
-                    got = self._zstd.decode(src, out=nvcomp.as_arrays(list(outs), cuda_stream=ptr))
+                    out_arrays = nvcomp.as_arrays(list(outs), cuda_stream=ptr)
+                    got = self._zstd.decode(src, out=out_arrays)
                 else:
                     got = self._zstd.decode(src)
                     for decoded, out in zip(got, outs):
@@ -109,9 +161,12 @@ class KvikIO:
             except Fallback:
                 raise
             except Exception as e:  # this form refused (nvCOMP's own exception types): try the next
-                error = e
+                refused = f"{type(e).__name__}: {e}"
+                self._stream.synchronize()
+                del got, out_arrays
                 continue
             KvikIO._out_form = form
+            kept = (got, out_arrays)  # released by the caller once the stream has finished
             for decoded, out in zip(got if form != "copy" and got is not None else (), outs):
                 size = getattr(decoded, "buffer_size", None)
                 if size is not None and int(size) != int(out.size):
@@ -119,8 +174,8 @@ class KvikIO:
                 where = getattr(decoded, "__cuda_array_interface__", {}).get("data", (out.data.ptr,))[0]
                 if where != out.data.ptr:  # decoded elsewhere than asked: copied into place
                     out[...] = self.xp.asarray(decoded).view(self.xp.uint8).reshape(-1)
-            return
-        raise error
+            return kept
+        raise Fallback(f"nvCOMP refused every output form (last: {refused})")
 
     def _heads(self, frames) -> list[bytes]:
         """The first bytes of each frame (its header), in one copy to the host."""
@@ -129,6 +184,35 @@ class KvikIO:
         heads = cupy.asnumpy(cupy.concatenate([f[:k] for f, k in zip(frames, take)]))
         bounds = np.cumsum([0, *take])
         return [heads[bounds[i]:bounds[i + 1]].tobytes() for i in range(len(frames))]
+
+
+#: every reader made in this process (weakly), for :func:`close_all`
+_opened: list = []
+_exit_registered = False
+
+
+def _exit_handler() -> None:
+    global _exit_registered
+    if not _exit_registered:
+        _exit_registered = True
+        # registered after CuPy's import, so it runs before CuPy's own exit handlers
+        atexit.register(close_all)
+
+
+def close_all() -> None:
+    """Close every KvikIO reader of this process (their nvCOMP codecs and streams) and the
+    host-decode pool: the worker's teardown and the exit handler."""
+    from . import host_decode
+
+    opened, _opened[:] = list(_opened), []
+    for ref in opened:
+        io = ref()
+        if io is not None:
+            try:
+                io.close()
+            except Exception:  # a context already gone: nothing more can be released
+                pass
+    host_decode.close()  # a closed reader makes its codec again if it is used after this
 
 
 _local = threading.local()

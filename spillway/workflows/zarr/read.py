@@ -1,7 +1,8 @@
 """Reading a stored array: a lazy dask array of one task per stored chunk, and the task,
-which reads its chunk on the worker: on the direct path into device memory (or host
-memory, for a few large zstd frames), else through zarr on the host, then copied to the
-device once (the package docstring says which chunks go which way)."""
+which reads its chunk on the worker: on the direct path into device memory (or, for a
+few large zstd frames, into host memory in the pool of :mod:`.host_decode`, many chunks
+at once), else through zarr on the host, then copied to the device once (the package
+docstring says which chunks go which way)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import device_io, fallback
+from . import device_io, fallback, host_decode
 from .chunk_files import CODECS, RAW, SHARDED, ZSTD, ChunkFiles, chunk_files_of
-from .host_io import HostIO
 from .shards import read_shard
 
 
@@ -69,9 +69,11 @@ def read_chunk(files: ChunkFiles, block_info=None):
     shape = tuple(info["chunk-shape"])
     direct = files.encoding in (RAW, ZSTD, SHARDED)
     if direct and files.zstd and not files.gpu_decodes():
-        # a few large zstd frames: a host core decodes them faster than nvCOMP (package docstring)
+        # a few large zstd frames: a host core decodes them faster than nvCOMP, and several
+        # chunks at once in the pool of host_decode, each copied to the device there
         try:
-            return _to_device(read_direct(files, coords, shape, HostIO()))
+            return host_decode.read_in_pool(lambda io: read_direct(files, coords, shape, io),
+                                            need=host_decode.bytes_to_read(files, coords))
         except fallback.Fallback as why:
             fallback.note("direct read", f"chunk {coords} of {files.root}: {why}; read through zarr on the host")
     elif direct and device_io.kvikio_available():
@@ -103,7 +105,7 @@ def read_direct(files: ChunkFiles, coords, shape, io):
             raise fallback.Fallback(f"file of {size} bytes, expected {files.chunk_bytes}")
         chunk = io.read(path, size).view(dtype).reshape(files.chunk_shape)
     else:
-        out = io.xp.empty(files.chunk_bytes, dtype=np.uint8)
+        out = io.empty(files.chunk_bytes)
         io.decode_zstd([io.read(path, size)], [out])
         chunk = out.view(dtype).reshape(files.chunk_shape)
     if shape != files.chunk_shape:

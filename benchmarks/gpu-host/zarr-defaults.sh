@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Zarr as people store it (issue 29), one call of under 9 minutes on nvidia-h100-x1:
+#   bash .whl-svc/install-wheels.sh .whl-svc && export PYTHONPATH=/tmp/site:$PWD
+#   bash benchmarks/gpu-host/zarr-defaults.sh            (PARTS="tests nvcomp bench" by default)
+# 1. tests: the Zarr GPU tests in one pytest process (the nvCOMP batch decode among them,
+#    in the suite's own process: the codec-lifetime crash is fixed) and the CPU Zarr I/O tests;
+# 2. nvcomp: the nvCOMP test alone, 3 times (it crashed alone 3 of 3 before the fix);
+# 3. bench: `python -m spillway.bench.zarr.defaults --years 8`: the default stores
+#    (xarray to_zarr / zarr create_array, zstd, one frame per 1.5 GB chunk), smooth field +
+#    noise and random, read into the GPU by cluster.open cached and cold, beside plain
+#    dask-cuda (xr.open_zarr + map_blocks(cupy.asarray), 3 chunks) in the same run, and the
+#    monthly climatology by each on the field store, checked against NumPy float64.
+# Files under $OUT (/tmp/zarr-defaults without it): zarr-tests.log, nvcomp-alone.log,
+# zarr-defaults.log, zarr-defaults.json. The short table is printed last. BUDGET_S (450) bounds
+# the script after the install; a dry run on CPU here: PARTS=bench YEARS=2 BENCH_ARGS="--cpu --grid 37x72".
+set -uo pipefail
+out=${OUT:-/tmp/zarr-defaults}
+mkdir -p "$out"
+parts=" ${PARTS:-tests nvcomp bench} "
+has() { [[ "$parts" == *" $1 "* ]]; }
+start=$(date +%s)
+elapsed() { echo $(( $(date +%s) - start )); }
+scratch=$(mktemp -d "${SCRATCH:-/tmp}/spillway-zd-XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+export DASK_SPILLWAY__DASHBOARD_ADDRESS=127.0.0.1:0
+summary=()
+{ nvidia-smi -L; nproc; free -g | head -2; df -h "$scratch" | tail -1; } > "$out/machine.txt" 2>&1
+
+if has tests; then
+  timeout 230 python3 -m pytest -m gpu -p no:cacheprovider -v -rfEs --timeout 200 \
+    --basetemp "$scratch/pytest" tests/workflows/test_zarr_gpu.py tests/workflows/test_zarr_io.py \
+    > "$out/zarr-tests.log" 2>&1
+  summary+=("tests: exit $? ($(tail -1 "$out/zarr-tests.log")) after $(elapsed) s")
+fi
+if has nvcomp; then
+  : > "$out/nvcomp-alone.log"
+  codes=""
+  for i in 1 2 3; do
+    timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider \
+      tests/workflows/test_zarr_gpu.py::test_nvcomp_batch_decode_equals_numcodecs >> "$out/nvcomp-alone.log" 2>&1
+    codes+=" $?"
+  done
+  summary+=("nvCOMP test alone, 3 runs, exit codes:$codes (0 passed; 139 SIGSEGV) after $(elapsed) s")
+fi
+if has bench; then
+  left=$(( ${BUDGET_S:-450} - $(elapsed) ))
+  timeout $(( left > 60 ? left : 60 )) python3 -m spillway.bench.zarr.defaults --years "${YEARS:-8}" \
+    --baseline-years "${BASELINE_YEARS:-3}" --directory "$scratch" --out "$out" ${BENCH_ARGS:-} > "$out/zarr-defaults.log" 2>&1
+  rc=$?
+  summary+=("bench: exit $rc after $(elapsed) s (log zarr-defaults.log)")
+fi
+grep -E "^(FAILED|ERROR)" "$out/zarr-tests.log" 2>/dev/null | cut -c1-200
+printf '%s\n' "${summary[@]}"
+if has bench; then
+  # the table is the bench's last lines
+  sed -n '/^Zarr default stores/,$p' "$out/zarr-defaults.log"
+  [ "${rc:-1}" = 0 ] || tail -15 "$out/zarr-defaults.log"
+fi
