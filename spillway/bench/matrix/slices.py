@@ -1,6 +1,6 @@
 """Named slices of the matrix, each sized to one device call, and the command that runs one.
 
-A device call on the GPU host lasts at most 10 minutes, so the 29 cases run in slices
+A device call on the GPU host lasts at most 10 minutes, so the 35 cases run in slices
 (:data:`SLICES`), the most informative first: the tall-skinny linear algebra on persisted
 data that failed before. :func:`estimate` predicts a case's seconds from the bytes it
 moves and the flops it does at a scale; ``tests/bench/test_ooc_matrix.py``
