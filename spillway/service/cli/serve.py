@@ -167,6 +167,10 @@ def tenant():
     """
 
 
+#: what ``tenant add`` / ``tenant list`` show for a tenant without a per-job limit
+CLUSTER = "cluster"
+
+
 def _job_limit(value: str | None) -> int | None:
     """``--max-job-bytes``: a size, or ``cluster`` (what the serving cluster's admission
     accepts: device + host tier + disk)."""
@@ -182,10 +186,6 @@ def _job_limit(value: str | None) -> int | None:
     except ValueError as e:
         raise click.BadParameter(f"{e}; or 'cluster' for the cluster's admission", param_hint="--max-job-bytes") \
             from None
-
-
-#: what ``tenant add`` / ``tenant list`` show for a tenant without a per-job limit
-CLUSTER = "cluster"
 
 
 def job_limit_text(limit: int | None) -> str:

@@ -19,9 +19,9 @@ from spillway.service.jobdb.migrate import OLD_DEFAULT_MAX_JOB_BYTES, old_defaul
 SLOW = {"size": "3000x3000", "chunks": "60x60"}
 
 
-def test_the_default_is_the_cluster(tmp_path):
+def test_the_default_is_the_cluster(db_state):
     assert DEFAULT_MAX_JOB_BYTES is None
-    jobdb = JobDB.open(str(tmp_path))
+    jobdb = JobDB.open(db_state["state_dir"], db_state.get("db"))
     try:
         info, _ = jobdb.add_tenant("ann")
         assert info["max_job_bytes"] is None
@@ -155,3 +155,19 @@ def test_a_queued_job_says_why_it_waits(service):
     assert first.result(timeout=120).summary and second.result(timeout=120).summary
     assert second.status()["waiting"] is None
     owen.close()
+
+
+def test_an_old_postgresql_database_is_migrated(db_state):
+    if db_state["backend"] != "postgresql":
+        pytest.skip("SQLite's rebuild is tested above")
+    jobdb = JobDB.open(db_state["state_dir"], db_state["db"])
+    jobdb.add_tenant("old", max_job_bytes=OLD_DEFAULT_MAX_JOB_BYTES)
+    with jobdb.engine.begin() as conn:  # the column as spillway made it before
+        conn.exec_driver_sql("ALTER TABLE tenants ALTER COLUMN max_job_bytes SET NOT NULL")
+    jobdb.close()
+    jobdb = JobDB.open(db_state["state_dir"], db_state["db"])
+    try:
+        assert jobdb.add_tenant("new")[0]["max_job_bytes"] is None
+        assert [t["max_job_bytes"] for t in jobdb.tenants()] == [OLD_DEFAULT_MAX_JOB_BYTES, None]
+    finally:
+        jobdb.close()
