@@ -3,8 +3,8 @@
 #   bash benchmarks/gpu-host/gpu-tests.sh 1|2|3
 # 1: deploy, notebooks, service (memory, cluster, launch, local, transfer); 2: the bench's
 # GPU tests but the out-of-core matrix (that is `matrix-slices.sh`) and the Zarr bench;
-# 3: workflows and the Zarr bench. The shared service's GPU test needs two GPUs and the
-# service's wheels, so it is left to the multi-GPU hosts.
+# 3: workflows and the Zarr bench. The shared service's GPU tests need the service's wheels:
+# the one-GPU test runs in service-gpu.sh, the two-GPU one on the multi-GPU hosts.
 # Assumes the test wheels are installed (fetch-test-wheels.sh) and PYTHONPATH=/tmp/site:$PWD.
 # Writes $OUT/gpu-tests-PART.{log,xml}; prints the failures and the summary last.
 set -u

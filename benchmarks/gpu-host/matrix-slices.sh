@@ -2,7 +2,8 @@
 # One slice of the out-of-core matrix on the GPU host, in one device call (under 10 minutes):
 # every case of the slice at 1.3x the GPUs' memory, checked against NumPy float64 from the
 # seeds, with the copy ceilings measured first and each case's copy bound next to its time.
-#   usage: benchmarks/gpu-host/matrix-slices.sh SLICE        (1 ... 10, in that order)
+#   usage: benchmarks/gpu-host/matrix-slices.sh SLICE        (1 ... 12, in that order; 11 and 12,
+#          the service and batch paths, need the service wheel set .whl-svc installed)
 # Slices and their estimates on one H100 80 GB: `spillway bench --matrix` in NOTES.md
 # ("The out-of-core matrix"). Assumes spillway's wheels are installed and
 # PYTHONPATH=/tmp/site:$PWD. Writes under $OUT (5 files, no folders):
@@ -11,7 +12,7 @@
 #   matrix-SLICE.txt                           the short table, also printed last
 # Back here: spillway bench --matrix-merge <fetched folder> --out benchmarks/results
 set -uo pipefail
-slice=${1:?usage: matrix-slices.sh SLICE (1 ... 10)}
+slice=${1:?usage: matrix-slices.sh SLICE (1 ... 12)}
 out=${OUT:-/tmp/matrix-out}
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}

@@ -169,9 +169,16 @@ class Job:
         return self.record["state"]
 
     def status(self) -> dict:
-        """The job as the service sees it now: state, progress, timings, spilled bytes, error."""
+        """The job as the service sees it now: state, progress, timings, spilled bytes,
+        error, and while it is queued why it waits (``waiting``)."""
         self.record = self.service.request("GET", f"/jobs/{self.id}")
         return self.record
+
+    @property
+    def waiting(self) -> str | None:
+        """Why the job (when last fetched) is queued rather than running, such as
+        ``waiting for memory: 1 running job holds 203.38 GiB ...``; None once it runs."""
+        return self.record.get("waiting")
 
     def wait(self, timeout: float | None = None, *, progress=True, poll_s: float = 0.5) -> Job:
         """Block until the job ends, drawing its task progress; returns the job.
@@ -236,8 +243,9 @@ class Job:
 
     def __repr__(self):
         p = self.record["progress"]
+        why = f" ({self.waiting})" if self.waiting else ""
         return (f"<spillway job {self.id} {self.record['workflow']} {self.state} "
-                f"{p['tasks_done']}/{p['tasks_total']} tasks>")
+                f"{p['tasks_done']}/{p['tasks_total']} tasks{why}>")
 
 
 class JobResult:

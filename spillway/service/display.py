@@ -114,6 +114,7 @@ def job_html(record: Mapping) -> str:
                   + (" (cancel requested)" if record.get("cancel_requested") and state == "running" else "")),
         ("progress", f"<progress value='{p['tasks_done']}' max='{max(p['tasks_total'], 1)}'></progress> "
                      f"{p['tasks_done']}/{p['tasks_total']} tasks"),
+        *([("waiting", _e(record["waiting"]))] if record.get("waiting") else []),
         ("params", _pairs(record.get("params") or {})),
         ("tenant", _e(record.get("tenant") or "—")),
         ("priority", _e(record.get("priority", 0))),
@@ -154,6 +155,11 @@ def report_html(report: Mapping) -> str:
         rows.append((f"peak memory ({_e(report.get('memory_measure') or 'per worker')})",
                      "<br>".join(f"<code>{_e(a)}</code>: {_e(format_bytes(v) if v is not None else '—')}"
                                  for a, v in peaks.items())))
+    host = report.get("peak_host_bytes_per_worker") or {}
+    if host and report.get("memory_measure") == "rmm":
+        rows.append(("peak host memory (worker RSS)",
+                     "<br>".join(f"<code>{_e(a)}</code>: {_e(format_bytes(v) if v is not None else '—')}"
+                                 for a, v in host.items())))
     v = report.get("verify")
     if v:
         ok = v.get("ok")

@@ -240,15 +240,21 @@ def worker_snapshot(dask_worker) -> dict:
             current_bytes=int(base + counts.current_bytes),
             memory_measure="rmm",
         )
-    else:
-        monitor = dask_worker.monitor
-        since = getattr(plugin, "window_start", 0.0)
-        samples = [
-            m for t, m in zip(monitor.quantities["time"], monitor.quantities["memory"]) if t >= since
-        ]
-        rss = int(monitor.get_process_memory())
-        snap.update(peak_bytes=max(samples + [rss]), current_bytes=rss, memory_measure="rss")
+    host_peak, rss = _host_peak(dask_worker, getattr(plugin, "window_start", 0.0))
+    # the worker process's resident memory (pinned and pageable host tier, Python, CUDA's
+    # host side), sampled by distributed's monitor: the host figure next to RMM's device one
+    snap.update(host_peak_bytes=host_peak, host_bytes=rss)
+    if stats is None:
+        snap.update(peak_bytes=host_peak, current_bytes=rss, memory_measure="rss")
     return snap
+
+
+def _host_peak(dask_worker, since: float) -> tuple[int, int]:
+    """(peak, current) resident bytes of the worker process since ``since``."""
+    monitor = dask_worker.monitor
+    samples = [m for t, m in zip(monitor.quantities["time"], monitor.quantities["memory"]) if t >= since]
+    rss = int(monitor.get_process_memory())
+    return int(max(samples + [rss])), rss
 
 
 def reset_peak(dask_worker) -> None:

@@ -312,6 +312,8 @@ def transfer_stats(before: dict, after: dict, *, start_wall: float) -> dict:
         "spilled_by_tier": spilled,
         "peak_bytes_per_worker": {addr: snap["peak_bytes"] for addr, snap in after.items()},
         "memory_measure": next(iter(after.values()))["memory_measure"] if after else None,
+        # each worker process's resident host memory at its highest during the run
+        "peak_host_bytes_per_worker": {addr: snap.get("host_peak_bytes") for addr, snap in after.items()},
         "spill": spill_per_worker or None,
     }
     return out
@@ -393,6 +395,9 @@ def format_report(report: dict) -> str:
                          f"machine available >= {format_bytes(host['lowest_available_bytes'])} "
                          f"(headroom {format_bytes(host['headroom_bytes'])})"
                          + (f"; paused {host['pauses']}x, {host['paused_s']:.1f} s" if host["pauses"] else ""))
+    host = [v for v in (report.get("peak_host_bytes_per_worker") or {}).values() if v is not None]
+    if host and report.get("memory_measure") == "rmm":
+        lines.append(f"peak host     {', '.join(format_bytes(v) for v in host)}  (worker RSS)")
     v = report.get("verify")
     if v:
         status = "OK" if v["ok"] else "FAILED"

@@ -94,7 +94,7 @@ def gpu_local():
 @pytest.mark.timeout(580)
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_case_on_the_gpus(case, gpu_scale, copy_ceilings, matrix_rows, request):
-    cluster = request.getfixturevalue("gpu_local") if case.path != "cli" else None
+    cluster = request.getfixturevalue("gpu_local") if case.path not in matrix.OWN_CLUSTER else None
     r = matrix.run_case(case, gpu_scale, cluster=cluster, ceilings=copy_ceilings)
     matrix_rows.append(r)
     _check_row(r, gpu_scale)
@@ -119,9 +119,13 @@ def test_cases_cover_the_catalogue_on_two_paths_and_user_code():
         assert f"cli-{name}" in ids and f"notebook-{name}" in ids
     assert [c.workflow for c in CASES if c.path == "user-code"] == [
         "qr", "svd", "lstsq", "matmul", "map_overlap", "reductions", "rechunk"]
-    # cli cases first: they start their own clusters, which must not share the GPUs
+    # the shared service and the batch script run rechunk, matmul and svd
+    for path in ("service", "batch"):
+        assert [c.workflow for c in CASES if c.path == path] == ["rechunk", "matmul", "svd"]
+    # cases with a cluster of their own first: it must not share the GPUs with the notebook's
     paths = [c.path for c in CASES]
     assert paths == sorted(paths, key=matrix.PATHS.index)
+    assert set(paths[:paths.index("notebook")]) == {"cli", "service", "batch"}
 
 
 @pytest.mark.parametrize("scale, slack", [
@@ -206,6 +210,23 @@ def test_one_case_per_path_on_cpu_and_the_table(cpu_local, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_the_service_and_batch_paths_on_cpu():
+    """rechunk through `spillway serve` (a tenant added with no options, spillway.connect,
+    verify=True) and through the rendered one-node batch script with the srun stand-in,
+    each with its own 2 CPU workers; the rows have the cli path's columns."""
+    scale = matrix.cpu_scale()
+    rows = [matrix.run_case(matrix.Case("rechunk", path), scale, cluster_args=CLI_ARGS_CPU, timeout=300)
+            for path in ("service", "batch")]
+    for r in rows:
+        _check_row(r, scale)
+        assert not r["refused"] and r["process_s"] > r["wall_s"]
+    service, batch = rows
+    assert service["case"] == "service-rechunk" and 0 < service["submit_s"] < service["process_s"]
+    assert batch["case"] == "batch-rechunk" and batch["params"] == service["params"]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_every_notebook_and_user_code_case_on_cpu(cpu_local):
     """The whole notebook and user-code columns at the CPU scale (lstsq needs SciPy on
@@ -214,7 +235,7 @@ def test_every_notebook_and_user_code_case_on_cpu(cpu_local):
 
     scale = matrix.cpu_scale()
     for case in CASES:
-        if case.path == "cli" or (case.workflow == "lstsq" and importlib.util.find_spec("scipy") is None):
+        if case.path in ("cli", "service", "batch") or (case.workflow == "lstsq" and importlib.util.find_spec("scipy") is None):
             continue
         r = matrix.run_case(case, scale, cluster=cpu_local)
         _check_row(r, scale)
@@ -228,13 +249,13 @@ ONE_H100 = matrix.Scale(device_bytes=85_520_809_984, kind="gpu", n_workers=1, wo
 
 def test_slices_partition_the_cases_and_start_with_the_linear_algebra_that_failed():
     named = [c for members in slices.SLICES.values() for c in members]
-    assert sorted(named) == sorted(c.id for c in CASES) and len(named) == len(set(named)) == 29
+    assert sorted(named) == sorted(c.id for c in CASES) and len(named) == len(set(named)) == 35
     assert slices.SLICES["1"][:3] == ("user-code-qr", "user-code-svd", "user-code-lstsq")
     assert list(slices.SLICES) == [str(i) for i in range(1, len(slices.SLICES) + 1)]
     name, chosen = slices.resolve("1")
     assert name == "slice-1" and [c.id for c in chosen] == list(slices.SLICES["1"])
     assert [c.id for c in slices.resolve("cli-fft, user-code-qr")[1]] == ["cli-fft", "user-code-qr"]
-    assert len(slices.resolve("all")[1]) == 29
+    assert len(slices.resolve("all")[1]) == 35
     with pytest.raises(ValueError, match="'nope' is not a slice"):
         slices.resolve("cli-fft,nope")
 
@@ -251,6 +272,7 @@ def test_every_slice_is_estimated_under_its_budget_on_one_h100():
     # the cli cases pay their own cluster; a matmul pays its flops; whole-input references cost most
     est = {c.id: slices.estimate(c, ONE_H100) for c in CASES}
     assert est["cli-fft"]["parts"]["start"] > 0 and est["notebook-fft"]["parts"]["start"] == 0
+    assert est["service-rechunk"]["parts"]["start"] > 0 and est["batch-svd"]["parts"]["start"] > 0
     assert est["user-code-matmul"]["parts"]["flops"] > 10 and est["user-code-qr"]["parts"]["flops"] == 0
     assert est["cli-elementwise"]["parts"]["reference"] > est["cli-fft"]["parts"]["reference"]
     assert 30 * 60 < total < 90 * 60

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -18,26 +17,17 @@ import numpy as np
 import pytest
 
 from spillway.deploy.slurm import JobSettings, Run, job_script
+from spillway.deploy.slurm.one_node import install_srun
 from spillway.service.options import Options
 from spillway.workflows import random
 from spillway.workflows.registry import relative_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-#: srun for one node: drops srun's own options and runs the command in the background
-#: step's place, as Slurm would on the first (and only) node
-SRUN = """#!/usr/bin/env bash
-while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do shift; done
-exec "$@"
-"""
-
-
 def _fake_slurm(tmp_path: Path) -> dict:
+    """The environment of a one-node job: spillway's srun stand-in first on PATH."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    srun = bin_dir / "srun"
-    srun.write_text(SRUN)
-    srun.chmod(srun.stat().st_mode | stat.S_IXUSR)
+    install_srun(bin_dir)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
             "SLURM_JOB_NUM_NODES": "1"}
 

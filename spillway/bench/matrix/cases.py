@@ -1,5 +1,6 @@
 """The matrix's cases: every catalogue workflow on the ``cli`` and ``notebook`` paths,
-then the user-code cases, and the workflow parameters that size a case to its scale."""
+rechunk, matmul and svd through the shared service and the batch script, the user-code
+cases, and the workflow parameters that size a case to its scale."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from typing import Any
 
 from .scale import SEED, Scale, grow
 
-PATHS = ("cli", "notebook", "user-code")
+PATHS = ("cli", "service", "batch", "notebook", "user-code")
+#: paths whose cases start a cluster of their own (run before a slice's local cluster)
+OWN_CLUSTER = ("cli", "service", "batch")
+#: the workflows the shared service and the batch script run (:mod:`.entry`)
+ENTRY_WORKFLOWS = ("rechunk", "matmul", "svd")
 #: the user-code cases, in the table's order (:data:`.user_code.USER_CODE` builds them)
 USER_CODE_NAMES = ("qr", "svd", "lstsq", "matmul", "map_overlap", "reductions", "rechunk")
 
@@ -32,12 +37,14 @@ def catalogue() -> list[str]:
 
 
 def cases() -> list[Case]:
-    """Every catalogue workflow on the cli and notebook paths, then the user-code cases.
-    The cli cases come first: each starts its own cluster, which must not share the GPUs
-    with the notebook's."""
+    """Every catalogue workflow on the cli path, :data:`ENTRY_WORKFLOWS` on the service and
+    batch paths, every catalogue workflow on the notebook path, then the user-code cases.
+    The cases that start a cluster of their own (:data:`OWN_CLUSTER`) come first: their
+    clusters must not share the GPUs with the notebook's."""
     names = catalogue()
-    return ([Case(n, "cli") for n in names] + [Case(n, "notebook") for n in names]
-            + [Case(n, "user-code") for n in USER_CODE_NAMES])
+    return ([Case(n, "cli") for n in names]
+            + [Case(n, path) for path in ("service", "batch") for n in ENTRY_WORKFLOWS]
+            + [Case(n, "notebook") for n in names] + [Case(n, "user-code") for n in USER_CODE_NAMES])
 
 
 def case_by_id(case_id: str) -> Case:

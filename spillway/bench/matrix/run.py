@@ -3,7 +3,8 @@
 - ``cli``: ``spillway run WORKFLOW --verify --json`` in a subprocess (its own cluster);
 - ``notebook``: the workflow on a :func:`spillway.local` cluster, its input generated from
   the seed and persisted by the user first, handed to the workflow as an array input;
-- ``user-code``: dask code a user writes (:mod:`.user_code`) on inputs persisted first.
+- ``user-code``: dask code a user writes (:mod:`.user_code`) on inputs persisted first;
+- ``service`` and ``batch``: the shared service and the one-node batch script (:mod:`.entry`).
 
 A row records the bytes each move between device, host and disk carried during the
 computation (``moves``, summed over workers) and, given the copy ceilings measured in
@@ -55,12 +56,19 @@ def run_cli(case: Case, scale: Scale, *, cluster_args: tuple[str, ...] = (), tim
         return row(case, scale, params=params, footprint_bytes=projected, refused=done.returncode == 3,
                    process_s=elapsed,
                    error=last or f"exit status {done.returncode}")
+    return report_row(case, scale, params, report, exited_ok=done.returncode == 0, process_s=elapsed,
+                      error=None if done.returncode == 0 else (last or f"exit status {done.returncode}"))
+
+
+def report_row(case: Case, scale: Scale, params: dict, report: dict, *, exited_ok: bool = True, **values) -> dict:
+    """The row of a case whose run wrote a run report (``spillway run --json``, a service
+    job's result, a batch job's report): its answer's check, time, spills and moves."""
     v = report.get("verify") or {}
-    return row(case, scale, params=params, footprint_bytes=report["footprint"]["total_bytes"],
-               ok=bool(v.get("ok")) and done.returncode == 0, rel_error=v.get("rel_error"),
-               tolerance=v.get("tolerance"), wall_s=report["wall_s"], spilled_bytes=report["bytes_spilled"],
-               moves=report_moves(report), reference=v.get("reference"), process_s=elapsed,
-               error=None if done.returncode == 0 else (last or f"exit status {done.returncode}"))
+    out = dict(params=params, footprint_bytes=report["footprint"]["total_bytes"],
+               ok=bool(v.get("ok")) and exited_ok, rel_error=v.get("rel_error"), tolerance=v.get("tolerance"),
+               wall_s=report["wall_s"], spilled_bytes=report["bytes_spilled"], moves=report_moves(report),
+               reference=v.get("reference"))
+    return row(case, scale, **{**out, **values})
 
 
 def report_moves(report: dict) -> dict[str, int]:
@@ -188,6 +196,10 @@ def run_case(case: Case, scale: Scale, *, cluster=None, ceilings: dict | None = 
     row gets its copy bound next to its time."""
     if case.path == "cli":
         out = run_cli(case, scale, **kwargs)
+    elif case.path in ("service", "batch"):
+        from .entry import run_batch, run_service
+
+        out = (run_service if case.path == "service" else run_batch)(case, scale, **kwargs)
     elif cluster is None:
         raise ValueError(f"{case.id}: the {case.path} path runs on a spillway.local() cluster")
     else:

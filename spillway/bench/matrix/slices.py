@@ -1,6 +1,6 @@
 """Named slices of the matrix, each sized to one device call, and the command that runs one.
 
-A device call on the GPU host lasts at most 10 minutes, so the 29 cases run in slices
+A device call on the GPU host lasts at most 10 minutes, so the 35 cases run in slices
 (:data:`SLICES`), the most informative first: the tall-skinny linear algebra on persisted
 data that failed before. :func:`estimate` predicts a case's seconds from the bytes it
 moves and the flops it does at a scale; ``tests/bench/test_ooc_matrix.py``
@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..formatting import columns, fmt_value
-from .cases import Case, case_by_id, cases, workflow_params
+from .cases import OWN_CLUSTER, Case, case_by_id, cases, workflow_params
 from .scale import SEED, Scale
 from .user_code import USER_CODE, user_size
 
@@ -40,6 +40,9 @@ SLICES: dict[str, tuple[str, ...]] = {
     "8": ("cli-transpose-sum", "notebook-reduction"),
     "9": ("cli-elementwise",),
     "10": ("notebook-transpose-sum", "notebook-elementwise"),
+    # the shared service and the batch script, each case with a cluster of its own
+    "11": ("service-rechunk", "service-matmul", "batch-rechunk"),
+    "12": ("service-svd", "batch-matmul", "batch-svd"),
 }
 
 #: a slice's estimate must stay under this (a device call is at most 600 s; the rest is
@@ -125,7 +128,7 @@ def estimate(case: Case, scale: Scale, rates: Rates = Rates()) -> dict:
                  "threads-slow": 2 * nbytes / rates.reference_threads,
                  "procs": nbytes / rates.reference_processes,
                  "procs-half": 2 * nbytes / rates.reference_processes}[ref]
-    parts = {"start": rates.cli_start_s if case.path == "cli" else 0.0, "copies": copies,
+    parts = {"start": rates.cli_start_s if case.path in OWN_CLUSTER else 0.0, "copies": copies,
              "out_of_core": footprint / rates.out_of_core if over else 0.0,
              "flops": 2 * side**3 / rates.fp64 if side else 0.0, "tasks": chunks * passes * 4 * rates.task_s,
              "reference": reference}
@@ -138,13 +141,13 @@ def slice_estimate(name: str, scale: Scale, rates: Rates = Rates()) -> dict:
     cases) one local cluster's start."""
     members = [case_by_id(c) for c in SLICES[name]]
     per_case = [estimate(c, scale, rates) for c in members]
-    fixed = rates.ceilings_s + (rates.local_start_s if any(c.path != "cli" for c in members) else 0.0)
+    fixed = rates.ceilings_s + (rates.local_start_s if any(c.path not in OWN_CLUSTER for c in members) else 0.0)
     return {"slice": name, "cases": per_case, "fixed_s": fixed, "total": fixed + sum(e["total"] for e in per_case)}
 
 
 def resolve(selector: str) -> tuple[str, list[Case]]:
     """``1`` ... ``10`` (a slice of :data:`SLICES`), ``all``, or case ids separated by commas:
-    ``(name, cases)`` in the order given (cli cases run first all the same)."""
+    ``(name, cases)`` in the order given (cases with a cluster of their own run first all the same)."""
     if selector in SLICES:
         return f"slice-{selector}", [case_by_id(c) for c in SLICES[selector]]
     if selector == "all":
@@ -167,7 +170,7 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
               timeout: float = 540, budget: float | None = None, log: Callable[[str], None] = print,
               machine: str | None = None, directory: str | None = None) -> tuple[list[dict], dict[str, Path]]:
     """Run a slice and add its rows to ``out_dir``'s table of the day, after every case (a
-    call cut off keeps what finished). cli cases run first (each its own cluster), then the
+    call cut off keeps what finished). cli, service and batch cases run first (each its own cluster), then the
     others on one ``local()`` cluster. No case starts after ``budget`` seconds: it gets a
     row saying so. Returns the rows and the files written."""
     from .. import copybound
@@ -216,7 +219,7 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
     def failed(case, e):
         return row(case, scale, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
-    for case in (c for c in chosen if c.path == "cli"):
+    for case in (c for c in chosen if c.path in OWN_CLUSTER):
         if over_budget(case):
             continue
         t0 = time.perf_counter()
@@ -226,7 +229,7 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
         except Exception as e:  # a case failing must not lose the slice's other rows
             r = failed(case, e)
         done(r, t0)
-    others = [c for c in chosen if c.path != "cli"]
+    others = [c for c in chosen if c.path not in OWN_CLUSTER]
     if others:
         import spillway
 

@@ -52,6 +52,10 @@ def create_app(jobdb, scheduler, *, title: str = "spillway") -> FastAPI:
     JobRequest = schemas.job_request_model(workflows.names())
     registry = metrics_registry(jobdb, scheduler)
 
+    def shown(job: dict) -> dict:
+        """A job as the API answers it: with why it waits, while it is queued."""
+        return {**job, "waiting": scheduler.waiting_reason(job)}
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
@@ -80,27 +84,32 @@ def create_app(jobdb, scheduler, *, title: str = "spillway") -> FastAPI:
             logger.exception("validating a %s job", body.workflow)
             raise _param_error("params", f"params: cannot be validated ({type(e).__name__}: "
                                          f"{str(e)[:200]})") from None
-        if footprint > tenant["max_job_bytes"]:
+        # no limit of its own: the tenant may submit what admission just accepted, and a
+        # job past the cluster was refused above with the cluster's numbers
+        limit = tenant["max_job_bytes"]
+        if limit is not None and footprint > limit:
             raise _param_error("params", f"projected footprint {format_bytes(footprint)} exceeds this "
-                                         f"tenant's limit of {format_bytes(tenant['max_job_bytes'])} per job")
+                                         f"tenant's limit of {format_bytes(limit)} per job (the cluster admits "
+                                         f"{format_bytes(scheduler.tiers.total_bytes)})")
         job, created = jobdb.submit(tenant, workflow=body.workflow, params=body.params, verify=body.verify,
                                     priority=body.priority, idempotency_key=key, footprint_bytes=footprint,
                                     output=body.output)
         if created:
             scheduler.wake()
-            return job
+            return shown(job)
         asked = {"workflow": body.workflow, "params": body.params, "priority": body.priority,
                  "verify": body.verify, "output": body.output}
         if any(job[k] != v for k, v in asked.items()):
             raise HTTPException(409, f"idempotency_key: {key!r} already names job {job['id']}, "
                                      "submitted with other values")
         response.status_code = 200
-        return job
+        return shown(job)
 
     @app.get("/jobs", response_model=schemas.JobList, tags=["jobs"], responses=AUTH)
     def list_jobs(tenant: Tenant, query: Annotated[schemas.JobQuery, Query()]):
         """This tenant's jobs (every tenant's for an admin), newest first."""
-        return {"jobs": jobdb.jobs(tenant, state=query.state, limit=query.limit, offset=query.offset)}
+        return {"jobs": [shown(j) for j in jobdb.jobs(tenant, state=query.state, limit=query.limit,
+                                                      offset=query.offset)]}
 
     def _job(job_id: str, tenant: dict) -> dict:
         job = jobdb.job(job_id, tenant)
@@ -110,8 +119,9 @@ def create_app(jobdb, scheduler, *, title: str = "spillway") -> FastAPI:
 
     @app.get("/jobs/{job_id}", response_model=schemas.Job, tags=["jobs"], responses={**AUTH, **NOT_FOUND})
     def get_job(job_id: str, tenant: Tenant):
-        """State, progress, timings, bytes spilled and error of one job."""
-        return _job(job_id, tenant)
+        """State, progress, timings, bytes spilled and error of one job; while it is queued,
+        why it waits."""
+        return shown(_job(job_id, tenant))
 
     @app.post("/jobs/{job_id}/cancel", response_model=schemas.Job, tags=["jobs"],
               responses={**AUTH, **NOT_FOUND})
@@ -121,7 +131,7 @@ def create_app(jobdb, scheduler, *, title: str = "spillway") -> FastAPI:
         job = jobdb.request_cancel(job_id, tenant)
         if job is None:
             raise HTTPException(404, f"job {job_id!r} not found")
-        return job
+        return shown(job)
 
     @app.get("/jobs/{job_id}/result", response_model=schemas.JobResult, tags=["jobs"],
              responses={**AUTH, **NOT_FOUND, 409: {"description": "The job has not finished"}})
@@ -156,7 +166,8 @@ def create_app(jobdb, scheduler, *, title: str = "spillway") -> FastAPI:
     @app.get("/metrics", tags=["service"], response_class=Response,
              responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
     def metrics():
-        """Prometheus metrics: queue depth, jobs by state, worker memory, spilled bytes."""
+        """Prometheus metrics: queue depth, jobs by state, worker memory, bytes each tier holds
+        (device, host, disk), spilled bytes."""
         return metrics_response(registry)
 
     app.include_router(web_router)

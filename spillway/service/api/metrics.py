@@ -75,6 +75,7 @@ class ServiceCollector:
                 spilled.add_metric([addr, tier], n)
         yield memory
         yield spilled
+        yield from tier_gauges(snaps)
         used = GaugeMetricFamily("spillway_gpu_memory_used_bytes", "GPU memory in use", labels=["worker"])
         total = GaugeMetricFamily("spillway_gpu_memory_total_bytes", "GPU memory", labels=["worker"])
         for addr, value in devices.items():
@@ -83,6 +84,32 @@ class ServiceCollector:
                 total.add_metric([addr], value[1])
         yield used
         yield total
+
+
+TIERS = ("device", "host", "disk")
+
+
+def tier_gauges(snaps: dict):
+    """Bytes each tier of the workers' stores holds now, per worker and over the cluster:
+    ``spillway_tier_bytes{tier}`` and ``spillway_worker_tier_bytes{worker,tier}``. Workers
+    without spillway's tiered store count their host memory (RSS) and nothing else."""
+    per_worker = GaugeMetricFamily("spillway_worker_tier_bytes", "Bytes a worker's store holds, by tier",
+                                   labels=["worker", "tier"])
+    total = dict.fromkeys(TIERS, 0)
+    for addr, snap in snaps.items():
+        store = snap.get("store")
+        if store:
+            held = {t: int(store.get(f"{t}_bytes") or 0) for t in TIERS}
+        else:
+            held = {"host": int(snap.get("host_bytes") or 0)}
+        for tier, n in held.items():
+            per_worker.add_metric([addr, tier], n)
+            total[tier] += n
+    cluster = GaugeMetricFamily("spillway_tier_bytes", "Bytes the workers' stores hold, by tier", labels=["tier"])
+    for tier, n in total.items():
+        cluster.add_metric([tier], n)
+    yield cluster
+    yield per_worker
 
 
 def metrics_registry(jobdb, scheduler) -> CollectorRegistry:

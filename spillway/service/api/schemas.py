@@ -71,6 +71,9 @@ class Job(BaseModel):
     bytes_spilled: int
     error: str | None
     timings: Timings
+    waiting: str | None = Field(None, description="Why a queued job has not started yet (memory held by "
+                                                   "running jobs, the tenant's running-jobs quota, or a job "
+                                                   "ahead of it); null once it runs.")
 
 
 class JobList(BaseModel):

@@ -54,7 +54,7 @@ from .options import cluster_options, resolve
                    "and page-cached, against the disk and host-copy ceilings, with the GPU decode rate; writes "
                    "<machine>-<date>-zarr.{json,md,png}.")
 @click.option("--matrix", "matrix_slice", default=None, metavar="SLICE",
-              help="Run the out-of-core matrix instead of the workloads: a slice (1 ... 10, the order to run "
+              help="Run the out-of-core matrix instead of the workloads: a slice (1 ... 12, the order to run "
                    "them in), 'all', or case ids separated by commas (cli-fft,user-code-qr); each case sized to "
                    "1.3x the GPUs' memory, checked against NumPy, with its copy bound. Adds its rows to "
                    "<out>/<machine>-<date>-ooc-matrix.{json,md,png} after every case.")

@@ -95,6 +95,7 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
         click.echo(f"spillway: warning: plain HTTP on {http_host}: tokens cross the network in clear; "
                    "use --https-cert/--https-key or a TLS proxy", err=True)
     jobdb = open_jobdb(state_dir, db)
+    _notice_old_limits(jobdb)
     results = Path(results_dir or Path(state_dir).expanduser() / "results").expanduser()
     results.mkdir(parents=True, exist_ok=True)
     with open_cluster(options) as session:
@@ -114,6 +115,18 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _notice_old_limits(jobdb) -> None:
+    """Tenants added before the cluster's admission was the default kept the old 64 GiB
+    limit (the database cannot tell it from one typed on purpose): say how to lift it."""
+    from ..jobdb.migrate import old_default_tenants
+
+    names = old_default_tenants(jobdb.tenants())
+    if names:
+        click.echo(f"spillway: tenant(s) {', '.join(names)} keep the old default limit of 64 GiB per job; "
+                   "`spillway tenant set NAME --max-job-bytes cluster` lets them submit what the cluster admits",
+                   err=True)
 
 
 def _check_scheduler_private(options) -> None:
@@ -145,11 +158,49 @@ def tenant():
 
     \b
     Examples:
-      spillway tenant add alice --max-running 4 --max-job-bytes 200GB
+      spillway tenant add alice                 # jobs up to what the cluster admits
+      spillway tenant add bob --max-running 4 --max-job-bytes 200GB
+      spillway tenant set alice --max-job-bytes 100GB
       spillway tenant add ops --admin
       spillway tenant list
       spillway tenant revoke alice
     """
+
+
+#: what ``tenant add`` / ``tenant list`` show for a tenant without a per-job limit
+CLUSTER = "cluster"
+
+
+def _job_limit(value: str | None) -> int | None:
+    """``--max-job-bytes``: a size, or ``cluster`` (what the serving cluster's admission
+    accepts: device + host tier + disk)."""
+    from ..jobdb import DEFAULT_MAX_JOB_BYTES
+    from ..sizes import parse_size
+
+    if value is None:
+        return DEFAULT_MAX_JOB_BYTES
+    if value.strip().lower() == CLUSTER:
+        return None
+    try:
+        return parse_size(value, name="max-job-bytes", minimum=1)
+    except ValueError as e:
+        raise click.BadParameter(f"{e}; or 'cluster' for the cluster's admission", param_hint="--max-job-bytes") \
+            from None
+
+
+def job_limit_text(limit: int | None) -> str:
+    from ..sizes import format_bytes
+
+    return CLUSTER if limit is None else format_bytes(limit)
+
+
+def _settings(info: dict) -> str:
+    return (f"admin={str(info['admin']).lower()}, priority={info['priority']}, "
+            f"max-running={info['max_running']}, max-job-bytes={job_limit_text(info['max_job_bytes'])}")
+
+
+MAX_JOB_BYTES_HELP = ("Largest projected footprint of one job: a size such as 200GB, or 'cluster' for what the "
+                      "serving cluster's admission accepts (device + host tier + disk).")
 
 
 @tenant.command("add", context_settings=CONTEXT)
@@ -159,32 +210,60 @@ def tenant():
               help="Added to each job's priority; higher runs first.")
 @click.option("--max-running", default=2, show_default=True, type=click.IntRange(1, 10_000),
               help="Jobs of this tenant that may run at once.")
-@click.option("--max-job-bytes", default="64GiB", show_default=True,
-              help="Largest projected footprint of one job (bytes such as 200GB).")
+@click.option("--max-job-bytes", default=None, metavar="SIZE|cluster",
+              help=MAX_JOB_BYTES_HELP + "  [default: cluster]")
 @with_state
 @fail_cleanly
 def tenant_add(name, admin, priority, max_running, max_job_bytes, state_dir, db):
     """Add tenant NAME; prints its token alone on the last line (shown only this once)."""
-    from ..sizes import parse_size
-
-    try:
-        limit = parse_size(max_job_bytes, name="max-job-bytes", minimum=1)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--max-job-bytes") from None
+    limit = _job_limit(max_job_bytes)
     jobdb = open_jobdb(state_dir, db)
     try:
         info, token = jobdb.add_tenant(name, admin=admin, priority=priority, max_running=max_running,
                                        max_job_bytes=limit)
     finally:
         jobdb.close()
-    click.echo(f"tenant {info['name']} added (admin={str(info['admin']).lower()}, priority={info['priority']}, "
-               f"max-running={info['max_running']}, max-job-bytes={info['max_job_bytes']}); "
-               "its token, shown only now:")
+    click.echo(f"tenant {info['name']} added ({_settings(info)}); its token, shown only now:")
     click.echo(token)
 
 
+@tenant.command("set", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--priority", default=None, type=click.IntRange(-100, 100),
+              help="Added to each job's priority; higher runs first.")
+@click.option("--max-running", default=None, type=click.IntRange(1, 10_000),
+              help="Jobs of this tenant that may run at once.")
+@click.option("--max-job-bytes", default=None, metavar="SIZE|cluster", help=MAX_JOB_BYTES_HELP)
+@with_state
+@fail_cleanly
+def tenant_set(name, priority, max_running, max_job_bytes, state_dir, db):
+    """Change tenant NAME's priority or limits; its token and jobs stay. A new per-job
+    limit applies to jobs submitted from now on.
+
+    \b
+    Examples:
+      spillway tenant set alice --max-job-bytes 100GB     # a lower limit than the cluster's
+      spillway tenant set alice --max-job-bytes cluster   # back to what admission accepts
+    """
+    changes = {}
+    if priority is not None:
+        changes["priority"] = priority
+    if max_running is not None:
+        changes["max_running"] = max_running
+    if max_job_bytes is not None:
+        changes["max_job_bytes"] = _job_limit(max_job_bytes)
+    if not changes:
+        raise click.UsageError("give --priority, --max-running or --max-job-bytes")
+    jobdb = open_jobdb(state_dir, db)
+    try:
+        info = jobdb.set_tenant(name, **changes)
+    finally:
+        jobdb.close()
+    click.echo(f"tenant {info['name']} set ({_settings(info)})")
+
+
 @tenant.command("list", context_settings=CONTEXT)
-@click.option("--json", "as_json", is_flag=True, help="Print as one JSON list.")
+@click.option("--json", "as_json", is_flag=True, help="Print as one JSON list (max_job_bytes null: the cluster's).")
 @with_state
 @fail_cleanly
 def tenant_list(as_json, state_dir, db):
@@ -197,10 +276,10 @@ def tenant_list(as_json, state_dir, db):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'job bytes':>14}  state")
+    click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'job bytes':>12}  state")
     for t in rows:
         click.echo(f"{t['name']:<20} {str(t['admin']).lower():<6} {t['priority']:>8} {t['max_running']:>8} "
-                   f"{t['max_job_bytes']:>14}  {'revoked' if t['revoked'] else 'active'}")
+                   f"{job_limit_text(t['max_job_bytes']):>12}  {'revoked' if t['revoked'] else 'active'}")
 
 
 @tenant.command("revoke", context_settings=CONTEXT)

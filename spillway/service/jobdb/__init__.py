@@ -26,9 +26,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import SpillwayError
-from .models import FINAL_STATES, STATES, Base, Job, LogLine, Tenant
+from .migrate import migrate
+from .models import DEFAULT_MAX_JOB_BYTES, FINAL_STATES, STATES, Base, Job, LogLine, Tenant
 
-__all__ = ["JobDB", "JobDBError", "STATES", "FINAL_STATES", "hash_token", "database_url"]
+__all__ = ["DEFAULT_MAX_JOB_BYTES", "JobDB", "JobDBError", "STATES", "FINAL_STATES", "hash_token",
+           "database_url"]
 
 DB_FILE = "spillway.db"
 
@@ -111,6 +113,7 @@ class JobDB:
         self._write_lock = threading.Lock() if url.startswith("sqlite") else contextlib.nullcontext()
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         Base.metadata.create_all(self.engine)
+        migrate(self.engine)
 
     @classmethod
     def open(cls, state_dir=None, db=None) -> JobDB:
@@ -125,15 +128,13 @@ class JobDB:
     # --- tenants
 
     def add_tenant(self, name: str, *, admin=False, priority=0, max_running=2,
-                   max_job_bytes=64 * 2**30) -> tuple[dict, str]:
-        """A new tenant and its bearer token (the only time the token exists in clear)."""
+                   max_job_bytes: int | None = DEFAULT_MAX_JOB_BYTES) -> tuple[dict, str]:
+        """A new tenant and its bearer token (the only time the token exists in clear).
+        ``max_job_bytes`` None: the tenant may submit what the cluster's admission accepts."""
         name = name.strip()
         if not name or len(name) > 64:
             raise JobDBError(f"name: {name!r} must be 1 to 64 characters")
-        if max_running < 1:
-            raise JobDBError(f"max-running: {max_running} must be >= 1")
-        if max_job_bytes < 1:
-            raise JobDBError(f"max-job-bytes: {max_job_bytes} must be >= 1")
+        _check_limits(max_running, max_job_bytes)
         token = "spw_" + secrets.token_urlsafe(32)
         with self._session() as s:
             if s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
@@ -143,6 +144,23 @@ class JobDB:
             s.add(t)
             s.commit()
             return tenant_dict(t), token
+
+    def set_tenant(self, name: str, **changes) -> dict:
+        """Change a tenant's ``priority``, ``max_running`` or ``max_job_bytes`` (None: the
+        cluster's admission); its token and jobs stay. Queued jobs keep their place and
+        are not checked again: the limit applies to submissions from now on."""
+        unknown = set(changes) - {"priority", "max_running", "max_job_bytes"}
+        if unknown:
+            raise JobDBError(f"{sorted(unknown)[0]}: not a tenant setting (priority, max_running, max_job_bytes)")
+        _check_limits(changes.get("max_running", 1), changes.get("max_job_bytes"))
+        with self._session() as s:
+            t = s.scalar(select(Tenant).where(Tenant.name == name))
+            if t is None:
+                raise JobDBError(f"name: no tenant {name!r}")
+            for key, value in changes.items():
+                setattr(t, key, value)
+            s.commit()
+            return tenant_dict(t)
 
     def tenants(self) -> list[dict]:
         with self._session() as s:
@@ -347,6 +365,13 @@ class JobDB:
     def spilled_total(self) -> int:
         with self._session() as s:
             return int(s.scalar(select(func.coalesce(func.sum(Job.bytes_spilled), 0))) or 0)
+
+
+def _check_limits(max_running: int, max_job_bytes: int | None) -> None:
+    if max_running < 1:
+        raise JobDBError(f"max-running: {max_running} must be >= 1")
+    if max_job_bytes is not None and max_job_bytes < 1:
+        raise JobDBError(f"max-job-bytes: {max_job_bytes} must be >= 1 (or unset: the cluster's admission)")
 
 
 def _sqlite_pragmas(dbapi_connection, _record):

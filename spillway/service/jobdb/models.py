@@ -15,6 +15,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINAL_STATES = ("done", "failed", "cancelled")
 
+#: a new tenant's per-job limit: None, "the cluster", so a tenant added without a limit may
+#: submit whatever admission of the serving cluster accepts (device + host tier + disk).
+#: The one declaration: the model's column, JobDB.add_tenant and ``spillway tenant add``
+#: take it from here.
+DEFAULT_MAX_JOB_BYTES: int | None = None
+
 
 class Base(DeclarativeBase):
     pass
@@ -31,8 +37,10 @@ class Tenant(Base):
     #: added to each job's own priority when the queue orders jobs
     priority: Mapped[int] = mapped_column(Integer, default=0)
     max_running: Mapped[int] = mapped_column(Integer, default=2)
-    #: largest projected footprint (bytes) one of this tenant's jobs may have
-    max_job_bytes: Mapped[int] = mapped_column(BigInteger, default=64 * 2**30)
+    #: largest projected footprint (bytes) one of this tenant's jobs may have; NULL: what
+    #: admission of the serving cluster accepts (device + host tier + disk)
+    max_job_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True,
+                                                          default=DEFAULT_MAX_JOB_BYTES)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     created: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 

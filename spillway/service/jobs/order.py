@@ -13,21 +13,69 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..sizes import format_bytes
+
+
+def _eligible(queued: list[dict], per_tenant: Counter) -> list[dict]:
+    """Queued jobs that may start as far as their tenant goes, in the order they start."""
+    waiting = [j for j in queued
+               if not j["tenant_revoked"] and not j["cancel_requested"]
+               and per_tenant[j["tenant_id"]] < j["tenant_max_running"]]
+    waiting.sort(key=lambda j: (-(j["tenant_priority"] + j["priority"]),
+                                per_tenant[j["tenant_id"]], j["timings"]["created"], j["id"]))
+    return waiting
+
+
+def _fits(job: dict, running: list[dict], capacity_bytes: int) -> bool:
+    return not running or sum(j["footprint_bytes"] for j in running) + job["footprint_bytes"] <= capacity_bytes
+
 
 def next_job(queued: list[dict], running: list[dict], capacity_bytes: int) -> dict | None:
     """The job to start now, or None. ``queued`` rows carry ``tenant_id``,
     ``tenant_priority``, ``tenant_max_running`` and ``tenant_revoked`` (see
     :meth:`spillway.service.jobdb.JobDB.queued`); ``running`` rows carry ``tenant_id``."""
-    per_tenant = Counter(j["tenant_id"] for j in running)
-    used = sum(j["footprint_bytes"] for j in running)
-    waiting = [j for j in queued
-               if not j["tenant_revoked"] and not j["cancel_requested"]
-               and per_tenant[j["tenant_id"]] < j["tenant_max_running"]]
-    if not waiting:
-        return None
-    waiting.sort(key=lambda j: (-(j["tenant_priority"] + j["priority"]),
-                                per_tenant[j["tenant_id"]], j["timings"]["created"], j["id"]))
-    head = waiting[0]
-    if not running or used + head["footprint_bytes"] <= capacity_bytes:
-        return head
+    waiting = _eligible(queued, Counter(j["tenant_id"] for j in running))
+    if waiting and _fits(waiting[0], running, capacity_bytes):
+        return waiting[0]
     return None
+
+
+def waiting_reasons(queued: list[dict], running: list[dict], capacity_bytes: int) -> dict[str, str]:
+    """Why each queued job has not started, by job id, in words a tenant reads in its
+    job's status: the same rules as :func:`next_job`, said."""
+    per_tenant = Counter(j["tenant_id"] for j in running)
+    reasons = {}
+    for j in queued:
+        if j["tenant_revoked"] or j["cancel_requested"]:
+            continue
+        n = per_tenant[j["tenant_id"]]
+        if n >= j["tenant_max_running"]:
+            reasons[j["id"]] = (f"waiting for its tenant's running jobs: {n} of at most "
+                                f"{j['tenant_max_running']} running")
+    waiting = _eligible(queued, per_tenant)
+    if not waiting:
+        return reasons
+    head = waiting[0]
+    if _fits(head, running, capacity_bytes):
+        memory = "starting"  # the loop starts it on its next pass
+        reasons[head["id"]] = memory
+    else:
+        memory = memory_reason(head, running, capacity_bytes)
+        reasons[head["id"]] = memory
+    for j in waiting[1:]:
+        reasons[j["id"]] = f"waiting behind job {head['id'][:12]} (it starts first: {memory})"
+    return reasons
+
+
+def memory_reason(job: dict, running: list[dict], capacity_bytes: int) -> str:
+    """``waiting for memory: 1 running job holds 203.38 GiB ...`` for a job that does not
+    fit beside the running ones."""
+    held = sum(j["footprint_bytes"] for j in running)
+    n = len(running)
+    need = job["footprint_bytes"]
+    text = (f"waiting for memory: {n} running job{'s' if n != 1 else ''} hold{'s' if n == 1 else ''} "
+            f"{format_bytes(held)} of the workers' {format_bytes(capacity_bytes)}; this job needs "
+            f"{format_bytes(need)}")
+    if need > capacity_bytes:
+        return text + ", more than the workers' memory, so it runs alone (spilling) once they end"
+    return text + f" and starts when {format_bytes(need - max(0, capacity_bytes - held))} more is free"

@@ -21,7 +21,7 @@ from ..memory.admission import admit, cluster_capacity
 from ..progress import client_progress
 from ..runner import run_workflow, target_of
 from ..jobdb import JobDB
-from .order import next_job
+from .order import next_job, waiting_reasons
 
 logger = logging.getLogger("spillway.jobs")
 
@@ -53,6 +53,8 @@ class JobScheduler:
         #: device + host + disk of the cluster: a job beyond it is refused when submitted
         self.tiers = cluster_capacity(session.client)
         self._running: dict[str, _Running] = {}
+        #: why each queued job waits, as of the loop's last pass (job id -> words)
+        self._waiting: dict[str, str] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -133,6 +135,13 @@ class JobScheduler:
     def wake(self):
         self._wake.set()
 
+    def waiting_reason(self, job: dict) -> str | None:
+        """Why a queued job has not started (None for a job that is not queued): the
+        loop's last word on it, or that the loop has not looked at it yet."""
+        if job["state"] != "queued":
+            return None
+        return self._waiting.get(job["id"], "queued: the scheduler looks at it on its next pass")
+
     @property
     def running_ids(self) -> list[str]:
         with self._lock:
@@ -154,8 +163,10 @@ class JobScheduler:
             with self._lock:
                 ours = set(self._running)
             running = [j for j in self.jobdb.running() if j["id"] in ours]
-            job = next_job(self.jobdb.queued(), running, self.capacity_bytes)
+            queued = self.jobdb.queued()
+            job = next_job(queued, running, self.capacity_bytes)
             if job is None:
+                self._waiting = waiting_reasons(queued, running, self.capacity_bytes)
                 return
             if not self.jobdb.start(job["id"], f"started (attempt {job['attempts'] + 1}) on "
                                                f"{self.session.n_workers} {self.session.kind} workers"):

@@ -75,6 +75,11 @@ def test_job_runs_end_to_end_and_matches_numpy(service):
     assert abs(result["summary"]["sum"] - expected) / abs(expected) < 1e-10
     assert result["report"]["verify"]["ok"] is True
     assert result["report"]["cluster"] == {"kind": "cpu", "n_workers": 2, "protocol": "tcp"}
+    # the report of `spillway run`: peaks per worker (host RSS on CPU workers), moves per tier
+    assert all(v > 10_000_000 for v in result["report"]["peak_host_bytes_per_worker"].values())
+    assert set(result["report"]["spilled_by_tier"]) == {"device_to_host", "host_to_device", "host_to_disk",
+                                                        "disk_to_host"}
+    assert done["waiting"] is None
     lines = [entry["line"] for entry in c["alice"].get(f"/jobs/{job['id']}/logs").json()["lines"]]
     assert lines[0] == "queued by alice" and lines[1].startswith("started") and lines[-1].startswith("done")
 
@@ -197,6 +202,10 @@ def test_catalogue_and_metrics(service):
     assert metrics["spillway_capacity_bytes"] > 0
     assert "spillway_job_spilled_bytes_total" in metrics
     assert sum(1 for k in metrics if k.startswith("spillway_worker_memory_bytes{")) == 2
+    # bytes per tier: CPU workers without the tiered store hold host memory only
+    assert metrics['spillway_tier_bytes{tier="host"}'] > 10_000_000
+    assert metrics['spillway_tier_bytes{tier="device"}'] == metrics['spillway_tier_bytes{tier="disk"}'] == 0
+    assert sum(1 for k in metrics if k.startswith("spillway_worker_tier_bytes{")) == 2
 
 
 def test_openapi_spec_lists_the_api(service):

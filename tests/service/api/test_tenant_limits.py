@@ -1,0 +1,173 @@
+"""A tenant added without a limit may submit what the serving cluster's admission accepts;
+an owner's own limit still refuses with its number; `tenant add|list|set` print sizes as
+people read them; a database made with the old 64 GiB default keeps its stored limits."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+
+import pytest
+from serve_helpers import Server, add_tenant, spillway, state_args, wait_state
+
+import spillway as sw
+from spillway.service.client import ServiceError
+from spillway.service.jobdb import DEFAULT_MAX_JOB_BYTES, JobDB
+from spillway.service.jobdb.migrate import OLD_DEFAULT_MAX_JOB_BYTES, old_default_tenants
+
+SLOW = {"size": "3000x3000", "chunks": "60x60"}
+
+
+def test_the_default_is_the_cluster(db_state):
+    assert DEFAULT_MAX_JOB_BYTES is None
+    jobdb = JobDB.open(db_state["state_dir"], db_state.get("db"))
+    try:
+        info, _ = jobdb.add_tenant("ann")
+        assert info["max_job_bytes"] is None
+        assert jobdb.set_tenant("ann", max_job_bytes=2**30)["max_job_bytes"] == 2**30
+        assert jobdb.set_tenant("ann", max_job_bytes=None)["max_job_bytes"] is None
+        with pytest.raises(Exception, match=r"max-job-bytes: 0 must be >= 1 \(or unset: the cluster's admission\)"):
+            jobdb.set_tenant("ann", max_job_bytes=0)
+        with pytest.raises(Exception, match="name: no tenant 'bob'"):
+            jobdb.set_tenant("bob", priority=1)
+    finally:
+        jobdb.close()
+
+
+def test_tenant_cli_prints_sizes_and_cluster(tmp_path):
+    state = {"state_dir": str(tmp_path)}
+    out = spillway("tenant", "add", "ann", *state_args(state))
+    assert out.returncode == 0, out.stderr
+    assert "max-job-bytes=cluster)" in out.stdout
+    out = spillway("tenant", "add", "bob", "--max-job-bytes", "200GB", *state_args(state))
+    assert "max-job-bytes=186.26 GiB)" in out.stdout
+    listed = spillway("tenant", "list", *state_args(state)).stdout.splitlines()
+    assert re.match(r"ann\s+false\s+0\s+2\s+cluster\s+active$", listed[1]), listed
+    assert re.match(r"bob\s+false\s+0\s+2\s+186\.26 GiB\s+active$", listed[2]), listed
+    assert "68719476736" not in "\n".join(listed)
+    rows = json.loads(spillway("tenant", "list", "--json", *state_args(state)).stdout)
+    assert [r["max_job_bytes"] for r in rows] == [None, 200_000_000_000]
+    # an owner sets a lower limit, and lifts it again
+    out = spillway("tenant", "set", "ann", "--max-job-bytes", "100GB", *state_args(state))
+    assert out.returncode == 0 and "max-job-bytes=93.13 GiB" in out.stdout, out.stderr
+    out = spillway("tenant", "set", "ann", "--max-job-bytes", "cluster", *state_args(state))
+    assert "max-job-bytes=cluster" in out.stdout
+    bad = spillway("tenant", "set", "ann", "--max-job-bytes", "lots", *state_args(state))
+    assert bad.returncode == 2 and "'lots'" in bad.stderr and "'cluster'" in bad.stderr
+    none = spillway("tenant", "set", "ann", *state_args(state))
+    assert none.returncode == 2 and "give --priority, --max-running or --max-job-bytes" in none.stderr
+
+
+def _old_database(path) -> None:
+    """The tenants table as spillway made it before: max_job_bytes NOT NULL, 64 GiB given."""
+    jobdb = JobDB(f"sqlite:///{path}")
+    jobdb.close()
+    con = sqlite3.connect(path)
+    sql = con.execute("SELECT sql FROM sqlite_master WHERE name = 'tenants'").fetchone()[0]
+    con.executescript("PRAGMA foreign_keys=OFF; DROP TABLE tenants; "
+                      + sql.replace("max_job_bytes BIGINT,", "max_job_bytes BIGINT NOT NULL,") + ";"
+                      "CREATE UNIQUE INDEX ix_tenants_token_hash ON tenants (token_hash);")
+    con.execute("INSERT INTO tenants (id, name, token_hash, admin, priority, max_running, max_job_bytes, revoked,"
+                " created) VALUES (1, 'old', 'h1', 0, 0, 2, ?, 0, '2026-01-01 00:00:00'),"
+                " (2, 'own', 'h2', 0, 0, 2, 1000, 0, '2026-01-01 00:00:00')", (OLD_DEFAULT_MAX_JOB_BYTES,))
+    con.execute("INSERT INTO jobs (id, tenant_id, workflow, params, verify, output, priority, state, "
+                "cancel_requested, footprint_bytes, attempts, tasks_total, tasks_done, bytes_spilled, created) "
+                "VALUES ('j1', 1, 'slice', '{}', 0, 0, 0, 'done', 0, 1, 1, 1, 1, 0, '2026-01-01 00:00:00')")
+    con.commit()
+    with pytest.raises(sqlite3.IntegrityError):
+        con.execute("INSERT INTO tenants (name, token_hash, admin, priority, max_running, max_job_bytes, revoked, "
+                    "created) VALUES ('x', 'h3', 0, 0, 2, NULL, 0, '2026-01-01')")
+    con.close()
+
+
+def test_an_old_database_keeps_its_limits_and_takes_the_new_default(tmp_path):
+    path = tmp_path / "spillway.db"
+    _old_database(path)
+    jobdb = JobDB(f"sqlite:///{path}")
+    try:
+        by_name = {t["name"]: t for t in jobdb.tenants()}
+        assert by_name["old"]["max_job_bytes"] == OLD_DEFAULT_MAX_JOB_BYTES
+        assert by_name["own"]["max_job_bytes"] == 1000
+        assert old_default_tenants(jobdb.tenants()) == ["old"]
+        info, _ = jobdb.add_tenant("new")
+        assert info["max_job_bytes"] is None
+        assert jobdb.job("j1")["tenant"] == "old"  # the jobs still name their tenant
+    finally:
+        jobdb.close()
+    # opened again: nothing left to migrate, nothing changed
+    jobdb = JobDB(f"sqlite:///{path}")
+    assert [t["max_job_bytes"] for t in jobdb.tenants()] == [OLD_DEFAULT_MAX_JOB_BYTES, 1000, None]
+    jobdb.close()
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA foreign_key_check").fetchall() == []
+    assert "ix_tenants_token_hash" in {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    state = {"state_dir": str(tmp_path_factory.mktemp("serve") / "state")}
+    tokens = {"dora": add_tenant(state, "dora"),
+              "owen": add_tenant(state, "owen", "--max-job-bytes", "500MB", "--max-running", "1")}
+    server = Server(state, "--cpu", "--n-workers", "1", "--memory-limit", "1GB").start()
+    try:
+        yield server, tokens
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_default_tenant_submits_what_the_cluster_admits(service):
+    server, tokens = service
+    dora = sw.connect(server.url, tokens["dora"])
+    # past the workers' 1 GB but within host + disk: accepted for a tenant without a limit
+    job = dora.submit("transpose-sum", size="12000x12000", chunks="2000x2000", priority=-10)
+    assert job.record["footprint_bytes"] > 10**9
+    job.cancel()
+    # past the cluster: refused with the cluster's numbers
+    with pytest.raises(ServiceError) as refused:
+        dora.submit("transpose-sum", size="1PB")
+    assert re.search(r"projected footprint 909\.49 TiB exceeds the cluster's device \+ host \+ disk capacity "
+                     r"[\d.]+ \w+ \(0 B \+ 0\.93 GiB \+ [\d.]+ \w+\)", str(refused.value)), refused.value
+    # an owner's own limit refuses with its number, and the cluster's
+    owen = sw.connect(server.url, tokens["owen"])
+    with pytest.raises(ServiceError, match=r"exceeds this tenant's limit of 476\.84 MiB per job "
+                                           r"\(the cluster admits [\d.]+ \w+\)"):
+        owen.submit("transpose-sum", size="9000x9000")
+    dora.close()
+    owen.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_queued_job_says_why_it_waits(service):
+    server, tokens = service
+    owen = sw.connect(server.url, tokens["owen"])
+    first = owen.submit("transpose-sum", SLOW)
+    second = owen.submit("transpose-sum", size="400x400", chunks="100x100")
+    wait_state(server.client(tokens["owen"]), first.id, "running")
+    status = second.status()
+    assert status["state"] == "queued"
+    assert status["waiting"] == "waiting for its tenant's running jobs: 1 of at most 1 running"
+    assert second.waiting == status["waiting"] and "waiting for its tenant" in repr(second)
+    assert first.status()["waiting"] is None
+    assert first.result(timeout=120).summary and second.result(timeout=120).summary
+    assert second.status()["waiting"] is None
+    owen.close()
+
+
+def test_an_old_postgresql_database_is_migrated(db_state):
+    if db_state["backend"] != "postgresql":
+        pytest.skip("SQLite's rebuild is tested above")
+    jobdb = JobDB.open(db_state["state_dir"], db_state["db"])
+    jobdb.add_tenant("old", max_job_bytes=OLD_DEFAULT_MAX_JOB_BYTES)
+    with jobdb.engine.begin() as conn:  # the column as spillway made it before
+        conn.exec_driver_sql("ALTER TABLE tenants ALTER COLUMN max_job_bytes SET NOT NULL")
+    jobdb.close()
+    jobdb = JobDB.open(db_state["state_dir"], db_state["db"])
+    try:
+        assert jobdb.add_tenant("new")[0]["max_job_bytes"] is None
+        assert [t["max_job_bytes"] for t in jobdb.tenants()] == [OLD_DEFAULT_MAX_JOB_BYTES, None]
+    finally:
+        jobdb.close()
