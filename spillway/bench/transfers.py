@@ -15,6 +15,7 @@ copy ceiling is measured before any cluster starts (:func:`spillway.bench.ceilin
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -26,19 +27,17 @@ REPEATS = 5
 SIZES = "16MiB,256MiB,1GiB,4GiB"
 
 
-def _make(nbytes: int, seed: int):
-    import cupy
+def _make(nbytes: int, seed: int, module: str = "cupy"):
+    xp = importlib.import_module(module)
+    return xp.random.default_rng(seed).random(nbytes // 8)
 
-    return cupy.random.default_rng(seed).random(nbytes // 8)
 
-
-def _same_bits(array, nbytes: int, seed: int) -> bool:
+def _same_bits(array, nbytes: int, seed: int, module: str = "cupy") -> bool:
     """Whether ``array`` (received) holds the bits of ``_make(nbytes, seed)``, made again
     here: the same generator gives the same bits on the same GPU."""
-    import cupy
-
-    sent = _make(nbytes, seed)
-    return bool((array.view(cupy.uint64) == sent.view(cupy.uint64)).all())
+    xp = importlib.import_module(module)
+    sent = _make(nbytes, seed, module)
+    return bool((array.view(xp.uint64) == sent.view(xp.uint64)).all())
 
 
 def _incoming(dask_worker) -> list[dict]:
@@ -53,14 +52,16 @@ def two_workers(client) -> tuple[str, str]:
     return workers[0], workers[1]
 
 
-def move(client, nbytes: int, seed: int, src: str, dst: str) -> dict:
+def move(client, nbytes: int, seed: int, src: str, dst: str, module: str = "cupy") -> dict:
     """Make an array of ``nbytes`` on ``src``, have ``dst`` check it: ``{"seconds",
-    "bytes", "same_bits"}`` from ``dst``'s incoming transfer log."""
+    "bytes", "same_bits"}`` from ``dst``'s incoming transfer log. ``module``: the array
+    library of the chunks (NumPy for CPU workers)."""
     from distributed import wait
 
-    made = client.submit(_make, nbytes, seed, workers=[src], allow_other_workers=False, pure=False)
+    made = client.submit(_make, nbytes, seed, module, workers=[src], allow_other_workers=False, pure=False)
     wait(made)  # made before the receiver asks for it: its log then times the transfer alone
-    checked = client.submit(_same_bits, made, nbytes, seed, workers=[dst], allow_other_workers=False, pure=False)
+    checked = client.submit(_same_bits, made, nbytes, seed, module, workers=[dst], allow_other_workers=False,
+                            pure=False)
     same = checked.result()
     key = str(made.key)
     entries = [e for e in client.run(_incoming, workers=[dst])[dst] if key in e["keys"]]
@@ -71,18 +72,18 @@ def move(client, nbytes: int, seed: int, src: str, dst: str) -> dict:
     return {"seconds": entry["duration"], "bytes": entry["total"], "same_bits": same}
 
 
-def moves(client, sizes, *, repeats: int = REPEATS, seed: int = 1000) -> list[dict]:
+def moves(client, sizes, *, repeats: int = REPEATS, seed: int = 1000, module: str = "cupy") -> list[dict]:
     """For each of ``sizes`` (bytes): a warm-up move and ``repeats`` timed ones from the
     first worker to the second; the median and fastest time, the rate at the median, and
     whether every move kept the bits."""
     src, dst = two_workers(client)
     out = []
     for nbytes in sizes:
-        move(client, nbytes, seed, src, dst)
+        move(client, nbytes, seed, src, dst, module)
         seed += 1
         timed = []
         for _ in range(repeats):
-            timed.append(move(client, nbytes, seed, src, dst))
+            timed.append(move(client, nbytes, seed, src, dst, module))
             seed += 1
         seconds = [m["seconds"] for m in timed]
         median = statistics.median(seconds)

@@ -75,11 +75,17 @@ _classes: dict = {}
 def cluster_type():
     """LocalCUDACluster whose workers may share a GPU (built on first use, so importing
     this module imports no GPU library)."""
-    if "cluster" in _classes:
-        return _classes["cluster"]
-    from dask_cuda import LocalCUDACluster
+    if "cluster" not in _classes:
+        from dask_cuda import LocalCUDACluster
 
-    class SharedGPUCluster(LocalCUDACluster):
+        _classes["cluster"] = shared_gpu_cluster(LocalCUDACluster)
+    return _classes["cluster"]
+
+
+def shared_gpu_cluster(base: type) -> type:
+    """``base`` (LocalCUDACluster) taking ``worker_devices``."""
+
+    class SharedGPUCluster(base):
         """LocalCUDACluster taking ``worker_devices``: the GPU of each worker, a GPU
         named once per worker it holds."""
 
@@ -109,7 +115,6 @@ def cluster_type():
             return {self.worker_names[free[0]]: spec}
 
     SharedGPUCluster.__module__, SharedGPUCluster.__qualname__ = __name__, "SharedGPUCluster"
-    _classes["cluster"] = SharedGPUCluster
     return SharedGPUCluster
 
 
