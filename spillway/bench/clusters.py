@@ -73,6 +73,7 @@ def spillway_cluster(options: Options, inventory: Inventory | None) -> Iterator[
         yield session.client, {
             "kind": session.kind,
             "n_workers": session.n_workers,
+            "workers_per_gpu": session.plan.workers_per_gpu,
             "protocol": session.plan.protocol,
             "options": {k: v for k, v in options.as_config().items() if v not in (None, False)},
             "ucx_env": _ucx_env(session.client, session.plan.protocol),
@@ -153,11 +154,14 @@ def worker_flags(changes: dict) -> list[str]:
 
 
 @contextlib.contextmanager
-def dask_cuda_processes(devices, changes: dict | None = None, *, protocol: str | None = None):
+def dask_cuda_processes(devices, changes: dict | None = None, *, protocol: str | None = None,
+                        extra_flags: tuple[str, ...] = (), command: tuple[str, ...] = ("cuda", "worker")):
     """Plain dask-cuda started by hand: ``dask scheduler`` and one ``dask cuda worker``
     per entry of ``devices`` (a GPU named once per worker of it), each with
     ``CUDA_VISIBLE_DEVICES`` set to its GPU, protocol ucx where distributed-ucxx is
-    installed, dask-cuda's defaults otherwise. Yields ``(client, description)``."""
+    installed, dask-cuda's defaults otherwise (``extra_flags``: more worker flags, to
+    measure one setting apart). Yields ``(client, description)``. ``command``: the dask
+    subcommand of each worker (``worker`` starts CPU workers the same way, for tests)."""
     import os
     import subprocess
     import sys
@@ -171,7 +175,7 @@ def dask_cuda_processes(devices, changes: dict | None = None, *, protocol: str |
     protocol = protocol or ("ucx" if ucxx_installed() else "tcp")
     notes = [] if protocol == "ucx" else ["distributed-ucxx is not installed: baseline over TCP"]
     env = {**os.environ, **QUIET_UCX}
-    flags = worker_flags(changes or {})
+    flags = worker_flags(changes or {}) + list(extra_flags)
     procs = []
     with tempfile.TemporaryDirectory(prefix="spillway-dask-cuda-") as tmp:
         scheduler_file = os.path.join(tmp, "scheduler.json")
@@ -187,7 +191,7 @@ def dask_cuda_processes(devices, changes: dict | None = None, *, protocol: str |
                 time.sleep(0.2)
             commands = []
             for device in devices:
-                argv = ["cuda", "worker", "--scheduler-file", scheduler_file, "--protocol", protocol,
+                argv = [*command, "--scheduler-file", scheduler_file, "--protocol", protocol,
                         "--no-dashboard", *flags]
                 commands.append(f"CUDA_VISIBLE_DEVICES={device} dask {' '.join(argv)}")
                 procs.append(subprocess.Popen([sys.executable, "-m", "dask", *argv],

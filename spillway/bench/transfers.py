@@ -108,9 +108,11 @@ def main(argv=None) -> int:
     parser.add_argument("--ceiling", action="store_true", help="measure the copy ceilings first")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a spillway option of the spillway rig (repeatable)")
+    parser.add_argument("--worker-flag", action="append", default=[], metavar="FLAG",
+                        help="a `dask cuda worker` flag of the dask-cuda rig, such as --rmm-pool-size=0.45")
     args = parser.parse_args(argv)
     sizes = _parse_sizes(args.sizes)
-    result = {"rig": args.rig, "sizes": sizes}
+    result = {"rig": args.rig, "sizes": sizes, "options": args.option, "worker_flags": args.worker_flag}
     if args.ceiling:
         from .ceilings import gpu_ceilings
 
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
 
         from .clusters import dask_cuda_processes
 
-        with dask_cuda_processes((args.device, args.device)) as (client, described):
+        with dask_cuda_processes((args.device, args.device), extra_flags=tuple(args.worker_flag)) as (client, described):
             result["start_s"] = time.perf_counter() - started
             result["cluster"] = described["cluster"]
             result["transport"] = transport(client)

@@ -265,3 +265,28 @@ def test_a_chunk_moved_between_two_workers_is_timed_from_the_receivers_log():
         (m,) = moves(client, [8 * 2**20], repeats=2, module="numpy")
     assert m["bytes"] == 8 * 2**20 and m["same_bits"] and m["repeats"] == 2
     assert 0 < m["min_s"] <= m["median_s"] < 10 and m["gbps_median"] > 0
+
+
+def test_the_plain_rig_starts_a_scheduler_and_a_worker_process_per_entry_and_stops_them():
+    """The baseline of two workers on one GPU, started as a user of plain dask-cuda starts
+    it, here with `dask worker` (CPU) in place of `dask cuda worker`: a process per worker,
+    each given its GPU in CUDA_VISIBLE_DEVICES, all gone after."""
+    import os
+
+    import psutil
+
+    from spillway.bench.clusters import dask_cuda_processes
+    from spillway.bench.transfers import moves
+
+    before = set(psutil.Process().children(recursive=True))
+    with dask_cuda_processes(("0", "0"), {"memory_limit": "2GB"}, protocol="tcp", command=("worker",),
+                             extra_flags=("--nthreads", "1")) as (client, described):
+        env = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+        assert sorted(env.values()) == ["0", "0"]
+        limits = [w["memory_limit"] for w in client.scheduler_info(n_workers=-1)["workers"].values()]
+        assert limits == [2 * 10**9] * 2
+        assert described["cluster"].count("CUDA_VISIBLE_DEVICES=0 dask worker") == 2
+        (m,) = moves(client, [2**20], repeats=1, module="numpy")
+        assert m["same_bits"]
+    after = set(psutil.Process().children(recursive=True)) - before
+    assert not [p for p in after if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
