@@ -16,6 +16,9 @@ from spillway.service.transfer import IPC_SAME_GPU, TCP_SAME_GPU
 pytestmark = pytest.mark.gpu
 
 needs_ucxx = pytest.mark.skipif(not ucxx_installed(), reason="distributed-ucxx is not installed")
+#: pinned arena of each worker: small, so the clusters start and close quickly (``auto``
+#: pins a quarter of the host per worker here, at about 2.3 GB/s)
+PINNED = "2GB"
 
 
 def _identity(dask_worker):
@@ -39,7 +42,8 @@ def _identity(dask_worker):
 def test_two_workers_share_one_gpu_and_move_chunks_over_cuda_ipc():
     from spillway.bench.transfers import moves
 
-    options = Options.resolve(devices="0", workers_per_gpu=2, protocol="ucx", dashboard_address=None)
+    options = Options.resolve(devices="0", workers_per_gpu=2, protocol="ucx", pinned_pool_size=PINNED,
+                              dashboard_address=None)
     with open_cluster(options) as session:
         assert session.n_workers == 2 and session.plan.devices == (0, 0)
         assert session.scheduler_address.startswith("ucx://")
@@ -57,11 +61,14 @@ def test_two_workers_share_one_gpu_and_move_chunks_over_cuda_ipc():
         moved = moves(session.client, [16 * 2**20, 256 * 2**20], repeats=3)
         for m in moved:
             assert m["same_bits"], m
-            assert m["gbps_median"] > 1, m  # far above what staging through the host would give for 256 MiB
+        # within the GPU's memory: faster than any path through the host could carry it
+        # (pinned copies run at about 54 GB/s each way on the H100 host)
+        assert moved[-1]["gbps_median"] > 27, moved
 
 
 def test_without_ucx_the_workers_of_one_gpu_talk_tcp_and_say_so():
-    options = Options.resolve(devices="0", workers_per_gpu=2, protocol="tcp", dashboard_address=None)
+    options = Options.resolve(devices="0", workers_per_gpu=2, protocol="tcp", pinned_pool_size=PINNED,
+                              dashboard_address=None)
     with open_cluster(options) as session:
         from spillway.bench.transfers import moves
         from spillway.service.transfer import transport
@@ -91,7 +98,7 @@ def test_each_worker_of_a_shared_gpu_spills_past_its_own_share():
     from spillway.workflows.placement import bytes_per_worker
 
     options = Options.resolve(devices="0", workers_per_gpu=2, protocol="ucx", device_memory_limit="1GB",
-                              rmm_pool_size="4GB", dashboard_address=None)
+                              rmm_pool_size="4GB", pinned_pool_size=PINNED, dashboard_address=None)
     n, chunk = 27386, 4096  # 27386^2 float64: 6.0 GB in 7 row panels of 0.9 GB
     with open_cluster(options) as session:
         client = session.client
@@ -112,7 +119,7 @@ def test_each_worker_of_a_shared_gpu_spills_past_its_own_share():
 def test_spillway_local_takes_workers_per_gpu():
     import spillway
 
-    with spillway.local(devices="0", workers_per_gpu=2, dashboard_address=None) as cluster:
+    with spillway.local(devices="0", workers_per_gpu=2, pinned_pool_size=PINNED, dashboard_address=None) as cluster:
         assert cluster.kind == "gpu" and cluster.n_workers == 2
         report = cluster.run("transpose-sum", {"size": "8000x8000"}, chunks="2000x2000", seed=5, verify=True,
                              progress=False)

@@ -157,14 +157,15 @@ def job_script(options: Options, job: JobSettings, runs: Sequence[Run]) -> str:
     # the workers' settings as far as they are known here: the nodes' GPUs and memory are not
     spec = (off_node_spec(options, protocol=job_layout.protocol, workers=job_layout.workers_per_node)
             if job_layout.kind == "gpu" else None)
-    per_gpu = "one" if options.workers_per_gpu == 1 else str(options.workers_per_gpu)
     if spec is not None and (spec.tiered or spec.workers_per_gpu > 1):
         # dask-cuda's command has no flag for another store, nor for several workers on a
         # GPU: spillway's own runs its CUDAWorker, and resolves the workers' spec from
         # these options on the node
         worker_command = "spillway"
         worker = commands.spillway_worker_args(options, scheduler_file=_SCHEDULER_FILE, protocol=job_layout.protocol)
-        layout_text = f"{per_gpu} {'tiered-store' if spec.tiered else 'dask-cuda'} worker(s) per GPU"
+        store = "tiered-store" if spec.tiered else "dask-cuda"
+        layout_text = (f"one {store} worker per GPU" if spec.workers_per_gpu == 1
+                       else f"{spec.workers_per_gpu} {store} workers per GPU")
         environment = commands.ucx_environment(options) if job_layout.protocol == "ucx" else {}
     elif spec is not None:
         worker_command = "dask cuda worker"
