@@ -116,6 +116,8 @@ def run_workflow(
             "kind": session.kind,
             "n_workers": session.n_workers,
             "protocol": session.plan.protocol if session.plan.kind != "attach" else _protocol(client),
+            # None where attached: the running cluster's own
+            "workers_per_gpu": session.plan.workers_per_gpu if session.plan.kind == "gpu" else None,
         },
         "footprint": built.footprint.to_json(),
         "admission": decision.to_json(),
@@ -364,8 +366,10 @@ def _host_memory(before: dict | None, after: dict) -> dict | None:
 
 def format_report(report: dict) -> str:
     """The report as aligned lines for a terminal."""
+    per_gpu = report["cluster"].get("workers_per_gpu") or 1
     lines = [f"workflow      {report['workflow']}  ({report['cluster']['kind']}, "
-             f"{report['cluster']['n_workers']} workers, {report['cluster']['protocol']})"]
+             f"{report['cluster']['n_workers']} workers{f' ({per_gpu} per GPU)' if per_gpu > 1 else ''}, "
+             f"{report['cluster']['protocol']})"]
     params = ", ".join(f"{k}={_fmt(v)}" for k, v in report["params"].items())
     lines.append(f"params        {params}")
     result = ", ".join(f"{k}={_fmt(v)}" for k, v in report["result"].items())
