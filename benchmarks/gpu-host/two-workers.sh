@@ -4,7 +4,7 @@
 # budget are skipped with a line naming the PARTS that runs them):
 #   tests      the GPU tests of two workers on one GPU (tests/service/test_shared_gpu.py):
 #              chunks over UCXX named as CUDA IPC within one GPU, bits kept, spilling per
-#              worker, spillway.local(workers_per_gpu=2); the spec walk (CPU)        ~2.5 min
+#              worker, spillway.local(workers_per_gpu=2)                            ~2.5 min
 #   run        spillway run transpose-sum --workers-per-gpu 2 --verify                ~0.5 min
 #   link       spillway bench --link-sweep on the two workers' GPU at the transfer sizes: the
 #              same-GPU copy ceiling (one copy within HBM), UCXX alone between two processes
@@ -15,15 +15,16 @@
 #              `dask cuda worker --protocol ucx` with CUDA_VISIBLE_DEVICES=0)        ~2 min
 #   pool       the same plain dask-cuda rig with an RMM pool (--rmm-pool-size 0.45 each): what
 #              a pool (IPC handles opened once) alone does to each transfer           ~1 min
-#   bench      W1-W5 (small) on spillway's two workers beside the same plain dask-cuda rig,
+#   bench      W1-W5 (small) on spillway's two workers beside the same plain dask-cuda rig, with
+#              each worker's timeline of the first timed run (--timeline, issue 15's, on one GPU),
 #              the ceilings (same-GPU copy) measured in the same run                  ~3 min
 #   zarr       (not by default: PARTS=zarr, a call of its own) the Zarr bench (small, 12 GB,
 #              KvikIO) with one and with two workers on the GPU: does a second worker
 #              overlap the reads with the decode and the copies                       ~6 min
 # With the UCXX wheel set (/work/shared/gpu-host/fetch-wheels.sh .whl, 41 MiB; carry .whl):
 #   bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD
-#   bash benchmarks/gpu-host/two-workers.sh                      # all but zarr, budget 530 s
-#   PARTS="tests run link transfers pool" bash ...; PARTS=bench bash ...; PARTS=zarr bash ...
+#   bash benchmarks/gpu-host/two-workers.sh       # all but zarr, in this order, budget 530 s
+#   PARTS="tests run link transfers" bash ...; PARTS="bench pool" bash ...; PARTS=zarr bash ...
 # Files under $OUT (at most 8): two-workers.log (all output), tests.log, run.json,
 # transfers-{spillway,dask-cuda,dask-cuda-pool}.json, results.tar.gz (the bench's, link
 # sweep's and Zarr bench's json/md/png). The short table is printed last.
@@ -39,7 +40,7 @@ mkdir -p "$results/results"
 export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-530}
-parts=" ${PARTS:-tests run link transfers pool bench} "
+parts=" ${PARTS:-tests run link transfers bench pool} "
 sizes=${SIZES:-16MiB,256MiB,1GiB,4GiB}
 has() { [[ "$parts" == *" $1 "* ]]; }
 start=$(date +%s)
@@ -58,7 +59,7 @@ tests_rc=skipped run_rc=skipped link_rc=skipped sp_rc=skipped dc_rc=skipped benc
 if has tests && fits 160 tests; then
   echo "== GPU tests (two workers on one GPU)" | tee -a "$log"
   timeout -k 10 $(( $(left) < 240 ? $(left) : 240 )) python3 -m pytest -m gpu -v -p no:cacheprovider \
-    --timeout 150 -rfEs tests/service/test_shared_gpu.py tests/service/test_worker_spec.py >"$out/tests.log" 2>&1
+    --timeout 150 -rfEs tests/service/test_shared_gpu.py >"$out/tests.log" 2>&1
   tests_rc=$?
   grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$out/tests.log" | cut -c1-160 | tee -a "$log"
   grep -E "^E  " "$out/tests.log" | head -10 | tee -a "$log"
@@ -89,20 +90,21 @@ if has transfers && fits 150 transfers; then
     >"$out/transfers-dask-cuda.json" 2>>"$log"
   dc_rc=$?
 fi
+
+if has bench && fits 150 bench; then
+  echo "== spillway bench --only W1,W2,W3,W4,W5 --sizes small --devices 0 --workers-per-gpu 2" | tee -a "$log"
+  t=$(( $(left) - 15 ))
+  timeout -k 10 "$t" python3 -m spillway bench --only W1,W2,W3,W4,W5 --sizes "${BENCH_SIZES:-small}" --runs 3 \
+    --devices 0 --workers-per-gpu 2 --timeout 120 --timeline --label two-workers --out "$results/results" >>"$log" 2>&1
+  bench_rc=$?
+fi
+
 pool_rc=skipped
 if has pool && fits 75 pool; then
   echo "== transfers between the two workers: plain dask-cuda with an RMM pool (0.45 of the GPU each)" | tee -a "$log"
   timeout -k 10 120 python3 -m spillway.bench.transfers --rig dask-cuda --sizes "$sizes" \
     --worker-flag=--rmm-pool-size=0.45 >"$out/transfers-dask-cuda-pool.json" 2>>"$log"
   pool_rc=$?
-fi
-
-if has bench && fits 150 bench; then
-  echo "== spillway bench --only W1,W2,W3,W4,W5 --sizes small --devices 0 --workers-per-gpu 2" | tee -a "$log"
-  t=$(( $(left) - 15 ))
-  timeout -k 10 "$t" python3 -m spillway bench --only W1,W2,W3,W4,W5 --sizes "${BENCH_SIZES:-small}" --runs 3 \
-    --devices 0 --workers-per-gpu 2 --timeout 120 --label two-workers --out "$results/results" >>"$log" 2>&1
-  bench_rc=$?
 fi
 
 zarr_rc=skipped

@@ -290,3 +290,41 @@ def test_the_plain_rig_starts_a_scheduler_and_a_worker_process_per_entry_and_sto
         assert m["same_bits"]
     after = set(psutil.Process().children(recursive=True)) - before
     assert not [p for p in after if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_admission_sums_the_workers_shares_and_counts_a_host_disk_once():
+    """Two workers of one GPU: the cluster holds the sum of their device shares (the GPU's
+    limit once), their host tiers, and the disk of their host once."""
+    from spillway.service.memory.admission import cluster_capacity
+
+    class Client:
+        def run(self, func):
+            share = {"device": 32 * 10**9, "host": 20 * 10**9, "disk": 500 * 10**9}
+            return {"ucx://10.0.0.5:40001": dict(share), "ucx://10.0.0.5:40002": dict(share)}
+
+    capacity = cluster_capacity(Client())
+    assert capacity.n_workers == 2
+    assert capacity.device_bytes == 64 * 10**9 and capacity.host_bytes == 40 * 10**9
+    assert capacity.disk_bytes == 500 * 10**9
+
+
+def test_inputs_are_spread_over_the_workers_not_the_gpus():
+    from spillway.workflows.params import Target
+    from spillway.workflows.placement import assign, spread_workers
+
+    workers = ("ucx://h:1", "ucx://h:2")  # the two workers of one GPU
+    target = Target(kind="gpu", n_workers=2, worker_bytes=32 * 10**9, workers=workers)
+    assert spread_workers(target, 40 * 10**9) == workers
+    placed = assign([(10000,) * 4, (40000,)], 8, workers)
+    assert sorted(placed.values()) == [workers[0]] * 2 + [workers[1]] * 2
+
+
+@pytest.mark.parametrize("command", [["run"], ["up"], ["serve"], ["worker"], ["bench"], ["mpi"], ["slurm", "render"]])
+def test_every_command_that_starts_workers_takes_the_flag(command):
+    from click.testing import CliRunner
+
+    from spillway.service.cli import main
+
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--workers-per-gpu" in result.output
