@@ -97,8 +97,9 @@ def run_zarr_bench(zarr_run: ZarrRun, out_dir: Path, *, stream=sys.stderr) -> tu
             client = session.client
             io_paths = client.run(io_path) if zarr_run.kind == "gpu" else {}
             measured = measure_zarr(zarr_run, client, path, log=log)
-            cluster = {"kind": session.kind, "n_workers": session.n_workers,
-                       "workers_per_gpu": session.plan.workers_per_gpu}
+            cluster = {"kind": session.kind, "n_workers": session.n_workers}
+            if session.kind == "gpu":
+                cluster["workers_per_gpu"] = session.plan.workers_per_gpu
     finally:
         shutil.rmtree(path, ignore_errors=True)
     n_gpus = len(set(zarr_run.devices)) if zarr_run.kind == "gpu" else 0  # a GPU once per worker of it
