@@ -174,7 +174,10 @@ def dask_cuda_processes(devices, changes: dict | None = None, *, protocol: str |
 
     protocol = protocol or ("ucx" if ucxx_installed() else "tcp")
     notes = [] if protocol == "ucx" else ["distributed-ucxx is not installed: baseline over TCP"]
-    env = {**os.environ, **QUIET_UCX}
+    # the bench's transfer log length (set in this process's dask config) reaches the
+    # processes as their environment, as a user's DASK_ variables would
+    length = dask.config.get("distributed.admin.low-level-log-length")
+    env = {**os.environ, **QUIET_UCX, "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": str(length)}
     flags = worker_flags(changes or {}) + list(extra_flags)
     procs = []
     with tempfile.TemporaryDirectory(prefix="spillway-dask-cuda-") as tmp:

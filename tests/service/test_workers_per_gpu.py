@@ -278,11 +278,16 @@ def test_the_plain_rig_starts_a_scheduler_and_a_worker_process_per_entry_and_sto
     from spillway.bench.clusters import dask_cuda_processes
     from spillway.bench.transfers import moves
 
+    import dask.config
+
     before = set(psutil.Process().children(recursive=True))
-    with dask_cuda_processes(("0", "0"), {"memory_limit": "2GB"}, protocol="tcp", command=("worker",),
-                             extra_flags=("--nthreads", "1")) as (client, described):
+    with dask.config.set({"distributed.admin.low-level-log-length": 12345}), \
+            dask_cuda_processes(("0", "0"), {"memory_limit": "2GB"}, protocol="tcp", command=("worker",),
+                                extra_flags=("--nthreads", "1")) as (client, described):
         env = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
         assert sorted(env.values()) == ["0", "0"]
+        logs = client.run(lambda dask_worker: dask_worker.transfer_incoming_log.maxlen)
+        assert list(logs.values()) == [12345, 12345]
         limits = [w["memory_limit"] for w in client.scheduler_info(n_workers=-1)["workers"].values()]
         assert limits == [2 * 10**9] * 2
         assert described["cluster"].count("CUDA_VISIBLE_DEVICES=0 dask worker") == 2
