@@ -7,7 +7,10 @@
 * ``h2d_pinned`` / ``d2h_pinned``: copies between pinned host memory and GPU 0, the path
   spilling takes;
 * ``ucxx_send_recv``: UCXX alone, one process per GPU, sending chunk-sized CuPy buffers
-  over CUDA IPC, the transport distributed-ucxx uses between workers;
+  over CUDA IPC, the transport distributed-ucxx uses between workers (two processes on
+  one GPU where the workers share it);
+* ``same_gpu_copy``: where workers share a GPU (``workers-per-gpu``), one copy within its
+  memory (half of ``hbm_copy``): what a transfer between them can reach;
 * ``host_copy``: a NumPy copy in host memory (measured everywhere; on CPU workers it is
   the only host-memory ceiling);
 * ``disk_write`` / ``disk_read``: the tiered store's disk tier (:class:`DiskTier`, its
@@ -50,7 +53,9 @@ class Ceilings:
 
     @property
     def peer_copy(self) -> float | None:
-        return self.gbps.get("peer_copy")
+        """The ceiling a worker's incoming transfers are read against: the peer copy
+        between GPUs, or where the workers share one GPU, one copy within it."""
+        return self.gbps.get("peer_copy") or self.gbps.get("same_gpu_copy")
 
     def to_json(self) -> dict:
         return {"gbps": dict(self.gbps), "skipped": dict(self.skipped), "bytes": self.nbytes}
@@ -154,12 +159,18 @@ def gpu_ceilings(devices: tuple, nbytes: int, *, timeout: float = 300) -> tuple[
     left out was not measured."""
     gbps, skipped = {}, {}
     devices = physical(devices)
+    # a GPU appears once per worker of it (workers-per-gpu); CUDA takes each GPU once
+    gpus = tuple(dict.fromkeys(devices))
     try:
-        device = _child(["device", str(nbytes)], {"CUDA_VISIBLE_DEVICES": ",".join(devices)}, timeout)
+        device = _child(["device", str(nbytes)], {"CUDA_VISIBLE_DEVICES": ",".join(gpus)}, timeout)
     except RuntimeError as e:
         device = {"skipped": {n: str(e) for n in GPU_NAMES[:4]}}
     gbps.update(device.get("gbps", {}))
     skipped.update(device.get("skipped", {}))
+    if len(gpus) < len(devices) and "hbm_copy" in gbps:
+        # workers of one GPU: a transfer between them is at best one copy within its
+        # memory, hbm_copy counts the bytes read and written
+        gbps["same_gpu_copy"] = gbps["hbm_copy"] / 2
     if len(devices) < 2:
         skipped["ucxx_send_recv"] = "one GPU: no worker-to-worker transfers to bound"
     else:

@@ -73,6 +73,7 @@ def spillway_cluster(options: Options, inventory: Inventory | None) -> Iterator[
         yield session.client, {
             "kind": session.kind,
             "n_workers": session.n_workers,
+            "workers_per_gpu": session.plan.workers_per_gpu,
             "protocol": session.plan.protocol,
             "options": {k: v for k, v in options.as_config().items() if v not in (None, False)},
             "ucx_env": _ucx_env(session.client, session.plan.protocol),
@@ -86,6 +87,15 @@ def baseline_cluster(launch: LaunchPlan, options: Options, changes: dict) -> Ite
     from distributed import Client
 
     notes = []
+    if launch.kind == "gpu" and launch.workers_per_gpu > 1:
+        # LocalCUDACluster refuses a GPU named twice: what a user of plain dask-cuda runs
+        # instead is a scheduler and a `dask cuda worker` per worker, each given its GPU
+        with dask_cuda_processes(launch.devices, changes) as (client, described):
+            client.register_plugin(SpillCounter())
+            described.update(kind=launch.kind, ucx_env=_ucx_env(client, described["protocol"]),
+                             transport=transport(client), worker_transfer=_transfer_settings(client))
+            yield client, described
+        return
     if launch.kind == "gpu":
         from dask_cuda import LocalCUDACluster
 
@@ -124,3 +134,94 @@ def _ucx_env(client, protocol: str) -> dict:
         return {}
     envs = client.run(_worker_ucx)
     return next(iter(envs.values()), {})
+
+
+#: seconds the plain dask-cuda processes have to start and register
+PROCESSES_START_S = 180
+
+
+def worker_flags(changes: dict) -> list[str]:
+    """``dask cuda worker`` flags for the options ``changes`` a workload gives the
+    baseline (such as B2's device limit); bytes and fractions as dask-cuda reads them."""
+    args = []
+    for key, value in changes.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else flag.replace("--", "--no-", 1))
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+@contextlib.contextmanager
+def dask_cuda_processes(devices, changes: dict | None = None, *, protocol: str | None = None,
+                        extra_flags: tuple[str, ...] = (), command: tuple[str, ...] = ("cuda", "worker")):
+    """Plain dask-cuda started by hand: ``dask scheduler`` and one ``dask cuda worker``
+    per entry of ``devices`` (a GPU named once per worker of it), each with
+    ``CUDA_VISIBLE_DEVICES`` set to its GPU, protocol ucx where distributed-ucxx is
+    installed, dask-cuda's defaults otherwise (``extra_flags``: more worker flags, to
+    measure one setting apart). Yields ``(client, description)``. ``command``: the dask
+    subcommand of each worker (``worker`` starts CPU workers the same way, for tests)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    from distributed import Client
+
+    from spillway.service.launch.ucx_env import QUIET_UCX
+
+    protocol = protocol or ("ucx" if ucxx_installed() else "tcp")
+    notes = [] if protocol == "ucx" else ["distributed-ucxx is not installed: baseline over TCP"]
+    # the bench's transfer log length (set in this process's dask config) reaches the
+    # processes as their environment, as a user's DASK_ variables would
+    length = dask.config.get("distributed.admin.low-level-log-length")
+    env = {**os.environ, **QUIET_UCX, "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": str(length)}
+    flags = worker_flags(changes or {}) + list(extra_flags)
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="spillway-dask-cuda-") as tmp:
+        scheduler_file = os.path.join(tmp, "scheduler.json")
+        logs = open(os.path.join(tmp, "processes.log"), "w")
+        try:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "dask", "scheduler", "--scheduler-file", scheduler_file,
+                 "--protocol", protocol, "--no-dashboard"], env=env, stdout=logs, stderr=subprocess.STDOUT))
+            deadline = time.monotonic() + PROCESSES_START_S
+            while not os.path.exists(scheduler_file):
+                if procs[0].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"dask scheduler did not start: {_tail(logs.name)}")
+                time.sleep(0.2)
+            commands = []
+            for device in devices:
+                argv = [*command, "--scheduler-file", scheduler_file, "--protocol", protocol,
+                        "--no-dashboard", *flags]
+                commands.append(f"CUDA_VISIBLE_DEVICES={device} dask {' '.join(argv)}")
+                procs.append(subprocess.Popen([sys.executable, "-m", "dask", *argv],
+                                              env={**env, "CUDA_VISIBLE_DEVICES": str(device)},
+                                              stdout=logs, stderr=subprocess.STDOUT))
+            with Client(scheduler_file=scheduler_file, timeout="60s") as client:
+                try:
+                    client.wait_for_workers(len(devices), timeout=PROCESSES_START_S)
+                except TimeoutError:
+                    raise RuntimeError(f"dask cuda workers did not start: {_tail(logs.name)}") from None
+                yield client, {"n_workers": len(devices), "protocol": protocol, "notes": notes,
+                               "cluster": f"dask scheduler --protocol {protocol}; " + "; ".join(commands)}
+        finally:
+            for proc in reversed(procs):
+                proc.terminate()
+            for proc in reversed(procs):
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            logs.close()
+
+
+def _tail(path: str, lines: int = 5) -> str:
+    try:
+        with open(path) as f:
+            return " | ".join(line.strip() for line in f.read().splitlines()[-lines:])
+    except OSError:
+        return "no log"

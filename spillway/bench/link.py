@@ -31,8 +31,17 @@ SWEEP_SIZES = tuple(n * 2**20 for n in (8, 32, 128, 256, 512, 1024, 2048))
 #: what is measured at each size, by the workers' kind, in the order shown
 MEASURES = {
     "gpu": ("peer_copy_0_to_1", "peer_copy_1_to_0", "ucxx_send_recv", "h2d_pinned", "d2h_pinned"),
+    # workers sharing one GPU (workers-per-gpu): a copy within it instead of a peer copy,
+    # and UCXX between two processes on it
+    "shared-gpu": ("same_gpu_copy", "ucxx_send_recv", "h2d_pinned", "d2h_pinned"),
     "cpu": ("host_copy",),
 }
+
+
+def measured_kind(kind: str, devices: tuple) -> str:
+    """The key of :data:`MEASURES` for workers of ``kind`` on ``devices`` (a GPU named
+    once per worker): ``shared-gpu`` where every worker shares one GPU."""
+    return "shared-gpu" if kind == "gpu" and len(devices) > 1 and len(set(devices)) == 1 else kind
 #: below a page a copy measures call overhead, not the link
 MIN_SIZE = 4096
 MAX_SIZES = 16
@@ -91,7 +100,7 @@ def prepare_sweep(options: Options, *, sizes: str | None = None, label: str | No
 
 def measure_at(kind: str, devices: tuple, nbytes: int, *, timeout: float = 300) -> tuple[dict, dict]:
     """GB/s by name at one message size, and why any of :data:`MEASURES` was not measured."""
-    if kind != "gpu":
+    if kind == "cpu":
         return {"host_copy": ceilings.host_copy_gbps(nbytes)}, {}
     gbps, skipped = ceilings.gpu_ceilings(devices, nbytes, timeout=timeout)
     if "peer_copy" in skipped:  # the probe names the pair, the sweep each direction
@@ -104,7 +113,7 @@ def sweep(link_sweep: LinkSweep, *, log: Callable[[str], None] = lambda _: None,
           measure: Callable = measure_at) -> dict:
     """Every measurement at every size: ``gbps`` (a list per name, None where not
     measured) and ``skipped`` (per name, the reason by size)."""
-    names = MEASURES[link_sweep.kind]
+    names = MEASURES[measured_kind(link_sweep.kind, link_sweep.devices)]
     gbps = {name: [] for name in names}
     skipped: dict[str, dict[str, str]] = {}
     for nbytes in link_sweep.sizes:
@@ -126,7 +135,8 @@ def run_sweep(link_sweep: LinkSweep, out_dir: Path, *, stream=sys.stderr,
     started = datetime.now(timezone.utc)
 
     log = stream_log(stream)
-    log(f"spillway bench --link-sweep on {machine['name']}: {', '.join(MEASURES[link_sweep.kind])} "
+    names = MEASURES[measured_kind(link_sweep.kind, link_sweep.devices)]
+    log(f"spillway bench --link-sweep on {machine['name']}: {', '.join(names)} "
         f"at {', '.join(format_bytes(n) for n in link_sweep.sizes)}")
     measured = sweep(link_sweep, log=log, measure=measure)
     results = {

@@ -73,7 +73,7 @@ def gpu_worker_args(spec: WorkerSpec, *, scheduler_file: str) -> list[str]:
 #: the options a node's GPU workers are built from (``spillway worker``); the scheduler's
 #: and the client's (host, port, dashboard, devices) are not theirs
 _WORKER_OPTIONS = (
-    "threads-per-worker", "rmm-pool-size", "rmm-maximum-pool-size", "rmm-managed-memory", "rmm-async",
+    "workers-per-gpu", "threads-per-worker", "rmm-pool-size", "rmm-maximum-pool-size", "rmm-managed-memory", "rmm-async",
     "rmm-release-threshold", "rmm-log-directory", "rmm-track-allocations", "device-memory-limit",
     "memory-limit", "local-directory", "memory-store", "pinned-pool-size", "nvlink", "transfer-connections",
     "transfer-message-bytes", "interface", "tls-ca-file", "tls-cert", "tls-key",

@@ -93,8 +93,11 @@ def planned_transport(inventory) -> str:
         return "that of the running cluster (see spillway run)"
     if launch.kind != "gpu" or launch.n_workers < 2:
         return launch.protocol if launch.n_workers >= 2 else f"{launch.protocol} (one worker: no transfers)"
+    for note in launch.notes:  # why it is TCP, where UCX would have been the better choice
+        if note.startswith("protocol:"):
+            return f"{planned(launch.protocol, options.nvlink, {}, launch.devices)}: {note[len('protocol: '):]}"
     env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
-    return planned(launch.protocol, options.nvlink, env)
+    return planned(launch.protocol, options.nvlink, env, launch.devices)
 
 
 def format_info(data: dict) -> str:

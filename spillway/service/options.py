@@ -34,6 +34,9 @@ from .sizes import parse_size, parse_size_or_fraction
 NAMESPACE = "spillway"
 #: the RMM pool ``rmm-pool-size: auto`` takes, as a fraction of each GPU
 AUTO_POOL_FRACTION = 0.9
+#: most worker processes on one GPU: each holds a CUDA context (about half a GB) and
+#: shares the GPU's memory, so beyond a few the shares get too small to be useful
+MAX_WORKERS_PER_GPU = 8
 DEFAULTS_FILE = Path(__file__).with_name("config.yaml")
 SCHEMA_FILE = Path(__file__).with_name("config_schema.yaml")
 
@@ -207,6 +210,7 @@ def _existing_file(value, key):
 _PARSERS = {
     "devices": _devices,
     "n_workers": _optional(_int(1)),
+    "workers_per_gpu": _int(1, MAX_WORKERS_PER_GPU),
     "threads_per_worker": _int(1, 1024),
     "cpu": _bool,
     "rmm_pool_size": _optional(_auto_or(_size_or_fraction)),
@@ -245,6 +249,7 @@ class Options:
 
     devices: tuple[int | str, ...] | None = None
     n_workers: int | None = None
+    workers_per_gpu: int = 1
     threads_per_worker: int = 1
     cpu: bool = False
     rmm_pool_size: int | float | str | None = "auto"
@@ -328,6 +333,8 @@ class Options:
                 f"scheduler-address: {self.scheduler_address!r} and scheduler-file "
                 f"{self.scheduler_file!r} both name a scheduler; give one"
             )
+        if self.cpu and self.workers_per_gpu > 1:
+            raise OptionsError(f"workers-per-gpu: {self.workers_per_gpu} places workers on GPUs but cpu is true")
         if self.cpu and self.devices is not None:
             raise OptionsError(f"devices: {','.join(map(str, self.devices))} selects GPUs but cpu is true")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 from spillway import workflows
@@ -23,7 +24,7 @@ from .memory.admission import admit, cluster_capacity
 from .plugins import reset_peak, worker_snapshot
 from .progress import track, wait_with_bar
 from .sizes import format_bytes
-from .transfer import transport
+from .transfer import transport, worker_gpu
 
 
 def target_of(session) -> Target:
@@ -32,22 +33,27 @@ def target_of(session) -> Target:
     limits = [w.get("memory_limit") or 0 for w in info.values()]
     if session.kind == "gpu":
         device = session.client.run(_device_limit)
-        limits = [v for v in device.values() if v] or limits
+        # a worker without a device limit has its GPU, shared with the other workers of it
+        sharing = Counter(d["gpu"] for d in device.values())
+        limits = [d["limit"] // (sharing[d["gpu"]] if d["whole_gpu"] and d["gpu"] else 1)
+                  for d in device.values() if d["limit"]] or limits
     per_worker = min(limits) if limits and min(limits) > 0 else 4 * 2**30
     return Target(kind=session.kind, n_workers=session.n_workers, worker_bytes=int(per_worker),
                   workers=tuple(sorted(info)))
 
 
 def _device_limit(dask_worker):
-    """The worker's device limit (its store's), else its whole GPU (runs on the worker)."""
+    """The worker's device limit (its store's), else its whole GPU, and which GPU it is
+    (runs on the worker)."""
     from .gpus import discover
     from .memory.admission import worker_capacity
 
     device = worker_capacity(dask_worker)["device"]
     if device:
-        return device
+        return {"limit": device, "gpu": worker_gpu(), "whole_gpu": False}
     inventory = discover()  # honours CUDA_VISIBLE_DEVICES: GPU 0 is this worker's
-    return inventory.gpus[0].memory_total if len(inventory) else None
+    return {"limit": inventory.gpus[0].memory_total if len(inventory) else None, "gpu": worker_gpu(),
+            "whole_gpu": True}
 
 
 def run_workflow(
@@ -110,6 +116,8 @@ def run_workflow(
             "kind": session.kind,
             "n_workers": session.n_workers,
             "protocol": session.plan.protocol if session.plan.kind != "attach" else _protocol(client),
+            # None where attached: the running cluster's own
+            "workers_per_gpu": session.plan.workers_per_gpu if session.plan.kind == "gpu" else None,
         },
         "footprint": built.footprint.to_json(),
         "admission": decision.to_json(),
@@ -360,8 +368,10 @@ def _host_memory(before: dict | None, after: dict) -> dict | None:
 
 def format_report(report: dict) -> str:
     """The report as aligned lines for a terminal."""
+    per_gpu = report["cluster"].get("workers_per_gpu") or 1
     lines = [f"workflow      {report['workflow']}  ({report['cluster']['kind']}, "
-             f"{report['cluster']['n_workers']} workers, {report['cluster']['protocol']})"]
+             f"{report['cluster']['n_workers']} workers{f' ({per_gpu} per GPU)' if per_gpu > 1 else ''}, "
+             f"{report['cluster']['protocol']})"]
     params = ", ".join(f"{k}={_fmt(v)}" for k, v in report["params"].items())
     lines.append(f"params        {params}")
     result = ", ".join(f"{k}={_fmt(v)}" for k, v in report["result"].items())

@@ -18,7 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 IPC = "ucx (CUDA IPC over NVLink)"
+#: CUDA IPC between workers of one GPU: a copy within the device's memory
+IPC_SAME_GPU = "ucx (CUDA IPC within one GPU)"
+IPC_BOTH = "ucx (CUDA IPC within a GPU and over NVLink between GPUs)"
 STAGED = "ucx (staged through host)"
+#: TCP between workers of one GPU: each chunk goes device -> host -> socket -> host -> device
+TCP_SAME_GPU = "tcp (workers share a GPU; chunks staged through host memory)"
 
 #: UCX transport names that include CUDA IPC ("cuda" is UCX's alias for its CUDA transports)
 _IPC_NAMES = {"cuda_ipc", "cuda", "all"}
@@ -77,6 +82,29 @@ def describe(protocol: str, env: Mapping[str, str] | None = None, config: Mappin
     return IPC if cuda_ipc_enabled(effective_tls(env or {}, config or {}, context)) else STAGED
 
 
+def on_gpus(label: str, gpus) -> str:
+    """``label`` (:func:`describe`'s) told apart by where the workers are: ``gpus`` names
+    each worker's GPU (None where not known); CUDA IPC between workers of one GPU is a copy
+    within it, between GPUs it crosses NVLink."""
+    known = [g for g in gpus if g is not None]
+    shared = len(set(known)) < len(known)
+    several = len(set(known)) > 1
+    if label == IPC and shared:
+        return IPC_BOTH if several else IPC_SAME_GPU
+    if label == "tcp" and shared and not several:
+        return TCP_SAME_GPU
+    return label
+
+
+def worker_gpu() -> str | None:
+    """The GPU of this worker process: the first of its ``CUDA_VISIBLE_DEVICES`` (dask-cuda
+    puts the worker's own GPU first), None where unset."""
+    import os
+
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[0] if visible else None
+
+
 def worker_settings(dask_worker=None) -> dict:
     """What :func:`describe` needs, read in a worker process (``client.run``)."""
     import os
@@ -97,6 +125,7 @@ def worker_settings(dask_worker=None) -> dict:
         "env": {k: v for k, v in os.environ.items() if k.startswith("UCX_")},
         "config": {ns: dask.config.get(ns, default={}) or {} for ns in NAMESPACES},
         "context": context,
+        "gpu": worker_gpu(),
     }
 
 
@@ -106,12 +135,15 @@ def transport(client) -> str:
     settings = client.run(worker_settings)
     if not settings:
         return describe(client.scheduler.address)
-    labels = sorted({describe(s["protocol"], s["env"], s["config"], s["context"]) for s in settings.values()})
+    gpus = [s.get("gpu") for s in settings.values()]
+    labels = sorted({on_gpus(describe(s["protocol"], s["env"], s["config"], s["context"]), gpus)
+                     for s in settings.values()})
     return "; ".join(labels)
 
 
-def planned(protocol: str, nvlink: bool, env: Mapping[str, str] | None = None) -> str:
-    """The transport a spillway cluster started with ``protocol`` and ``nvlink`` will use:
-    dask-cuda turns on TCP and CUDA copies over UCX, and CUDA IPC with ``nvlink``."""
+def planned(protocol: str, nvlink: bool, env: Mapping[str, str] | None = None, gpus=()) -> str:
+    """The transport a spillway cluster started with ``protocol`` and ``nvlink`` will use,
+    its workers on ``gpus`` (one entry per worker): dask-cuda turns on TCP and CUDA copies
+    over UCX, and CUDA IPC with ``nvlink`` (which UCX's cuda_ipc also uses within a GPU)."""
     config = {"distributed-ucxx": {"tcp": True, "cuda-copy": True, "nvlink": nvlink}}
-    return describe(protocol, env if env is not None else {}, config)
+    return on_gpus(describe(protocol, env if env is not None else {}, config), gpus)

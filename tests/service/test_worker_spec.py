@@ -35,12 +35,15 @@ FLAG_SETS = {
                    "--pinned-pool-size", "8GB", "--threads-per-worker", "3", "--memory-limit", "64GB",
                    "--rmm-track-allocations", "--no-nvlink", "--protocol", "ucx", "--interface", "ib0"],
     "tiered-auto": ["--device-memory-limit", "0.7", "--threads-per-worker", "2", "--memory-limit", "auto",
-                    "--pinned-pool-size", "auto", "--protocol", "ucx"],
+                    "--pinned-pool-size", "auto", "--protocol", "ucx", "--workers-per-gpu", "2"],
     "dask-cuda-async": ["--memory-store", "dask-cuda", "--rmm-async", "--rmm-release-threshold", "10GB",
                         "--device-memory-limit", "90GB", "--threads-per-worker", "4", "--memory-limit", "0.5",
                         "--protocol", "tcp"],
     "dask-cuda-pool": ["--memory-store", "dask-cuda", "--rmm-pool-size", "0.6", "--device-memory-limit", "0",
                        "--memory-limit", "0", "--protocol", "ucx", "--nvlink", "--rmm-track-allocations"],
+    # several workers on each GPU with dask-cuda's store: `spillway worker` in the batch script too
+    "dask-cuda-shared": ["--memory-store", "dask-cuda", "--workers-per-gpu", "3", "--rmm-pool-size", "0.6",
+                         "--device-memory-limit", "0.75", "--protocol", "ucx"],
     # managed memory has no device tier to manage: dask-cuda's store, whatever memory-store says
     "managed": ["--rmm-managed-memory", "--no-nvlink", "--protocol", "ucx", "--memory-store", "tiered",
                 "--rmm-pool-size", "none"],
@@ -106,13 +109,17 @@ def _tls(security) -> dict:
 def local_cluster(options, specs) -> dict:
     kw = local_gpu.specs_kwargs(options, specs)
     out = _from_dask_cuda(kw, kw["threads_per_worker"])
-    out.update(interface=kw["interface"], devices=tuple(kw["CUDA_VISIBLE_DEVICES"]), **_tls(kw["security"]))
+    devices = kw["worker_devices"]
+    assert kw["CUDA_VISIBLE_DEVICES"] == list(dict.fromkeys(devices)) and kw["n_workers"] == len(devices)
+    out.update(interface=kw["interface"], devices=tuple(devices), workers_per_gpu=devices.count(devices[0]),
+               **_tls(kw["security"]))
     return out
 
 
 def cuda_worker(options, spec) -> dict:
     kw = gpu_worker.worker_kwargs(options, spec)
-    return dict(_from_dask_cuda(kw, kw["nthreads"]), interface=kw["interface"], **_tls(kw["security"]))
+    return dict(_from_dask_cuda(kw, kw["nthreads"]), interface=kw["interface"],
+                workers_per_gpu=kw["workers_per_gpu"], **_tls(kw["security"]))
 
 
 def mpi_rank(options, spec) -> dict:
@@ -143,7 +150,8 @@ def dask_cuda_worker(argv: list[str]) -> dict:
             switches.add(argv[i])
             i += 1
     limit = lambda key: _value(flags[key]) or None  # noqa: E731  (0: no limit)
-    out = dict(protocol=flags["--protocol"], threads=int(flags["--nthreads"]),
+    # the command starts one worker per visible GPU
+    out = dict(protocol=flags["--protocol"], threads=int(flags["--nthreads"]), workers_per_gpu=1,
                device_memory_limit=limit("--device-memory-limit"), memory_limit=limit("--memory-limit"),
                memory_store="dask-cuda", interface=flags.get("--interface"),
                local_directory=flags.get("--local-directory"), rmm_log_directory=flags.get("--rmm-log-directory"),
@@ -181,6 +189,8 @@ def not_carried(backend: str, spec: WorkerSpec) -> dict[str, str]:
         for key in ("host_limit", "pinned_arena", "pinned_limit"):
             out[key] = "the tiered store's, and the workers have dask-cuda's"
     if backend == "mpi":
+        out["workers_per_gpu"] = ("each rank starts one worker on the one GPU it is given; "
+                                  "device_for_rank gives workers-per-gpu neighbouring ranks one GPU")
         for key in ("tls_ca_file", "tls_cert", "tls_key"):
             out[key] = "dask-mpi starts its scheduler without TLS; spillway mpi refuses the TLS options"
     return out
@@ -207,9 +217,11 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
     # the local cluster of this host
     local = options.replace(scheduler_file=None)
     specs = worker_specs(local, plan(local, inventory, **PLANNED), FACTS)
-    assert len(specs) == 4 and [s.device for s in specs] == [0, 1, 2, 3]
+    per_gpu = options.workers_per_gpu
+    devices = tuple(d for d in (0, 1, 2, 3) for _ in range(per_gpu))
+    assert len(specs) == 4 * per_gpu and tuple(s.device for s in specs) == devices
     read = local_cluster(local, specs)
-    assert read.pop("devices") == (0, 1, 2, 3)
+    assert read.pop("devices") == devices
     assert_carries("local", specs[0], read)
 
     # `spillway worker` on a node (one CUDAWorker for the node's GPUs)
@@ -217,15 +229,16 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
     assert node == dataclasses.replace(specs[0], device=None)
     assert_carries("spillway worker", node, cuda_worker(options, node))
 
-    # an MPI worker rank: its spec is its node's, one of four ranks there
-    rank = gpu_worker.node_spec(options, inventory, workers=4, facts=FACTS, **PLANNED)
+    # an MPI worker rank: its spec is its node's, one of 4 x workers-per-gpu ranks there
+    rank = gpu_worker.node_spec(options, inventory, workers=4 * per_gpu, facts=FACTS, **PLANNED)
+    assert rank == node
     assert_carries("mpi", rank, mpi_rank(local, rank))
 
     # the Slurm script: the tiered store's workers get the options as `spillway worker`
     # flags and resolve the spec on the node; dask-cuda's get `dask cuda worker` flags
     # from the spec known on the submit host
     text = job_script(local.replace(protocol=options.protocol), JOB, [Run("transpose-sum")])
-    if node.tiered:
+    if node.tiered or per_gpu > 1:
         argv = script_worker_argv(text, "spillway worker")
         argv = [str(files / "s.json") if a == "$SCHEDULER_FILE" else a for a in argv]
         on_node = cli_options(argv, monkeypatch)
@@ -278,3 +291,31 @@ def test_auto_protocol_is_one_decision():
                 local = plan(options if gpu else options.replace(cpu=True), h200_host(n), **PLANNED)
                 assert local.protocol == choose_protocol(requested, gpu=gpu, n_workers=n, have_ucxx=True)[0]
                 assert commands.protocol(options, gpu=gpu, n_workers=n) == local.protocol
+
+
+@pytest.mark.parametrize("per_gpu", [1, 2, 4])
+def test_workers_of_one_gpu_share_it(per_gpu):
+    """Each worker's device limit and RMM pool are its share of its GPU, its host tier,
+    memory limit and pinned arena its share of the host: the workers of a GPU (and of the
+    host) together hold what one worker of it would."""
+    from spillway.service.options import Options
+
+    options = Options.resolve(workers_per_gpu=per_gpu, protocol="ucx")
+    launch = plan(options, h200_host(2), **PLANNED)
+    assert launch.n_workers == 2 * per_gpu and launch.gpus == (0, 1)
+    assert launch.devices == tuple(d for d in (0, 1) for _ in range(per_gpu))
+    gpu = h200_host(2).gpus[0].memory_total
+    assert sum(launch.device_memory) == 2 * (gpu // per_gpu) * per_gpu
+    specs = worker_specs(options, launch, FACTS)
+    one = worker_specs(options.replace(workers_per_gpu=1), plan(options.replace(workers_per_gpu=1), h200_host(2),
+                                                                **PLANNED), FACTS)[0]
+    for spec in specs:
+        assert spec.workers_per_gpu == per_gpu
+        assert abs(spec.device_memory_limit * per_gpu - one.device_memory_limit) <= per_gpu
+        assert spec.rmm_pool_size == pytest.approx(one.rmm_pool_size / per_gpu)
+        assert spec.memory_limit * per_gpu == pytest.approx(one.memory_limit, abs=per_gpu)
+        assert spec.pinned_arena * per_gpu <= one.pinned_arena + per_gpu
+    # away from the node the shares stay fractions of the GPU, as dask-cuda reads them
+    off = off_node_spec(options, protocol="ucx", workers=4 * per_gpu)
+    assert off.device_memory_limit == pytest.approx(0.8 / per_gpu)
+    assert off.rmm_pool_size == pytest.approx(0.9 / per_gpu)

@@ -105,7 +105,7 @@ def prepare_zarr(options: Options, *, sizes: str = "auto", runs: int = 3, timeou
                          f"{DISK_SHARE:.0%} of the {format_bytes(free)} free in {directory} (--local-directory)")
     if launch.kind == "gpu":
         memory = sum(launch.device_memory)
-        where = f"the {len(launch.devices)} GPUs' {format_bytes(memory)}"
+        where = f"the {len(launch.gpus)} GPUs' {format_bytes(memory)}"
     else:
         memory = host_memory_bytes()
         where = f"this host's {format_bytes(memory)}"

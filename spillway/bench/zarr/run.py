@@ -98,9 +98,11 @@ def run_zarr_bench(zarr_run: ZarrRun, out_dir: Path, *, stream=sys.stderr) -> tu
             io_paths = client.run(io_path) if zarr_run.kind == "gpu" else {}
             measured = measure_zarr(zarr_run, client, path, log=log)
             cluster = {"kind": session.kind, "n_workers": session.n_workers}
+            if session.kind == "gpu":
+                cluster["workers_per_gpu"] = session.plan.workers_per_gpu
     finally:
         shutil.rmtree(path, ignore_errors=True)
-    n_gpus = len(zarr_run.devices) if zarr_run.kind == "gpu" else 0
+    n_gpus = len(set(zarr_run.devices)) if zarr_run.kind == "gpu" else 0  # a GPU once per worker of it
     stores = summarize(measured, nbytes=zarr_run.nbytes, kind=zarr_run.kind, gbps=measured_ceilings.gbps, n_gpus=n_gpus)
     results = {
         "what": "zarr write and read",

@@ -64,8 +64,10 @@ def run(options: Options, workflow: str, params: dict, *, verify: bool = False, 
 
         # the node's GPUs, seen before this rank is narrowed to its own
         inventory = discover()
-        # one GPU per worker rank: CUDAWorker starts one worker per visible GPU
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(device_for_rank(rank, node_ranks, _node_devices(inventory)))
+        # one GPU per worker rank (workers-per-gpu ranks share one): CUDAWorker starts one
+        # worker per visible GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(device_for_rank(rank, node_ranks, _node_devices(inventory),
+                                                                 options.workers_per_gpu))
         # the rank's share of its node's host and pinned memory, like a local cluster's worker
         workers = len([r for r in node_ranks if r != SCHEDULER_RANK])
         spec = node_spec(options.replace(protocol=kwargs["protocol"]), inventory, workers=workers)

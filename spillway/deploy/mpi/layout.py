@@ -26,15 +26,18 @@ def check_world(size: int) -> int:
     return size - 1
 
 
-def device_for_rank(rank: int, node_ranks: Sequence[int], devices: Sequence[int | str]) -> int | str:
+def device_for_rank(rank: int, node_ranks: Sequence[int], devices: Sequence[int | str],
+                    workers_per_gpu: int = 1) -> int | str:
     """The GPU of worker ``rank``: its place among the worker ranks of its node picks one
-    of the node's ``devices``, so ranks on a node never share a GPU."""
+    of the node's ``devices``, ``workers_per_gpu`` neighbouring ranks to a GPU, so no GPU
+    has more than that many."""
     workers = sorted(r for r in node_ranks if r != SCHEDULER_RANK)
-    place = workers.index(rank)
+    place = workers.index(rank) // workers_per_gpu
     if place >= len(devices):
+        per_gpu = "one rank" if workers_per_gpu == 1 else f"{workers_per_gpu} ranks (workers-per-gpu)"
         raise OptionsError(
-            f"mpi: rank {rank} is worker {place + 1} on its node but the node has {len(devices)} GPU(s); "
-            "start one rank per GPU (plus one for the scheduler on the first node)"
+            f"mpi: rank {rank} is worker {workers.index(rank) + 1} on its node but the node has {len(devices)} "
+            f"GPU(s); start {per_gpu} per GPU (plus one for the scheduler on the first node)"
         )
     return devices[place]
 

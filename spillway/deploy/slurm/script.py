@@ -76,15 +76,16 @@ def layout(options: Options, job: JobSettings) -> Layout:
                       cpus_per_task=job.cpus_per_task)
     if not job.gpus_per_node:
         raise OptionsError("gpus-per-node: 0 GPUs gives no GPU workers; request GPUs or set cpu true")
-    total = job.nodes * job.gpus_per_node
+    per_node = job.gpus_per_node * options.workers_per_gpu
+    total = job.nodes * per_node
     if options.n_workers is not None and options.n_workers != total:
         raise OptionsError(
             f"n-workers: {options.n_workers} does not match {job.nodes} nodes x {job.gpus_per_node} GPUs "
-            f"(one worker per GPU, {total}); leave it unset"
+            f"x {options.workers_per_gpu} worker(s) per GPU ({total}); leave it unset"
         )
     # Slurm's default is one CPU per task: too few for a worker per GPU under task/cgroup
-    cpus = job.cpus_per_task or job.gpus_per_node * (options.threads_per_worker + 1)
-    return Layout("gpu", job.gpus_per_node, total, commands.protocol(options, gpu=True, n_workers=total),
+    cpus = job.cpus_per_task or per_node * (options.threads_per_worker + 1)
+    return Layout("gpu", per_node, total, commands.protocol(options, gpu=True, n_workers=total),
                   cpus_per_task=cpus)
 
 
@@ -156,12 +157,15 @@ def job_script(options: Options, job: JobSettings, runs: Sequence[Run]) -> str:
     # the workers' settings as far as they are known here: the nodes' GPUs and memory are not
     spec = (off_node_spec(options, protocol=job_layout.protocol, workers=job_layout.workers_per_node)
             if job_layout.kind == "gpu" else None)
-    if spec is not None and spec.tiered:
-        # dask-cuda's command has no flag for another store: spillway's own runs its
-        # CUDAWorker, and resolves the workers' spec from these options on the node
+    if spec is not None and (spec.tiered or spec.workers_per_gpu > 1):
+        # dask-cuda's command has no flag for another store, nor for several workers on a
+        # GPU: spillway's own runs its CUDAWorker, and resolves the workers' spec from
+        # these options on the node
         worker_command = "spillway"
         worker = commands.spillway_worker_args(options, scheduler_file=_SCHEDULER_FILE, protocol=job_layout.protocol)
-        layout_text = "one tiered-store worker per GPU"
+        store = "tiered-store" if spec.tiered else "dask-cuda"
+        layout_text = (f"one {store} worker per GPU" if spec.workers_per_gpu == 1
+                       else f"{spec.workers_per_gpu} {store} workers per GPU")
         environment = commands.ucx_environment(options) if job_layout.protocol == "ucx" else {}
     elif spec is not None:
         worker_command = "dask cuda worker"

@@ -175,7 +175,8 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Ite
         specs = worker_specs(options, launch) if launch.kind == "gpu" else ()
         cluster = start_cluster(options, launch, specs)
         if cluster is not None:
-            timeout = max((close_timeout_s(s, m) for s, m in zip(specs, launch.device_memory)),
+            # the plan's memory is each worker's share; a pool's fraction is of the whole GPU
+            timeout = max((close_timeout_s(s, m * s.workers_per_gpu) for s, m in zip(specs, launch.device_memory)),
                           default=close_timeout_s(None))
             # registered first, so it runs after the client's close: client, workers, scheduler
             stack.callback(close_cluster, cluster, timeout)

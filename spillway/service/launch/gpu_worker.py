@@ -8,16 +8,19 @@ another. :class:`TieredCUDAWorker` is that worker with one change: before its na
 start, each one's worker keywords get spillway's tiered store (:func:`use_store`), the
 same ``(build_store, kwargs)`` the local GPU cluster passes. distributed's ``--preload``
 is no way in: preloads start after the worker is built and listening, and the worker's
-state keeps the store it was built with.
+state keeps the store it was built with. With ``workers-per-gpu`` above 1 it starts that
+many nannies on each GPU (:func:`shared_gpus`), each set up for its GPU as dask-cuda sets
+up the one worker of a GPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from ..options import Options
 from .plan import LaunchPlan, plan
@@ -41,7 +44,8 @@ def visible_gpus() -> int | None:
 
 
 def node_plan(options: Options, inventory=None, *, workers: int | None = None, **plan_kwargs) -> LaunchPlan:
-    """The plan of this node's ``workers`` GPU workers (default: one per GPU), with the
+    """The plan of this node's ``workers`` GPU workers (default: ``workers-per-gpu`` on
+    each GPU), with the
     node's pinned-memory bound shared among them. The scheduler and the job's total
     worker count belong to the job, not to the node, so they are left out here."""
     from ..errors import OptionsError
@@ -76,6 +80,52 @@ def worker_kwargs(options: Options, spec: WorkerSpec, *, death_timeout: float = 
     return kwargs
 
 
+def repeated(visible: list[str], workers_per_gpu: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` naming each GPU once per worker of it: what CUDAWorker is
+    built under so that it starts that many nannies, the workers of a GPU next to each
+    other."""
+    return ",".join(d for d in visible for _ in range(workers_per_gpu))
+
+
+def deduplicated(visible: str) -> str:
+    """A nanny's ``CUDA_VISIBLE_DEVICES`` with each GPU once, in order: CUDAWorker gives
+    nanny i the list rotated to start at entry i, so with each GPU named once per worker
+    its GPU still comes first and the others follow in dask-cuda's order."""
+    return ",".join(dict.fromkeys(d.strip() for d in visible.split(",") if d.strip()))
+
+
+@contextlib.contextmanager
+def shared_gpus(workers_per_gpu: int, inventory=None) -> Iterator[None]:
+    """Build CUDAWorker within this context to start ``workers_per_gpu`` nannies on each
+    GPU the process may use; :func:`fix_visible` afterwards gives each nanny its GPU list."""
+    if workers_per_gpu == 1:
+        yield
+        return
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if saved is not None:
+        visible = [d.strip() for d in saved.split(",") if d.strip()]
+    else:
+        from ..gpus import discover
+
+        visible = [str(g.index) for g in (inventory or discover()).gpus]
+    os.environ["CUDA_VISIBLE_DEVICES"] = repeated(visible, workers_per_gpu)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
+def fix_visible(nannies: Iterable) -> None:
+    """Each GPU once in each nanny's ``CUDA_VISIBLE_DEVICES`` (:func:`deduplicated`)."""
+    for nanny in nannies:
+        env = getattr(nanny, "env", None)
+        if isinstance(env, dict) and env.get("CUDA_VISIBLE_DEVICES"):
+            env["CUDA_VISIBLE_DEVICES"] = deduplicated(env["CUDA_VISIBLE_DEVICES"])
+
+
 def use_store(nannies: Iterable, data) -> None:
     """Give the workers of ``nannies`` (not started yet) ``data`` instead of the store
     they were built with: a nanny passes its worker keywords to the worker process it
@@ -91,10 +141,13 @@ def _worker_class():
     from dask_cuda import CUDAWorker
 
     class TieredCUDAWorker(CUDAWorker):
-        """dask-cuda's ``CUDAWorker`` whose workers are built with ``data``."""
+        """dask-cuda's ``CUDAWorker`` whose workers are built with ``data``,
+        ``workers_per_gpu`` of them on each visible GPU."""
 
-        def __init__(self, *args, data=None, **kwargs):
-            super().__init__(*args, **kwargs)
+        def __init__(self, *args, data=None, workers_per_gpu: int = 1, **kwargs):
+            with shared_gpus(workers_per_gpu):
+                super().__init__(*args, **kwargs)
+            fix_visible(self.nannies)
             if data is not None:
                 use_store(self.nannies, data)
 
@@ -125,7 +178,8 @@ def run_node(options: Options, *, death_timeout: float = DEATH_TIMEOUT_S) -> Non
     from .worker_config import worker_config
 
     inventory = discover()
-    spec = node_spec(options, inventory, workers=visible_gpus())
+    gpus = visible_gpus()
+    spec = node_spec(options, inventory, workers=gpus * options.workers_per_gpu if gpus else None)
     device_memory = max((g.memory_total for g in inventory.gpus), default=0)
     kwargs = worker_kwargs(options, spec, death_timeout=death_timeout)
     if spec.protocol == "ucx":

@@ -1,4 +1,15 @@
-"""Local GPU cluster: dask-cuda's LocalCUDACluster, one worker per selected GPU."""
+"""Local GPU cluster: dask-cuda's LocalCUDACluster, ``workers-per-gpu`` workers on each
+selected GPU.
+
+LocalCUDACluster starts one worker per entry of its ``CUDA_VISIBLE_DEVICES`` and refuses
+a GPU named twice ("Can not scale beyond visible devices": it names each worker by its
+GPU). :func:`cluster_type` is LocalCUDACluster with one change, whatever the number of
+workers per GPU: its workers are named by their place in the plan (the GPU itself where
+each GPU has one worker, as dask-cuda names them), and each worker's spec is the one
+dask-cuda builds for its GPU (its ``CUDA_VISIBLE_DEVICES`` starting at that GPU, the RMM
+and CPU-affinity plugins of that GPU, the UCX config), so the workers of one GPU are
+started exactly as dask-cuda starts a worker of it.
+"""
 
 from __future__ import annotations
 
@@ -17,12 +28,30 @@ def cluster_kwargs(options: Options, plan: LaunchPlan, facts: HostFacts | None =
     return specs_kwargs(options, worker_specs(options, plan, facts))
 
 
+def worker_names(devices: list) -> list:
+    """The name of each worker of ``devices`` (one entry per worker, a GPU repeated for
+    each of its workers): the GPU where it has one worker, as dask-cuda names them, else
+    ``<gpu>-<k>`` for its k-th worker, as dask-cuda's CUDAWorker names the workers of one
+    command."""
+    if len(set(devices)) == len(devices):
+        return list(devices)
+    seen: dict = {}
+    names = []
+    for device in devices:
+        k = seen[device] = seen.get(device, -1) + 1
+        names.append(f"{device}-{k}")
+    return names
+
+
 def specs_kwargs(options: Options, specs: tuple[WorkerSpec, ...]) -> dict:
-    """LocalCUDACluster keywords for workers ``specs`` (one per GPU) and the scheduler of
-    ``options``."""
+    """Keywords of :func:`cluster_type` for workers ``specs`` (one per worker, in the
+    plan's order) and the scheduler of ``options``: dask-cuda's, with ``worker_devices``
+    (the GPU of each worker) beside ``CUDA_VISIBLE_DEVICES`` (each GPU once)."""
     spec = one_for_all(specs)
+    devices = [s.device for s in specs]
     kwargs = dict(
-        CUDA_VISIBLE_DEVICES=[s.device for s in specs],
+        CUDA_VISIBLE_DEVICES=list(dict.fromkeys(devices)),
+        worker_devices=devices,
         n_workers=len(specs),
         threads_per_worker=spec.threads,
         interface=spec.interface,
@@ -40,13 +69,61 @@ def specs_kwargs(options: Options, specs: tuple[WorkerSpec, ...]) -> dict:
     return kwargs
 
 
+_classes: dict = {}
+
+
+def cluster_type():
+    """LocalCUDACluster whose workers may share a GPU (built on first use, so importing
+    this module imports no GPU library)."""
+    if "cluster" not in _classes:
+        from dask_cuda import LocalCUDACluster
+
+        _classes["cluster"] = shared_gpu_cluster(LocalCUDACluster)
+    return _classes["cluster"]
+
+
+def shared_gpu_cluster(base: type) -> type:
+    """``base`` (LocalCUDACluster) taking ``worker_devices``."""
+
+    class SharedGPUCluster(base):
+        """LocalCUDACluster taking ``worker_devices``: the GPU of each worker, a GPU
+        named once per worker it holds."""
+
+        def __init__(self, *args, worker_devices, **kwargs):
+            # before dask-cuda's __init__, which scales to n_workers through new_worker_spec
+            self.worker_devices = list(worker_devices)
+            self.worker_names = worker_names(self.worker_devices)
+            super().__init__(*args, **kwargs)
+
+        def new_worker_spec(self):
+            free = [i for i, name in enumerate(self.worker_names) if name not in self.worker_spec]
+            if not free:
+                raise ValueError("Can not scale beyond the planned workers", self.worker_names)
+            device = self.worker_devices[free[0]]
+            # dask-cuda's spec of the first worker of ``device``: it picks the smallest
+            # visible GPU that has no worker, so for this call every other GPU has one
+            started = self.worker_spec
+            self.worker_spec = {d: None for d in self.cuda_visible_devices if d != device}
+            try:
+                ((_, spec),) = super().new_worker_spec().items()
+            finally:
+                self.worker_spec = started
+            visible = spec["options"]["env"]["CUDA_VISIBLE_DEVICES"]
+            if visible.split(",")[0] != str(device):
+                raise RuntimeError(f"dask-cuda gave the worker of GPU {device} CUDA_VISIBLE_DEVICES={visible}: "
+                                   "this dask-cuda builds its workers differently; use workers-per-gpu 1")
+            return {self.worker_names[free[0]]: spec}
+
+    SharedGPUCluster.__module__, SharedGPUCluster.__qualname__ = __name__, "SharedGPUCluster"
+    return SharedGPUCluster
+
+
 def start(options: Options, plan: LaunchPlan, specs: tuple[WorkerSpec, ...]):
     import logging
 
     import dask.config
-    from dask_cuda import LocalCUDACluster
 
     kwargs = specs_kwargs(options, specs)
     kwargs["silence_logs"] = logging.WARNING
     with dask.config.set(worker_config(options, tiered_store=specs[0].tiered)):
-        return cluster_class(LocalCUDACluster, kwargs)(**kwargs)
+        return cluster_class(cluster_type(), kwargs)(**kwargs)

@@ -20,7 +20,8 @@ from .protocol import choose_protocol
 class LaunchPlan:
     #: "gpu", "cpu" or "attach"
     kind: str
-    #: CUDA device identifiers (indices or UUIDs), one per worker, in worker order
+    #: CUDA device identifiers (indices or UUIDs), one per worker, in worker order: a GPU
+    #: appears once for each of its workers (``workers_per_gpu``)
     devices: tuple[int | str, ...] = ()
     n_workers: int = 0
     #: "ucx" or "tcp"
@@ -29,8 +30,16 @@ class LaunchPlan:
     notes: tuple[str, ...] = ()
     #: bytes of memory of this host (GPU plans: what the workers' pinned memory is bounded by)
     host_memory: int = 0
-    #: bytes of each worker's GPU, in worker order (empty where not known)
+    #: bytes of each worker's share of its GPU (the GPU's memory over its workers), in
+    #: worker order (empty where not known): their sum is the GPUs' memory
     device_memory: tuple[int, ...] = ()
+    #: worker processes on each GPU
+    workers_per_gpu: int = 1
+
+    @property
+    def gpus(self) -> tuple[int | str, ...]:
+        """The GPUs of the plan, each once, in worker order."""
+        return tuple(dict.fromkeys(self.devices))
 
     @property
     def pinned_limit(self) -> int | None:
@@ -109,21 +118,35 @@ def plan(
         devices = tuple(g.index for g in inventory.gpus)
     else:
         devices = tuple(inventory.find(d).index for d in options.devices)
-    n = options.n_workers if options.n_workers is not None else len(devices)
-    if n > len(devices):
+    per_gpu = options.workers_per_gpu
+    n = options.n_workers if options.n_workers is not None else len(devices) * per_gpu
+    if n > len(devices) * per_gpu:
         raise OptionsError(
-            f"n-workers: {n} workers need {n} GPUs but only {len(devices)} are selected (one worker per GPU)"
+            f"n-workers: {n} workers need {-(-n // per_gpu)} GPUs but only {len(devices)} are selected "
+            f"({per_gpu} worker(s) per GPU; raise workers-per-gpu to place more on each)"
         )
-    devices = devices[:n]
+    if n % per_gpu:
+        raise OptionsError(f"n-workers: {n} is not a multiple of workers-per-gpu {per_gpu} "
+                           "(every GPU gets the same number of workers)")
+    # each GPU once per worker of it, its workers next to each other
+    devices = tuple(d for d in devices[:n // per_gpu] for _ in range(per_gpu))
     host_memory = host_memory_bytes() if host_memory is None else host_memory
     _check_pinned(options, n, host_memory)
 
     protocol, note = choose_protocol(options.protocol, gpu=True, n_workers=n, have_ucxx=have_ucxx)
+    if note and per_gpu > 1:
+        note = SHARED_GPU_TCP_NOTE.format(per_gpu=per_gpu)
     if note:
         notes.append(note)
     return LaunchPlan(kind="gpu", devices=devices, n_workers=n, protocol=protocol, notes=tuple(notes),
-                      host_memory=host_memory,
-                      device_memory=tuple(inventory.find(d).memory_total for d in devices))
+                      host_memory=host_memory, workers_per_gpu=per_gpu,
+                      device_memory=tuple(inventory.find(d).memory_total // per_gpu for d in devices))
+
+
+#: why the workers of one GPU talk TCP
+SHARED_GPU_TCP_NOTE = ("protocol: TCP between the {per_gpu} workers of each GPU because distributed-ucxx is not "
+                       "installed: every chunk they exchange goes device -> host -> TCP -> host -> device "
+                       "(install spillway[cuda13] for CUDA IPC within the GPU)")
 
 
 def uses_tiered_store(options: Options) -> bool:

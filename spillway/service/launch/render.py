@@ -37,10 +37,10 @@ def dask_cuda_kwargs(spec: WorkerSpec) -> dict:
 
 
 def cuda_worker_kwargs(spec: WorkerSpec) -> dict:
-    """dask-cuda's ``CUDAWorker`` keywords (spillway's ``TieredCUDAWorker`` with the
-    tiered store's ``data``), the scheduler aside."""
+    """spillway's ``TieredCUDAWorker`` keywords (dask-cuda's ``CUDAWorker``'s, the
+    workers of each GPU and the tiered store's ``data``), the scheduler aside."""
     kwargs = dict(nthreads=spec.threads, interface=spec.interface, security=spec.security,
-                  **dask_cuda_kwargs(spec))
+                  workers_per_gpu=spec.workers_per_gpu, **dask_cuda_kwargs(spec))
     if spec.tiered:
         kwargs["data"] = store_data(spec)
     return kwargs
@@ -70,6 +70,9 @@ def dask_cuda_worker_flags(spec: WorkerSpec) -> list[str]:
     no flag for another); no limit is 0, as dask-cuda reads it."""
     if spec.tiered:
         raise ValueError("dask cuda worker cannot be given spillway's tiered store; run spillway worker")
+    if spec.workers_per_gpu != 1:
+        raise ValueError(f"dask cuda worker starts one worker per GPU, not {spec.workers_per_gpu}; "
+                         "run spillway worker")
     args = ["--protocol", spec.protocol, "--nthreads", str(spec.threads),
             "--memory-limit", flag_value(spec.memory_limit or 0),
             "--device-memory-limit", flag_value(spec.device_memory_limit or 0)]

@@ -58,6 +58,9 @@ class WorkerSpec:
 
     #: the worker's CUDA device (index or UUID); None: the device(s) the process is given
     device: int | str | None
+    #: worker processes on the worker's GPU, this one included; the relative settings
+    #: below (limits, pool) are already this worker's share of the GPU
+    workers_per_gpu: int
     #: "ucx" or "tcp"
     protocol: str
     #: CUDA IPC over NVLink between the workers (used over UCX only)
@@ -78,7 +81,8 @@ class WorkerSpec:
     pinned_arena: int | None
     #: pinned host bytes the worker may hold in all; None: not bounded here
     pinned_limit: int | None
-    #: RMM: the pool (bytes or a fraction of the GPU; None: no pool), its maximum, ...
+    #: RMM: the pool (bytes or a fraction of the GPU, the worker's share of it; None: no
+    #: pool), its maximum, ...
     rmm_pool_size: int | float | None
     rmm_maximum_pool_size: int | float | None
     rmm_managed_memory: bool
@@ -126,22 +130,27 @@ def _spec(options: Options, plan: LaunchPlan, facts: HostFacts, device, device_m
     known = facts.memory_limit is not None
     host = host_limit(memory_limit, facts, plan.n_workers) if known else None
     arena = pinned_arena(options.pinned_pool_size, plan.pinned_limit, host) if known else None
+    per_gpu = plan.workers_per_gpu
+    device_memory_limit = device_limit(options.device_memory_limit, device_memory)
+    if device_memory is None:  # a fraction of the whole GPU: this worker's part of it
+        device_memory_limit = gpu_share(device_memory_limit, per_gpu)
     return WorkerSpec(
         device=device,
+        workers_per_gpu=per_gpu,
         protocol=plan.protocol,
         nvlink=options.nvlink,
         threads=options.threads_per_worker,
-        device_memory_limit=device_limit(options.device_memory_limit, device_memory),
+        device_memory_limit=device_memory_limit,
         memory_limit=memory_limit,
         memory_store="tiered" if tiered else "dask-cuda",
         host_limit=host,
         pinned_arena=arena if tiered else 0,
         pinned_limit=plan.pinned_limit,
-        rmm_pool_size=options.pool_size,
-        rmm_maximum_pool_size=options.rmm_maximum_pool_size,
+        rmm_pool_size=gpu_share(options.pool_size, per_gpu),
+        rmm_maximum_pool_size=gpu_share(options.rmm_maximum_pool_size, per_gpu),
         rmm_managed_memory=options.rmm_managed_memory,
         rmm_async=options.rmm_async,
-        rmm_release_threshold=options.rmm_release_threshold,
+        rmm_release_threshold=gpu_share(options.rmm_release_threshold, per_gpu),
         rmm_log_directory=options.rmm_log_directory,
         rmm_track_allocations=options.rmm_track_allocations,
         local_directory=options.local_directory,
@@ -152,9 +161,18 @@ def _spec(options: Options, plan: LaunchPlan, facts: HostFacts, device, device_m
     )
 
 
+def gpu_share(value: int | float | None, workers_per_gpu: int) -> int | float | None:
+    """A worker's part of a setting of its GPU: a fraction of the GPU (how dask-cuda reads
+    a float) is shared by the GPU's ``workers_per_gpu`` workers; bytes are already one
+    worker's, as every size option is."""
+    if isinstance(value, float):
+        return value / workers_per_gpu
+    return value
+
+
 def device_limit(value: int | float | str, device_memory: int | None) -> int | float | None:
-    """``device-memory-limit`` in bytes of a GPU of ``device_memory`` bytes, as dask-cuda
-    reads it: ``default`` is 80% of the GPU, ``auto`` all of it, a float a fraction of it,
+    """``device-memory-limit`` in bytes of a GPU (or a worker's share of one) of
+    ``device_memory`` bytes, as dask-cuda reads it: ``default`` is 80% of the GPU, ``auto`` all of it, a float a fraction of it,
     0 none (None). With ``device_memory`` unknown (None) a relative limit stays a fraction."""
     fraction = {"default": DEFAULT_DEVICE_FRACTION, "auto": 1.0}.get(value, value)
     if not fraction:
@@ -205,10 +223,11 @@ def pinned_arena(value: int | str, pinned_limit: int | None, host: int | None) -
 
 
 def off_node_spec(options: Options, *, protocol: str, workers: int) -> WorkerSpec:
-    """The spec of the GPU workers of a node, ``workers`` of them, as far as it is known
+    """The spec of the GPU workers of a node, ``workers`` of them (``workers-per-gpu`` on
+    each of its GPUs), as far as it is known
     away from the node (its GPUs and memory unknown): a batch script's on the submit
     host, an MPI rank's before it knows its node."""
-    node = LaunchPlan(kind="gpu", n_workers=workers, protocol=protocol)
+    node = LaunchPlan(kind="gpu", n_workers=workers, protocol=protocol, workers_per_gpu=options.workers_per_gpu)
     return one_for_all(worker_specs(options, node, HostFacts()))
 
 
