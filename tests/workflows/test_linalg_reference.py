@@ -1,0 +1,53 @@
+"""The tall-skinny references: R from the Gram matrix where the input allows it, from the
+QR of row panels where it does not, both NumPy float64."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spillway.workflows import linalg
+
+
+class Panels:
+    """A source of ``x`` read in row panels, too large to be taken whole."""
+
+    def __init__(self, x):
+        self.x = x
+        self.shape = x.shape
+        self.dtype = "float64"
+        self.nbytes = linalg.REFERENCE_WHOLE_BYTES + 8  # past the whole-input path
+        self.read = 0
+
+    def panels(self, budget=128 * 2**20):
+        for start in range(0, self.shape[0], 1000):
+            self.read += 1
+            yield start, start + 1000, self.x[start:start + 1000]
+
+
+def _panel_qr(x):
+    return np.linalg.qr(np.vstack([np.linalg.qr(x[i:i + 1000], mode="r") for i in range(0, len(x), 1000)]),
+                        mode="r")
+
+
+def test_gram_r_matches_the_panel_qr_of_a_random_input():
+    x = np.random.default_rng(0).random((20000, 40))
+    src = Panels(x)
+    r = linalg.reference_r(src)
+    expected = _panel_qr(x)
+    np.testing.assert_allclose(np.abs(r), np.abs(expected), rtol=1e-11, atol=1e-9 * np.abs(expected).max())
+    s = np.linalg.svd(r, compute_uv=False)
+    s_ref = np.linalg.svd(x, compute_uv=False)
+    assert np.max(np.abs(s - s_ref) / s_ref) < 1e-12
+    assert src.read == 20  # one pass: the Gram matrix alone
+
+
+def test_an_ill_conditioned_input_falls_back_to_the_panel_qr():
+    rng = np.random.default_rng(1)
+    u, _ = np.linalg.qr(rng.standard_normal((20000, 40)))
+    x = u * np.logspace(0, -6, 40)  # condition number 1e6: the Gram matrix's is 1e12
+    src = Panels(x)
+    r = linalg.reference_r(src)
+    assert src.read == 40  # the Gram pass, then the panel QR
+    s = np.linalg.svd(r, compute_uv=False)
+    s_ref = np.linalg.svd(x, compute_uv=False)
+    assert np.max(np.abs(s - s_ref) / s_ref) < 1e-9
