@@ -109,7 +109,7 @@ def _tls(security) -> dict:
 def local_cluster(options, specs) -> dict:
     kw = local_gpu.specs_kwargs(options, specs)
     out = _from_dask_cuda(kw, kw["threads_per_worker"])
-    devices = kw["worker_devices"]
+    devices = kw.get("worker_devices", kw["CUDA_VISIBLE_DEVICES"])
     assert kw["CUDA_VISIBLE_DEVICES"] == list(dict.fromkeys(devices)) and kw["n_workers"] == len(devices)
     out.update(interface=kw["interface"], devices=tuple(devices), workers_per_gpu=devices.count(devices[0]),
                **_tls(kw["security"]))

@@ -122,6 +122,9 @@ def test_the_local_cluster_starts_each_worker_as_dask_cuda_starts_its_gpus(per_g
     facts = local_gpu.HostFacts(memory_limit=HOST, host_total=HOST)
     kwargs = local_gpu.cluster_kwargs(options, plan(options, h200_host(gpus), **PLANNED), facts)
     assert kwargs["CUDA_VISIBLE_DEVICES"] == list(range(gpus)) and kwargs["n_workers"] == gpus * per_gpu
+    if per_gpu == 1:  # dask-cuda's own class starts them; the subclass would name them alike
+        assert "worker_devices" not in kwargs
+        kwargs = {**kwargs, "worker_devices": list(range(gpus))}
     cluster = local_gpu.shared_gpu_cluster(FakeLocalCUDACluster)(**kwargs)
     names = list(cluster.worker_spec)
     assert len(names) == gpus * per_gpu

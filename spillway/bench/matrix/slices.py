@@ -261,3 +261,25 @@ def short_table(rows: list[dict]) -> str:
                       fmt_value(r["wall_s"], "{:.2f}"), fmt_value(b.get("bound_s"), "{:.2f}"),
                       fmt_value(b.get("ratio"), "{:.1f}x"), fmt_value(r["rel_error"], "{:.1e}")))
     return columns(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m spillway.bench.matrix.slices BUDGET_S [CASE,CASE,...]``: the cases (all,
+    or those named) packed into slices under BUDGET_S seconds at one H100 80 GB, one
+    ``--matrix`` argument a line, with its estimate."""
+    import sys
+
+    from .scale import Scale
+
+    args = sys.argv[1:] if argv is None else argv
+    budget = float(args[0]) if args else SLICE_BUDGET_S
+    ids = args[1].split(",") if len(args) > 1 else [c.id for c in cases()]
+    scale = Scale(device_bytes=85_520_000_000, factor=1.3, n_workers=1)
+    for members in pack(ids, scale, budget):
+        fixed = Rates().ceilings_s + (Rates().local_start_s if any(not c.startswith("cli-") for c in members) else 0)
+        total = fixed + sum(estimate(case_by_id(c), scale)["total"] for c in members)
+        print(f"{','.join(members)}  # about {total:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

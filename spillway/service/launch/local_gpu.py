@@ -3,12 +3,13 @@ selected GPU.
 
 LocalCUDACluster starts one worker per entry of its ``CUDA_VISIBLE_DEVICES`` and refuses
 a GPU named twice ("Can not scale beyond visible devices": it names each worker by its
-GPU). :func:`cluster_type` is LocalCUDACluster with one change, whatever the number of
-workers per GPU: its workers are named by their place in the plan (the GPU itself where
-each GPU has one worker, as dask-cuda names them), and each worker's spec is the one
-dask-cuda builds for its GPU (its ``CUDA_VISIBLE_DEVICES`` starting at that GPU, the RMM
-and CPU-affinity plugins of that GPU, the UCX config), so the workers of one GPU are
-started exactly as dask-cuda starts a worker of it.
+GPU). Where workers share a GPU, :func:`cluster_type` is LocalCUDACluster with one
+change: its workers are named by their place in the plan (``<gpu>-<k>``), and each
+worker's spec is the one dask-cuda builds for its GPU (its ``CUDA_VISIBLE_DEVICES``
+starting at that GPU, the RMM and CPU-affinity plugins of that GPU, the UCX config), so
+the workers of one GPU are started exactly as dask-cuda starts a worker of it. With one
+worker per GPU, the default, the cluster is dask-cuda's own class, as run on the GPU
+hosts; the subclass has not yet run on one.
 """
 
 from __future__ import annotations
@@ -44,14 +45,14 @@ def worker_names(devices: list) -> list:
 
 
 def specs_kwargs(options: Options, specs: tuple[WorkerSpec, ...]) -> dict:
-    """Keywords of :func:`cluster_type` for workers ``specs`` (one per worker, in the
-    plan's order) and the scheduler of ``options``: dask-cuda's, with ``worker_devices``
-    (the GPU of each worker) beside ``CUDA_VISIBLE_DEVICES`` (each GPU once)."""
+    """LocalCUDACluster keywords for workers ``specs`` (one per worker, in the plan's
+    order) and the scheduler of ``options``; where workers share a GPU, keywords of
+    :func:`cluster_type`, with ``worker_devices`` (the GPU of each worker) beside
+    ``CUDA_VISIBLE_DEVICES`` (each GPU once)."""
     spec = one_for_all(specs)
     devices = [s.device for s in specs]
     kwargs = dict(
         CUDA_VISIBLE_DEVICES=list(dict.fromkeys(devices)),
-        worker_devices=devices,
         n_workers=len(specs),
         threads_per_worker=spec.threads,
         interface=spec.interface,
@@ -66,6 +67,10 @@ def specs_kwargs(options: Options, specs: tuple[WorkerSpec, ...]) -> dict:
         kwargs.pop("host")
     if spec.tiered:
         kwargs["data"] = store_data(spec)
+    if len(set(devices)) < len(devices):
+        # dask-cuda's own class where each GPU has one worker: the subclass only where
+        # workers share a GPU
+        kwargs["worker_devices"] = devices
     return kwargs
 
 
@@ -125,5 +130,9 @@ def start(options: Options, plan: LaunchPlan, specs: tuple[WorkerSpec, ...]):
 
     kwargs = specs_kwargs(options, specs)
     kwargs["silence_logs"] = logging.WARNING
+    if "worker_devices" in kwargs:
+        base = cluster_type()
+    else:
+        from dask_cuda import LocalCUDACluster as base
     with dask.config.set(worker_config(options, tiered_store=specs[0].tiered)):
-        return cluster_class(cluster_type(), kwargs)(**kwargs)
+        return cluster_class(base, kwargs)(**kwargs)
