@@ -313,3 +313,26 @@ def pack(case_ids: list[str], scale: Scale, budget_s: float = SLICE_BUDGET_S, ra
         else:
             slices.append(([case_id], seconds + (fixed_local if local else fixed_cli), local))
     return [members for members, _, _ in slices]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m spillway.bench.matrix.slices BUDGET_S [CASE,CASE,...]``: the cases (all,
+    or those named) packed into slices under BUDGET_S seconds at one H100 80 GB, one
+    ``--matrix`` argument a line, with its estimate."""
+    import sys
+
+    from .scale import Scale
+
+    args = sys.argv[1:] if argv is None else argv
+    budget = float(args[0]) if args else SLICE_BUDGET_S
+    ids = args[1].split(",") if len(args) > 1 else [c.id for c in cases()]
+    # one H100 80 GB (NVML's bytes), its device limit 80% of it, as the GPU host runs them
+    scale = Scale(device_bytes=85_520_809_984, kind="gpu", n_workers=1, worker_bytes=int(0.8 * 85_520_809_984))
+    for members in pack(ids, scale, budget):
+        fixed = Rates().ceilings_s + (Rates().local_start_s if any(not c.startswith("cli-") for c in members) else 0)
+        total = fixed + sum(estimate(case_by_id(c), scale)["total"] for c in members)
+        print(f"{','.join(members)}  # about {total:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
