@@ -25,5 +25,5 @@ kill -9 "$worker"
 until grep -q "spillway: error:" "$out/run.err" 2>/dev/null || ! kill -0 "$run" 2>/dev/null; do sleep 0.05; done
 t1=$(date +%s.%N)
 wait "$run"; rc=$?
-echo "said after $(echo "$t1 - $t0" | bc) s, exit $rc" | tee -a "$out/kill.log"
+echo "said after $(python3 -c "print(round($t1 - $t0, 2))") s, exit $rc" | tee -a "$out/kill.log"
 grep "spillway: error:" "$out/run.err" | tee -a "$out/kill.log"
