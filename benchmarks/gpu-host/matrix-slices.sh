@@ -2,8 +2,12 @@
 # One slice of the out-of-core matrix on the GPU host, in one device call (under 10 minutes):
 # every case of the slice at 1.3x the GPUs' memory, checked against NumPy float64 from the
 # seeds, with the copy ceilings measured first and each case's copy bound next to its time.
-#   usage: benchmarks/gpu-host/matrix-slices.sh SLICE        (1 ... 12, in that order; 11 and 12,
-#          the service and batch paths, need the service wheel set .whl-svc installed)
+#   usage: benchmarks/gpu-host/matrix-slices.sh SLICE        (1 ... 12, in that order, or case ids
+#          separated by commas: cli-fft,user-code-qr; 11 and 12, the service and batch paths,
+#          need the service wheel set .whl-svc installed; `python -m spillway.bench.matrix.slices
+#          480` packs the cases into slices of another length)
+# Every case's row has the peak host memory in use and the lowest MemAvailable (sampled every
+# 0.5 s), flagged under the store's headroom, and the kernel's OOM kills during the case.
 # Slices and their estimates on one H100 80 GB: `spillway bench --matrix` in NOTES.md
 # ("The out-of-core matrix"). Assumes spillway's wheels are installed and
 # PYTHONPATH=/tmp/site:$PWD. Writes under $OUT (5 files, no folders):
@@ -12,18 +16,19 @@
 #   matrix-SLICE.txt                           the short table, also printed last
 # Back here: spillway bench --matrix-merge <fetched folder> --out benchmarks/results
 set -uo pipefail
-slice=${1:?usage: matrix-slices.sh SLICE (1 ... 12)}
+slice=${1:?usage: matrix-slices.sh SLICE (1 ... 12, or case ids separated by commas)}
 out=${OUT:-/tmp/matrix-out}
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
 # no case starts after BUDGET seconds; a case that starts just before it has the rest of
 # the call (estimates: NOTES.md); the timeout keeps the files written so far
 budget=${BUDGET:-420}
-log="$out/matrix-$slice.log"
+name=$(echo "$slice" | tr ',' '+' | cut -c1-60)
+log="$out/matrix-$name.log"
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader; free -g | head -2; } >"$log" 2>&1
 # MATRIX_FLAGS only for trying the script on CPU workers (MATRIX_FLAGS="--cpu --n-workers 2")
 timeout -k 10 575 python3 -m spillway bench --matrix "$slice" ${MATRIX_FLAGS:-} --budget "$budget" --timeout 400 --out "$out" \
-  >"$out/matrix-$slice.txt" 2>>"$log"
+  >"$out/matrix-$name.txt" 2>>"$log"
 rc=$?
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
   echo "matrix-slices.sh: slice $slice cut off after 575 s; the table holds the cases that finished" | tee -a "$log"
@@ -31,4 +36,5 @@ if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
 fi
 grep -E "^(matrix |ceiling |[a-z_-]+ +(ok|refused|FAILED) )" "$log" | tail -20
 echo "exit $rc"
-cat "$out/matrix-$slice.txt"
+echo "kernel OOM lines (all of the log): $(dmesg 2>/dev/null | grep -ciE 'out of memory|killed process' || echo unreadable)"
+cat "$out/matrix-$name.txt"

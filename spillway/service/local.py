@@ -143,14 +143,24 @@ class Local:
     def compute(self, *collections, progress=True, label: str = "compute"):
         """Compute dask collections on the cluster (one graph) and return their values,
         as ``dask.compute`` does, with the same progress bar as workflows."""
+        from .errors import WorkerLost
         from .progress import track
+        from .worker_loss import LossWatch
 
         client = self.client
 
         def compute():
-            with track(client, f"{label}-{uuid.uuid4().hex[:8]}"):
-                futures = client.compute(list(collections))
-                return client.gather(futures)
+            # a worker the computation depends on that dies fails it at once, naming the
+            # worker and why, rather than Dask recomputing everything it held in silence
+            with track(client, f"{label}-{uuid.uuid4().hex[:8]}"), LossWatch(client) as watch:
+                try:
+                    futures = client.compute(list(collections))
+                    watch.follow(futures)
+                    return client.gather(futures)
+                except Exception:
+                    if watch.settle():
+                        raise WorkerLost(watch.error) from None
+                    raise
 
         values = self._watch(label, compute, progress)
         return values[0] if len(values) == 1 else tuple(values)

@@ -19,12 +19,12 @@ from spillway.workflows.outputs import remove_output, stored_bytes
 from spillway.workflows.registry import relative_error
 
 from .errors import OutputError, WorkerLost
-from .launch.deaths import Workers
 from .memory.admission import admit, cluster_capacity
 from .plugins import reset_peak, worker_snapshot
 from .progress import track, wait_with_bar
 from .sizes import format_bytes
 from .transfer import transport, worker_gpu
+from .worker_loss import LossWatch
 
 
 def target_of(session) -> Target:
@@ -95,16 +95,19 @@ def run_workflow(
     # refused here, before anything is computed or allocated, if no tier can hold it
     decision = admit(name, built.footprint, capacity)
 
-    workers = Workers(client)
+    # a worker the run depends on that dies fails it at once, naming the worker and why
+    watch = LossWatch(client)
     try:
         value, counts, wall, before, after, written, readback = _compute(
-            client, name, built, collections, output, progress, workers)
+            client, name, built, collections, output, progress, watch)
     except BaseException:
         if output is not None:
             remove_output(output)  # a partial store is never left to look like a result
         raise
     finally:
-        lost = workers.lost_list()
+        watch.stop()
+    # workers that left without taking anything of the run
+    lost = watch.harmless
 
     report: dict[str, Any] = {
         "workflow": name,
@@ -137,7 +140,7 @@ def run_workflow(
     return report
 
 
-def _compute(client, name, built, collections, output, progress, workers):
+def _compute(client, name, built, collections, output, progress, watch):
     """Compute the run's graph; every future awaited, the output measured and read back."""
     _run_on_workers(client, reset_peak)
     before = _run_on_workers(client, worker_snapshot)
@@ -149,6 +152,7 @@ def _compute(client, name, built, collections, output, progress, workers):
             computed = client.compute(collections, optimize_graph=built.optimize_graph)
             # the computed futures stay held: the run's progress is found through them
             futures = [on_host(client, f) for f in computed]
+            watch.follow([*computed, *futures])
             counts = wait_with_bar(futures, tracker, label=name, stream=progress)
             # every future is awaited: a store task that failed fails the run
             if output is not None:
@@ -156,11 +160,10 @@ def _compute(client, name, built, collections, output, progress, workers):
             value = client.gather(futures[0])
     except OutputError:
         raise
-    except Exception as e:
-        lost = workers.lost()
-        if lost:
-            # the loss first, then what Dask made of it (KilledWorker's first sentence)
-            raise WorkerLost(f"{lost}; the run failed: {type(e).__name__}: {_first_sentence(e)}") from e
+    except Exception:
+        # the loss first: Dask's own error (a task cancelled, KilledWorker) says less
+        if watch.settle():
+            raise WorkerLost(watch.error) from None
         raise
     wall = time.perf_counter() - start
     after = _run_on_workers(client, worker_snapshot)
@@ -263,12 +266,6 @@ def _run_on_workers(client, func):
     """``client.run(func)`` on the workers that answer: a worker lost (or restarting) is
     left out rather than failing the run before Dask can recompute its part."""
     return client.run(func, on_error="ignore")
-
-
-def _first_sentence(e: BaseException) -> str:
-    line = _first_line(e)
-    end = line.find("died while running it.")
-    return line[:end + len("died while running it.")] if end >= 0 else line
 
 
 def _first_line(e: BaseException) -> str:

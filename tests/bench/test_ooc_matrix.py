@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -338,6 +339,9 @@ def test_the_matrix_command_runs_slices_into_one_file_and_keeps_to_its_budget(tm
     for r in data["cases"]:
         _check_row(r, matrix.cpu_scale())
         assert set(r["ceilings"]) >= {"disk_write", "disk_read"} and r["copy_bound"]["time_s"] == r["wall_s"]
+        # the host during the case, sampled by the bench process
+        assert 0 < r["host_peak_used_bytes"] and 0 < r["host_min_available_bytes"] and r["host_headroom_bytes"]
+        assert r["oom_kills"] == "unknown" or r["oom_kills"] == [], r["oom_kills"]
     assert two.stdout.splitlines()[0].split()[:4] == ["case", "status", "wall", "s"]
     # the ceilings alone take longer than a one-second budget: nothing starts, and it says so
     late = CliRunner().invoke(main, [*args, "--matrix", "user-code-svd", "--budget", "1"])
@@ -351,3 +355,72 @@ def test_the_matrix_command_refuses_workload_flags():
     assert result.exit_code != 0 and "--only does not apply" in result.output
     result = CliRunner().invoke(main, ["bench", "--budget", "10"])
     assert result.exit_code != 0 and "budget: only used with --matrix" in result.output
+
+
+# --- the host during each case
+
+
+def test_host_watch_records_the_peak_the_lowest_available_and_new_oom_kills():
+    from spillway.bench.matrix.hostwatch import HostWatch
+
+    GiB = 2**30
+    readings = iter([{"MemTotal": 128 * GiB, "MemAvailable": a * GiB} for a in (100, 60, 9, 40)])
+    last = {"MemTotal": 128 * GiB, "MemAvailable": 40 * GiB}
+    logs = iter([["[1.0] Out of memory: Killed process 7 (python)"],
+                 ["[1.0] Out of memory: Killed process 7 (python)",
+                  "[9.0] Out of memory: Killed process 811 (python) anon-rss:114949616kB"]])
+    watch = HostWatch(interval=3600, read=lambda: next(readings, last), oom_lines=lambda: next(logs))
+    with watch:
+        for _ in range(3):
+            watch._sample()
+    fields = watch.fields()
+    assert fields["host_peak_used_bytes"] == 119 * GiB and fields["host_min_available_bytes"] == 9 * GiB
+    # the store's headroom is a tenth of the machine: 12.8 GiB, and 9 GiB is under it
+    assert fields["host_headroom_bytes"] == int(12.8 * GiB) and fields["under_headroom"] is True
+    assert fields["oom_kills"] == ["[9.0] Out of memory: Killed process 811 (python) anon-rss:114949616kB"]
+
+
+def test_an_unreadable_kernel_log_is_unknown_not_none():
+    from spillway.bench.matrix.hostwatch import HostWatch, meminfo
+
+    with HostWatch(interval=0.05, oom_lines=lambda: None) as watch:
+        time.sleep(0.2)
+    fields = watch.fields()
+    assert fields["oom_kills"] == "unknown"
+    info = meminfo()
+    assert fields["host_total_bytes"] == info["MemTotal"] and watch.samples >= 2
+    assert 0 < fields["host_min_available_bytes"] <= info["MemTotal"]
+    assert fields["under_headroom"] == (fields["host_min_available_bytes"] < fields["host_headroom_bytes"])
+
+
+def test_host_columns_in_the_table_flag_low_memory_and_kills(tmp_path):
+    scale = matrix.cpu_scale()
+    rows = _rows(["user-code-qr", "cli-fft", "cli-gather"], 3.0, scale)
+    rows[0].update(host_peak_used_bytes=118 * 10**9, host_min_available_bytes=3 * 10**9,
+                   host_headroom_bytes=13 * 10**9, under_headroom=True, oom_kills=[])
+    rows[1].update(host_peak_used_bytes=50 * 10**9, host_min_available_bytes=70 * 10**9,
+                   host_headroom_bytes=13 * 10**9, under_headroom=False, oom_kills=["Killed process 9"])
+    paths = matrix.write_table(rows, tmp_path, "1x-h100")
+    md = paths["md"].read_text()
+    assert "| 109.90 GiB / 2.79 GiB **under 12.11 GiB** | none |" in md
+    assert "| 46.57 GiB / 65.19 GiB | **1** |" in md
+    assert "| — | unknown |" in md  # the third: not measured
+    data = json.loads(paths["json"].read_text())
+    assert {r["case"]: r["oom_kills"] for r in data["cases"]}["cli-fft"] == ["Killed process 9"]
+    assert paths["png"].stat().st_size > 0
+    short = slices.short_table(rows)
+    assert "UNDER HEADROOM" in short and "OOM kills 1" in short
+
+
+def test_cases_pack_into_slices_under_a_budget():
+    ids = [c.id for c in CASES]
+    for budget in (420, 540):
+        packed = slices.pack(ids, ONE_H100, budget)
+        assert sorted(c for s in packed for c in s) == sorted(ids)
+        for members in packed:
+            fixed = slices.Rates().ceilings_s + (slices.Rates().local_start_s
+                                                if any(matrix.case_by_id(c).path not in matrix.OWN_CLUSTER for c in members) else 0)
+            total = fixed + sum(slices.estimate(matrix.case_by_id(c), ONE_H100)["total"] for c in members)
+            assert total <= budget or len(members) == 1, (members, total)
+    # a longer call needs no more slices
+    assert len(slices.pack(ids, ONE_H100, 540)) <= len(slices.pack(ids, ONE_H100, 420))

@@ -27,7 +27,7 @@ def _fits(name):
 def _assert_speaks_in_bytes(message: str):
     assert "\n" not in message
     assert re.search(r"projected footprint [\d.]+ [TP]iB exceeds", message), message
-    assert "device + host + disk capacity 387.43 GiB (0 B + 14.90 GiB + 372.53 GiB)" in message, message
+    assert "device + host + disk capacity 387.43 GiB (device 0 B + host tier 14.90 GiB + disk 372.53 GiB, 2 workers)" in message, message
     # the workflow's own name aside (rechunk), nothing about chunks
     assert "chunk" not in message.split(": ", 1)[1], message
 
@@ -111,5 +111,5 @@ def test_cli_refuses_a_petabyte_in_bytes(tmp_path):
     last = lines[-1]
     assert last.startswith("spillway: error: transpose-sum: projected footprint 909.49 TiB exceeds the cluster's "
                            "device + host + disk capacity "), result.output
-    assert re.search(r"capacity [\d.]+ \w+ \(0 B \+ 0.93 GiB \+ [\d.]+ \w+\)$", last), last
+    assert re.search(r"capacity [\d.]+ \w+ \(device 0 B \+ host tier 0.93 GiB \+ disk [\d.]+ \w+ \([\d.]+ \w+ free less a reserve of [\d.]+ \w+\), 1 worker\)$", last), last
     assert "chunk" not in result.output

@@ -28,7 +28,10 @@ from .user_code import USER_CODE, user_size
 def row(case: Case, scale: Scale, **values) -> dict:
     out = {"case": case.id, "workflow": case.workflow, "path": case.path, "footprint_bytes": None,
            "device_bytes": scale.device_bytes, "factor": scale.factor, "ok": False, "rel_error": None,
-           "tolerance": None, "wall_s": None, "spilled_bytes": None, "moves": None, "refused": False, "error": None}
+           "tolerance": None, "wall_s": None, "spilled_bytes": None, "moves": None, "refused": False, "error": None,
+           # the host during the case (:mod:`.hostwatch`): filled in by the slice that runs it
+           "host_peak_used_bytes": None, "host_min_available_bytes": None, "host_headroom_bytes": None,
+           "under_headroom": None, "oom_kills": "unknown"}
     out.update(values)
     return out
 

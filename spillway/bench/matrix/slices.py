@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..formatting import columns, fmt_value
 from .cases import OWN_CLUSTER, Case, case_by_id, cases, workflow_params
+from .hostwatch import HostWatch
 from .scale import SEED, Scale
 from .user_code import USER_CODE, user_size
 
@@ -187,16 +188,34 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
         from spillway.service.gpus import discover
 
         machine = describe_machine(discover() if kind == "gpu" else None, kind)["name"]
-    started = datetime.now(timezone.utc)
+    started_at = datetime.now(timezone.utc)
     t_start = time.perf_counter()
     log(f"matrix {name} on {machine}: {', '.join(c.id for c in chosen)} at {scale.factor}x "
         f"{scale.device_bytes / 1e9:.1f} GB")
     ceilings = copybound.measure(kind, devices, directory=directory, log=log)["gbps"]
-    info = {"name": name, "cases": [c.id for c in chosen], "started": started.isoformat(timespec="seconds"),
+    info = {"name": name, "cases": [c.id for c in chosen], "started": started_at.isoformat(timespec="seconds"),
             "ceilings": ceilings, "scale": {"device_bytes": scale.device_bytes, "factor": scale.factor,
                                             "n_workers": scale.n_workers}}
     rows: list[dict] = []
     paths: dict[str, Path] = {}
+
+    def started(case):
+        # a row before the case runs: a call cut off during it still leaves one
+        nonlocal paths
+        info["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        pending = row(case, scale, error="did not finish: the call ended while it ran")
+        paths = write_table([pending], Path(out_dir), machine, when=started_at, slices=[info])
+
+    def watched(case, run):
+        """Run one case while the host's memory is sampled; its row with the host columns."""
+        started(case)
+        with HostWatch() as watch:
+            r = run()
+        r = {**r, **watch.fields()}
+        if r.get("oom_kills") not in ("unknown", None) and r["oom_kills"]:
+            r["ok"] = False
+            r["error"] = (r.get("error") or "") + f" [kernel OOM kill: {r['oom_kills'][-1][:160]}]"
+        return r
 
     def done(r, t0):
         nonlocal paths
@@ -205,9 +224,9 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
         status = "ok" if r["ok"] else "refused" if r["refused"] else "FAILED"
         wall, bound = fmt_value(r["wall_s"], "{:.2f}"), fmt_value(b.get("bound_s"), "{:.2f}")
         log(f"{r['case']:<26} {status:<7} wall {wall} s  bound {bound} s  "
-            f"case {time.perf_counter() - t0:.0f} s  {r['error'] or ''}")
+            f"case {time.perf_counter() - t0:.0f} s  {host_cell(r)}  {r['error'] or ''}")
         info["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        paths = write_table([r], Path(out_dir), machine, when=started, slices=[info])
+        paths = write_table([r], Path(out_dir), machine, when=started_at, slices=[info])
 
     def over_budget(case) -> bool:
         if budget is None or time.perf_counter() - t_start < budget:
@@ -224,11 +243,13 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
             continue
         t0 = time.perf_counter()
         left = timeout if budget is None else max(30.0, min(timeout, budget + 60 - (t0 - t_start)))
-        try:
-            r = run_case(case, scale, ceilings=ceilings, cluster_args=cli_args, timeout=left)
-        except Exception as e:  # a case failing must not lose the slice's other rows
-            r = failed(case, e)
-        done(r, t0)
+        def cli_case(case=case, left=left):
+            try:
+                return run_case(case, scale, ceilings=ceilings, cluster_args=cli_args, timeout=left)
+            except Exception as e:  # a case failing must not lose the slice's other rows
+                return failed(case, e)
+
+        done(watched(case, cli_case), t0)
     others = [c for c in chosen if c.path not in OWN_CLUSTER]
     if others:
         import spillway
@@ -239,11 +260,13 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
                     if over_budget(case):
                         continue
                     t0 = time.perf_counter()
-                    try:
-                        r = run_case(case, scale, cluster=cluster, ceilings=ceilings)
-                    except Exception as e:
-                        r = failed(case, e)
-                    done(r, t0)
+                    def local_case(case=case):
+                        try:
+                            return run_case(case, scale, cluster=cluster, ceilings=ceilings)
+                        except Exception as e:
+                            return failed(case, e)
+
+                    done(watched(case, local_case), t0)
         except Exception as e:  # the cluster did not start, or failed to close
             log(f"local cluster: {type(e).__name__}: {e}")
             for case in others:
@@ -252,15 +275,47 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
     return rows, paths
 
 
+def host_cell(r: dict) -> str:
+    """Peak host memory in use / lowest MemAvailable, flagged under the store's headroom,
+    and the kernel's OOM kills: ``host 118.2 / 7.7 GB UNDER HEADROOM 12.9 GB, OOM kills 0``."""
+    peak, low = r.get("host_peak_used_bytes"), r.get("host_min_available_bytes")
+    text = "host " + (f"{peak / 1e9:.1f} / {low / 1e9:.1f} GB" if peak is not None and low is not None else "—")
+    if r.get("under_headroom"):
+        text += f" UNDER HEADROOM {r['host_headroom_bytes'] / 1e9:.1f} GB"
+    kills = r.get("oom_kills", "unknown")
+    return text + f", OOM kills {kills if isinstance(kills, str) else len(kills)}"
+
+
 def short_table(rows: list[dict]) -> str:
-    """Printed last: case, status, wall s, copy bound s, ratio, relative error."""
-    table = [("case", "status", "wall s", "bound s", "x bound", "rel error")]
+    """Printed last: case, status, wall s, copy bound s, ratio, relative error, host memory."""
+    table = [("case", "status", "wall s", "bound s", "x bound", "rel error", "host peak / min avail, OOM")]
     for r in rows:
         b = r.get("copy_bound") or {}
         table.append((r["case"], "ok" if r["ok"] else "refused" if r["refused"] else "FAILED",
                       fmt_value(r["wall_s"], "{:.2f}"), fmt_value(b.get("bound_s"), "{:.2f}"),
-                      fmt_value(b.get("ratio"), "{:.1f}x"), fmt_value(r["rel_error"], "{:.1e}")))
+                      fmt_value(b.get("ratio"), "{:.1f}x"), fmt_value(r["rel_error"], "{:.1e}"),
+                      host_cell(r).removeprefix("host ")))
     return columns(table)
+
+
+def pack(case_ids: list[str], scale: Scale, budget_s: float = SLICE_BUDGET_S, rates: Rates = Rates()) -> list[list[str]]:
+    """``case_ids`` in slices whose :func:`slice_estimate` stays under ``budget_s``, first
+    fit in the order given (a case estimated over the budget alone gets a slice of its
+    own): to resize the slices to another call length, or run what a call left."""
+    fixed_cli, fixed_local = rates.ceilings_s, rates.ceilings_s + rates.local_start_s
+    slices: list[tuple[list[str], float, bool]] = []
+    for case_id in case_ids:
+        case = case_by_id(case_id)
+        seconds = estimate(case, scale, rates)["total"]
+        local = case.path not in OWN_CLUSTER
+        for i, (members, total, has_local) in enumerate(slices):
+            extra = seconds + (rates.local_start_s if local and not has_local else 0.0)
+            if total + extra <= budget_s:
+                slices[i] = (members + [case_id], total + extra, has_local or local)
+                break
+        else:
+            slices.append(([case_id], seconds + (fixed_local if local else fixed_cli), local))
+    return [members for members, _, _ in slices]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -274,9 +329,10 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     budget = float(args[0]) if args else SLICE_BUDGET_S
     ids = args[1].split(",") if len(args) > 1 else [c.id for c in cases()]
-    scale = Scale(device_bytes=85_520_000_000, factor=1.3, n_workers=1)
+    # one H100 80 GB (NVML's bytes), its device limit 80% of it, as the GPU host runs them
+    scale = Scale(device_bytes=85_520_809_984, kind="gpu", n_workers=1, worker_bytes=int(0.8 * 85_520_809_984))
     for members in pack(ids, scale, budget):
-        fixed = Rates().ceilings_s + (Rates().local_start_s if any(not c.startswith("cli-") for c in members) else 0)
+        fixed = Rates().ceilings_s + (Rates().local_start_s if any(case_by_id(c).path not in OWN_CLUSTER for c in members) else 0)
         total = fixed + sum(estimate(case_by_id(c), scale)["total"] for c in members)
         print(f"{','.join(members)}  # about {total:.0f} s")
 

@@ -101,6 +101,17 @@ def _bound_cells(r: dict) -> tuple[str, str, str, str]:
     return pcie, disk, bound, ratio
 
 
+def _host_cells(r: dict) -> str:
+    """host peak / min available (flagged under the headroom) | OOM kills."""
+    peak, low = r.get("host_peak_used_bytes"), r.get("host_min_available_bytes")
+    host = f"{fmt_bytes(peak)} / {fmt_bytes(low)}" if peak is not None and low is not None else "—"
+    if r.get("under_headroom"):
+        host += f" **under {fmt_bytes(r.get('host_headroom_bytes'))}**"
+    kills = r.get("oom_kills", "unknown")
+    oom = kills if isinstance(kills, str) else ("none" if not kills else f"**{len(kills)}**")
+    return f"{host} | {oom}"
+
+
 def markdown(results: dict) -> str:
     rows = results["cases"]
     done = sum(1 for r in rows if r["ok"])
@@ -110,10 +121,14 @@ def markdown(results: dict) -> str:
              f"{len(rows) - done - refused} failed. Footprint is the projected one; device is the GPUs' memory "
              "(or the CPU stand-in). Moved: bytes each way during the computation, summed over workers. "
              "Copy bound: those bytes over the pinned copy rates (per GPU) and the disk rates measured in "
-             "the same run, added up; x bound is the wall time over it.", "",
+             "the same run, added up; x bound is the wall time over it. Host: the most host memory in use "
+             "(MemTotal - MemAvailable, every 0.5 s) / the lowest MemAvailable, **under** where it went below "
+             "the headroom the store keeps; OOM: the kernel's OOM kills during the case (unknown: dmesg "
+             "could not be read).", "",
              "| case | path | footprint | device | x device | ok | relative error | wall s | spilled "
-             "| moved D->H / H->D | disk W / R | copy bound s | x bound | error |",
-             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| moved D->H / H->D | disk W / R | copy bound s | x bound | host peak / min avail | OOM | error |",
+             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
+             "| --- |"]
     for r in rows:
         ratio = (f"{r['footprint_bytes'] / r['device_bytes']:.2f}"
                  if r.get("footprint_bytes") and r.get("device_bytes") else "—")
@@ -124,7 +139,7 @@ def markdown(results: dict) -> str:
         lines.append(f"| {r['workflow']} | {r['path']} | {fmt_bytes(r['footprint_bytes'])} "
                      f"| {fmt_bytes(r['device_bytes'])} | {ratio} | {status} | {err} | {wall} "
                      f"| {fmt_bytes(r['spilled_bytes'])} | {pcie} | {disk} | {bound} | {x_bound} "
-                     f"| {(r['error'] or '').replace('|', '/')} |")
+                     f"| {_host_cells(r)} | {(r['error'] or '').replace('|', '/')} |")
     ceil = [(r["case"], r.get("ceilings")) for r in rows if r.get("ceilings")]
     if ceil:
         lines += ["", "Copy ceilings of the runs (GB/s): "
@@ -157,6 +172,12 @@ def plot(results: dict, path: Path) -> None:
         if not r["ok"]:
             ax.annotate("refused" if r["refused"] else "failed", (i, 0), rotation=90, ha="center", va="bottom",
                         fontsize=7, color="red")
+        # the host: an OOM kill, or MemAvailable under the store's headroom, above the bar
+        kills = r.get("oom_kills")
+        flag = "OOM kill" if isinstance(kills, list) and kills else "low host memory" if r.get("under_headroom") else None
+        if flag:
+            ax.annotate(flag, (i, r["wall_s"] or 0), rotation=90, ha="center", va="bottom", fontsize=7,
+                        color="darkred", fontweight="bold")
     ax.set_xticks(x, [r["case"] for r in rows], rotation=75, ha="right", fontsize=7)
     ax.set_ylabel("wall time (s)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]

@@ -7,6 +7,7 @@ and exit with status 2 before anything starts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -30,13 +31,29 @@ def fail_cleanly(func):
         try:
             return func(*args, **kwargs)
         except SpillwayError as e:
-            click.echo(f"spillway: error: {e}", err=True)
+            if not getattr(e, "said", False):
+                click.echo(f"spillway: error: {e}", err=True)
             sys.exit(e.exit_code)
         except ModuleNotFoundError as e:
             click.echo(f"spillway: error: {missing_module(e)}", err=True)
             sys.exit(2)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def said_before_close():
+    """A worker lost during the run is said at once, not after the cluster's close (which
+    waits for the nanny that is restarting it: seconds): fail_cleanly then says nothing
+    more."""
+    from ..errors import WorkerLost
+
+    try:
+        yield
+    except WorkerLost as e:
+        click.echo(f"spillway: error: {e}", err=True)
+        e.said = True
+        raise
 
 
 #: which install extra brings a module that a command imports only when it runs
@@ -156,11 +173,11 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
 
         # the cluster's processes and UCX's C code print to fd 1 too: only the report may
         with JsonStdout(restore=False) as out:
-            with open_cluster(options) as session:
+            with open_cluster(options) as session, said_before_close():
                 report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output)
             out.emit(json.dumps(report, default=str))
     else:
-        with open_cluster(options) as session:
+        with open_cluster(options) as session, said_before_close():
             report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output)
         click.echo(format_report(report))
     if verify and report["verify"] and report["verify"]["ok"] is False:

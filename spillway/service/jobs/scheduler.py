@@ -283,4 +283,5 @@ def lost_line(worker) -> str:
         return f"worker {worker} was lost during the run; Dask recomputed its part"
     why = f" ({worker['reason']})" if worker.get("reason") else ""
     pid = f" (pid {worker['pid']})" if worker.get("pid") else ""
-    return f"worker {worker['address']}{pid} was lost during the run{why}; Dask recomputed its part"
+    # a worker that held or ran anything of the run fails it (WorkerLost): this one did not
+    return f"worker {worker['address']}{pid} was lost during the run{why}; it held nothing of this run"

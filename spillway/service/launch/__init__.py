@@ -85,6 +85,7 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     if wait_for:
         client.wait_for_workers(wait_for, timeout=timeout)
     client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
+    _relay_deaths(client)
     kinds = client.run(_worker_kind)
     if not kinds:
         raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")
@@ -92,6 +93,17 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     if len(values) > 1:
         raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
     return values.pop(), len(kinds)
+
+
+def _relay_deaths(client) -> None:
+    """Each nanny tells the scheduler why its worker died (:class:`.deaths.DeathRelay`), so
+    that a run names the reason; workers without a nanny have nobody to tell."""
+    from .deaths import DeathRelay
+
+    try:
+        client.register_plugin(DeathRelay())
+    except Exception as e:  # noqa: BLE001 (a lost worker is still named, without its reason)
+        logger.warning("the nannies will not report why a worker died: %s: %s", type(e).__name__, e)
 
 
 def _arrived(client) -> int | None:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
 from collections.abc import Iterator
+
+from distributed.diagnostics.plugin import NannyPlugin
 
 from ..errors import ClusterStartError
 
@@ -39,39 +42,84 @@ def death_reasons(messages: list[str]) -> dict[int, str]:
     return out
 
 
-class WorkerDeaths(logging.Handler):
+class WorkerDeaths:
+    """The nanny's worker-death messages seen while it listens (:func:`watch_worker_deaths`)."""
+
+    def __init__(self):
+        self.messages: list[str] = []
+
+    def hear(self, message: str) -> None:
+        self.messages.append(message)
+
+
+class _Listening(logging.Handler):
+    """One handler on the nanny's logger for every listener of this process (the messages
+    of a :func:`watch_worker_deaths` block, and the :class:`DeathRelay` of each nanny the
+    process runs), so that they can come and go in any order: while any listens, the
+    logger lets INFO through, but only the deaths among what its level would have dropped."""
+
     def __init__(self):
         super().__init__(logging.INFO)
-        self.messages: list[str] = []
+        self.listeners: list = []
+        self._saved: tuple[int, int] | None = None
+        self._guard = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
         found = _DEATH.search(record.getMessage())
         if found:
-            self.messages.append(found.group(0))
+            for listener in list(self.listeners):
+                try:
+                    listener.hear(found.group(0))
+                except Exception:  # noqa: BLE001 (a listener never breaks the nanny's logging)
+                    pass
+
+    def _quiet(self, record: logging.LogRecord) -> bool:
+        effective = self._saved[1] if self._saved else logging.NOTSET
+        return record.levelno >= effective or bool(_DEATH.search(record.getMessage()))
+
+    def add(self, listener) -> None:
+        with self._guard:
+            self._add(listener)
+
+    def remove(self, listener) -> None:
+        with self._guard:
+            self._remove(listener)
+
+    def _add(self, listener) -> None:
+        log = logging.getLogger("distributed.nanny")
+        if not self.listeners:
+            level, effective = log.level, log.getEffectiveLevel()
+            self._saved = (level, effective)
+            log.addHandler(self)
+            if effective > logging.INFO:
+                log.setLevel(logging.INFO)
+                log.addFilter(self._quiet)
+        self.listeners.append(listener)
+
+    def _remove(self, listener) -> None:
+        if listener in self.listeners:
+            self.listeners.remove(listener)
+        if self.listeners or self._saved is None:
+            return
+        log = logging.getLogger("distributed.nanny")
+        log.removeHandler(self)
+        log.removeFilter(self._quiet)
+        log.setLevel(self._saved[0])
+        self._saved = None
+
+
+_LISTENING = _Listening()
 
 
 @contextlib.contextmanager
 def watch_worker_deaths() -> Iterator[WorkerDeaths]:
     """Collect the nanny's worker-death messages of this process while the block runs."""
-    log = logging.getLogger("distributed.nanny")
-    handler = WorkerDeaths()
-    level, effective = log.level, log.getEffectiveLevel()
-    log.addHandler(handler)
-    quiet = None
-    if effective > logging.INFO:
-        # let the deaths through, and nothing else the level would have dropped
-        def quiet(record: logging.LogRecord) -> bool:
-            return record.levelno >= effective or bool(_DEATH.search(record.getMessage()))
-
-        log.setLevel(logging.INFO)
-        log.addFilter(quiet)
+    deaths = WorkerDeaths()
+    _LISTENING.add(deaths)
     try:
-        yield handler
+        yield deaths
     finally:
-        log.removeHandler(handler)
-        if quiet is not None:
-            log.removeFilter(quiet)
-        log.setLevel(level)
+        _LISTENING.remove(deaths)
 
 
 def start_failure(expected: int, arrived: int | None, timeout: float, deaths: list[str]) -> ClusterStartError:
@@ -88,68 +136,87 @@ def start_failure(expected: int, arrived: int | None, timeout: float, deaths: li
     return ClusterStartError(message)
 
 
-# --- workers lost during a run
+# --- why a worker died, told to the scheduler by its nanny
+
+#: the scheduler's event topic of the deaths the nannies report (:class:`DeathRelay`)
+DEATH_TOPIC = "spillway-worker-death"
+
+_SIGNALS = {
+    9: ("SIGKILL", "the kernel's OOM killer? see dmesg"),
+    15: ("SIGTERM", None),
+    11: ("SIGSEGV", "a crash in native code: CUDA or a library"),
+    6: ("SIGABRT", "an abort in native code"),
+    7: ("SIGBUS", "a bad memory access: out of shared memory?"),
+    2: ("SIGINT", None),
+}
 
 
-class Workers:
-    """The workers at a run's start (address and pid), and (from the nannies of this
-    process, where the cluster is local) why any of them died."""
+def describe(reason: str) -> str:
+    """A nanny's words on a death (``killed by signal 9``, ``out of memory: exceeded 95%
+    memory budget, killed by signal 15``) with the signal named and what usually sends it:
+    ``killed by SIGKILL (the kernel's OOM killer? see dmesg)``."""
+    def name(found: re.Match) -> str:
+        signal, hint = _SIGNALS.get(int(found.group(1)), (f"signal {found.group(1)}", None))
+        # the nanny's own memory kill is already said; the kernel's is the guess
+        if hint and not reason.startswith("out of memory"):
+            return f"killed by {signal} ({hint})"
+        return f"killed by {signal}"
 
-    def __init__(self, client):
-        self.client = client
-        self.start = self._now()
-        self.pids = self._pids()
-        self._deaths = None
+    return re.sub(r"killed by signal (\d+)", name, reason)
+
+
+class DeathRelay(NannyPlugin):
+    """A nanny plugin: when the nanny's worker process dies, it logs why on the scheduler
+    (event topic :data:`DEATH_TOPIC`: the worker's address, pid, GPU and the reason), so
+    that a run on any cluster, the nannies in this process or on other nodes, can name it.
+    distributed itself keeps the reason in the nanny's log, at INFO."""
+
+    name = "spillway-death-relay"
+    idempotent = True
+
+    def setup(self, nanny):
+        self.nanny = nanny
+        #: the memory-budget kill announced for a pid, said with its death
+        self._budget: dict[int, str] = {}
+        _LISTENING.add(self)
+
+    def teardown(self, nanny):
+        _LISTENING.remove(self)
+
+    def _worker(self):
+        """(pid, address) of the nanny's worker process, dying or alive, else None."""
+        process = getattr(self.nanny, "process", None)  # distributed's WorkerProcess
+        inner = getattr(process, "process", None)
+        pid = getattr(inner, "pid", None)
+        return (pid, process.worker_address) if pid else None
+
+    def hear(self, message: str) -> None:
+        # every nanny of a process hears every message of the process's nannies: only
+        # its own worker's are told
+        worker = self._worker()
+        if worker is None:
+            return
+        pid, address = worker
+        reasons = death_reasons([message])
+        if pid not in reasons:
+            return
+        reason = reasons[pid]
+        if reason.startswith("out of memory") and not message.startswith("Worker process"):
+            self._budget[pid] = reason  # the kill follows
+            return
+        if pid in self._budget:
+            reason = f"{self._budget.pop(pid)}, {reason}"
+        env = getattr(self.nanny, "env", None) or {}
+        gpu = str(env.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0] or None
+        event = {"address": address, "pid": pid, "reason": reason, "gpu": gpu, "name": str(self.nanny.name)}
         try:
-            self._watch = watch_worker_deaths()
-            self._deaths = self._watch.__enter__()
-        except Exception:  # noqa: BLE001 (the reason is a nicety; the loss is still named)
-            self._watch = None
+            self.nanny._ongoing_background_tasks.call_soon(self._tell, event)
+        except Exception:  # noqa: BLE001 (a nanny closing: nobody waits for the reason)
+            pass
 
-    def _now(self) -> set[str]:
+    async def _tell(self, event: dict) -> None:
         try:
-            return set(self.client.scheduler_info(n_workers=-1)["workers"])
-        except Exception:  # noqa: BLE001
-            return set()
+            await self.nanny.scheduler.log_event(topic=DEATH_TOPIC, msg=event)
+        except Exception:  # noqa: BLE001 (the scheduler gone too: the run fails for that)
+            pass
 
-    def _pids(self) -> dict[str, int]:
-        import os
-
-        try:
-            return dict(self.client.run(os.getpid, on_error="ignore"))
-        except Exception:  # noqa: BLE001 (a worker going away now is seen as lost later)
-            return {}
-
-    def _gone(self) -> list[str]:
-        return sorted(self.start - self._now())
-
-    def reasons(self, gone: list[str]) -> tuple[dict[str, str], list[str]]:
-        """Why each of ``gone`` died where a nanny of this process said (address -> reason),
-        and the nanny's messages about workers not among them."""
-        messages = list(self._deaths.messages) if self._deaths is not None else []
-        by_pid = death_reasons(messages)
-        why = {addr: by_pid.pop(self.pids[addr]) for addr in gone if self.pids.get(addr) in by_pid}
-        return why, [f"pid {pid} {what}" for pid, what in by_pid.items()]
-
-    def lost_list(self) -> list[dict]:
-        """The workers lost during the run: ``{"address", "pid", "reason"}`` each."""
-        gone = self._gone()
-        why, _ = self.reasons(gone)
-        self.close()
-        return [{"address": a, "pid": self.pids.get(a), "reason": why.get(a)} for a in gone]
-
-    def lost(self) -> str:
-        """One line naming the lost workers and why (empty where none was lost)."""
-        gone = self._gone()
-        why, others = self.reasons(gone)
-        self.close()
-        if not gone and not others:
-            return ""
-        named = [f"{a} ({why[a]})" if a in why else a for a in gone]
-        text = f"worker{'s' if len(gone) != 1 else ''} lost: {', '.join(named) or 'unknown'}"
-        return text + (f" ({'; '.join(others)})" if others else "")
-
-    def close(self):
-        if self._watch is not None:
-            self._watch.__exit__(None, None, None)
-            self._watch = None

@@ -1,9 +1,12 @@
 """Admission: refuse a workflow whose projected footprint cannot fit the cluster.
 
 Capacity is what the workers can hold across their tiers: device memory up to each
-worker's device limit, host memory up to its host limit, and the free disk of its local
-directory. A run that fits the devices runs as is; one that fits only with spilling runs
-and says so; one that fits nowhere is refused before it starts, with both numbers.
+worker's device limit, host memory up to its host tier (the tiered store's host limit;
+distributed's memory limit for other stores), and the free space of the filesystem each
+worker spills to, less a reserve (:func:`disk_reserve`) that the disk tier must not take
+from the machine (its logs, outputs, other users). A run that fits the devices runs as is;
+one that fits only with spilling runs and says so; one that fits nowhere is refused before
+it starts, in one line naming the footprint, each tier's bytes and their sum, the limit.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ class Capacity:
     host_bytes: int
     disk_bytes: int
     n_workers: int
+    #: the spill filesystems' free bytes, and the reserve kept of them (disk_bytes is the
+    #: difference)
+    disk_free_bytes: int | None = None
+    disk_reserve_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -28,7 +35,8 @@ class Capacity:
 
     def to_json(self) -> dict:
         return {"device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
-                "disk_bytes": self.disk_bytes, "n_workers": self.n_workers}
+                "disk_bytes": self.disk_bytes, "n_workers": self.n_workers,
+                "disk_free_bytes": self.disk_free_bytes, "disk_reserve_bytes": self.disk_reserve_bytes}
 
 
 @dataclass(frozen=True)
@@ -41,8 +49,29 @@ class Decision:
         return {"capacity": self.capacity.to_json(), "fits_device": self.fits_device, "note": self.note}
 
 
+GiB = 2**30
+
+
+def disk_reserve(total: int) -> int:
+    """Bytes of a spill filesystem of ``total`` bytes that admission leaves free: a
+    twentieth of it, at least 1 GiB and at most 50 GiB."""
+    return int(min(50 * GiB, max(GiB, total // 20)))
+
+
+def spill_directory(dask_worker) -> str:
+    """Where the worker's store writes what it spills: the tiered store's disk tier, else
+    the worker's local directory (dask-cuda's and distributed's stores spill under it)."""
+    from .store import TieredStore
+
+    data = dask_worker.data
+    disk = getattr(data, "disk", None) if isinstance(data, TieredStore) else None
+    return getattr(disk, "directory", None) or dask_worker.local_directory
+
+
 def worker_capacity(dask_worker) -> dict:
-    """One worker's tiers in bytes (runs on the worker)."""
+    """One worker's tiers in bytes, and the filesystem it spills to (runs on the worker)."""
+    import os
+
     from .store import TieredStore
 
     data = dask_worker.data
@@ -58,11 +87,14 @@ def worker_capacity(dask_worker) -> dict:
             host = host or max(0, data.books.available() + data.books.read()[1] - data.books.headroom)
     elif getattr(data, "device_memory_limit", None):
         device = int(data.device_memory_limit)
+    directory = spill_directory(dask_worker)
     try:
-        disk = shutil.disk_usage(dask_worker.local_directory).free
+        usage = shutil.disk_usage(directory)
+        free, reserve, filesystem = usage.free, disk_reserve(usage.total), os.stat(directory).st_dev
     except OSError:
-        disk = 0
-    return {"device": int(device), "host": int(host), "disk": int(disk)}
+        free, reserve, filesystem = 0, 0, None
+    return {"device": int(device), "host": int(host), "disk": max(0, int(free) - reserve), "disk_free": int(free),
+            "disk_reserve": int(reserve), "disk_directory": directory, "filesystem": filesystem}
 
 
 def _gpu_memory() -> int:
@@ -75,15 +107,17 @@ def _gpu_memory() -> int:
 
 def cluster_capacity(client) -> Capacity:
     per_worker = client.run(worker_capacity)
-    # workers on one machine share its disk: count each local directory's free space once
-    disks = {}
+    # workers of one machine spilling to one filesystem share its free space: count it once
+    disks: dict = {}
     for addr, cap in per_worker.items():
-        disks[addr.rsplit(":", 1)[0]] = cap["disk"]
+        disks[(addr.rsplit(":", 1)[0], cap.get("filesystem"))] = cap
     return Capacity(
         device_bytes=sum(c["device"] for c in per_worker.values()),
         host_bytes=sum(c["host"] for c in per_worker.values()),
-        disk_bytes=sum(disks.values()),
+        disk_bytes=sum(c["disk"] for c in disks.values()),
         n_workers=len(per_worker),
+        disk_free_bytes=sum(c.get("disk_free", c["disk"]) for c in disks.values()),
+        disk_reserve_bytes=sum(c.get("disk_reserve", 0) for c in disks.values()),
     )
 
 
@@ -91,15 +125,22 @@ def admit(workflow: str, footprint, capacity: Capacity) -> Decision:
     """Raise AdmissionError if ``footprint`` exceeds every tier together."""
     need = footprint.total_bytes
     if need > capacity.total_bytes:
-        raise AdmissionError(
-            f"{workflow}: projected footprint {format_bytes(need)} exceeds the cluster's "
-            f"device + host + disk capacity {format_bytes(capacity.total_bytes)} "
-            f"({format_bytes(capacity.device_bytes)} + {format_bytes(capacity.host_bytes)} + "
-            f"{format_bytes(capacity.disk_bytes)})"
-        )
+        raise AdmissionError(refusal(workflow, need, capacity))
     fits = capacity.device_bytes == 0 or need <= capacity.device_bytes
     note = "fits in device memory" if fits and capacity.device_bytes else (
         f"exceeds device memory ({format_bytes(capacity.device_bytes)}): runs with spilling")
     if not capacity.device_bytes:
         note = "CPU workers"
     return Decision(capacity=capacity, fits_device=fits, note=note)
+
+
+def refusal(workflow: str, need: int, capacity: Capacity) -> str:
+    """The one line of a refused run: the footprint, each tier and their sum, the limit."""
+    disk = f"disk {format_bytes(capacity.disk_bytes)}"
+    if capacity.disk_free_bytes is not None and capacity.disk_reserve_bytes:
+        disk += (f" ({format_bytes(capacity.disk_free_bytes)} free less a reserve of "
+                 f"{format_bytes(capacity.disk_reserve_bytes)})")
+    return (f"{workflow}: projected footprint {format_bytes(need)} exceeds the cluster's device + host + disk "
+            f"capacity {format_bytes(capacity.total_bytes)} (device {format_bytes(capacity.device_bytes)} + "
+            f"host tier {format_bytes(capacity.host_bytes)} + {disk}, {capacity.n_workers} "
+            f"worker{'s' if capacity.n_workers != 1 else ''})")

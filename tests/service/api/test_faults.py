@@ -1,17 +1,16 @@
-"""A worker killed during a job: the job ends correct (Dask recomputes the lost chunks)
-or failed with a clear error, never done with a wrong result."""
+"""A worker killed during a job on an attached cluster: the job fails at once with one line
+naming the worker and why (never Dask recomputing the lost chunks in silence), and the
+cluster carries on."""
 
 from __future__ import annotations
 
 import os
 import signal
 
-import numpy as np
 import pytest
 from distributed import Client
 from serve_helpers import Server, add_tenant, cpu_cluster, wait_for, wait_state
 
-from spillway.workflows import random
 
 PARAMS = {"size": "3000x3000", "chunks": "100x100", "seed": 3}
 
@@ -31,14 +30,10 @@ def test_worker_killed_mid_job(tmp_path):
                 victim_addr, victim = sorted(pids.items())[0]
                 os.kill(victim, signal.SIGKILL)
                 end = wait_state(c, job["id"], {"done", "failed"}, timeout=120)
-                if end["state"] == "done":
-                    result = c.get(f"/jobs/{job['id']}/result").json()
-                    a = random.uniform_numpy((3000, 3000), seed=3, dtype="float64").astype(np.float64)
-                    expected = float((a + a.T).sum())
-                    assert abs(result["summary"]["sum"] - expected) / abs(expected) < 1e-10
-                    assert result["report"]["verify"]["ok"] is True
-                else:
-                    assert end["error"] and ("worker" in end["error"].lower() or "Killed" in end["error"])
+                # the nannies of the attached cluster (another process) told the scheduler why
+                assert end["state"] == "failed", end
+                assert end["error"] == (f"WorkerLost: worker {victim_addr} (pid {victim}) died: "
+                                        "killed by SIGKILL (the kernel's OOM killer? see dmesg)"), end["error"]
                 # the nanny brought a worker back; the job saw it go
                 wait_for(lambda: len(owner.scheduler_info()["workers"]) == 2, 60, "the worker to restart")
                 assert victim_addr not in owner.scheduler_info()["workers"] or owner.run(os.getpid) != pids

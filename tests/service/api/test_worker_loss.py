@@ -1,7 +1,7 @@
 """Workers SIGKILLed during a job of a real `spillway serve --cpu --n-workers 2` on
-127.0.0.1: the job recovers (Dask recomputes on the restarted workers) or fails with one line
-naming the lost workers and why, never with a CommClosedError from the service's own calls to
-the workers; with one worker killed the job recovers and its log names the lost worker."""
+127.0.0.1: the job fails within seconds with one line naming the lost worker and why (its
+nanny's word), never with a CommClosedError from the service's own calls to the workers, and
+never by Dask recomputing the lost part in silence."""
 
 from __future__ import annotations
 
@@ -10,20 +10,13 @@ import signal
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 from distributed import Client
 from serve_helpers import Server, add_tenant, wait_for, wait_state
 
-from spillway.workflows import random
 
 PARAMS = {"size": "3000x3000", "chunks": "100x100", "seed": 3}
-
-
-def _expected_sum() -> float:
-    a = random.uniform_numpy((3000, 3000), seed=3, dtype="float64").astype(np.float64)
-    return float((a + a.T).sum())
 
 
 def _worker_pids(server: Server, owner: Client) -> dict[str, int]:
@@ -64,47 +57,38 @@ def _run_and_kill(tmp_path, n_kill: int):
         server.stop()
 
 
-@pytest.mark.slow
-def test_one_worker_killed_job_recovers_and_its_log_names_it(tmp_path):
-    end, logs, result, victims = _run_and_kill(tmp_path, 1)
-    assert end["state"] == "done", (end, logs)
-    expected = _expected_sum()
-    assert abs(result["summary"]["sum"] - expected) / abs(expected) < 1e-10
-    assert result["report"]["verify"]["ok"] is True
-    lost = [line for line in logs if "lost" in line]
-    assert any(victims[0] in line for line in lost), logs
-    assert any("signal 9" in line for line in lost), logs
-
-
-@pytest.mark.slow
-def test_both_workers_killed_job_recovers_or_names_the_lost_workers(tmp_path):
-    end, logs, result, victims = _run_and_kill(tmp_path, 2)
-    print("both workers killed: job ended", end["state"], end.get("error") or "", logs)
-    if end["state"] == "done":
-        expected = _expected_sum()
-        assert abs(result["summary"]["sum"] - expected) / abs(expected) < 1e-10
-        lost = " ".join(line for line in logs if "lost" in line)
-        assert all(v in lost for v in victims), logs
-    else:
-        assert end["state"] == "failed", (end, logs)
-        error = end["error"]
-        assert "\n" not in error
-        assert "CommClosedError" not in error and "Broadcast" not in error, error
-        assert all(v in error for v in victims), error
-        assert "signal 9" in error or "out of memory" in error, error
-
-
-@pytest.mark.slow
-def test_both_workers_killed_without_retries_fails_naming_them(tmp_path, monkeypatch):
-    # no task may be retried after its worker died: the job must fail, and say why
-    monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES", "0")
-    end, logs, result, victims = _run_and_kill(tmp_path, 2)
+def _check_failed(end: dict, logs: list[str], victims: list[str]) -> str:
     assert end["state"] == "failed", (end, logs)
     error = end["error"]
     assert "\n" not in error
     assert "CommClosedError" not in error and "Broadcast" not in error, error
-    # the loss first, each worker with its reason, then Dask's word on the failed task
-    assert error.startswith("WorkerLost: workers lost: "), error
-    assert all(f"{v} (killed by signal 9)" in error for v in victims), error
-    assert "KilledWorker" in error and "https://" not in error, error
-    print("both workers killed, no retries:", error)
+    # one line: the first worker lost, and why (its nanny told the scheduler)
+    assert error.startswith("WorkerLost: worker "), error
+    assert any(f"worker {v} (pid " in error for v in victims), error
+    assert error.endswith("died: killed by SIGKILL (the kernel's OOM killer? see dmesg)"), error
+    return error
+
+
+@pytest.mark.slow
+def test_one_worker_killed_fails_the_job_naming_it(tmp_path):
+    """Dask would recompute the lost part on the restarted worker, saying nothing (on one
+    GPU: the whole run, into the same OOM kill): the job fails at once instead."""
+    end, logs, result, victims = _run_and_kill(tmp_path, 1)
+    _check_failed(end, logs, victims)
+    assert any("failed: WorkerLost: worker " in line for line in logs), logs
+
+
+@pytest.mark.slow
+def test_both_workers_killed_fail_the_job_naming_one(tmp_path):
+    end, logs, result, victims = _run_and_kill(tmp_path, 2)
+    _check_failed(end, logs, victims)
+
+
+@pytest.mark.slow
+def test_both_workers_killed_without_retries_fails_naming_them(tmp_path, monkeypatch):
+    # no task may be retried after its worker died: Dask fails the tasks (KilledWorker);
+    # the job still says the loss first
+    monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES", "0")
+    end, logs, result, victims = _run_and_kill(tmp_path, 2)
+    error = _check_failed(end, logs, victims)
+    assert "https://" not in error, error
