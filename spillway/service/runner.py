@@ -119,8 +119,8 @@ def run_workflow(
             "kind": session.kind,
             "n_workers": session.n_workers,
             "protocol": session.plan.protocol if session.plan.kind != "attach" else _protocol(client),
-            # None where attached: the running cluster's own
-            "workers_per_gpu": session.plan.workers_per_gpu if session.plan.kind == "gpu" else None,
+            # only where spillway planned GPU workers: attached clusters keep their own
+            **({"workers_per_gpu": session.plan.workers_per_gpu} if session.plan.kind == "gpu" else {}),
         },
         "footprint": built.footprint.to_json(),
         "admission": decision.to_json(),

@@ -74,7 +74,7 @@ def test_job_runs_end_to_end_and_matches_numpy(service):
     expected = reference_sum(400)
     assert abs(result["summary"]["sum"] - expected) / abs(expected) < 1e-10
     assert result["report"]["verify"]["ok"] is True
-    assert result["report"]["cluster"] == {"kind": "cpu", "n_workers": 2, "protocol": "tcp", "workers_per_gpu": None}
+    assert result["report"]["cluster"] == {"kind": "cpu", "n_workers": 2, "protocol": "tcp"}
     # the report of `spillway run`: peaks per worker (host RSS on CPU workers), moves per tier
     assert all(v > 10_000_000 for v in result["report"]["peak_host_bytes_per_worker"].values())
     assert set(result["report"]["spilled_by_tier"]) == {"device_to_host", "host_to_device", "host_to_disk",
