@@ -119,3 +119,12 @@ class DatabaseHealth:
             self._wake.clear()
             if not self._stop.is_set():
                 self.probe_once()
+
+
+class Unavailable(Exception):
+    """Raised for a request while the job database is known to be down (answered 503
+    without trying it)."""
+
+    def __init__(self, health: DatabaseHealth):
+        self.health = health
+        super().__init__(health.error or "the job database is unreachable")
