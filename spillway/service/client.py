@@ -131,8 +131,19 @@ class ServiceClient:
         return response.json()
 
     def health(self) -> dict:
-        """Liveness and the cluster: ``kind`` (gpu/cpu), ``workers``, ``queued``, ``running``."""
-        return self.request("GET", "/healthz")
+        """Liveness and the cluster: ``status`` (ok, degraded), ``down`` (what is:
+        ``database``, ``cluster``), ``kind`` (gpu/cpu), ``workers``, ``queued``, ``running``.
+        Answers at once, also while something is down (no waiting out the outage)."""
+        try:
+            response = self.http.get("/healthz")
+        except httpx.HTTPError as e:
+            raise ServiceError(f"cannot reach the service at {self.url}: {e}") from None
+        if response.status_code in (200, 503):
+            try:
+                return response.json()
+            except ValueError:
+                pass
+        raise ServiceError(_message(response), status=response.status_code)
 
     def workflows(self) -> list[dict]:
         """The catalogue: name, description and JSON schema (defaults for this cluster)."""
