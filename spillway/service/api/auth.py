@@ -58,7 +58,8 @@ def current_tenant(request: Request, credentials: HTTPAuthorizationCredentials |
     jobdb = request.app.state.jobdb
     cache: TokenCache = request.app.state.token_cache
     digest = hash_token(credentials.credentials)
-    if jobdb.health.down:
+    if jobdb.health.down and jobdb.health.probing:
+        # known down: answer now rather than queue behind connection attempts
         return _cached(cache, digest, jobdb.health, outage_ok)
     try:
         tenant, why = jobdb.authenticate(credentials.credentials)
@@ -67,6 +68,7 @@ def current_tenant(request: Request, credentials: HTTPAuthorizationCredentials |
             raise
         jobdb.health.failed(e)
         return _cached(cache, digest, jobdb.health, outage_ok)
+    jobdb.health.ok()  # it answered (for an app whose probe is not running)
     if tenant is None:
         cache.drop(digest)
         raise HTTPException(401, why, headers=UNAUTHORIZED)

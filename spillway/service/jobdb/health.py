@@ -59,6 +59,11 @@ class DatabaseHealth:
     def down(self) -> bool:
         return self.down_since is not None
 
+    @property
+    def probing(self) -> bool:
+        """Whether the probe thread runs (and so will notice the database coming back)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def failed(self, e: BaseException | str):
         message = e if isinstance(e, str) else one_line(e)
         with self._lock:

@@ -110,7 +110,7 @@ class TokensMixin:
         if last is not None and mono - last < TOUCH_INTERVAL_S:
             return
         self._touched[token_id] = mono
-        with self._session() as s:
+        with self._write_lock, self._session() as s:
             s.execute(update(Token).where(Token.id == token_id).values(last_used=now()))
             s.commit()
 
