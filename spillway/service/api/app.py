@@ -173,7 +173,7 @@ def create_app(jobdb, scheduler, *, title: str = "spillway", limits: ServiceLimi
         memory freed (its state turns cancelled when that is done). Finished jobs stay.
         While the job database is unreachable the cancel is still taken (202): a running
         job stops at once, and the cancel is recorded when the database answers."""
-        if health.down:
+        if health.down and health.probing:
             return _cancel_offline(job_id, tenant)
         try:
             job = jobdb.request_cancel(job_id, tenant)
@@ -254,7 +254,7 @@ def create_app(jobdb, scheduler, *, title: str = "spillway", limits: ServiceLimi
                         503: AUTH[503]})
     def metrics():
         """Prometheus metrics: queue depth, jobs by state, worker memory, spilled bytes."""
-        if health.down:
+        if health.down and health.probing:
             raise Unavailable(health)
         return metrics_response(registry)
 
