@@ -324,10 +324,11 @@ class JobScheduler:
                     msg = (f"verification failed: relative error {verify['rel_error']:.3e} exceeds "
                            f"tolerance {verify['tolerance']:.0e}")
                     finished = self._finish(job_id, "failed", line=f"failed: {msg}", error=msg, report=report,
-                                            unless_cancelled=True)
+                                            unless_cancelled=True, entry=entry)
                 else:
                     finished = self._finish(job_id, "done", line=f"done in {report['wall_s']:.3f} s "
-                                            f"({report['tasks']} tasks)", report=report, unless_cancelled=True)
+                                            f"({report['tasks']} tasks)", report=report, unless_cancelled=True,
+                                            entry=entry)
             if not finished and not self._stop.is_set() and not entry.abandoned and (
                     entry.cancelled or self._durably(self.jobdb.cancel_requested, job_id)):
                 if report.get("output"):
@@ -346,23 +347,28 @@ class JobScheduler:
                     del self._running[job_id]
             self._wake.set()
 
-    def _finish(self, job_id, state, *, line, error=None, report=None, unless_cancelled=False) -> bool:
+    def _finish(self, job_id, state, *, line, error=None, report=None, unless_cancelled=False,
+                entry: _Running | None = None) -> bool:
         """Record the job's end (see :meth:`JobDB.finish`), retried while the database is
-        unreachable; False where it was not recorded."""
+        unreachable; False where it was not recorded. With ``unless_cancelled``, a cancel
+        taken in memory (``entry``) while the write waits for the database also stops it:
+        that cancel was answered 202 and must not be overtaken by done either."""
         if self._stop.is_set():
             return False
+        give_up = (lambda: entry.cancelled) if unless_cancelled and entry is not None else None
         return bool(self._durably(
             self.jobdb.finish, job_id, state, line=line, error=error, report=report,
             wall_s=report.get("wall_s") if report else None,
             bytes_spilled=int(report.get("bytes_spilled") or 0) if report else 0,
-            tasks=report.get("tasks") if report else None, unless_cancelled=unless_cancelled))
+            tasks=report.get("tasks") if report else None, unless_cancelled=unless_cancelled,
+            _give_up=give_up))
 
-    def _durably(self, write, *args, **kwargs):
+    def _durably(self, write, *args, _give_up=None, **kwargs):
         """``write(*args, **kwargs)``, tried again with backoff (0.25 s doubling to
         ``retry_max_s``) for as long as the database is unreachable; what the runner holds
-        (the report) stays in memory meanwhile. Gives up (None) only when the service
-        stops: the job is then still running in the database and runs again on the next
-        start."""
+        (the report) stays in memory meanwhile. Gives up (None) when the service stops
+        (the job is then still running in the database and runs again on the next start)
+        or when ``_give_up()`` turns true."""
         delay, tries, since = 0.25, 0, time.monotonic()
         while True:
             try:
@@ -375,7 +381,7 @@ class JobScheduler:
                     logger.warning("%s of job %s: the job database is unreachable; retrying until it answers",
                                    getattr(write, "__name__", "write"), args[0] if args else "?")
                 tries += 1
-                if self._stop.wait(delay):
+                if self._stop.wait(delay) or (_give_up is not None and _give_up()):
                     return None
                 delay = min(delay * 2, self.retry_max_s)
                 continue

@@ -150,3 +150,34 @@ def test_a_cancel_taken_while_the_database_is_down_applies_when_it_answers(sessi
     sched._apply_pending_cancels()
     assert jobdb.job(job["id"])["state"] == "cancelled"
     assert jobdb.logs(job["id"])[-1]["line"] == "cancelled while queued"
+
+
+def test_a_cancel_taken_while_the_end_waits_for_the_database_wins(session, jobdb, monkeypatch):
+    """The run finished during an outage and its done waits for the database; a cancel
+    taken meanwhile (answered 202) ends the job cancelled, its result discarded."""
+    tenant, _ = jobdb.add_tenant("ann")
+    job, _ = jobdb.submit(tenant, **JOB)
+    real_finish = jobdb.finish
+    down, tried = threading.Event(), threading.Event()
+    down.set()
+
+    def finish(job_id, state, **kwargs):
+        if down.is_set() and state == "done":
+            tried.set()
+            raise _down()
+        return real_finish(job_id, state, **kwargs)
+
+    monkeypatch.setattr(jobdb, "finish", finish)
+    sched = JobScheduler(jobdb, session, poll_s=0.05, retry_max_s=0.2)
+    sched.start()
+    try:
+        assert tried.wait(60)
+        assert sched.request_cancel(job["id"], tenant)["cancel_requested"] is True
+        time.sleep(0.5)
+        down.clear()
+        end = _final(jobdb, job["id"])
+    finally:
+        sched.stop()
+    assert end["state"] == "cancelled" and end["cancel_requested"] is True, (end, jobdb.logs(job["id"]))
+    assert jobdb.report(job["id"]) is None
+    assert jobdb.logs(job["id"])[-1]["line"] == "cancelled: the run had finished; its result was discarded"
