@@ -79,9 +79,9 @@ def create_app(jobdb, scheduler, *, title: str = "spillway", limits: ServiceLimi
     registry = metrics_registry(jobdb, scheduler)
     health = jobdb.health
 
-    def unavailable(detail_error: str | None = None) -> JSONResponse:
+    def unavailable() -> JSONResponse:
         since = health.as_dict()["down_since"]
-        why = detail_error or health.error or "no answer"
+        why = health.error or "no answer"
         retry = health.retry_after_s()
         return JSONResponse({"detail": f"the job database is unreachable{f' since {since}' if since else ''} "
                                        f"({why}); retry after {retry} s", "retry_after_s": retry},
