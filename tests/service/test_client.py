@@ -234,3 +234,38 @@ def test_wait_polls_until_done(alice):
     start = time.monotonic()
     job.wait(timeout=60, progress=False, poll_s=0.1)
     assert job.state == "done" and time.monotonic() - start < 60
+
+
+def test_requests_safe_to_repeat_wait_out_an_outage():
+    """503 with Retry-After (the job database unreachable): reads, cancels and keyed
+    submissions are sent again until the service answers; a submission without a key is
+    not (it could queue the job twice) and raises with the service's line."""
+    import httpx
+
+    from spillway.service.client import ServiceClient
+
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append((request.method, request.url.path))
+        if len(calls) % 3:
+            return httpx.Response(503, headers={"Retry-After": "0"},
+                                  json={"detail": "the job database is unreachable", "retry_after_s": 1})
+        return httpx.Response(200, json={"jobs": []})
+
+    http = httpx.Client(base_url="http://service", transport=httpx.MockTransport(handler))
+    client = ServiceClient(http, outage_wait_s=5)
+    assert client.request("GET", "/jobs") == {"jobs": []} and len(calls) == 3
+    calls.clear()
+    with pytest.raises(ServiceError, match="the job database is unreachable") as e:
+        client.request("POST", "/jobs", json={"workflow": "slice"})
+    assert e.value.status == 503 and len(calls) == 1
+    calls.clear()
+    assert client.request("POST", "/jobs", json={"workflow": "slice", "idempotency_key": "k"}) == {"jobs": []}
+    assert len(calls) == 3
+    # bounded: a service that stays down is reported after outage_wait_s
+    client.outage_wait_s = 0
+    calls.clear()
+    with pytest.raises(ServiceError):
+        client.request("GET", "/jobs")
+    assert len(calls) == 1

@@ -4,6 +4,12 @@ Jobs are declarative: a registered workflow's name and parameters that validate 
 its schema. Nothing a tenant sends is ever executed as code, and the Dask scheduler is not
 reachable through the API. A tenant sees, cancels and reads only its own jobs (another
 tenant's job is a 404, not a 403, so ids do not leak); an admin token sees all.
+
+While the job database is unreachable every route that needs it answers 503 with
+``Retry-After`` and a JSON ``detail`` (the connection stays open), ``/healthz`` says what is
+down, and a cancel is still taken (202): a running job is stopped at once, a queued one
+once the database answers. Request bodies are limited in size and time before anything
+else runs (:mod:`.limits`).
 """
 
 
@@ -12,13 +18,19 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
+from sqlalchemy.exc import DBAPIError, TimeoutError as PoolTimeout
+from starlette.concurrency import run_in_threadpool
 
 from ..errors import AdmissionError, ParamError
 from ..sizes import format_bytes
+from ..jobdb import is_unavailable
+from ..jobdb.health import Unavailable
 from . import schemas
-from .auth import bearer, current_tenant
+from .auth import TokenCache, bearer, current_tenant
+from .limits import OffLoopJSONRoute, RequestLimits, ServiceLimits
 from .metrics import metrics_registry, metrics_response
 from .web import router as web_router
 
@@ -27,12 +39,21 @@ def _tenant(request: Request, credentials: Annotated[HTTPAuthorizationCredential
     return current_tenant(request, credentials)
 
 
+def _tenant_outage_ok(request: Request,
+                      credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]):
+    return current_tenant(request, credentials, outage_ok=True)
+
+
 Tenant = Annotated[dict, Depends(_tenant)]
+#: for cancels, which are taken while the database is down from tokens valid lately
+TenantOrRemembered = Annotated[dict, Depends(_tenant_outage_ok)]
 
 logger = logging.getLogger("spillway.api")
 
 NOT_FOUND = {404: {"description": "No such job for this tenant"}}
-AUTH = {401: {"description": "Missing, invalid or revoked token"}}
+AUTH = {401: {"description": "Missing, invalid, revoked or expired token"},
+        503: {"model": schemas.Unavailable, "description": "The job database is unreachable; retry after "
+                                                              "the Retry-After header's seconds"}}
 
 
 def _param_error(field: str, message: str) -> RequestValidationError:
@@ -41,16 +62,46 @@ def _param_error(field: str, message: str) -> RequestValidationError:
                                     "type": "value_error", "input": None}])
 
 
-def create_app(jobdb, scheduler, *, title: str = "spillway") -> FastAPI:
+def create_app(jobdb, scheduler, *, title: str = "spillway", limits: ServiceLimits | None = None) -> FastAPI:
     """The ASGI app over ``jobdb`` (a :class:`spillway.service.jobdb.JobDB`) and ``scheduler``
     (a :class:`spillway.service.jobs.JobScheduler` bound to the cluster session)."""
     from spillway import workflows
     app = FastAPI(title=title, version="1", description=__doc__,
                   openapi_tags=[{"name": "jobs"}, {"name": "catalogue"}, {"name": "service"}])
+    # before any route is added: every route parses its JSON body off the event loop
+    app.router.route_class = OffLoopJSONRoute
     app.state.jobdb = jobdb
     app.state.scheduler = scheduler
+    app.state.token_cache = TokenCache()
+    app.state.limits = limits = limits or ServiceLimits()
+    app.add_middleware(RequestLimits, limits=limits)
     JobRequest = schemas.job_request_model(workflows.names())
     registry = metrics_registry(jobdb, scheduler)
+    health = jobdb.health
+
+    def unavailable() -> JSONResponse:
+        since = health.as_dict()["down_since"]
+        why = health.error or "no answer"
+        retry = health.retry_after_s()
+        return JSONResponse({"detail": f"the job database is unreachable{f' since {since}' if since else ''} "
+                                       f"({why}); retry after {retry} s", "retry_after_s": retry},
+                            status_code=503, headers={"Retry-After": str(retry)})
+
+    # handled here (not by Starlette's last-resort 500, which also resets the keep-alive
+    # connection): the client gets 503 and can retry on the same connection
+    @app.exception_handler(Unavailable)
+    async def database_down(request: Request, exc: Unavailable):
+        return unavailable()
+
+    @app.exception_handler(DBAPIError)
+    @app.exception_handler(PoolTimeout)
+    async def database_error(request: Request, exc: Exception):
+        if is_unavailable(exc):
+            health.failed(exc)
+            return unavailable()
+        logger.error("job database error on %s %s", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"detail": f"job database error ({type(exc).__name__}); the service's log has it"},
+                            status_code=500)
 
     def shown(job: dict) -> dict:
         """A job as the API answers it: with why it waits, while it is queued."""
@@ -124,14 +175,42 @@ def create_app(jobdb, scheduler, *, title: str = "spillway") -> FastAPI:
         return shown(_job(job_id, tenant))
 
     @app.post("/jobs/{job_id}/cancel", response_model=schemas.Job, tags=["jobs"],
-              responses={**AUTH, **NOT_FOUND})
-    def cancel(job_id: str, tenant: Tenant):
+              responses={**AUTH, **NOT_FOUND,
+                         202: {"model": schemas.CancelAccepted,
+                               "description": "Taken while the job database is unreachable"}})
+    def cancel(job_id: str, tenant: TenantOrRemembered):
         """Cancel a job: a queued one at once; a running one has its tasks stopped and its
-        memory freed (its state turns cancelled when that is done). Finished jobs stay."""
-        job = jobdb.request_cancel(job_id, tenant)
+        memory freed (its state turns cancelled when that is done). Finished jobs stay.
+        While the job database is unreachable the cancel is still taken (202): a running
+        job stops at once, and the cancel is recorded when the database answers."""
+        if health.down and health.probing:
+            return _cancel_offline(job_id, tenant)
+        try:
+            job = jobdb.request_cancel(job_id, tenant)
+        except Exception as e:
+            if not is_unavailable(e):
+                raise
+            health.failed(e)
+            return _cancel_offline(job_id, tenant)
         if job is None:
             raise HTTPException(404, f"job {job_id!r} not found")
+        if job["state"] == "running" and job["cancel_requested"]:
+            scheduler.request_cancel(job_id, tenant)  # now, not at the runner's next look
         return shown(job)
+
+    def _cancel_offline(job_id: str, tenant: dict) -> JSONResponse:
+        running = scheduler.request_cancel(job_id, tenant)
+        if running is not None:
+            detail = ("cancel taken while the job database is unreachable: the job's tasks are being "
+                      "stopped; it is recorded cancelled when the database answers")
+        else:
+            scheduler.defer_cancel(job_id, tenant)
+            detail = ("cancel taken while the job database is unreachable: it applies to this job, if it is "
+                      "yours and still queued, when the database answers, before any queued job starts")
+        body = {"id": job_id, "state": running["state"] if running else None, "cancel_requested": True,
+                "detail": detail}
+        return JSONResponse(jsonable_encoder(body), status_code=202,
+                            headers={"Retry-After": str(health.retry_after_s())})
 
     @app.get("/jobs/{job_id}/result", response_model=schemas.JobResult, tags=["jobs"],
              responses={**AUTH, **NOT_FOUND, 409: {"description": "The job has not finished"}})
@@ -156,18 +235,38 @@ def create_app(jobdb, scheduler, *, title: str = "spillway") -> FastAPI:
         """The workflow catalogue with each workflow's parameter schema (defaults for this cluster)."""
         return workflows.catalogue(scheduler.target)
 
-    @app.get("/healthz", response_model=schemas.Health, tags=["service"])
-    def healthz():
-        """Liveness: the database answers and the cluster has workers."""
-        counts = jobdb.counts()
-        return {"status": "ok", "kind": scheduler.session.kind, "workers": scheduler.session.n_workers,
-                "queued": counts["queued"], "running": counts["running"]}
+    @app.get("/healthz", response_model=schemas.Health, tags=["service"],
+             responses={503: {"model": schemas.Health, "description": "Something is down: `down` names it"}})
+    async def healthz():
+        """Liveness: whether the job database answers and the cluster's client is up; 503
+        naming what is down. Answered from the service's last look (the database is
+        probed every 2 s, every 0.5 s while down), never by waiting on the database."""
+        if health.checked is None:  # no probe thread (an app without a started scheduler)
+            await run_in_threadpool(health.probe_once)
+        down = []
+        if health.down:
+            down.append("database")
+        client_status = getattr(scheduler.session.client, "status", "running")
+        if client_status not in ("running", "connecting", "newly-created"):
+            down.append("cluster")
+        counts = None if health.down else health.counts
+        body = {"status": "degraded" if down else "ok", "down": down, "kind": scheduler.session.kind,
+                "workers": scheduler.session.n_workers,
+                "queued": counts["queued"] if counts else None, "running": counts["running"] if counts else None,
+                "database": {**health.as_dict(), "backend": jobdb.engine.dialect.name},
+                "cluster": {"ok": "cluster" not in down, "status": str(client_status)}}
+        if down:
+            return JSONResponse(body, status_code=503, headers={"Retry-After": str(health.retry_after_s())})
+        return body
 
     @app.get("/metrics", tags=["service"], response_class=Response,
-             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+                        503: AUTH[503]})
     def metrics():
         """Prometheus metrics: queue depth, jobs by state, worker memory, bytes each tier holds
         (device, host, disk), spilled bytes."""
+        if health.down and health.probing:
+            raise Unavailable(health)
         return metrics_response(registry)
 
     app.include_router(web_router)

@@ -106,9 +106,37 @@ class Workflow(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
 
-class Health(BaseModel):
+class DatabaseHealth(BaseModel):
+    ok: bool
+    backend: str
+    error: str | None = Field(description="The driver's last error while it is down.")
+    down_since: str | None
+    checked: str | None = Field(description="When the service last probed it.")
+
+
+class ClusterHealth(BaseModel):
+    ok: bool
     status: str
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    down: list[Literal["database", "cluster"]] = Field(description="What is down (503 when any).")
     kind: str
     workers: int
-    queued: int
-    running: int
+    queued: int | None = Field(description="As of the last probe; null while the database is down.")
+    running: int | None
+    database: DatabaseHealth
+    cluster: ClusterHealth
+
+
+class Unavailable(BaseModel):
+    detail: str
+    retry_after_s: int
+
+
+class CancelAccepted(BaseModel):
+    id: str
+    state: State | None = Field(description="running for a job this service runs; null where unknown yet.")
+    cancel_requested: bool
+    detail: str

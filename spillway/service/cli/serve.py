@@ -64,9 +64,15 @@ def open_jobdb(state_dir, db):
               help="Serve HTTPS with this certificate (PEM); needs --https-key.")
 @click.option("--https-key", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Private key (PEM) of --https-cert.")
+@click.option("--max-request-bytes", default="1MiB", show_default=True, envvar="SPILLWAY_MAX_REQUEST_BYTES",
+              help="Largest request body (bytes such as 1MiB); larger ones get 413 before they are read, "
+                   "parsed or authenticated.")
+@click.option("--body-timeout", default=30.0, show_default=True, type=float, envvar="SPILLWAY_BODY_TIMEOUT",
+              help="Seconds a client has to send a whole request body; slower ones get 408 and are closed.")
 @service_cluster_options
 @fail_cleanly
-def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, https_key, options_flags):
+def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, https_key, max_request_bytes,
+          body_timeout, options_flags):
     """Serve the shared cluster service: an authenticated HTTP API with a persistent,
     prioritised job queue, tenants, a web page (/ui) and Prometheus metrics (/metrics).
 
@@ -84,12 +90,14 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     import uvicorn
 
     from ..api import create_app
+    from ..api.limits import ServiceLimits
     from ..jobs import JobScheduler
     from ..launch import open_cluster
 
     if bool(https_cert) != bool(https_key):
         raise click.UsageError("--https-cert and --https-key go together")
     options = resolve(options_flags)
+    limits = ServiceLimits(max_request_bytes=max_request_bytes, body_timeout_s=body_timeout)
     _check_scheduler_private(options)
     if not https_cert and http_host not in LOOPBACK:
         click.echo(f"spillway: warning: plain HTTP on {http_host}: tokens cross the network in clear; "
@@ -103,7 +111,7 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
         scheduler = JobScheduler(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
         scheduler.start()
         try:
-            app = create_app(jobdb, scheduler)
+            app = create_app(jobdb, scheduler, limits=limits)
             scheme = "https" if https_cert else "http"
             click.echo(f"serving {scheme}://{http_host}:{port}  ({session.n_workers} {session.kind} workers, "
                        f"scheduler {session.scheduler_address})", err=True)
@@ -120,7 +128,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def _notice_old_limits(jobdb) -> None:
     """Tenants added before the cluster's admission was the default kept the old 64 GiB
     limit (the database cannot tell it from one typed on purpose): say how to lift it."""
-    from ..jobdb.migrate import old_default_tenants
+    from ..jobdb.schema import old_default_tenants
 
     names = old_default_tenants(jobdb.tenants())
     if names:
@@ -161,8 +169,10 @@ def tenant():
       spillway tenant add alice                 # jobs up to what the cluster admits
       spillway tenant add bob --max-running 4 --max-job-bytes 200GB
       spillway tenant set alice --max-job-bytes 100GB
-      spillway tenant add ops --admin
+      spillway tenant add ops --admin --expires-in 90d
       spillway tenant list
+      spillway tenant token alice --keep-old --expires-in 30d   # rotation: a second token
+      spillway tenant revoke-token alice --old                  # ... then the first goes
       spillway tenant revoke alice
     """
 
@@ -203,6 +213,24 @@ MAX_JOB_BYTES_HELP = ("Largest projected footprint of one job: a size such as 20
                       "serving cluster's admission accepts (device + host tier + disk).")
 
 
+def expiry_options(func):
+    func = click.option("--expires-at", default=None, metavar="DATE",
+                        help="The token stops working at this ISO date or time (2027-01-31, UTC unless "
+                             "a zone is given).")(func)
+    return click.option("--expires-in", default=None, metavar="DURATION",
+                        help="The token stops working after this long (30d, 12h, 90m, 2w) [default: never].")(func)
+
+
+def _expiry(expires_in, expires_at):
+    from ..jobdb.tokens import parse_expiry
+
+    return parse_expiry(expires_in=expires_in, expires_at=expires_at)
+
+
+def _until(expires) -> str:
+    return f"until {expires.isoformat(timespec='seconds')}" if expires else "without expiry"
+
+
 @tenant.command("add", context_settings=CONTEXT)
 @click.argument("name")
 @click.option("--admin", is_flag=True, help="The token sees and cancels every tenant's jobs.")
@@ -212,18 +240,21 @@ MAX_JOB_BYTES_HELP = ("Largest projected footprint of one job: a size such as 20
               help="Jobs of this tenant that may run at once.")
 @click.option("--max-job-bytes", default=None, metavar="SIZE|cluster",
               help=MAX_JOB_BYTES_HELP + "  [default: cluster]")
+@expiry_options
 @with_state
 @fail_cleanly
-def tenant_add(name, admin, priority, max_running, max_job_bytes, state_dir, db):
+def tenant_add(name, admin, priority, max_running, max_job_bytes, expires_in, expires_at, state_dir, db):
     """Add tenant NAME; prints its token alone on the last line (shown only this once)."""
     limit = _job_limit(max_job_bytes)
+    expires = _expiry(expires_in, expires_at)
     jobdb = open_jobdb(state_dir, db)
     try:
         info, token = jobdb.add_tenant(name, admin=admin, priority=priority, max_running=max_running,
-                                       max_job_bytes=limit)
+                                       max_job_bytes=limit, expires=expires)
     finally:
         jobdb.close()
-    click.echo(f"tenant {info['name']} added ({_settings(info)}); its token, shown only now:")
+    click.echo(f"tenant {info['name']} added ({_settings(info)}); its token, valid {_until(expires)}, "
+               "shown only now:")
     click.echo(token)
 
 
@@ -262,6 +293,79 @@ def tenant_set(name, priority, max_running, max_job_bytes, state_dir, db):
     click.echo(f"tenant {info['name']} set ({_settings(info)})")
 
 
+@tenant.command("token", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--keep-old", is_flag=True,
+              help="Keep NAME's other tokens valid (rotation: move clients to the new token, then "
+                   "`spillway tenant revoke-token NAME --old`). Without it they are revoked now.")
+@expiry_options
+@with_state
+@fail_cleanly
+def tenant_token(name, keep_old, expires_in, expires_at, state_dir, db):
+    """Issue a new token for tenant NAME; prints it alone on the last line (shown only this once)."""
+    expires = _expiry(expires_in, expires_at)
+    jobdb = open_jobdb(state_dir, db)
+    try:
+        info, token = jobdb.issue_token(name, expires=expires, keep_old=keep_old)
+    finally:
+        jobdb.close()
+    others = "its other tokens stay valid" if keep_old else "its other tokens are revoked"
+    click.echo(f"token {info['id']} of tenant {name}, valid {_until(expires)} ({others}); shown only now:")
+    click.echo(token)
+
+
+@tenant.command("revoke-token", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--id", "token_id", type=int, default=None, help="The token to revoke (`spillway tenant tokens NAME`).")
+@click.option("--old", is_flag=True, help="Revoke every token of NAME but the newest (the end of a rotation).")
+@with_state
+@fail_cleanly
+def tenant_revoke_token(name, token_id, old, state_dir, db):
+    """Revoke one of tenant NAME's tokens (the tenant stays)."""
+    jobdb = open_jobdb(state_dir, db)
+    try:
+        ids = jobdb.revoke_token(name, token_id=token_id, old=old)
+    finally:
+        jobdb.close()
+    click.echo(f"tenant {name}: revoked token(s) {', '.join(map(str, ids))}" if ids
+               else f"tenant {name}: no other valid token to revoke")
+
+
+@tenant.command("tokens", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print as one JSON list.")
+@with_state
+@fail_cleanly
+def tenant_tokens(name, as_json, state_dir, db):
+    """List tenant NAME's tokens: id, created, expiry, revocation, last use (never the tokens)."""
+    jobdb = open_jobdb(state_dir, db)
+    try:
+        rows = jobdb.tokens(name)
+    finally:
+        jobdb.close()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'id':>4}  {'created':<25} {'expires':<25} {'last used':<25} state")
+    for t in rows:
+        click.echo(f"{t['id']:>4}  {_short(t['created']):<25} {_short(t['expires']) or 'never':<25} "
+                   f"{_short(t['last_used']) or '-':<25} {_token_state(t)}")
+
+
+def _short(iso: str | None) -> str:
+    return iso[:19].replace("T", " ") + "Z" if iso else ""
+
+
+def _token_state(t: dict) -> str:
+    from datetime import datetime, timezone
+
+    if t["revoked"]:
+        return "revoked"
+    if t["expires"] and datetime.fromisoformat(t["expires"]) <= datetime.now(timezone.utc):
+        return "expired"
+    return "valid"
+
+
 @tenant.command("list", context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print as one JSON list (max_job_bytes null: the cluster's).")
 @with_state
@@ -276,10 +380,12 @@ def tenant_list(as_json, state_dir, db):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'job bytes':>12}  state")
+    click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'job bytes':>12}  {'state':<8} "
+               f"{'tokens':>6}  {'expires':<21} last used")
     for t in rows:
         click.echo(f"{t['name']:<20} {str(t['admin']).lower():<6} {t['priority']:>8} {t['max_running']:>8} "
-                   f"{job_limit_text(t['max_job_bytes']):>12}  {'revoked' if t['revoked'] else 'active'}")
+                   f"{job_limit_text(t['max_job_bytes']):>12}  {'revoked' if t['revoked'] else 'active':<8} "
+                   f"{t['tokens']:>6}  {_short(t['expires']) or 'never':<21} {_short(t['last_used']) or '-'}")
 
 
 @tenant.command("revoke", context_settings=CONTEXT)

@@ -7,14 +7,15 @@ SQLite in WAL mode (in the service's state directory) is the embedded default; a
 before it is acted on, so a killed service finds each job where it left it.
 
 Methods return plain dicts (JSON-able) rather than ORM objects, so nothing outside this
-package holds a database session.
+package holds a database session. The schema is versioned (:mod:`.schema`): opening an
+older database migrates it. :attr:`JobDB.health` is the service's view of whether the
+database answers (:mod:`.health`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import secrets
 import threading
 import uuid
 from datetime import datetime, timezone
@@ -26,11 +27,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import SpillwayError
-from .migrate import migrate
-from .models import DEFAULT_MAX_JOB_BYTES, FINAL_STATES, STATES, Base, Job, LogLine, Tenant
+from .health import DatabaseHealth, is_unavailable
+from .models import DEFAULT_MAX_JOB_BYTES, FINAL_STATES, STATES, Job, LogLine, Tenant, Token
+from .schema import migrate
+from .tokens import TokensMixin, new_token
 
 __all__ = ["DEFAULT_MAX_JOB_BYTES", "JobDB", "JobDBError", "STATES", "FINAL_STATES", "hash_token",
-           "database_url"]
+           "database_url", "is_unavailable"]
 
 DB_FILE = "spillway.db"
 
@@ -97,14 +100,17 @@ def job_dict(j: Job, tenant_name: str | None = None) -> dict:
     }
 
 
-class JobDB:
+class JobDB(TokensMixin):
     def __init__(self, url: str):
         self.url = url
         kwargs: dict[str, Any] = {"future": True}
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
-            kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
+            # bounded waits: a database host that drops packets must not hold a request
+            # thread (or the scheduler) for the TCP timeout of minutes
+            kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True, pool_timeout=10,
+                          connect_args={"connect_timeout": 5})
         self.engine = create_engine(url, **kwargs)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
@@ -112,14 +118,16 @@ class JobDB:
         # queueing this process's writers on a lock instead keeps a burst's tail short.
         self._write_lock = threading.Lock() if url.startswith("sqlite") else contextlib.nullcontext()
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
-        Base.metadata.create_all(self.engine)
-        migrate(self.engine)
+        self.schema_found, self.schema_version = migrate(self.engine)
+        self.health = DatabaseHealth(self.counts)
+        self._touched: dict[int, float] = {}
 
     @classmethod
     def open(cls, state_dir=None, db=None) -> JobDB:
         return cls(database_url(state_dir, db))
 
     def close(self):
+        self.health.stop()
         self.engine.dispose()
 
     def _session(self) -> Session:
@@ -128,26 +136,30 @@ class JobDB:
     # --- tenants
 
     def add_tenant(self, name: str, *, admin=False, priority=0, max_running=2,
-                   max_job_bytes: int | None = DEFAULT_MAX_JOB_BYTES) -> tuple[dict, str]:
+                   max_job_bytes: int | None = DEFAULT_MAX_JOB_BYTES,
+                   expires: datetime | None = None) -> tuple[dict, str]:
         """A new tenant and its bearer token (the only time the token exists in clear).
-        ``max_job_bytes`` None: the tenant may submit what the cluster's admission accepts."""
+        ``max_job_bytes`` None: the tenant may submit what the cluster's admission accepts;
+        ``expires``: when the token stops working (None: never)."""
         name = name.strip()
         if not name or len(name) > 64:
             raise JobDBError(f"name: {name!r} must be 1 to 64 characters")
         _check_limits(max_running, max_job_bytes)
-        token = "spw_" + secrets.token_urlsafe(32)
+        token = new_token()
         with self._session() as s:
             if s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
                 raise JobDBError(f"name: tenant {name!r} already exists")
             t = Tenant(name=name, token_hash=hash_token(token), admin=admin, priority=priority,
                        max_running=max_running, max_job_bytes=max_job_bytes, revoked=False, created=now())
             s.add(t)
+            s.flush()
+            s.add(Token(tenant_id=t.id, token_hash=t.token_hash, created=t.created, expires=expires))
             s.commit()
             return tenant_dict(t), token
 
     def set_tenant(self, name: str, **changes) -> dict:
         """Change a tenant's ``priority``, ``max_running`` or ``max_job_bytes`` (None: the
-        cluster's admission); its token and jobs stay. Queued jobs keep their place and
+        cluster's admission); its tokens and jobs stay. Queued jobs keep their place and
         are not checked again: the limit applies to submissions from now on."""
         unknown = set(changes) - {"priority", "max_running", "max_job_bytes"}
         if unknown:
@@ -164,7 +176,9 @@ class JobDB:
 
     def tenants(self) -> list[dict]:
         with self._session() as s:
-            return [tenant_dict(t) for t in s.scalars(select(Tenant).order_by(Tenant.id))]
+            summaries = self._token_summaries(s)
+            none = {"tokens": 0, "expires": None, "last_used": None}
+            return [tenant_dict(t) | summaries.get(t.id, none) for t in s.scalars(select(Tenant).order_by(Tenant.id))]
 
     def revoke_tenant(self, name: str) -> dict:
         with self._session() as s:
@@ -180,11 +194,7 @@ class JobDB:
             return tenant_dict(t)
 
     def tenant_for_token(self, token: str) -> dict | None:
-        with self._session() as s:
-            t = s.scalar(select(Tenant).where(Tenant.token_hash == hash_token(token)))
-            if t is None or t.revoked:
-                return None
-            return tenant_dict(t)
+        return self.authenticate(token)[0]
 
     # --- jobs
 
@@ -321,6 +331,8 @@ class JobDB:
         assert state in FINAL_STATES
         values = dict(state=state, report=report, error=error, wall_s=wall_s, bytes_spilled=bytes_spilled,
                       finished=now())
+        if state == "cancelled":  # also a cancel the service took while the database was down
+            values["cancel_requested"] = True
         if tasks is not None:
             values.update(tasks_done=tasks, tasks_total=tasks)
         where = [Job.id == job_id, Job.state == "running"]
@@ -328,12 +340,12 @@ class JobDB:
             where.append(Job.cancel_requested.is_not(True))
         with self._session() as s:
             n = s.execute(update(Job).where(*where).values(**values)).rowcount
-            if unless_cancelled and not n:
+            if not n:  # ended meanwhile (or, with unless_cancelled, cancelled): nothing to record
                 s.rollback()
                 return False
             s.add(LogLine(job_id=job_id, time=now(), line=line))
             s.commit()
-            return bool(n)
+            return True
 
     def cancel_requested(self, job_id: str) -> bool:
         with self._session() as s:
@@ -342,18 +354,37 @@ class JobDB:
     def recover(self) -> list[str]:
         """Put jobs that were running when the service stopped back in the queue (or mark
         them cancelled when a cancel was asked for). Returns their ids."""
-        with self._session() as s:
-            rows = s.scalars(select(Job).where(Job.state == "running")).all()
-            for j in rows:
+        return [job_id for job_id, _ in self.release(None, "service restarted while running",
+                                                     cancelled="cancelled (service restarted)")]
+
+    def release(self, job_ids: list[str] | None, why: str, *, cancelled: str | None = None,
+                max_attempts: int | None = None) -> list[tuple[str, str]]:
+        """Jobs still ``running`` in the database with no runner (all of them with None):
+        cancelled where a cancel was asked for, failed after ``max_attempts`` attempts,
+        else queued to run again; each with a log line. Returns (id, new state) pairs.
+
+        Decided per job against its state now, so a runner that recorded its end
+        meanwhile keeps it."""
+        q = select(Job).where(Job.state == "running")
+        if job_ids is not None:
+            q = q.where(Job.id.in_(job_ids))
+        out = []
+        with self._write_lock, self._session() as s:
+            for j in s.scalars(q).all():
                 if j.cancel_requested:
                     j.state, j.finished = "cancelled", now()
-                    s.add(LogLine(job_id=j.id, time=now(), line="cancelled (service restarted)"))
+                    line = cancelled or f"cancelled ({why})"
+                elif max_attempts is not None and j.attempts >= max_attempts:
+                    j.state, j.finished = "failed", now()
+                    j.error = f"{why}, {j.attempts} times; not run again"
+                    line = f"failed: {j.error}"
                 else:
                     j.state, j.started, j.tasks_done, j.tasks_total = "queued", None, 0, 0
-                    s.add(LogLine(job_id=j.id, time=now(),
-                                  line="service restarted while running: queued to run again"))
+                    line = f"{why}: queued to run again"
+                s.add(LogLine(job_id=j.id, time=now(), line=line))
+                out.append((j.id, j.state))
             s.commit()
-            return [j.id for j in rows]
+        return out
 
     def counts(self) -> dict[str, int]:
         with self._session() as s:

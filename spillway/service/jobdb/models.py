@@ -31,7 +31,9 @@ class Tenant(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
-    #: SHA-256 of the bearer token; the token itself is shown once and never stored
+    #: SHA-256 of the tenant's first token, as schema version 1 authenticated it; tokens now
+    #: live in ``tokens`` (schema 2 copied this one there). Kept unique and filled so a
+    #: database stays valid for the previous code; revoking that token changes it.
     token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
     #: added to each job's own priority when the queue orders jobs
@@ -82,3 +84,30 @@ class LogLine(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     line: Mapped[str] = mapped_column(Text)
+
+
+class Token(Base):
+    """A tenant's bearer token: several may be valid at once (rotation issues the next
+    before the last is revoked), each with its own expiry and last use."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    #: SHA-256 of the bearer token; the token itself is shown once and never stored
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    created: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    #: recorded at most once a minute per token, so a busy client does not write per request
+    last_used: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class SchemaVersion(Base):
+    """One row: the schema version the database was last brought to (absent: version 1,
+    the tables as first released)."""
+
+    __tablename__ = "spillway_schema"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)

@@ -5,6 +5,13 @@ client on the shared scheduler. A client of its own gives each job its own progr
 count (the progress plugin follows a client's next graph) and a clean cancel: cancelling
 that client's futures stops the job's tasks and releases its memory, touching no other
 job.
+
+The job database may go away while jobs run (a PostgreSQL restart): a runner keeps its
+result and retries the write of the job's end with backoff until the database answers;
+cancels taken meanwhile act on the running job at once and are recorded after. A
+reconciler, every few seconds, finds jobs ``running`` in the database that no runner
+holds (a runner that died) and requeues them (failed after ``max_attempts``), and ends
+cancelled jobs whose run does not stop within ``cancel_grace_s``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from ..errors import ParamError
 from ..memory.admission import admit, cluster_capacity
 from ..progress import client_progress
 from ..runner import run_workflow, target_of
-from ..jobdb import JobDB
+from ..jobdb import JobDB, is_unavailable
 from .order import next_job, waiting_reasons
 
 logger = logging.getLogger("spillway.jobs")
@@ -29,8 +36,17 @@ logger = logging.getLogger("spillway.jobs")
 @dataclasses.dataclass
 class _Running:
     thread: threading.Thread
+    job: dict = dataclasses.field(default_factory=dict)
     client: object = None
     cancelled: bool = False
+    #: time.monotonic() of the cancel, for the grace after which the job is ended regardless
+    cancel_at: float | None = None
+    #: the runner has given up on the job (its end is recorded by the reconciler)
+    abandoned: bool = False
+
+    def cancel(self):
+        if not self.cancelled:
+            self.cancelled, self.cancel_at = True, time.monotonic()
 
 
 class JobScheduler:
@@ -38,10 +54,23 @@ class JobScheduler:
 
     def __init__(self, jobdb: JobDB, session, *, results_dir: str | None = None,
                  input_roots: tuple[str, ...] = (), poll_s: float = 0.25,
-                 client_factory: Callable[[], object] | None = None):
+                 client_factory: Callable[[], object] | None = None, reconcile_s: float = 5.0,
+                 cancel_grace_s: float = 30.0, max_attempts: int = 3, retry_max_s: float = 5.0):
         self.jobdb = jobdb
         self.session = session
         self.poll_s = poll_s
+        #: how often running jobs without a runner are looked for
+        self.reconcile_s = reconcile_s
+        #: a cancelled run that has not stopped after this long is ended (its client closed)
+        self.cancel_grace_s = cancel_grace_s
+        #: runs of a job whose runner vanished before it is failed rather than requeued
+        self.max_attempts = max_attempts
+        #: longest wait between two tries of a write to an unreachable database
+        self.retry_max_s = retry_max_s
+        #: cancels taken while the database was down, for jobs this service does not run:
+        #: job id -> the tenant who asked (checked against the job once the database answers)
+        self._pending_cancels: dict[str, dict] = {}
+        self._last_reconcile = 0.0
         self.client_factory = client_factory or self._new_client
         #: where jobs that ask for an output get their Zarr store (``<job id>.zarr``)
         self.results_dir = results_dir
@@ -113,6 +142,7 @@ class JobScheduler:
         requeued = self.jobdb.recover()
         if requeued:
             logger.warning("requeued %d job(s) that were running when the service stopped", len(requeued))
+        self.jobdb.health.start()
         self._thread = threading.Thread(target=self._loop, name="spillway-jobs", daemon=True)
         self._thread.start()
 
@@ -131,6 +161,7 @@ class JobScheduler:
             self._thread.join(timeout)
         for r in running:
             r.thread.join(timeout)
+        self.jobdb.health.stop()
 
     def wake(self):
         self._wake.set()
@@ -149,14 +180,99 @@ class JobScheduler:
 
     def _loop(self):
         while not self._stop.is_set():
+            wait = self.poll_s
             try:
+                self._apply_pending_cancels()
+                if time.monotonic() - self._last_reconcile >= self.reconcile_s:
+                    self.reconcile()
+                    self._last_reconcile = time.monotonic()
                 self._tick()
-            except Exception:
-                logger.exception("scheduler loop")
+            except Exception as e:
+                if is_unavailable(e):
+                    self.jobdb.health.failed(e)  # logged once per outage, not once per tick
+                    wait = max(wait, 1.0)
+                else:
+                    logger.exception("scheduler loop")
             # a burst of submissions wakes the loop once, not once per job
             self._stop.wait(0.05)
-            self._wake.wait(self.poll_s)
+            self._wake.wait(wait)
             self._wake.clear()
+
+    # --- cancels and runners that are gone
+
+    def request_cancel(self, job_id: str, tenant: dict) -> dict | None:
+        """Act on a cancel of a job this service runs, at once and without the database:
+        its tasks are stopped now, and its end is recorded (with retries) by its runner.
+        The job as last known, or None when this service does not run it (for ``tenant``)."""
+        with self._lock:
+            entry = self._running.get(job_id)
+        if entry is None or not (tenant.get("admin") or entry.job.get("tenant_id") == tenant["id"]):
+            return None
+        entry.cancel()
+        if entry.client is not None:
+            try:
+                self._cancel(entry.client)
+            except Exception:  # the watcher tries again
+                pass
+        return {**entry.job, "state": "running", "cancel_requested": True}
+
+    def defer_cancel(self, job_id: str, tenant: dict):
+        """A cancel taken while the database is down, for a job this service does not run
+        (queued, or unknown): applied, for this tenant, once the database answers and
+        before any queued job starts."""
+        with self._lock:
+            if len(self._pending_cancels) < 100_000:
+                self._pending_cancels[job_id] = tenant
+
+    def _apply_pending_cancels(self):
+        with self._lock:
+            pending = list(self._pending_cancels.items())
+        for job_id, tenant in pending:
+            self.jobdb.request_cancel(job_id, tenant)  # raises while the database is down
+            with self._lock:
+                self._pending_cancels.pop(job_id, None)
+
+    def reconcile(self) -> list[tuple[str, str]]:
+        """Jobs ``running`` in the database that no runner of this service holds are
+        requeued (or failed, after ``max_attempts``); a cancelled run that has not stopped
+        within ``cancel_grace_s`` is ended: its client closed (which releases its tasks'
+        memory) and the job recorded cancelled. Returns what changed, (id, state) pairs."""
+        changed = []
+        now = time.monotonic()
+        with self._lock:
+            entries = dict(self._running)
+        for job_id, entry in entries.items():
+            if entry.cancel_at is not None and now - entry.cancel_at > self.cancel_grace_s and not entry.abandoned:
+                if entry.client is not None:
+                    try:
+                        entry.client.close(timeout=5)
+                    except Exception:
+                        pass
+                line = (f"cancelled: the run did not stop within {self.cancel_grace_s:g} s of the cancel; "
+                        "its tasks were released and any result it still returns is discarded")
+                # raises while the database is down: tried again on the next round
+                if self.jobdb.finish(job_id, "cancelled", line=line):
+                    changed.append((job_id, "cancelled"))
+                entry.abandoned = True
+                with self._lock:
+                    if self._running.get(job_id) is entry:
+                        del self._running[job_id]
+            elif not entry.thread.is_alive() and entry.thread.ident is not None:
+                with self._lock:  # died without its finally (it always pops itself otherwise)
+                    if self._running.get(job_id) is entry:
+                        del self._running[job_id]
+        with self._lock:
+            ours = set(self._running)
+        orphans = [j["id"] for j in self.jobdb.running() if j["id"] not in ours]
+        if orphans:
+            # read after ``ours``: a runner that ends meanwhile has recorded its end first,
+            # and release() leaves a job that is no longer running alone
+            released = self.jobdb.release(orphans, "its runner ended without recording an end",
+                                          max_attempts=self.max_attempts)
+            for job_id, state in released:
+                logger.warning("job %s was running with no runner: now %s", job_id, state)
+            changed += released
+        return changed
 
     def _tick(self):
         while not self._stop.is_set():
@@ -174,7 +290,7 @@ class JobScheduler:
             thread = threading.Thread(target=self._execute, args=(job,), name=f"job-{job['id'][:8]}",
                                       daemon=True)
             with self._lock:
-                self._running[job["id"]] = _Running(thread=thread)
+                self._running[job["id"]] = _Running(thread=thread, job=job)
             thread.start()
 
     # --- one job
@@ -207,7 +323,7 @@ class JobScheduler:
         else:
             done.set()
             for worker in report.get("workers_lost") or ():
-                self.jobdb.log(job_id, lost_line(worker))
+                self._durably(self.jobdb.log, job_id, lost_line(worker))
             # a cancel accepted while the last tasks finished still ends the job cancelled:
             # the 200 it answered promised that. The job database finishes the job only if no
             # cancel was accepted, in one UPDATE, so a cancel landing after any check made
@@ -219,12 +335,13 @@ class JobScheduler:
                     msg = (f"verification failed: relative error {verify['rel_error']:.3e} exceeds "
                            f"tolerance {verify['tolerance']:.0e}")
                     finished = self._finish(job_id, "failed", line=f"failed: {msg}", error=msg, report=report,
-                                            unless_cancelled=True)
+                                            unless_cancelled=True, entry=entry)
                 else:
                     finished = self._finish(job_id, "done", line=f"done in {report['wall_s']:.3f} s "
-                                            f"({report['tasks']} tasks)", report=report, unless_cancelled=True)
-            if not finished and not self._stop.is_set() and (entry.cancelled
-                                                             or self.jobdb.cancel_requested(job_id)):
+                                            f"({report['tasks']} tasks)", report=report, unless_cancelled=True,
+                                            entry=entry)
+            if not finished and not self._stop.is_set() and not entry.abandoned and (
+                    entry.cancelled or self._durably(self.jobdb.cancel_requested, job_id)):
                 if report.get("output"):
                     from spillway.workflows.outputs import remove_output
 
@@ -237,17 +354,52 @@ class JobScheduler:
             except Exception:
                 pass
             with self._lock:
-                self._running.pop(job_id, None)
+                if self._running.get(job_id) is entry:  # not when the reconciler ended it
+                    del self._running[job_id]
             self._wake.set()
 
-    def _finish(self, job_id, state, *, line, error=None, report=None, unless_cancelled=False) -> bool:
-        """Record the job's end (see :meth:`JobDB.finish`); False where it was not recorded."""
+    def _finish(self, job_id, state, *, line, error=None, report=None, unless_cancelled=False,
+                entry: _Running | None = None) -> bool:
+        """Record the job's end (see :meth:`JobDB.finish`), retried while the database is
+        unreachable; False where it was not recorded. With ``unless_cancelled``, a cancel
+        taken in memory (``entry``) while the write waits for the database also stops it:
+        that cancel was answered 202 and must not be overtaken by done either."""
         if self._stop.is_set():
             return False
-        return self.jobdb.finish(job_id, state, line=line, error=error, report=report,
-                                 wall_s=report.get("wall_s") if report else None,
-                                 bytes_spilled=int(report.get("bytes_spilled") or 0) if report else 0,
-                                 tasks=report.get("tasks") if report else None, unless_cancelled=unless_cancelled)
+        give_up = (lambda: entry.cancelled) if unless_cancelled and entry is not None else None
+        return bool(self._durably(
+            self.jobdb.finish, job_id, state, line=line, error=error, report=report,
+            wall_s=report.get("wall_s") if report else None,
+            bytes_spilled=int(report.get("bytes_spilled") or 0) if report else 0,
+            tasks=report.get("tasks") if report else None, unless_cancelled=unless_cancelled,
+            _give_up=give_up))
+
+    def _durably(self, write, *args, _give_up=None, **kwargs):
+        """``write(*args, **kwargs)``, tried again with backoff (0.25 s doubling to
+        ``retry_max_s``) for as long as the database is unreachable; what the runner holds
+        (the report) stays in memory meanwhile. Gives up (None) when the service stops
+        (the job is then still running in the database and runs again on the next start)
+        or when ``_give_up()`` turns true."""
+        delay, tries, since = 0.25, 0, time.monotonic()
+        while True:
+            try:
+                result = write(*args, **kwargs)
+            except Exception as e:
+                if not is_unavailable(e):
+                    raise
+                self.jobdb.health.failed(e)
+                if tries == 0:
+                    logger.warning("%s of job %s: the job database is unreachable; retrying until it answers",
+                                   getattr(write, "__name__", "write"), args[0] if args else "?")
+                tries += 1
+                if self._stop.wait(delay) or (_give_up is not None and _give_up()):
+                    return None
+                delay = min(delay * 2, self.retry_max_s)
+                continue
+            if tries:
+                logger.warning("%s of job %s recorded after %d tries (%.1f s)", getattr(write, "__name__", "write"),
+                               args[0] if args else "?", tries + 1, time.monotonic() - since)
+            return result
 
     def _watch(self, job_id: str, client, entry: _Running, done: threading.Event):
         """Copy the job's progress to the job database and act on a cancel request."""
@@ -256,7 +408,7 @@ class JobScheduler:
                 # asked again each time: a cancel that lands before the job's graph
                 # reaches the scheduler must still catch its futures
                 if entry.cancelled or self.jobdb.cancel_requested(job_id):
-                    entry.cancelled = True
+                    entry.cancel()
                     self._cancel(client)
                 counts = client.run_on_scheduler(client_progress, client.id)
                 if counts:

@@ -163,6 +163,45 @@ def cpu_cluster(tmp: Path, n_workers: int = 2):
 # --- a throwaway PostgreSQL server
 
 
+class PostgresServer:
+    """A PostgreSQL server on 127.0.0.1 in ``root`` (run as the postgres user under root,
+    which the server refuses to run as); ``stop()`` and ``start()`` again keep its data and
+    port, for outage tests."""
+
+    def __init__(self, root: Path):
+        self.initdb, self.pg_ctl = pg_bin("initdb"), pg_bin("pg_ctl")
+        self.root = Path(root)
+        self.data = self.root / "data"
+        self.port = free_port()
+        self.run_as: list[str] = []
+        self.url = f"postgresql://spillway@127.0.0.1:{self.port}"
+
+    @property
+    def available(self) -> bool:
+        return bool(self.initdb and self.pg_ctl)
+
+    def init(self):
+        if os.geteuid() == 0:
+            import pwd
+
+            user = pwd.getpwnam("postgres")
+            os.chown(self.root, user.pw_uid, user.pw_gid)
+            self.run_as = ["runuser", "-u", "postgres", "--"]
+        subprocess.run([*self.run_as, self.initdb, "-D", str(self.data), "-A", "trust", "-U", "spillway",
+                        "--no-sync"], check=True, capture_output=True, timeout=120)
+        return self.start()
+
+    def start(self):
+        subprocess.run([*self.run_as, self.pg_ctl, "-D", str(self.data), "-l", str(self.root / "log"), "-w",
+                        "-t", "60", "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+                        "-c fsync=off", "start"], check=True, capture_output=True, timeout=90)
+        return self
+
+    def stop(self, mode: str = "immediate"):
+        subprocess.run([*self.run_as, self.pg_ctl, "-D", str(self.data), "-m", mode, "-w", "stop"],
+                       capture_output=True, timeout=60)
+
+
 def pg_bin(name: str) -> str | None:
     found = shutil.which(name)
     if found:

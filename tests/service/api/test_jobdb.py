@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -153,3 +154,96 @@ def test_order_quota_and_footprint():
     # a small job does not overtake a waiting larger one
     queued = [row("big", 2, footprint=80, created="1"), row("small", 3, footprint=5, created="2")]
     assert next_job(queued, [row("a", 1, footprint=50)], 100) is None
+
+
+def test_tokens_expire_rotate_and_record_their_use(jobdb):
+    from datetime import datetime, timedelta, timezone
+
+    _, first = jobdb.add_tenant("alice")
+    info, second = jobdb.issue_token("alice", keep_old=True,
+                                     expires=datetime.now(timezone.utc) + timedelta(seconds=1))
+    # both valid during the rotation
+    assert jobdb.authenticate(first)[0]["name"] == "alice"
+    assert jobdb.authenticate(second)[0]["token_id"] == info["id"]
+    jobdb.touch_token(info["id"])
+    assert jobdb.tokens("alice")[1]["last_used"] is not None
+    assert jobdb.tenants()[0]["last_used"] is not None and jobdb.tenants()[0]["tokens"] == 2
+    # the end of the rotation: the old one goes
+    assert jobdb.revoke_token("alice", old=True) == [1]
+    assert jobdb.authenticate(first) == (None, "invalid or revoked token")
+    time.sleep(1.1)
+    tenant, why = jobdb.authenticate(second)
+    assert tenant is None and why.startswith("token expired at ") and "spillway tenant token alice" in why
+    assert "\n" not in why
+    # without keep_old, a new token replaces every other at once
+    _, third = jobdb.issue_token("alice")
+    _, fourth = jobdb.issue_token("alice")
+    assert jobdb.authenticate(third)[0] is None and jobdb.authenticate(fourth)[0]["name"] == "alice"
+    with pytest.raises(JobDBError, match="token: alice has no valid token 99"):
+        jobdb.revoke_token("alice", token_id=99)
+
+
+def test_expiry_values_are_checked():
+    from datetime import datetime, timezone
+
+    from spillway.service.jobdb.tokens import parse_expiry
+
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert parse_expiry(expires_in="30d", now=now) == datetime(2026, 1, 31, tzinfo=timezone.utc)
+    assert parse_expiry(expires_at="2027-01-31", now=now) == datetime(2027, 1, 31, tzinfo=timezone.utc)
+    with pytest.raises(JobDBError, match=r"^expires-in: 'soon' is not a duration such as 30d"):
+        parse_expiry(expires_in="soon", now=now)
+    with pytest.raises(JobDBError, match=r"^expires-at: 2025-01-01T00:00:00\+00:00 is not in the future"):
+        parse_expiry(expires_at="2025-01-01", now=now)
+
+
+def test_a_database_of_the_first_schema_is_migrated(db_state):
+    """A job database as the first release left it (tokens in the tenants table, no
+    version row) opens with its tenants' tokens valid, once, on SQLite and PostgreSQL."""
+    from sqlalchemy import text
+
+    from spillway.service.jobdb.schema import SCHEMA_VERSION
+
+    db = JobDB.open(db_state["state_dir"], db_state.get("db"))
+    alice, token = db.add_tenant("alice")
+    job, _ = submit(db, alice)
+    with db.engine.begin() as c:  # back to the first schema
+        c.execute(text("DROP TABLE tokens"))
+        c.execute(text("DROP TABLE spillway_schema"))
+    db.close()
+
+    db = JobDB.open(db_state["state_dir"], db_state.get("db"))
+    try:
+        assert (db.schema_found, db.schema_version) == (1, SCHEMA_VERSION)
+        assert db.authenticate(token)[0]["name"] == "alice"
+        assert db.job(job["id"])["state"] == "queued"
+        assert [t["expires"] for t in db.tokens("alice")] == [None]
+    finally:
+        db.close()
+    db = JobDB.open(db_state["state_dir"], db_state.get("db"))
+    try:
+        assert db.schema_found == SCHEMA_VERSION and len(db.tokens("alice")) == 1
+        with db.engine.begin() as c:
+            c.execute(text("UPDATE spillway_schema SET version = 99"))
+    finally:
+        db.close()
+    with pytest.raises(JobDBError, match="schema version 99 is newer than this spillway's"):
+        JobDB.open(db_state["state_dir"], db_state.get("db"))
+
+
+def test_release_requeues_then_fails_jobs_without_a_runner(jobdb):
+    alice, _ = jobdb.add_tenant("alice")
+    a, _ = submit(jobdb, alice)
+    b, _ = submit(jobdb, alice)
+    for attempt in (1, 2):
+        assert jobdb.start(a["id"], "started")
+        assert jobdb.release([a["id"]], "its runner ended", max_attempts=3) == [(a["id"], "queued")]
+    assert jobdb.start(a["id"], "started")
+    assert jobdb.release([a["id"]], "its runner ended", max_attempts=3) == [(a["id"], "failed")]
+    job = jobdb.job(a["id"])
+    assert job["state"] == "failed" and job["error"] == "its runner ended, 3 times; not run again"
+    # a job that recorded its end meanwhile is left alone; a cancelled one ends cancelled
+    assert jobdb.start(b["id"], "started")
+    jobdb.request_cancel(b["id"], alice)
+    assert jobdb.release([b["id"]], "its runner ended") == [(b["id"], "cancelled")]
+    assert jobdb.release([a["id"], b["id"]], "its runner ended") == []

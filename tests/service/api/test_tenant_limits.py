@@ -14,7 +14,7 @@ from serve_helpers import Server, add_tenant, spillway, state_args, wait_state
 import spillway as sw
 from spillway.service.client import ServiceError
 from spillway.service.jobdb import DEFAULT_MAX_JOB_BYTES, JobDB
-from spillway.service.jobdb.migrate import OLD_DEFAULT_MAX_JOB_BYTES, old_default_tenants
+from spillway.service.jobdb.schema import OLD_DEFAULT_MAX_JOB_BYTES, SCHEMA_VERSION, old_default_tenants
 
 SLOW = {"size": "3000x3000", "chunks": "60x60"}
 
@@ -43,8 +43,8 @@ def test_tenant_cli_prints_sizes_and_cluster(tmp_path):
     out = spillway("tenant", "add", "bob", "--max-job-bytes", "200GB", *state_args(state))
     assert "max-job-bytes=186.26 GiB)" in out.stdout
     listed = spillway("tenant", "list", *state_args(state)).stdout.splitlines()
-    assert re.match(r"ann\s+false\s+0\s+2\s+cluster\s+active$", listed[1]), listed
-    assert re.match(r"bob\s+false\s+0\s+2\s+186\.26 GiB\s+active$", listed[2]), listed
+    assert re.match(r"ann\s+false\s+0\s+2\s+cluster\s+active\s+1\s+never\s+-$", listed[1]), listed
+    assert re.match(r"bob\s+false\s+0\s+2\s+186\.26 GiB\s+active\s+1\s+never\s+-$", listed[2]), listed
     assert "68719476736" not in "\n".join(listed)
     rows = json.loads(spillway("tenant", "list", "--json", *state_args(state)).stdout)
     assert [r["max_job_bytes"] for r in rows] == [None, 200_000_000_000]
@@ -59,8 +59,9 @@ def test_tenant_cli_prints_sizes_and_cluster(tmp_path):
     assert none.returncode == 2 and "give --priority, --max-running or --max-job-bytes" in none.stderr
 
 
-def _old_database(path) -> None:
-    """The tenants table as spillway made it before: max_job_bytes NOT NULL, 64 GiB given."""
+def _old_database(path, version: int) -> None:
+    """The tenants table as spillway made it before: max_job_bytes NOT NULL, 64 GiB given;
+    schema ``version`` 1 (no tokens table, no version row) or 2 (tokens, version row 2)."""
     jobdb = JobDB(f"sqlite:///{path}")
     jobdb.close()
     con = sqlite3.connect(path)
@@ -68,9 +69,16 @@ def _old_database(path) -> None:
     con.executescript("PRAGMA foreign_keys=OFF; DROP TABLE tenants; "
                       + sql.replace("max_job_bytes BIGINT,", "max_job_bytes BIGINT NOT NULL,") + ";"
                       "CREATE UNIQUE INDEX ix_tenants_token_hash ON tenants (token_hash);")
+    if version == 1:
+        con.executescript("DROP TABLE tokens; DROP TABLE spillway_schema;")
+    else:
+        con.execute("UPDATE spillway_schema SET version = ?", (version,))
     con.execute("INSERT INTO tenants (id, name, token_hash, admin, priority, max_running, max_job_bytes, revoked,"
                 " created) VALUES (1, 'old', 'h1', 0, 0, 2, ?, 0, '2026-01-01 00:00:00'),"
                 " (2, 'own', 'h2', 0, 0, 2, 1000, 0, '2026-01-01 00:00:00')", (OLD_DEFAULT_MAX_JOB_BYTES,))
+    if version >= 2:
+        con.execute("INSERT INTO tokens (tenant_id, token_hash, created) VALUES (1, 'h1', '2026-01-01 00:00:00'),"
+                    " (2, 'h2', '2026-01-01 00:00:00')")
     con.execute("INSERT INTO jobs (id, tenant_id, workflow, params, verify, output, priority, state, "
                 "cancel_requested, footprint_bytes, attempts, tasks_total, tasks_done, bytes_spilled, created) "
                 "VALUES ('j1', 1, 'slice', '{}', 0, 0, 0, 'done', 0, 1, 1, 1, 1, 0, '2026-01-01 00:00:00')")
@@ -81,15 +89,22 @@ def _old_database(path) -> None:
     con.close()
 
 
-def test_an_old_database_keeps_its_limits_and_takes_the_new_default(tmp_path):
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_old_database_keeps_its_limits_and_takes_the_new_default(tmp_path, version, capsys):
+    from spillway.service.cli.serve import _notice_old_limits
+
     path = tmp_path / "spillway.db"
-    _old_database(path)
+    _old_database(path, version)
     jobdb = JobDB(f"sqlite:///{path}")
     try:
+        assert (jobdb.schema_found, jobdb.schema_version) == (version, SCHEMA_VERSION)
         by_name = {t["name"]: t for t in jobdb.tenants()}
         assert by_name["old"]["max_job_bytes"] == OLD_DEFAULT_MAX_JOB_BYTES
         assert by_name["own"]["max_job_bytes"] == 1000
+        assert [by_name[n]["tokens"] for n in ("old", "own")] == [1, 1]  # their tokens kept (or copied, from 1)
         assert old_default_tenants(jobdb.tenants()) == ["old"]
+        _notice_old_limits(jobdb)  # what `spillway serve` says on start
+        assert "tenant(s) old keep the old default limit of 64 GiB per job" in capsys.readouterr().err
         info, _ = jobdb.add_tenant("new")
         assert info["max_job_bytes"] is None
         assert jobdb.job("j1")["tenant"] == "old"  # the jobs still name their tenant
@@ -97,11 +112,33 @@ def test_an_old_database_keeps_its_limits_and_takes_the_new_default(tmp_path):
         jobdb.close()
     # opened again: nothing left to migrate, nothing changed
     jobdb = JobDB(f"sqlite:///{path}")
+    assert jobdb.schema_found == SCHEMA_VERSION
     assert [t["max_job_bytes"] for t in jobdb.tenants()] == [OLD_DEFAULT_MAX_JOB_BYTES, 1000, None]
     jobdb.close()
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA foreign_key_check").fetchall() == []
     assert "ix_tenants_token_hash" in {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert con.execute("SELECT version FROM spillway_schema").fetchall() == [(SCHEMA_VERSION,)]
+    con.close()
+
+
+def test_a_database_that_lifted_the_limit_before_schema_versions(tmp_path):
+    """A database made while the nullable column came from the unversioned migration (no
+    version row, no tokens table, max_job_bytes already nullable) passes step 3 unchanged."""
+    path = tmp_path / "spillway.db"
+    jobdb = JobDB(f"sqlite:///{path}")
+    jobdb.add_tenant("ann")
+    jobdb.add_tenant("bob", max_job_bytes=1000)
+    jobdb.close()
+    con = sqlite3.connect(path)
+    con.executescript("DROP TABLE tokens; DROP TABLE spillway_schema;")
+    con.close()
+    jobdb = JobDB(f"sqlite:///{path}")
+    try:
+        assert (jobdb.schema_found, jobdb.schema_version) == (1, SCHEMA_VERSION)
+        assert [(t["max_job_bytes"], t["tokens"]) for t in jobdb.tenants()] == [(None, 1), (1000, 1)]
+    finally:
+        jobdb.close()
 
 
 @pytest.fixture(scope="module")
@@ -162,11 +199,13 @@ def test_an_old_postgresql_database_is_migrated(db_state):
         pytest.skip("SQLite's rebuild is tested above")
     jobdb = JobDB.open(db_state["state_dir"], db_state["db"])
     jobdb.add_tenant("old", max_job_bytes=OLD_DEFAULT_MAX_JOB_BYTES)
-    with jobdb.engine.begin() as conn:  # the column as spillway made it before
+    with jobdb.engine.begin() as conn:  # the column as spillway's schema version 2 made it
         conn.exec_driver_sql("ALTER TABLE tenants ALTER COLUMN max_job_bytes SET NOT NULL")
+        conn.exec_driver_sql("UPDATE spillway_schema SET version = 2")
     jobdb.close()
     jobdb = JobDB.open(db_state["state_dir"], db_state["db"])
     try:
+        assert (jobdb.schema_found, jobdb.schema_version) == (2, SCHEMA_VERSION)
         assert jobdb.add_tenant("new")[0]["max_job_bytes"] is None
         assert [t["max_job_bytes"] for t in jobdb.tenants()] == [OLD_DEFAULT_MAX_JOB_BYTES, None]
     finally:

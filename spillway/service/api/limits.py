@@ -1,0 +1,147 @@
+"""What one request may cost the service: the body's size and the time to send it.
+
+:class:`RequestLimits` is pure ASGI middleware, outermost in the app, so it acts before
+routing, JSON parsing and authentication. A declared ``Content-Length`` over the limit is
+answered 413 at once without reading the body; a body is read whole (it is at most the
+limit, 1 MiB by default) against one deadline for all of it, so a client that sends
+slowly, or declares more than it sends, gets 408 within ``body_timeout_s``, and the
+connection is closed. uvicorn has no body timeout of its own (its ``timeout_keep_alive``
+covers idle connections between requests only), and Starlette's ``RequestBodyLimitMiddleware``
+applies only when a route reads the body, with no deadline.
+
+The app then reads the buffered body at once; FastAPI's JSON parsing runs in a worker
+thread (:class:`OffLoopJSONRoute`), so a large document never holds the event loop that
+answers ``/healthz``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import anyio
+from fastapi import Request
+from fastapi.routing import APIRoute
+
+from ..errors import OptionsError
+from ..sizes import format_bytes, parse_size
+
+DEFAULT_MAX_REQUEST_BYTES = 2**20
+DEFAULT_BODY_TIMEOUT_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceLimits:
+    """The service's request limits (``spillway serve --max-request-bytes --body-timeout``)."""
+
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+
+    def __post_init__(self):
+        size = self.max_request_bytes
+        if isinstance(size, str):
+            try:
+                size = parse_size(size, name="max-request-bytes", minimum=1)
+            except ValueError as e:
+                raise OptionsError(str(e)) from None
+        if isinstance(size, bool) or not isinstance(size, int) or not 1024 <= size <= 2**30:
+            raise OptionsError(f"max-request-bytes: {self.max_request_bytes!r} must be from 1KiB to 1GiB")
+        object.__setattr__(self, "max_request_bytes", size)
+        try:
+            timeout = float(self.body_timeout_s)
+        except (TypeError, ValueError):
+            raise OptionsError(f"body-timeout: {self.body_timeout_s!r} is not a number of seconds") from None
+        if not math.isfinite(timeout) or not 0.1 <= timeout <= 3600:
+            raise OptionsError(f"body-timeout: {self.body_timeout_s!r} must be from 0.1 to 3600 seconds")
+        object.__setattr__(self, "body_timeout_s", timeout)
+
+
+class RequestLimits:
+    """Pure ASGI middleware enforcing :class:`ServiceLimits` before anything else runs."""
+
+    def __init__(self, app, limits: ServiceLimits):
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length, chunked = None, False
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    length = -1
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+        limit = self.limits.max_request_bytes
+        if length is not None and length > limit:
+            return await _refuse(send, 413, f"request body: Content-Length {length} bytes exceeds the service's "
+                                            f"limit of {format_bytes(limit)} ({limit} bytes)")
+        if not chunked and not length:
+            return await self.app(scope, receive, send)  # no body to wait for
+        body = bytearray()
+        disconnected = False
+        with anyio.move_on_after(self.limits.body_timeout_s) as deadline:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    disconnected = True
+                    break
+                body += message.get("body", b"")
+                if len(body) > limit:
+                    return await _refuse(send, 413, f"request body: more than {format_bytes(limit)} "
+                                                    f"({limit} bytes), the service's limit")
+                if not message.get("more_body", False):
+                    break
+        if deadline.cancelled_caught:
+            expected = f" of {length}" if length else ""
+            return await _refuse(send, 408, f"request body: {len(body)}{expected} bytes received in "
+                                            f"{self.limits.body_timeout_s:g} s, the service's limit; "
+                                            "send the whole body at once")
+        if disconnected:
+            return  # nobody to answer
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _refuse(send, status: int, detail: str):
+    """A JSON error that also closes the connection: the rest of the body, if any, is
+    never read, so the connection cannot carry another request."""
+    payload = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class OffLoopRequest(Request):
+    """A request whose JSON body is parsed in a worker thread, not on the event loop."""
+
+    async def json(self):
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            self._json = await anyio.to_thread.run_sync(json.loads, body)
+        return self._json
+
+
+class OffLoopJSONRoute(APIRoute):
+    """The app's routes: FastAPI's handler with :class:`OffLoopRequest`."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def off_loop(request: Request):
+            return await handler(OffLoopRequest(request.scope, request.receive))
+
+        return off_loop
