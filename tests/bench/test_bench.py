@@ -656,7 +656,7 @@ def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
 
 
 def _tiered(worker_local_directory=None, **kwargs):
-    from spillway.service.memory.codecs import NumpyCodec
+    from numpy_codec import NumpyCodec
     from spillway.service.memory.disk import DiskTier
     from spillway.service.memory.store import TieredStore
 

@@ -106,7 +106,7 @@ def test_importing_the_worker_module_imports_no_gpu_library():
 
 def numpy_store(*, worker_local_directory, device_limit, host_limit):
     """spillway's tiered store with NumPy in the device tier's place (CPU workers)."""
-    from spillway.service.memory.codecs import NumpyCodec
+    from numpy_codec import NumpyCodec
     from spillway.service.memory.disk import DiskTier
     from spillway.service.memory.store import TieredStore
 
