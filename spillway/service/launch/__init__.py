@@ -62,7 +62,7 @@ def start_cluster(options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec,
     if launch.kind == "gpu":
         from . import local_gpu
 
-        return local_gpu.start(options, launch, specs)
+        return local_gpu.start(options, specs)
     if launch.kind == "cpu":
         from . import local_cpu
 

@@ -123,7 +123,7 @@ def shared_gpu_cluster(base: type) -> type:
     return SharedGPUCluster
 
 
-def start(options: Options, plan: LaunchPlan, specs: tuple[WorkerSpec, ...]):
+def start(options: Options, specs: tuple[WorkerSpec, ...]):
     import logging
 
     import dask.config
