@@ -7,11 +7,11 @@ import logging
 
 from distributed.worker_memory import parse_memory_limit
 
-from spillway.service.launch import local_gpu, spec
+from spillway.service.launch import spec
 from spillway.service.launch.plan import plan
 from spillway.service.memory.growth import headroom_for, host_total
 from spillway.service.options import Options
-from stand_ins import h200_host
+from stand_ins import gpu_cluster_kwargs, h200_host
 
 GiB = 2**30
 
@@ -33,7 +33,7 @@ def test_the_default_host_tier_leaves_the_process_and_the_machine_their_memory()
         assert tier == max(limit - reserve, limit // 2)
         assert tier * n <= host_total() - headroom_for(host_total())
         # and the store the launcher builds gets that tier
-        assert local_gpu.cluster_kwargs(Options.resolve(), plan(
+        assert gpu_cluster_kwargs(Options.resolve(), plan(
             Options.resolve(), h200_host(n), have_ucxx=True, have_cuda_stack=True,
             host_memory=host_total()))["data"][1]["host_limit"] == _tier(n)[0]
 

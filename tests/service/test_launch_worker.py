@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from spillway.service.cli import main
 from spillway.service.errors import OptionsError
 from spillway.service.gpus import Inventory
-from spillway.service.launch import gpu_worker, local_gpu, worker_store
+from spillway.service.launch import gpu_worker, worker_store
 from spillway.service.launch.plan import PINNED_HOST_FRACTION, plan
 from spillway.service.options import Options
-from stand_ins import h200_host
+from stand_ins import gpu_cluster_kwargs, h200_host
 
 HOST = 2 * 10**12
 
@@ -43,7 +43,7 @@ def test_build_store_runs_the_steps_in_that_order(monkeypatch, protocol, calls):
 def test_the_local_gpu_cluster_passes_the_shared_store_spec():
     opts = Options.resolve(pinned_pool_size="8GB")
     p = plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
-    func, kwargs = local_gpu.cluster_kwargs(opts, p)["data"]
+    func, kwargs = gpu_cluster_kwargs(opts, p)["data"]
     assert func is worker_store.build_store
     assert kwargs["protocol"] == "ucx" and kwargs["pinned_pool_size"] == 8 * 10**9
     assert kwargs["pinned_limit"] == int(PINNED_HOST_FRACTION * HOST) // 2

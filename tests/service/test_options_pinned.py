@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch import local_gpu, spec
+from spillway.service.launch import spec
 from spillway.service.launch.plan import PINNED_HOST_FRACTION, plan
 from spillway.service.options import Options
-from stand_ins import h200_host
+from stand_ins import gpu_cluster_kwargs, h200_host
 
 HOST = 270 * 10**9  # a stand-in for the 2 x H200 host's memory
 
@@ -23,7 +23,7 @@ def arena_of(options: Options, host_tier: int | None, n_gpus: int = 2, host_memo
     p = plan(options, inventory(n_gpus), have_ucxx=True, have_cuda_stack=True, host_memory=host_memory)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(spec, "host_limit", lambda memory_limit, facts, n_workers: host_tier)
-        kwargs = local_gpu.cluster_kwargs(options, p)["data"][1]
+        kwargs = gpu_cluster_kwargs(options, p)["data"][1]
     assert kwargs["host_limit"] == host_tier
     return kwargs["pinned_pool_size"]
 

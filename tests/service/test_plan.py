@@ -7,10 +7,10 @@ import functools
 import pytest
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch import local_cpu, local_gpu
+from spillway.service.launch import local_cpu
 from spillway.service.launch.plan import plan
 from spillway.service.options import Options
-from stand_ins import h200_host
+from stand_ins import gpu_cluster_kwargs, h200_host
 
 
 inventory = functools.partial(h200_host, links=18)
@@ -120,7 +120,7 @@ def test_gpu_cluster_keywords_follow_options():
     opts = Options.resolve(rmm_pool_size="20GB", rmm_maximum_pool_size="100GB", device_memory_limit="12GB",
                            memory_limit="64GB", threads_per_worker=2, local_directory="/scratch/x")
     p = plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True)
-    kw = local_gpu.cluster_kwargs(opts, p)
+    kw = gpu_cluster_kwargs(opts, p)
     assert kw["CUDA_VISIBLE_DEVICES"] == [0, 1] and kw["n_workers"] == 2
     assert kw["rmm_pool_size"] == 20_000_000_000 and kw["rmm_maximum_pool_size"] == 100_000_000_000
     assert kw["device_memory_limit"] == 12_000_000_000 and kw["memory_limit"] == 64_000_000_000
@@ -132,14 +132,14 @@ def test_gpu_cluster_keywords_follow_options():
 
 def test_gpu_keywords_tcp_has_no_nvlink_flag():
     opts = Options.resolve(protocol="tcp", rmm_pool_size=None)
-    kw = local_gpu.cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
+    kw = gpu_cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
     assert kw["protocol"] == "tcp" and "enable_nvlink" not in kw
     assert kw["rmm_pool_size"] is None and kw["rmm_allocator_external_lib_list"] is None
 
 
 def test_gpu_keywords_default_pool():
     opts = Options.resolve()
-    kw = local_gpu.cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
+    kw = gpu_cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
     assert kw["rmm_pool_size"] == 0.9 and kw["rmm_allocator_external_lib_list"] == ["cupy"]
 
 
@@ -153,5 +153,5 @@ def test_cpu_cluster_keywords():
 def test_each_worker_may_pin_its_share_of_half_the_host():
     p = plan(Options.resolve(), inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
     assert p.host_memory == HOST and p.pinned_limit == HOST // 2 // 2
-    kwargs = local_gpu.cluster_kwargs(tiered("48GB"), p)
+    kwargs = gpu_cluster_kwargs(tiered("48GB"), p)
     assert kwargs["data"][1]["pinned_limit"] == p.pinned_limit

@@ -15,9 +15,10 @@ from spillway.deploy.slurm import JobSettings, Run, job_script
 from spillway.service.errors import OptionsError
 from spillway.service.launch import gpu_worker, local_gpu
 from spillway.service.launch.plan import plan
+from spillway.service.launch.spec import HostFacts
 from spillway.service.options import Options
 from spillway.service.transfer import IPC, IPC_BOTH, IPC_SAME_GPU, TCP_SAME_GPU, on_gpus, planned
-from stand_ins import h200_host
+from stand_ins import gpu_cluster_kwargs, h200_host
 
 HOST = 512 * 10**9
 PLANNED = dict(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
@@ -119,8 +120,8 @@ class FakeLocalCUDACluster:
 @pytest.mark.parametrize("per_gpu, gpus", [(1, 4), (2, 1), (2, 4), (3, 2)])
 def test_the_local_cluster_starts_each_worker_as_dask_cuda_starts_its_gpus(per_gpu, gpus):
     options = Options.resolve(workers_per_gpu=per_gpu)
-    facts = local_gpu.HostFacts(memory_limit=HOST, host_total=HOST)
-    kwargs = local_gpu.cluster_kwargs(options, plan(options, h200_host(gpus), **PLANNED), facts)
+    facts = HostFacts(memory_limit=HOST, host_total=HOST)
+    kwargs = gpu_cluster_kwargs(options, plan(options, h200_host(gpus), **PLANNED), facts)
     assert kwargs["CUDA_VISIBLE_DEVICES"] == list(range(gpus)) and kwargs["n_workers"] == gpus * per_gpu
     if per_gpu == 1:  # dask-cuda's own class starts them; the subclass would name them alike
         assert "worker_devices" not in kwargs
