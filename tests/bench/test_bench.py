@@ -953,7 +953,7 @@ def test_b4_and_b5_at_full_size_hold_1_3x_the_gpus_memory(gpu_bytes, b4_side, b5
 
 
 def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
-    import functools
+    import dataclasses
 
     import spillway.bench
     from spillway.service.launch.plan import plan as launch_plan
@@ -961,7 +961,8 @@ def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
 
     # GPU workers on the stand-in host, as where dask-cuda and CuPy are installed
     monkeypatch.setattr(spillway.bench, "launch_plan",
-                        functools.partial(launch_plan, have_cuda_stack=True, have_ucxx=False))
+                        lambda options, inventory, host: launch_plan(
+                            options, inventory, dataclasses.replace(host, have_cuda_stack=True, have_ucxx=False)))
     one = prepare(Options.resolve(), only="B4,B5,B2", sizes="full", inventory=h200_host(1))
     two = prepare(Options.resolve(), only="B4,B5", sizes="full", inventory=h200_host(2))
     b2, b4, b5 = one.workloads
@@ -976,14 +977,15 @@ def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
 
 
 def test_b3_small_puts_the_same_few_gb_on_each_workers_disk(monkeypatch):
-    import functools
+    import dataclasses
 
     import spillway.bench
     from spillway.service.launch.plan import plan as launch_plan
     from tests.helpers.stand_ins import h200_host
 
     monkeypatch.setattr(spillway.bench, "launch_plan",
-                        functools.partial(launch_plan, have_cuda_stack=True, have_ucxx=False))
+                        lambda options, inventory, host: launch_plan(
+                            options, inventory, dataclasses.replace(host, have_cuda_stack=True, have_ucxx=False)))
     (one,) = prepare(Options.resolve(), only="B3", sizes="small", inventory=h200_host(1)).workloads
     (two,) = prepare(Options.resolve(), only="B3", sizes="small", inventory=h200_host(2)).workloads
     assert two.params("small")["shape"] == (120000, 120000)  # as measured on 2 x H200

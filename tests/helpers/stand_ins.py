@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from spillway.service.gpus import GPU, Inventory
 from spillway.service.launch.local_gpu import specs_kwargs
+from spillway.service.launch.plan import HostProbe
 from spillway.service.launch.spec import worker_specs
 
 
@@ -22,3 +25,9 @@ def gpu_cluster_kwargs(options, plan, facts=None) -> dict:
     """The LocalCUDACluster keywords the local GPU launcher passes for ``plan``: its
     workers' specs (on a host of ``facts``, this machine's when not given) rendered."""
     return specs_kwargs(options, worker_specs(options, plan, facts))
+
+
+def host_probe(**facts) -> HostProbe:
+    """This machine's :class:`HostProbe` with ``facts`` in place of what it read (the
+    libraries installed, the cores, the host's memory)."""
+    return dataclasses.replace(HostProbe.here(), **facts)

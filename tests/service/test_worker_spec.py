@@ -21,11 +21,11 @@ from spillway.service.launch import gpu_worker, local_gpu
 from spillway.service.launch.plan import plan
 from spillway.service.launch.spec import HostFacts, WorkerSpec, off_node_spec, worker_specs
 from spillway.service.launch.worker_store import build_store
-from stand_ins import h200_host
+from stand_ins import h200_host, host_probe
 
 HOST = 512 * 10**9
 FACTS = HostFacts(memory_limit=HOST, host_total=HOST)
-PLANNED = dict(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+PLANNED = host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
 JOB = JobSettings(nodes=2, gpus_per_node=4, time="01:00:00", output_dir="/shared/runs")
 
 #: worker flags, as a user types them; each set gives every field of the spec a value
@@ -216,7 +216,7 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
 
     # the local cluster of this host
     local = options.replace(scheduler_file=None)
-    specs = worker_specs(local, plan(local, inventory, **PLANNED), FACTS)
+    specs = worker_specs(local, plan(local, inventory, host=PLANNED), FACTS)
     per_gpu = options.workers_per_gpu
     devices = tuple(d for d in (0, 1, 2, 3) for _ in range(per_gpu))
     assert len(specs) == 4 * per_gpu and tuple(s.device for s in specs) == devices
@@ -225,12 +225,12 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
     assert_carries("local", specs[0], read)
 
     # `spillway worker` on a node (one CUDAWorker for the node's GPUs)
-    node = gpu_worker.node_spec(options, inventory, facts=FACTS, **PLANNED)
+    node = gpu_worker.node_spec(options, inventory, facts=FACTS, host=PLANNED)
     assert node == dataclasses.replace(specs[0], device=None)
     assert_carries("spillway worker", node, cuda_worker(options, node))
 
     # an MPI worker rank: its spec is its node's, one of 4 x workers-per-gpu ranks there
-    rank = gpu_worker.node_spec(options, inventory, workers=4 * per_gpu, facts=FACTS, **PLANNED)
+    rank = gpu_worker.node_spec(options, inventory, workers=4 * per_gpu, facts=FACTS, host=PLANNED)
     assert rank == node
     assert_carries("mpi", rank, mpi_rank(local, rank))
 
@@ -242,7 +242,7 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
         argv = script_worker_argv(text, "spillway worker")
         argv = [str(files / "s.json") if a == "$SCHEDULER_FILE" else a for a in argv]
         on_node = cli_options(argv, monkeypatch)
-        assert gpu_worker.node_spec(on_node, inventory, facts=FACTS, **PLANNED) == node
+        assert gpu_worker.node_spec(on_node, inventory, facts=FACTS, host=PLANNED) == node
         assert "dask cuda worker" not in text
     else:
         submitted = off_node_spec(local, protocol=options.protocol, workers=JOB.gpus_per_node)
@@ -260,11 +260,11 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
 def test_the_cli_flags_arrive_as_given(files, monkeypatch):
     """The flags the walk starts from, in the spec: bytes for the limits and the arena."""
     options = cli_options(["--scheduler-file", "/s.json", *flags_of("tiered-ucx", files)], monkeypatch)
-    spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, **PLANNED)
+    spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, host=PLANNED)
     assert (spec.device_memory_limit, spec.rmm_pool_size, spec.pinned_arena) == (100 * 10**9, 50 * 10**9, 8 * 10**9)
     assert (spec.threads, spec.local_directory, spec.memory_limit) == (3, str(files / "scratch"), 64 * 10**9)
     options = cli_options(["--scheduler-file", "/s.json", *flags_of("dask-cuda-async", files)], monkeypatch)
-    spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, **PLANNED)
+    spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, host=PLANNED)
     assert spec.rmm_async and spec.rmm_pool_size is None and spec.rmm_release_threshold == 10 * 10**9
     assert spec.memory_limit == HOST // 2 and not spec.tiered
 
@@ -288,7 +288,7 @@ def test_auto_protocol_is_one_decision():
         for gpu in (True, False):
             for n in (1, 4):
                 options = Options.resolve(protocol=requested)
-                local = plan(options if gpu else options.replace(cpu=True), h200_host(n), **PLANNED)
+                local = plan(options if gpu else options.replace(cpu=True), h200_host(n), host=PLANNED)
                 assert local.protocol == choose_protocol(requested, gpu=gpu, n_workers=n, have_ucxx=True)[0]
                 assert commands.protocol(options, gpu=gpu, n_workers=n) == local.protocol
 
@@ -301,14 +301,14 @@ def test_workers_of_one_gpu_share_it(per_gpu):
     from spillway.service.options import Options
 
     options = Options.resolve(workers_per_gpu=per_gpu, protocol="ucx")
-    launch = plan(options, h200_host(2), **PLANNED)
+    launch = plan(options, h200_host(2), host=PLANNED)
     assert launch.n_workers == 2 * per_gpu and launch.gpus == (0, 1)
     assert launch.devices == tuple(d for d in (0, 1) for _ in range(per_gpu))
     gpu = h200_host(2).gpus[0].memory_total
     assert sum(launch.device_memory) == 2 * (gpu // per_gpu) * per_gpu
     specs = worker_specs(options, launch, FACTS)
     one = worker_specs(options.replace(workers_per_gpu=1), plan(options.replace(workers_per_gpu=1), h200_host(2),
-                                                                **PLANNED), FACTS)[0]
+                                                                host=PLANNED), FACTS)[0]
     for spec in specs:
         assert spec.workers_per_gpu == per_gpu
         assert abs(spec.device_memory_limit * per_gpu - one.device_memory_limit) <= per_gpu

@@ -18,7 +18,7 @@ from ..gpus import Inventory, discover
 from ..options import Options
 from ..plugins import WorkerSetup
 from .deaths import start_failure, watch_worker_deaths
-from .plan import LaunchPlan, plan
+from .plan import HostProbe, LaunchPlan, plan
 from .spec import WorkerSpec, worker_specs
 from .ucx_env import quiet_ucx
 
@@ -28,7 +28,7 @@ logger = logging.getLogger("spillway")
 #: takes about half a minute per worker to take)
 START_TIMEOUT_S = 120
 
-__all__ = ["Session", "open_cluster", "plan", "LaunchPlan", "close_cluster", "close_timeout_s"]
+__all__ = ["Session", "open_cluster", "plan", "HostProbe", "LaunchPlan", "close_cluster", "close_timeout_s"]
 
 
 @dataclass
@@ -165,7 +165,7 @@ def _worker_kind(dask_worker):
 @contextlib.contextmanager
 def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Iterator[Session]:
     inventory = discover() if inventory is None and not options.attach else inventory or Inventory()
-    launch = plan(options, inventory)
+    launch = plan(options, inventory, HostProbe.here())
     for note in launch.notes:
         logger.warning(note)
     if launch.kind == "attach" or launch.protocol == "ucx":
