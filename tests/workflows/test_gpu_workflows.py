@@ -139,7 +139,7 @@ def test_zarr_store_written_and_read_by_gpu_workers(gpu2, tmp_path):
     device memory as the input of the next run."""
     import zarr
 
-    from spillway.workflows import random
+    from reference_inputs import uniform_numpy
 
     out = tmp_path / "panels.zarr"
     report = run_workflow(gpu2, "rechunk", {"size": "16000x16000"}, verify=True, output=str(out))
@@ -147,7 +147,7 @@ def test_zarr_store_written_and_read_by_gpu_workers(gpu2, tmp_path):
     assert report["bytes_written"] == 16000 * 16000 * 8
     stored = zarr.open_array(str(out), mode="r")
     assert stored.metadata.zarr_format == 3
-    np.testing.assert_array_equal(stored[:100, :100], random.uniform_numpy((16000, 16000), seed=0)[:100, :100])
+    np.testing.assert_array_equal(stored[:100, :100], uniform_numpy((16000, 16000), seed=0)[:100, :100])
     again = run_workflow(gpu2, "reduction", {"op": "std", "input": str(out)}, verify=True)
     assert again["verify"]["ok"]
     assert again["bytes_read"] == 16000 * 16000 * 8

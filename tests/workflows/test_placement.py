@@ -7,6 +7,7 @@ import pytest
 from distributed import wait
 from placement_checks import bytes_per_worker, imbalance
 
+from reference_inputs import uniform_numpy
 from spillway.workflows import placement, random
 from spillway.workflows.params import Target
 
@@ -53,7 +54,7 @@ def test_placed_input_lands_evenly_on_the_workers(cpu_session):
     who = client.who_has(placed)
     for index, worker in by_block.items():
         assert who[(placed.name, *index)] == (worker,)
-    np.testing.assert_array_equal(placed.compute(), random.uniform_numpy(shape, seed=9))
+    np.testing.assert_array_equal(placed.compute(), uniform_numpy(shape, seed=9))
     del placed
 
 

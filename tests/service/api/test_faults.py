@@ -11,7 +11,7 @@ import pytest
 from distributed import Client
 from serve_helpers import Server, add_tenant, cpu_cluster, wait_for, wait_state
 
-from spillway.workflows import random
+from reference_inputs import uniform_numpy
 
 PARAMS = {"size": "3000x3000", "chunks": "100x100", "seed": 3}
 
@@ -33,7 +33,7 @@ def test_worker_killed_mid_job(tmp_path):
                 end = wait_state(c, job["id"], {"done", "failed"}, timeout=120)
                 if end["state"] == "done":
                     result = c.get(f"/jobs/{job['id']}/result").json()
-                    a = random.uniform_numpy((3000, 3000), seed=3, dtype="float64").astype(np.float64)
+                    a = uniform_numpy((3000, 3000), seed=3, dtype="float64").astype(np.float64)
                     expected = float((a + a.T).sum())
                     assert abs(result["summary"]["sum"] - expected) / abs(expected) < 1e-10
                     assert result["report"]["verify"]["ok"] is True

@@ -16,13 +16,13 @@ import pytest
 from distributed import Client
 from serve_helpers import Server, add_tenant, wait_for, wait_state
 
-from spillway.workflows import random
+from reference_inputs import uniform_numpy
 
 PARAMS = {"size": "3000x3000", "chunks": "100x100", "seed": 3}
 
 
 def _expected_sum() -> float:
-    a = random.uniform_numpy((3000, 3000), seed=3, dtype="float64").astype(np.float64)
+    a = uniform_numpy((3000, 3000), seed=3, dtype="float64").astype(np.float64)
     return float((a + a.T).sum())
 
 
