@@ -36,7 +36,7 @@ def test_ucx_starts_before_the_store_makes_a_cuda_context(protocol, steps):
 def test_build_store_runs_the_steps_in_that_order(monkeypatch, protocol, calls):
     seen = []
     monkeypatch.setattr(worker_store, "start_ucx", lambda: seen.append("ucx"))
-    monkeypatch.setattr(worker_store, "make_store", lambda **kw: seen.append("store") or kw)
+    monkeypatch.setattr(worker_store, "tiered_store", lambda **kw: seen.append("store") or kw)
     built = worker_store.build_store(worker_local_directory="/w", protocol=protocol, host_limit=5)
     assert seen == calls
     assert built == {"worker_local_directory": "/w", "host_limit": 5}  # protocol is not the store's
