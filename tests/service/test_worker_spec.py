@@ -82,10 +82,10 @@ def cli_options(args: list[str], monkeypatch):
 
 def _from_dask_cuda(kw: dict, threads: int) -> dict:
     out = {key: kw[key] for key in ("protocol", "device_memory_limit", "memory_limit", "local_directory",
-                                    "rmm_pool_size", "rmm_maximum_pool_size", "rmm_managed_memory", "rmm_async",
+                                    "rmm_maximum_pool_size", "rmm_managed_memory", "rmm_async",
                                     "rmm_release_threshold", "rmm_log_directory", "rmm_track_allocations")}
-    out["threads"] = threads
-    assert kw["rmm_allocator_external_lib_list"] == (["cupy"] if out["rmm_pool_size"] is not None
+    out.update(threads=threads, pool_size=kw["rmm_pool_size"])
+    assert kw["rmm_allocator_external_lib_list"] == (["cupy"] if out["pool_size"] is not None
                                                      or out["rmm_async"] or out["rmm_managed_memory"] else None)
     if "enable_nvlink" in kw:
         out["nvlink"] = kw["enable_nvlink"]
@@ -161,10 +161,11 @@ def dask_cuda_worker(argv: list[str]) -> dict:
     for key in ("rmm_pool_size", "rmm_maximum_pool_size", "rmm_release_threshold"):
         flag = "--" + key.replace("_", "-")
         out[key] = _value(flags[flag]) if flag in flags else None
+    out["pool_size"] = out.pop("rmm_pool_size")
     if out["protocol"] == "ucx":
         out["nvlink"] = "--enable-nvlink" in switches
         assert out["nvlink"] != ("--disable-nvlink" in switches)
-    uses_rmm = out["rmm_pool_size"] is not None or out["rmm_async"] or out["rmm_managed_memory"]
+    uses_rmm = out["pool_size"] is not None or out["rmm_async"] or out["rmm_managed_memory"]
     assert (flags.get("--set-rmm-allocator-for-libs") == "cupy") == bool(uses_rmm)
     return out
 
@@ -248,9 +249,9 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
         submitted = off_node_spec(local, protocol=options.protocol, workers=JOB.gpus_per_node)
         assert_carries("dask cuda worker", submitted, dask_cuda_worker(script_worker_argv(text, "dask cuda worker")))
         # what the node's dask-cuda makes of it is what the node's own spec says
-        for key in ("device_memory_limit", "memory_limit", "rmm_pool_size"):
+        for key in ("device_memory_limit", "memory_limit", "pool_size"):
             value = getattr(submitted, key)
-            total = {"device_memory_limit": 141 * 10**9, "memory_limit": HOST, "rmm_pool_size": None}[key]
+            total = {"device_memory_limit": 141 * 10**9, "memory_limit": HOST, "pool_size": None}[key]
             if isinstance(value, float) and total:
                 assert int(value * total) == getattr(node, key), key
             else:
@@ -261,11 +262,11 @@ def test_the_cli_flags_arrive_as_given(files, monkeypatch):
     """The flags the walk starts from, in the spec: bytes for the limits and the arena."""
     options = cli_options(["--scheduler-file", "/s.json", *flags_of("tiered-ucx", files)], monkeypatch)
     spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, host=PLANNED)
-    assert (spec.device_memory_limit, spec.rmm_pool_size, spec.pinned_arena) == (100 * 10**9, 50 * 10**9, 8 * 10**9)
+    assert (spec.device_memory_limit, spec.pool_size, spec.pinned_arena) == (100 * 10**9, 50 * 10**9, 8 * 10**9)
     assert (spec.threads, spec.local_directory, spec.memory_limit) == (3, str(files / "scratch"), 64 * 10**9)
     options = cli_options(["--scheduler-file", "/s.json", *flags_of("dask-cuda-async", files)], monkeypatch)
     spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, host=PLANNED)
-    assert spec.rmm_async and spec.rmm_pool_size is None and spec.rmm_release_threshold == 10 * 10**9
+    assert spec.rmm_async and spec.pool_size is None and spec.rmm_release_threshold == 10 * 10**9
     assert spec.memory_limit == HOST // 2 and not spec.tiered
 
 
@@ -312,10 +313,10 @@ def test_workers_of_one_gpu_share_it(per_gpu):
     for spec in specs:
         assert spec.workers_per_gpu == per_gpu
         assert abs(spec.device_memory_limit * per_gpu - one.device_memory_limit) <= per_gpu
-        assert spec.rmm_pool_size == pytest.approx(one.rmm_pool_size / per_gpu)
+        assert spec.pool_size == pytest.approx(one.pool_size / per_gpu)
         assert spec.memory_limit * per_gpu == pytest.approx(one.memory_limit, abs=per_gpu)
         assert spec.pinned_arena * per_gpu <= one.pinned_arena + per_gpu
     # away from the node the shares stay fractions of the GPU, as dask-cuda reads them
     off = off_node_spec(options, protocol="ucx", workers=4 * per_gpu)
     assert off.device_memory_limit == pytest.approx(0.8 / per_gpu)
-    assert off.rmm_pool_size == pytest.approx(0.9 / per_gpu)
+    assert off.pool_size == pytest.approx(0.9 / per_gpu)

@@ -118,7 +118,7 @@ def close_timeout_s(spec: WorkerSpec | None, device_memory: int = 0) -> float:
     where that is larger)."""
     held = 0
     if spec is not None:
-        pool = spec.rmm_pool_size
+        pool = spec.pool_size
         if isinstance(pool, float):
             held += int(pool * device_memory)
         elif pool:

@@ -81,9 +81,9 @@ class WorkerSpec:
     pinned_arena: int | None
     #: pinned host bytes the worker may hold in all; None: not bounded here
     pinned_limit: int | None
-    #: RMM: the pool (bytes or a fraction of the GPU, the worker's share of it; None: no
-    #: pool), its maximum, ...
-    rmm_pool_size: int | float | None
+    #: RMM: the pool (``Options.pool_size``: bytes or a fraction of the GPU, the worker's
+    #: share of it; None: no pool), its maximum, ...
+    pool_size: int | float | None
     rmm_maximum_pool_size: int | float | None
     rmm_managed_memory: bool
     rmm_async: bool
@@ -103,7 +103,7 @@ class WorkerSpec:
     @property
     def uses_rmm(self) -> bool:
         """Whether the worker allocates through an RMM resource (CuPy is then pointed at it)."""
-        return self.rmm_pool_size is not None or self.rmm_managed_memory or self.rmm_async
+        return self.pool_size is not None or self.rmm_managed_memory or self.rmm_async
 
     @property
     def security(self):
@@ -146,7 +146,7 @@ def _spec(options: Options, plan: LaunchPlan, facts: HostFacts, device, device_m
         host_limit=host,
         pinned_arena=arena if tiered else 0,
         pinned_limit=plan.pinned_limit,
-        rmm_pool_size=gpu_share(options.pool_size, per_gpu),
+        pool_size=gpu_share(options.pool_size, per_gpu),
         rmm_maximum_pool_size=gpu_share(options.rmm_maximum_pool_size, per_gpu),
         rmm_managed_memory=options.rmm_managed_memory,
         rmm_async=options.rmm_async,
