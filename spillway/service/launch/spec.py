@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..errors import OptionsError
-from ..options import Options, tls_security
+from ..options import Options, RmmAndTls
 from .plan import LaunchPlan, uses_tiered_store
 
 #: the device limit of ``device-memory-limit: default``, as a fraction of the GPU
@@ -52,7 +52,7 @@ class HostFacts:
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
+class WorkerSpec(RmmAndTls):
     """One GPU worker, every setting resolved. Adding a setting here means adding it to
     each renderer in :mod:`.render` (tests/service/test_worker_spec.py fails until then)."""
 
@@ -99,16 +99,6 @@ class WorkerSpec:
     @property
     def tiered(self) -> bool:
         return self.memory_store == "tiered"
-
-    @property
-    def uses_rmm(self) -> bool:
-        """Whether the worker allocates through an RMM resource (CuPy is then pointed at it)."""
-        return self.pool_size is not None or self.rmm_managed_memory or self.rmm_async
-
-    @property
-    def security(self):
-        """distributed ``Security`` for the TLS files, or None."""
-        return tls_security(self.tls_ca_file, self.tls_cert, self.tls_key)
 
 
 def worker_specs(options: Options, plan: LaunchPlan, facts: HostFacts | None = None) -> tuple[WorkerSpec, ...]:
