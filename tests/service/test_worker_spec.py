@@ -24,7 +24,7 @@ from spillway.service.launch.worker_store import build_store
 from stand_ins import h200_host, host_probe
 
 HOST = 512 * 10**9
-FACTS = HostFacts(memory_limit=HOST, host_total=HOST)
+FACTS = HostFacts(host_memory_limit=HOST, host_total=HOST)
 PLANNED = host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
 JOB = JobSettings(nodes=2, gpus_per_node=4, time="01:00:00", output_dir="/shared/runs")
 

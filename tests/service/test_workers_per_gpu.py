@@ -121,7 +121,7 @@ class FakeLocalCUDACluster:
 @pytest.mark.parametrize("per_gpu, gpus", [(1, 4), (2, 1), (2, 4), (3, 2)])
 def test_the_local_cluster_starts_each_worker_as_dask_cuda_starts_its_gpus(per_gpu, gpus):
     options = Options.resolve(workers_per_gpu=per_gpu)
-    facts = HostFacts(memory_limit=HOST, host_total=HOST)
+    facts = HostFacts(host_memory_limit=HOST, host_total=HOST)
     kwargs = gpu_cluster_kwargs(options, plan(options, h200_host(gpus), host=PLANNED), facts)
     assert kwargs["CUDA_VISIBLE_DEVICES"] == list(range(gpus)) and kwargs["n_workers"] == gpus * per_gpu
     if per_gpu == 1:  # dask-cuda's own class starts them; the subclass would name them alike

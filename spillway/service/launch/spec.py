@@ -35,9 +35,10 @@ class HostFacts:
     """What the specs need to know of the host their workers run on, beyond the plan;
     None where they are built away from it."""
 
-    #: bytes the host's processes may use: distributed's reading (machine, cgroup, rlimit),
-    #: what ``memory-limit`` shares out and bounds
-    memory_limit: int | None = None
+    #: bytes the host's processes may use, all of them together: distributed's reading
+    #: (machine, cgroup, rlimit), what ``memory-limit`` shares out and bounds (each
+    #: worker's own limit is :attr:`WorkerSpec.memory_limit`)
+    host_memory_limit: int | None = None
     #: the host's memory (machine or cgroup), which the host tiers leave a headroom of
     host_total: int | None = None
 
@@ -48,7 +49,7 @@ class HostFacts:
 
         from ..memory.growth import host_total
 
-        return cls(memory_limit=int(MEMORY_LIMIT), host_total=host_total())
+        return cls(host_memory_limit=int(MEMORY_LIMIT), host_total=host_total())
 
 
 @dataclass(frozen=True)
@@ -114,10 +115,10 @@ def worker_specs(options: Options, plan: LaunchPlan, facts: HostFacts | None = N
 
 
 def _spec(options: Options, plan: LaunchPlan, facts: HostFacts, device, device_memory: int | None) -> WorkerSpec:
-    memory_limit = distributed_limit(options.memory_limit, facts.memory_limit, plan.n_workers)
+    memory_limit = distributed_limit(options.memory_limit, facts.host_memory_limit, plan.n_workers)
     tiered = uses_tiered_store(options)
     # the store's host tier and arena follow from the host's memory, unknown off the node
-    known = facts.memory_limit is not None
+    known = facts.host_memory_limit is not None
     host = host_limit(memory_limit, facts, plan.n_workers) if known else None
     arena = pinned_arena(options.pinned_pool_size, plan.pinned_limit, host) if known else None
     per_gpu = plan.workers_per_gpu
@@ -172,17 +173,17 @@ def device_limit(value: int | float | str, device_memory: int | None) -> int | f
     return int(fraction)
 
 
-def distributed_limit(value: int | float | str, memory_limit: int | None, n_workers: int) -> int | float | None:
+def distributed_limit(value: int | float | str, host_memory_limit: int | None, n_workers: int) -> int | float | None:
     """``memory-limit`` of each of ``n_workers`` worker processes of a host whose processes
-    may use ``memory_limit`` bytes, as distributed reads it for them: ``auto`` is an equal
+    may use ``host_memory_limit`` bytes, as distributed reads it for them: ``auto`` is an equal
     share, a float that fraction of the host, 0 none (None); bytes stay as given
-    (distributed bounds them by the host's and says so). With ``memory_limit`` unknown
+    (distributed bounds them by the host's and says so). With ``host_memory_limit`` unknown
     (None) a relative limit stays a fraction of the host."""
     fraction = 1 / max(1, n_workers) if value == "auto" else value
     if not fraction:
         return None
     if isinstance(fraction, float):
-        return fraction if memory_limit is None else int(memory_limit * fraction)
+        return fraction if host_memory_limit is None else int(host_memory_limit * fraction)
     return int(fraction)
 
 
@@ -197,7 +198,7 @@ def host_limit(memory_limit: int | None, facts: HostFacts, n_workers: int) -> in
 
     if not memory_limit:
         return None
-    limit = min(int(memory_limit), facts.memory_limit)
+    limit = min(int(memory_limit), facts.host_memory_limit)
     reserve = headroom_for(facts.host_total) // max(1, n_workers) + PROCESS_BYTES
     return max(limit - reserve, limit // 2)
 
