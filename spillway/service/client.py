@@ -21,20 +21,12 @@ from typing import Any
 
 import httpx
 
-from .errors import SpillwayError
+from .errors import ServiceError, SpillwayError
 
 __all__ = ["Job", "JobFailed", "JobResult", "ServiceClient", "ServiceError", "connect", "open_output"]
 
 #: job states after which nothing changes
 FINAL_STATES = frozenset({"done", "failed", "cancelled"})
-
-
-class ServiceError(SpillwayError):
-    """The service refused a request; the message is the service's own."""
-
-    def __init__(self, message: str, *, status: int | None = None):
-        super().__init__(message)
-        self.status = status
 
 
 class JobFailed(SpillwayError):
