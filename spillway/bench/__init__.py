@@ -15,6 +15,7 @@ from pathlib import Path
 
 from spillway.service.errors import ParamError
 from spillway.service.gpus import Inventory, discover
+from spillway.service.launch import HostProbe
 from spillway.service.launch import plan as launch_plan
 from spillway.service.options import Options
 from . import ceilings, report
@@ -66,7 +67,7 @@ def checked_launch(options: Options, *, sizes: str, runs: int, label: str | None
     if options.attach:
         raise ParamError(f"scheduler-address/scheduler-file: {no_attach}, it cannot attach")
     inventory = discover() if inventory is None else inventory
-    launch = launch_plan(options, inventory)
+    launch = launch_plan(options, inventory, HostProbe.here())
     options = bench_options(options, launch.kind)
     scale = sizes if sizes != "auto" else ("small" if launch.kind == "gpu" else "tiny")
     if scale not in scales:

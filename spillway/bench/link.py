@@ -19,6 +19,7 @@ from pathlib import Path
 
 from spillway.service.errors import ParamError
 from spillway.service.gpus import Inventory, discover
+from spillway.service.launch import HostProbe
 from spillway.service.launch import plan as launch_plan
 from spillway.service.launch.plan import host_memory_bytes
 from spillway.service.options import Options
@@ -83,7 +84,7 @@ def prepare_sweep(options: Options, *, sizes: str | None = None, label: str | No
     if options.attach:
         raise ParamError("scheduler-address/scheduler-file: the link sweep measures this machine, it cannot attach")
     inventory = discover() if inventory is None else inventory
-    launch = launch_plan(options, inventory)
+    launch = launch_plan(options, inventory, HostProbe.here())
     largest = parsed[-1]
     host = host_memory_bytes()
     if 2 * largest > MEMORY_SHARE * host:

@@ -21,20 +21,14 @@ from typing import Any
 
 import httpx
 
-from .errors import SpillwayError
+from spillway.workflows.outputs import open_output
+
+from .errors import ServiceError, SpillwayError
 
 __all__ = ["Job", "JobFailed", "JobResult", "ServiceClient", "ServiceError", "connect", "open_output"]
 
 #: job states after which nothing changes
 FINAL_STATES = frozenset({"done", "failed", "cancelled"})
-
-
-class ServiceError(SpillwayError):
-    """The service refused a request; the message is the service's own."""
-
-    def __init__(self, message: str, *, status: int | None = None):
-        super().__init__(message)
-        self.status = status
 
 
 class JobFailed(SpillwayError):
@@ -316,32 +310,3 @@ class JobResult:
 
     def __repr__(self):
         return f"<spillway result {self.id} {self.summary}>"
-
-
-def _gpu_available() -> bool:
-    try:
-        import cupy
-    except ImportError:
-        return False
-    try:
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no driver or no device: CuPy imports but cannot run
-        return False
-
-
-def open_output(path: str, *, backend: str = "auto"):
-    """A lazy dask array over a Zarr v3 store written by a run.
-
-    ``backend``: ``numpy``, ``cupy`` (each chunk read into device memory, with KvikIO
-    where it is installed: :mod:`spillway.workflows.zarr`), or ``auto`` (CuPy where it is
-    installed and a GPU is visible).
-    """
-    from spillway.workflows.zarr.read import open_array
-
-    if backend not in ("auto", "numpy", "cupy"):
-        raise ValueError(f"backend: {backend!r} is not one of auto, numpy, cupy")
-    if not os.path.exists(os.path.join(path, "zarr.json")):
-        raise ServiceError(f"output: no Zarr store at {path!r} on this machine; pass results_dir= where the "
-                           "service's results directory is mounted here")
-    on_device = backend == "cupy" or (backend == "auto" and _gpu_available())
-    return open_array(path, "cupy" if on_device else "numpy")

@@ -43,6 +43,15 @@ class DeviceMemoryExhausted(MemoryError, SpillwayError):
     Exception holding the text."""
 
 
+class ServiceError(SpillwayError):
+    """The service refused a request; the message is the service's own. Also raised where
+    a job's output is not on this machine (:func:`spillway.workflows.outputs.open_output`)."""
+
+    def __init__(self, message: str, *, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
 class OutputError(SpillwayError):
     """An output that was not written as asked: the path and the OS error, in one line."""
 

@@ -80,13 +80,13 @@ def planned_transport(inventory) -> str:
     import os
 
     from .errors import OptionsError
-    from .launch.plan import plan
+    from .launch.plan import HostProbe, plan
     from .options import Options
     from .transfer import planned
 
     try:
         options = Options.resolve()
-        launch = plan(options, inventory)
+        launch = plan(options, inventory, HostProbe.here())
     except OptionsError as e:
         return f"unknown ({e})"
     if launch.kind == "attach":

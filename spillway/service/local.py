@@ -204,7 +204,7 @@ class Local:
         """A lazy dask array over a Zarr v3 array (a run's output, or any array of a store
         such as ``store.zarr/t2m``): CuPy chunks on GPU machines, each chunk file read into
         device memory with KvikIO by the worker that computes it (workflows.zarr)."""
-        from .client import open_output
+        from spillway.workflows.outputs import open_output
 
         return open_output(path, backend=backend)
 

@@ -243,8 +243,25 @@ _PARSERS = {
 }
 
 
+class RmmAndTls:
+    """What :class:`Options` and a worker's spec
+    (:class:`~spillway.service.launch.spec.WorkerSpec`) derive alike from the fields both
+    hold: the RMM pool (``pool_size``, resolved), managed memory, the async allocator, and
+    the TLS files. Defined once here so the two cannot come to disagree."""
+
+    @property
+    def uses_rmm(self) -> bool:
+        """Whether workers allocate through an RMM resource (CuPy is then pointed at it)."""
+        return self.pool_size is not None or self.rmm_managed_memory or self.rmm_async
+
+    @property
+    def security(self):
+        """distributed ``Security`` for the TLS files, or None."""
+        return tls_security(self.tls_ca_file, self.tls_cert, self.tls_key)
+
+
 @dataclass(frozen=True, kw_only=True)
-class Options:
+class Options(RmmAndTls):
     """Every cluster setting, validated. Build it with :meth:`resolve`."""
 
     devices: tuple[int | str, ...] | None = None
@@ -349,19 +366,9 @@ class Options:
         return None if (self.rmm_async or self.rmm_managed_memory) else AUTO_POOL_FRACTION
 
     @property
-    def uses_rmm(self) -> bool:
-        """Whether workers allocate through an RMM resource (CuPy is then pointed at it)."""
-        return self.pool_size is not None or self.rmm_managed_memory or self.rmm_async
-
-    @property
     def attach(self) -> bool:
         """True when the options name a running scheduler instead of a new cluster."""
         return bool(self.scheduler_address or self.scheduler_file)
-
-    @property
-    def security(self):
-        """distributed ``Security`` for the TLS files, or None."""
-        return tls_security(self.tls_ca_file, self.tls_cert, self.tls_key)
 
     def as_config(self) -> dict[str, Any]:
         """The settings as a ``spillway`` config mapping (hyphenated keys)."""

@@ -3,6 +3,10 @@
 The store is created on the client (metadata only); each worker then writes the chunks
 it computed, so nothing passes through the client. How (uncompressed chunks; device
 chunks straight from GPU memory with KvikIO) is :mod:`.zarr`'s to decide.
+
+:func:`open_output` reads a store back as a lazy array, for ``cluster.open(...)`` and a
+service job's ``JobResult.array`` alike: here, not in the HTTP client, so that a plain
+install (no httpx) opens results too.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from spillway.service.errors import ParamError
+from spillway.service.errors import ParamError, ServiceError
 
 
 def check_path(path: str) -> str:
@@ -44,3 +48,32 @@ def stored_bytes(path: str) -> int:
             if f != "zarr.json":
                 total += os.path.getsize(os.path.join(root, f))
     return total
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+    except ImportError:
+        return False
+    try:
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no driver or no device: CuPy imports but cannot run
+        return False
+
+
+def open_output(path: str, *, backend: str = "auto"):
+    """A lazy dask array over a Zarr v3 store written by a run.
+
+    ``backend``: ``numpy``, ``cupy`` (each chunk read into device memory, with KvikIO
+    where it is installed: :mod:`spillway.workflows.zarr`), or ``auto`` (CuPy where it is
+    installed and a GPU is visible).
+    """
+    from spillway.workflows.zarr.read import open_array
+
+    if backend not in ("auto", "numpy", "cupy"):
+        raise ValueError(f"backend: {backend!r} is not one of auto, numpy, cupy")
+    if not os.path.exists(os.path.join(path, "zarr.json")):
+        raise ServiceError(f"output: no Zarr store at {path!r} on this machine; pass results_dir= where the "
+                           "service's results directory is mounted here")
+    on_device = backend == "cupy" or (backend == "auto" and _gpu_available())
+    return open_array(path, "cupy" if on_device else "numpy")

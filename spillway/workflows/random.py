@@ -104,9 +104,3 @@ def uniform(
     graph = HighLevelGraph({name: MaterializedLayer(layer, annotations=annotations)}, {name: set()})
     meta = np.empty((0,) * len(shape), dtype=dtype)
     return da.Array(graph, name, chunks, meta=meta)
-
-
-def uniform_numpy(shape, *, seed: int, stream: int = 0, dtype: str = "float64", low=0.0, high=1.0):
-    """The whole array at once on the CPU: the reference side of a check."""
-    location = tuple((0, s) for s in shape)
-    return uniform_block(seed, stream, tuple(shape), location, dtype, "numpy", low, high)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from reference_inputs import uniform_numpy
 from spillway.bench import ceilings, clusters, harness, measure, prepare, workloads
 from spillway.bench.measure import SideResult
 from spillway.service.cli import main
@@ -31,11 +32,11 @@ def rel_error(computed, reference) -> float:
 
 
 def _reference(name, p, seed):
-    a = random.uniform_numpy(p["shape"], seed=seed, dtype="float64") if name != "W4" else None
+    a = uniform_numpy(p["shape"], seed=seed, dtype="float64") if name != "W4" else None
     if name in ("W1", "B1", "B2"):
         return (a + a.T).sum()
     if name == "W2":
-        b = random.uniform_numpy(p["shape"], seed=seed, stream=1, dtype="float64")
+        b = uniform_numpy(p["shape"], seed=seed, stream=1, dtype="float64")
         return a @ b
     if name == "W3":
         return a
@@ -45,7 +46,7 @@ def _reference(name, p, seed):
         im = random.uniform_block(seed, 1, p["shape"], loc, "float64", "numpy")
         return np.fft.fft(re + 1j * im, axis=0)
     if name == "W5":
-        a = random.uniform_numpy(p["shape"], seed=seed, dtype="float32").astype(np.float64)
+        a = uniform_numpy(p["shape"], seed=seed, dtype="float32").astype(np.float64)
         padded = np.pad(a, 1)
         out = -6 * a
         for axis in range(3):
@@ -558,12 +559,12 @@ def test_reference_panels_match_numpy(monkeypatch):
     from spillway.bench import reference
 
     shape, seed = (300, 200), 5
-    x = random.uniform_numpy(shape, seed=seed, dtype="float64")
+    x = uniform_numpy(shape, seed=seed, dtype="float64")
     expected = 2 * x.sum()  # what (x + x.T).sum() is; the square case is checked below
     monkeypatch.setattr(reference, "PANEL_BYTES", 200 * 8 * 7)  # 7 rows per panel: 43 panels
     assert reference.transpose_sum(shape, seed, processes=1) == pytest.approx(expected, rel=1e-13)
     assert reference.transpose_sum(shape, seed, processes=2) == pytest.approx(expected, rel=1e-13)
-    sq = random.uniform_numpy((64, 64), seed=9, dtype="float64")
+    sq = uniform_numpy((64, 64), seed=9, dtype="float64")
     assert reference.transpose_sum((64, 64), 9, processes=1) == pytest.approx((sq + sq.T).sum(), rel=1e-13)
 
 
@@ -656,7 +657,7 @@ def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
 
 
 def _tiered(worker_local_directory=None, **kwargs):
-    from spillway.service.memory.codecs import NumpyCodec
+    from numpy_codec import NumpyCodec
     from spillway.service.memory.disk import DiskTier
     from spillway.service.memory.store import TieredStore
 
@@ -704,7 +705,7 @@ def test_b3_tiny_runs_on_spillway_only_and_is_checked_against_numpy(tmp_path):
     assert len(b3["spillway"]["runs_s"]) == 3 and b3["spillway"]["warmup_s"] is None
     v = b3["verify"]
     assert v["ok"] and v["rel_error"] <= 1e-10 and v["seed"] == harness.SEED_BASE + 3
-    x = random.uniform_numpy((2400, 2400), seed=v["seed"], dtype="float64")
+    x = uniform_numpy((2400, 2400), seed=v["seed"], dtype="float64")
     assert v["reference"] == pytest.approx((x + x.T).sum(), rel=1e-12)
     assert "baseline" not in data["clusters"]
     md = path.with_suffix(".md").read_text()
@@ -867,12 +868,12 @@ def test_step1_on_gpus_reaches_the_gpu_workers_without_a_baseline(tmp_path, gpu_
 def test_references_from_the_seed_match_numpy():
     from spillway.bench import reference
 
-    x = random.uniform_numpy((900, 700), seed=5)
-    y = random.uniform_numpy((700, 900), seed=5, stream=1)
+    x = uniform_numpy((900, 700), seed=5)
+    y = uniform_numpy((700, 900), seed=5, stream=1)
     assert reference.matmul_sum((900, 700), 5, processes=2) == pytest.approx((x @ y).sum(), rel=1e-13)
     assert reference.array_sum((900, 700), 5, processes=1) == pytest.approx(x.sum(), rel=1e-13)
     assert reference.array_sum((700, 900), 5, stream=1, processes=1) == pytest.approx(y.sum(), rel=1e-13)
-    b = random.uniform_numpy((900,), seed=5, stream=1)
+    b = uniform_numpy((900,), seed=5, stream=1)
     stats = reference.panel_stats((900, 700), 5, wanted=("sumsq", "colsum", "rowsum", "gram", "xtb"),
                                   processes=2)
     assert stats["sumsq"] == pytest.approx((x * x).sum(), rel=1e-13)
@@ -894,8 +895,8 @@ def test_references_from_the_seed_match_numpy():
 def test_b4_and_b5_build_the_same_value_on_both_sides_and_match_numpy(name):
     w = workloads.WORKLOADS[name]
     p = w.params("tiny")
-    x = random.uniform_numpy(p["shape"], seed=7)
-    expected = (x @ random.uniform_numpy(p["shape"], seed=7, stream=1)).sum() if name == "B4" else x.sum()
+    x = uniform_numpy(p["shape"], seed=7)
+    expected = (x @ uniform_numpy(p["shape"], seed=7, stream=1)).sum() if name == "B4" else x.sum()
     assert w.reference(p, 7) == pytest.approx(expected, rel=1e-13)
     target = Target(kind="cpu", n_workers=2)
     spillway = w.build("tiny", target, 7)
@@ -953,7 +954,7 @@ def test_b4_and_b5_at_full_size_hold_1_3x_the_gpus_memory(gpu_bytes, b4_side, b5
 
 
 def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
-    import functools
+    import dataclasses
 
     import spillway.bench
     from spillway.service.launch.plan import plan as launch_plan
@@ -961,7 +962,8 @@ def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
 
     # GPU workers on the stand-in host, as where dask-cuda and CuPy are installed
     monkeypatch.setattr(spillway.bench, "launch_plan",
-                        functools.partial(launch_plan, have_cuda_stack=True, have_ucxx=False))
+                        lambda options, inventory, host: launch_plan(
+                            options, inventory, dataclasses.replace(host, have_cuda_stack=True, have_ucxx=False)))
     one = prepare(Options.resolve(), only="B4,B5,B2", sizes="full", inventory=h200_host(1))
     two = prepare(Options.resolve(), only="B4,B5", sizes="full", inventory=h200_host(2))
     b2, b4, b5 = one.workloads
@@ -976,14 +978,15 @@ def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
 
 
 def test_b3_small_puts_the_same_few_gb_on_each_workers_disk(monkeypatch):
-    import functools
+    import dataclasses
 
     import spillway.bench
     from spillway.service.launch.plan import plan as launch_plan
     from tests.helpers.stand_ins import h200_host
 
     monkeypatch.setattr(spillway.bench, "launch_plan",
-                        functools.partial(launch_plan, have_cuda_stack=True, have_ucxx=False))
+                        lambda options, inventory, host: launch_plan(
+                            options, inventory, dataclasses.replace(host, have_cuda_stack=True, have_ucxx=False)))
     (one,) = prepare(Options.resolve(), only="B3", sizes="small", inventory=h200_host(1)).workloads
     (two,) = prepare(Options.resolve(), only="B3", sizes="small", inventory=h200_host(2)).workloads
     assert two.params("small")["shape"] == (120000, 120000)  # as measured on 2 x H200
@@ -1088,8 +1091,8 @@ def test_b4_b5_b2_on_cpu_clusters_check_numpy_and_record_a_failing_baseline(tmp_
     for w in (b4, b5):
         assert w["verify"]["ok"] and w["verify"]["rel_error"] <= 1e-10
         assert w["verify"]["seed"] == harness.SEED_BASE + 3 and w["spillway"]["error"] is None
-    x = random.uniform_numpy((1200, 1200), seed=harness.SEED_BASE + 3)
-    y = random.uniform_numpy((1200, 1200), seed=harness.SEED_BASE + 3, stream=1)
+    x = uniform_numpy((1200, 1200), seed=harness.SEED_BASE + 3)
+    y = uniform_numpy((1200, 1200), seed=harness.SEED_BASE + 3, stream=1)
     assert b4["verify"]["reference"] == pytest.approx((x @ y).sum(), rel=1e-12)
     # B4's baseline ran the same graph and was checked too
     assert b4["baseline_verify"]["ok"] and b4["speedup"] == pytest.approx(b4["baseline_s"] / b4["spillway_s"])

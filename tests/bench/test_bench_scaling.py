@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from reference_inputs import uniform_numpy
 from spillway.bench import scaling, workloads
 from spillway.bench.scaling import BASE_WORKERS, STUDY
 from spillway.service.cli import main
@@ -139,15 +140,15 @@ def test_scaled_workloads_build_and_match_numpy(name):
     elif name == "W5":
         # the registered stencil workflow takes the non-cubic shape; its boundary is periodic
         assert built.source == "workflow stencil"
-        a = random.uniform_numpy(p["shape"], seed=5, dtype="float32").astype(np.float64)
+        a = uniform_numpy(p["shape"], seed=5, dtype="float32").astype(np.float64)
         reference = -6 * a
         for axis in range(3):
             for shift in (-1, 1):
                 reference += np.roll(a, shift, axis=axis)
     else:
-        a = random.uniform_numpy(p["shape"], seed=5, dtype="float64")
+        a = uniform_numpy(p["shape"], seed=5, dtype="float64")
         reference = {"W1": lambda: (a + a.T).sum(), "W3": lambda: a,
-                     "W2": lambda: a @ random.uniform_numpy(p["shape"], seed=5, stream=1, dtype="float64")}[name]()
+                     "W2": lambda: a @ uniform_numpy(p["shape"], seed=5, stream=1, dtype="float64")}[name]()
     assert rel_error(computed, reference) <= (1e-5 if p["dtype"] == "float32" else 1e-10)
 
 

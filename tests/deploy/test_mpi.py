@@ -14,10 +14,10 @@ import sysconfig
 import numpy as np
 import pytest
 
+from reference_inputs import uniform_numpy
 from spillway.deploy.mpi.layout import check_world, device_for_rank, execute_kwargs, worker_options
 from spillway.service.errors import OptionsError
 from spillway.service.options import Options
-from spillway.workflows import random
 from spillway.workflows.registry import relative_error
 
 
@@ -117,7 +117,7 @@ def _mpirun(tmp_path, n_ranks: int, shape, seed: int, *flags: str, timeout: floa
         pytest.fail(f"mpirun did not finish in {timeout}s:\n{output[-4000:]}")
     assert proc.returncode == 0, output[-4000:]
     report = json.loads(report_path.read_text())
-    x = random.uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
+    x = uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
     assert relative_error(np.float64(report["result"]["sum"]), (x + x.T).sum()) <= 1e-10
     assert report["verify"]["ok"] is True
     return report

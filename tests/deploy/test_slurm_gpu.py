@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from reference_inputs import uniform_numpy
 from spillway.deploy.slurm import JobSettings, Run, job_script
 from spillway.deploy.slurm.one_node import install_srun
 from spillway.service.options import Options
-from spillway.workflows import random
 from spillway.workflows.registry import relative_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -61,7 +61,7 @@ def test_gpu_script_runs_one_worker_per_gpu(tmp_path, gpu_count):
     report = json.loads((results / "01-transpose-sum.json").read_text())
     assert report["cluster"]["kind"] == "gpu" and report["cluster"]["n_workers"] == gpu_count
     assert report["cluster"]["protocol"] == ("ucx" if gpu_count > 1 else "tcp")
-    x = random.uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
+    x = uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
     assert relative_error(np.float64(report["result"]["sum"]), (x + x.T).sum()) <= 1e-10
     assert report["verify"]["ok"] is True
     # `spillway worker` gave every worker the tiered store (its spill counters are in the report),

@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pytest
 
+from reference_inputs import uniform_numpy
 from spillway.deploy.slurm import JobSettings, Run, job_script
 from spillway.deploy.slurm.one_node import install_srun, run_script
 from spillway.service.options import Options
-from spillway.workflows import random
 from spillway.workflows.registry import relative_error
 
 
@@ -55,7 +55,7 @@ def test_the_cpu_script_runs_here_and_verifies(tmp_path):
     report = run.report(1, "transpose-sum")
     assert report["cluster"]["kind"] == "cpu" and report["cluster"]["n_workers"] == 2
     assert report["verify"]["ok"] is True
-    x = random.uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
+    x = uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
     assert relative_error(np.float64(report["result"]["sum"]), (x + x.T).sum()) <= 1e-10
     # the job's scheduler and workers stopped with it
     left = subprocess.run(["pgrep", "-f", str(run.results)], capture_output=True, text=True).stdout.split()

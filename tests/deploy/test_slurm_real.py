@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spillway.workflows import random
+from reference_inputs import uniform_numpy
 from spillway.workflows.registry import relative_error
 
 pytestmark = pytest.mark.slow
@@ -96,7 +96,7 @@ def test_batch_analysis_writes_a_report_that_matches_numpy(slurm_cluster, tmp_pa
     results = tmp_path / f"spillway-{job_id}"
     for name, shape, seed in (("01-transpose-sum", (1200, 1200), 7), ("02-transpose-sum", (600, 600), 3)):
         report = json.loads((results / f"{name}.json").read_text())
-        x = random.uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
+        x = uniform_numpy(shape, seed=seed, dtype="float64").astype(np.float64)
         reference = (x + x.T).sum()
         assert relative_error(np.float64(report["result"]["sum"]), reference) <= 1e-10, name
         assert report["verify"]["ok"] is True

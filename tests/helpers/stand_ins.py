@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from spillway.service.gpus import GPU, Inventory
+from spillway.service.launch.local_gpu import specs_kwargs
+from spillway.service.launch.plan import HostProbe
+from spillway.service.launch.spec import worker_specs
 
 
 def h200_host(n: int, *, links: int = 0) -> Inventory:
@@ -14,3 +19,15 @@ def h200_host(n: int, *, links: int = 0) -> Inventory:
         for i in range(n)
     )
     return Inventory(gpus, "580.00", "13.0", None if n else "NVML found no GPU")
+
+
+def gpu_cluster_kwargs(options, plan, facts=None) -> dict:
+    """The LocalCUDACluster keywords the local GPU launcher passes for ``plan``: its
+    workers' specs (on a host of ``facts``, this machine's when not given) rendered."""
+    return specs_kwargs(options, worker_specs(options, plan, facts))
+
+
+def host_probe(**facts) -> HostProbe:
+    """This machine's :class:`HostProbe` with ``facts`` in place of what it read (the
+    libraries installed, the cores, the host's memory)."""
+    return dataclasses.replace(HostProbe.here(), **facts)

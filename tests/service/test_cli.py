@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from reference_inputs import uniform_numpy
 from spillway.service.cli import main
-from spillway.workflows import random
 
 QUIET = ["--dashboard-address", "", "--cpu", "--n-workers", "2"]
 
@@ -84,7 +84,7 @@ def test_run_transpose_sum_matches_numpy():
     result = invoke("run", "transpose-sum", "--json", "--verify", "--param", "size=600x600",
                     "--param", "chunks=200x200", "--param", "seed=7", *QUIET)
     report = json.loads(result.output.strip().splitlines()[-1])
-    x = random.uniform_numpy((600, 600), seed=7)
+    x = uniform_numpy((600, 600), seed=7)
     expected = (x + x.T).sum()
     assert abs(report["result"]["sum"] - expected) / abs(expected) < 1e-12
     assert report["verify"]["ok"] is True and report["verify"]["rel_error"] < 1e-12

@@ -16,10 +16,10 @@ import pytest
 
 pytest.importorskip("httpx")
 
+from reference_inputs import uniform_numpy  # noqa: E402
 import spillway  # noqa: E402
 from spillway.service.client import JobFailed, JobResult, ServiceError, open_output  # noqa: E402
 from spillway.service.display import Report  # noqa: E402
-from spillway.workflows import random  # noqa: E402
 
 # the service tests' helpers start `spillway serve` on loopback and add tenants
 sys.path.insert(0, str(Path(__file__).parent / "api"))
@@ -106,7 +106,7 @@ def test_submit_wait_and_result_match_numpy(alice):
     assert job.status()["progress"]["fraction"] == 1.0
 
     result = job.result()
-    a = random.uniform_numpy((600, 600), seed=4, dtype="float64")
+    a = uniform_numpy((600, 600), seed=4, dtype="float64")
     expected = float((a + a.T).sum())
     assert abs(result.summary["sum"] - expected) / abs(expected) < 1e-10
     assert isinstance(result.report, Report) and result.report["verify"]["ok"] is True
@@ -128,7 +128,7 @@ def test_array_result_is_a_lazy_dask_array_over_the_zarr_output(alice, tmp_path)
     rows = result.array
     assert dask.is_dask_collection(rows) and rows.shape == (225, 300)
     assert type(rows._meta).__module__ == "numpy"  # no GPU on this machine
-    expected = random.uniform_numpy((900, 300), seed=0, dtype="float64")[::4]
+    expected = uniform_numpy((900, 300), seed=0, dtype="float64")[::4]
     assert rel_error(rows.compute(scheduler="threads"), expected) <= 1e-12
 
     # the results directory seen elsewhere (a mount): paths are mapped by job

@@ -7,18 +7,18 @@ import logging
 
 from distributed.worker_memory import parse_memory_limit
 
-from spillway.service.launch import local_gpu, spec
+from spillway.service.launch import spec
 from spillway.service.launch.plan import plan
 from spillway.service.memory.growth import headroom_for, host_total
 from spillway.service.options import Options
-from stand_ins import h200_host
+from stand_ins import gpu_cluster_kwargs, h200_host, host_probe
 
 GiB = 2**30
 
 
 def _tier(n_gpus: int, **options) -> tuple[int, int]:
     opts = Options.resolve(**options)
-    p = plan(opts, h200_host(n_gpus), have_ucxx=True, have_cuda_stack=True, host_memory=host_total())
+    p = plan(opts, h200_host(n_gpus), host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=host_total()))
     limit = parse_memory_limit(opts.memory_limit or None, 1, total_cores=p.n_workers,
                                logger=logging.getLogger("test"))
     return spec.worker_specs(opts, p)[0].host_limit, limit
@@ -33,9 +33,9 @@ def test_the_default_host_tier_leaves_the_process_and_the_machine_their_memory()
         assert tier == max(limit - reserve, limit // 2)
         assert tier * n <= host_total() - headroom_for(host_total())
         # and the store the launcher builds gets that tier
-        assert local_gpu.cluster_kwargs(Options.resolve(), plan(
-            Options.resolve(), h200_host(n), have_ucxx=True, have_cuda_stack=True,
-            host_memory=host_total()))["data"][1]["host_limit"] == _tier(n)[0]
+        assert gpu_cluster_kwargs(Options.resolve(), plan(
+            Options.resolve(), h200_host(n), host=host_probe(have_ucxx=True, have_cuda_stack=True,
+                                                             host_memory=host_total())))["data"][1]["host_limit"] == _tier(n)[0]
 
 
 def test_an_explicit_limit_is_a_bound_and_no_limit_stays_none():

@@ -11,11 +11,11 @@ import httpx
 import psutil
 import pytest
 
-from spillway.service.launch import local_cpu, local_gpu, open_cluster
+from spillway.service.launch import open_cluster
 from spillway.service.launch.http_server import http_server_off
 from spillway.service.launch.plan import plan
 from spillway.service.options import Options
-from stand_ins import h200_host
+from stand_ins import gpu_cluster_kwargs, h200_host, host_probe
 
 inventory = functools.partial(h200_host, links=18)
 
@@ -28,7 +28,7 @@ def _listening(pid: int) -> set[tuple[str, int]]:
 @pytest.mark.parametrize("off", ["", None])
 def test_gpu_cluster_keywords_turn_the_http_server_off(off):
     opts = Options.resolve(dashboard_address=off)
-    kw = local_gpu.cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
+    kw = gpu_cluster_kwargs(opts, plan(opts, inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True)))
     assert kw["dashboard_address"] is None
     assert kw["scheduler_kwargs"] == {"dashboard": False}
     assert http_server_off(kw)
@@ -36,11 +36,11 @@ def test_gpu_cluster_keywords_turn_the_http_server_off(off):
 
 def test_gpu_cluster_keywords_keep_a_port_alone_on_the_cluster_host():
     opts = Options.resolve(dashboard_address=":8790")
-    kw = local_gpu.cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
+    kw = gpu_cluster_kwargs(opts, plan(opts, inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True)))
     assert kw["dashboard_address"] == "127.0.0.1:8790" and "scheduler_kwargs" not in kw
     assert not http_server_off(kw)
     opts = Options.resolve(dashboard_address="10.0.0.5:8790")
-    kw = local_gpu.cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
+    kw = gpu_cluster_kwargs(opts, plan(opts, inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True)))
     assert kw["dashboard_address"] == "10.0.0.5:8790"
 
 

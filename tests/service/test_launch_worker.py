@@ -11,12 +11,14 @@ from click.testing import CliRunner
 from spillway.service.cli import main
 from spillway.service.errors import OptionsError
 from spillway.service.gpus import Inventory
-from spillway.service.launch import gpu_worker, local_gpu, worker_store
+from spillway.service.launch import gpu_worker, worker_store
 from spillway.service.launch.plan import PINNED_HOST_FRACTION, plan
 from spillway.service.options import Options
-from stand_ins import h200_host
+from stand_ins import gpu_cluster_kwargs, h200_host, host_probe
 
 HOST = 2 * 10**12
+#: a host with UCX and the CUDA stack and HOST bytes of memory
+UCX_HOST = host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
 
 
 inventory = h200_host
@@ -34,7 +36,7 @@ def test_ucx_starts_before_the_store_makes_a_cuda_context(protocol, steps):
 def test_build_store_runs_the_steps_in_that_order(monkeypatch, protocol, calls):
     seen = []
     monkeypatch.setattr(worker_store, "start_ucx", lambda: seen.append("ucx"))
-    monkeypatch.setattr(worker_store, "make_store", lambda **kw: seen.append("store") or kw)
+    monkeypatch.setattr(worker_store, "tiered_store", lambda **kw: seen.append("store") or kw)
     built = worker_store.build_store(worker_local_directory="/w", protocol=protocol, host_limit=5)
     assert seen == calls
     assert built == {"worker_local_directory": "/w", "host_limit": 5}  # protocol is not the store's
@@ -42,8 +44,8 @@ def test_build_store_runs_the_steps_in_that_order(monkeypatch, protocol, calls):
 
 def test_the_local_gpu_cluster_passes_the_shared_store_spec():
     opts = Options.resolve(pinned_pool_size="8GB")
-    p = plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
-    func, kwargs = local_gpu.cluster_kwargs(opts, p)["data"]
+    p = plan(opts, inventory(2), host=UCX_HOST)
+    func, kwargs = gpu_cluster_kwargs(opts, p)["data"]
     assert func is worker_store.build_store
     assert kwargs["protocol"] == "ucx" and kwargs["pinned_pool_size"] == 8 * 10**9
     assert kwargs["pinned_limit"] == int(PINNED_HOST_FRACTION * HOST) // 2
@@ -51,7 +53,7 @@ def test_the_local_gpu_cluster_passes_the_shared_store_spec():
 
 def test_node_plan_is_one_worker_per_visible_gpu_whatever_the_job_totals():
     opts = Options.resolve(scheduler_file="/s.json", n_workers=8, protocol="ucx")
-    node = gpu_worker.node_plan(opts, inventory(4), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    node = gpu_worker.node_plan(opts, inventory(4), host=UCX_HOST)
     assert node.kind == "gpu" and node.n_workers == 4 and node.devices == (0, 1, 2, 3)
     assert node.protocol == "ucx" and node.pinned_limit == int(PINNED_HOST_FRACTION * HOST) // 4
 
@@ -64,7 +66,7 @@ def test_node_without_gpu_workers_is_one_line_error(options, inv, fragment):
     if not len(inv):
         inv = Inventory((), None, None, "test: no NVML")
     with pytest.raises(OptionsError) as e:
-        gpu_worker.node_plan(Options.resolve(**options), inv, have_ucxx=True, have_cuda_stack=True)
+        gpu_worker.node_plan(Options.resolve(**options), inv, host=host_probe(have_ucxx=True, have_cuda_stack=True))
     assert str(e.value).startswith(fragment) and "\n" not in str(e.value)
 
 
@@ -72,8 +74,8 @@ def test_worker_keywords_come_from_the_options():
     opts = Options.resolve(scheduler_file="/s.json", protocol="ucx", rmm_pool_size="100GB",
                            device_memory_limit="120GB", memory_limit="200GB", threads_per_worker=2,
                            pinned_pool_size="48GB", local_directory="/scratch")
-    node = gpu_worker.node_plan(opts, inventory(4), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
-    spec = gpu_worker.node_spec(opts, inventory(4), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    node = gpu_worker.node_plan(opts, inventory(4), host=UCX_HOST)
+    spec = gpu_worker.node_spec(opts, inventory(4), host=UCX_HOST)
     kw = gpu_worker.worker_kwargs(opts, spec, death_timeout=60)
     assert kw["scheduler_file"] == "/s.json" and "scheduler" not in kw
     assert kw["protocol"] == "ucx" and kw["enable_nvlink"] is True and kw["death_timeout"] == 60
@@ -89,7 +91,7 @@ def test_worker_keywords_come_from_the_options():
 
 def test_dask_cuda_store_keeps_dask_cuda_data():
     opts = Options.resolve(scheduler_address="tcp://h:8786", protocol="tcp", memory_store="dask-cuda")
-    spec = gpu_worker.node_spec(opts, inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    spec = gpu_worker.node_spec(opts, inventory(2), host=UCX_HOST)
     kw = gpu_worker.worker_kwargs(opts, spec)
     assert kw["scheduler"] == "tcp://h:8786" and "data" not in kw and "enable_nvlink" not in kw
 
@@ -106,7 +108,7 @@ def test_importing_the_worker_module_imports_no_gpu_library():
 
 def numpy_store(*, worker_local_directory, device_limit, host_limit):
     """spillway's tiered store with NumPy in the device tier's place (CPU workers)."""
-    from spillway.service.memory.codecs import NumpyCodec
+    from numpy_codec import NumpyCodec
     from spillway.service.memory.disk import DiskTier
     from spillway.service.memory.store import TieredStore
 

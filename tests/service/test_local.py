@@ -12,6 +12,7 @@ import dask.array as da
 import numpy as np
 import pytest
 
+from reference_inputs import uniform_numpy
 import spillway
 from spillway import OptionsError, ParamError
 from spillway.service.display import Report
@@ -56,7 +57,7 @@ def test_run_a_workflow_against_numpy(cluster):
     report = cluster.run("transpose-sum", {"size": "800x800"}, chunks="200x200", seed=5, verify=True,
                          progress=stream)
     assert isinstance(report, Report) and report["cluster"]["n_workers"] == 2
-    a = random.uniform_numpy((800, 800), seed=5, dtype="float64")
+    a = uniform_numpy((800, 800), seed=5, dtype="float64")
     expected = float((a + a.T).sum())
     assert abs(report["result"]["sum"] - expected) / abs(expected) < 1e-10
     assert report["verify"]["ok"] is True
@@ -108,7 +109,7 @@ def test_array_output_read_back_lazily(cluster, tmp_path):
         f.stat().st_size for f in out.rglob("*") if f.is_file() and f.name != "zarr.json")
     rows = cluster.open(str(out))
     assert dask.is_dask_collection(rows) and rows.shape == (334, 400)
-    expected = random.uniform_numpy((1000, 400), seed=0, dtype="float64")[::3]
+    expected = uniform_numpy((1000, 400), seed=0, dtype="float64")[::3]
     assert rel_error(rows.compute(), expected) <= 1e-12
 
 

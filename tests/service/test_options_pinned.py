@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch import local_gpu, spec
+from spillway.service.launch import spec
 from spillway.service.launch.plan import PINNED_HOST_FRACTION, plan
 from spillway.service.options import Options
-from stand_ins import h200_host
+from stand_ins import gpu_cluster_kwargs, h200_host, host_probe
 
 HOST = 270 * 10**9  # a stand-in for the 2 x H200 host's memory
 
@@ -20,10 +20,10 @@ def arena_of(options: Options, host_tier: int | None, n_gpus: int = 2, host_memo
     """The arena size a worker is started with, as the local GPU launcher passes it, for a
     worker whose host tier holds ``host_tier`` bytes (distributed caps memory-limit at the
     memory of the machine running the test, so the tier is a stand-in too)."""
-    p = plan(options, inventory(n_gpus), have_ucxx=True, have_cuda_stack=True, host_memory=host_memory)
+    p = plan(options, inventory(n_gpus), host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=host_memory))
     with pytest.MonkeyPatch.context() as m:
         m.setattr(spec, "host_limit", lambda memory_limit, facts, n_workers: host_tier)
-        kwargs = local_gpu.cluster_kwargs(options, p)["data"][1]
+        kwargs = gpu_cluster_kwargs(options, p)["data"][1]
     assert kwargs["host_limit"] == host_tier
     return kwargs["pinned_pool_size"]
 
@@ -69,13 +69,13 @@ def test_explicit_sizes_and_zero_pass_through():
 def test_auto_is_never_refused_by_the_plan():
     # on a small host with many workers auto shrinks to fit; an explicit size is refused
     small = 16 * 10**9
-    p = plan(Options.resolve(), inventory(8), have_ucxx=True, have_cuda_stack=True, host_memory=small)
+    p = plan(Options.resolve(), inventory(8), host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=small))
     assert spec.pinned_arena(Options.resolve().pinned_pool_size, p.pinned_limit, 10**12) == small // 2 // 8
     with pytest.raises(OptionsError, match="pinned-pool-size: 2.0 GB per worker x 8 workers"):
-        plan(Options.resolve(pinned_pool_size="2GB"), inventory(8), have_ucxx=True, have_cuda_stack=True,
-             host_memory=small)
+        plan(Options.resolve(pinned_pool_size="2GB"), inventory(8),
+             host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=small))
 
 
 def test_auto_without_any_bound_takes_no_arena():
-    p = plan(Options.resolve(), inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=0)
+    p = plan(Options.resolve(), inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=0))
     assert p.pinned_limit is None and spec.pinned_arena(Options.resolve().pinned_pool_size, p.pinned_limit, None) == 0

@@ -7,75 +7,77 @@ import functools
 import pytest
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch import local_cpu, local_gpu
+from spillway.service.launch import local_cpu
 from spillway.service.launch.plan import plan
 from spillway.service.options import Options
-from stand_ins import h200_host
+from stand_ins import gpu_cluster_kwargs, h200_host, host_probe
 
 
 inventory = functools.partial(h200_host, links=18)
 
 
 def test_one_worker_per_gpu_with_ucx():
-    p = plan(Options.resolve(), inventory(2), have_ucxx=True, have_cuda_stack=True)
+    p = plan(Options.resolve(), inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True))
     assert (p.kind, p.devices, p.n_workers, p.protocol) == ("gpu", (0, 1), 2, "ucx")
 
 
 def test_single_gpu_uses_tcp_without_note():
-    p = plan(Options.resolve(), inventory(1), have_ucxx=True, have_cuda_stack=True)
+    p = plan(Options.resolve(), inventory(1), host=host_probe(have_ucxx=True, have_cuda_stack=True))
     assert p.protocol == "tcp" and not p.notes
 
 
 def test_tcp_fallback_says_why():
-    p = plan(Options.resolve(), inventory(2), have_ucxx=False, have_cuda_stack=True)
+    p = plan(Options.resolve(), inventory(2), host=host_probe(have_ucxx=False, have_cuda_stack=True))
     assert p.protocol == "tcp"
     assert any("distributed-ucxx is not installed" in n for n in p.notes)
 
 
 def test_ucx_requested_without_ucxx_fails():
     with pytest.raises(OptionsError, match="protocol: ucx requested"):
-        plan(Options.resolve(protocol="ucx"), inventory(2), have_ucxx=False, have_cuda_stack=True)
+        plan(Options.resolve(protocol="ucx"), inventory(2), host=host_probe(have_ucxx=False, have_cuda_stack=True))
 
 
 def test_devices_by_index_and_uuid():
     inv = inventory(4)
-    p = plan(Options.resolve(devices="2,GPU-00000000"), inv, have_ucxx=True, have_cuda_stack=True)
+    p = plan(Options.resolve(devices="2,GPU-00000000"), inv, host=host_probe(have_ucxx=True, have_cuda_stack=True))
     assert p.devices == (2, 0)
 
 
 def test_unknown_device():
     with pytest.raises(OptionsError, match=r"devices: GPU 5 does not exist \(visible: 0, 1\)"):
-        plan(Options.resolve(devices="0,5"), inventory(2), have_ucxx=True, have_cuda_stack=True)
+        plan(Options.resolve(devices="0,5"), inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True))
 
 
 def test_more_workers_than_devices():
     with pytest.raises(OptionsError, match="n-workers: 3 workers need 3 GPUs but only 2 are selected"):
-        plan(Options.resolve(n_workers=3), inventory(2), have_ucxx=True, have_cuda_stack=True)
+        plan(Options.resolve(n_workers=3), inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True))
 
 
 def test_fewer_workers_take_the_first_devices():
-    p = plan(Options.resolve(n_workers=1, devices="1,0"), inventory(2), have_ucxx=True, have_cuda_stack=True)
+    p = plan(Options.resolve(n_workers=1, devices="1,0"), inventory(2),
+             host=host_probe(have_ucxx=True, have_cuda_stack=True))
     assert p.devices == (1,) and p.n_workers == 1
 
 
 def test_no_gpu_falls_back_to_cpu():
-    p = plan(Options.resolve(), inventory(0), have_ucxx=False, have_cuda_stack=False, cpu_count=8)
+    p = plan(Options.resolve(), inventory(0), host=host_probe(have_ucxx=False, have_cuda_stack=False, cpu_count=8))
     assert p.kind == "cpu" and p.n_workers == 4 and p.protocol == "tcp"
     assert any("no GPU found" in n for n in p.notes)
 
 
 def test_cpu_flag_wins_over_gpus():
-    p = plan(Options.resolve(cpu=True, n_workers=3), inventory(2), have_ucxx=True, have_cuda_stack=True)
+    p = plan(Options.resolve(cpu=True, n_workers=3), inventory(2),
+             host=host_probe(have_ucxx=True, have_cuda_stack=True))
     assert p.kind == "cpu" and p.n_workers == 3
 
 
 def test_devices_without_gpus_fail():
     with pytest.raises(OptionsError, match="no GPU is visible"):
-        plan(Options.resolve(devices="0"), inventory(0), have_ucxx=False, have_cuda_stack=False)
+        plan(Options.resolve(devices="0"), inventory(0), host=host_probe(have_ucxx=False, have_cuda_stack=False))
 
 
 def test_gpus_without_cuda_stack_run_on_cpu_with_note():
-    p = plan(Options.resolve(), inventory(2), have_ucxx=False, have_cuda_stack=False, cpu_count=2)
+    p = plan(Options.resolve(), inventory(2), host=host_probe(have_ucxx=False, have_cuda_stack=False, cpu_count=2))
     assert p.kind == "cpu"
     assert any("dask-cuda/CuPy are not installed" in n for n in p.notes)
 
@@ -90,37 +92,37 @@ def tiered(pinned: str) -> Options:
 def test_pinned_pools_over_half_the_host_are_refused_with_both_numbers():
     # 80 GB x 2 workers is what the kernel's OOM killer ended on the 2 x H200 host
     with pytest.raises(OptionsError) as e:
-        plan(tiered("80GB"), inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+        plan(tiered("80GB"), inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST))
     message = str(e.value)
     assert "\n" not in message and message.startswith("pinned-pool-size: 80.0 GB per worker x 2 workers")
     assert "160.0 GB" in message and "135.0 GB limit" in message and "270.0 GB" in message
 
 
 def test_pinned_pools_within_half_the_host_plan():
-    p = plan(tiered("48GB"), inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    p = plan(tiered("48GB"), inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST))
     assert p.n_workers == 2
     # one worker may take what two may not
-    plan(tiered("80GB").replace(n_workers=1), inventory(2), have_ucxx=True, have_cuda_stack=True,
-         host_memory=HOST)
+    plan(tiered("80GB").replace(n_workers=1), inventory(2),
+         host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST))
 
 
 def test_pinned_pool_is_not_checked_where_it_is_not_taken():
     # dask-cuda's store and managed memory take no pinned pool
     for options in (Options.resolve(pinned_pool_size="200GB", memory_store="dask-cuda"),
                     tiered("200GB").replace(rmm_managed_memory=True, rmm_pool_size=None, nvlink=False)):
-        plan(options, inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+        plan(options, inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST))
 
 
 def test_attach_plans_nothing():
-    p = plan(Options.resolve(scheduler_address="tcp://127.0.0.1:1"), inventory(0))
+    p = plan(Options.resolve(scheduler_address="tcp://127.0.0.1:1"), inventory(0), host=host_probe())
     assert p.kind == "attach"
 
 
 def test_gpu_cluster_keywords_follow_options():
     opts = Options.resolve(rmm_pool_size="20GB", rmm_maximum_pool_size="100GB", device_memory_limit="12GB",
                            memory_limit="64GB", threads_per_worker=2, local_directory="/scratch/x")
-    p = plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True)
-    kw = local_gpu.cluster_kwargs(opts, p)
+    p = plan(opts, inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True))
+    kw = gpu_cluster_kwargs(opts, p)
     assert kw["CUDA_VISIBLE_DEVICES"] == [0, 1] and kw["n_workers"] == 2
     assert kw["rmm_pool_size"] == 20_000_000_000 and kw["rmm_maximum_pool_size"] == 100_000_000_000
     assert kw["device_memory_limit"] == 12_000_000_000 and kw["memory_limit"] == 64_000_000_000
@@ -132,26 +134,27 @@ def test_gpu_cluster_keywords_follow_options():
 
 def test_gpu_keywords_tcp_has_no_nvlink_flag():
     opts = Options.resolve(protocol="tcp", rmm_pool_size=None)
-    kw = local_gpu.cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
+    kw = gpu_cluster_kwargs(opts, plan(opts, inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True)))
     assert kw["protocol"] == "tcp" and "enable_nvlink" not in kw
     assert kw["rmm_pool_size"] is None and kw["rmm_allocator_external_lib_list"] is None
 
 
 def test_gpu_keywords_default_pool():
     opts = Options.resolve()
-    kw = local_gpu.cluster_kwargs(opts, plan(opts, inventory(2), have_ucxx=True, have_cuda_stack=True))
+    kw = gpu_cluster_kwargs(opts, plan(opts, inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True)))
     assert kw["rmm_pool_size"] == 0.9 and kw["rmm_allocator_external_lib_list"] == ["cupy"]
 
 
 def test_cpu_cluster_keywords():
     opts = Options.resolve(cpu=True, n_workers=2, memory_limit="2GB", interface="lo")
-    kw = local_cpu.cluster_kwargs(opts, plan(opts, inventory(0), have_ucxx=False, have_cuda_stack=False))
+    kw = local_cpu.cluster_kwargs(opts, plan(opts, inventory(0),
+                                             host=host_probe(have_ucxx=False, have_cuda_stack=False)))
     assert kw["n_workers"] == 2 and kw["memory_limit"] == 2_000_000_000
     assert kw["interface"] == "lo" and "host" not in kw
 
 
 def test_each_worker_may_pin_its_share_of_half_the_host():
-    p = plan(Options.resolve(), inventory(2), have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    p = plan(Options.resolve(), inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST))
     assert p.host_memory == HOST and p.pinned_limit == HOST // 2 // 2
-    kwargs = local_gpu.cluster_kwargs(tiered("48GB"), p)
+    kwargs = gpu_cluster_kwargs(tiered("48GB"), p)
     assert kwargs["data"][1]["pinned_limit"] == p.pinned_limit

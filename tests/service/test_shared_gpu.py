@@ -95,7 +95,7 @@ def test_each_worker_of_a_shared_gpu_spills_past_its_own_share():
     import dask.array as da
     from distributed import wait
 
-    from spillway.workflows.placement import bytes_per_worker
+    from placement_checks import bytes_per_worker
 
     options = Options.resolve(devices="0", workers_per_gpu=2, protocol="ucx", device_memory_limit="1GB",
                               rmm_pool_size="4GB", pinned_pool_size=PINNED, dashboard_address=None)

@@ -21,11 +21,11 @@ from spillway.service.launch import gpu_worker, local_gpu
 from spillway.service.launch.plan import plan
 from spillway.service.launch.spec import HostFacts, WorkerSpec, off_node_spec, worker_specs
 from spillway.service.launch.worker_store import build_store
-from stand_ins import h200_host
+from stand_ins import h200_host, host_probe
 
 HOST = 512 * 10**9
-FACTS = HostFacts(memory_limit=HOST, host_total=HOST)
-PLANNED = dict(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+FACTS = HostFacts(host_memory_limit=HOST, host_total=HOST)
+PLANNED = host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
 JOB = JobSettings(nodes=2, gpus_per_node=4, time="01:00:00", output_dir="/shared/runs")
 
 #: worker flags, as a user types them; each set gives every field of the spec a value
@@ -82,10 +82,10 @@ def cli_options(args: list[str], monkeypatch):
 
 def _from_dask_cuda(kw: dict, threads: int) -> dict:
     out = {key: kw[key] for key in ("protocol", "device_memory_limit", "memory_limit", "local_directory",
-                                    "rmm_pool_size", "rmm_maximum_pool_size", "rmm_managed_memory", "rmm_async",
+                                    "rmm_maximum_pool_size", "rmm_managed_memory", "rmm_async",
                                     "rmm_release_threshold", "rmm_log_directory", "rmm_track_allocations")}
-    out["threads"] = threads
-    assert kw["rmm_allocator_external_lib_list"] == (["cupy"] if out["rmm_pool_size"] is not None
+    out.update(threads=threads, pool_size=kw["rmm_pool_size"])
+    assert kw["rmm_allocator_external_lib_list"] == (["cupy"] if out["pool_size"] is not None
                                                      or out["rmm_async"] or out["rmm_managed_memory"] else None)
     if "enable_nvlink" in kw:
         out["nvlink"] = kw["enable_nvlink"]
@@ -161,10 +161,11 @@ def dask_cuda_worker(argv: list[str]) -> dict:
     for key in ("rmm_pool_size", "rmm_maximum_pool_size", "rmm_release_threshold"):
         flag = "--" + key.replace("_", "-")
         out[key] = _value(flags[flag]) if flag in flags else None
+    out["pool_size"] = out.pop("rmm_pool_size")
     if out["protocol"] == "ucx":
         out["nvlink"] = "--enable-nvlink" in switches
         assert out["nvlink"] != ("--disable-nvlink" in switches)
-    uses_rmm = out["rmm_pool_size"] is not None or out["rmm_async"] or out["rmm_managed_memory"]
+    uses_rmm = out["pool_size"] is not None or out["rmm_async"] or out["rmm_managed_memory"]
     assert (flags.get("--set-rmm-allocator-for-libs") == "cupy") == bool(uses_rmm)
     return out
 
@@ -216,7 +217,7 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
 
     # the local cluster of this host
     local = options.replace(scheduler_file=None)
-    specs = worker_specs(local, plan(local, inventory, **PLANNED), FACTS)
+    specs = worker_specs(local, plan(local, inventory, host=PLANNED), FACTS)
     per_gpu = options.workers_per_gpu
     devices = tuple(d for d in (0, 1, 2, 3) for _ in range(per_gpu))
     assert len(specs) == 4 * per_gpu and tuple(s.device for s in specs) == devices
@@ -225,12 +226,12 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
     assert_carries("local", specs[0], read)
 
     # `spillway worker` on a node (one CUDAWorker for the node's GPUs)
-    node = gpu_worker.node_spec(options, inventory, facts=FACTS, **PLANNED)
+    node = gpu_worker.node_spec(options, inventory, facts=FACTS, host=PLANNED)
     assert node == dataclasses.replace(specs[0], device=None)
     assert_carries("spillway worker", node, cuda_worker(options, node))
 
     # an MPI worker rank: its spec is its node's, one of 4 x workers-per-gpu ranks there
-    rank = gpu_worker.node_spec(options, inventory, workers=4 * per_gpu, facts=FACTS, **PLANNED)
+    rank = gpu_worker.node_spec(options, inventory, workers=4 * per_gpu, facts=FACTS, host=PLANNED)
     assert rank == node
     assert_carries("mpi", rank, mpi_rank(local, rank))
 
@@ -242,15 +243,15 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
         argv = script_worker_argv(text, "spillway worker")
         argv = [str(files / "s.json") if a == "$SCHEDULER_FILE" else a for a in argv]
         on_node = cli_options(argv, monkeypatch)
-        assert gpu_worker.node_spec(on_node, inventory, facts=FACTS, **PLANNED) == node
+        assert gpu_worker.node_spec(on_node, inventory, facts=FACTS, host=PLANNED) == node
         assert "dask cuda worker" not in text
     else:
         submitted = off_node_spec(local, protocol=options.protocol, workers=JOB.gpus_per_node)
         assert_carries("dask cuda worker", submitted, dask_cuda_worker(script_worker_argv(text, "dask cuda worker")))
         # what the node's dask-cuda makes of it is what the node's own spec says
-        for key in ("device_memory_limit", "memory_limit", "rmm_pool_size"):
+        for key in ("device_memory_limit", "memory_limit", "pool_size"):
             value = getattr(submitted, key)
-            total = {"device_memory_limit": 141 * 10**9, "memory_limit": HOST, "rmm_pool_size": None}[key]
+            total = {"device_memory_limit": 141 * 10**9, "memory_limit": HOST, "pool_size": None}[key]
             if isinstance(value, float) and total:
                 assert int(value * total) == getattr(node, key), key
             else:
@@ -260,12 +261,12 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
 def test_the_cli_flags_arrive_as_given(files, monkeypatch):
     """The flags the walk starts from, in the spec: bytes for the limits and the arena."""
     options = cli_options(["--scheduler-file", "/s.json", *flags_of("tiered-ucx", files)], monkeypatch)
-    spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, **PLANNED)
-    assert (spec.device_memory_limit, spec.rmm_pool_size, spec.pinned_arena) == (100 * 10**9, 50 * 10**9, 8 * 10**9)
+    spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, host=PLANNED)
+    assert (spec.device_memory_limit, spec.pool_size, spec.pinned_arena) == (100 * 10**9, 50 * 10**9, 8 * 10**9)
     assert (spec.threads, spec.local_directory, spec.memory_limit) == (3, str(files / "scratch"), 64 * 10**9)
     options = cli_options(["--scheduler-file", "/s.json", *flags_of("dask-cuda-async", files)], monkeypatch)
-    spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, **PLANNED)
-    assert spec.rmm_async and spec.rmm_pool_size is None and spec.rmm_release_threshold == 10 * 10**9
+    spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, host=PLANNED)
+    assert spec.rmm_async and spec.pool_size is None and spec.rmm_release_threshold == 10 * 10**9
     assert spec.memory_limit == HOST // 2 and not spec.tiered
 
 
@@ -288,7 +289,7 @@ def test_auto_protocol_is_one_decision():
         for gpu in (True, False):
             for n in (1, 4):
                 options = Options.resolve(protocol=requested)
-                local = plan(options if gpu else options.replace(cpu=True), h200_host(n), **PLANNED)
+                local = plan(options if gpu else options.replace(cpu=True), h200_host(n), host=PLANNED)
                 assert local.protocol == choose_protocol(requested, gpu=gpu, n_workers=n, have_ucxx=True)[0]
                 assert commands.protocol(options, gpu=gpu, n_workers=n) == local.protocol
 
@@ -301,21 +302,21 @@ def test_workers_of_one_gpu_share_it(per_gpu):
     from spillway.service.options import Options
 
     options = Options.resolve(workers_per_gpu=per_gpu, protocol="ucx")
-    launch = plan(options, h200_host(2), **PLANNED)
+    launch = plan(options, h200_host(2), host=PLANNED)
     assert launch.n_workers == 2 * per_gpu and launch.gpus == (0, 1)
     assert launch.devices == tuple(d for d in (0, 1) for _ in range(per_gpu))
     gpu = h200_host(2).gpus[0].memory_total
     assert sum(launch.device_memory) == 2 * (gpu // per_gpu) * per_gpu
     specs = worker_specs(options, launch, FACTS)
     one = worker_specs(options.replace(workers_per_gpu=1), plan(options.replace(workers_per_gpu=1), h200_host(2),
-                                                                **PLANNED), FACTS)[0]
+                                                                host=PLANNED), FACTS)[0]
     for spec in specs:
         assert spec.workers_per_gpu == per_gpu
         assert abs(spec.device_memory_limit * per_gpu - one.device_memory_limit) <= per_gpu
-        assert spec.rmm_pool_size == pytest.approx(one.rmm_pool_size / per_gpu)
+        assert spec.pool_size == pytest.approx(one.pool_size / per_gpu)
         assert spec.memory_limit * per_gpu == pytest.approx(one.memory_limit, abs=per_gpu)
         assert spec.pinned_arena * per_gpu <= one.pinned_arena + per_gpu
     # away from the node the shares stay fractions of the GPU, as dask-cuda reads them
     off = off_node_spec(options, protocol="ucx", workers=4 * per_gpu)
     assert off.device_memory_limit == pytest.approx(0.8 / per_gpu)
-    assert off.rmm_pool_size == pytest.approx(0.9 / per_gpu)
+    assert off.pool_size == pytest.approx(0.9 / per_gpu)

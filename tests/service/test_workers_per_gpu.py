@@ -15,12 +15,13 @@ from spillway.deploy.slurm import JobSettings, Run, job_script
 from spillway.service.errors import OptionsError
 from spillway.service.launch import gpu_worker, local_gpu
 from spillway.service.launch.plan import plan
+from spillway.service.launch.spec import HostFacts
 from spillway.service.options import Options
 from spillway.service.transfer import IPC, IPC_BOTH, IPC_SAME_GPU, TCP_SAME_GPU, on_gpus, planned
-from stand_ins import h200_host
+from stand_ins import gpu_cluster_kwargs, h200_host, host_probe
 
 HOST = 512 * 10**9
-PLANNED = dict(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+PLANNED = host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
 
 
 # --- the option
@@ -56,7 +57,7 @@ def test_cpu_workers_take_no_gpu_share():
 
 
 def test_each_gpu_once_per_worker_and_each_worker_its_share():
-    launch = plan(Options.resolve(workers_per_gpu=2), h200_host(2), **PLANNED)
+    launch = plan(Options.resolve(workers_per_gpu=2), h200_host(2), host=PLANNED)
     assert launch.devices == (0, 0, 1, 1) and launch.n_workers == 4 and launch.gpus == (0, 1)
     gpu = h200_host(2).gpus[0].memory_total
     assert launch.device_memory == (gpu // 2,) * 4
@@ -65,26 +66,27 @@ def test_each_gpu_once_per_worker_and_each_worker_its_share():
 
 
 def test_n_workers_counts_workers():
-    launch = plan(Options.resolve(workers_per_gpu=2, n_workers=2), h200_host(4), **PLANNED)
+    launch = plan(Options.resolve(workers_per_gpu=2, n_workers=2), h200_host(4), host=PLANNED)
     assert launch.devices == (0, 0)
-    launch = plan(Options.resolve(workers_per_gpu=2, devices="2,3"), h200_host(4), **PLANNED)
+    launch = plan(Options.resolve(workers_per_gpu=2, devices="2,3"), h200_host(4), host=PLANNED)
     assert launch.devices == (2, 2, 3, 3)
     with pytest.raises(OptionsError, match=r"n-workers: 9 workers need 5 GPUs but only 4 are selected \(2 worker"):
-        plan(Options.resolve(workers_per_gpu=2, n_workers=9), h200_host(4), **PLANNED)
+        plan(Options.resolve(workers_per_gpu=2, n_workers=9), h200_host(4), host=PLANNED)
     with pytest.raises(OptionsError, match="n-workers: 3 is not a multiple of workers-per-gpu 2"):
-        plan(Options.resolve(workers_per_gpu=2, n_workers=3), h200_host(4), **PLANNED)
+        plan(Options.resolve(workers_per_gpu=2, n_workers=3), h200_host(4), host=PLANNED)
 
 
 def test_two_workers_of_one_gpu_talk_ucx_or_say_why_not():
-    launch = plan(Options.resolve(workers_per_gpu=2), h200_host(1), **PLANNED)
+    launch = plan(Options.resolve(workers_per_gpu=2), h200_host(1), host=PLANNED)
     assert launch.protocol == "ucx" and not launch.notes
-    launch = plan(Options.resolve(workers_per_gpu=2), h200_host(1), have_ucxx=False, have_cuda_stack=True,
-                  host_memory=HOST)
+    launch = plan(Options.resolve(workers_per_gpu=2), h200_host(1),
+                  host=host_probe(have_ucxx=False, have_cuda_stack=True, host_memory=HOST))
     assert launch.protocol == "tcp"
     (note,) = launch.notes
     assert "TCP between the 2 workers of each GPU" in note and "device -> host -> TCP -> host -> device" in note
     # one worker per GPU, one GPU: no transfers, no note
-    assert not plan(Options.resolve(), h200_host(1), have_ucxx=False, have_cuda_stack=True, host_memory=HOST).notes
+    assert not plan(Options.resolve(), h200_host(1),
+                    host=host_probe(have_ucxx=False, have_cuda_stack=True, host_memory=HOST)).notes
 
 
 # --- the local cluster
@@ -119,8 +121,8 @@ class FakeLocalCUDACluster:
 @pytest.mark.parametrize("per_gpu, gpus", [(1, 4), (2, 1), (2, 4), (3, 2)])
 def test_the_local_cluster_starts_each_worker_as_dask_cuda_starts_its_gpus(per_gpu, gpus):
     options = Options.resolve(workers_per_gpu=per_gpu)
-    facts = local_gpu.HostFacts(memory_limit=HOST, host_total=HOST)
-    kwargs = local_gpu.cluster_kwargs(options, plan(options, h200_host(gpus), **PLANNED), facts)
+    facts = HostFacts(host_memory_limit=HOST, host_total=HOST)
+    kwargs = gpu_cluster_kwargs(options, plan(options, h200_host(gpus), host=PLANNED), facts)
     assert kwargs["CUDA_VISIBLE_DEVICES"] == list(range(gpus)) and kwargs["n_workers"] == gpus * per_gpu
     if per_gpu == 1:  # dask-cuda's own class starts them; the subclass would name them alike
         assert "worker_devices" not in kwargs

@@ -7,8 +7,8 @@ import json
 import numpy as np
 from click.testing import CliRunner
 
+from reference_inputs import uniform_numpy
 from spillway.service.cli import main
-from spillway.workflows import random
 
 REPORT_KEYS = {"workflow", "params", "wall_s", "result", "verify", "bytes_transferred", "bytes_spilled",
                "peak_bytes_per_worker", "bytes_read", "bytes_written", "footprint"}
@@ -34,7 +34,7 @@ def test_run_json_report_with_output(tmp_path):
     assert report["bytes_transferred"] > 0  # the rechunk to column panels moves chunks
     assert len(report["peak_bytes_per_worker"]) == 2
     stored = zarr.open_array(str(out), mode="r")[...]
-    expected = np.fft.fft(random.uniform_numpy((256, 64), seed=0), axis=0)
+    expected = np.fft.fft(uniform_numpy((256, 64), seed=0), axis=0)
     assert np.abs(stored - expected).max() < 1e-9
 
 

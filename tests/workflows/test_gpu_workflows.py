@@ -98,6 +98,7 @@ def test_200gb_input_is_balanced_over_both_gpus(gpu2, capsys):
     """A ~200 GB float64 input is larger than one GPU: it is spread so each GPU holds
     within 10% of an even share, rather than one filling up and spilling."""
     from distributed import wait
+    from placement_checks import bytes_per_worker, imbalance
 
     from spillway.workflows import placement, random
     from spillway.workflows.chunking import auto_chunks, shape_from_size
@@ -115,19 +116,19 @@ def test_200gb_input_is_balanced_over_both_gpus(gpu2, capsys):
     start = time.perf_counter()
     placed = client.persist(x, optimize_graph=False)
     wait(placed)
-    held = placement.bytes_per_worker(client, placed)
+    held = bytes_per_worker(client, placed)
     total = float(placed.sum().compute())
     elapsed = time.perf_counter() - start
     n = shape[0] * shape[1]
     with capsys.disabled():
         print(f"\n200 GB input {shape[0]}x{shape[1]} float64 ({_gb(nbytes)} GB) in {elapsed:.1f} s; bytes per GPU: "
               + ", ".join(f"{a}: {_gb(b)} GB" for a, b in held.items())
-              + f"; imbalance {placement.imbalance(held):.3%}", flush=True)
+              + f"; imbalance {imbalance(held):.3%}", flush=True)
     ROWS.append(("placement", "200GB", f"{shape[0]}x{shape[1]} float64 ({_gb(nbytes)} GB in)", f"{elapsed:.2f}",
                  f"{abs(total / n - 0.5) / 0.5:.2e} (mean vs 1/2)", "statistical",
                  " / ".join(_gb(b) for b in held.values())))
     assert sum(held.values()) == nbytes
-    assert placement.imbalance(held) <= 0.10, held
+    assert imbalance(held) <= 0.10, held
     # the mean of 2.5e10 uniform values is 1/2 within a few standard errors
     assert abs(total / n - 0.5) < 6 * math.sqrt(1 / 12 / n)
     del placed
@@ -138,7 +139,7 @@ def test_zarr_store_written_and_read_by_gpu_workers(gpu2, tmp_path):
     device memory as the input of the next run."""
     import zarr
 
-    from spillway.workflows import random
+    from reference_inputs import uniform_numpy
 
     out = tmp_path / "panels.zarr"
     report = run_workflow(gpu2, "rechunk", {"size": "16000x16000"}, verify=True, output=str(out))
@@ -146,7 +147,7 @@ def test_zarr_store_written_and_read_by_gpu_workers(gpu2, tmp_path):
     assert report["bytes_written"] == 16000 * 16000 * 8
     stored = zarr.open_array(str(out), mode="r")
     assert stored.metadata.zarr_format == 3
-    np.testing.assert_array_equal(stored[:100, :100], random.uniform_numpy((16000, 16000), seed=0)[:100, :100])
+    np.testing.assert_array_equal(stored[:100, :100], uniform_numpy((16000, 16000), seed=0)[:100, :100])
     again = run_workflow(gpu2, "reduction", {"op": "std", "input": str(out)}, verify=True)
     assert again["verify"]["ok"]
     assert again["bytes_read"] == 16000 * 16000 * 8
@@ -195,7 +196,7 @@ def test_device_arrays_from_python_are_wrapped_without_a_copy(gpu2):
 
 def test_200gb_workflow_run_spreads_its_input(gpu2, capsys):
     """The same through the runner: a 200 GB sum, its input placed evenly on both GPUs."""
-    from spillway.workflows import placement
+    from placement_checks import imbalance
 
     report = run_workflow(gpu2, "reduction", {"op": "sum", "size": "200GB"})
     planned = report["result"]["input_bytes_per_worker"]
@@ -211,5 +212,5 @@ def test_200gb_workflow_run_spreads_its_input(gpu2, capsys):
                  f"{abs(report['result']['sum'] / n - 0.5) / 0.5:.2e} (mean vs 1/2)", "statistical",
                  " / ".join(_gb(p) for p in peaks)))
     assert len(planned) == 2
-    assert placement.imbalance(planned) <= 0.10
+    assert imbalance(planned) <= 0.10
     assert abs(report["result"]["sum"] / n - 0.5) < 6 * math.sqrt(1 / 12 / n)

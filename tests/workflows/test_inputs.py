@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from reference_inputs import uniform_numpy
 from spillway import workflows
 from spillway.service.errors import ParamError
 from spillway.service.runner import run_workflow
@@ -16,7 +17,7 @@ from spillway.workflows.params import Target
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_generation_does_not_depend_on_chunks(dtype):
     shape = (123, 77)
-    whole = random.uniform_numpy(shape, seed=7, dtype=dtype)
+    whole = uniform_numpy(shape, seed=7, dtype=dtype)
     for chunks in [(123, 77), (10, 10), (50, 7), (1, 77)]:
         got = random.uniform(shape, chunks, seed=7, dtype=dtype).compute(scheduler="sync")
         np.testing.assert_array_equal(got, whole)
@@ -25,11 +26,11 @@ def test_generation_does_not_depend_on_chunks(dtype):
 
 
 def test_generation_depends_on_seed_and_stream():
-    a = random.uniform_numpy((50, 50), seed=1)
-    assert not np.array_equal(a, random.uniform_numpy((50, 50), seed=2))
-    assert not np.array_equal(a, random.uniform_numpy((50, 50), seed=1, stream=1))
+    a = uniform_numpy((50, 50), seed=1)
+    assert not np.array_equal(a, uniform_numpy((50, 50), seed=2))
+    assert not np.array_equal(a, uniform_numpy((50, 50), seed=1, stream=1))
     # uniform: mean 1/2, variance 1/12 within a few standard errors
-    big = random.uniform_numpy((1000, 1000), seed=3)
+    big = uniform_numpy((1000, 1000), seed=3)
     assert abs(big.mean() - 0.5) < 5 * np.sqrt(1 / 12 / big.size)
     assert abs(big.var() - 1 / 12) < 1e-3
 
@@ -38,7 +39,7 @@ def test_generation_on_workers_matches_the_client(cpu_session):
     shape = (300, 200)
     x = random.uniform(shape, (70, 45), seed=11)
     on_cluster = cpu_session.client.compute(x).result()
-    np.testing.assert_array_equal(on_cluster, random.uniform_numpy(shape, seed=11))
+    np.testing.assert_array_equal(on_cluster, uniform_numpy(shape, seed=11))
 
 
 def _write_zarr(path, array, chunks):
@@ -50,7 +51,7 @@ def _write_zarr(path, array, chunks):
 
 
 def test_zarr_input_is_read_and_checked(cpu_session, tmp_path):
-    data = random.uniform_numpy((300, 300), seed=5)
+    data = uniform_numpy((300, 300), seed=5)
     _write_zarr(tmp_path / "x.zarr", data, (64, 64))
     report = run_workflow(cpu_session, "transpose-sum", {"input": str(tmp_path / "x.zarr"), "chunks": "100x100"},
                           verify=True)
@@ -73,7 +74,7 @@ def test_zarr_round_trip(cpu_session, tmp_path):
     assert stored.metadata.zarr_format == 3
     assert stored.chunks == (400, 50)  # column panels, as the workers wrote them
     assert stored.compressors == () and stored.filters == ()  # uncompressed: what GPU workers read fastest
-    np.testing.assert_array_equal(stored[...], random.uniform_numpy((400, 300), seed=0))
+    np.testing.assert_array_equal(stored[...], uniform_numpy((400, 300), seed=0))
 
     again = run_workflow(cpu_session, "reduction", {"op": "sum", "input": str(out)}, verify=True)
     assert again["verify"]["ok"]
@@ -85,8 +86,8 @@ def test_zarr_round_trip_of_a_computed_result(cpu_session, tmp_path):
 
     out = tmp_path / "product.zarr"
     run_workflow(cpu_session, "matmul", {"size": "120x80", "chunks": "40x40"}, output=str(out))
-    x = random.uniform_numpy((120, 80), seed=0)
-    y = random.uniform_numpy((80, 120), seed=0, stream=1)
+    x = uniform_numpy((120, 80), seed=0)
+    y = uniform_numpy((80, 120), seed=0, stream=1)
     got = zarr.open_array(str(out), mode="r")[...]
     assert np.linalg.norm(got - x @ y) / np.linalg.norm(x @ y) < 1e-12
 
@@ -122,7 +123,7 @@ class DLPackOnly:
 
 
 def test_host_arrays_are_wrapped_without_a_copy():
-    a = random.uniform_numpy((64, 32), seed=2)
+    a = uniform_numpy((64, 32), seed=2)
     for given in (a, DLPackOnly(a), memoryview(a)):
         wrapped = inputs.wrap(given, "numpy")
         assert isinstance(wrapped, np.ndarray)
@@ -130,7 +131,7 @@ def test_host_arrays_are_wrapped_without_a_copy():
 
 
 def test_dlpack_array_runs(cpu_session):
-    a = random.uniform_numpy((120, 90), seed=4)
+    a = uniform_numpy((120, 90), seed=4)
     report = run_workflow(cpu_session, "matmul", {"chunks": "60x30"}, verify=True,
                           arrays={"x": DLPackOnly(a), "y": a.T.copy()})
     assert report["verify"]["ok"]

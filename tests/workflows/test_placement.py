@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from distributed import wait
+from placement_checks import bytes_per_worker, imbalance
 
+from reference_inputs import uniform_numpy
 from spillway.workflows import placement, random
 from spillway.workflows.params import Target
 
@@ -44,15 +46,15 @@ def test_placed_input_lands_evenly_on_the_workers(cpu_session):
     # per-chunk annotations survive only without low-level fusion (see workflows.placement)
     placed = client.persist(x, optimize_graph=False)
     wait(placed)
-    held = placement.bytes_per_worker(client, placed)
+    held = bytes_per_worker(client, placed)
     assert sum(held.values()) == 1200 * 1000 * 8
-    assert placement.imbalance(held) <= 0.10, held
+    assert imbalance(held) <= 0.10, held
     # each chunk is where it was assigned (checked before reading it back makes copies)
     by_block = placement.assign(x.chunks, 8, workers)
     who = client.who_has(placed)
     for index, worker in by_block.items():
         assert who[(placed.name, *index)] == (worker,)
-    np.testing.assert_array_equal(placed.compute(), random.uniform_numpy(shape, seed=9))
+    np.testing.assert_array_equal(placed.compute(), uniform_numpy(shape, seed=9))
     del placed
 
 
@@ -74,7 +76,7 @@ def test_runner_keeps_the_placement(cpu_session, monkeypatch):
     assert report["verify"]["ok"]
     planned = report["result"]["input_bytes_per_worker"]
     assert set(planned) == set(workers)
-    assert placement.imbalance(planned) <= 0.10
+    assert imbalance(planned) <= 0.10
     expected = placement.assign(((100,) * 8, (100,) * 8), 8, workers)
     ran = {}
     for task in stream.data:

@@ -103,13 +103,13 @@ def test_output_of_a_workflow_with_cupy_chunks_under_a_numpy_meta(cluster, tmp_p
     its chunks are CuPy; the store is written from the device and reads back to the seeds."""
     import zarr
 
-    from spillway.workflows import random
+    from reference_inputs import uniform_numpy
 
     out = tmp_path / "rows.zarr"
     report = cluster.run("slice", size="4000x3000", step=7, output=str(out), progress=False)
     assert report["bytes_written"] > 0
     stored = zarr.open_array(str(out), mode="r")
-    reference = random.uniform_numpy((4000, 3000), seed=0)[::7]
+    reference = uniform_numpy((4000, 3000), seed=0)[::7]
     assert stored.shape == reference.shape
     assert _rel_error(stored[...], reference) <= 1e-12
 

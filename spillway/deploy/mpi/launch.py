@@ -15,6 +15,7 @@ import dask.config
 
 from spillway.service.errors import OptionsError
 from spillway.service.launch.gpu_worker import node_spec
+from spillway.service.launch.plan import HostProbe
 from spillway.service.launch.ucx_env import quiet_ucx
 from spillway.service.launch.worker_config import worker_config
 from spillway.service.options import Options
@@ -70,7 +71,7 @@ def run(options: Options, workflow: str, params: dict, *, verify: bool = False, 
                                                                  options.workers_per_gpu))
         # the rank's share of its node's host and pinned memory, like a local cluster's worker
         workers = len([r for r in node_ranks if r != SCHEDULER_RANK])
-        spec = node_spec(options.replace(protocol=kwargs["protocol"]), inventory, workers=workers)
+        spec = node_spec(options.replace(protocol=kwargs["protocol"]), inventory, HostProbe.here(), workers=workers)
         kwargs = execute_kwargs(options, n_workers=n_workers, spec=spec)
     if kwargs["protocol"] == "ucx":
         quiet_ucx()

@@ -173,11 +173,6 @@ class JobScheduler:
             return None
         return self._waiting.get(job["id"], "queued: the scheduler looks at it on its next pass")
 
-    @property
-    def running_ids(self) -> list[str]:
-        with self._lock:
-            return list(self._running)
-
     def _loop(self):
         while not self._stop.is_set():
             wait = self.poll_s

@@ -18,7 +18,7 @@ from ..gpus import Inventory, discover
 from ..options import Options
 from ..plugins import WorkerSetup
 from .deaths import start_failure, watch_worker_deaths
-from .plan import LaunchPlan, plan
+from .plan import HostProbe, LaunchPlan, plan
 from .spec import WorkerSpec, worker_specs
 from .ucx_env import quiet_ucx
 
@@ -28,7 +28,7 @@ logger = logging.getLogger("spillway")
 #: takes about half a minute per worker to take)
 START_TIMEOUT_S = 120
 
-__all__ = ["Session", "open_cluster", "plan", "LaunchPlan", "close_cluster", "close_timeout_s"]
+__all__ = ["Session", "open_cluster", "plan", "HostProbe", "LaunchPlan", "close_cluster", "close_timeout_s"]
 
 
 @dataclass
@@ -62,7 +62,7 @@ def start_cluster(options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec,
     if launch.kind == "gpu":
         from . import local_gpu
 
-        return local_gpu.start(options, launch, specs)
+        return local_gpu.start(options, specs)
     if launch.kind == "cpu":
         from . import local_cpu
 
@@ -130,7 +130,7 @@ def close_timeout_s(spec: WorkerSpec | None, device_memory: int = 0) -> float:
     where that is larger)."""
     held = 0
     if spec is not None:
-        pool = spec.rmm_pool_size
+        pool = spec.pool_size
         if isinstance(pool, float):
             held += int(pool * device_memory)
         elif pool:
@@ -177,7 +177,7 @@ def _worker_kind(dask_worker):
 @contextlib.contextmanager
 def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Iterator[Session]:
     inventory = discover() if inventory is None and not options.attach else inventory or Inventory()
-    launch = plan(options, inventory)
+    launch = plan(options, inventory, HostProbe.here())
     for note in launch.notes:
         logger.warning(note)
     if launch.kind == "attach" or launch.protocol == "ucx":

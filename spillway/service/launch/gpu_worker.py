@@ -22,8 +22,9 @@ import os
 import signal
 from collections.abc import Iterable, Iterator
 
+from ..gpus import Inventory
 from ..options import Options
-from .plan import LaunchPlan, plan
+from .plan import HostProbe, LaunchPlan, plan
 from .render import cuda_worker_kwargs
 from .spec import WorkerSpec, one_for_all, worker_specs
 
@@ -43,30 +44,28 @@ def visible_gpus() -> int | None:
     return len([d for d in visible.split(",") if d.strip()])
 
 
-def node_plan(options: Options, inventory=None, *, workers: int | None = None, **plan_kwargs) -> LaunchPlan:
+def node_plan(options: Options, inventory: Inventory, host: HostProbe, *, workers: int | None = None) -> LaunchPlan:
     """The plan of this node's ``workers`` GPU workers (default: ``workers-per-gpu`` on
     each GPU), with the
     node's pinned-memory bound shared among them. The scheduler and the job's total
     worker count belong to the job, not to the node, so they are left out here."""
     from ..errors import OptionsError
-    from ..gpus import discover
 
-    inventory = discover() if inventory is None else inventory
     if options.cpu or not len(inventory):
         why = "cpu is true" if options.cpu else f"no GPU found ({inventory.reason})"
         raise OptionsError(f"worker: {why}; spillway worker starts GPU workers, run CPU workers with `dask worker`")
     local = options.replace(scheduler_address=None, scheduler_file=None, n_workers=workers, devices=None)
-    found = plan(local, inventory, **plan_kwargs)
+    found = plan(local, inventory, host)
     if found.kind != "gpu":
         raise OptionsError(f"worker: {'; '.join(found.notes)}")
     return found
 
 
-def node_spec(options: Options, inventory=None, *, workers: int | None = None, facts=None,
-              **plan_kwargs) -> WorkerSpec:
+def node_spec(options: Options, inventory: Inventory, host: HostProbe, *, workers: int | None = None,
+              facts=None) -> WorkerSpec:
     """The spec this node's ``workers`` GPU workers (default: one per GPU) are started
     with: one set of keywords for all of them (:func:`~.spec.one_for_all`)."""
-    return one_for_all(worker_specs(options, node_plan(options, inventory, workers=workers, **plan_kwargs), facts))
+    return one_for_all(worker_specs(options, node_plan(options, inventory, host, workers=workers), facts))
 
 
 def worker_kwargs(options: Options, spec: WorkerSpec, *, death_timeout: float = DEATH_TIMEOUT_S) -> dict:
@@ -179,7 +178,7 @@ def run_node(options: Options, *, death_timeout: float = DEATH_TIMEOUT_S) -> Non
 
     inventory = discover()
     gpus = visible_gpus()
-    spec = node_spec(options, inventory, workers=gpus * options.workers_per_gpu if gpus else None)
+    spec = node_spec(options, inventory, HostProbe.here(), workers=gpus * options.workers_per_gpu if gpus else None)
     device_memory = max((g.memory_total for g in inventory.gpus), default=0)
     kwargs = worker_kwargs(options, spec, death_timeout=death_timeout)
     if spec.protocol == "ucx":

@@ -16,17 +16,9 @@ from __future__ import annotations
 
 from ..options import Options
 from .http_server import cluster_class, dashboard_kwargs
-from .plan import LaunchPlan
 from .render import dask_cuda_kwargs, store_data
-from .spec import HostFacts, WorkerSpec, one_for_all, worker_specs
+from .spec import WorkerSpec, one_for_all
 from .worker_config import worker_config
-
-
-def cluster_kwargs(options: Options, plan: LaunchPlan, facts: HostFacts | None = None) -> dict:
-    """LocalCUDACluster keywords: a pure function of the options (the scheduler's
-    settings), the plan and the host's ``facts`` (this machine's when not given), tested
-    without a GPU."""
-    return specs_kwargs(options, worker_specs(options, plan, facts))
 
 
 def worker_names(devices: list) -> list:
@@ -123,7 +115,7 @@ def shared_gpu_cluster(base: type) -> type:
     return SharedGPUCluster
 
 
-def start(options: Options, plan: LaunchPlan, specs: tuple[WorkerSpec, ...]):
+def start(options: Options, specs: tuple[WorkerSpec, ...]):
     import logging
 
     import dask.config

@@ -72,19 +72,34 @@ def cuda_stack_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("dask_cuda", "cupy"))
 
 
-def plan(
-    options: Options,
-    inventory: Inventory,
-    *,
-    have_ucxx: bool | None = None,
-    have_cuda_stack: bool | None = None,
-    cpu_count: int | None = None,
-    host_memory: int | None = None,
-) -> LaunchPlan:
+@dataclass(frozen=True)
+class HostProbe:
+    """What the plan reads of the machine it starts workers on, beside its GPUs (the
+    :class:`~..gpus.Inventory`): the libraries installed, its cores and its memory.
+    :meth:`here` reads this machine's; tests describe others."""
+
+    #: distributed-ucxx is installed
+    have_ucxx: bool
+    #: dask-cuda and CuPy are installed
+    have_cuda_stack: bool
+    #: the CPU cores (what CPU workers are counted from)
+    cpu_count: int
+    #: bytes of memory this host's workers may use (:func:`host_memory_bytes`)
+    host_memory: int
+
+    @classmethod
+    def here(cls) -> HostProbe:
+        """This machine's."""
+        return cls(have_ucxx=ucxx_installed(), have_cuda_stack=cuda_stack_installed(),
+                   cpu_count=os.cpu_count() or 1, host_memory=host_memory_bytes())
+
+
+def plan(options: Options, inventory: Inventory, host: HostProbe) -> LaunchPlan:
+    """What to start on the machine of ``inventory`` and ``host`` (``HostProbe.here()``
+    for this one)."""
     if options.attach:
         return LaunchPlan(kind="attach")
-    have_ucxx = ucxx_installed() if have_ucxx is None else have_ucxx
-    have_cuda_stack = cuda_stack_installed() if have_cuda_stack is None else have_cuda_stack
+    have_ucxx, have_cuda_stack = host.have_ucxx, host.have_cuda_stack
     notes = []
 
     if options.devices is not None:
@@ -109,7 +124,7 @@ def plan(
         notes.append(f"no GPU found ({inventory.reason}): running on CPU workers")
 
     if not use_gpu:
-        cores = cpu_count or os.cpu_count() or 1
+        cores = host.cpu_count
         n = options.n_workers or max(1, min(4, cores // options.threads_per_worker))
         protocol, _ = choose_protocol(options.protocol, gpu=False, n_workers=n, have_ucxx=have_ucxx)
         return LaunchPlan(kind="cpu", n_workers=n, protocol=protocol, notes=tuple(notes))
@@ -130,7 +145,7 @@ def plan(
                            "(every GPU gets the same number of workers)")
     # each GPU once per worker of it, its workers next to each other
     devices = tuple(d for d in devices[:n // per_gpu] for _ in range(per_gpu))
-    host_memory = host_memory_bytes() if host_memory is None else host_memory
+    host_memory = host.host_memory
     _check_pinned(options, n, host_memory)
 
     protocol, note = choose_protocol(options.protocol, gpu=True, n_workers=n, have_ucxx=have_ucxx)

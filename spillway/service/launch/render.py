@@ -20,7 +20,7 @@ def dask_cuda_kwargs(spec: WorkerSpec) -> dict:
         memory_limit=spec.memory_limit,
         local_directory=spec.local_directory,
         protocol=spec.protocol,
-        rmm_pool_size=spec.rmm_pool_size,
+        rmm_pool_size=spec.pool_size,
         rmm_maximum_pool_size=spec.rmm_maximum_pool_size,
         rmm_managed_memory=spec.rmm_managed_memory,
         rmm_async=spec.rmm_async,
@@ -78,7 +78,7 @@ def dask_cuda_worker_flags(spec: WorkerSpec) -> list[str]:
             "--device-memory-limit", flag_value(spec.device_memory_limit or 0)]
     if spec.interface:
         args += ["--interface", spec.interface]
-    for flag, value in (("--rmm-pool-size", spec.rmm_pool_size),
+    for flag, value in (("--rmm-pool-size", spec.pool_size),
                         ("--rmm-maximum-pool-size", spec.rmm_maximum_pool_size),
                         ("--rmm-release-threshold", spec.rmm_release_threshold),
                         ("--rmm-log-directory", spec.rmm_log_directory),

@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..errors import OptionsError
-from ..options import Options, tls_security
+from ..options import Options, RmmAndTls
 from .plan import LaunchPlan, uses_tiered_store
 
 #: the device limit of ``device-memory-limit: default``, as a fraction of the GPU
@@ -35,9 +35,10 @@ class HostFacts:
     """What the specs need to know of the host their workers run on, beyond the plan;
     None where they are built away from it."""
 
-    #: bytes the host's processes may use: distributed's reading (machine, cgroup, rlimit),
-    #: what ``memory-limit`` shares out and bounds
-    memory_limit: int | None = None
+    #: bytes the host's processes may use, all of them together: distributed's reading
+    #: (machine, cgroup, rlimit), what ``memory-limit`` shares out and bounds (each
+    #: worker's own limit is :attr:`WorkerSpec.memory_limit`)
+    host_memory_limit: int | None = None
     #: the host's memory (machine or cgroup), which the host tiers leave a headroom of
     host_total: int | None = None
 
@@ -48,11 +49,11 @@ class HostFacts:
 
         from ..memory.growth import host_total
 
-        return cls(memory_limit=int(MEMORY_LIMIT), host_total=host_total())
+        return cls(host_memory_limit=int(MEMORY_LIMIT), host_total=host_total())
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
+class WorkerSpec(RmmAndTls):
     """One GPU worker, every setting resolved. Adding a setting here means adding it to
     each renderer in :mod:`.render` (tests/service/test_worker_spec.py fails until then)."""
 
@@ -81,9 +82,9 @@ class WorkerSpec:
     pinned_arena: int | None
     #: pinned host bytes the worker may hold in all; None: not bounded here
     pinned_limit: int | None
-    #: RMM: the pool (bytes or a fraction of the GPU, the worker's share of it; None: no
-    #: pool), its maximum, ...
-    rmm_pool_size: int | float | None
+    #: RMM: the pool (``Options.pool_size``: bytes or a fraction of the GPU, the worker's
+    #: share of it; None: no pool), its maximum, ...
+    pool_size: int | float | None
     rmm_maximum_pool_size: int | float | None
     rmm_managed_memory: bool
     rmm_async: bool
@@ -100,16 +101,6 @@ class WorkerSpec:
     def tiered(self) -> bool:
         return self.memory_store == "tiered"
 
-    @property
-    def uses_rmm(self) -> bool:
-        """Whether the worker allocates through an RMM resource (CuPy is then pointed at it)."""
-        return self.rmm_pool_size is not None or self.rmm_managed_memory or self.rmm_async
-
-    @property
-    def security(self):
-        """distributed ``Security`` for the TLS files, or None."""
-        return tls_security(self.tls_ca_file, self.tls_cert, self.tls_key)
-
 
 def worker_specs(options: Options, plan: LaunchPlan, facts: HostFacts | None = None) -> tuple[WorkerSpec, ...]:
     """The spec of each GPU worker of ``plan`` (one host's workers), in worker order; one
@@ -124,10 +115,10 @@ def worker_specs(options: Options, plan: LaunchPlan, facts: HostFacts | None = N
 
 
 def _spec(options: Options, plan: LaunchPlan, facts: HostFacts, device, device_memory: int | None) -> WorkerSpec:
-    memory_limit = distributed_limit(options.memory_limit, facts.memory_limit, plan.n_workers)
+    memory_limit = distributed_limit(options.memory_limit, facts.host_memory_limit, plan.n_workers)
     tiered = uses_tiered_store(options)
     # the store's host tier and arena follow from the host's memory, unknown off the node
-    known = facts.memory_limit is not None
+    known = facts.host_memory_limit is not None
     host = host_limit(memory_limit, facts, plan.n_workers) if known else None
     arena = pinned_arena(options.pinned_pool_size, plan.pinned_limit, host) if known else None
     per_gpu = plan.workers_per_gpu
@@ -146,7 +137,7 @@ def _spec(options: Options, plan: LaunchPlan, facts: HostFacts, device, device_m
         host_limit=host,
         pinned_arena=arena if tiered else 0,
         pinned_limit=plan.pinned_limit,
-        rmm_pool_size=gpu_share(options.pool_size, per_gpu),
+        pool_size=gpu_share(options.pool_size, per_gpu),
         rmm_maximum_pool_size=gpu_share(options.rmm_maximum_pool_size, per_gpu),
         rmm_managed_memory=options.rmm_managed_memory,
         rmm_async=options.rmm_async,
@@ -182,17 +173,17 @@ def device_limit(value: int | float | str, device_memory: int | None) -> int | f
     return int(fraction)
 
 
-def distributed_limit(value: int | float | str, memory_limit: int | None, n_workers: int) -> int | float | None:
+def distributed_limit(value: int | float | str, host_memory_limit: int | None, n_workers: int) -> int | float | None:
     """``memory-limit`` of each of ``n_workers`` worker processes of a host whose processes
-    may use ``memory_limit`` bytes, as distributed reads it for them: ``auto`` is an equal
+    may use ``host_memory_limit`` bytes, as distributed reads it for them: ``auto`` is an equal
     share, a float that fraction of the host, 0 none (None); bytes stay as given
-    (distributed bounds them by the host's and says so). With ``memory_limit`` unknown
+    (distributed bounds them by the host's and says so). With ``host_memory_limit`` unknown
     (None) a relative limit stays a fraction of the host."""
     fraction = 1 / max(1, n_workers) if value == "auto" else value
     if not fraction:
         return None
     if isinstance(fraction, float):
-        return fraction if memory_limit is None else int(memory_limit * fraction)
+        return fraction if host_memory_limit is None else int(host_memory_limit * fraction)
     return int(fraction)
 
 
@@ -207,7 +198,7 @@ def host_limit(memory_limit: int | None, facts: HostFacts, n_workers: int) -> in
 
     if not memory_limit:
         return None
-    limit = min(int(memory_limit), facts.memory_limit)
+    limit = min(int(memory_limit), facts.host_memory_limit)
     reserve = headroom_for(facts.host_total) // max(1, n_workers) + PROCESS_BYTES
     return max(limit - reserve, limit // 2)
 

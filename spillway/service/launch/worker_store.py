@@ -29,10 +29,12 @@ def start_ucx() -> None:
     init_once()
 
 
-def make_store(**kwargs):
-    from ..memory.worker import make_store as make
+def tiered_store(**kwargs):
+    """The ``store`` step: the worker's tiered store (:mod:`..memory.worker`, imported
+    here, in the worker process, not where the worker's keywords are made)."""
+    from ..memory.worker import gpu_worker_store
 
-    return make(**kwargs)
+    return gpu_worker_store(**kwargs)
 
 
 def build_store(*, worker_local_directory: str, protocol: str, **store):
@@ -42,5 +44,5 @@ def build_store(*, worker_local_directory: str, protocol: str, **store):
         if step == "comm":
             start_ucx()
         else:
-            built = make_store(worker_local_directory=worker_local_directory, **store)
+            built = tiered_store(worker_local_directory=worker_local_directory, **store)
     return built

@@ -81,10 +81,6 @@ class Arena:
     def segments(self) -> int:
         return len(self._segments)
 
-    @property
-    def largest_segment(self) -> int:
-        return max((s.capacity for s in self._segments), default=0)
-
     def add(self, buffer: np.ndarray) -> None:
         if buffer.dtype != np.uint8 or buffer.ndim != 1:
             raise ValueError("arena buffer must be 1-D uint8")

@@ -6,18 +6,18 @@ point into): the store counts and frees allocations, and moves the byte ranges t
 span, so arrays that share memory are copied once and come back sharing it.
 
 The CuPy codec copies to and from pinned host buffers on its own CUDA streams (one per
-direction, so spills and restores use both copy engines and overlap compute). The NumPy
-codec puts NumPy arrays in the device tier's place: the tests exercise the real store with
-it, and nothing in the store knows which codec it has.
+direction, so spills and restores use both copy engines and overlap compute). A codec is
+any object with its methods (``is_device``, ``view``, ``ready``, ``to_host``,
+``to_device``, ``rebuild``): the tests run the real store with NumPy arrays in the device
+tier's place (tests/helpers/numpy_codec.py), and nothing in the store knows which codec
+it has.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -70,38 +70,6 @@ class View:
         for d in self.shape:
             n *= d
         return n
-
-
-class NumpyCodec:
-    """NumPy arrays as the "device" tier (CPU tests, and a reference implementation)."""
-
-    def is_device(self, value: Any) -> bool:
-        return isinstance(value, np.ndarray) and value.dtype != object
-
-    def view(self, array) -> View:
-        root = array
-        while isinstance(root.base, np.ndarray):
-            root = root.base
-        start, end = extent(root.__array_interface__["data"][0], root.shape, root.strides, root.itemsize)
-        return View(start, end - start, array.__array_interface__["data"][0], array.shape,
-                    array.strides, array.dtype)
-
-    def ready(self, value) -> None:
-        """Return once ``value`` is computed (NumPy values always are)."""
-
-    def to_host(self, ptr: int, nbytes: int, alloc: Alloc) -> np.ndarray:
-        buf = alloc(nbytes)
-        if nbytes:
-            np.copyto(buf, np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr)))
-        return buf
-
-    def to_device(self, buffer: np.ndarray):
-        out = np.empty(buffer.nbytes, dtype=np.uint8)
-        out[:] = buffer
-        return out
-
-    def rebuild(self, allocation, offset: int, shape, strides, dtype):
-        return np.ndarray(shape, dtype, buffer=allocation, offset=offset, strides=strides)
 
 
 class CupyCodec:

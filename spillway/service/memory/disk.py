@@ -35,9 +35,6 @@ class DiskTier:
     def __contains__(self, key) -> bool:
         return key in self.meta
 
-    def free_bytes(self) -> int:
-        return shutil.disk_usage(self.directory).free
-
     def write(self, key, copy: HostCopy) -> None:
         path = self._path(key)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

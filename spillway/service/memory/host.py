@@ -128,13 +128,6 @@ class HostBuffers:
 
     # --- arena growth (called by the growth thread)
 
-    @property
-    def pinned_held(self) -> int:
-        """Pinned bytes counted against the limit: the arena, segments being taken, and
-        on-demand buffers in use."""
-        with self._lock:
-            return self._held()
-
     def _within_pinned_limit(self, nbytes: int) -> bool:
         return self.pinned_limit is None or self._held() + nbytes <= self.pinned_limit
 

@@ -1,5 +1,6 @@
-"""The tiered store inside a GPU worker: built by the worker from ``(make_store, kwargs)``
-and wired to the worker's task queue, RMM resource and event loop by the worker plugin."""
+"""The tiered store inside a GPU worker: built by the worker (:func:`gpu_worker_store`,
+through :func:`spillway.service.launch.worker_store.build_store`) and wired to the
+worker's task queue, RMM resource and event loop by the worker plugin."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def give_back_segment(buf: np.ndarray) -> None:
     cupy.cuda.runtime.hostUnregister(buf.ctypes.data)
 
 
-def make_store(
+def gpu_worker_store(
     *,
     worker_local_directory: str,
     device_memory_limit: int | None,

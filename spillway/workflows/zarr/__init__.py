@@ -3,7 +3,7 @@ chooses between the GPU path and the CPU path.
 
 Used by workflow inputs (``--param input=PATH``, :mod:`..inputs`), array outputs
 (``--output PATH``, :mod:`..outputs`) and ``cluster.open(...)`` / ``JobResult.array``
-(:func:`spillway.service.client.open_output`).
+(:func:`spillway.workflows.outputs.open_output`).
 
 **What spillway writes.** Chunks uncompressed: no compressor and no filter, only Zarr's
 ``bytes`` codec (little-endian), one file per chunk (default chunk key encoding

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from serve_helpers import Server, add_tenant, jobs_json, wait_for, wait_state
 
-from spillway.workflows import random
+from reference_inputs import uniform_numpy
 
 SMALL = {"size": "400x400", "chunks": "100x100"}
 #: long enough (several seconds on 2 cores) to be caught running
@@ -42,7 +42,7 @@ def submit(client, params=SMALL, **body):
 
 
 def reference_sum(n: int, seed: int = 0) -> float:
-    a = random.uniform_numpy((n, n), seed=seed, dtype="float64").astype(np.float64)
+    a = uniform_numpy((n, n), seed=seed, dtype="float64").astype(np.float64)
     return float((a + a.T).sum())
 
 
@@ -228,7 +228,7 @@ def test_zarr_output_and_inputs_only_from_data_dirs(service):
     import zarr
 
     stored = np.asarray(zarr.open_array(result["output"], mode="r")[...], dtype=np.float64)
-    expected = random.uniform_numpy((200, 200), seed=0, dtype="float64").astype(np.float64)
+    expected = uniform_numpy((200, 200), seed=0, dtype="float64").astype(np.float64)
     assert np.linalg.norm(stored - expected) / np.linalg.norm(expected) < 1e-12
 
     # a summary-only workflow has nothing to write

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from reference_inputs import uniform_numpy
 from serve_helpers import PostgresServer, Server, add_tenant, jobs_json, new_database, wait_for
 
-from spillway.workflows import random
 
 OUTAGE_S = 15
 RUNNING = {"size": "3000x3000", "chunks": "100x100"}  # a few seconds each, three at once
@@ -28,7 +28,7 @@ SMALL = {"size": "300x300", "chunks": "100x100"}
 
 
 def expected_sum(n: int, seed: int) -> float:
-    a = random.uniform_numpy((n, n), seed=seed, dtype="float64").astype(np.float64)
+    a = uniform_numpy((n, n), seed=seed, dtype="float64").astype(np.float64)
     return float((a + a.T).sum())
 
 

@@ -12,9 +12,9 @@ import psutil
 import pytest
 from serve_helpers import Server, add_tenant
 
+from reference_inputs import uniform_numpy
 import spillway
 from spillway.service.gpus import discover
-from spillway.workflows import random
 from spillway.workflows.registry import relative_error
 
 pytestmark = pytest.mark.gpu
@@ -36,7 +36,7 @@ def test_a_job_through_the_service_on_one_gpu_reports_its_memory(tmp_path):
             assert job.status()["waiting"] is None and job.state == "done"
         report = result.report
         assert report["verify"]["ok"] is True, report["verify"]
-        x = random.uniform_numpy(SHAPE, seed=SEED, dtype="float64").astype(np.float64)
+        x = uniform_numpy(SHAPE, seed=SEED, dtype="float64").astype(np.float64)
         assert relative_error(np.float64(result.summary["sum"]), (x + x.T).sum()) <= 1e-10
         assert report["cluster"]["kind"] == "gpu" and report["cluster"]["n_workers"] == 1
         gpu = discover().gpus[0]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from serve_helpers import Server, add_tenant, cpu_cluster, jobs_json, wait_for, wait_state
 
-from spillway.workflows import random
+from reference_inputs import uniform_numpy
 
 SMALL = {"size": "300x300", "chunks": "100x100"}
 MEDIUM = {"size": "4500x4500", "chunks": "100x100"}  # long enough to be caught running under load
@@ -29,7 +29,7 @@ def submit(client, params, **body):
 
 
 def expected_sum(n: int, seed: int) -> float:
-    a = random.uniform_numpy((n, n), seed=seed, dtype="float64").astype(np.float64)
+    a = uniform_numpy((n, n), seed=seed, dtype="float64").astype(np.float64)
     return float((a + a.T).sum())
 
 

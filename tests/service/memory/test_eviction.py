@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, get_worker, wait
+from numpy_codec import NumpyCodec
 
-from spillway.service.memory.codecs import NumpyCodec
 from spillway.service.memory.disk import DiskTier
 from spillway.service.memory.store import TieredStore
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from reference_inputs import uniform_numpy
 from spillway.service.cli import main
 from spillway.service.launch import open_cluster
 from spillway.service.options import Options
@@ -51,7 +52,7 @@ def test_task_survives_allocation_failure_through_spill_on_demand():
         assert stats["stats"]["bytes"]["device_to_host"] >= 10**9
         # the spilled chunks come back intact
         total = float(x.sum().compute())
-        ref = random.uniform_numpy((20000, 20000), seed=1).sum()
+        ref = uniform_numpy((20000, 20000), seed=1).sum()
         assert abs(total - ref) / ref < 1e-12
 
 
@@ -80,7 +81,7 @@ def test_persisted_input_larger_than_device_limit_gives_reference(memory_limit, 
         print(json.dumps({"wall_s": time.time() - start, "spill": stats["spill"]}, indent=1))
         resident = [snap["store"] for snap in after.values()]
         assert all(r["device_bytes"] <= 1 * GB + 50 * 10**6 for r in resident), resident
-        ref = 2 * random.uniform_numpy((20000, 20000), seed=3).sum()
+        ref = 2 * uniform_numpy((20000, 20000), seed=3).sum()
         assert abs(total - ref) / ref < 1e-12
         moves = [w["moves"] for w in stats["spill"].values()]
         assert sum(m["host_to_device"]["bytes"] for m in moves) > 0
@@ -142,7 +143,7 @@ def test_persisted_views_and_tuples_make_room_and_exhaustion_is_one_line():
         message = str(info.value)
         assert "cannot allocate 9.31 GiB on the device" in message and "disk" in message, message
         assert client.run(lambda: 1)  # the worker survived
-        ref = random.uniform_numpy((20000, 20000), seed=5)
+        ref = uniform_numpy((20000, 20000), seed=5)
         total = float(halves.sum().compute())
         expected = sum(ref[i:i + 5000, j:j + 2500].sum() for i in range(0, 20000, 5000)
                        for j in range(0, 20000, 5000))

@@ -21,6 +21,13 @@ MB = 1 << 20
 SEG = 4 * MB
 
 
+def pinned_held(host: HostBuffers) -> int:
+    """Pinned bytes ``host`` counts against its limit: the arena, segments being taken,
+    and on-demand buffers in use (read under its lock, as the growth thread reads it)."""
+    with host._lock:
+        return host._held()
+
+
 class Pins:
     """Stand-in pinned memory: counts every byte pinned that is still in use, segments
     being taken included, independently of HostBuffers' own accounting, and records the
@@ -194,7 +201,7 @@ def test_the_limit_holds_under_concurrent_allocations_while_the_arena_grows():
 
     def monitor():
         while not stop.is_set():
-            seen["max"] = max(seen["max"], host.pinned_held)
+            seen["max"] = max(seen["max"], pinned_held(host))
             time.sleep(0)
 
     def worker(seed):
@@ -220,7 +227,7 @@ def test_the_limit_holds_under_concurrent_allocations_while_the_arena_grows():
     watcher.join()
     growth.stop()
     assert pins.peak <= limit, (pins.peak, limit)  # what really was pinned at once
-    assert seen["max"] <= limit and host.pinned_held <= limit
+    assert seen["max"] <= limit and pinned_held(host) <= limit
     assert host.pinned_bytes == 0 and host.arena.used_bytes == 0 and host.arena.segments > 1
     assert host.pageable_total > 0  # the limit was reached: past it, pageable buffers
 
@@ -231,7 +238,7 @@ def test_growth_waits_while_on_demand_pins_hold_the_limit():
     held = host.alloc(SEG + MB)  # before the arena: on demand
     growth = grow(host, 2 * SEG, pins)
     wait_for(lambda: growth.state == "waiting for the pinned limit")
-    assert host.arena is None and pins.segments == 0 and host.pinned_held == SEG + MB
+    assert host.arena is None and pins.segments == 0 and pinned_held(host) == SEG + MB
     host.release(held)
     growth.join(5)
     assert growth.ready and host.arena.capacity == 2 * SEG and pins.peak <= 2 * SEG
@@ -269,7 +276,7 @@ def test_a_failed_pin_stops_growth_and_keeps_what_was_taken(caplog):
         growth.join(5)
     assert not growth.is_alive() and not growth.ready
     assert growth.state.startswith("stopped: pinning") and "out of memory" in growth.state
-    assert host.arena.capacity == 2 * SEG and host.pinned_held == 2 * SEG  # the reservation came back
+    assert host.arena.capacity == 2 * SEG and pinned_held(host) == 2 * SEG  # the reservation came back
     assert pins.segments == 3  # no retry
     warnings = [r for r in caplog.records if "could not pin" in r.getMessage()]
     assert len(warnings) == 1
@@ -281,7 +288,7 @@ def test_an_error_in_the_thread_never_escapes_it():
     growth = host.grow_arena(SEG, lambda n: np.zeros(n // 8), segment_bytes=SEG)  # not uint8
     growth.join(5)
     assert growth.state.startswith("stopped: ValueError") and not growth.is_alive()
-    assert host.arena is None and host.pinned_held == 0  # its reservation came back
+    assert host.arena is None and pinned_held(host) == 0  # its reservation came back
 
 
 def test_close_stops_growth_and_nothing_is_taken_after_it():
@@ -295,7 +302,7 @@ def test_close_stops_growth_and_nothing_is_taken_after_it():
     capacity = host.arena.capacity
     time.sleep(0.1)
     assert pins.calls_after_close == 0 and host.arena.capacity == capacity < 100 * SEG
-    assert host.pinned_held == capacity  # no reservation left behind
+    assert pinned_held(host) == capacity  # no reservation left behind
 
 
 def test_a_segment_taken_while_closing_is_not_used():
@@ -311,7 +318,7 @@ def test_a_segment_taken_while_closing_is_not_used():
     gate.set()
     closer.join(5)
     growth.join(5)
-    assert growth.state == "stopped: closed" and host.arena is None and host.pinned_held == 0
+    assert growth.state == "stopped: closed" and host.arena is None and pinned_held(host) == 0
     assert [b.nbytes for b in given_back] == [SEG]  # unpinned, not left pinned and unused
 
 

@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 import pytest
+from numpy_codec import NumpyCodec
 
 from spillway.service.memory.arena import Arena
 from spillway.service.memory.books import HostBooks
-from spillway.service.memory.codecs import NumpyCodec
 from spillway.service.memory.disk import DiskTier
 from spillway.service.memory.host import HostBuffers
 from spillway.service.memory.store import TieredStore

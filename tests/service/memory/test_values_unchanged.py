@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numpy_codec import NumpyCodec
 
 from spillway.service.memory.arena import Arena
-from spillway.service.memory.codecs import NumpyCodec
 from spillway.service.memory.disk import DiskTier
 from spillway.service.memory.host import HostBuffers
 from spillway.service.memory.store import TieredStore
