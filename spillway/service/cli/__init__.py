@@ -167,6 +167,10 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
     workflows.get(workflow).check_values(params)
     if output is not None:
         output = check_path(output)
+    # and so does a run no GPU worker's tiers could hold, before any pool is taken
+    from ..preflight import refuse_before_start
+
+    refuse_before_start(options, workflow, params)
     stream = default_stream() if progress is None else (sys.stderr if progress else None)
     if as_json:
         from .stdout import JsonStdout
