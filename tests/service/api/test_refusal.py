@@ -43,7 +43,8 @@ def test_a_petabyte_job_is_refused_in_bytes(service, params):
     msg = _refusal(service, params)
     assert msg.startswith("transpose-sum: projected footprint 909.49 TiB exceeds the cluster's "
                           "device + host + disk capacity "), msg
-    assert re.search(r"capacity [\d.]+ \w+ \(0 B \+ 0.93 GiB \+ [\d.]+ \w+\)$", msg), msg
+    assert re.search(r"capacity [\d.]+ \w+ \(device 0 B \+ host tier 0\.93 GiB \+ disk [\d.]+ \w+ "
+                     r"\([\d.]+ \w+ free less a reserve of [\d.]+ \w+\), 1 worker\)$", msg), msg
     assert "chunk" not in msg
 
 

@@ -166,7 +166,8 @@ def test_a_default_tenant_submits_what_the_cluster_admits(service):
     with pytest.raises(ServiceError) as refused:
         dora.submit("transpose-sum", size="1PB")
     assert re.search(r"projected footprint 909\.49 TiB exceeds the cluster's device \+ host \+ disk capacity "
-                     r"[\d.]+ \w+ \(0 B \+ 0\.93 GiB \+ [\d.]+ \w+\)", str(refused.value)), refused.value
+                     r"[\d.]+ \w+ \(device 0 B \+ host tier 0\.93 GiB \+ disk [\d.]+ \w+ "
+                     r"\([\d.]+ \w+ free less a reserve of [\d.]+ \w+\), 1 worker\)", str(refused.value)), refused.value
     # an owner's own limit refuses with its number, and the cluster's
     owen = sw.connect(server.url, tokens["owen"])
     with pytest.raises(ServiceError, match=r"exceeds this tenant's limit of 476\.84 MiB per job "
