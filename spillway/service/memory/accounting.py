@@ -92,7 +92,7 @@ class DeviceAccounts:
             allocation = self.allocations.get(a)
             if allocation is None or allocation.keys & stay:
                 continue
-            keys = [k for k in self.stored if k in allocation.keys]
+            keys = list(allocation.keys)  # not a scan of every stored key on each removal
             views = [v for k in keys for v in _views(self.stored[k], codec) if v.allocation == a]
             if not views or not _wasteful(allocation.nbytes, _covered(views)):
                 continue
