@@ -4,8 +4,8 @@ A case's row must say whether the machine came near the end of its memory, not o
 whether the answer was right: on one H100 a user-code case passed with 3.8 GB of the host
 available at its peak, a third of the headroom the tiered store keeps, and an SVD run ended
 in the kernel's OOM kill. So while a case runs, a thread of the bench process reads
-/proc/meminfo every half second (memory in use: MemTotal - MemAvailable, and the lowest
-MemAvailable), and after it the kernel log is read for OOM kills that are new since the
+the host's memory every half second as the store reads it (memory in use: total less
+available, and the lowest available), and after it the kernel log is read for OOM kills that are new since the
 case started (``dmesg``; where it cannot be read the row says "unknown", never "none").
 A case whose MemAvailable went under the store's headroom (a tenth of the machine, at
 least 2 GiB: :func:`spillway.service.memory.growth.headroom_for`) is flagged.
@@ -16,25 +16,20 @@ from __future__ import annotations
 import re
 import subprocess
 import threading
-from pathlib import Path
 
-#: seconds between two readings of /proc/meminfo
+#: seconds between two readings of the host's memory
 INTERVAL_S = 0.5
 #: the kernel's lines of an OOM kill
 _OOM = re.compile(r"Killed process|Out of memory", re.IGNORECASE)
 
 
-def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
-    """MemTotal and MemAvailable in bytes (empty where the file is not there)."""
-    out = {}
-    try:
-        for line in Path(path).read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("MemTotal", "MemAvailable"):
-                out[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return {}
-    return out
+def meminfo() -> dict[str, int]:
+    """MemTotal and MemAvailable in bytes, as the tiered store reads them (the machine's,
+    within the process's cgroup: :mod:`spillway.service.memory.growth`), so that a case
+    flagged under the headroom is one the store saw there too."""
+    from spillway.service.memory.growth import host_available, host_total
+
+    return {"MemTotal": host_total(), "MemAvailable": host_available()}
 
 
 def kernel_oom_lines() -> list[str] | None:
@@ -47,13 +42,6 @@ def kernel_oom_lines() -> list[str] | None:
     if done.returncode != 0:
         return None
     return [line.strip() for line in done.stdout.splitlines() if _OOM.search(line)]
-
-
-def store_headroom(total: int) -> int:
-    """The host memory the tiered store keeps free on a machine of ``total`` bytes."""
-    from spillway.service.memory.growth import headroom_for
-
-    return headroom_for(total)
 
 
 class HostWatch:
@@ -116,7 +104,9 @@ class HostWatch:
         """The row's columns: peak host memory in use, lowest MemAvailable, the store's
         headroom and whether it was crossed, and the kernel's OOM kills ("unknown" where
         the log could not be read)."""
-        headroom = store_headroom(self.total) if self.total else None
+        from spillway.service.memory.growth import headroom_for
+
+        headroom = headroom_for(self.total) if self.total else None
         kills = self.new_oom_kills()
         return {"host_peak_used_bytes": self.peak_used, "host_min_available_bytes": self.min_available,
                 "host_total_bytes": self.total, "host_headroom_bytes": headroom,
