@@ -265,7 +265,7 @@ def reset_peak(dask_worker) -> None:
     plugin.window_start = time.time()
     store = _tiered_store(dask_worker)
     if store is not None and store.books is not None:
-        store.books.lowest_available, store.books.peak_resident = None, 0
+        store.books.lowest_available = None
     stats = plugin.statistics
     if stats is not None:
         # RMM keeps a stack of counters: a pushed window counts from zero, so remember

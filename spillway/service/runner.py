@@ -346,15 +346,15 @@ def _store_delta(before: dict | None, after: dict) -> dict:
 
 
 def _host_memory(before: dict | None, after: dict) -> dict | None:
-    """What the kernel said of the worker's host memory during the run (its books'
-    peaks, reset with the run's window), and the time it was paused for it."""
+    """What the machine said of the worker's host memory during the run (the lowest
+    available its books saw, reset with the run's window), and the time it was paused
+    for it; the process's peak is ``peak_host_bytes_per_worker``."""
     books = after.get("books")
     if not books:
         return None
     pause, old = after.get("host_pause") or {}, (before or {}).get("host_pause") or {}
     return {
         "lowest_available_bytes": books["lowest_available_bytes"],
-        "peak_resident_bytes": books["peak_resident_bytes"],
         "other_bytes": books["other_bytes"],
         "headroom_bytes": books["headroom_bytes"],
         "short_events": books["short_events"] - ((before or {}).get("books") or {}).get("short_events", 0),
@@ -395,16 +395,15 @@ def format_report(report: dict) -> str:
     if peaks:
         shown = ", ".join(format_bytes(v) for v in peaks.values() if v is not None)
         lines.append(f"peak memory   {shown}  ({report.get('memory_measure')})")
-    for addr, spill in (report.get("spill") or {}).items():
-        host = spill.get("host_memory")
-        if host and host["lowest_available_bytes"] is not None:
-            lines.append(f"host memory   {addr}: process peak {format_bytes(host['peak_resident_bytes'])}, "
-                         f"machine available >= {format_bytes(host['lowest_available_bytes'])} "
-                         f"(headroom {format_bytes(host['headroom_bytes'])})"
-                         + (f"; paused {host['pauses']}x, {host['paused_s']:.1f} s" if host["pauses"] else ""))
     host = [v for v in (report.get("peak_host_bytes_per_worker") or {}).values() if v is not None]
     if host and report.get("memory_measure") == "rmm":
         lines.append(f"peak host     {', '.join(format_bytes(v) for v in host)}  (worker RSS)")
+    for addr, spill in (report.get("spill") or {}).items():
+        host = spill.get("host_memory")
+        if host and host["lowest_available_bytes"] is not None:
+            lines.append(f"host memory   {addr}: machine available >= {format_bytes(host['lowest_available_bytes'])} "
+                         f"(headroom {format_bytes(host['headroom_bytes'])})"
+                         + (f"; paused {host['pauses']}x, {host['paused_s']:.1f} s" if host["pauses"] else ""))
     v = report.get("verify")
     if v:
         status = "OK" if v["ok"] else "FAILED"

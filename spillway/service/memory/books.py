@@ -59,20 +59,19 @@ class HostBooks:
     headroom: int = 0
     process_limit: int | None = None
     resident: Callable[[], int] = process_resident
-    #: the lowest available and highest resident bytes seen by any check
+    #: the lowest available bytes seen by any check (the process's peak is distributed's
+    #: monitor's, sampled whether the store checks or not)
     lowest_available: int | None = field(default=None, init=False)
-    peak_resident: int = field(default=0, init=False)
     #: checks that found the host short, and when the last one did
     short_events: int = field(default=0, init=False)
     last_short_at: float | None = field(default=None, init=False)
 
     def read(self) -> tuple[int, int]:
-        """(available, resident) now, kept for the peaks."""
+        """(available, resident) now; the lowest available is kept."""
         available = int(self.available())
         resident = int(self.resident())
         if self.lowest_available is None or available < self.lowest_available:
             self.lowest_available = available
-        self.peak_resident = max(self.peak_resident, resident)
         return available, resident
 
     def short_by(self, nbytes: int, *, count: bool = True) -> int:
@@ -114,7 +113,6 @@ class HostBooks:
             # libraries, task temporaries, cached pinned blocks
             "other_bytes": max(0, resident - held),
             "lowest_available_bytes": self.lowest_available,
-            "peak_resident_bytes": self.peak_resident,
             "headroom_bytes": self.headroom,
             "process_limit_bytes": self.process_limit,
             "short_events": self.short_events,
