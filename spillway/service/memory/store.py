@@ -271,21 +271,9 @@ class TieredStore(MutableMapping):
         process over its limit, give back cached pinned blocks, then write host groups
         to disk, each freeing its buffers (or arena slices the buffer can take)."""
         books = self.books
-        if books is None or books.short_by(nbytes) <= 0:
+        if books is None or books.short_by(nbytes) <= 0 or self.disk is None:
             return
-        if self.host.trim is not None:
-            self.host.trim()
-        if books.short_by(nbytes, count=False) <= 0 or self.disk is None:
-            return
-        for gid in self._host_order():
-            moves.host_to_disk(self._spilled, [gid], 1, self._means())
-            if self.host.arena_fits(nbytes):
-                return
-            if books.short_by(nbytes, count=False) <= 0:
-                return
-            if self.host.trim is not None:
-                self.host.trim()
-        if books.short_by(nbytes, count=False) > 0:
+        if self._write_host_while(nbytes) and books.short_by(nbytes, count=False) > 0:
             logger.warning("%s: the host is short of memory for a %s buffer and the host tier holds "
                            "nothing more to write to disk (%s)", self.name, format_bytes(nbytes),
                            books.pressure(paused=False) or "the process holds it outside the store")
@@ -296,17 +284,27 @@ class TieredStore(MutableMapping):
         for memory); returns the bytes written."""
         if self.books is None or self.disk is None:
             return 0
-        written = 0
         with self._lock:
-            for gid in self._host_order():
-                if self.books.short_by(0, count=False) <= 0:
-                    break
-                n = self._spilled.groups[gid].nbytes
-                moves.host_to_disk(self._spilled, [gid], 1, self._means())
-                written += n
-                if self.host.trim is not None:
-                    self.host.trim()
-        return written
+            before = self._spilled.host_bytes
+            self._write_host_while(0)
+            return before - self._spilled.host_bytes
+
+    def _write_host_while(self, nbytes: int) -> bool:
+        """Trim cached pinned blocks, then write host groups to disk, in eviction order,
+        until ``nbytes`` more host memory fit the books (or a slice of the arena); True
+        when the host tier ran out first. The caller holds the lock."""
+        def room() -> bool:
+            if self.host.trim is not None:
+                self.host.trim()
+            return (nbytes and self.host.arena_fits(nbytes)) or self.books.short_by(nbytes, count=False) <= 0
+
+        if room():
+            return False
+        for gid in self._host_order():
+            moves.host_to_disk(self._spilled, [gid], 1, self._means())
+            if room():
+                return False
+        return True
 
     def _restore(self, gid) -> None:
         moves.restore(self._device, self._spilled, gid, self._means(), self._make_room)
