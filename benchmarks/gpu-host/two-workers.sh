@@ -18,6 +18,10 @@
 #   bench      W1-W5 (small) on spillway's two workers beside the same plain dask-cuda rig, with
 #              each worker's timeline of the first timed run (--timeline, issue 15's, on one GPU),
 #              the ceilings (same-GPU copy) measured in the same run                  ~3 min
+#   knobs      (not by default: PARTS=knobs) spillway's transfers again under each UCXX setting
+#              that changes the cost of one message: distributed-ucxx's multi-buffer (one
+#              send of all frames) and ucxx's progress mode (thread, thread-polling; the
+#              default is blocking), each in knobs/<name>.json of results.tar.gz  ~2.5 min
 #   zarr       (not by default: PARTS=zarr, a call of its own) the Zarr bench (small, 12 GB,
 #              KvikIO) with one and with two workers on the GPU: does a second worker
 #              overlap the reads with the decode and the copies                       ~6 min
@@ -103,8 +107,25 @@ pool_rc=skipped
 if has pool && fits 75 pool; then
   echo "== transfers between the two workers: plain dask-cuda with an RMM pool (0.45 of the GPU each)" | tee -a "$log"
   timeout -k 10 120 python3 -m spillway.bench.transfers --rig dask-cuda --sizes "$sizes" \
-    --worker-flag=--rmm-pool-size=0.45 >"$out/transfers-dask-cuda-pool.json" 2>>"$log"
+    --worker-flag=--rmm-pool-size=0.45 --worker-flag=--rmm-allocator-external-lib-list=cupy \
+    >"$out/transfers-dask-cuda-pool.json" 2>>"$log"
   pool_rc=$?
+fi
+
+knobs_rc=skipped
+if has knobs; then
+  mkdir -p "$results/results/knobs"
+  knobs_rc=
+  for knob in "default|" "multi-buffer|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True" "thread|UCXPY_PROGRESS_MODE=thread" \
+              "thread-polling|UCXPY_PROGRESS_MODE=thread-polling" \
+              "multi-buffer+thread|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True UCXPY_PROGRESS_MODE=thread"; do
+    name=${knob%%|*}; vars=${knob#*|}
+    fits 40 knobs || break
+    echo "== transfers between the two workers: spillway, $name ($vars)" | tee -a "$log"
+    env $vars timeout -k 10 90 python3 -m spillway.bench.transfers --rig spillway --sizes "$sizes" \
+      >"$results/results/knobs/$name.json" 2>>"$log"
+    knobs_rc="$knobs_rc$?"
+  done
 fi
 
 zarr_rc=skipped
@@ -119,7 +140,7 @@ if has zarr && fits 330 zarr; then
 fi
 tar czf "$out/results.tar.gz" -C "$results" results 2>/dev/null
 
-echo "== exit codes: tests $tests_rc, run $run_rc, link $link_rc, transfers spillway $sp_rc / dask-cuda $dc_rc / pool $pool_rc, bench $bench_rc, zarr $zarr_rc ($(( $(date +%s) - start )) s)" | tee -a "$log"
+echo "== exit codes: tests $tests_rc, run $run_rc, link $link_rc, transfers spillway $sp_rc / dask-cuda $dc_rc / pool $pool_rc, bench $bench_rc, knobs $knobs_rc, zarr $zarr_rc ($(( $(date +%s) - start )) s)" | tee -a "$log"
 python3 - "$out" "$results" <<'PY'
 import glob, json, sys
 
@@ -178,6 +199,14 @@ for n in sorted(set().union(*moves.values(), ceiling)):
           f"{f(of_copy, '{:.0f}%'):>7} | {f(ms(b), '{:.2f}'):>9} | {f(ms(bp), '{:.2f}'):>7} | "
           f"{f(copy and n / (copy * 1e9) * 1e3, '{:.2f}'):>6} | {f(c.get('ucxx_send_recv'), '{:.1f}'):>15} | "
           f"{'same' if same else 'DIFFERENT'}")
+knobs = {p.rsplit("/", 1)[1][:-5]: load(p) for p in sorted(glob.glob(f"{results}/results/knobs/*.json"))}
+if knobs:
+    sizes = sorted({m["bytes"] for r in knobs.values() if r for m in r.get("moves", [])})
+    print("\nspillway's transfers by UCXX setting: ms per transfer (median of 5)")
+    print(f"{'setting':<22} | " + " | ".join(f"{size(n):>8}" for n in sizes))
+    for name, r in knobs.items():
+        by = {m["bytes"]: m for m in (r or {}).get("moves", [])}
+        print(f"{name:<22} | " + " | ".join(f"{f(ms(by.get(n, {})), '{:.2f}'):>8}" for n in sizes))
 benches = [p for p in sorted(glob.glob(f"{results}/results/*-two-workers.json")) if "-link-" not in p]
 if benches:
     r = load(benches[-1])

@@ -186,7 +186,9 @@ def dask_cuda_processes(devices, changes: dict | None = None, *, protocol: str |
         try:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "dask", "scheduler", "--scheduler-file", scheduler_file,
-                 "--protocol", protocol, "--no-dashboard"], env=env, stdout=logs, stderr=subprocess.STDOUT))
+                 # any free port: UCX's listener does not reuse an address, so 8786 is
+                 # refused for a minute after an earlier rig's scheduler closed it
+                 "--protocol", protocol, "--port", "0", "--no-dashboard"], env=env, stdout=logs, stderr=subprocess.STDOUT))
             deadline = time.monotonic() + PROCESSES_START_S
             while not os.path.exists(scheduler_file):
                 if procs[0].poll() is not None or time.monotonic() > deadline:
@@ -220,8 +222,13 @@ def dask_cuda_processes(devices, changes: dict | None = None, *, protocol: str |
 
 
 def _tail(path: str, lines: int = 5) -> str:
+    """The first line that names an error (the cause; a traceback's last lines are often
+    only distributed's "failed to start") and the last ``lines`` lines of the log."""
     try:
         with open(path) as f:
-            return " | ".join(line.strip() for line in f.read().splitlines()[-lines:])
+            text = f.read().splitlines()
     except OSError:
         return "no log"
+    cause = next((line.strip() for line in text if "Error" in line or "error:" in line), None)
+    tail = [line.strip() for line in text[-lines:]]
+    return " | ".join(([cause] if cause and cause not in tail else []) + tail)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -112,7 +113,9 @@ def main(argv=None) -> int:
                         help="a `dask cuda worker` flag of the dask-cuda rig, such as --rmm-pool-size=0.45")
     args = parser.parse_args(argv)
     sizes = _parse_sizes(args.sizes)
-    result = {"rig": args.rig, "sizes": sizes, "options": args.option, "worker_flags": args.worker_flag}
+    result = {"rig": args.rig, "sizes": sizes, "options": args.option, "worker_flags": args.worker_flag,
+              # the UCXX settings the workers inherit from this process's environment
+              "env": {k: v for k, v in os.environ.items() if k.startswith(("UCXPY_", "DASK_DISTRIBUTED_UCXX__"))}}
     if args.ceiling:
         from .ceilings import gpu_ceilings
 
