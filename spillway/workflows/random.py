@@ -102,5 +102,12 @@ def uniform(
         by_key = {(name, *index): [worker] for index, worker in by_block.items()}
         annotations = {"workers": by_key.__getitem__, "allow_other_workers": True}
     graph = HighLevelGraph({name: MaterializedLayer(layer, annotations=annotations)}, {name: set()})
-    meta = np.empty((0,) * len(shape), dtype=dtype)
+    # the chunks' own type: dask builds what it adds from the meta (map_overlap's constant
+    # boundary, full_like, concatenations), and numpy there beside CuPy chunks fails
+    if backend == "cupy":
+        from .backend import device_meta
+
+        meta = device_meta(dtype, len(shape))
+    else:
+        meta = np.empty((0,) * len(shape), dtype=dtype)
     return da.Array(graph, name, chunks, meta=meta)

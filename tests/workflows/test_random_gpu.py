@@ -1,0 +1,24 @@
+"""Generated inputs on the GPU carry CuPy's type in their dask meta, so what dask builds
+from the meta (map_overlap's constant boundary, full_like) is CuPy beside their chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spillway.bench.matrix.user_code import laplacian_2d
+from spillway.workflows import random
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cupy_inputs_have_cupy_meta_and_map_overlap_with_a_constant_boundary_runs():
+    import cupy
+
+    x = random.uniform((300, 200), (100, 50), seed=3, backend="cupy")
+    assert isinstance(x._meta, cupy.ndarray)
+    y = x.map_overlap(laplacian_2d, depth=1, boundary=0).compute(scheduler="sync")
+    assert isinstance(y, cupy.ndarray)
+    host = random.uniform((300, 200), (300, 200), seed=3, backend="numpy").compute(scheduler="sync")
+    expected = laplacian_2d(np.pad(host.astype(np.float64), 1))[1:-1, 1:-1]
+    assert np.abs(cupy.asnumpy(y) - expected).max() / np.abs(expected).max() < 1e-12
