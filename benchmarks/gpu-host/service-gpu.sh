@@ -100,7 +100,9 @@ try:
     # two together, from two tenants: the second waits for memory, then runs
     (ja, sa), (jb, sb) = submit(a), submit(b)
     waited = {ja.id: None, jb.id: None}
-    while any(j.status()["state"] in ("queued", "running") for j in (ja, jb)):
+    # both refreshed on every pass (any() over the calls would stop at the first running
+    # job and leave the queued one's record, and its reason, as it was at submission)
+    while any([j.status()["state"] in ("queued", "running") for j in (ja, jb)]):
         for j in (ja, jb):
             # the reason the scheduler gave (not the moment before it first looked)
             if (j.record.get("waiting") or "").startswith("waiting") and waited[j.id] is None:
