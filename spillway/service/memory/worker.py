@@ -22,17 +22,24 @@ _REGISTER_PORTABLE = 1
 _PAGE = 4096
 #: bytes touched per call, each with the GIL released (ctypes.memset)
 _TOUCH_STEP = 256 << 20
+#: threads touching one segment: the first touch is page faults (the kernel zeroing and
+#: mapping each page, and on a virtual machine the host backing it), which one thread
+#: does at about 2.3 GiB/s on the GPU host; they run at the growth thread's nice value
+_TOUCH_THREADS = max(1, min(4, (os.cpu_count() or 2) // 4))
 
 
 def take_segment(nbytes: int) -> np.ndarray:
     """One arena segment: host memory touched page by page, then pinned.
 
     The two costs are taken apart on purpose. Touching (the host handing its RAM to the
-    machine, about 2.3 GiB/s on the GPU host) runs as plain memsets that release the GIL
-    and involve no CUDA call; pinning the pages already there (cudaHostRegister) is then
-    short. Allocating pinned memory is one of the calls that CUDA serializes with the work
-    of every stream of the context, so a cudaHostAlloc that also touched gigabytes would
-    hold spills and kernels of the running worker for seconds. Segments are kept for the
+    machine, about 2.3 GiB/s a thread on the GPU host) runs as plain memsets that release
+    the GIL and involve no CUDA call; pinning the pages already there (cudaHostRegister)
+    is then short. Allocating pinned memory is one of the calls that CUDA serializes with
+    the work of every stream of the context, so a cudaHostAlloc that also touched gigabytes
+    would hold spills and kernels of the running worker for seconds. A few threads touch
+    it: a fresh host's first spills wait for the arena (huge pages, asked for with
+    madvise, were slower on a loaded 2-core machine: direct compaction; measure them with
+    ``benchmarks/gpu-host/first-touch.py`` before taking them). Segments are kept for the
     worker's life (see :func:`give_back_segment` for one that is not used)."""
     import ctypes
 
@@ -42,8 +49,15 @@ def take_segment(nbytes: int) -> np.ndarray:
     offset = -raw.ctypes.data % _PAGE
     buf = raw[offset : offset + nbytes]
     ptr = buf.ctypes.data
-    for start in range(0, nbytes, _TOUCH_STEP):
-        ctypes.memset(ptr + start, 0, min(_TOUCH_STEP, nbytes - start))
+    steps = [(ptr + start, min(_TOUCH_STEP, nbytes - start)) for start in range(0, nbytes, _TOUCH_STEP)]
+    if _TOUCH_THREADS > 1 and len(steps) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(_TOUCH_THREADS, len(steps)), thread_name_prefix="spillway-touch") as pool:
+            list(pool.map(lambda step: ctypes.memset(step[0], 0, step[1]), steps))
+    else:
+        for start, length in steps:
+            ctypes.memset(start, 0, length)
     cupy.cuda.runtime.hostRegister(ptr, nbytes, _REGISTER_PORTABLE)
     return buf
 

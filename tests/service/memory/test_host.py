@@ -383,14 +383,21 @@ def test_segments_are_touched_then_registered_page_aligned(monkeypatch):
     monkeypatch.setattr(ctypes, "memset", recording_memset)
     monkeypatch.setattr(worker, "_TOUCH_STEP", MB)  # several touches, the last one partial
     n = 3 * MB + 8192
-    buf = worker.take_segment(n)
-    ptr = buf.ctypes.data
-    assert buf.dtype == np.uint8 and buf.nbytes == n and ptr % 4096 == 0
-    # every byte written, in steps, before the one pin of the whole segment
-    assert calls == [("touch", ptr, MB), ("touch", ptr + MB, MB), ("touch", ptr + 2 * MB, MB),
-                     ("touch", ptr + 3 * MB, 8192), ("pin", ptr, n, 1)]
-    worker.give_back_segment(buf)
-    assert calls[-1] == ("unpin", ptr)
+    for threads in (1, 3):
+        monkeypatch.setattr(worker, "_TOUCH_THREADS", threads)
+        calls.clear()
+        buf = worker.take_segment(n)
+        ptr = buf.ctypes.data
+        assert buf.dtype == np.uint8 and buf.nbytes == n and ptr % 4096 == 0
+        assert not buf.any()
+        # every byte written, in steps (on several threads, in any order), before the one
+        # pin of the whole segment
+        touches = sorted(c for c in calls if c[0] == "touch")
+        assert touches == [("touch", ptr, MB), ("touch", ptr + MB, MB), ("touch", ptr + 2 * MB, MB),
+                           ("touch", ptr + 3 * MB, 8192)]
+        assert calls[-1] == ("pin", ptr, n, 1) and len(calls) == 5
+        worker.give_back_segment(buf)
+        assert calls[-1] == ("unpin", ptr)
 
 
 def test_growth_sees_the_worker_of_its_process_closing(monkeypatch):
