@@ -417,7 +417,8 @@ class Options(RmmAndTls):
         help="What holds a GPU worker's chunks, `tiered` (spillway's device -> pinned host -> "
              "disk store, evicting what queued tasks need last; checked against NumPy at 1.5x "
              "the GPUs' memory, see benchmarks/NOTES.md) or `dask-cuda` (dask-cuda's "
-             "DeviceHostFile). Slurm and MPI workers keep dask-cuda's store.")
+             "DeviceHostFile). Every launcher takes it (local, `spillway worker` in Slurm jobs, "
+             "MPI ranks); with rmm-managed-memory workers keep dask-cuda's.")
     pinned_pool_size: int | str = option(
         "auto", _bytes_limit("auto"), worker=True,
         help="Pinned host memory each GPU worker takes and touches for spilled chunks, on a "
