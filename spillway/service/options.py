@@ -23,7 +23,8 @@ is the run-time check of the user's config (a bad value from a dask config file 
 ``DASK_SPILLWAY__`` variable fails there, naming the key, the value, what is allowed and
 where it came from). The JSON schema is generated from the same parsers for editors and
 docs, and is not checked again at run time: it would repeat the parsers' checks, and it
-cannot take all they accept (``DASK_SPILLWAY__NVLINK=false`` arrives as a string).
+cannot take all they accept (dask reads ``DASK_SPILLWAY__DEVICES=0,1`` as the tuple
+``(0, 1)`` and ``DASK_SPILLWAY__NVLINK=off`` as a string).
 
 Validation needs no GPU: what depends on the machine (does device 3 exist, are there
 enough GPUs for the workers) is checked by :mod:`spillway.service.launch.plan` against the GPU
