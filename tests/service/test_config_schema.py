@@ -3,6 +3,7 @@ README table, the CLI flags and the worker flags are made from it and stay in st
 
 from __future__ import annotations
 
+import dask.config
 import jsonschema
 import pytest
 from click.testing import CliRunner
@@ -126,3 +127,14 @@ def test_the_readme_table_lists_switches_with_their_negation():
     assert "| `nvlink` | `--nvlink/--no-nvlink` | `true` |" in table
     assert "| `rmm-pool-size` | `--rmm-pool-size` | `auto` |" in table
     assert table.count("\n") == len(OPTIONS) + 1
+
+
+def test_the_parsers_take_what_dask_reads_from_the_environment_and_the_schema_would_not(monkeypatch):
+    """Why the schema is not checked at run time: dask reads DASK_SPILLWAY__DEVICES=0,1 as a
+    tuple and DASK_SPILLWAY__NVLINK=off as a string; the parsers take both."""
+    monkeypatch.setenv("DASK_SPILLWAY__DEVICES", "0,1")
+    monkeypatch.setenv("DASK_SPILLWAY__NVLINK", "off")
+    options = Options.resolve()
+    assert options.devices == (0, 1) and options.nvlink is False
+    read = dask.config.collect_env({"DASK_SPILLWAY__DEVICES": "0,1", "DASK_SPILLWAY__NVLINK": "off"})["spillway"]
+    assert not _schema_allows("devices", read["devices"]) and not _schema_allows("nvlink", read["nvlink"])
