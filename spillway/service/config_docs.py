@@ -20,8 +20,10 @@ from pathlib import Path
 
 import yaml
 
-from .options import DEFAULTS_FILE, NAMESPACE, OPTIONS, SCHEMA_FILE
+from .options import DEFAULTS_FILE, NAMESPACE, OPTIONS
 
+#: the JSON schema of the options, packaged for editors (spillway does not read it)
+SCHEMA_FILE = DEFAULTS_FILE.with_name("config_schema.yaml")
 BEGIN = "<!-- config-table:begin -->"
 END = "<!-- config-table:end -->"
 #: the README of a source checkout (absent from an installed package)

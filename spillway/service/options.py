@@ -54,18 +54,12 @@ AUTO_POOL_FRACTION = 0.9
 #: shares the GPU's memory, so beyond a few the shares get too small to be useful
 MAX_WORKERS_PER_GPU = 8
 DEFAULTS_FILE = Path(__file__).with_name("config.yaml")
-SCHEMA_FILE = Path(__file__).with_name("config_schema.yaml")
 
 
 def load_defaults() -> dict[str, Any]:
     """The packaged defaults, keyed by their config (hyphenated) names."""
     with DEFAULTS_FILE.open() as f:
         return yaml.safe_load(f)[NAMESPACE]
-
-
-def load_schema() -> dict[str, Any]:
-    with SCHEMA_FILE.open() as f:
-        return yaml.safe_load(f)
 
 
 # Registering the defaults lets `dask.config.get("spillway.…")` work everywhere, workers
