@@ -120,7 +120,9 @@ def stale(files: dict[Path, str]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spillway.service.config_docs", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m spillway.service.config_docs", description=(
+        "Check (exit 1 naming what differs) or --write config.yaml, config_schema.yaml and the README's "
+        "table, made from the option declarations in spillway/service/options.py."))
     parser.add_argument("--write", action="store_true", help="rewrite the files that differ")
     args = parser.parse_args(argv)
     files = generated()
