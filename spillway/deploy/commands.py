@@ -18,7 +18,7 @@ from spillway.service.launch.render import dask_cuda_worker_flags, flag_value, t
 from spillway.service.launch.spec import WorkerSpec
 from spillway.service.launch.ucx_env import QUIET_UCX
 from spillway.service.launch.worker_config import worker_config
-from spillway.service.options import Options
+from spillway.service.options import OPTIONS, Options
 
 
 def protocol(options: Options, *, gpu: bool, n_workers: int) -> str:
@@ -70,27 +70,22 @@ def gpu_worker_args(spec: WorkerSpec, *, scheduler_file: str) -> list[str]:
             + dask_cuda_worker_flags(spec))
 
 
-#: the options a node's GPU workers are built from (``spillway worker``); the scheduler's
-#: and the client's (host, port, dashboard, devices) are not theirs
-_WORKER_OPTIONS = (
-    "workers-per-gpu", "threads-per-worker", "rmm-pool-size", "rmm-maximum-pool-size", "rmm-managed-memory", "rmm-async",
-    "rmm-release-threshold", "rmm-log-directory", "rmm-track-allocations", "device-memory-limit",
-    "memory-limit", "local-directory", "memory-store", "pinned-pool-size", "nvlink", "transfer-connections",
-    "transfer-message-bytes", "interface", "tls-ca-file", "tls-cert", "tls-key",
-)
+#: the options a node's GPU workers are built from (``spillway worker``), as declared
+#: (``worker=True``); the scheduler's and the client's (host, port, dashboard, devices) are
+#: not theirs
+WORKER_OPTIONS = tuple(o for o in OPTIONS if o.worker)
 
 
-def option_flags(options: Options, keys) -> list[str]:
-    """``spillway`` flags that set each of ``keys`` to its value in ``options``, unset
-    values included (``none``), so nothing is left to the node's own config."""
-    values = options.as_config()
+def option_flags(options: Options, declared=WORKER_OPTIONS) -> list[str]:
+    """``spillway`` flags that set each ``declared`` option to its value in ``options``,
+    unset values included (``none``), so nothing is left to the node's own config."""
     args = []
-    for key in keys:
-        value = values[key]
-        if isinstance(value, bool):
-            args.append(f"--{key}" if value else f"--no-{key}")
+    for o in declared:
+        value = o.as_config(getattr(options, o.name))
+        if o.switch:
+            args.append(o.flag if value else f"--no-{o.key}")
         else:
-            args += [f"--{key}", "none" if value is None else flag_value(value)]
+            args += [o.flag, "none" if value is None else flag_value(value)]
     return args
 
 
@@ -98,7 +93,7 @@ def spillway_worker_args(options: Options, *, scheduler_file: str, protocol: str
     """Arguments of ``spillway worker``: one worker per GPU the task can see, built like
     the local GPU cluster's (dask-cuda's set-up, spillway's tiered store)."""
     return (["worker", "--scheduler-file", scheduler_file, "--protocol", protocol,
-             "--death-timeout", str(DEATH_TIMEOUT_S)] + option_flags(options, _WORKER_OPTIONS))
+             "--death-timeout", str(DEATH_TIMEOUT_S)] + option_flags(options))
 
 
 def cpu_worker_args(options: Options, *, scheduler_file: str, protocol: str, n_workers: int) -> list[str]:

@@ -65,3 +65,26 @@ def test_auto_protocol():
     assert commands.protocol(options, gpu=True, n_workers=1) == "tcp"
     assert commands.protocol(options, gpu=False, n_workers=8) == "tcp"
     assert commands.protocol(Options.resolve(protocol="tcp"), gpu=True, n_workers=8) == "tcp"
+
+
+def test_spillway_worker_gets_a_flag_for_each_declared_worker_option():
+    """The worker options are those declared ``worker=True``; each is rendered, unset ones
+    as ``none`` and booleans as their switch, so the node's own config decides nothing."""
+    from spillway.service.options import OPTIONS
+
+    declared = [o.key for o in OPTIONS if o.worker]
+    assert [o.key for o in commands.WORKER_OPTIONS] == declared
+    assert {"workers-per-gpu", "rmm-pool-size", "memory-store", "pinned-pool-size", "tls-key"} <= set(declared)
+    # the scheduler's and the client's settings are not the workers'
+    assert not {"host", "scheduler-port", "dashboard-address", "devices", "protocol"} & set(declared)
+
+    args = commands.spillway_worker_args(Options.resolve(nvlink=False, rmm_track_allocations=True, memory_limit=0.4),
+                                         scheduler_file="/s.json", protocol="ucx")
+    assert args[:7] == ["worker", "--scheduler-file", "/s.json", "--protocol", "ucx", "--death-timeout",
+                        str(commands.DEATH_TIMEOUT_S)]
+    flags = args[7:]
+    assert "--no-nvlink" in flags and "--rmm-track-allocations" in flags and "--no-rmm-async" in flags
+    assert flags[flags.index("--memory-limit") + 1] == "0.4"
+    assert flags[flags.index("--rmm-log-directory") + 1] == "none"
+    named = [a[2:].removeprefix("no-") if a.startswith("--no-") else a[2:] for a in flags if a.startswith("--")]
+    assert named == declared

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from spillway.deploy import commands
 from spillway.deploy.slurm import JobSettings, Run, job_script, parse_walltime, worker_lifetime
 from spillway.service.errors import OptionsError
 from spillway.service.options import Options
@@ -104,11 +105,9 @@ def test_spillway_worker_flags_parse_back_to_the_options(tmp_path, monkeypatch):
     got = seen["options"]
     assert seen["death_timeout"] == 60 and got.scheduler_file == str(tmp_path / "s.json")
     assert got.protocol == "ucx"
-    for key in ("rmm_pool_size", "rmm_maximum_pool_size", "rmm_managed_memory", "rmm_async", "rmm_release_threshold",
-                "rmm_log_directory", "rmm_track_allocations", "device_memory_limit", "memory_limit", "local_directory",
-                "memory_store", "pinned_pool_size", "nvlink", "transfer_connections", "transfer_message_bytes",
-                "interface", "threads_per_worker", "tls_ca_file", "tls_cert", "tls_key"):
-        assert getattr(got, key) == getattr(options, key), key
+    for o in commands.WORKER_OPTIONS:
+        assert getattr(got, o.name) == getattr(options, o.name), o.key
+        assert got.sources[o.name] == f"flag {o.flag}", o.key
 
 
 def test_worker_lifetime_is_shorter_than_walltime():

@@ -161,3 +161,49 @@ def test_as_config_round_trips():
     opts = Options.resolve(devices="0,1", rmm_pool_size="4GB", protocol="ucx")
     again = Options.resolve(**{k.replace("-", "_"): v for k, v in opts.as_config().items()})
     assert again == opts
+
+
+# --- the user's config is checked at resolve time, by the parsers, naming where a value came from
+
+
+def test_bad_environment_value_names_key_value_range_and_variable(monkeypatch):
+    monkeypatch.setenv("DASK_SPILLWAY__THREADS_PER_WORKER", "0")
+    with pytest.raises(OptionsError) as e:
+        Options.resolve()
+    assert str(e.value) == "threads-per-worker: 0 must be in [1, 1024] (from env DASK_SPILLWAY__THREADS_PER_WORKER)"
+
+
+def test_bad_value_in_a_dask_config_file_says_so(tmp_path):
+    (tmp_path / "spillway.yaml").write_text("spillway:\n  workers-per-gpu: 9\n  protocol: tcp\n")
+    with dask.config.set(dask.config.collect(paths=[str(tmp_path)], env={})):
+        with pytest.raises(OptionsError) as e:
+            Options.resolve()
+        # a flag or keyword that replaces the bad value is not held to it
+        assert Options.resolve(workers_per_gpu=2).protocol == "tcp"
+    assert str(e.value) == "workers-per-gpu: 9 must be in [1, 8] (from dask config)"
+
+
+def test_a_flag_value_is_not_given_a_source():
+    with pytest.raises(OptionsError) as e:
+        Options.resolve({"threads_per_worker": "0"})
+    assert str(e.value) == "threads-per-worker: 0 must be in [1, 1024]"
+
+
+def test_a_namespace_that_is_not_a_mapping_is_named(monkeypatch):
+    with dask.config.set({"spillway": 5}):
+        with pytest.raises(OptionsError, match=r"^spillway \(dask config\): expected a mapping of options, got 5$"):
+            Options.resolve()
+    monkeypatch.setenv("DASK_SPILLWAY", "7")
+    with pytest.raises(OptionsError, match=r"^spillway \(environment\): expected a mapping of options, got 7$"):
+        Options.resolve()
+
+
+def test_the_cli_stops_on_a_bad_environment_value_with_one_line():
+    from click.testing import CliRunner
+
+    from spillway.service.cli import main
+
+    result = CliRunner().invoke(main, ["config"], env={"DASK_SPILLWAY__PROTOCOL": "carrier-pigeon"})
+    assert result.exit_code == 2
+    assert result.output.strip() == ("spillway: error: protocol: 'carrier-pigeon' is not one of auto, ucx, tcp "
+                                     "(from env DASK_SPILLWAY__PROTOCOL)")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spillway.service.errors import OptionsError
-from spillway.service.options import Options, fields, load_defaults
+from spillway.service.options import OPTIONS, Options
 
 HERE = Path(__file__).parent
 
@@ -87,20 +87,11 @@ def environment_file(options: Options, settings: ServiceSettings = ServiceSettin
         f"SPILLWAY_HTTP_PORT={settings.http_port}",
         f"SPILLWAY_STATE_DIR={settings.state_dir}",
     ]
-    defaults = load_defaults()
     config = options.as_config()
-    changed = [f for f in fields() if config[f.replace("_", "-")] != _default(defaults, f)]
-    for f in changed:
-        key = f.replace("_", "-")
-        lines.append(f"DASK_SPILLWAY__{f.upper()}={_env_value(key, config[key])}")
+    for o in OPTIONS:
+        if config[o.key] != o.config_default:
+            lines.append(f"{o.env}={_env_value(o.key, config[o.key])}")
     return "\n".join(lines) + "\n"
-
-
-def _default(defaults: dict, attr: str):
-    key = attr.replace("_", "-")
-    value = defaults.get(key)
-    # the defaults file and Options agree on meaning, not always on spelling
-    return Options(**{attr: value}).as_config()[key] if value is not None else None
 
 
 def shipped() -> dict[str, str]:

@@ -1,43 +1,33 @@
-"""Click flags for every cluster option, generated from the options object and its schema.
+"""Click flags for every cluster option, made from the option declarations.
 
-No flag is written by hand: adding a field to :class:`spillway.service.options.Options` (and its
-schema) adds the flag, with the schema's description as its help.
+No flag is written by hand: declaring an option on :class:`spillway.service.options.Options`
+adds its flag (``--key``, or ``--key/--no-key`` for a boolean) with the declared help.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 
 import click
 
-from ..options import Options, fields, load_schema
-
-
-def _flag_type(name: str):
-    field = next(f for f in dataclasses.fields(Options) if f.name == name)
-    return "bool" if field.type in ("bool", bool) else "value"
+from ..options import OPTIONS, Options
 
 
 def cluster_options(func):
-    """Add one flag per option; the command receives them as ``options_flags``."""
-    schema = load_schema()["properties"]
-    names = fields()
+    """Add one flag per option; the command receives them as ``options_flags`` (None
+    where a flag was not given)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        flags = {n: kwargs.pop(n) for n in names}
+        flags = {o.name: kwargs.pop(o.name) for o in OPTIONS}
         return func(*args, options_flags=flags, **kwargs)
 
-    for name in reversed(names):
-        key = name.replace("_", "-")
-        help_text = schema[key]["description"]
-        if _flag_type(name) == "bool":
-            decl = f"--{key}/--no-{key}"
-            wrapper = click.option(decl, name, default=None, help=help_text)(wrapper)
+    for o in reversed(OPTIONS):
+        if o.switch:
+            wrapper = click.option(f"{o.flag}/--no-{o.key}", o.name, default=None, help=o.help)(wrapper)
         else:
-            wrapper = click.option(f"--{key}", name, default=None, metavar="VALUE", help=help_text)(wrapper)
+            wrapper = click.option(o.flag, o.name, default=None, metavar="VALUE", help=o.help)(wrapper)
     return wrapper
 
 
