@@ -21,6 +21,13 @@ the exchange a worker makes (``get_data_from_worker``: a request, the data, an `
                      (distributed's ``context_meter``: serialize, deserialize, network)
 ``workers-no-offload`` the same with the workers started with the threshold raised
 
+``-python-future`` rows: ucxx's progress thread with its requests completed as asyncio
+futures (``UCXPY_PROGRESS_MODE=thread UCXPY_ENABLE_PYTHON_FUTURE=1``). Without them (the
+default) each pending ucxx send or receive polls ``asyncio.sleep(0)``, so a worker's event
+loop spins and holds the GIL whenever a comm waits, and the offload thread waits for the
+GIL (up to ``sys.getswitchinterval()``, 5 ms) at each hop. ``comm-multi-buffer``:
+distributed-ucxx's one send of all frames (it hung the workers' rig), last.
+
 The difference between rows says where the time goes: ``comm - raw`` is distributed-ucxx's
 framing (two metadata messages before each message's frames) and (de)serialization,
 ``comm - comm-no-offload`` the offload thread's hops, ``workers - comm`` the worker itself
@@ -55,20 +62,38 @@ from .transfers import _make, _parse_sizes, _same_bits, two_workers
 
 SIZES = "16MiB,256MiB,1GiB"
 REPEATS = 5
-GPU_ROWS = ("raw", "raw-thread", "comm", "comm-no-offload", "workers", "workers-no-offload")
-CPU_ROWS = ("comm", "comm-no-offload", "workers")
+#: ucxx's progress by a thread of its own, each request's completion handed to asyncio as a
+#: future by ucxx's notifier thread; otherwise (distributed-ucxx's blocking mode, or thread
+#: mode alone) every pending send or receive is a coroutine polling ``asyncio.sleep(0)``,
+#: which keeps the event loop spinning and holding the GIL while any comm waits
+PYTHON_FUTURE = {"UCXPY_PROGRESS_MODE": "thread", "UCXPY_ENABLE_PYTHON_FUTURE": "1"}
 #: distributed.comm.offload where a row turns the thread hop off: above any transfer size
-NO_OFFLOAD = "1TiB"
+NO_OFFLOAD = {"DASK_DISTRIBUTED__COMM__OFFLOAD": "1TiB"}
 #: the environment each row's processes start with (beside the device and the pool)
 ROW_ENV = {
     "raw": {"UCXPY_PROGRESS_MODE": "blocking"},
     "raw-thread": {"UCXPY_PROGRESS_MODE": "thread"},
-    "comm-no-offload": {"DASK_DISTRIBUTED__COMM__OFFLOAD": NO_OFFLOAD},
-    "workers-no-offload": {"DASK_DISTRIBUTED__COMM__OFFLOAD": NO_OFFLOAD},
+    "raw-python-future": PYTHON_FUTURE,
+    "comm": {},
+    "comm-no-offload": NO_OFFLOAD,
+    "comm-python-future": PYTHON_FUTURE,
+    "comm-no-offload-python-future": {**NO_OFFLOAD, **PYTHON_FUTURE},
+    "workers": {},
+    "workers-no-offload": NO_OFFLOAD,
+    "workers-python-future": PYTHON_FUTURE,
+    "workers-no-offload-python-future": {**NO_OFFLOAD, **PYTHON_FUTURE},
+    # distributed-ucxx's one send of all frames (it left the workers' rig hanging: does the
+    # comm layer alone hang too?)
+    "comm-multi-buffer": {"DASK_DISTRIBUTED_UCXX__MULTI_BUFFER": "True"},
 }
+#: in this order; the rows most likely to hang (a notifier thread at exit, multi-buffer) last
+GPU_ROWS = tuple(ROW_ENV)
+CPU_ROWS = ("comm", "comm-no-offload", "workers")
 #: seconds a child may take to start listening, and a pair to finish
 START_TIMEOUT = 120
-PAIR_TIMEOUT = 300
+PAIR_TIMEOUT = 90
+#: seconds one move between workers may take (a hang fails the row, not the probe)
+MOVE_TIMEOUT = 60
 now = time.perf_counter
 
 
@@ -226,16 +251,22 @@ async def _comm_receiver(args) -> dict:
             "total": _ms(r["t0"], r["t_end"]),
             # the request written, read and its handler reached on the sender
             "request": _ms(r["t0"], s["t_req"]),
-            "reply built": _ms(s["t_req"], s["t_w0"]),
-            "to_frames": _ms(to_f and to_f[1], to_f and to_f[2]),
-            "  of which dumps": _ms(dumps and dumps[1], dumps and dumps[2]),
+            "sender: reply built": _ms(s["t_req"], s["t_w0"]),
+            "sender to_frames": _ms(to_f and to_f[1], to_f and to_f[2]),
+            # to_frames' start to dumps' start and dumps' end to to_frames' end: the hop to the
+            # offload thread and back (the GIL handed over twice), about 0 without offload
+            "sender to_frames: hop in": _ms(to_f and to_f[1], dumps and dumps[1]),
+            "sender to_frames: dumps": _ms(dumps and dumps[1], dumps and dumps[2]),
+            "sender to_frames: hop out": _ms(dumps and dumps[2], to_f and to_f[2]),
             # the frames' metadata messages and the frames themselves, to the receiver's
             # from_frames: what UCX (or TCP) and distributed-ucxx's framing take
             "wire": _ms(to_f and to_f[2], from_f and from_f[1]),
-            "from_frames": _ms(from_f and from_f[1], from_f and from_f[2]),
-            "  of which loads": _ms(loads and loads[1], loads and loads[2]),
-            "after read": _ms(from_f and from_f[2], r["t_rd"]),
-            "OK written": _ms(r["t_rd"], r["t_end"]),
+            "receiver from_frames": _ms(from_f and from_f[1], from_f and from_f[2]),
+            "receiver from_frames: hop in": _ms(from_f and from_f[1], loads and loads[1]),
+            "receiver from_frames: loads": _ms(loads and loads[1], loads and loads[2]),
+            "receiver from_frames: hop out": _ms(loads and loads[2], from_f and from_f[2]),
+            "receiver: read returns": _ms(from_f and from_f[2], r["t_rd"]),
+            "receiver: OK written": _ms(r["t_rd"], r["t_end"]),
             "sender: OK read": _ms(s["t_w1"], s["t_ok"]),
             # where the chunk's (de)serialization ran: distributed's offload thread or the loop
             "threads": {"dumps": dumps and dumps[3], "loads": loads and loads[3]},
@@ -438,11 +469,11 @@ def _worker_moves(client, opts) -> dict:
         for i in range(1 + opts.repeats):
             made = client.submit(_make, nbytes, seed, opts.module, workers=[src], allow_other_workers=False,
                                  pure=False)
-            wait(made)
+            wait(made, timeout=MOVE_TIMEOUT)
             before = client.run(_books, workers=[src, dst])
             checked = client.submit(_same_bits, made, nbytes, seed, opts.module, workers=[dst],
                                     allow_other_workers=False, pure=False)
-            same = checked.result()
+            same = checked.result(timeout=MOVE_TIMEOUT)
             after = client.run(_books, workers=[src, dst])
             key = str(made.key)
             incoming = [e for e in after[dst]["incoming"] if key in e["keys"]]
@@ -480,7 +511,7 @@ def _workers(row: str, opts) -> dict:
     saved = {k: os.environ.get(k) for k in extra}
     os.environ.update(extra)  # the workers' processes inherit it; distributed reads it at import
     try:
-        offload = extra.get("DASK_DISTRIBUTED__COMM__OFFLOAD")
+        offload = extra.get(*NO_OFFLOAD)
         with dask.config.set({"distributed.comm.offload": offload} if offload else {}):
             if opts.module == "numpy":
                 from distributed import Client, LocalCluster
@@ -611,13 +642,13 @@ def main(argv=None) -> int:
             result["rows"][row] = {**found, "summary": summarize(found["steps"]), "env": ROW_ENV.get(row, {})}
         except Exception as e:  # one row's failure leaves the others' figures
             result["rows"][row] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"== {row} failed: {result['rows'][row]['error']}", file=sys.stderr, flush=True)
         result["rows"][row]["seconds"] = time.perf_counter() - started
-    text = json.dumps(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
+        if args.out:  # after each row: a later row that hangs past the caller's timeout keeps these
+            with open(args.out, "w") as f:
+                f.write(json.dumps(result) + "\n")
+    if not args.out:
+        print(json.dumps(result))
     print(table(result))
     failed = [r for r in result["rows"].values()
               if "error" in r or not all(s["same_bits"] for s in r["summary"])]

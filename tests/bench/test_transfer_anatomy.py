@@ -51,7 +51,8 @@ def test_cpu_stand_in_times_each_layer(tmp_path):
     assert comm[64 * 1024]["threads"] == {"dumps": ["MainThread"], "loads": ["MainThread"]}
     assert no_offload[16 * MiB]["threads"] == {"dumps": ["MainThread"], "loads": ["MainThread"]}
     for s in comm.values():
-        assert s["ms"]["request"] > 0 and s["ms"]["wire"] > 0 and s["ms"]["to_frames"] > 0
+        assert s["ms"]["request"] > 0 and s["ms"]["wire"] > 0 and s["ms"]["sender to_frames"] > 0
+        assert s["ms"]["sender to_frames: dumps"] <= s["ms"]["sender to_frames"]
     workers = {s["bytes"]: s for s in result["rows"]["workers"]["summary"]}
     for s in workers.values():
         # the receiver's gather is in its own books, split by distributed's context_meter
