@@ -86,6 +86,13 @@ ROW_ENV = {
     # comm layer alone hang too?)
     "comm-multi-buffer": {"DASK_DISTRIBUTED_UCXX__MULTI_BUFFER": "True"},
 }
+#: the transports of a spillway GPU worker (dask-cuda's, with nvlink on: TCP, CUDA copy, CUDA
+#: IPC), for the probe's own GPU pairs, where the environment names none
+GPU_TRANSPORTS = {
+    "comm": {"DASK_DISTRIBUTED_UCXX__TCP": "True", "DASK_DISTRIBUTED_UCXX__NVLINK": "True",
+             "DASK_DISTRIBUTED_UCXX__CUDA_COPY": "True"},
+    "raw": {"UCX_TLS": "tcp,cuda_copy,cuda_ipc", "UCX_SOCKADDR_TLS_PRIORITY": "tcp"},
+}
 #: in this order; the rows most likely to hang (a notifier thread at exit, multi-buffer) last
 GPU_ROWS = tuple(ROW_ENV)
 CPU_ROWS = ("comm", "comm-no-offload", "workers")
@@ -628,10 +635,12 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         print(f"== {row}", file=sys.stderr, flush=True)
         env = {**os.environ, **ROW_ENV.get(row, {})}
-        if not args.cpu:  # both processes of a pair on the one GPU
+        if not args.cpu:  # both processes of a pair on the one GPU, with the workers' transports
             from .ceilings import physical
 
             env["CUDA_VISIBLE_DEVICES"] = physical((args.device,))[0]
+            if "UCX_TLS" not in os.environ:
+                env.update(GPU_TRANSPORTS.get(row.split("-")[0], {}))
         try:
             if row.startswith("raw") and args.cpu:
                 import importlib.util
@@ -639,7 +648,9 @@ def main(argv=None) -> int:
                 if importlib.util.find_spec("ucxx") is None:
                     raise RuntimeError("ucxx is not installed")
             found = _workers(row, args) if row.startswith("workers") else _pair(row, args, env)
-            result["rows"][row] = {**found, "summary": summarize(found["steps"]), "env": ROW_ENV.get(row, {})}
+            result["rows"][row] = {**found, "summary": summarize(found["steps"]),
+                                # what this row's processes ran with beside this one's environment
+                                "env": {k: v for k, v in env.items() if os.environ.get(k) != v}}
         except Exception as e:  # one row's failure leaves the others' figures
             result["rows"][row] = {"error": f"{type(e).__name__}: {e}"}
             print(f"== {row} failed: {result['rows'][row]['error']}", file=sys.stderr, flush=True)
