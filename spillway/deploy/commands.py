@@ -76,7 +76,7 @@ _WORKER_OPTIONS = (
     "workers-per-gpu", "threads-per-worker", "rmm-pool-size", "rmm-maximum-pool-size", "rmm-managed-memory", "rmm-async",
     "rmm-release-threshold", "rmm-log-directory", "rmm-track-allocations", "device-memory-limit",
     "memory-limit", "local-directory", "memory-store", "pinned-pool-size", "nvlink", "transfer-connections",
-    "transfer-message-bytes", "interface", "tls-ca-file", "tls-cert", "tls-key",
+    "transfer-message-bytes", "transfer-offload", "interface", "tls-ca-file", "tls-cert", "tls-key",
 )
 
 

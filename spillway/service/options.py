@@ -231,6 +231,7 @@ _PARSERS = {
     "nvlink": _bool,
     "transfer_connections": _optional(_int(1)),
     "transfer_message_bytes": _optional(_bytes),
+    "transfer_offload": _optional(_bytes),
     "interface": _optional(_str),
     "host": _str,
     "scheduler_port": _int(0, 65535),
@@ -287,6 +288,7 @@ class Options(RmmAndTls):
     nvlink: bool = True
     transfer_connections: int | None = None
     transfer_message_bytes: int | None = None
+    transfer_offload: int | None = None
     interface: str | None = None
     host: str = "127.0.0.1"
     scheduler_port: int = 0

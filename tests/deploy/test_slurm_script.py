@@ -107,6 +107,7 @@ def test_spillway_worker_flags_parse_back_to_the_options(tmp_path, monkeypatch):
     for key in ("rmm_pool_size", "rmm_maximum_pool_size", "rmm_managed_memory", "rmm_async", "rmm_release_threshold",
                 "rmm_log_directory", "rmm_track_allocations", "device_memory_limit", "memory_limit", "local_directory",
                 "memory_store", "pinned_pool_size", "nvlink", "transfer_connections", "transfer_message_bytes",
+                "transfer_offload",
                 "interface", "threads_per_worker", "tls_ca_file", "tls_cert", "tls_key"):
         assert getattr(got, key) == getattr(options, key), key
 
