@@ -25,7 +25,8 @@
 #              its requests completed as asyncio futures (python-future: no coroutine
 #              polling asyncio.sleep(0) while a comm waits, so the event loop stops holding
 #              the GIL), both, ucxx's progress mode alone (thread, thread-polling; the
-#              default is blocking), distributed-ucxx's multi-buffer last (it hung) ~5 min
+#              default is blocking), distributed-ucxx's multi-buffer last (it hung); the
+#              threshold also through spillway's option (transfer-offload=1TiB)        ~6 min
 #   anatomy    (not by default: PARTS=anatomy, a call of its own) where one transfer's time
 #              goes: python -m spillway.bench.transfer_anatomy at 16 MiB, 256 MiB, 1 GiB:
 #              raw ucxx, distributed's comm layer alone (with/without the offload thread,
@@ -129,16 +130,19 @@ if has knobs; then
   knobs_rc=
   no_offload="DASK_DISTRIBUTED__COMM__OFFLOAD=1TiB"
   python_future="UCXPY_PROGRESS_MODE=thread UCXPY_ENABLE_PYTHON_FUTURE=1"
-  for knob in "default|" "no-offload|$no_offload" "python-future|$python_future" \
-              "no-offload+python-future|$no_offload $python_future" "thread|UCXPY_PROGRESS_MODE=thread" \
-              "thread-polling|UCXPY_PROGRESS_MODE=thread-polling" \
-              "multi-buffer|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True" \
-              "multi-buffer+thread|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True UCXPY_PROGRESS_MODE=thread"; do
-    name=${knob%%|*}; vars=${knob#*|}
+  # name|environment|transfers.py arguments; transfer-offload: the same threshold through
+  # spillway's option (WorkerSetup moves it in each worker) instead of the variable
+  for knob in "default||" "no-offload|$no_offload|" "transfer-offload||--option=transfer-offload=1TiB" \
+              "python-future|$python_future|" \
+              "no-offload+python-future|$no_offload $python_future|" "thread|UCXPY_PROGRESS_MODE=thread|" \
+              "thread-polling|UCXPY_PROGRESS_MODE=thread-polling|" \
+              "multi-buffer|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True|" \
+              "multi-buffer+thread|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True UCXPY_PROGRESS_MODE=thread|"; do
+    IFS='|' read -r name vars knob_args <<<"$knob"
     fits 40 knobs || break
-    echo "== transfers between the two workers: spillway, $name ($vars)" | tee -a "$log"
+    echo "== transfers between the two workers: spillway, $name ($vars$knob_args)" | tee -a "$log"
     env $vars timeout -k 10 $(( $(left) < 90 ? $(left) : 90 )) python3 -m spillway.bench.transfers --rig spillway \
-      --sizes "$sizes" >"$results/results/knobs/$name.json" 2>>"$log"
+      --sizes "$sizes" $knob_args >"$results/results/knobs/$name.json" 2>>"$log"
     knobs_rc="$knobs_rc$?"
   done
 fi
