@@ -379,19 +379,32 @@ async def _raw_receiver(args) -> dict:
               "receiver: allocate": _ms(r["t_a0"], r["t_a1"]),
               "sender: sync stream": _ms(s["t_req"], s["t_sync"]),
               "wire": _ms(max(s["t_sync"], r["t_a1"]), r["t_recv"]),
-              "OK written": _ms(r["t_recv"], r["t_end"])}
+              "receiver: OK written": _ms(r["t_recv"], r["t_end"])}
              for r, s in zip(mine, theirs, strict=True)]
     return {"steps": steps}
 
 
 def _child(args) -> None:
-    if args.module == "cupy":
-        _setup_gpu(args.pool)
-    raw = args.row.startswith("raw")
-    if args.role == "sender":
-        asyncio.run((_raw_sender if raw else _comm_sender)(args))
-    else:
-        print(json.dumps(asyncio.run((_raw_receiver if raw else _comm_receiver)(args))), flush=True)
+    """One process of a pair. It leaves by ``os._exit``: its result is printed by then, and
+    a teardown that waits (ucxx's notifier thread, UCX's endpoints) must not turn a
+    measured row into a timed-out one."""
+    import traceback
+
+    code = 0
+    try:
+        if args.module == "cupy":
+            _setup_gpu(args.pool)
+        raw = args.row.startswith("raw")
+        if args.role == "sender":
+            asyncio.run((_raw_sender if raw else _comm_sender)(args))
+        else:
+            print(json.dumps(asyncio.run((_raw_receiver if raw else _comm_receiver)(args))), flush=True)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # --- the parent: one pair of processes per row, or a cluster of two workers
