@@ -18,10 +18,21 @@
 #   bench      W1-W5 (small) on spillway's two workers beside the same plain dask-cuda rig, with
 #              each worker's timeline of the first timed run (--timeline, issue 15's, on one GPU),
 #              the ceilings (same-GPU copy) measured in the same run                  ~3 min
-#   knobs      (not by default: PARTS=knobs) spillway's transfers again under each UCXX setting
-#              that changes the cost of one message: distributed-ucxx's multi-buffer (one
-#              send of all frames) and ucxx's progress mode (thread, thread-polling; the
-#              default is blocking), each in knobs/<name>.json of results.tar.gz  ~2.5 min
+#   knobs      (not by default: PARTS=knobs) spillway's transfers again under each setting
+#              that may change the cost of one message, each in knobs/<name>.json of
+#              results.tar.gz: distributed's offload threshold raised above every size
+#              (no hop to the offload thread on either side), ucxx's progress thread with
+#              its requests completed as asyncio futures (python-future: no coroutine
+#              polling asyncio.sleep(0) while a comm waits, so the event loop stops holding
+#              the GIL), both, ucxx's progress mode alone (thread, thread-polling; the
+#              default is blocking), distributed-ucxx's multi-buffer last (it hung); the
+#              threshold also through spillway's option (transfer-offload=1TiB)        ~6 min
+#   anatomy    (not by default: PARTS=anatomy, a call of its own) where one transfer's time
+#              goes: python -m spillway.bench.transfer_anatomy at 16 MiB, 256 MiB, 1 GiB:
+#              raw ucxx, distributed's comm layer alone (with/without the offload thread,
+#              with/without python futures), two spillway workers split by their own books,
+#              the comm layer with multi-buffer; anatomy.json in results.tar.gz, its table
+#              in the log and printed last                                            ~5 min
 #   zarr       (not by default: PARTS=zarr, a call of its own) the Zarr bench (small, 12 GB,
 #              KvikIO) with one and with two workers on the GPU: does a second worker
 #              overlap the reads with the decode and the copies                       ~6 min
@@ -29,6 +40,7 @@
 #   bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD
 #   bash benchmarks/gpu-host/two-workers.sh       # all but zarr, in this order, budget 530 s
 #   PARTS="tests run link transfers" bash ...; PARTS="bench pool" bash ...; PARTS=zarr bash ...
+#   PARTS=anatomy bash ...; PARTS=knobs bash ...
 # Files under $OUT (at most 8): two-workers.log (all output), tests.log, run.json,
 # transfers-{spillway,dask-cuda,dask-cuda-pool}.json, results.tar.gz (the bench's, link
 # sweep's and Zarr bench's json/md/png). The short table is printed last.
@@ -116,16 +128,31 @@ knobs_rc=skipped
 if has knobs; then
   mkdir -p "$results/results/knobs"
   knobs_rc=
-  for knob in "default|" "multi-buffer|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True" "thread|UCXPY_PROGRESS_MODE=thread" \
-              "thread-polling|UCXPY_PROGRESS_MODE=thread-polling" \
-              "multi-buffer+thread|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True UCXPY_PROGRESS_MODE=thread"; do
-    name=${knob%%|*}; vars=${knob#*|}
+  no_offload="DASK_DISTRIBUTED__COMM__OFFLOAD=1TiB"
+  python_future="UCXPY_PROGRESS_MODE=thread UCXPY_ENABLE_PYTHON_FUTURE=1"
+  # name|environment|transfers.py arguments; transfer-offload: the same threshold through
+  # spillway's option (WorkerSetup moves it in each worker) instead of the variable
+  for knob in "default||" "no-offload|$no_offload|" "transfer-offload||--option=transfer-offload=1TiB" \
+              "python-future|$python_future|" \
+              "no-offload+python-future|$no_offload $python_future|" "thread|UCXPY_PROGRESS_MODE=thread|" \
+              "thread-polling|UCXPY_PROGRESS_MODE=thread-polling|" \
+              "multi-buffer|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True|" \
+              "multi-buffer+thread|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True UCXPY_PROGRESS_MODE=thread|"; do
+    IFS='|' read -r name vars knob_args <<<"$knob"
     fits 40 knobs || break
-    echo "== transfers between the two workers: spillway, $name ($vars)" | tee -a "$log"
-    env $vars timeout -k 10 90 python3 -m spillway.bench.transfers --rig spillway --sizes "$sizes" \
-      >"$results/results/knobs/$name.json" 2>>"$log"
+    echo "== transfers between the two workers: spillway, $name ($vars$knob_args)" | tee -a "$log"
+    env $vars timeout -k 10 $(( $(left) < 90 ? $(left) : 90 )) python3 -m spillway.bench.transfers --rig spillway \
+      --sizes "$sizes" $knob_args >"$results/results/knobs/$name.json" 2>>"$log"
     knobs_rc="$knobs_rc$?"
   done
+fi
+
+anatomy_rc=skipped
+if has anatomy && fits 240 anatomy; then
+  echo "== where one transfer's time goes: python -m spillway.bench.transfer_anatomy" | tee -a "$log"
+  timeout -k 10 $(( $(left) - 10 )) python3 -m spillway.bench.transfer_anatomy --sizes "${ANATOMY_SIZES:-16MiB,256MiB,1GiB}" \
+    --out "$results/results/anatomy.json" >>"$log" 2>&1
+  anatomy_rc=$?
 fi
 
 zarr_rc=skipped
@@ -140,7 +167,7 @@ if has zarr && fits 330 zarr; then
 fi
 tar czf "$out/results.tar.gz" -C "$results" results 2>/dev/null
 
-echo "== exit codes: tests $tests_rc, run $run_rc, link $link_rc, transfers spillway $sp_rc / dask-cuda $dc_rc / pool $pool_rc, bench $bench_rc, knobs $knobs_rc, zarr $zarr_rc ($(( $(date +%s) - start )) s)" | tee -a "$log"
+echo "== exit codes: tests $tests_rc, run $run_rc, link $link_rc, transfers spillway $sp_rc / dask-cuda $dc_rc / pool $pool_rc, bench $bench_rc, knobs $knobs_rc, anatomy $anatomy_rc, zarr $zarr_rc ($(( $(date +%s) - start )) s)" | tee -a "$log"
 python3 - "$out" "$results" <<'PY'
 import glob, json, sys
 
@@ -218,6 +245,11 @@ if benches:
         print(f"{w['name']:<4} | {f(w.get('spillway_s'), '{:.3f}'):>8} | {f(w.get('baseline_s'), '{:.3f}'):>9} | "
               f"{f(w.get('speedup'), '{:.2f}x'):>7} | {f(w.get('transfer_gbps_median'), '{:.1f}')} / "
               f"{f(w.get('baseline_transfer_gbps_median'), '{:.1f}')}{err}")
+anatomy = load(f"{results}/results/anatomy.json")
+if anatomy:
+    from spillway.bench.transfer_anatomy import table
+
+    print("\n" + table(anatomy))
 zarr = {n: load(p) for n in (1, 2) for p in sorted(glob.glob(f"{results}/results/*-zarr-wpg{n}.json"))[-1:]}
 if zarr:
     print("\nZarr (KvikIO) on GPU 0, seconds (median): 1 vs 2 workers on the GPU")

@@ -446,6 +446,12 @@ class Options(RmmAndTls):
         help="Most bytes of chunks a worker fetches from one peer in one request "
              "(`distributed.worker.transfer.message-bytes-limit`, a size such as `1GB`; a larger "
              "chunk still goes alone); null keeps distributed's default (50MB).")
+    transfer_offload: int | None = option(
+        None, _optional(_bytes), worker=True,
+        help="Size of a message above which a worker (de)serializes it on distributed's offload "
+             "thread rather than its event loop (`distributed.comm.offload`, a size such as `1TiB`; "
+             "GPU chunks serialize as metadata only, so a size above every chunk saves two thread "
+             "hops per transfer); null keeps distributed's default (10MiB).")
     interface: str | None = option(
         None, _optional(_str), worker=True,
         help="Network interface the scheduler and workers listen on (such as `ib0`); null for "

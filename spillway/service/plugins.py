@@ -56,6 +56,9 @@ class WorkerSetup(WorkerPlugin):
         self.started = time.time()
 
     def setup(self, worker):
+        from .launch.worker_config import follow_offload_config
+
+        follow_offload_config()  # transfer-offload, where the process imported distributed first
         self.kind = "gpu" if _is_gpu_worker() else "cpu"
         store = _tiered_store(worker)
         if self.kind == "gpu":

@@ -189,3 +189,52 @@ def test_mpi_ranks_build_their_workers_under_the_options_config(monkeypatch):
     assert launch.run(options, "transpose-sum", {}, comm=World()) is None
     assert seen == {"incoming": 5, "outgoing": 5, "message": 300_000_000}
     assert dask.config.get(KEYS["incoming"]) == 10  # only for the ranks' workers
+
+
+# --- transfer-offload: where a worker (de)serializes a large message
+
+
+def test_offload_unset_by_default_and_set_as_bytes():
+    assert Options.resolve().transfer_offload is None
+    options = Options.resolve(transfer_offload="1TiB")
+    assert options.transfer_offload == 2**40
+    assert worker_config(options, tiered_store=False) == {"distributed.comm.offload": 2**40}
+    with pytest.raises(OptionsError) as e:
+        Options.resolve(transfer_offload="lots")
+    assert str(e.value).startswith("transfer-offload: cannot parse 'lots' as a size") and "\n" not in str(e.value)
+
+
+def test_follow_offload_config_moves_distributeds_threshold():
+    from distributed.comm import utils
+
+    from spillway.service.launch.worker_config import follow_offload_config
+
+    before = utils.OFFLOAD_THRESHOLD
+    try:
+        with dask.config.set({"distributed.comm.offload": "64MiB"}):
+            assert follow_offload_config() == 64 * 2**20 == utils.OFFLOAD_THRESHOLD
+        with dask.config.set({"distributed.comm.offload": False}):
+            assert follow_offload_config() is False
+    finally:
+        utils.OFFLOAD_THRESHOLD = before
+    # the config as distributed ships it: the module keeps its own reading
+    assert follow_offload_config() == before == 10 * 2**20
+
+
+def _offload_thresholds(client) -> list:
+    def read(dask_worker=None):  # nested: sent by value
+        from distributed.comm import utils
+
+        return utils.OFFLOAD_THRESHOLD
+
+    return list(client.run(read).values())
+
+
+@pytest.mark.timeout(120)
+def test_cpu_cluster_workers_follow_transfer_offload():
+    # the worker processes imported distributed before their nanny set the config
+    with open_cluster(Options.resolve(cpu=True, n_workers=2, dashboard_address=None,
+                                      transfer_offload="1GiB")) as session:
+        assert _offload_thresholds(session.client) == [2**30, 2**30]
+    with open_cluster(Options.resolve(cpu=True, n_workers=1, dashboard_address=None)) as session:
+        assert _offload_thresholds(session.client) == [10 * 2**20]

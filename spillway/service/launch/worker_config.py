@@ -18,6 +18,11 @@ def worker_config(options: Options, *, tiered_store: bool) -> dict:
         config["distributed.worker.connections.outgoing"] = options.transfer_connections
     if options.transfer_message_bytes is not None:
         config["distributed.worker.transfer.message-bytes-limit"] = options.transfer_message_bytes
+    if options.transfer_offload is not None:
+        # distributed reads it once, when distributed.comm.utils is imported: a worker whose
+        # process imported distributed before this config was set follows it through
+        # WorkerSetup (follow_offload_config)
+        config["distributed.comm.offload"] = options.transfer_offload
     if tiered_store:
         config.update({
             "distributed.worker.memory.target": False,
@@ -26,3 +31,22 @@ def worker_config(options: Options, *, tiered_store: bool) -> dict:
             "distributed.worker.memory.terminate": False,
         })
     return config
+
+
+def follow_offload_config() -> int | bool | None:
+    """Make this process's ``distributed.comm.utils.OFFLOAD_THRESHOLD`` follow its dask
+    config's ``distributed.comm.offload`` (``transfer-offload``); returns the threshold.
+
+    distributed reads the key once, when ``distributed.comm.utils`` is imported; a worker
+    process imports distributed before its nanny hands it the cluster's config (an MPI rank
+    before ``dask.config.set``), so without this the option would reach only the workers of
+    a batch script (``DASK_`` variables, read at import). ``to_frames``/``from_frames`` read
+    the module's value at each call, so it holds from the next message on. Where the config
+    agrees with the module (the option unset), nothing changes."""
+    import dask.config
+    from dask.utils import parse_bytes
+    from distributed.comm import utils
+
+    value = dask.config.get("distributed.comm.offload", default=utils.OFFLOAD_THRESHOLD)
+    utils.OFFLOAD_THRESHOLD = parse_bytes(value) if isinstance(value, str) else value
+    return utils.OFFLOAD_THRESHOLD
