@@ -194,3 +194,12 @@ def test_without_zstandard_the_pool_decodes_whole_chunks_and_says_so_once(monkey
         assert got.tobytes() == data.tobytes()
     finally:
         host_decode.close()
+
+
+def test_the_worker_description_says_the_piece_size(monkeypatch):
+    from spillway.workflows.zarr import device_io
+
+    monkeypatch.setattr(device_io, "kvikio_available", lambda: False)
+    assert device_io.describe()["zstd_stream_piece_bytes"] == stream_decode.PIECE_BYTES
+    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_PIECE_BYTES", str(2**24))
+    assert device_io.describe()["zstd_stream_piece_bytes"] == 2**24
