@@ -5,7 +5,7 @@ pieces of 4-64 MiB, the file read in pieces from the page cache. One thread, so 
 shared machine the figures are per core; the smooth field with noise and random data of
 the Zarr bench's generators (:mod:`.defaults`).
 
-    python -m spillway.bench.zarr.decode_rates [--days 365] [--grid 721x1440] [--runs 3] [--out FILE]"""
+    python -m spillway.bench.zarr.decode_rates [--days 365] [--grid 721x1440] [--runs 3] [--pieces 4,8,16,32,64] [--out FILE]"""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-PIECES_MIB = (4, 16, 32, 64)
+PIECES_MIB = (4, 8, 16, 32, 64)
 
 
 class _NullSink:
@@ -49,7 +49,7 @@ def _best_interleaved(variants: dict, runs: int) -> dict:
     return best
 
 
-def rates(data: np.ndarray, directory: str, runs: int = 3) -> dict:
+def rates(data: np.ndarray, directory: str, runs: int = 3, pieces_mib=PIECES_MIB) -> dict:
     import numcodecs
 
     from spillway.workflows.zarr import stream_decode
@@ -82,7 +82,7 @@ def rates(data: np.ndarray, directory: str, runs: int = 3) -> dict:
 
     variants = {"numcodecs_fresh_gbps": fresh, "numcodecs_reused_gbps": into_reused,
                 "read_whole_then_decode_gbps": read_whole_then_decode}
-    for mib in PIECES_MIB:
+    for mib in pieces_mib:
         piece = mib * 2**20
         io = HostIO(BufferSet(8 * piece))  # buffers reused between runs, as in the pool
 
@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     p.add_argument("--days", type=int, default=365)
     p.add_argument("--grid", default="721x1440")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--pieces", default=",".join(map(str, PIECES_MIB)), help="piece sizes in MiB")
     p.add_argument("--directory", default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
               "days": a.days, "grid": [nlat, nlon], "runs": a.runs}
     with tempfile.TemporaryDirectory(dir=a.directory) as d:
         for name, make in (("field", field_block), ("random", random_block)):
-            result[name] = rates(make(0, a.days, nlat, nlon), d, a.runs)
+            result[name] = rates(make(0, a.days, nlat, nlon), d, a.runs, [int(x) for x in a.pieces.split(",")])
             print(name, json.dumps(result[name]), flush=True)
     result["machine"]["load_after"] = os.getloadavg()
     if a.out:

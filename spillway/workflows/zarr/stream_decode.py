@@ -26,9 +26,9 @@ from .zstd import HEAD_BYTES, check_zstd_headers
 
 #: bytes of a piece: the file is read, and the chunk decoded and copied, this many bytes at a
 #: time (benchmarks/NOTES.md, issue 29: the figures it was chosen from)
-PIECE_BYTES = 32 * 2**20
+PIECE_BYTES = 16 * 2**20
 #: pieces of the file the kernel is asked to read ahead of the one being decoded
-READ_AHEAD_PIECES = 4
+READ_AHEAD_PIECES = 8
 #: the largest zstd window accepted (libzstd's streaming decoder holds one window of output;
 #: zarr's levels use 2-8 MiB; larger only from --long or --ultra writers)
 MAX_WINDOW = 2**31
