@@ -199,7 +199,7 @@ def test_default_zstd_store_is_decoded_on_the_host_many_chunks_at_once(cluster, 
 
 def test_default_store_chunks_stream_to_the_device_piece_by_piece(tmp_path, monkeypatch):
     """In this process, the pool: chunks of one zstd frame are decoded while read and each
-    piece copied to the device as it is decoded (pieces of 1 MiB, chunks of 9.1 MB and a
+    piece copied to the device as it is decoded (pieces of 1 MiB, chunks of 6.5 MB and a
     cut edge chunk): zarr's bits on the device, no chunk-sized host buffer, the read,
     decode and copy stages counted once per chunk."""
     cupy = pytest.importorskip("cupy")
@@ -221,9 +221,11 @@ def test_default_store_chunks_stream_to_the_device_piece_by_piece(tmp_path, monk
     try:
         assert host_decode.decoder().streams
         before = decode_counters()["stages"]
-        got = [host_decode.read_in_pool(lambda io, i=i: read.read_direct(files, (i, 0, 0), (min(25, 70 - 25 * i), 181, 360),
-                                                                         io),
-                                        need=host_decode.bytes_to_read(files, (i, 0, 0), to_device=True))
+
+        def chunk(i):
+            return lambda io: read.read_direct(files, (i, 0, 0), (min(25, 70 - 25 * i), 181, 360), io)
+
+        got = [host_decode.read_in_pool(chunk(i), need=host_decode.bytes_to_read(files, (i, 0, 0), to_device=True))
                for i in range(3)]
         after = decode_counters()
     finally:

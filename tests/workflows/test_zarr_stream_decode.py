@@ -156,8 +156,10 @@ def test_the_pool_streams_chunks_going_to_the_device_within_its_budget(streaming
     assert all(n <= 3 * 2**16 + 2**21 for n in needs)  # pieces and a window of 2 MiB, not the chunk
     assert streaming_pool.buffers.budget < 2 * needs[0] and needs[0] < files.chunk_bytes
     before = decode_counters()["stages"]
-    futures = [streaming_pool.submit(lambda io, i=i: read.read_direct(files, (i, 0, 0), (min(30, 100 - 30 * i), 181, 183),
-                                                                      io), True, needs[i]) for i in range(4)]
+    def chunk(i):
+        return lambda io: read.read_direct(files, (i, 0, 0), (min(30, 100 - 30 * i), 181, 183), io)
+
+    futures = [streaming_pool.submit(chunk(i), True, needs[i]) for i in range(4)]
     for i, f in enumerate(futures):
         assert f.result(timeout=60).tobytes() == data[30 * i:30 * i + 30].tobytes()
     after = decode_counters()

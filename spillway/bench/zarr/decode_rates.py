@@ -5,7 +5,8 @@ pieces of 4-64 MiB, the file read in pieces from the page cache. One thread, so 
 shared machine the figures are per core; the smooth field with noise and random data of
 the Zarr bench's generators (:mod:`.defaults`).
 
-    python -m spillway.bench.zarr.decode_rates [--days 365] [--grid 721x1440] [--runs 3] [--pieces 4,8,16,32,64] [--out FILE]"""
+    python -m spillway.bench.zarr.decode_rates [--days 365] [--grid 721x1440] [--runs 3]
+        [--pieces 4,8,16,32,64] [--out FILE]"""
 
 from __future__ import annotations
 
