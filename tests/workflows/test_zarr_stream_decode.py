@@ -205,3 +205,68 @@ def test_the_worker_description_says_the_piece_size(monkeypatch):
     assert device_io.describe()["zstd_stream_piece_bytes"] == stream_decode.PIECE_BYTES
     monkeypatch.setenv("SPILLWAY_ZARR_DECODE_PIECE_BYTES", str(2**24))
     assert device_io.describe()["zstd_stream_piece_bytes"] == 2**24
+
+
+class _Stream:
+    """Stands for a CUDA stream: notes what is queued and waited for."""
+
+    def __init__(self):
+        self.log = []
+        self.events = 0
+
+    def wait_event(self, event):
+        self.log.append(("after default stream", event))
+
+    def record(self):
+        self.events += 1
+        return _Event(self.log, self.events)
+
+    def synchronize(self):
+        self.log.append(("stream synchronized",))
+
+
+class _Event:
+    def __init__(self, log, n):
+        self.log, self.n = log, n
+
+    def synchronize(self):
+        self.log.append(("waited for copy", self.n))
+
+
+class _DeviceArray(np.ndarray):
+    stream = None
+
+    def set(self, host, stream=None):
+        assert isinstance(host, np.ndarray) and host.flags.c_contiguous and stream is _DeviceArray.stream
+        stream.log.append(("copy", int(host.nbytes)))
+        self[...] = host
+
+
+def test_device_sink_copies_each_piece_and_reuses_a_staging_buffer_only_after_its_copy(monkeypatch, tmp_path):
+    """``DeviceSink`` with CuPy replaced by a recorder: piece k is copied as soon as it is
+    decoded, the decoder waits for the copy of piece k before it writes piece k + 2 into
+    the same staging buffer, and the stream is synchronized before the buffers go back."""
+    import sys
+    import types
+
+    stream = _Stream()
+    _DeviceArray.stream = stream
+    fake = types.SimpleNamespace(empty=lambda n, dtype: np.empty(n, dtype).view(_DeviceArray), uint8=np.uint8,
+                                 cuda=types.SimpleNamespace(Stream=types.SimpleNamespace(
+                                     null=types.SimpleNamespace(record=lambda: "default stream's work"))))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    data = field_block(0, 5, 91, 183)
+    path, size, expected = _frame_file(tmp_path, data)
+    piece = 2**16
+    io = HostIO(host_decode.BufferSet(2**24))
+    out = stream_decode.decode_file(path, size, data.nbytes, io, host_decode.DeviceSink(data.nbytes, stream), piece)
+    io.give_back()
+    assert np.asarray(out).tobytes() == bytes(expected)
+    pieces = -(-data.nbytes // piece)
+    log = stream.log
+    assert log[0] == ("after default stream", "default stream's work") and log[-1] == ("stream synchronized",)
+    copies = [i for i, e in enumerate(log) if e[0] == "copy"]
+    assert len(copies) == pieces and sum(log[i][1] for i in copies) == data.nbytes
+    for k in range(2, pieces):  # before piece k is written into its buffer, piece k - 2's copy finished
+        waited = log.index(("waited for copy", k - 1))  # event n is the one recorded after copy n - 1
+        assert copies[k - 1] < waited < copies[k]
