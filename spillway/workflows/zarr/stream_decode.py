@@ -102,6 +102,7 @@ class _FileSource:
         self.pos = 0
         self.seconds = 0.0
         self._pending = None
+        self._advised = 0  # the file's bytes up to here were asked for (POSIX_FADV_WILLNEED)
         self._fd = os.open(path, os.O_RDONLY)
         self._advise = hasattr(os, "posix_fadvise")
         if self._advise:
@@ -126,9 +127,13 @@ class _FileSource:
         n = min(len(self.buffer), self.size - self.pos)
         if n <= 0:
             return memoryview(b"")
-        ahead = self.pos + n
-        if self._advise and ahead < self.size:  # the disk reads ahead while this piece decodes
-            os.posix_fadvise(self._fd, ahead, READ_AHEAD_PIECES * len(self.buffer), os.POSIX_FADV_WILLNEED)
+        # the disk reads the next pieces while this one decodes; each call asks only for the
+        # bytes not asked for before (the kernel looks up every page of the range it is given)
+        ahead = max(self.pos + n, self._advised)
+        end = min(self.size, self.pos + n + READ_AHEAD_PIECES * len(self.buffer))
+        if self._advise and ahead < end:
+            os.posix_fadvise(self._fd, ahead, end - ahead, os.POSIX_FADV_WILLNEED)
+            self._advised = end
         view = memoryview(self.buffer)[:n]
         got = 0
         while got < n:
