@@ -88,6 +88,17 @@ def test_a_corrupt_frame_or_another_size_is_a_one_line_fallback(tmp_path):
         _streamed(path, 37, data.nbytes, 8192)
 
 
+def test_a_file_shorter_than_its_size_is_a_one_line_fallback_and_the_reader_is_waited_for(tmp_path):
+    data = field_block(0, 4, 91, 183)
+    path, size, _ = _frame_file(tmp_path, data)
+    with open(path, "r+b") as f:
+        f.truncate(size - 1000)  # shrunk after its size was taken
+    buffers = host_decode.BufferSet(2**24)
+    with pytest.raises(Fallback, match=f"read {size - 1000} of {size} bytes"):
+        _streamed(path, size, data.nbytes, 8192, buffers)
+    assert buffers.in_use == 0
+
+
 class _Watch(stream_decode.HostSink):
     """A host sink that notes the set's bytes in use at every piece."""
 
@@ -108,7 +119,7 @@ def test_buffers_held_are_a_few_pieces_and_the_window_within_what_the_read_reser
     assert window == 2**21 < data.nbytes
     piece = 2**16
     need = stream_decode.need(size, data.nbytes, window, piece)
-    assert need == 3 * piece + window
+    assert need == 4 * piece + window
     buffers = host_decode.BufferSet(need)
     buffers.reserve(need)
     sink = _Watch(np.empty(data.nbytes, np.uint8), buffers)
@@ -118,14 +129,14 @@ def test_buffers_held_are_a_few_pieces_and_the_window_within_what_the_read_reser
     buffers.unreserve(need)
     assert got.tobytes() == bytes(expected)
     assert len(sink.in_use) == -(-data.nbytes // piece)  # one put per piece
-    # a piece of the file, two staging pieces and the decoder's window: never the chunk
+    # two pieces of the file, two staging pieces and the decoder's window: never the chunk
     assert set(sink.in_use) == {need}
     assert buffers.peak == need < data.nbytes
-    assert buffers.in_use == 0 and buffers.kept == 3 * piece  # kept for the next read
+    assert buffers.in_use == 0 and buffers.kept == 4 * piece  # kept for the next read
     small = field_block(0, 2, 91, 183)  # smaller than a window: the decoder holds the chunk
     path, size, _ = _frame_file(tmp_path, small)
     assert stream_decode.need(size, small.nbytes, stream_decode.window_of(path), piece) == \
-        min(piece, size) + 2 * piece + small.nbytes
+        2 * min(piece, size) + 2 * piece + small.nbytes
 
 
 @pytest.fixture
@@ -153,7 +164,7 @@ def test_the_pool_streams_chunks_going_to_the_device_within_its_budget(streaming
     files = chunk_files_of(z)
     assert files.encoding == ZSTD and streaming_pool.streams
     needs = [host_decode.bytes_to_read(files, (i, 0, 0), to_device=True) for i in range(4)]
-    assert all(n <= 3 * 2**16 + 2**21 for n in needs)  # pieces and a window of 2 MiB, not the chunk
+    assert all(n <= 4 * 2**16 + 2**21 for n in needs)  # pieces and a window of 2 MiB, not the chunk
     assert streaming_pool.buffers.budget < 2 * needs[0] and needs[0] < files.chunk_bytes
     before = decode_counters()["stages"]
     def chunk(i):

@@ -404,10 +404,13 @@ def _store_host_buffers():
 def close() -> None:
     """Stop this process's pool and give back its buffers (the worker's teardown)."""
     global _decoder
+    from . import stream_decode
+
     with _decoder_lock:
         pool, _decoder = _decoder, None
     if pool is not None:
         pool.close()
+    stream_decode.close()
 
 
 def buffer_counts() -> dict:

@@ -5,9 +5,10 @@ GB, which no decoder splits over threads).
 Why pieces: the whole-chunk path reads the file whole, then decodes it whole into a host
 buffer of the chunk's size, then copies that to the device. Cold, the read and the decode
 add up; cached, the decoder writes 1.5 GB of output through memory, never cache. Here the
-file is read a piece at a time into one reused buffer, with the kernel asked to fetch the
-next pieces meanwhile (``POSIX_FADV_WILLNEED``: the disk reads ahead while this thread
-decodes); python-zstandard's streaming decompressor (libzstd's ``ZSTD_decompressStream``,
+file is read a piece at a time into two reused buffers, a reader thread reading the next
+piece while this thread decodes the one before (so cold, the disk works during the
+decode; the kernel's ``POSIX_FADV_WILLNEED`` gave no overlap on a VM's disk: the advice
+itself took the read's time); python-zstandard's streaming decompressor (libzstd's ``ZSTD_decompressStream``,
 GIL released) decodes into one of two small staging buffers, and each decoded piece is
 copied to the device on the thread's own stream while the next piece decodes into the
 other buffer. The host holds a few pieces per read instead of the file and the chunk.
@@ -18,7 +19,9 @@ not installed the pool keeps the whole-chunk path (:func:`available` logs it onc
 from __future__ import annotations
 
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from .counters import count, count_stage
 from .fallback import Fallback, note
@@ -27,8 +30,9 @@ from .zstd import HEAD_BYTES, check_zstd_headers
 #: bytes of a piece: the file is read, and the chunk decoded and copied, this many bytes at a
 #: time (benchmarks/NOTES.md, issue 29: the figures it was chosen from)
 PIECE_BYTES = 16 * 2**20
-#: pieces of the file the kernel is asked to read ahead of the one being decoded
-READ_AHEAD_PIECES = 8
+#: threads that read files' next pieces while the pool's threads decode (one read in
+#: flight per decoding thread)
+READERS = 16
 #: the largest zstd window accepted (libzstd's streaming decoder holds one window of output;
 #: zarr's levels use 2-8 MiB; larger only from --long or --ultra writers)
 MAX_WINDOW = 2**31
@@ -64,11 +68,11 @@ def window_of(path: str) -> int | None:
 
 
 def need(file_bytes: int, chunk_bytes: int, window: int, piece: int | None = None) -> int:
-    """The host bytes a streamed read holds: its file buffer, its two staging buffers and
+    """The host bytes a streamed read holds: its two file buffers, its two staging buffers and
     the decoder's window (libzstd's streaming decoder keeps that much of the output: 2-8
     MiB at zarr's levels for a large chunk, the whole chunk for a chunk smaller than it)."""
     piece = piece or piece_bytes()
-    return min(piece, max(1, file_bytes)) + 2 * min(piece, chunk_bytes) + min(window or chunk_bytes, chunk_bytes)
+    return 2 * min(piece, max(1, file_bytes)) + 2 * min(piece, chunk_bytes) + min(window or chunk_bytes, chunk_bytes)
 
 
 class HostSink:
@@ -91,59 +95,103 @@ class HostSink:
 
 
 class _FileSource:
-    """The file as zstandard's stream reader reads it: each ``read`` fills the one reused
-    buffer with the next piece (``pread``) and returns a view of it (zstandard has consumed
-    the previous piece when it asks for the next), after asking the kernel for the pieces
-    ahead. Its seconds are the read stage's."""
+    """The file as zstandard's stream reader reads it, a piece at a time into two reused
+    buffers: while zstandard decodes one piece, a reader thread ``pread``s the next into the
+    other buffer (so cold, the disk works while this thread decodes). ``read`` returns a
+    view of the piece read ahead and starts the read of the one after it into the buffer
+    zstandard just finished with (it asks for more input only once it has consumed all it
+    was given). ``seconds`` are the reader's (the read stage's), ``waited`` the decoding
+    thread's time waiting for a piece."""
 
-    def __init__(self, path: str, size: int, buffer):
+    def __init__(self, path: str, size: int, buffers):
         self.size = size
-        self.buffer = buffer
-        self.pos = 0
+        self.buffers = buffers
+        self.pos = 0  # the file's bytes handed to the reader so far
         self.seconds = 0.0
-        self._pending = None
-        self._advised = 0  # the file's bytes up to here were asked for (POSIX_FADV_WILLNEED)
+        self.waited = 0.0
+        self._next = 0  # the buffer the next read goes into
+        self._pending = None  # the first piece, held for the header check
+        self._ahead = None  # the read of the next piece, in flight
         self._fd = os.open(path, os.O_RDONLY)
-        self._advise = hasattr(os, "posix_fadvise")
-        if self._advise:
+        if hasattr(os, "posix_fadvise"):  # a whole file, front to back: the kernel reads ahead far
             os.posix_fadvise(self._fd, 0, size, os.POSIX_FADV_SEQUENTIAL)
 
     def close(self) -> None:
+        """Wait for the read in flight (its buffer goes back to the set after this)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            try:
+                ahead.result()
+            except BaseException:  # noqa: BLE001 - the decode's own error is the one raised
+                pass
         os.close(self._fd)
 
     def first(self) -> memoryview:
-        """The first piece, read before the decoder starts (its header is checked first)."""
-        self._pending = self._fill()
+        """The first piece, read before the decoder starts (its header is checked first);
+        the read of the second starts meanwhile."""
+        self._pending = self._pread(*self._claim())
+        self._start_next()
         return self._pending
 
     def read(self, n: int = -1) -> memoryview:
         if self._pending is not None:
             piece, self._pending = self._pending, None
             return piece
-        return self._fill()
-
-    def _fill(self) -> memoryview:
-        start = time.perf_counter()
-        n = min(len(self.buffer), self.size - self.pos)
-        if n <= 0:
+        if self._ahead is None:
             return memoryview(b"")
-        # the disk reads the next pieces while this one decodes; each call asks only for the
-        # bytes not asked for before (the kernel looks up every page of the range it is given)
-        ahead = max(self.pos + n, self._advised)
-        end = min(self.size, self.pos + n + READ_AHEAD_PIECES * len(self.buffer))
-        if self._advise and ahead < end:
-            os.posix_fadvise(self._fd, ahead, end - ahead, os.POSIX_FADV_WILLNEED)
-            self._advised = end
-        view = memoryview(self.buffer)[:n]
+        start = time.perf_counter()
+        ahead, self._ahead = self._ahead, None
+        piece = ahead.result()
+        self.waited += time.perf_counter() - start
+        self._start_next()
+        return piece
+
+    def _claim(self) -> tuple[int, int, int]:
+        """The next piece: its buffer, offset and length (length 0 at the end)."""
+        slot, offset = self._next, self.pos
+        n = max(0, min(len(self.buffers[slot]), self.size - offset))
+        self._next ^= 1
+        self.pos += n
+        return slot, offset, n
+
+    def _start_next(self) -> None:
+        slot, offset, n = self._claim()
+        self._ahead = _reader().submit(self._pread, slot, offset, n) if n else None
+
+    def _pread(self, slot: int, offset: int, n: int) -> memoryview:
+        start = time.perf_counter()
+        view = memoryview(self.buffers[slot])[:n]
         got = 0
         while got < n:
-            more = os.preadv(self._fd, [view[got:]], self.pos + got)
+            more = os.preadv(self._fd, [view[got:]], offset + got)
             if more <= 0:
-                raise Fallback(f"read {self.pos + got} of {self.size} bytes")
+                raise Fallback(f"read {offset + got} of {self.size} bytes")
             got += more
-        self.pos += n
-        self.seconds += time.perf_counter() - start
+        self.seconds += time.perf_counter() - start  # one reader per source at a time
         return view
+
+
+_readers: ThreadPoolExecutor | None = None
+_readers_lock = threading.Lock()
+
+
+def _reader() -> ThreadPoolExecutor:
+    """This process's reader threads, one per decoding thread at most (each source has one
+    read in flight)."""
+    global _readers
+    with _readers_lock:
+        if _readers is None:
+            _readers = ThreadPoolExecutor(READERS, thread_name_prefix="spillway-zarr-read")
+        return _readers
+
+
+def close() -> None:
+    """Stop the reader threads (the pool's teardown)."""
+    global _readers
+    with _readers_lock:
+        readers, _readers = _readers, None
+    if readers is not None:
+        readers.shutdown(wait=True)
 
 
 def decode_file(path: str, size: int, nbytes: int, io, sink, piece: int | None = None):
@@ -154,7 +202,7 @@ def decode_file(path: str, size: int, nbytes: int, io, sink, piece: int | None =
     import zstandard
 
     piece = piece or piece_bytes()
-    source = _FileSource(path, size, io.empty(min(piece, max(1, size)), pinned=False))
+    source = _FileSource(path, size, [io.empty(min(piece, max(1, size)), pinned=False) for _ in range(2)])
     held = 0
     done = False
     try:
@@ -169,15 +217,15 @@ def decode_file(path: str, size: int, nbytes: int, io, sink, piece: int | None =
             io.buffers.hold(held)
         staging = [io.empty(min(piece, nbytes), pinned=True) for _ in range(2)]
         reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW).stream_reader(
-            source, read_size=len(source.buffer), read_across_frames=False, closefd=False)
+            source, read_size=len(source.buffers[0]), read_across_frames=False, closefd=False)
         offset = slot = 0
         decode_s = 0.0
         while offset < nbytes:
             sink.wait(slot)  # the copy out of this staging buffer has finished
             view = memoryview(staging[slot])[:min(piece, nbytes - offset)]
-            start, read_before = time.perf_counter(), source.seconds
+            start, waited_before = time.perf_counter(), source.waited
             got = _read_into(reader, view)
-            decode_s += time.perf_counter() - start - (source.seconds - read_before)
+            decode_s += time.perf_counter() - start - (source.waited - waited_before)
             if got < len(view):
                 raise Fallback(f"the zstd frame ended after {offset + got} of {nbytes} bytes "
                                f"(file of {size} bytes, truncated?)")
