@@ -170,3 +170,24 @@ def test_default_stores_bench_on_cpu_workers(tmp_path):
     table = defaults.short_table(saved)
     assert "spillway field cold" in table and "climatology: spillway" in table
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("spillway-zarr-defaults-")]  # stores removed
+
+
+def test_decode_rates_compares_whole_and_streamed_decodes(tmp_path, capsys):
+    """``python -m spillway.bench.zarr.decode_rates`` on a small chunk: every variant has a
+    rate, and the table names the pieces."""
+    pytest.importorskip("zstandard")
+    from spillway.bench.zarr import decode_rates
+
+    assert decode_rates.main(["--days", "3", "--grid", "91x183", "--runs", "1", "--directory", str(tmp_path),
+                              "--out", str(tmp_path / "r.json"), "--cold"]) == 0
+    saved = json.loads((tmp_path / "r.json").read_text())
+    for name in ("field", "random"):
+        r = saved[name]
+        assert 1.5 < r["ratio"] < 3 if name == "field" else 1.0 < r["ratio"] < 1.3
+        assert set(r["streamed_gbps"]) == {"4 MiB", "8 MiB", "16 MiB", "32 MiB", "64 MiB"}
+        assert all(v > 0 for v in [r["numcodecs_fresh_gbps"], r["numcodecs_reused_gbps"], *r["streamed_gbps"].values()])
+        assert set(r["cold"]) == {"disk_read_stored_gbps", "read_whole_then_decode_gbps", "streamed_16_mib_gbps"}
+    assert saved["machine"]["cores"] >= 1 and "libzstd" in saved["machine"]
+    lines = capsys.readouterr().out.splitlines()
+    assert "32 MiB" in lines[-5] and lines[-1].startswith("random cold")
+    assert not list(tmp_path.glob("tmp*"))  # its chunk file removed

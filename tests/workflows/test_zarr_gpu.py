@@ -195,3 +195,44 @@ def test_default_zstd_store_is_decoded_on_the_host_many_chunks_at_once(cluster, 
     assert all(b["in_use"] == 0 for b in buffers)  # every decode buffer handed back
     # the read tasks seceded: the one worker thread had several chunk reads in flight
     assert max(b["reads_in_flight_peak"] for b in buffers) >= 2
+
+
+def test_default_store_chunks_stream_to_the_device_piece_by_piece(tmp_path, monkeypatch):
+    """In this process, the pool: chunks of one zstd frame are decoded while read and each
+    piece copied to the device as it is decoded (pieces of 1 MiB, chunks of 6.5 MB and a
+    cut edge chunk): zarr's bits on the device, no chunk-sized host buffer, the read,
+    decode and copy stages counted once per chunk."""
+    cupy = pytest.importorskip("cupy")
+    pytest.importorskip("zstandard")
+    import zarr
+
+    from spillway.bench.zarr.defaults import field_block
+    from spillway.workflows.zarr import host_decode, read
+    from spillway.workflows.zarr.chunk_files import chunk_files_of
+    from spillway.workflows.zarr.counters import decode_counters
+
+    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_THREADS", "4")
+    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_PIECE_BYTES", str(2**20))
+    host_decode.close()
+    data = field_block(0, 70, 181, 360)  # chunks of 25 days: 6.5 MB; the last one 20 days
+    z = zarr.create_array(str(tmp_path / "d.zarr"), shape=data.shape, chunks=(25, 181, 360), dtype="float32")
+    z[...] = data
+    files = chunk_files_of(z)
+    try:
+        assert host_decode.decoder().streams
+        before = decode_counters()["stages"]
+
+        def chunk(i):
+            return lambda io: read.read_direct(files, (i, 0, 0), (min(25, 70 - 25 * i), 181, 360), io)
+
+        got = [host_decode.read_in_pool(chunk(i), need=host_decode.bytes_to_read(files, (i, 0, 0), to_device=True))
+               for i in range(3)]
+        after = decode_counters()
+    finally:
+        host_decode.close()
+    assert all(isinstance(g, cupy.ndarray) for g in got)
+    assert cupy.asnumpy(cupy.concatenate(got)).tobytes() == data.tobytes()
+    for stage in ("decode", "copy"):
+        assert after["stages"][stage]["bytes"] - before[stage]["bytes"] == 3 * files.chunk_bytes
+        assert after["stages"][stage]["calls"] - before[stage]["calls"] == 3
+    assert after["host_buffers"]["peak"] < files.chunk_bytes  # pieces and windows, never a chunk

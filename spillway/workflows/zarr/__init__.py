@@ -37,9 +37,12 @@ that holds or wants it, so nothing passes through the client:
   0.1 GB/s (measured on an H100: 32 frames of 8 MiB, one at a time), slower than one host
   core, and no decoder splits one frame over threads, so such chunks are read and decoded
   on the host, **many at once**, in a pool of threads per worker (:mod:`.host_decode`:
-  the read task secedes while it waits, so the worker starts its next chunk reads), into
-  reused host buffers (slices of the tiered store's pinned arena for the decoded bytes
-  while it has room) and copied to the device from there; stores written sharded
+  the read task secedes while it waits, so the worker starts its next chunk reads). Each
+  chunk is decoded while its file is read, in pieces (:mod:`.stream_decode`,
+  python-zstandard), every piece copied to the device as soon as it is decoded from one
+  of two small reused staging buffers (slices of the tiered store's pinned arena while it
+  has room), so the read, the decode and the copy of a chunk overlap (without
+  python-zstandard: read whole, decoded whole by numcodecs, then copied); stores written sharded
   (``shards=`` in zarr, ``"shards"`` in an xarray encoding) with small inner chunks
   decode on the GPU instead;
 * *read*, any other codec chain (blosc, gzip, big-endian, transpose, a checksum, ...):
@@ -74,7 +77,8 @@ never imports them.
   or device memory (KvikIO; zstd decoded by nvCOMP); :mod:`.device_io` also says what a
   worker reads with, and closes nvCOMP's codecs before their streams;
 * :mod:`.host_decode`: the pool that reads and decodes default-store chunks on the host,
-  many at once, and its decode buffers;
+  many at once, and its decode buffers; :mod:`.stream_decode`: one chunk's frame decoded
+  while read, piece by piece;
 * :mod:`.fallback` and :mod:`.counters`: the fallbacks to zarr (logged once per worker),
   and the zstd bytes each process decoded, on the GPU and on the host;
 * :mod:`.buffers`: the host buffer that lets zarr take device chunks.

@@ -261,8 +261,12 @@ def configure_kvikio() -> None:
 def describe() -> dict:
     """What this process reads and writes Zarr chunks with on GPUs (run on a worker):
     KvikIO's version, whether it runs GDS or POSIX compat mode and with how many
-    threads, and whether nvCOMP decodes zstd."""
-    out = {"kvikio": None, "mode": "host codecs + copy to device", "threads": None, "nvcomp": _nvcomp_loads()}
+    threads, whether nvCOMP decodes zstd, and in what pieces the host pool decodes
+    default-store chunks while reading them (None: whole chunks, no python-zstandard)."""
+    from .stream_decode import piece_bytes
+
+    out = {"kvikio": None, "mode": "host codecs + copy to device", "threads": None, "nvcomp": _nvcomp_loads(),
+           "zstd_stream_piece_bytes": piece_bytes() if importlib.util.find_spec("zstandard") else None}
     if not kvikio_available():
         return out
     try:

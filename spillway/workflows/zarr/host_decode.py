@@ -18,12 +18,19 @@ needs on this worker, in the scheduler's order, and compute on the chunks alread
 runs on the worker's thread meanwhile. Outside a worker (dask's threaded scheduler, the
 tests) the task waits on the pool in its own thread.
 
-Each chunk in the pool: the file read whole into a host buffer (page cache or disk), its
-frame header checked, decoded by numcodecs (libzstd, which releases the GIL) straight into
-a second host buffer, and that copied to the device on the thread's own stream. On a
-worker with spillway's tiered store the second buffer is a slice of the store's pinned
-arena while the arena has room (counted there as arena bytes in use until the copy is
-done), so the copy runs at the pinned rate without pinning anything. Host
+Each chunk in the pool, going to the device: decoded while it is read, in pieces
+(:mod:`.stream_decode`): the file read a piece at a time (the kernel fetching the next
+pieces meanwhile), its frame header checked, each piece decoded by python-zstandard
+(libzstd, GIL released) into one of two small staging buffers and copied to the device on
+the thread's own stream while the next piece decodes (:class:`DeviceSink`). So the read,
+the decode and the copy of one chunk overlap, and the decoder writes into buffers that
+stay in the CPU's cache. Without python-zstandard, or for a NumPy copy
+(``to_device=False``), the whole-chunk path: the file read whole into a host buffer,
+decoded by numcodecs straight into a second one of the chunk's size, that copied to the
+device. On a worker with spillway's tiered store the buffers the device copies from
+(staging pieces, or the whole decoded chunk) are slices of the store's pinned arena while
+the arena has room (counted there as arena bytes in use until the copy is done), so the
+copy runs at the pinned rate without pinning anything. Host
 buffers are reused (a fresh buffer costs a page fault per 4 KB page on first touch, which
 on a 1.5 GB chunk halves the decode rate). Buffers come from a bounded set per process
 (:class:`BufferSet`): the reads in flight wait for room rather than take more than
@@ -49,8 +56,8 @@ from .counters import count_stage
 
 #: most host-decode threads per worker process (cores beyond it go to other workers)
 MAX_THREADS = 16
-#: share of the host's memory one GPU's worker may hold in decode buffers (the compressed
-#: file and the decoded chunk of each read in flight, kept for reuse)
+#: share of the host's memory one GPU's worker may hold in decode buffers (each read in
+#: flight's file and decoded chunk, or its pieces and decoder window, and those kept for reuse)
 BUFFER_SHARE = 0.25
 #: and at most this many bytes, whatever the host
 MAX_BUFFER_BYTES = 24 * 2**30
@@ -190,6 +197,18 @@ class BufferSet:
                 self.kept += size
             self._cond.notify_all()
 
+    def hold(self, nbytes: int) -> None:
+        """Count ``nbytes`` held outside the set's buffers for a read in flight (the
+        streaming zstd decoder's window, :mod:`.stream_decode`) as in use."""
+        with self._cond:
+            self.in_use += nbytes
+            self.peak = max(self.peak, self.held)
+
+    def unhold(self, nbytes: int) -> None:
+        with self._cond:
+            self.in_use -= nbytes
+            self._cond.notify_all()
+
     def release_kept(self) -> int:
         """Give the kept buffers back to the system; returns their bytes."""
         with self._cond:
@@ -215,8 +234,13 @@ class HostDecoder:
     over one :class:`BufferSet`."""
 
     def __init__(self, threads: int, budget: int, pinned=None):
+        from . import stream_decode
+
         self.threads = threads
         self.buffers = BufferSet(budget, pinned=pinned)
+        #: chunks of one zstd frame go to the device decoded while read, in pieces
+        #: (:mod:`.stream_decode`); without python-zstandard, whole (logged once)
+        self.streams = stream_decode.available()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="spillway-zarr-decode")
         self._local = threading.local()
         self._idle: threading.Timer | None = None
@@ -240,7 +264,7 @@ class HostDecoder:
     def _run(self, read, to_device: bool, need: int):
         from .host_io import HostIO
 
-        io = HostIO(self.buffers)
+        io = HostIO(self.buffers, device_sink=self._device_sink if to_device and self.streams else None)
         self.buffers.reserve(need)
         with self._lock:
             self._reading += 1
@@ -249,7 +273,7 @@ class HostDecoder:
             chunk = read(io)
             if not to_device:  # a copy: the buffers go back to the set below
                 return np.array(chunk, copy=True)
-            return self._copy(chunk)
+            return chunk if io.on_device else self._copy(chunk)
         finally:
             io.give_back()
             self.buffers.unreserve(need)
@@ -272,9 +296,7 @@ class HostDecoder:
         still reading the previous chunk may own these bytes until it finishes."""
         import cupy
 
-        stream = getattr(self._local, "stream", None)
-        if stream is None:
-            stream = self._local.stream = cupy.cuda.Stream(non_blocking=True)
+        stream = self._stream()
         start = time.perf_counter()
         host = np.ascontiguousarray(chunk)
         out = cupy.empty(host.shape, dtype=host.dtype)
@@ -284,12 +306,73 @@ class HostDecoder:
         count_stage("copy", int(host.nbytes), time.perf_counter() - start)
         return out
 
+    def _stream(self):
+        """This pool thread's own non-blocking stream (:meth:`_copy` says why)."""
+        import cupy
+
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = cupy.cuda.Stream(non_blocking=True)
+        return stream
+
+    def _device_sink(self, nbytes: int) -> DeviceSink:
+        return DeviceSink(nbytes, self._stream())
+
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             if self._idle is not None:
                 self._idle.cancel()
         self.buffers.release_kept()
+
+
+class DeviceSink:
+    """A chunk decoded piece by piece (:mod:`.stream_decode`) into one device buffer: each
+    piece is copied from its staging buffer on the pool thread's stream as soon as it is
+    decoded, and the decoder writes the next piece into the other staging buffer while it
+    copies (it waits for the copy from a buffer before it writes that buffer again).
+    Staging buffers from the store's pinned arena copy asynchronously; pageable ones at
+    the pageable rate, the copy call returning once the driver has taken the bytes.
+
+    As in :meth:`HostDecoder._copy`, the device buffer is allocated on the default
+    stream and the copies wait for the work already queued there. The copy stage counts
+    the thread's seconds issuing and waiting for copies (copies hidden behind the decode
+    cost none)."""
+
+    def __init__(self, nbytes: int, stream):
+        import cupy
+
+        start = time.perf_counter()
+        self.nbytes = nbytes
+        self.stream = stream
+        self.out = cupy.empty(nbytes, dtype=cupy.uint8)
+        stream.wait_event(cupy.cuda.Stream.null.record())
+        self._copied = [None, None]  # per staging buffer: the event after its last copy
+        self.seconds = time.perf_counter() - start
+
+    def wait(self, slot: int) -> None:
+        event = self._copied[slot]
+        if event is not None:
+            start = time.perf_counter()
+            event.synchronize()
+            self.seconds += time.perf_counter() - start
+
+    def put(self, slot: int, offset: int, piece) -> None:
+        start = time.perf_counter()
+        host = np.frombuffer(piece, dtype=np.uint8)
+        self.out[offset:offset + host.nbytes].set(host, stream=self.stream)
+        self._copied[slot] = self.stream.record()
+        self.seconds += time.perf_counter() - start
+
+    def finish(self):
+        start = time.perf_counter()
+        self.stream.synchronize()  # the staging buffers go back to the set after this
+        self.seconds += time.perf_counter() - start
+        count_stage("copy", self.nbytes, self.seconds)
+        return self.out
+
+    def abandon(self) -> None:
+        self.stream.synchronize()
 
 
 _decoder: HostDecoder | None = None
@@ -321,10 +404,13 @@ def _store_host_buffers():
 def close() -> None:
     """Stop this process's pool and give back its buffers (the worker's teardown)."""
     global _decoder
+    from . import stream_decode
+
     with _decoder_lock:
         pool, _decoder = _decoder, None
     if pool is not None:
         pool.close()
+    stream_decode.close()
 
 
 def buffer_counts() -> dict:
@@ -338,12 +424,23 @@ def buffer_counts() -> dict:
     return {**pool.buffers.counts(), "threads": pool.threads, "reads_in_flight_peak": pool.most_reading}
 
 
-def bytes_to_read(files, coords) -> int:
-    """The host bytes a chunk's read takes: its file and its decoded chunk."""
+def bytes_to_read(files, coords, to_device: bool = False) -> int:
+    """The host bytes a chunk's read takes: its file and its decoded chunk; for a chunk of
+    one zstd frame going to the device where the pool streams it, its file piece, its two
+    staging pieces and the decoder's window, which the frame's header states
+    (:func:`.stream_decode.need`)."""
+    from .chunk_files import ZSTD
+    from .stream_decode import need, window_of
+
+    path = files.chunk_path(coords)
     try:
-        size = os.path.getsize(files.chunk_path(coords))
+        size = os.path.getsize(path)
     except OSError:
         size = 0
+    if size and to_device and files.encoding == ZSTD and decoder().streams:
+        window = window_of(path)
+        if window is not None:
+            return need(size, files.chunk_bytes, window)
     return size + files.chunk_bytes
 
 

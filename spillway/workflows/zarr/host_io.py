@@ -25,8 +25,13 @@ class HostIO:
 
     xp = np
 
-    def __init__(self, buffers=None):
+    def __init__(self, buffers=None, device_sink=None):
         self.buffers = buffers
+        #: ``nbytes -> sink`` where a chunk of one zstd frame goes to the device as it is
+        #: decoded (:mod:`.stream_decode`; the pool sets it), else None
+        self.device_sink = device_sink
+        #: whether the chunk returned is already on the device (streamed there)
+        self.on_device = False
         self._taken: list[np.ndarray] = []
 
     def empty(self, nbytes: int, pinned: bool = True) -> np.ndarray:
@@ -67,6 +72,21 @@ class HostIO:
         with open(path, "wb") as f:
             f.write(memoryview(np.ascontiguousarray(chunk)).cast("B"))
         return int(chunk.nbytes)
+
+    def decode_zstd_file(self, path: str, size: int, nbytes: int):
+        """The chunk file at ``path``, one zstd frame of ``nbytes``, decoded: streamed to
+        the device piece by piece while it is read where the pool gave a ``device_sink``
+        (the device array is returned), else read whole and decoded whole into a host
+        buffer."""
+        if self.device_sink is not None:
+            from .stream_decode import decode_file
+
+            chunk = decode_file(path, size, nbytes, self, self.device_sink(nbytes))
+            self.on_device = True
+            return chunk
+        out = self.empty(nbytes)
+        self.decode_zstd([self.read(path, size)], [out])
+        return out
 
     def decode_zstd(self, frames, outs) -> None:
         """Each zstd frame decoded straight into its output (as many bytes as the output

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..backend import module_of
 from . import device_io, fallback, host_decode
 from .chunk_files import CODECS, RAW, SHARDED, ZSTD, ChunkFiles, chunk_files_of
 from .shards import read_shard
@@ -73,7 +74,7 @@ def read_chunk(files: ChunkFiles, block_info=None):
         # chunks at once in the pool of host_decode, each copied to the device there
         try:
             return host_decode.read_in_pool(lambda io: read_direct(files, coords, shape, io),
-                                            need=host_decode.bytes_to_read(files, coords))
+                                            need=host_decode.bytes_to_read(files, coords, to_device=True))
         except fallback.Fallback as why:
             fallback.note("direct read", f"chunk {coords} of {files.root}: {why}; read through zarr on the host")
     elif direct and device_io.kvikio_available():
@@ -104,12 +105,14 @@ def read_direct(files: ChunkFiles, coords, shape, io):
         if size != files.chunk_bytes:
             raise fallback.Fallback(f"file of {size} bytes, expected {files.chunk_bytes}")
         chunk = io.read(path, size).view(dtype).reshape(files.chunk_shape)
+    elif hasattr(io, "decode_zstd_file"):  # the host: possibly streamed to the device
+        chunk = io.decode_zstd_file(path, size, files.chunk_bytes).view(dtype).reshape(files.chunk_shape)
     else:
         out = io.empty(files.chunk_bytes)
         io.decode_zstd([io.read(path, size)], [out])
         chunk = out.view(dtype).reshape(files.chunk_shape)
-    if shape != files.chunk_shape:
-        chunk = io.xp.ascontiguousarray(chunk[tuple(slice(0, n) for n in shape)])
+    if shape != files.chunk_shape:  # cut where the chunk is (a streamed chunk is on the device)
+        chunk = module_of(chunk).ascontiguousarray(chunk[tuple(slice(0, n) for n in shape)])
     return chunk
 
 
