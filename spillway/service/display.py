@@ -129,7 +129,7 @@ def job_html(record: Mapping) -> str:
 
 
 def report_html(report: Mapping) -> str:
-    """A run report (``spillway.service.runner.run_workflow``'s dict) as an HTML table."""
+    """A run report (``spillway.service.run.compute.run_workflow``'s dict) as an HTML table."""
     c = report.get("cluster") or {}
     fp = report.get("footprint") or {}
     rows = [
@@ -180,7 +180,7 @@ class Report(dict):
         return report_html(self)
 
     def __str__(self) -> str:
-        from .runner import format_report
+        from .run.text import format_report
 
         return format_report(self)
 

@@ -87,7 +87,7 @@ def run(options: Options, workflow: str, params: dict, *, verify: bool = False, 
         from distributed import Client
 
         from spillway.service.launch import open_cluster
-        from spillway.service.runner import run_workflow
+        from spillway.service.run.compute import run_workflow
 
         address = dask.config.get("scheduler-address")
         try:
