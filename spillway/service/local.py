@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from .display import Report, advance, progress_bar
+from .bars import advance, progress_bar
+from .run.report import Report
 from .errors import ClusterStartError, SpillwayError
 from .options import Options
 

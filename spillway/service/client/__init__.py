@@ -11,7 +11,7 @@ same machine, or a shared filesystem, mounted elsewhere with ``results_dir=``), 
 CuPy chunks on a machine with a GPU.
 
 The package holds :mod:`.connection` (the HTTP client, on httpx, an extra), :mod:`.jobs`
-(a job and its result).
+(a job and its result) and :mod:`.job_html` (a job in a notebook).
 """
 
 from spillway.workflows.outputs import open_output

@@ -63,7 +63,7 @@ class Job:
         the job's error when it fails or is cancelled, TimeoutError after ``timeout`` s.
         Interrupting the wait leaves the job running on the service (``cancel()`` stops it).
         """
-        from ..display import advance, progress_bar
+        from ..bars import advance, progress_bar
 
         deadline = None if timeout is None else time.monotonic() + timeout
         bar = progress_bar(self.record["workflow"], progress) if progress else None
@@ -112,7 +112,7 @@ class Job:
         return [f"{entry['time'] or ''}  {entry['line']}".strip() for entry in lines]
 
     def _repr_html_(self) -> str:
-        from ..display import job_html
+        from .job_html import job_html
 
         return job_html(self.record)
 
@@ -127,7 +127,7 @@ class JobResult:
     """A finished job's summary, run report and (lazily) its array output."""
 
     def __init__(self, body: dict, *, results_dir: str | None = None, backend: str = "auto"):
-        from ..display import Report
+        from ..run.report import Report
 
         self.id = body["id"]
         self.state = body["state"]
