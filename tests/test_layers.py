@@ -103,8 +103,14 @@ def imports(path: Path) -> list[tuple[int, str]]:
     """(line, imported module) for every import of spillway in ``path``."""
     module = module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return imports_in(path.read_text(), package, str(path))
+
+
+def imports_in(source: str, package: str, filename: str = "<source>") -> list[tuple[int, str]]:
+    """(line, imported module) for every import of spillway in ``source``, a module of
+    ``package`` (against which relative imports resolve)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(source, filename)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -116,7 +122,7 @@ def imports(path: Path) -> list[tuple[int, str]]:
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
                 found.append((node.lineno, sub if _is_module(sub) else target))
-    return [(line, name) for line, name in found if name == "spillway" or name.startswith("spillway.")]
+    return sorted((line, name) for line, name in found if name == "spillway" or name.startswith("spillway."))
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
@@ -133,19 +139,21 @@ def test_layers_use_only_lower_layers():
             assert RANK[used] < RANK[layer.name], (layer.name, used)
 
 
-def test_the_reader_sees_every_kind_of_import(tmp_path, monkeypatch):
-    # a module under spillway.service reading relative, absolute and in-function imports
+def test_the_reader_sees_every_kind_of_import():
+    # a module of spillway.service with relative, absolute and in-function imports
     source = ("from . import options\nfrom ..workflows import params\nimport spillway.deploy.commands\n"
-              "def f():\n    from .launch.spec import WorkerSpec\n    from spillway import workflows\n")
-    target = PACKAGE / "service" / "_layers_probe.py"
-    try:
-        target.write_text(source)
-        found = imports(target)
-    finally:
-        target.unlink()
+              "def f():\n    from .launch.spec import WorkerSpec\n    from spillway import workflows\n"
+              "import numpy\nfrom .memory import store as s, not_a_module\n")
+    found = imports_in(source, "spillway.service")
     assert found == [(1, "spillway.service.options"), (2, "spillway.workflows.params"),
                      (3, "spillway.deploy.commands"), (5, "spillway.service.launch.spec"),
-                     (6, "spillway.workflows")]
+                     (6, "spillway.workflows"), (8, "spillway.service.memory"),
+                     (8, "spillway.service.memory.store")]
+    assert layer_of("spillway.service.run.compute").name == "run"
+    assert layer_of("spillway.service.options").name == "core"
+    assert layer_of("spillway").name == "api"
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer_of("spillway.elsewhere")
 
 
 def test_no_module_imports_upward():
