@@ -4,7 +4,8 @@
 talks to the shared service; both take the settings of :class:`spillway.Options`.
 The packages: :mod:`spillway.service` (the cluster and the service),
 :mod:`spillway.workflows` (named chunked-array workflows), :mod:`spillway.deploy`
-(Slurm, MPI and systemd files, rendered by pure functions)."""
+(Slurm, MPI and systemd files, rendered by pure functions), :mod:`spillway.bench`
+(benchmarks, run by the CLI only)."""
 
 from .service.errors import AdmissionError, OptionsError, ParamError, SpillwayError
 from .service.local import local

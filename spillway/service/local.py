@@ -3,7 +3,7 @@
 ``local(**options)`` builds the one :class:`~spillway.service.options.Options` from keywords (the
 same names and layering as the CLI flags and ``DASK_SPILLWAY__*``), starts the cluster
 through :func:`spillway.service.launch.open_cluster` and keeps it up until ``close()``. Registered
-workflows run through :func:`spillway.service.runner.run_workflow`, exactly as ``spillway run``
+workflows run through :func:`spillway.service.run.compute.run_workflow`, exactly as ``spillway run``
 runs them; any dask collection runs on ``.client``, which is a plain Dask client.
 """
 
@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from .display import Report, advance, progress_bar
+from .bars import advance, progress_bar
+from .run.report import Report
 from .errors import ClusterStartError, SpillwayError
 from .options import Options
 
@@ -111,14 +112,14 @@ class Local:
     @property
     def worker_bytes(self) -> int:
         """Memory one worker holds before it spills: device memory on GPU workers."""
-        from .runner import target_of
+        from .run.target import target_of
 
         return target_of(self.session).worker_bytes
 
     def workflows(self) -> list[dict]:
         """The catalogue, with the defaults of this cluster."""
         from spillway import workflows
-        from .runner import target_of
+        from .run.target import target_of
 
         return workflows.catalogue(target_of(self.session))
 
@@ -134,7 +135,7 @@ class Local:
         NumPy arrays to the workflow's array inputs. ``progress``: True for a bar (a
         widget in Jupyter), a stream for a text bar on it, False for none.
         """
-        from .runner import run_workflow
+        from .run.compute import run_workflow
 
         params = {**(params or {}), **more_params}
         kw = dict(verify=verify, output=output, arrays=dict(arrays) if arrays else None)

@@ -10,7 +10,7 @@ whichever launcher started it, and adds what spillway needs:
 * counters on the worker's spill buffers (bytes moved device -> host -> disk);
 * on GPU workers, zarr takes CuPy chunks (copied to the host as zarr takes them in), so a
   user's own ``da.to_zarr`` / ``xarray.to_zarr`` of device arrays writes
-  (:mod:`spillway.workflows.zarr.buffers`);
+  (:mod:`spillway.service.zarr_buffer`);
 * with spillway's tiered store (:mod:`spillway.service.memory`): eviction by the queued tasks'
   next use, prefetch of the next tasks' inputs, and spill on demand when an RMM
   allocation fails.
@@ -26,6 +26,18 @@ import time
 from distributed.diagnostics.plugin import WorkerPlugin
 
 PLUGIN_NAME = "spillway-setup"
+
+#: clean-ups :meth:`WorkerSetup.teardown` runs on a GPU worker while its CUDA context is
+#: alive, registered by the modules that make such resources in this process (the Zarr
+#: readers of :mod:`spillway.workflows.zarr.device_io`): the cluster knows no workflow
+_TEARDOWNS: list = []
+
+
+def on_teardown(close) -> None:
+    """Run ``close()`` (once, however often it is registered) when the worker plugin of this
+    process tears down on a GPU worker."""
+    if close not in _TEARDOWNS:
+        _TEARDOWNS.append(close)
 
 
 def _is_gpu_worker() -> bool:
@@ -86,9 +98,9 @@ class WorkerSetup(WorkerPlugin):
         # CuPy's own pool would hide allocations from RMM's pool and statistics
         cupy.cuda.set_allocator(rmm_cupy_allocator if store is None else explained(rmm_cupy_allocator, store))
         # dask's store hands CuPy chunks to zarr, whose CPU buffer refuses them
-        from spillway.workflows.zarr import buffers
+        from . import zarr_buffer
 
-        buffers.install()
+        zarr_buffer.install()
 
     def _wire_store(self, worker, store):
         from .memory.policy import next_use, running_inputs
@@ -147,11 +159,10 @@ class WorkerSetup(WorkerPlugin):
         if pool is not None:
             pool.shutdown(wait=False)
         if self.kind == "gpu":
-            # nvCOMP's codecs before their streams, while the CUDA context is alive, and the
-            # Zarr host-decode pool's buffers (workflows.zarr.device_io.KvikIO says why)
-            from spillway.workflows.zarr import device_io
-
-            device_io.close_all()
+            # while the CUDA context is alive: what this process's readers registered
+            # (nvCOMP's codecs before their streams, the Zarr host-decode pool's buffers)
+            for close in list(_TEARDOWNS):
+                close()
 
     def _count_spills(self, data):
         """Hook the zict buffers of the worker's store (dask-cuda's DeviceHostFile or

@@ -69,7 +69,7 @@ def test_launch_refuses_options_it_cannot_honour(options, message):
     from spillway.deploy.mpi import launch
 
     with pytest.raises(OptionsError) as e:
-        launch.run(Options.resolve(**options), "transpose-sum", {})
+        launch.run(Options.resolve(**options), lambda session: {})
     assert str(e.value).startswith(message)
 
 

@@ -7,7 +7,10 @@ import json
 
 import pytest
 
-from spillway.service.display import Report, advance, job_html, plot, progress_bar, report_html
+from spillway.bench.figure import plot as bench_plot
+from spillway.service.bars import advance, progress_bar
+from spillway.service.client.job_html import job_html
+from spillway.service.run.report import Report, plot, report_html
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -112,7 +115,7 @@ def test_report_figure_from_a_dict_or_its_file(tmp_path):
 
 
 def test_bench_figure():
-    fig = plot(BENCH)
+    fig = bench_plot(BENCH)
     times, bandwidth = fig.axes
     assert [p.get_height() for p in times.patches] == [1.0, 3.0, 2.0, 0]
     assert "peer copy 300 GB/s" in [t.get_text() for t in bandwidth.get_legend().get_texts()]
@@ -121,8 +124,12 @@ def test_bench_figure():
 
 
 def test_plot_refuses_what_it_cannot_draw(tmp_path):
-    with pytest.raises(ValueError, match="neither a run report .* nor benchmark results"):
+    with pytest.raises(ValueError, match="not a run report"):
         plot({"state": "done"})
+    with pytest.raises(ValueError, match="benchmark results .*spillway.bench.figure.plot draws them"):
+        plot(BENCH)
+    with pytest.raises(ValueError, match="not benchmark results"):
+        bench_plot(REPORT)
     with pytest.raises(TypeError, match="got int"):
         plot(3)
     with pytest.raises(FileNotFoundError):

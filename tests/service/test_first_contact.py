@@ -49,7 +49,7 @@ def test_service_commands_without_the_extra_are_one_line():
 
 
 def test_progress_bar_stays_out_of_a_redirected_log(monkeypatch):
-    from spillway.service.display import progress_bar
+    from spillway.service.bars import progress_bar
 
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert progress_bar("run", True) is None

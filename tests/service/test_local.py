@@ -15,7 +15,7 @@ import pytest
 from reference_inputs import uniform_numpy
 import spillway
 from spillway import OptionsError, ParamError
-from spillway.service.display import Report
+from spillway.service.run.report import Report
 from spillway.service.local import Local
 from spillway.workflows import random
 

@@ -186,7 +186,7 @@ def test_mpi_ranks_build_their_workers_under_the_options_config(monkeypatch):
 
     monkeypatch.setattr(dask_mpi, "execute", execute)
     options = Options.resolve(cpu=True, transfer_connections=5, transfer_message_bytes="300MB")
-    assert launch.run(options, "transpose-sum", {}, comm=World()) is None
+    assert launch.run(options, lambda session: {}, comm=World()) is None
     assert seen == {"incoming": 5, "outgoing": 5, "message": 300_000_000}
     assert dask.config.get(KEYS["incoming"]) == 10  # only for the ranks' workers
 

@@ -70,7 +70,8 @@ def test_read_on_real_cpu_workers_and_in_the_run_report():
 
     from spillway.service.launch import open_cluster
     from spillway.service.options import Options
-    from spillway.service.runner import format_report, run_workflow
+    from spillway.service.run.compute import run_workflow
+    from spillway.service.run.text import format_report
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, protocol="tcp", host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
@@ -108,7 +109,7 @@ def test_cuda_ipc_is_reported_between_two_gpus(gpu_count):
     from spillway.service.cli import main
     from spillway.service.launch import open_cluster
     from spillway.service.options import Options
-    from spillway.service.runner import run_workflow
+    from spillway.service.run.compute import run_workflow
 
     with open_cluster(Options.resolve(protocol="ucx", rmm_pool_size="4GB", dashboard_address="",
                                       devices="0,1")) as session:

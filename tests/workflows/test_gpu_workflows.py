@@ -15,7 +15,7 @@ import pytest
 
 from spillway.service.launch import open_cluster
 from spillway.service.options import Options
-from spillway.service.runner import run_workflow
+from spillway.service.run.compute import run_workflow
 from spillway.service.sizes import format_bytes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -103,7 +103,7 @@ def test_200gb_input_is_balanced_over_both_gpus(gpu2, capsys):
     from spillway.workflows import placement, random
     from spillway.workflows.chunking import auto_chunks, shape_from_size
     from spillway.workflows.params import Target
-    from spillway.service.runner import target_of
+    from spillway.service.run.target import target_of
 
     client = gpu2.client
     target = target_of(gpu2)

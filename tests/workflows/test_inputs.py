@@ -9,7 +9,7 @@ import pytest
 from reference_inputs import uniform_numpy
 from spillway import workflows
 from spillway.service.errors import ParamError
-from spillway.service.runner import run_workflow
+from spillway.service.run.compute import run_workflow
 from spillway.workflows import inputs, random
 from spillway.workflows.params import Target
 

@@ -52,7 +52,7 @@ def _ndbuffer(dask_worker=None):
 
 
 def test_gpu_workers_give_zarr_the_host_buffer(cluster):
-    from spillway.workflows.zarr import buffers
+    from spillway.service import zarr_buffer as buffers
 
     assert set(cluster.client.run(_ndbuffer).values()) == {buffers.QUALNAME}
 

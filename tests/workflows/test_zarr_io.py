@@ -302,7 +302,7 @@ def _device_chunks(data, chunks):
 
 
 def test_dask_store_of_device_chunks_into_zarr_fails_without_and_writes_with_the_host_buffer(tmp_path):
-    from spillway.workflows.zarr import buffers
+    from spillway.service import zarr_buffer as buffers
 
     data = _data((50, 33), "float32")
     for installed in (False, True):
@@ -330,7 +330,7 @@ def test_the_buffer_qualname_names_the_buffer_class():
     QUALNAME holds lead to the class itself (a move of the module moves the string)."""
     import importlib
 
-    from spillway.workflows.zarr import buffers
+    from spillway.service import zarr_buffer as buffers
 
     module, _, name = buffers.QUALNAME.rpartition(".")
     assert getattr(importlib.import_module(module), name) is buffers.HostNDBuffer
@@ -357,3 +357,21 @@ def test_store_decides_by_each_block_not_the_meta(tmp_path, monkeypatch):
     assert len(sent) == 4  # host blocks did not take the device path
     assert zarr.open_array(str(tmp_path / "d.zarr"))[...].tobytes() == data.tobytes()
     assert zarr.open_array(str(tmp_path / "h.zarr"))[...].tobytes() == data.tobytes()
+
+
+def test_gpu_worker_teardown_closes_the_zarr_readers(monkeypatch):
+    """The worker plugin knows no workflow: the Zarr readers register their clean-up, and a
+    GPU worker's teardown runs it (once, however often it was registered)."""
+    from spillway.service import plugins
+
+    closed = []
+    monkeypatch.setattr(plugins, "_TEARDOWNS", [])
+    monkeypatch.setattr(device_io, "close_all", lambda: closed.append(1))
+    device_io._close_on_teardown()
+    device_io._close_on_teardown()
+    setup = plugins.WorkerSetup()
+    setup.teardown(None)  # a CPU worker: nothing of the GPU's to close
+    assert closed == []
+    setup.kind = "gpu"
+    setup.teardown(None)
+    assert closed == [1]

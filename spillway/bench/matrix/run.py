@@ -100,7 +100,7 @@ def _measured(cluster, collections: tuple) -> tuple[Any, float, int, dict]:
     """Compute on the cluster: (values, wall seconds, bytes spilled device -> host and
     host -> disk meanwhile, bytes per move between tiers summed over workers)."""
     from spillway.service.plugins import worker_snapshot
-    from spillway.service.runner import transfer_stats
+    from spillway.service.run.stats import transfer_stats
     from ..measure import spill_moves
 
     client = cluster.client
@@ -126,7 +126,7 @@ def run_notebook(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict
     through the notebook's ``compute`` and check against the seeded reference."""
     from spillway import workflows
     from spillway.service.errors import AdmissionError
-    from spillway.service.runner import target_of
+    from spillway.service.run.target import target_of
     from spillway.workflows import random
     from spillway.workflows.backend import backend_for
     from spillway.workflows.registry import relative_error

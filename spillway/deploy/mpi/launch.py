@@ -1,15 +1,20 @@
-"""Run a workflow on a cluster of MPI ranks (dask-mpi's ``execute``).
+"""Run work on a cluster of MPI ranks (dask-mpi's ``execute``).
 
 Every rank calls :func:`run`. Rank 0 starts the scheduler and, in a thread, the client
-that waits for all workers and runs the workflow; the other ranks each start one worker
-(dask-cuda's ``CUDAWorker`` on one GPU, given spillway's tiered store where the options
-choose it, or a CPU worker) and block until rank 0 closes the cluster. Only rank 0
-returns the report.
+that waits for all workers and runs the work on the cluster session; the other ranks each
+start one worker (dask-cuda's ``CUDAWorker`` on one GPU, given spillway's tiered store
+where the options choose it, or a CPU worker) and block until rank 0 closes the cluster.
+Only rank 0 returns the work's result.
+
+The work is passed in (``spillway mpi`` passes a workflow's run): deploy starts clusters
+from the core's specs and knows nothing of what runs on them.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import dask.config
 
@@ -46,7 +51,9 @@ def _node_devices(inventory) -> list[int | str]:
     return [gpu.index for gpu in inventory.gpus]
 
 
-def run(options: Options, workflow: str, params: dict, *, verify: bool = False, comm=None) -> dict | None:
+def run(options: Options, work: Callable[[Any], dict], *, comm=None) -> dict | None:
+    """Start the cluster on the MPI ranks and, on rank 0, return ``work(session)`` (the
+    open cluster session); the worker ranks return None once rank 0 closes the cluster."""
     _check(options)
     try:
         from dask_mpi import execute
@@ -87,14 +94,13 @@ def run(options: Options, workflow: str, params: dict, *, verify: bool = False, 
         from distributed import Client
 
         from spillway.service.launch import open_cluster
-        from spillway.service.runner import run_workflow
 
         address = dask.config.get("scheduler-address")
         try:
             with Client(address, timeout="60s") as c:
                 c.wait_for_workers(n_workers, timeout=WORKERS_TIMEOUT_S)
             with open_cluster(options.replace(scheduler_address=address)) as session:
-                result["report"] = run_workflow(session, workflow, params, verify=verify)
+                result["report"] = work(session)
         except BaseException as e:  # reported on rank 0 after the cluster is closed
             result["error"] = e
 

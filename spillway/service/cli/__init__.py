@@ -160,7 +160,8 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
 
     from ..launch import open_cluster
     from ..progress import default_stream
-    from ..runner import format_report, run_workflow
+    from ..run.compute import run_workflow
+    from ..run.text import format_report
 
     options = resolve(options_flags)
     # an unknown name or a bad value fails before a cluster starts

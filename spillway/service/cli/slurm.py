@@ -208,10 +208,11 @@ def mpi(workflow, params, verify, report_path, options_flags):
     """
     from spillway import workflows
     from spillway.deploy.mpi import launch
+    from spillway.service.run.compute import run_workflow
 
     options = resolve(options_flags)
     workflows.get(workflow)  # an unknown name fails on every rank before anything starts
-    report = launch.run(options, workflow, params, verify=verify)
+    report = launch.run(options, lambda session: run_workflow(session, workflow, params, verify=verify))
     if report is None:  # scheduler-less ranks (the workers) end here
         return
     text = json.dumps(report, default=str)

@@ -1,6 +1,6 @@
 """The scheduler loop: starts queued jobs on the cluster, tracks them, stops cancelled ones.
 
-Each job runs :func:`spillway.service.runner.run_workflow` in its own thread with its own Dask
+Each job runs :func:`spillway.service.run.compute.run_workflow` in its own thread with its own Dask
 client on the shared scheduler. A client of its own gives each job its own progress
 count (the progress plugin follows a client's next graph) and a clean cancel: cancelling
 that client's futures stops the job's tasks and releases its memory, touching no other
@@ -26,7 +26,8 @@ from collections.abc import Callable
 from ..errors import ParamError
 from ..memory.admission import admit, cluster_capacity
 from ..progress import client_progress
-from ..runner import run_workflow, target_of
+from ..run.compute import run_workflow
+from ..run.target import target_of
 from ..jobdb import JobDB, is_unavailable
 from .order import next_job, waiting_reasons
 

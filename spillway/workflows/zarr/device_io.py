@@ -197,6 +197,15 @@ def _exit_handler() -> None:
         _exit_registered = True
         # registered after CuPy's import, so it runs before CuPy's own exit handlers
         atexit.register(close_all)
+        _close_on_teardown()
+
+
+def _close_on_teardown() -> None:
+    """Have the worker plugin's teardown run :func:`close_all` while the CUDA context is
+    alive (the cluster knows no workflow: the module that makes the resources says so)."""
+    from spillway.service.plugins import on_teardown
+
+    on_teardown(close_all)
 
 
 def close_all() -> None:

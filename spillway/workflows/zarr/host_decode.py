@@ -385,6 +385,9 @@ def decoder() -> HostDecoder:
     with _decoder_lock:
         if _decoder is None:
             _decoder = HostDecoder(_threads(), _budget(), _store_host_buffers())
+            from .device_io import _close_on_teardown
+
+            _close_on_teardown()  # the worker's teardown stops the pool (close_all does)
         return _decoder
 
 

@@ -63,7 +63,7 @@ def test_persisted_input_larger_than_device_limit_gives_reference(memory_limit, 
     from distributed import wait
 
     from spillway.service.plugins import worker_snapshot
-    from spillway.service.runner import transfer_stats
+    from spillway.service.run.stats import transfer_stats
 
     opts = Options.resolve(device_memory_limit="1GB", memory_limit=memory_limit, rmm_pool_size="4GB",
                            local_directory=str(tmp_path), dashboard_address="", memory_store="tiered")
@@ -157,7 +157,7 @@ def test_a_limit_of_zero_starts_a_real_worker_with_no_limit(limit, tmp_path):
     """0 is "no limit" from the options to the store: the worker starts (it used to die
     building its store on int(math.inf)), admission reads the hardware, and a run is
     NumPy's answer."""
-    from spillway.service.runner import run_workflow
+    from spillway.service.run.compute import run_workflow
 
     opts = Options.resolve(**{limit: 0}, rmm_pool_size="4GB", local_directory=str(tmp_path),
                            dashboard_address="", memory_store="tiered")

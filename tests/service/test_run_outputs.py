@@ -1,4 +1,4 @@
-"""The runner: outputs written, measured and read back (a failed write fails the run with
+"""A run's outputs written, measured and read back (a failed write fails the run with
 the path and the OS error, and leaves no store); results come back as host values,
 converted on the worker; snapshots leave out workers that are gone."""
 
@@ -10,7 +10,9 @@ import types
 import numpy as np
 import pytest
 
-from spillway.service import runner
+from spillway.service.errors import OutputError
+from spillway.service.run import compute
+from spillway.service.run.host import HOST_TASK, to_host
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def inproc_session():
 
 def test_output_is_measured_and_read_back(inproc_session, tmp_path):
     out = str(tmp_path / "rows.zarr")
-    report = runner.run_workflow(inproc_session, "slice", {"size": [300, 200], "step": 1, "chunks": [100, 100]},
+    report = compute.run_workflow(inproc_session, "slice", {"size": [300, 200], "step": 1, "chunks": [100, 100]},
                                  verify=True, output=out)
     on_disk = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(out) for f in fs if f != "zarr.json")
     assert report["bytes_written"] == on_disk > 0
@@ -53,8 +55,8 @@ def test_failed_write_fails_the_run_and_leaves_no_store(inproc_session, tmp_path
 
     monkeypatch.setattr(_local, "_put", full_disk)
     out = str(tmp_path / "full.zarr")
-    with pytest.raises(runner.OutputError) as failed:
-        runner.run_workflow(inproc_session, "slice", {"size": [300, 200], "step": 1, "chunks": [100, 100]},
+    with pytest.raises(OutputError) as failed:
+        compute.run_workflow(inproc_session, "slice", {"size": [300, 200], "step": 1, "chunks": [100, 100]},
                             verify=True, output=out)
     assert str(failed.value) == (f"output: writing {out} failed: [Errno 28] No space left on device; "
                                  "the partial store was removed")
@@ -68,8 +70,8 @@ def test_a_store_that_reads_back_other_values_is_not_a_result(inproc_session, tm
     monkeypatch.setattr(_local, "_put", lambda path, value, *a, **k: None if not str(path).endswith("zarr.json")
                         else put(path, value, *a, **k))  # chunks "written" but nothing stored
     out = str(tmp_path / "lost.zarr")
-    with pytest.raises(runner.OutputError, match="reads back a checksum of 0.0, not the result's"):
-        runner.run_workflow(inproc_session, "slice", {"size": [300, 200], "step": 1}, output=out)
+    with pytest.raises(OutputError, match="reads back a checksum of 0.0, not the result's"):
+        compute.run_workflow(inproc_session, "slice", {"size": [300, 200], "step": 1}, output=out)
     assert not os.path.exists(out)
 
 
@@ -90,7 +92,7 @@ class DeviceStandIn:
 
 def test_to_host_converts_device_values_everywhere_in_a_result():
     value = (DeviceStandIn([1.0, 2.0]), [DeviceStandIn(3.0), 4], {"k": DeviceStandIn([5])}, np.float64(6))
-    host = runner.to_host(value)
+    host = to_host(value)
     assert isinstance(host[0], np.ndarray) and host[0].tolist() == [1.0, 2.0]
     assert isinstance(host[1][0], np.ndarray) and host[1][1] == 4
     assert isinstance(host[2]["k"], np.ndarray)
@@ -107,10 +109,10 @@ def test_gathered_futures_are_host_conversion_tasks(inproc_session, tmp_path, mo
         return gather(self, futures, *args, **kwargs)
 
     monkeypatch.setattr(type(client), "gather", recording)
-    runner.run_workflow(inproc_session, "transpose-sum", {"size": [200, 200]})
-    runner.run_workflow(inproc_session, "slice", {"size": [200, 200]}, output=str(tmp_path / "o.zarr"))
+    compute.run_workflow(inproc_session, "transpose-sum", {"size": [200, 200]})
+    compute.run_workflow(inproc_session, "slice", {"size": [200, 200]}, output=str(tmp_path / "o.zarr"))
     keys = [getattr(f, "key", None) for f in gathered]
-    assert keys and all(isinstance(k, str) and k.startswith(runner.HOST_TASK) for k in keys), keys
+    assert keys and all(isinstance(k, str) and k.startswith(HOST_TASK) for k in keys), keys
 
 
 def test_snapshots_leave_out_workers_that_are_gone():
@@ -121,5 +123,5 @@ def test_snapshots_leave_out_workers_that_are_gone():
             calls.append(kwargs)
             return {}
 
-    runner._run_on_workers(Client(), print)
+    compute._run_on_workers(Client(), print)
     assert calls == [{"on_error": "ignore"}]

@@ -13,9 +13,12 @@ also changes what zarr *reads* into (CuPy for every ``zarr`` read on the worker,
 stores and compressors copy every GPU buffer to the host anyway. The host buffer changes
 only the case that fails today: a device value given to zarr is copied once to the host;
 everything else is zarr's CPU path unchanged. Spillway's own outputs do not go through it
-(:mod:`.write` writes device chunks straight from GPU memory with KvikIO).
+(:mod:`spillway.workflows.zarr.write` writes device chunks straight from GPU memory with
+KvikIO).
 
-:func:`install` is run by the worker plugin on every GPU worker (``spillway.service.plugins``).
+:func:`install` is run by the worker plugin on every GPU worker (``spillway.service.plugins``);
+it lives with the cluster, not the workflows, because it is how a GPU worker takes any
+zarr write, the user's own included.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from zarr.core.buffer import cpu
 
 #: the name zarr's config refers to the buffer by (``zarr.config["ndbuffer"]``): this
 #: module's path and the class name, so that it names the class wherever it is read
-QUALNAME = "spillway.workflows.zarr.buffers.HostNDBuffer"
+QUALNAME = "spillway.service.zarr_buffer.HostNDBuffer"
 
 
 def to_host(value):

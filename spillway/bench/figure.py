@@ -1,0 +1,47 @@
+"""The benchmark's results in one figure for a notebook: time per workload (spillway and
+the baseline) and worker-to-worker bandwidth against the peer-copy ceiling."""
+
+from __future__ import annotations
+
+from spillway.service.figures import load, new_figure
+
+
+def plot(source, *, figsize=None):
+    """One figure of ``spillway bench`` results (the dict or its JSON file): time per
+    workload and transfer bandwidth. Returns a matplotlib Figure, which Jupyter shows."""
+    data = load(source, "benchmark results")
+    if "workloads" not in data:
+        raise ValueError("plot: the data is not benchmark results (workloads)")
+    return _bench_figure(data, figsize or (12, 4.5))
+
+
+def _bench_figure(results: dict, figsize):
+    import numpy as np
+
+    fig, (ax_t, ax_b) = new_figure(figsize, 2)
+    ws = results["workloads"]
+    names = [w["name"] for w in ws]
+    x = np.arange(len(ws))
+    for offset, side in ((-0.2, "spillway"), (0.2, "baseline")):
+        ax_t.bar(x + offset, [w.get(f"{side}_s") or 0 for w in ws], width=0.4, label=side)
+    for i, w in enumerate(ws):
+        if w.get("speedup"):
+            top = max(w.get("spillway_s") or 0, w.get("baseline_s") or 0)
+            ax_t.annotate(f"{w['speedup']:.2f}x", (i, top), ha="center", va="bottom", fontsize=8)
+    ax_t.set_xticks(x, names)
+    ax_t.set_ylabel("wall time, median (s)")
+    ax_t.set_title("time per workload (lower is better)")
+    ax_t.legend(fontsize=8)
+    for offset, side in ((-0.2, "spillway"), (0.2, "baseline")):
+        ax_b.bar(x + offset, [(w.get(side) or {}).get("transfer_gbps_median") or 0 for w in ws], width=0.4,
+                 label=side)
+    peer = (results.get("ceilings") or {}).get("peer_copy")
+    if peer:
+        ax_b.axhline(peer, color="black", linestyle="--", linewidth=1, label=f"peer copy {peer:.0f} GB/s")
+    ax_b.set_xticks(x, names)
+    ax_b.set_ylabel("worker-to-worker GB/s, median")
+    ax_b.set_title("transfer bandwidth")
+    ax_b.legend(fontsize=8)
+    machine = (results.get("machine") or {}).get("name", "")
+    fig.suptitle(f"spillway bench on {machine} ({results.get('sizes', '')} sizes)")
+    return fig
