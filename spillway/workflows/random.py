@@ -104,10 +104,12 @@ def uniform(
     graph = HighLevelGraph({name: MaterializedLayer(layer, annotations=annotations)}, {name: set()})
     # the chunks' own type: dask builds what it adds from the meta (map_overlap's constant
     # boundary, full_like, concatenations), and numpy there beside CuPy chunks fails
+    meta = np.empty((0,) * len(shape), dtype=dtype)
     if backend == "cupy":
         from .backend import device_meta
 
-        meta = device_meta(dtype, len(shape))
-    else:
-        meta = np.empty((0,) * len(shape), dtype=dtype)
+        try:
+            meta = device_meta(dtype, len(shape))
+        except ImportError:
+            pass  # a GPU graph planned where CuPy is not installed (sizes, footprints): never computed here
     return da.Array(graph, name, chunks, meta=meta)
