@@ -38,7 +38,7 @@ def build(params: Params, target: Target):
     def reference():
         if source.nbytes * 8 // np.dtype(source.dtype).itemsize <= REFERENCE_WHOLE_BYTES:
             return chain(np, source.whole()).sum(), "numpy float64 chain(x).sum()"
-        return (sum(chain(np, p).sum() for _, _, p in source.panels()),
+        return (sum(s for _, _, s in source.panels(then=lambda p: chain(np, p).sum())),
                 "numpy float64 chain(x).sum(), by row panels")
 
     x = source.array

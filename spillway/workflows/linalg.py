@@ -158,7 +158,7 @@ def reference_r(source) -> np.ndarray:
     r = _gram_r(source)
     if r is not None:
         return r
-    rs = [np.linalg.qr(p, mode="r") for _, _, p in source.panels()]
+    rs = [r for _, _, r in source.panels(then=lambda p: np.linalg.qr(p, mode="r"))]
     return np.linalg.qr(np.vstack(rs), mode="r")
 
 

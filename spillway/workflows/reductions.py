@@ -92,10 +92,10 @@ def reference(source, params: Params):
     n_total = np.prod(source.shape, dtype=np.float64)
     if params.op == "histogram":
         counts = np.zeros(params.bins, dtype=np.float64)
-        for _, _, p in source.panels():
-            counts += np.histogram(p, bins=params.bins, range=(params.low, params.high))[0]
+        for _, _, c in source.panels(then=lambda p: np.histogram(p, bins=params.bins, range=(params.low, params.high))[0]):
+            counts += c
         return counts, "numpy float64 histogram, by row panels"
-    parts = [(start, stop, p.sum(axis=axis)) for start, stop, p in source.panels()]
+    parts = list(source.panels(then=lambda p: p.sum(axis=axis)))
     if axis == 1:
         sums = np.concatenate([s for _, _, s in parts])
         count = source.shape[1]

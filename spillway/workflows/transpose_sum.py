@@ -48,7 +48,7 @@ def build(params: Params, target: Target):
             return np.float64((a + a.T).sum()), "numpy float64 (x + x.T).sum()"
         # Too large for the client: sum the input in float64 one row panel at a time. The
         # identity sum(x + x.T) = 2 sum(x) is used only here, in the check, never in the workflow.
-        return 2 * sum(p.sum() for _, _, p in source.panels()), "numpy float64 2*sum(x), by row panels"
+        return 2 * sum(s for _, _, s in source.panels(then=np.sum)), "numpy float64 2*sum(x), by row panels"
 
     chunk_bytes = chunks[0] * chunks[1] * x.dtype.itemsize
     # the input, plus per worker a received mirror chunk and the sum's temporary

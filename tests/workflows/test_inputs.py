@@ -158,3 +158,20 @@ def test_panels_cover_the_input_in_order():
         assert [p[0] for p in parts] == sorted(p[0] for p in parts)
         assert parts[-1][1] == 301
         np.testing.assert_array_equal(np.concatenate([p[2] for p in parts]), whole)
+
+
+def test_panels_apply_then_in_the_reading_threads_and_keep_the_order():
+    import threading
+
+    params = workflows.get("reduction").validate({"size": "301x97", "seed": 3}, Target())
+    source = inputs.open_source(params, Target(), (50, 50))
+    whole = source.whole()
+    threads = set()
+
+    def row_sums(block):
+        threads.add(threading.get_ident())
+        return block.sum(axis=1)
+
+    parts = list(source.panels(8 * 97 * 7, then=row_sums))
+    np.testing.assert_allclose(np.concatenate([p[2] for p in parts]), whole.sum(axis=1), rtol=1e-14)
+    assert threading.get_ident() not in threads

@@ -18,10 +18,11 @@ class Panels:
         self.nbytes = linalg.REFERENCE_WHOLE_BYTES + 8  # past the whole-input path
         self.read = 0
 
-    def panels(self, budget=128 * 2**20):
+    def panels(self, budget=128 * 2**20, then=None):
         for start in range(0, self.shape[0], 1000):
             self.read += 1
-            yield start, start + 1000, self.x[start:start + 1000]
+            block = self.x[start:start + 1000]
+            yield start, start + 1000, block if then is None else then(block)
 
 
 def _panel_qr(x):
