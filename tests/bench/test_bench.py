@@ -544,7 +544,7 @@ def test_b3_is_named_to_run_with_its_own_tiers_on_spillway_only():
     ((changes, members),) = harness.groups(plan)
     assert changes["baseline"] == {}
     tiers = plan.options.replace(**changes["spillway"])
-    assert (tiers.device_memory_limit, tiers.memory_limit, tiers.pinned_pool_size) == (125e9, 48e9, 48e9)
+    assert (tiers.device_memory_limit, tiers.memory_limit, tiers.pinned_pool_size) == (125e9, 52e9, 48e9)
     # per worker: the device limit, then the pinned pool, then disk for the rest
     per_worker = b3.input_bytes("full") / 2
     assert tiers.device_memory_limit + tiers.memory_limit < per_worker

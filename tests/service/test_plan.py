@@ -156,5 +156,27 @@ def test_cpu_cluster_keywords():
 def test_each_worker_may_pin_its_share_of_half_the_host():
     p = plan(Options.resolve(), inventory(2), host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST))
     assert p.host_memory == HOST and p.pinned_limit == HOST // 2 // 2
-    kwargs = gpu_cluster_kwargs(tiered("48GB"), p)
+    from spillway.service.launch.spec import HostFacts
+
+    # 48 GB pinned fits each worker's share of the 270 GB host (not this machine's memory)
+    kwargs = gpu_cluster_kwargs(tiered("48GB"), p, HostFacts(host_memory_limit=HOST, host_total=HOST))
     assert kwargs["data"][1]["pinned_limit"] == p.pinned_limit
+
+
+def test_a_pinned_pool_that_fills_the_memory_limit_is_refused_before_anything_starts():
+    # B3 small asked for 20 GB pinned under a 20 GB limit: the worker sat over its limit
+    # with nothing of the store's to write to disk, paused for good
+    from spillway.service.launch.spec import HostFacts, worker_specs
+
+    facts = HostFacts(host_memory_limit=HOST, host_total=HOST)
+
+    node = plan(tiered("20GB").replace(memory_limit=20 * 10**9), inventory(1),
+                host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST))
+    with pytest.raises(OptionsError) as e:
+        worker_specs(tiered("20GB").replace(memory_limit=20 * 10**9), node, facts)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("pinned-pool-size: 20.0 GB per worker is over its memory-limit")
+    assert "of 20.0 GB less 2.1 GB" in message and "at most 17.9 GB" in message
+    # room for the process: taken
+    (spec,) = worker_specs(tiered("17GB").replace(memory_limit=20 * 10**9), node, facts)
+    assert spec.pinned_arena == 17 * 10**9

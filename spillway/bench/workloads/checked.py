@@ -59,9 +59,11 @@ B3 = Workload(
         # the RMM pool (90%, spillway's default) must hold the 125 GB the device tier may fill;
         # 48 GB pinned per worker keeps both workers' pools under half the 270 GB host
         # (at 80 GB each the kernel's OOM killer ended the workers as they started)
-        "full": {"device_memory_limit": "125GB", "memory_limit": "48GB", "pinned_pool_size": "48GB",
+        # the pinned pool counts toward the memory limit: each limit leaves the worker process
+        # room beside it (a 20 GB pool under a 20 GB limit paused the worker for good)
+        "full": {"device_memory_limit": "125GB", "memory_limit": "52GB", "pinned_pool_size": "48GB",
                  "rmm_pool_size": 0.9},
-        "small": {"device_memory_limit": "30GB", "memory_limit": "20GB", "pinned_pool_size": "20GB"},
+        "small": {"device_memory_limit": "30GB", "memory_limit": "24GB", "pinned_pool_size": "20GB"},
     },
     baseline_skip=("not run: plain LocalCUDACluster fails at this size (at B1's 204.8 GB its workers "
                    "already died of CUDA out of memory on the 2 x H200 host)"),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..errors import OptionsError
 from ..options import Options, RmmAndTls
-from .plan import LaunchPlan, uses_tiered_store
+from .plan import LaunchPlan, _gb, uses_tiered_store
 
 #: the device limit of ``device-memory-limit: default``, as a fraction of the GPU
 #: (dask-cuda's "default")
@@ -121,6 +121,8 @@ def _spec(options: Options, plan: LaunchPlan, facts: HostFacts, device, device_m
     known = facts.host_memory_limit is not None
     host = host_limit(memory_limit, facts, plan.n_workers) if known else None
     arena = pinned_arena(options.pinned_pool_size, plan.pinned_limit, host) if known else None
+    if tiered:
+        check_pinned_fits(options.pinned_pool_size, memory_limit)
     per_gpu = plan.workers_per_gpu
     device_memory_limit = device_limit(options.device_memory_limit, device_memory)
     if device_memory is None:  # a fraction of the whole GPU: this worker's part of it
@@ -211,6 +213,21 @@ def pinned_arena(value: int | str, pinned_limit: int | None, host: int | None) -
         return int(value)
     bounds = [int(b) for b in (pinned_limit, host) if b]
     return min(bounds) if bounds else 0
+
+
+def check_pinned_fits(pinned_pool_size: int | str, memory_limit: int | float | None) -> None:
+    """Refuse an explicit pinned pool that leaves the worker process less than
+    :data:`PROCESS_BYTES` under its memory limit: the pool's pages are the process's, so
+    the worker would sit over its limit with nothing of the store's to write to disk (B3
+    with 20 GB pinned under a 20 GB limit paused its worker for good on the H100 host)."""
+    if pinned_pool_size == "auto" or not pinned_pool_size or not isinstance(memory_limit, int) or not memory_limit:
+        return
+    room = memory_limit - PROCESS_BYTES
+    if int(pinned_pool_size) > room:
+        raise OptionsError(
+            f"pinned-pool-size: {_gb(int(pinned_pool_size))} per worker is over its memory-limit of "
+            f"{_gb(memory_limit)} less {_gb(PROCESS_BYTES)} for the worker process itself; the pool counts "
+            f"toward the limit: use a pinned-pool-size of at most {_gb(max(0, room))} or a larger memory-limit")
 
 
 def off_node_spec(options: Options, *, protocol: str, workers: int) -> WorkerSpec:

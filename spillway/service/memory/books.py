@@ -27,6 +27,8 @@ from ..sizes import format_bytes
 #: the worker pauses when the machine's available memory falls under this share of the
 #: headroom the store keeps, and resumes once the whole headroom is back
 PAUSE_SHARE = 0.5
+#: growth past a process floor (:meth:`HostBooks.pressure`) that pauses the worker again
+FLOOR_MARGIN = 256 * 2**20
 
 
 def process_resident() -> int:
@@ -64,6 +66,8 @@ class HostBooks:
     lowest_available: int | None = field(default=None, init=False)
     #: checks that found the host short, and when the last one did
     short_events: int = field(default=0, init=False)
+    #: whether the last :meth:`pressure` that found a reason found the process limit's
+    over_process_limit: bool = field(default=False, init=False)
     last_short_at: float | None = field(default=None, init=False)
 
     def read(self) -> tuple[int, int]:
@@ -86,17 +90,24 @@ class HostBooks:
             self.last_short_at = time.time()
         return short
 
-    def pressure(self, paused: bool) -> str | None:
+    def pressure(self, paused: bool, process_floor: int | None = None) -> str | None:
         """Why the worker should not start tasks now (None: it may). A paused worker
-        resumes only once the whole headroom is back, so it does not flap."""
+        resumes only once the whole headroom is back, so it does not flap.
+        ``process_floor``: resident bytes found to be the process's own (nothing of the
+        store's left to give back), over which the process limit is read instead of
+        under it. :attr:`over_process_limit` tells which of the two limits spoke."""
         available, resident = self.read()
+        self.over_process_limit = False
         share = 1.0 if paused else PAUSE_SHARE
         if available < share * self.headroom:
             return (f"the machine has {format_bytes(available)} available, under "
                     f"{format_bytes(int(share * self.headroom))}")
         if self.process_limit is not None:
             limit = self.process_limit - (self.headroom * (1 - share) if paused else 0)
+            if process_floor is not None:
+                limit = max(limit, process_floor + max(FLOOR_MARGIN, self.process_limit // 20))
             if resident > limit:
+                self.over_process_limit = True
                 return (f"the worker holds {format_bytes(resident)}, over its "
                         f"{format_bytes(self.process_limit)} memory limit")
         return None

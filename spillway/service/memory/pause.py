@@ -8,6 +8,12 @@ writes its host tier to disk until the headroom is back. distributed's own pause
 on these workers (it counts the pinned arena, which is memory already taken, as if it
 were growth: :mod:`spillway.service.launch.worker_config`), so this one reads the
 store's books beside the kernel's figures instead.
+
+A pause must end. Over the process's own limit with the host tier already on disk and no
+task running, nothing the worker waits for can bring it under: what it holds is its own
+(the pinned pool, CUDA, the libraries). It then resumes, says so with the numbers, and
+reads the limit from what it holds now; the machine's headroom still pauses it, since
+other processes can give that back.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+
+from ..sizes import format_bytes
+from .books import FLOOR_MARGIN
 
 logger = logging.getLogger("spillway.memory")
 
@@ -34,6 +43,10 @@ class HostPause:
         self._since: float | None = None
         self._said_at = 0.0
         self._relieving = threading.Event()
+        #: reliefs finished since this pause began
+        self._relieved = 0
+        #: resident bytes found to be the process's own (None: none found)
+        self.process_floor: int | None = None
 
     @property
     def paused_s(self) -> float:
@@ -43,12 +56,26 @@ class HostPause:
         from distributed.core import Status
 
         worker, books = self.worker, self.store.books
-        reason = books.pressure(self.paused)
+        reason = books.pressure(self.paused, self.process_floor)
+        if reason is None and self.process_floor is not None and not self.paused:
+            if books.read()[1] <= books.process_limit:
+                self.process_floor = None  # back under the limit: read it as given again
+        if reason is not None and self.paused and self._unrelievable():
+            _, resident = books.read()
+            self.process_floor = resident
+            logger.error("%s: %s with its host tier on disk and no task running: nothing it waits for "
+                         "frees that (the pinned pool, CUDA and the libraries are the process's own); "
+                         "resuming after %.0f s and pausing again only past %s or under the machine's headroom",
+                         self.store.name, reason, self.paused_s,
+                         format_bytes(resident + max(FLOOR_MARGIN, books.process_limit // 20)))
+            self._resume(Status)
+            return
         if reason is not None and not self.paused:
             if worker.status != Status.running:
                 return
             worker.status = Status.paused
             self.paused, self.pauses, self._since = True, self.pauses + 1, time.monotonic()
+            self._relieved = 0
             self._said_at = self._since
             logger.warning("%s paused: %s; writing its host tier to disk", self.store.name, reason)
         elif reason is None and self.paused:
@@ -77,7 +104,19 @@ class HostPause:
         except Exception:  # a failed write leaves the values where they were
             logger.exception("%s: writing the host tier to disk while paused failed", self.store.name)
         finally:
+            self._relieved += 1
             self._relieving.clear()
+
+    def _unrelievable(self) -> bool:
+        """Paused over the process limit alone, the host tier written out (a relief has
+        finished and left nothing on the host), and no task running whose end would free
+        memory."""
+        if not self.store.books.over_process_limit or self._relieving.is_set() or not self._relieved:
+            return False
+        if self.store.host_bytes:
+            return False
+        state = getattr(self.worker, "state", None)
+        return not getattr(state, "executing_count", 0)
 
     def summary(self) -> dict:
         return {"paused": self.paused, "pauses": self.pauses, "paused_s": round(self.paused_s, 3)}

@@ -192,3 +192,65 @@ def test_admission_reads_no_limit_as_the_hardware(tmp_path, limit, monkeypatch):
         assert cap["device"] == 80 * MB and cap["host"] == 8 * MB
     else:
         assert cap["device"] == 2 * MB and 0 < cap["host"] <= 60 * MB
+
+
+def _wait_relieved(pause):
+    import time
+
+    for _ in range(200):
+        if not pause._relieving.is_set():
+            return
+        time.sleep(0.01)
+
+
+def test_a_pause_the_store_cannot_relieve_ends_with_the_numbers(tmp_path, caplog):
+    # B3 on the H100 host: a worker whose own memory (its pinned pool) sat over its limit,
+    # the host tier empty, stayed paused for good; it must resume and say why
+    from distributed.core import Status
+
+    machine = Machine(1000 * MB, other=60 * MB)
+    s = make(tmp_path, machine, device_mb=8, headroom_mb=10, process_limit=50 * MB)
+    worker = FakeWorker()
+    pause = HostPause(worker, s)
+    pause.tick()
+    assert worker.status == Status.paused and pause.pauses == 1
+    _wait_relieved(pause)
+    with caplog.at_level("ERROR", logger="spillway.memory"):
+        pause.tick()
+    assert worker.status == Status.running and not pause.paused
+    assert pause.process_floor == 60 * MB
+    (record,) = [r for r in caplog.records if "no task running" in r.getMessage()]
+    assert "over its 50.00 MiB memory limit" in record.getMessage()
+    # it holds what it held: it stays running ...
+    for _ in range(3):
+        pause.tick()
+    assert worker.status == Status.running
+    # ... and pauses again once it grows past what it held by the margin
+    machine.other = 60 * MB + 300 * MB
+    pause.tick()
+    assert worker.status == Status.paused and pause.pauses == 2
+    # the machine's own headroom is read as before
+    machine.other = 995 * MB
+    _wait_relieved(pause)
+    pause.tick()
+    assert worker.status == Status.paused
+
+
+def test_a_pause_waits_for_the_tasks_that_are_running(tmp_path):
+    # a running task's temporaries are freed when it ends: that pause is kept
+    from distributed.core import Status
+
+    machine = Machine(1000 * MB, other=60 * MB)
+    s = make(tmp_path, machine, device_mb=8, headroom_mb=10, process_limit=50 * MB)
+    worker = FakeWorker()
+    worker.state = type("State", (), {"executing_count": 1})()
+    pause = HostPause(worker, s)
+    pause.tick()
+    _wait_relieved(pause)
+    for _ in range(3):
+        pause.tick()
+        _wait_relieved(pause)
+    assert worker.status == Status.paused and pause.process_floor is None
+    worker.state.executing_count = 0
+    pause.tick()
+    assert worker.status == Status.running
