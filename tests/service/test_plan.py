@@ -180,3 +180,25 @@ def test_a_pinned_pool_that_fills_the_memory_limit_is_refused_before_anything_st
     # room for the process: taken
     (spec,) = worker_specs(tiered("17GB").replace(memory_limit=20 * 10**9), node, facts)
     assert spec.pinned_arena == 17 * 10**9
+
+
+def test_a_gpu_another_process_holds_is_refused_with_its_numbers():
+    # on the H100 host a cluster still closing held GPU 0: the next cluster's RMM pool
+    # failed inside its worker and the start reported only "0 of 1 workers within 120 s"
+    import dataclasses
+
+    from spillway.service.gpus import Inventory
+
+    host = host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    full = inventory(2)
+    busy = Inventory((dataclasses.replace(full.gpus[0], memory_free=8 * 10**9), full.gpus[1]),
+                     full.driver_version, full.cuda_driver_version, None)
+    with pytest.raises(OptionsError) as e:
+        plan(Options.resolve(), busy, host=host)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("GPU 0: 8.0 GB free of 141.0 GB (133.0 GB held by other processes)")
+    assert "rmm-pool-size 'auto'" in message
+    # the free GPU alone plans; so do allocators that take no pool up front
+    assert plan(Options.resolve(devices="1"), busy, host=host).devices == (1,)
+    assert plan(Options.resolve(rmm_pool_size=None), busy, host=host).n_workers == 2
+    assert plan(Options.resolve(rmm_pool_size="4GB"), busy, host=host).n_workers == 2

@@ -147,6 +147,7 @@ def plan(options: Options, inventory: Inventory, host: HostProbe) -> LaunchPlan:
     devices = tuple(d for d in devices[:n // per_gpu] for _ in range(per_gpu))
     host_memory = host.host_memory
     _check_pinned(options, n, host_memory)
+    _check_gpus_free(options, inventory, devices, per_gpu)
 
     protocol, note = choose_protocol(options.protocol, gpu=True, n_workers=n, have_ucxx=have_ucxx)
     if note and per_gpu > 1:
@@ -167,6 +168,28 @@ SHARED_GPU_TCP_NOTE = ("protocol: TCP between the {per_gpu} workers of each GPU 
 def uses_tiered_store(options: Options) -> bool:
     # with managed memory the driver migrates pages itself: there is no device tier to manage
     return options.memory_store == "tiered" and not options.rmm_managed_memory
+
+
+#: device memory a worker's CUDA context and libraries take beside its RMM pool
+CONTEXT_BYTES = 2**30
+
+
+def _check_gpus_free(options: Options, inventory: Inventory, devices: tuple[int, ...], per_gpu: int) -> None:
+    """Refuse a GPU whose free memory cannot hold its workers' RMM pools: another process
+    holding it (a cluster still closing, someone else's job) made the pool fail inside the
+    worker, which the cluster reported as a worker that did not start within 120 s."""
+    pool = options.pool_size
+    if pool is None or options.rmm_managed_memory:
+        return
+    for index in sorted(set(devices)):
+        gpu = inventory.find(index)
+        need = (int(pool * gpu.memory_total) if isinstance(pool, float) else int(pool) * per_gpu) + CONTEXT_BYTES * per_gpu
+        if need > gpu.memory_free:
+            held = gpu.memory_total - gpu.memory_free
+            raise OptionsError(
+                f"GPU {gpu.index}: {_gb(gpu.memory_free)} free of {_gb(gpu.memory_total)} ({_gb(held)} held by other "
+                f"processes), under the {_gb(need)} its {per_gpu} worker(s) need (rmm-pool-size {options.rmm_pool_size!r} "
+                f"and {_gb(CONTEXT_BYTES)} each for CUDA); free the GPU, pick others with devices, or lower rmm-pool-size")
 
 
 def _check_pinned(options: Options, n_workers: int, host_memory: int) -> None:
