@@ -446,12 +446,14 @@ class Options(RmmAndTls):
         help="Most bytes of chunks a worker fetches from one peer in one request "
              "(`distributed.worker.transfer.message-bytes-limit`, a size such as `1GB`; a larger "
              "chunk still goes alone); null keeps distributed's default (50MB).")
-    transfer_offload: int | None = option(
-        None, _optional(_bytes), worker=True,
+    transfer_offload: int | str | None = option(
+        "auto", _optional(_auto_or(_bytes)), worker=True,
         help="Size of a message above which a worker (de)serializes it on distributed's offload "
-             "thread rather than its event loop (`distributed.comm.offload`, a size such as `1TiB`; "
-             "GPU chunks serialize as metadata only, so a size above every chunk saves two thread "
-             "hops per transfer); null keeps distributed's default (10MiB).")
+             "thread rather than its event loop (`distributed.comm.offload`, a size such as `1TiB`). "
+             "`auto`: never on GPU workers, whose chunks serialize as metadata only (the two thread "
+             "hops cost 0.8-1.1 ms of each 16 MiB-1 GiB transfer between two workers of an H100, "
+             "benchmarks/NOTES.md), distributed's default on CPU workers; null keeps distributed's "
+             "default (10MiB) everywhere.")
     interface: str | None = option(
         None, _optional(_str), worker=True,
         help="Network interface the scheduler and workers listen on (such as `ib0`); null for "

@@ -29,7 +29,7 @@ KEYS = {
 def test_unset_by_default_and_leaves_distributed_alone():
     options = Options.resolve()
     assert options.transfer_connections is None and options.transfer_message_bytes is None
-    assert worker_config(options, tiered_store=False) == {}
+    assert worker_config(options, tiered_store=False, gpu=False) == {}
 
 
 def test_flags_environment_and_dask_config_set_them(monkeypatch, tmp_path):
@@ -85,7 +85,7 @@ def test_cli_flag_error_exits_2_before_starting():
 
 def test_worker_config_holds_both_connection_keys_and_the_message_limit():
     options = Options.resolve(transfer_connections=4, transfer_message_bytes="1GB", memory_store="tiered")
-    assert worker_config(options, tiered_store=False) == {
+    assert worker_config(options, tiered_store=False, gpu=False) == {
         KEYS["incoming"]: 4, KEYS["outgoing"]: 4, KEYS["message"]: 1_000_000_000}
     tiered = worker_config(options, tiered_store=True)
     assert tiered[KEYS["incoming"]] == 4 and tiered["distributed.worker.memory.spill"] is False
@@ -194,8 +194,13 @@ def test_mpi_ranks_build_their_workers_under_the_options_config(monkeypatch):
 # --- transfer-offload: where a worker (de)serializes a large message
 
 
-def test_offload_unset_by_default_and_set_as_bytes():
-    assert Options.resolve().transfer_offload is None
+def test_offload_off_on_gpu_workers_by_default_and_set_as_bytes():
+    default = Options.resolve()
+    assert default.transfer_offload == "auto"
+    # GPU workers never hop to the offload thread; CPU workers keep distributed's threshold
+    assert worker_config(default, tiered_store=False) == {"distributed.comm.offload": 2**40}
+    assert worker_config(default, tiered_store=False, gpu=False) == {}
+    assert worker_config(Options.resolve(transfer_offload=None), tiered_store=False) == {}
     options = Options.resolve(transfer_offload="1TiB")
     assert options.transfer_offload == 2**40
     assert worker_config(options, tiered_store=False) == {"distributed.comm.offload": 2**40}

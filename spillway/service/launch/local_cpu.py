@@ -36,6 +36,6 @@ def start(options: Options, plan: LaunchPlan):
     from .worker_config import worker_config
 
     # each nanny hands the config of the moment it is built to its worker process
-    with dask.config.set(worker_config(options, tiered_store=False)):
+    with dask.config.set(worker_config(options, tiered_store=False, gpu=False)):
         kwargs = cluster_kwargs(options, plan)
         return cluster_class(LocalCluster, kwargs)(**kwargs)

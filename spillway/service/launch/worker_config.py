@@ -6,9 +6,15 @@ from __future__ import annotations
 from ..options import Options
 
 
-def worker_config(options: Options, *, tiered_store: bool) -> dict:
+#: ``transfer-offload: auto`` on GPU workers: above every message, so none takes the
+#: offload thread (a GPU chunk's frames are device buffers; serializing them is metadata)
+GPU_OFFLOAD = 2**40
+
+
+def worker_config(options: Options, *, tiered_store: bool, gpu: bool = True) -> dict:
     """dask config for the workers, whoever starts them (local GPU or CPU cluster, a
-    batch script, MPI ranks). A transfer option left unset keeps distributed's default.
+    batch script, MPI ranks; ``gpu``: GPU workers). A transfer option left unset keeps
+    distributed's default.
     With ``tiered_store`` the store bounds its own host bytes, so the process-level
     monitor must not pause or spill a worker whose pinned pool it counts."""
     config = {}
@@ -18,11 +24,14 @@ def worker_config(options: Options, *, tiered_store: bool) -> dict:
         config["distributed.worker.connections.outgoing"] = options.transfer_connections
     if options.transfer_message_bytes is not None:
         config["distributed.worker.transfer.message-bytes-limit"] = options.transfer_message_bytes
-    if options.transfer_offload is not None:
+    offload = options.transfer_offload
+    if offload == "auto":
+        offload = GPU_OFFLOAD if gpu else None
+    if offload is not None:
         # distributed reads it once, when distributed.comm.utils is imported: a worker whose
         # process imported distributed before this config was set follows it through
         # WorkerSetup (follow_offload_config)
-        config["distributed.comm.offload"] = options.transfer_offload
+        config["distributed.comm.offload"] = offload
     if tiered_store:
         config.update({
             "distributed.worker.memory.target": False,
