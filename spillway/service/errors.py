@@ -14,6 +14,11 @@ class OptionsError(SpillwayError, ValueError):
     exit_code = 2
 
 
+class GpusBusy(OptionsError):
+    """A selected GPU's free memory cannot hold its workers' pools: another process holds
+    it (a cluster still closing gives it back within seconds)."""
+
+
 class ParamError(SpillwayError, ValueError):
     """An invalid workflow parameter. Raised before anything is built or allocated."""
 

@@ -202,3 +202,24 @@ def test_a_gpu_another_process_holds_is_refused_with_its_numbers():
     assert plan(Options.resolve(devices="1"), busy, host=host).devices == (1,)
     assert plan(Options.resolve(rmm_pool_size=None), busy, host=host).n_workers == 2
     assert plan(Options.resolve(rmm_pool_size="4GB"), busy, host=host).n_workers == 2
+
+
+def test_a_new_cluster_waits_briefly_for_a_gpu_being_given_back(monkeypatch):
+    import dataclasses
+
+    from spillway.service import launch
+    from spillway.service.errors import GpusBusy
+    from spillway.service.gpus import Inventory
+
+    full = inventory(1)
+    busy = Inventory((dataclasses.replace(full.gpus[0], memory_free=8 * 10**9),), full.driver_version,
+                     full.cuda_driver_version, None)
+    readings = [busy, busy, full]
+    monkeypatch.setattr(launch, "discover", lambda: readings.pop(0) if len(readings) > 1 else readings[0])
+    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
+    host = host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
+    assert launch.plan_when_free(Options.resolve(), host).devices == (0,)
+    # held past the wait: the one-line refusal
+    monkeypatch.setattr(launch, "discover", lambda: busy)
+    with pytest.raises(GpusBusy, match=r"^GPU 0: 8.0 GB free of 141.0 GB"):
+        launch.plan_when_free(Options.resolve(), host, wait_s=0)

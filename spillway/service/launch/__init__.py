@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import GpusBusy
 from ..gpus import Inventory, discover
 from ..options import Options
 from ..plugins import WorkerSetup
@@ -68,6 +70,29 @@ def start_cluster(options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec,
 
         return local_cpu.start(options, launch)
     return None
+
+
+#: seconds a new cluster waits for GPUs another process holds: a cluster that is closing
+#: gives its pool back within seconds, and back-to-back runs should not fail on it
+GPU_BUSY_WAIT_S = 20.0
+
+
+def plan_when_free(options: Options, host: HostProbe, *, wait_s: float = GPU_BUSY_WAIT_S) -> LaunchPlan:
+    """The plan against this machine's GPUs as they are now, reading them again each
+    second for up to ``wait_s`` while one is held by another process; then the plan's
+    one-line refusal with the numbers."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return plan(options, discover(), host)
+        except GpusBusy as e:
+            if time.monotonic() >= deadline:
+                raise
+            if not said:
+                logger.warning("%s; waiting up to %.0f s for it", e, wait_s)
+                said = True
+            time.sleep(1.0)
 
 
 def connect_client(options: Options, cluster=None):
@@ -176,8 +201,10 @@ def _worker_kind(dask_worker):
 
 @contextlib.contextmanager
 def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Iterator[Session]:
-    inventory = discover() if inventory is None and not options.attach else inventory or Inventory()
-    launch = plan(options, inventory, HostProbe.here())
+    if inventory is None and not options.attach:
+        launch = plan_when_free(options, HostProbe.here())
+    else:
+        launch = plan(options, inventory or Inventory(), HostProbe.here())
     for note in launch.notes:
         logger.warning(note)
     if launch.kind == "attach" or launch.protocol == "ucx":

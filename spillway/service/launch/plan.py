@@ -10,7 +10,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-from ..errors import OptionsError
+from ..errors import GpusBusy, OptionsError
 from ..gpus import Inventory
 from ..options import Options
 from .protocol import choose_protocol
@@ -186,7 +186,7 @@ def _check_gpus_free(options: Options, inventory: Inventory, devices: tuple[int,
         need = (int(pool * gpu.memory_total) if isinstance(pool, float) else int(pool) * per_gpu) + CONTEXT_BYTES * per_gpu
         if need > gpu.memory_free:
             held = gpu.memory_total - gpu.memory_free
-            raise OptionsError(
+            raise GpusBusy(
                 f"GPU {gpu.index}: {_gb(gpu.memory_free)} free of {_gb(gpu.memory_total)} ({_gb(held)} held by other "
                 f"processes), under the {_gb(need)} its {per_gpu} worker(s) need (rmm-pool-size {options.rmm_pool_size!r} "
                 f"and {_gb(CONTEXT_BYTES)} each for CUDA); free the GPU, pick others with devices, or lower rmm-pool-size")
