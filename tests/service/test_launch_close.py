@@ -104,14 +104,16 @@ def test_closing_after_a_run_waits_for_a_slow_worker_instead_of_killing_it():
 def test_close_timeout_grows_with_what_a_gpu_worker_holds():
     from spillway.service.launch import CLOSE_BASE_S, CLOSE_BYTES_PER_S, close_timeout_s
     from spillway.service.launch.plan import LaunchPlan
-    from spillway.service.launch.spec import worker_specs
+    from spillway.service.launch.spec import HostFacts, worker_specs
     from spillway.service.options import Options
 
     assert close_timeout_s(None) == CLOSE_BASE_S  # a CPU worker
     gpu = LaunchPlan(kind="gpu", devices=(0, 1), n_workers=2, protocol="ucx", host_memory=4 * 10**11)
 
     def spec(**options):
-        return worker_specs(Options.resolve(**options), gpu)[0]
+        # on the GPU host's memory, not this machine's (48 GB pinned must fit its memory-limit)
+        return worker_specs(Options.resolve(**options), gpu, HostFacts(host_memory_limit=4 * 10**11,
+                                                                       host_total=4 * 10**11))[0]
 
     # the B3 worker of the GPU host: a 126 GB pool, 48 GB pinned (under its 100 GB bound)
     b3 = close_timeout_s(spec(rmm_pool_size="126GB", pinned_pool_size="48GB"), 141 * 10**9)

@@ -23,7 +23,8 @@ def arena_of(options: Options, host_tier: int | None, n_gpus: int = 2, host_memo
     p = plan(options, inventory(n_gpus), host=host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=host_memory))
     with pytest.MonkeyPatch.context() as m:
         m.setattr(spec, "host_limit", lambda memory_limit, facts, n_workers: host_tier)
-        kwargs = gpu_cluster_kwargs(options, p)["data"][1]
+        facts = spec.HostFacts(host_memory_limit=host_memory, host_total=host_memory)
+        kwargs = gpu_cluster_kwargs(options, p, facts)["data"][1]
     assert kwargs["host_limit"] == host_tier
     return kwargs["pinned_pool_size"]
 
