@@ -17,6 +17,7 @@ from typing import Any
 from ..gpus import Inventory, discover
 from ..options import Options
 from ..plugins import WorkerSetup
+from .backend import backend_for
 from .deaths import start_failure, watch_worker_deaths
 from .plan import HostProbe, LaunchPlan, plan
 from .spec import WorkerSpec, worker_specs
@@ -57,17 +58,9 @@ class Session:
 
 
 def start_cluster(options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...] = ()):
-    """The cluster object for a local plan (None when attaching); ``specs``: the GPU
-    workers' (:func:`~.spec.worker_specs`)."""
-    if launch.kind == "gpu":
-        from . import local_gpu
-
-        return local_gpu.start(options, specs)
-    if launch.kind == "cpu":
-        from . import local_cpu
-
-        return local_cpu.start(options, launch)
-    return None
+    """The cluster object for a local plan (None when attaching), from the backend of the
+    plan's kind (:mod:`.backend`); ``specs``: the GPU workers' (:func:`~.spec.worker_specs`)."""
+    return backend_for(launch.kind).start(options, launch, specs)
 
 
 def connect_client(options: Options, cluster=None):
