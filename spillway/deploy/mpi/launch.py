@@ -19,11 +19,16 @@ from typing import Any
 import dask.config
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch.gpu_worker import node_plan
-from spillway.service.launch.plan import HostProbe, LaunchPlan
-from spillway.service.launch.spec import WorkerSpec, one_for_all, worker_specs
-from spillway.service.launch.ucx_env import quiet_ucx
-from spillway.service.launch.worker_config import worker_config
+from spillway.service.launch import (
+    HostProbe,
+    LaunchPlan,
+    WorkerSpec,
+    node_plan,
+    one_for_all,
+    quiet_ucx,
+    worker_config,
+    worker_specs,
+)
 from spillway.service.options import Options
 
 from .. import commands

@@ -33,6 +33,9 @@ logger = logging.getLogger("spillway")
 #: seconds a worker waits for a lost scheduler before it exits, so a worker whose
 #: scheduler died does not hold its node until the wall time
 DEATH_TIMEOUT_S = 60
+#: the import path of :class:`TieredCUDAWorker`, as a launcher that builds workers by
+#: their class's name takes it (dask-mpi)
+TIERED_WORKER = f"{__name__}.TieredCUDAWorker"
 
 
 def visible_gpus() -> int | None:
