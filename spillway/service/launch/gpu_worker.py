@@ -64,13 +64,6 @@ def node_plan(options: Options, inventory: Inventory, host: HostProbe, *, worker
     return found
 
 
-def node_spec(options: Options, inventory: Inventory, host: HostProbe, *, workers: int | None = None,
-              facts=None) -> WorkerSpec:
-    """The spec this node's ``workers`` GPU workers (default: one per GPU) are started
-    with: one set of keywords for all of them (:func:`~.spec.one_for_all`)."""
-    return one_for_all(worker_specs(options, node_plan(options, inventory, host, workers=workers), facts))
-
-
 def worker_kwargs(options: Options, spec: WorkerSpec, *, death_timeout: float = DEATH_TIMEOUT_S) -> dict:
     """:class:`TieredCUDAWorker` keywords for this node's workers of ``spec``, attached to
     the scheduler of ``options`` (``data`` only with the tiered store)."""
@@ -97,7 +90,7 @@ def deduplicated(visible: str) -> str:
 
 
 @contextlib.contextmanager
-def shared_gpus(workers_per_gpu: int, inventory=None) -> Iterator[None]:
+def shared_gpus(workers_per_gpu: int) -> Iterator[None]:
     """Build CUDAWorker within this context to start ``workers_per_gpu`` nannies on each
     GPU the process may use; :func:`fix_visible` afterwards gives each nanny its GPU list."""
     if workers_per_gpu == 1:
@@ -109,7 +102,7 @@ def shared_gpus(workers_per_gpu: int, inventory=None) -> Iterator[None]:
     else:
         from ..gpus import discover
 
-        visible = [str(g.index) for g in (inventory or discover()).gpus]
+        visible = [str(g.index) for g in discover().gpus]
     os.environ["CUDA_VISIBLE_DEVICES"] = repeated(visible, workers_per_gpu)
     try:
         yield
