@@ -106,6 +106,14 @@ def imports(path: Path) -> list[tuple[int, str]]:
     return imports_in(path.read_text(), package, str(path))
 
 
+def from_target(node: ast.ImportFrom, package: str) -> str:
+    """The module ``from ... import`` reads from, relative imports resolved against ``package``."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imports_in(source: str, package: str, filename: str = "<source>") -> list[tuple[int, str]]:
     """(line, imported module) for every import of spillway in ``source``, a module of
     ``package`` (against which relative imports resolve)."""
@@ -114,11 +122,7 @@ def imports_in(source: str, package: str, filename: str = "<source>") -> list[tu
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = from_target(node, package)
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
                 found.append((node.lineno, sub if _is_module(sub) else target))
@@ -174,3 +178,65 @@ def test_no_module_imports_upward():
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda layer: layer.name)
 def test_each_layer_says_why(layer):
     assert layer.why and layer.modules
+
+
+#: the launch package: deploy renders the core's specs through its public names only
+LAUNCH = "spillway.service.launch"
+
+
+def launch_public_names() -> set[str]:
+    """``__all__`` of the launch package, read from its source."""
+    tree = ast.parse((PACKAGE / "service" / "launch" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"{LAUNCH} declares no __all__")
+
+
+def private_launch_imports(source: str, package: str, public: set[str]) -> list[tuple[int, str]]:
+    """(line, name) for each import in ``source`` (a module of ``package``) of the launch
+    package's insides: one of its submodules, or a name of it outside ``public``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {(node.lineno, a.name) for a in node.names if a.name.startswith(LAUNCH + ".")}
+        elif isinstance(node, ast.ImportFrom):
+            target = from_target(node, package)
+            if target.startswith(LAUNCH + "."):
+                found.add((node.lineno, target))
+            elif target == LAUNCH:
+                # a public name may share its submodule's name (worker_config): the package's
+                # attribute is the name it re-exports
+                found |= {(node.lineno, f"{LAUNCH}.{a.name}") for a in node.names if a.name not in public}
+    return sorted(found)
+
+
+def test_the_launch_check_sees_private_imports():
+    source = ("from spillway.service.launch import open_cluster, WorkerSpec\n"
+              "from spillway.service.launch.spec import off_node_spec\n"
+              "def f():\n    from ...service.launch import gpu_worker, _arrived\n"
+              "import spillway.service.launch.render\n")
+    found = private_launch_imports(source, "spillway.deploy.mpi", {"open_cluster", "WorkerSpec"})
+    assert found == [(2, "spillway.service.launch.spec"), (4, "spillway.service.launch._arrived"),
+                     (4, "spillway.service.launch.gpu_worker"), (5, "spillway.service.launch.render")]
+
+
+def test_deploy_uses_only_the_launch_packages_public_names():
+    public = launch_public_names()
+    problems = []
+    for path in MODULES:
+        module = module_name(path)
+        if layer_of(module).name != "deploy":
+            continue
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for line, name in private_launch_imports(path.read_text(), package, public):
+            problems.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}, which is not among {LAUNCH}.__all__")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_launch_packages_public_names_exist():
+    import importlib
+
+    launch = importlib.import_module(LAUNCH)
+    assert set(launch.__all__) == launch_public_names()
+    assert [n for n in launch.__all__ if not hasattr(launch, n)] == []

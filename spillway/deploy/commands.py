@@ -5,19 +5,23 @@ Batch scripts and the MPI launcher start the scheduler and workers as separate p
 of a local cluster, so the cluster settings have to travel as their flags. These pure
 functions render them: the scheduler's and CPU workers' from the options, ``spillway
 worker``'s as the options themselves (the node resolves its workers' spec from them), and
-``dask cuda worker``'s from the workers' spec (:mod:`spillway.service.launch.render`).
+``dask cuda worker``'s from the workers' spec (:mod:`spillway.service.launch`).
 """
 
 from __future__ import annotations
 
 import ipaddress
 
-from spillway.service.launch.gpu_worker import DEATH_TIMEOUT_S
-from spillway.service.launch.protocol import choose_protocol
-from spillway.service.launch.render import dask_cuda_worker_flags, flag_value, tls_flags
-from spillway.service.launch.spec import WorkerSpec
-from spillway.service.launch.ucx_env import QUIET_UCX
-from spillway.service.launch.worker_config import worker_config
+from spillway.service.launch import (
+    DEATH_TIMEOUT_S,
+    QUIET_UCX,
+    WorkerSpec,
+    choose_protocol,
+    dask_cuda_worker_flags,
+    flag_value,
+    tls_flags,
+    worker_config,
+)
 from spillway.service.options import OPTIONS, Options
 
 
@@ -116,7 +120,7 @@ def client_args(options: Options, *, scheduler_file: str) -> list[str]:
 
 
 def worker_environment(options: Options) -> dict[str, str]:
-    """The workers' dask config (:func:`spillway.service.launch.worker_config.worker_config`) as
+    """The workers' dask config (:func:`spillway.service.launch.worker_config`) as
     ``DASK_`` environment variables, for worker processes started by a batch script.
     Those of dask's own commands keep their store; ``spillway worker`` sets the tiered
     store's config itself, from the same options."""

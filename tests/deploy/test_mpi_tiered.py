@@ -9,7 +9,7 @@ from spillway.deploy.mpi.layout import TIERED_WORKER, execute_kwargs, worker_cla
 from spillway.service.launch import gpu_worker, render, worker_store
 from spillway.service.launch.plan import PINNED_HOST_FRACTION
 from spillway.service.options import Options
-from stand_ins import h200_host, host_probe
+from stand_ins import h200_host, host_probe, node_spec
 
 HOST = 2 * 10**12
 
@@ -41,7 +41,7 @@ def test_a_rank_takes_its_share_of_its_node():
     like one of four local workers, though the rank sees one GPU."""
     opts = Options.resolve(pinned_pool_size="auto", memory_limit="100GB").replace(protocol="ucx")
     host = host_probe(have_ucxx=True, have_cuda_stack=True, host_memory=HOST)
-    func, kwargs = render.store_data(gpu_worker.node_spec(opts, workers=4, inventory=inventory(4), host=host))
+    func, kwargs = render.store_data(node_spec(opts, workers=4, inventory=inventory(4), host=host))
     assert func is worker_store.build_store and kwargs["protocol"] == "ucx"
     assert kwargs["pinned_limit"] == int(PINNED_HOST_FRACTION * HOST) // 4
     from distributed.system import MEMORY_LIMIT

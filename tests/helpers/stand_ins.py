@@ -7,7 +7,8 @@ import dataclasses
 from spillway.service.gpus import GPU, Inventory
 from spillway.service.launch.local_gpu import specs_kwargs
 from spillway.service.launch.plan import HostProbe
-from spillway.service.launch.spec import worker_specs
+from spillway.service.launch.gpu_worker import node_plan
+from spillway.service.launch.spec import one_for_all, worker_specs
 
 
 def h200_host(n: int, *, links: int = 0) -> Inventory:
@@ -31,3 +32,9 @@ def host_probe(**facts) -> HostProbe:
     """This machine's :class:`HostProbe` with ``facts`` in place of what it read (the
     libraries installed, the cores, the host's memory)."""
     return dataclasses.replace(HostProbe.here(), **facts)
+
+
+def node_spec(options, inventory, host, *, workers=None, facts=None):
+    """The one spec a node's ``workers`` GPU workers are started with (``spillway worker``'s
+    :class:`NodeWorkers`, an MPI rank), its node planned from ``inventory`` and ``host``."""
+    return one_for_all(worker_specs(options, node_plan(options, inventory, host, workers=workers), facts))

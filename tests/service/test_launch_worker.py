@@ -14,7 +14,7 @@ from spillway.service.gpus import Inventory
 from spillway.service.launch import gpu_worker, worker_store
 from spillway.service.launch.plan import PINNED_HOST_FRACTION, plan
 from spillway.service.options import Options
-from stand_ins import gpu_cluster_kwargs, h200_host, host_probe
+from stand_ins import gpu_cluster_kwargs, h200_host, host_probe, node_spec
 
 HOST = 2 * 10**12
 #: a host with UCX and the CUDA stack and HOST bytes of memory
@@ -75,7 +75,7 @@ def test_worker_keywords_come_from_the_options():
                            device_memory_limit="120GB", memory_limit="200GB", threads_per_worker=2,
                            pinned_pool_size="48GB", local_directory="/scratch")
     node = gpu_worker.node_plan(opts, inventory(4), host=UCX_HOST)
-    spec = gpu_worker.node_spec(opts, inventory(4), host=UCX_HOST)
+    spec = node_spec(opts, inventory(4), host=UCX_HOST)
     kw = gpu_worker.worker_kwargs(opts, spec, death_timeout=60)
     assert kw["scheduler_file"] == "/s.json" and "scheduler" not in kw
     assert kw["protocol"] == "ucx" and kw["enable_nvlink"] is True and kw["death_timeout"] == 60
@@ -91,7 +91,7 @@ def test_worker_keywords_come_from_the_options():
 
 def test_dask_cuda_store_keeps_dask_cuda_data():
     opts = Options.resolve(scheduler_address="tcp://h:8786", protocol="tcp", memory_store="dask-cuda")
-    spec = gpu_worker.node_spec(opts, inventory(2), host=UCX_HOST)
+    spec = node_spec(opts, inventory(2), host=UCX_HOST)
     kw = gpu_worker.worker_kwargs(opts, spec)
     assert kw["scheduler"] == "tcp://h:8786" and "data" not in kw and "enable_nvlink" not in kw
 

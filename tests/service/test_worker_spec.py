@@ -21,7 +21,7 @@ from spillway.service.launch import gpu_worker, local_gpu
 from spillway.service.launch.plan import plan
 from spillway.service.launch.spec import HostFacts, WorkerSpec, off_node_spec, worker_specs
 from spillway.service.launch.worker_store import build_store
-from stand_ins import h200_host, host_probe
+from stand_ins import h200_host, host_probe, node_spec
 
 HOST = 512 * 10**9
 FACTS = HostFacts(host_memory_limit=HOST, host_total=HOST)
@@ -226,12 +226,12 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
     assert_carries("local", specs[0], read)
 
     # `spillway worker` on a node (one CUDAWorker for the node's GPUs)
-    node = gpu_worker.node_spec(options, inventory, facts=FACTS, host=PLANNED)
+    node = node_spec(options, inventory, facts=FACTS, host=PLANNED)
     assert node == dataclasses.replace(specs[0], device=None)
     assert_carries("spillway worker", node, cuda_worker(options, node))
 
     # an MPI worker rank: its spec is its node's, one of 4 x workers-per-gpu ranks there
-    rank = gpu_worker.node_spec(options, inventory, workers=4 * per_gpu, facts=FACTS, host=PLANNED)
+    rank = node_spec(options, inventory, workers=4 * per_gpu, facts=FACTS, host=PLANNED)
     assert rank == node
     assert_carries("mpi", rank, mpi_rank(local, rank))
 
@@ -243,7 +243,7 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
         argv = script_worker_argv(text, "spillway worker")
         argv = [str(files / "s.json") if a == "$SCHEDULER_FILE" else a for a in argv]
         on_node = cli_options(argv, monkeypatch)
-        assert gpu_worker.node_spec(on_node, inventory, facts=FACTS, host=PLANNED) == node
+        assert node_spec(on_node, inventory, facts=FACTS, host=PLANNED) == node
         assert "dask cuda worker" not in text
     else:
         submitted = off_node_spec(local, protocol=options.protocol, workers=JOB.gpus_per_node)
@@ -261,11 +261,11 @@ def test_every_worker_setting_reaches_every_backend(name, files, monkeypatch):
 def test_the_cli_flags_arrive_as_given(files, monkeypatch):
     """The flags the walk starts from, in the spec: bytes for the limits and the arena."""
     options = cli_options(["--scheduler-file", "/s.json", *flags_of("tiered-ucx", files)], monkeypatch)
-    spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, host=PLANNED)
+    spec = node_spec(options, h200_host(2), facts=FACTS, host=PLANNED)
     assert (spec.device_memory_limit, spec.pool_size, spec.pinned_arena) == (100 * 10**9, 50 * 10**9, 8 * 10**9)
     assert (spec.threads, spec.local_directory, spec.memory_limit) == (3, str(files / "scratch"), 64 * 10**9)
     options = cli_options(["--scheduler-file", "/s.json", *flags_of("dask-cuda-async", files)], monkeypatch)
-    spec = gpu_worker.node_spec(options, h200_host(2), facts=FACTS, host=PLANNED)
+    spec = node_spec(options, h200_host(2), facts=FACTS, host=PLANNED)
     assert spec.rmm_async and spec.pool_size is None and spec.rmm_release_threshold == 10 * 10**9
     assert spec.memory_limit == HOST // 2 and not spec.tiered
 

@@ -19,10 +19,16 @@ from typing import Any
 import dask.config
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch.gpu_worker import node_spec
-from spillway.service.launch.plan import HostProbe
-from spillway.service.launch.ucx_env import quiet_ucx
-from spillway.service.launch.worker_config import worker_config
+from spillway.service.launch import (
+    HostProbe,
+    LaunchPlan,
+    WorkerSpec,
+    node_plan,
+    one_for_all,
+    quiet_ucx,
+    worker_config,
+    worker_specs,
+)
 from spillway.service.options import Options
 
 from .. import commands
@@ -51,22 +57,74 @@ def _node_devices(inventory) -> list[int | str]:
     return [gpu.index for gpu in inventory.gpus]
 
 
+class MPIRank:
+    """Backend of ``spillway mpi``: this rank's part of a cluster of MPI ranks (dask-mpi's
+    ``execute``). Rank 0 runs the scheduler and, in a thread, ``work(session)`` on the
+    cluster once its ``n_workers`` workers joined; a worker rank runs the worker of its
+    ``specs`` (its node's, resolved there; none for CPU workers) until rank 0 closes the
+    cluster. :meth:`start` returns ``work``'s result on rank 0, None on the others."""
+
+    def __init__(self, work: Callable[[Any], dict], *, comm, n_workers: int):
+        self.work, self.comm, self.n_workers = work, comm, n_workers
+
+    def start(self, options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...]) -> dict | None:
+        from dask_mpi import execute
+
+        rank, n_workers = self.comm.Get_rank(), self.n_workers
+        spec = one_for_all(specs) if specs else None
+        kwargs = execute_kwargs(options, n_workers=n_workers, spec=spec)
+        if kwargs["protocol"] == "ucx":
+            quiet_ucx()
+        if rank == SCHEDULER_RANK and kwargs["protocol"] == "ucx":
+            # the scheduler and the client read these as dask config, like the batch script's exports
+            os.environ.update(commands.ucx_environment(options))
+            dask.config.refresh()
+
+        result: dict = {}
+
+        def client():
+            import dask.config
+            from distributed import Client
+
+            from spillway.service.launch import open_cluster
+
+            address = dask.config.get("scheduler-address")
+            try:
+                with Client(address, timeout="60s") as c:
+                    c.wait_for_workers(n_workers, timeout=WORKERS_TIMEOUT_S)
+                with open_cluster(options.replace(scheduler_address=address)) as session:
+                    result["report"] = self.work(session)
+            except BaseException as e:  # reported on rank 0 after the cluster is closed
+                result["error"] = e
+
+        # a worker rank's nanny hands the config of the moment it is built to its worker
+        with dask.config.set(worker_config(options, tiered_store=spec is not None and spec.tiered)):
+            execute(client, comm=self.comm, **kwargs)
+        if rank != SCHEDULER_RANK:
+            return None
+        if "error" in result:
+            raise result["error"]
+        return result["report"]
+
+
 def run(options: Options, work: Callable[[Any], dict], *, comm=None) -> dict | None:
     """Start the cluster on the MPI ranks and, on rank 0, return ``work(session)`` (the
     open cluster session); the worker ranks return None once rank 0 closes the cluster."""
     _check(options)
     try:
-        from dask_mpi import execute
+        import dask_mpi  # noqa: F401 (the rank's backend runs it)
         from mpi4py import MPI
     except ImportError as e:
         raise OptionsError(f"mpi: {e.name} is not installed; install spillway[mpi]") from None
 
     comm = comm or MPI.COMM_WORLD
     rank, n_workers = comm.Get_rank(), check_world(comm.Get_size())
-    kwargs = execute_kwargs(options, n_workers=n_workers)
+    protocol = commands.protocol(options, gpu=not options.cpu, n_workers=n_workers)
     node_ranks = comm.Split_type(MPI.COMM_TYPE_SHARED).allgather(rank)
 
-    spec = None
+    # the cluster's plan as known before a rank knows its node; a GPU worker rank plans its node
+    launch = LaunchPlan(kind="cpu" if options.cpu else "gpu", n_workers=n_workers, protocol=protocol)
+    specs: tuple[WorkerSpec, ...] = ()
     if rank != SCHEDULER_RANK and not options.cpu:
         from spillway.service.gpus import discover
 
@@ -78,37 +136,7 @@ def run(options: Options, work: Callable[[Any], dict], *, comm=None) -> dict | N
                                                                  options.workers_per_gpu))
         # the rank's share of its node's host and pinned memory, like a local cluster's worker
         workers = len([r for r in node_ranks if r != SCHEDULER_RANK])
-        spec = node_spec(options.replace(protocol=kwargs["protocol"]), inventory, HostProbe.here(), workers=workers)
-        kwargs = execute_kwargs(options, n_workers=n_workers, spec=spec)
-    if kwargs["protocol"] == "ucx":
-        quiet_ucx()
-    if rank == SCHEDULER_RANK and kwargs["protocol"] == "ucx":
-        # the scheduler and the client read these as dask config, like the batch script's exports
-        os.environ.update(commands.ucx_environment(options))
-        dask.config.refresh()
-
-    result: dict = {}
-
-    def client():
-        import dask.config
-        from distributed import Client
-
-        from spillway.service.launch import open_cluster
-
-        address = dask.config.get("scheduler-address")
-        try:
-            with Client(address, timeout="60s") as c:
-                c.wait_for_workers(n_workers, timeout=WORKERS_TIMEOUT_S)
-            with open_cluster(options.replace(scheduler_address=address)) as session:
-                result["report"] = work(session)
-        except BaseException as e:  # reported on rank 0 after the cluster is closed
-            result["error"] = e
-
-    # a worker rank's nanny hands the config of the moment it is built to its worker
-    with dask.config.set(worker_config(options, tiered_store=spec is not None and spec.tiered)):
-        execute(client, comm=comm, **kwargs)
-    if rank != SCHEDULER_RANK:
-        return None
-    if "error" in result:
-        raise result["error"]
-    return result["report"]
+        on_node = options.replace(protocol=protocol)
+        launch = node_plan(on_node, inventory, HostProbe.here(), workers=workers)
+        specs = worker_specs(on_node, launch)
+    return MPIRank(work, comm=comm, n_workers=n_workers).start(options, launch, specs)

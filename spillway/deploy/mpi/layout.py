@@ -5,9 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch.plan import uses_tiered_store
-from spillway.service.launch.render import dask_cuda_kwargs, store_data
-from spillway.service.launch.spec import WorkerSpec, off_node_spec
+from spillway.service.launch import (
+    TIERED_WORKER,
+    WorkerSpec,
+    dask_cuda_kwargs,
+    off_node_spec,
+    store_data,
+    uses_tiered_store,
+)
 from spillway.service.options import Options
 
 from .. import commands
@@ -40,10 +45,6 @@ def device_for_rank(rank: int, node_ranks: Sequence[int], devices: Sequence[int 
             f"GPU(s); start {per_gpu} per GPU (plus one for the scheduler on the first node)"
         )
     return devices[place]
-
-
-#: dask-cuda's CUDAWorker given spillway's tiered store (``data`` among its keywords)
-TIERED_WORKER = "spillway.service.launch.gpu_worker.TieredCUDAWorker"
 
 
 def worker_class(options: Options) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from spillway.service.errors import OptionsError
-from spillway.service.launch.spec import off_node_spec
+from spillway.service.launch import off_node_spec
 from spillway.service.options import Options
 
 from .. import commands

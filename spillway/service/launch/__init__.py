@@ -4,6 +4,11 @@
 :class:`~spillway.service.errors.OptionsError` before anything starts), starts the local GPU or
 CPU cluster or attaches to a running scheduler, registers spillway's worker plugin and
 yields a :class:`Session`. Leaving the context shuts down what it started.
+
+The names in ``__all__`` are the package's public surface: what starts workers elsewhere
+(``spillway.deploy``'s batch scripts and MPI ranks) renders the same specs through them
+and imports nothing else of the package (``tests/test_layers.py`` checks it); the
+modules behind them are free to move.
 """
 
 from __future__ import annotations
@@ -19,10 +24,15 @@ from ..errors import GpusBusy
 from ..gpus import Inventory, discover
 from ..options import Options
 from ..plugins import WorkerSetup
+from .backend import Backend, backend_for
 from .deaths import start_failure, watch_worker_deaths
-from .plan import HostProbe, LaunchPlan, plan
-from .spec import WorkerSpec, worker_specs
-from .ucx_env import quiet_ucx
+from .gpu_worker import DEATH_TIMEOUT_S, TIERED_WORKER, node_plan
+from .plan import HostProbe, LaunchPlan, plan, uses_tiered_store
+from .protocol import choose_protocol
+from .render import dask_cuda_kwargs, dask_cuda_worker_flags, flag_value, store_data, tls_flags
+from .spec import WorkerSpec, off_node_spec, one_for_all, worker_specs
+from .ucx_env import QUIET_UCX, quiet_ucx
+from .worker_config import worker_config
 
 logger = logging.getLogger("spillway")
 
@@ -30,7 +40,16 @@ logger = logging.getLogger("spillway")
 #: takes about half a minute per worker to take)
 START_TIMEOUT_S = 120
 
-__all__ = ["Session", "open_cluster", "plan", "HostProbe", "LaunchPlan", "close_cluster", "close_timeout_s"]
+__all__ = [
+    # a cluster from the options, and its parts
+    "Session", "open_cluster", "close_cluster", "close_timeout_s",
+    # the plan, the workers' specs and the backends that start them
+    "plan", "HostProbe", "LaunchPlan", "uses_tiered_store", "node_plan", "WorkerSpec", "worker_specs",
+    "off_node_spec", "one_for_all", "Backend", "backend_for", "choose_protocol",
+    # the specs and the options in the forms other launchers take
+    "dask_cuda_kwargs", "dask_cuda_worker_flags", "flag_value", "store_data", "tls_flags", "worker_config",
+    "QUIET_UCX", "quiet_ucx", "DEATH_TIMEOUT_S", "TIERED_WORKER",
+]
 
 
 @dataclass
@@ -59,17 +78,9 @@ class Session:
 
 
 def start_cluster(options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...] = ()):
-    """The cluster object for a local plan (None when attaching); ``specs``: the GPU
-    workers' (:func:`~.spec.worker_specs`)."""
-    if launch.kind == "gpu":
-        from . import local_gpu
-
-        return local_gpu.start(options, specs)
-    if launch.kind == "cpu":
-        from . import local_cpu
-
-        return local_cpu.start(options, launch)
-    return None
+    """The cluster object for a local plan (None when attaching), from the backend of the
+    plan's kind (:mod:`.backend`); ``specs``: the GPU workers' (:func:`~.spec.worker_specs`)."""
+    return backend_for(launch.kind).start(options, launch, specs)
 
 
 #: seconds a new cluster waits for GPUs another process holds: a cluster that is closing

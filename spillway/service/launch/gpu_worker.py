@@ -33,6 +33,9 @@ logger = logging.getLogger("spillway")
 #: seconds a worker waits for a lost scheduler before it exits, so a worker whose
 #: scheduler died does not hold its node until the wall time
 DEATH_TIMEOUT_S = 60
+#: the import path of :class:`TieredCUDAWorker`, as a launcher that builds workers by
+#: their class's name takes it (dask-mpi)
+TIERED_WORKER = f"{__name__}.TieredCUDAWorker"
 
 
 def visible_gpus() -> int | None:
@@ -61,13 +64,6 @@ def node_plan(options: Options, inventory: Inventory, host: HostProbe, *, worker
     return found
 
 
-def node_spec(options: Options, inventory: Inventory, host: HostProbe, *, workers: int | None = None,
-              facts=None) -> WorkerSpec:
-    """The spec this node's ``workers`` GPU workers (default: one per GPU) are started
-    with: one set of keywords for all of them (:func:`~.spec.one_for_all`)."""
-    return one_for_all(worker_specs(options, node_plan(options, inventory, host, workers=workers), facts))
-
-
 def worker_kwargs(options: Options, spec: WorkerSpec, *, death_timeout: float = DEATH_TIMEOUT_S) -> dict:
     """:class:`TieredCUDAWorker` keywords for this node's workers of ``spec``, attached to
     the scheduler of ``options`` (``data`` only with the tiered store)."""
@@ -94,7 +90,7 @@ def deduplicated(visible: str) -> str:
 
 
 @contextlib.contextmanager
-def shared_gpus(workers_per_gpu: int, inventory=None) -> Iterator[None]:
+def shared_gpus(workers_per_gpu: int) -> Iterator[None]:
     """Build CUDAWorker within this context to start ``workers_per_gpu`` nannies on each
     GPU the process may use; :func:`fix_visible` afterwards gives each nanny its GPU list."""
     if workers_per_gpu == 1:
@@ -106,7 +102,7 @@ def shared_gpus(workers_per_gpu: int, inventory=None) -> Iterator[None]:
     else:
         from ..gpus import discover
 
-        visible = [str(g.index) for g in (inventory or discover()).gpus]
+        visible = [str(g.index) for g in discover().gpus]
     os.environ["CUDA_VISIBLE_DEVICES"] = repeated(visible, workers_per_gpu)
     try:
         yield
@@ -167,40 +163,56 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def run_node(options: Options, *, death_timeout: float = DEATH_TIMEOUT_S) -> None:
-    """Start this node's workers and serve until they end (their lifetime, a lost
-    scheduler) or SIGTERM/SIGINT, which closes them."""
-    import dask.config
+class NodeWorkers:
+    """Backend of ``spillway worker``: this node's GPU workers (:class:`TieredCUDAWorker`,
+    one set of keywords for the node's ``specs``), attached to the scheduler of the
+    options; :meth:`start` serves until they end (their lifetime, a lost scheduler) or
+    SIGTERM/SIGINT, which closes them."""
 
+    def __init__(self, *, death_timeout: float = DEATH_TIMEOUT_S):
+        self.death_timeout = death_timeout
+
+    def start(self, options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...]) -> None:
+        import dask.config
+
+        from .ucx_env import quiet_ucx
+        from .worker_config import worker_config
+
+        spec = one_for_all(specs)
+        # the plan's memory is each worker's share; what a worker may hold is of its GPU
+        device_memory = max(launch.device_memory, default=0) * spec.workers_per_gpu
+        kwargs = worker_kwargs(options, spec, death_timeout=self.death_timeout)
+        if spec.protocol == "ucx":
+            quiet_ucx()
+        worker_class = __getattr__("TieredCUDAWorker")
+
+        async def serve():
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            worker = worker_class(**kwargs)
+            await worker
+            finished = asyncio.ensure_future(worker.finished())
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if not finished.done():
+                from . import close_timeout_s
+
+                await worker.close(timeout=close_timeout_s(spec, device_memory))
+            stopped.cancel()
+
+        # each nanny hands the config of the moment it starts its worker to the worker process
+        with dask.config.set(worker_config(options, tiered_store=spec.tiered)):
+            asyncio.run(serve())
+
+
+def run_node(options: Options, *, death_timeout: float = DEATH_TIMEOUT_S) -> None:
+    """``spillway worker``: plan this node's workers (one per GPU the task may use, times
+    ``workers-per-gpu``) and serve them (:class:`NodeWorkers`)."""
     from ..gpus import discover
-    from .ucx_env import quiet_ucx
-    from .worker_config import worker_config
 
     inventory = discover()
     gpus = visible_gpus()
-    spec = node_spec(options, inventory, HostProbe.here(), workers=gpus * options.workers_per_gpu if gpus else None)
-    device_memory = max((g.memory_total for g in inventory.gpus), default=0)
-    kwargs = worker_kwargs(options, spec, death_timeout=death_timeout)
-    if spec.protocol == "ucx":
-        quiet_ucx()
-    worker_class = __getattr__("TieredCUDAWorker")
-
-    async def serve():
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        worker = worker_class(**kwargs)
-        await worker
-        finished = asyncio.ensure_future(worker.finished())
-        stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
-        if not finished.done():
-            from . import close_timeout_s
-
-            await worker.close(timeout=close_timeout_s(spec, device_memory))
-        stopped.cancel()
-
-    # each nanny hands the config of the moment it starts its worker to the worker process
-    with dask.config.set(worker_config(options, tiered_store=spec.tiered)):
-        asyncio.run(serve())
+    node = node_plan(options, inventory, HostProbe.here(), workers=gpus * options.workers_per_gpu if gpus else None)
+    NodeWorkers(death_timeout=death_timeout).start(options, node, worker_specs(options, node))

@@ -7,6 +7,7 @@ import logging
 from ..options import Options
 from .http_server import cluster_class, dashboard_kwargs
 from .plan import LaunchPlan
+from .spec import WorkerSpec
 
 
 def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
@@ -29,13 +30,17 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
     return kwargs
 
 
-def start(options: Options, plan: LaunchPlan):
-    import dask.config
-    from distributed import LocalCluster
+class LocalCPU:
+    """Backend of CPU plans: ``plan.n_workers`` worker processes of distributed's
+    LocalCluster (no worker specs: those are GPU workers')."""
 
-    from .worker_config import worker_config
+    def start(self, options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...]):
+        import dask.config
+        from distributed import LocalCluster
 
-    # each nanny hands the config of the moment it is built to its worker process
-    with dask.config.set(worker_config(options, tiered_store=False, gpu=False)):
-        kwargs = cluster_kwargs(options, plan)
-        return cluster_class(LocalCluster, kwargs)(**kwargs)
+        from .worker_config import worker_config
+
+        # each nanny hands the config of the moment it is built to its worker process
+        with dask.config.set(worker_config(options, tiered_store=False, gpu=False)):
+            kwargs = cluster_kwargs(options, launch)
+            return cluster_class(LocalCluster, kwargs)(**kwargs)

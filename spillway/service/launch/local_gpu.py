@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..options import Options
 from .http_server import cluster_class, dashboard_kwargs
+from .plan import LaunchPlan
 from .render import dask_cuda_kwargs, store_data
 from .spec import WorkerSpec, one_for_all
 from .worker_config import worker_config
@@ -115,16 +116,20 @@ def shared_gpu_cluster(base: type) -> type:
     return SharedGPUCluster
 
 
-def start(options: Options, specs: tuple[WorkerSpec, ...]):
-    import logging
+class LocalGPU:
+    """Backend of GPU plans: dask-cuda's LocalCUDACluster (or :func:`cluster_type` where
+    workers share a GPU) with one worker of each of ``specs``; the plan itself is in them."""
 
-    import dask.config
+    def start(self, options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...]):
+        import logging
 
-    kwargs = specs_kwargs(options, specs)
-    kwargs["silence_logs"] = logging.WARNING
-    if "worker_devices" in kwargs:
-        base = cluster_type()
-    else:
-        from dask_cuda import LocalCUDACluster as base
-    with dask.config.set(worker_config(options, tiered_store=specs[0].tiered)):
-        return cluster_class(base, kwargs)(**kwargs)
+        import dask.config
+
+        kwargs = specs_kwargs(options, specs)
+        kwargs["silence_logs"] = logging.WARNING
+        if "worker_devices" in kwargs:
+            base = cluster_type()
+        else:
+            from dask_cuda import LocalCUDACluster as base
+        with dask.config.set(worker_config(options, tiered_store=specs[0].tiered)):
+            return cluster_class(base, kwargs)(**kwargs)
