@@ -62,21 +62,21 @@ def _param_error(field: str, message: str) -> RequestValidationError:
                                     "type": "value_error", "input": None}])
 
 
-def create_app(jobdb, scheduler, *, title: str = "spillway", limits: ServiceLimits | None = None) -> FastAPI:
-    """The ASGI app over ``jobdb`` (a :class:`spillway.service.jobdb.JobDB`) and ``scheduler``
-    (a :class:`spillway.service.jobs.JobScheduler` bound to the cluster session)."""
+def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits | None = None) -> FastAPI:
+    """The ASGI app over ``jobdb`` (a :class:`spillway.service.jobdb.JobDB`) and ``queue``
+    (a :class:`spillway.service.jobs.JobQueue` bound to the cluster session)."""
     from spillway import workflows
     app = FastAPI(title=title, version="1", description=__doc__,
                   openapi_tags=[{"name": "jobs"}, {"name": "catalogue"}, {"name": "service"}])
     # before any route is added: every route parses its JSON body off the event loop
     app.router.route_class = OffLoopJSONRoute
     app.state.jobdb = jobdb
-    app.state.scheduler = scheduler
+    app.state.queue = queue
     app.state.token_cache = TokenCache()
     app.state.limits = limits = limits or ServiceLimits()
     app.add_middleware(RequestLimits, limits=limits)
     JobRequest = schemas.job_request_model(workflows.names())
-    registry = metrics_registry(jobdb, scheduler)
+    registry = metrics_registry(jobdb, queue)
     health = jobdb.health
 
     def unavailable() -> JSONResponse:
@@ -105,7 +105,7 @@ def create_app(jobdb, scheduler, *, title: str = "spillway", limits: ServiceLimi
 
     def shown(job: dict) -> dict:
         """A job as the API answers it: with why it waits, while it is queued."""
-        return {**job, "waiting": scheduler.waiting_reason(job)}
+        return {**job, "waiting": queue.waiting_reason(job)}
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
@@ -123,7 +123,7 @@ def create_app(jobdb, scheduler, *, title: str = "spillway", limits: ServiceLimi
         """Queue a job: a workflow's name and its parameters."""
         key = body.idempotency_key or idempotency_key
         try:
-            footprint = scheduler.footprint(body.workflow, body.params, output=body.output)
+            footprint = queue.footprint(body.workflow, body.params, output=body.output)
         except AdmissionError as e:
             raise _param_error("params", str(e)) from None
         except ParamError as e:
@@ -141,12 +141,12 @@ def create_app(jobdb, scheduler, *, title: str = "spillway", limits: ServiceLimi
         if limit is not None and footprint > limit:
             raise _param_error("params", f"projected footprint {format_bytes(footprint)} exceeds this "
                                          f"tenant's limit of {format_bytes(limit)} per job (the cluster admits "
-                                         f"{format_bytes(scheduler.tiers.total_bytes)})")
+                                         f"{format_bytes(queue.tiers.total_bytes)})")
         job, created = jobdb.submit(tenant, workflow=body.workflow, params=body.params, verify=body.verify,
                                     priority=body.priority, idempotency_key=key, footprint_bytes=footprint,
                                     output=body.output)
         if created:
-            scheduler.wake()
+            queue.wake()
             return shown(job)
         asked = {"workflow": body.workflow, "params": body.params, "priority": body.priority,
                  "verify": body.verify, "output": body.output}
@@ -195,16 +195,16 @@ def create_app(jobdb, scheduler, *, title: str = "spillway", limits: ServiceLimi
         if job is None:
             raise HTTPException(404, f"job {job_id!r} not found")
         if job["state"] == "running" and job["cancel_requested"]:
-            scheduler.request_cancel(job_id, tenant)  # now, not at the runner's next look
+            queue.request_cancel(job_id, tenant)  # now, not at the runner's next look
         return shown(job)
 
     def _cancel_offline(job_id: str, tenant: dict) -> JSONResponse:
-        running = scheduler.request_cancel(job_id, tenant)
+        running = queue.request_cancel(job_id, tenant)
         if running is not None:
             detail = ("cancel taken while the job database is unreachable: the job's tasks are being "
                       "stopped; it is recorded cancelled when the database answers")
         else:
-            scheduler.defer_cancel(job_id, tenant)
+            queue.defer_cancel(job_id, tenant)
             detail = ("cancel taken while the job database is unreachable: it applies to this job, if it is "
                       "yours and still queued, when the database answers, before any queued job starts")
         body = {"id": job_id, "state": running["state"] if running else None, "cancel_requested": True,
@@ -233,7 +233,7 @@ def create_app(jobdb, scheduler, *, title: str = "spillway", limits: ServiceLimi
     @app.get("/workflows", response_model=list[schemas.Workflow], tags=["catalogue"], responses=AUTH)
     def catalogue(tenant: Tenant) -> list[dict[str, Any]]:
         """The workflow catalogue with each workflow's parameter schema (defaults for this cluster)."""
-        return workflows.catalogue(scheduler.target)
+        return workflows.catalogue(queue.target)
 
     @app.get("/healthz", response_model=schemas.Health, tags=["service"],
              responses={503: {"model": schemas.Health, "description": "Something is down: `down` names it"}})
@@ -241,17 +241,17 @@ def create_app(jobdb, scheduler, *, title: str = "spillway", limits: ServiceLimi
         """Liveness: whether the job database answers and the cluster's client is up; 503
         naming what is down. Answered from the service's last look (the database is
         probed every 2 s, every 0.5 s while down), never by waiting on the database."""
-        if health.checked is None:  # no probe thread (an app without a started scheduler)
+        if health.checked is None:  # no probe thread (an app without a started job queue)
             await run_in_threadpool(health.probe_once)
         down = []
         if health.down:
             down.append("database")
-        client_status = getattr(scheduler.session.client, "status", "running")
+        client_status = getattr(queue.session.client, "status", "running")
         if client_status not in ("running", "connecting", "newly-created"):
             down.append("cluster")
         counts = None if health.down else health.counts
-        body = {"status": "degraded" if down else "ok", "down": down, "kind": scheduler.session.kind,
-                "workers": scheduler.session.n_workers,
+        body = {"status": "degraded" if down else "ok", "down": down, "kind": queue.session.kind,
+                "workers": queue.session.n_workers,
                 "queued": counts["queued"] if counts else None, "running": counts["running"] if counts else None,
                 "database": {**health.as_dict(), "backend": jobdb.engine.dialect.name},
                 "cluster": {"ok": "cluster" not in down, "status": str(client_status)}}

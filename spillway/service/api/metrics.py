@@ -31,9 +31,9 @@ class ServiceCollector:
     """Reads the queue from the job database and memory and spills from the workers; worker
     readings are cached a few seconds so frequent scrapes do not load the cluster."""
 
-    def __init__(self, jobdb, scheduler, cache_s: float = 2.0):
+    def __init__(self, jobdb, queue, cache_s: float = 2.0):
         self.jobdb = jobdb
-        self.scheduler = scheduler
+        self.queue = queue
         self.cache_s = cache_s
         self._cached = (0.0, {}, {})
         self._lock = threading.Lock()
@@ -42,10 +42,10 @@ class ServiceCollector:
         with self._lock:
             t, snaps, devices = self._cached
             if time.monotonic() - t > self.cache_s:
-                client = self.scheduler.session.client
+                client = self.queue.session.client
                 try:
                     snaps = client.run(worker_snapshot)
-                    devices = client.run(_device_memory) if self.scheduler.session.kind == "gpu" else {}
+                    devices = client.run(_device_memory) if self.queue.session.kind == "gpu" else {}
                 except Exception:
                     snaps, devices = {}, {}
                 self._cached = (time.monotonic(), snaps, devices)
@@ -58,8 +58,8 @@ class ServiceCollector:
         for state, n in counts.items():
             jobs.add_metric([state], n)
         yield jobs
-        yield GaugeMetricFamily("spillway_capacity_bytes", "Memory the scheduler admits jobs against",
-                                value=self.scheduler.capacity_bytes)
+        yield GaugeMetricFamily("spillway_capacity_bytes", "Memory the job queue admits jobs against",
+                                value=self.queue.capacity_bytes)
         yield CounterMetricFamily("spillway_job_spilled_bytes", "Bytes spilled by finished jobs",
                                   value=self.jobdb.spilled_total())
         snaps, devices = self._workers()
@@ -112,9 +112,9 @@ def tier_gauges(snaps: dict):
     yield per_worker
 
 
-def metrics_registry(jobdb, scheduler) -> CollectorRegistry:
+def metrics_registry(jobdb, queue) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(ServiceCollector(jobdb, scheduler))
+    registry.register(ServiceCollector(jobdb, queue))
     return registry
 
 

@@ -91,7 +91,7 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
 
     from ..api import create_app
     from ..api.limits import ServiceLimits
-    from ..jobs import JobScheduler
+    from ..jobs import JobQueue
     from ..launch import open_cluster
 
     if bool(https_cert) != bool(https_key):
@@ -108,17 +108,17 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     results.mkdir(parents=True, exist_ok=True)
     with open_cluster(options) as session:
         _write_owner_file(session, Path(state_dir).expanduser())
-        scheduler = JobScheduler(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
-        scheduler.start()
+        queue = JobQueue(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
+        queue.start()
         try:
-            app = create_app(jobdb, scheduler, limits=limits)
+            app = create_app(jobdb, queue, limits=limits)
             scheme = "https" if https_cert else "http"
             click.echo(f"serving {scheme}://{http_host}:{port}  ({session.n_workers} {session.kind} workers, "
                        f"scheduler {session.scheduler_address})", err=True)
             uvicorn.run(app, host=http_host, port=port, ssl_certfile=https_cert, ssl_keyfile=https_key,
                         log_level="warning", access_log=False)
         finally:
-            scheduler.stop()
+            queue.stop()
             jobdb.close()
 
 

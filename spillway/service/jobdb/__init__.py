@@ -282,7 +282,7 @@ class JobDB(TokensMixin):
             s.add(LogLine(job_id=job_id, time=now(), line=line))
             s.commit()
 
-    # --- what the scheduler loop needs
+    # --- what the job queue's loop needs
 
     def queued(self) -> list[dict]:
         """Queued jobs with their tenant's priority and quota, oldest first."""
@@ -407,7 +407,7 @@ def _check_limits(max_running: int, max_job_bytes: int | None) -> None:
 
 def _sqlite_pragmas(dbapi_connection, _record):
     cursor = dbapi_connection.cursor()
-    # WAL lets the API read while the scheduler loop writes; NORMAL sync is durable
+    # WAL lets the API read while the job queue's loop writes; NORMAL sync is durable
     # against a killed process (only an OS crash can lose the last commits).
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")

@@ -1,6 +1,6 @@
 """The job scheduler of the shared service: which queued job runs next, and running it."""
 
 from .order import next_job
-from .scheduler import JobScheduler
+from .queue import JobQueue
 
-__all__ = ["JobScheduler", "next_job"]
+__all__ = ["JobQueue", "next_job"]

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-import spillway.service.jobs.scheduler as scheduler_module
-from spillway.service.jobs.scheduler import JobScheduler
+import spillway.service.jobs.queue as scheduler_module
+from spillway.service.jobs.queue import JobQueue
 from spillway.service.launch import open_cluster
 from spillway.service.options import Options
 from spillway.service.jobdb import JobDB
@@ -43,10 +43,10 @@ def _final(jobdb: JobDB, job_id: str, timeout: float = 60) -> dict:
     raise AssertionError(f"job {job_id} did not finish in {timeout} s: {jobdb.job(job_id)}; {jobdb.logs(job_id)}")
 
 
-def _run(jobdb: JobDB, session, tmp_path) -> tuple[dict, JobScheduler]:
+def _run(jobdb: JobDB, session, tmp_path) -> tuple[dict, JobQueue]:
     tenant, _ = jobdb.add_tenant("ann")
     job, _ = jobdb.submit(tenant, **JOB)
-    sched = JobScheduler(jobdb, session, results_dir=str(tmp_path / "results"), poll_s=0.05)
+    sched = JobQueue(jobdb, session, results_dir=str(tmp_path / "results"), poll_s=0.05)
     os.makedirs(sched.results_dir, exist_ok=True)
     return job, sched
 

@@ -12,9 +12,9 @@ import time
 import pytest
 from sqlalchemy.exc import OperationalError
 
-import spillway.service.jobs.scheduler as scheduler_module
+import spillway.service.jobs.queue as scheduler_module
 from spillway.service.jobdb import JobDB
-from spillway.service.jobs.scheduler import JobScheduler
+from spillway.service.jobs.queue import JobQueue
 from spillway.service.launch import open_cluster
 from spillway.service.options import Options
 
@@ -62,7 +62,7 @@ def test_the_end_of_a_job_is_written_again_until_the_database_answers(session, j
         return real_finish(*args, **kwargs)
 
     monkeypatch.setattr(jobdb, "finish", finish_while_down)
-    sched = JobScheduler(jobdb, session, poll_s=0.05, retry_max_s=0.5)
+    sched = JobQueue(jobdb, session, poll_s=0.05, retry_max_s=0.5)
     sched.start()
     try:
         end = _final(jobdb, job["id"])
@@ -79,7 +79,7 @@ def test_the_end_of_a_job_is_written_again_until_the_database_answers(session, j
 def test_a_job_without_a_runner_is_requeued_then_failed(session, jobdb):
     tenant, _ = jobdb.add_tenant("ann")
     job, _ = jobdb.submit(tenant, **JOB)
-    sched = JobScheduler(jobdb, session, max_attempts=2)  # not started: reconcile() by hand
+    sched = JobQueue(jobdb, session, max_attempts=2)  # not started: reconcile() by hand
     assert jobdb.start(job["id"], "started")  # as if its runner had died without a word
     assert sched.reconcile() == [(job["id"], "queued")]
     assert jobdb.logs(job["id"])[-1]["line"] == "its runner ended without recording an end: queued to run again"
@@ -94,7 +94,7 @@ def test_the_reconciler_runs_while_the_service_runs(session, jobdb, monkeypatch)
     runner that died, and requeues it."""
     tenant, _ = jobdb.add_tenant("ann")
     job, _ = jobdb.submit(tenant, **JOB)
-    sched = JobScheduler(jobdb, session, poll_s=0.05, reconcile_s=0.2)
+    sched = JobQueue(jobdb, session, poll_s=0.05, reconcile_s=0.2)
     monkeypatch.setattr(sched, "_tick", lambda: None)  # start nothing: the job is the loop's orphan
     sched.start()
     try:
@@ -118,7 +118,7 @@ def test_a_cancelled_run_that_does_not_stop_is_ended_within_the_grace(session, j
         raise RuntimeError("released")
 
     monkeypatch.setattr(scheduler_module, "run_workflow", stuck)
-    sched = JobScheduler(jobdb, session, poll_s=0.05, reconcile_s=0.1, cancel_grace_s=1)
+    sched = JobQueue(jobdb, session, poll_s=0.05, reconcile_s=0.1, cancel_grace_s=1)
     sched.start()
     try:
         deadline = time.monotonic() + 30
@@ -143,7 +143,7 @@ def test_a_cancel_taken_while_the_database_is_down_applies_when_it_answers(sessi
     tenant, _ = jobdb.add_tenant("ann")
     other, _ = jobdb.add_tenant("bob")
     job, _ = jobdb.submit(tenant, **JOB)
-    sched = JobScheduler(jobdb, session)
+    sched = JobQueue(jobdb, session)
     sched.defer_cancel(job["id"], other)  # another tenant's job: nothing happens to it
     sched._apply_pending_cancels()
     assert jobdb.job(job["id"])["state"] == "queued"
@@ -169,7 +169,7 @@ def test_a_cancel_taken_while_the_end_waits_for_the_database_wins(session, jobdb
         return real_finish(job_id, state, **kwargs)
 
     monkeypatch.setattr(jobdb, "finish", finish)
-    sched = JobScheduler(jobdb, session, poll_s=0.05, retry_max_s=0.2)
+    sched = JobQueue(jobdb, session, poll_s=0.05, retry_max_s=0.2)
     sched.start()
     try:
         assert tried.wait(60)

@@ -11,7 +11,7 @@ import pytest
 
 from spillway.service.jobdb import JobDB
 from spillway.service.jobs.order import memory_reason, waiting_reasons
-from spillway.service.jobs.scheduler import JobScheduler
+from spillway.service.jobs.queue import JobQueue
 from spillway.service.launch import open_cluster
 from spillway.service.options import Options
 
@@ -58,7 +58,7 @@ def session():
 @pytest.mark.timeout(300)
 def test_a_job_past_the_workers_memory_runs_alone_and_the_next_waits(session, tmp_path):
     jobdb = JobDB(f"sqlite:///{tmp_path / 'jobs.db'}")
-    sched = JobScheduler(jobdb, session, results_dir=str(tmp_path / "results"), poll_s=0.05)
+    sched = JobQueue(jobdb, session, results_dir=str(tmp_path / "results"), poll_s=0.05)
     os.makedirs(sched.results_dir, exist_ok=True)
     params = {"size": "3000x3000", "chunks": "100x100"}
     footprint = sched.footprint("transpose-sum", params)

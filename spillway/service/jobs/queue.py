@@ -1,4 +1,4 @@
-"""The scheduler loop: starts queued jobs on the cluster, tracks them, stops cancelled ones.
+"""The job queue's loop: starts queued jobs on the cluster, tracks them, stops cancelled ones.
 
 Each job runs :func:`spillway.service.run.compute.run_workflow` in its own thread with its own Dask
 client on the shared scheduler. A client of its own gives each job its own progress
@@ -50,7 +50,7 @@ class _Running:
             self.cancelled, self.cancel_at = True, time.monotonic()
 
 
-class JobScheduler:
+class JobQueue:
     """Runs the queue kept in ``jobdb`` on ``session`` (a :class:`spillway.service.launch.Session`)."""
 
     def __init__(self, jobdb: JobDB, session, *, results_dir: str | None = None,
@@ -172,7 +172,7 @@ class JobScheduler:
         loop's last word on it, or that the loop has not looked at it yet."""
         if job["state"] != "queued":
             return None
-        return self._waiting.get(job["id"], "queued: the scheduler looks at it on its next pass")
+        return self._waiting.get(job["id"], "queued: the job queue looks at it on its next pass")
 
     def _loop(self):
         while not self._stop.is_set():
@@ -188,7 +188,7 @@ class JobScheduler:
                     self.jobdb.health.failed(e)  # logged once per outage, not once per tick
                     wait = max(wait, 1.0)
                 else:
-                    logger.exception("scheduler loop")
+                    logger.exception("job queue loop")
             # a burst of submissions wakes the loop once, not once per job
             self._stop.wait(0.05)
             self._wake.wait(wait)
