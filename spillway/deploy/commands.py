@@ -125,7 +125,7 @@ def worker_environment(options: Options) -> dict[str, str]:
     Those of dask's own commands keep their store; ``spillway worker`` sets the tiered
     store's config itself, from the same options."""
     return {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): str(value)
-            for key, value in worker_config(options, tiered_store=False).items()}
+            for key, value in worker_config(options, tiered_store=False, gpu=not options.cpu).items()}
 
 
 def ucx_environment(options: Options) -> dict[str, str]:

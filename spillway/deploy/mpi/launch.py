@@ -98,7 +98,7 @@ class MPIRank:
                 result["error"] = e
 
         # a worker rank's nanny hands the config of the moment it is built to its worker
-        with dask.config.set(worker_config(options, tiered_store=spec is not None and spec.tiered)):
+        with dask.config.set(worker_config(options, tiered_store=spec is not None and spec.tiered, gpu=not options.cpu)):
             execute(client, comm=self.comm, **kwargs)
         if rank != SCHEDULER_RANK:
             return None

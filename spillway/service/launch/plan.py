@@ -187,9 +187,9 @@ def _check_gpus_free(options: Options, inventory: Inventory, devices: tuple[int,
         if need > gpu.memory_free:
             held = gpu.memory_total - gpu.memory_free
             raise GpusBusy(
-                f"GPU {gpu.index}: {_gb(gpu.memory_free)} free of {_gb(gpu.memory_total)} ({_gb(held)} held by other "
-                f"processes), under the {_gb(need)} its {per_gpu} worker(s) need (rmm-pool-size {options.rmm_pool_size!r} "
-                f"and {_gb(CONTEXT_BYTES)} each for CUDA); free the GPU, pick others with devices, or lower rmm-pool-size")
+                f"GPU {gpu.index}: {gigabytes(gpu.memory_free)} free of {gigabytes(gpu.memory_total)} ({gigabytes(held)} held by other "
+                f"processes), under the {gigabytes(need)} its {per_gpu} worker(s) need (rmm-pool-size {options.rmm_pool_size!r} "
+                f"and {gigabytes(CONTEXT_BYTES)} each for CUDA); free the GPU, pick others with devices, or lower rmm-pool-size")
 
 
 def _check_pinned(options: Options, n_workers: int, host_memory: int) -> None:
@@ -201,12 +201,12 @@ def _check_pinned(options: Options, n_workers: int, host_memory: int) -> None:
     limit = int(PINNED_HOST_FRACTION * host_memory)
     if total > limit:
         raise OptionsError(
-            f"pinned-pool-size: {_gb(options.pinned_pool_size)} per worker x {n_workers} workers = "
-            f"{_gb(total)} of pinned host memory, over the {_gb(limit)} limit "
-            f"({PINNED_HOST_FRACTION:.0%} of this host's {_gb(host_memory)}); pinned memory cannot be "
+            f"pinned-pool-size: {gigabytes(options.pinned_pool_size)} per worker x {n_workers} workers = "
+            f"{gigabytes(total)} of pinned host memory, over the {gigabytes(limit)} limit "
+            f"({PINNED_HOST_FRACTION:.0%} of this host's {gigabytes(host_memory)}); pinned memory cannot be "
             f"swapped, and workers past it are killed by the out-of-memory killer"
         )
 
 
-def _gb(n) -> str:
+def gigabytes(n) -> str:
     return f"{int(n) / 1e9:.1f} GB"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..errors import OptionsError
 from ..options import Options, RmmAndTls
-from .plan import LaunchPlan, _gb, uses_tiered_store
+from .plan import LaunchPlan, gigabytes, uses_tiered_store
 
 #: the device limit of ``device-memory-limit: default``, as a fraction of the GPU
 #: (dask-cuda's "default")
@@ -225,9 +225,9 @@ def check_pinned_fits(pinned_pool_size: int | str, memory_limit: int | float | N
     room = memory_limit - PROCESS_BYTES
     if int(pinned_pool_size) > room:
         raise OptionsError(
-            f"pinned-pool-size: {_gb(int(pinned_pool_size))} per worker is over its memory-limit of "
-            f"{_gb(memory_limit)} less {_gb(PROCESS_BYTES)} for the worker process itself; the pool counts "
-            f"toward the limit: use a pinned-pool-size of at most {_gb(max(0, room))} or a larger memory-limit")
+            f"pinned-pool-size: {gigabytes(int(pinned_pool_size))} per worker is over its memory-limit of "
+            f"{gigabytes(memory_limit)} less {gigabytes(PROCESS_BYTES)} for the worker process itself; the pool counts "
+            f"toward the limit: use a pinned-pool-size of at most {gigabytes(max(0, room))} or a larger memory-limit")
 
 
 def off_node_spec(options: Options, *, protocol: str, workers: int) -> WorkerSpec:

@@ -68,12 +68,14 @@ class HostBooks:
     short_events: int = field(default=0, init=False)
     #: whether the last :meth:`pressure` that found a reason found the process limit's
     over_process_limit: bool = field(default=False, init=False)
+    #: the process's resident bytes at the last reading
+    last_resident: int = field(default=0, init=False)
     last_short_at: float | None = field(default=None, init=False)
 
     def read(self) -> tuple[int, int]:
         """(available, resident) now; the lowest available is kept."""
         available = int(self.available())
-        resident = int(self.resident())
+        resident = self.last_resident = int(self.resident())
         if self.lowest_available is None or available < self.lowest_available:
             self.lowest_available = available
         return available, resident
@@ -105,12 +107,17 @@ class HostBooks:
         if self.process_limit is not None:
             limit = self.process_limit - (self.headroom * (1 - share) if paused else 0)
             if process_floor is not None:
-                limit = max(limit, process_floor + max(FLOOR_MARGIN, self.process_limit // 20))
+                limit = max(limit, self.floor_limit(process_floor))
             if resident > limit:
                 self.over_process_limit = True
                 return (f"the worker holds {format_bytes(resident)}, over its "
                         f"{format_bytes(self.process_limit)} memory limit")
         return None
+
+    def floor_limit(self, process_floor: int) -> int:
+        """Resident bytes past which a process found to hold ``process_floor`` of its own
+        pauses again: what it held, and 5% of its limit (at least :data:`FLOOR_MARGIN`)."""
+        return process_floor + max(FLOOR_MARGIN, self.process_limit // 20)
 
     def summary(self, held: int) -> dict:
         """The books beside the kernel's figures; ``held`` is what the store's host buffers

@@ -23,7 +23,6 @@ import threading
 import time
 
 from ..sizes import format_bytes
-from .books import FLOOR_MARGIN
 
 logger = logging.getLogger("spillway.memory")
 
@@ -58,16 +57,15 @@ class HostPause:
         worker, books = self.worker, self.store.books
         reason = books.pressure(self.paused, self.process_floor)
         if reason is None and self.process_floor is not None and not self.paused:
-            if books.read()[1] <= books.process_limit:
+            if books.last_resident <= books.process_limit:
                 self.process_floor = None  # back under the limit: read it as given again
         if reason is not None and self.paused and self._unrelievable():
-            _, resident = books.read()
-            self.process_floor = resident
+            self.process_floor = books.last_resident
             logger.error("%s: %s with its host tier on disk and no task running: nothing it waits for "
                          "frees that (the pinned pool, CUDA and the libraries are the process's own); "
                          "resuming after %.0f s and pausing again only past %s or under the machine's headroom",
                          self.store.name, reason, self.paused_s,
-                         format_bytes(resident + max(FLOOR_MARGIN, books.process_limit // 20)))
+                         format_bytes(books.floor_limit(self.process_floor)))
             self._resume(Status)
             return
         if reason is not None and not self.paused:
