@@ -18,8 +18,7 @@ from typing import Any
 import dask.config
 
 from spillway.service.gpus import Inventory
-from spillway.service.launch import LaunchPlan, open_cluster
-from spillway.service.launch.plan import ucxx_installed
+from spillway.service.launch import LaunchPlan, open_cluster, ucxx_installed
 from spillway.service.options import Options
 from spillway.service.plugins import WorkerSetup
 from spillway.service.transfer import transport
@@ -170,7 +169,7 @@ def dask_cuda_processes(devices, changes: dict | None = None, *, protocol: str |
 
     from distributed import Client
 
-    from spillway.service.launch.ucx_env import QUIET_UCX
+    from spillway.service.launch import QUIET_UCX
 
     protocol = protocol or ("ucx" if ucxx_installed() else "tcp")
     notes = [] if protocol == "ucx" else ["distributed-ucxx is not installed: baseline over TCP"]

@@ -21,7 +21,7 @@ from spillway.service.errors import ParamError
 from spillway.service.gpus import Inventory, discover
 from spillway.service.launch import HostProbe
 from spillway.service.launch import plan as launch_plan
-from spillway.service.launch.plan import host_memory_bytes
+from spillway.service.memory.growth import host_total
 from spillway.service.options import Options
 from spillway.service.sizes import format_bytes, parse_size
 from . import ceilings, report
@@ -86,7 +86,7 @@ def prepare_sweep(options: Options, *, sizes: str | None = None, label: str | No
     inventory = discover() if inventory is None else inventory
     launch = launch_plan(options, inventory, HostProbe.here())
     largest = parsed[-1]
-    host = host_memory_bytes()
+    host = host_total()
     if 2 * largest > MEMORY_SHARE * host:
         raise ParamError(f"sweep-sizes: {format_bytes(largest)} needs {format_bytes(2 * largest)} of host "
                          f"memory, more than half of this machine's {format_bytes(host)}")

@@ -15,7 +15,7 @@ import tempfile
 
 from spillway.workflows.params import Target
 
-from .launch.spec import WorkerSpec
+from .launch import WorkerSpec
 from .memory.admission import Capacity, admit, disk_reserve
 
 
@@ -50,8 +50,7 @@ def refuse_before_start(options, workflow: str, params: dict) -> None:
     from spillway import workflows
 
     from .gpus import discover
-    from .launch import HostProbe, plan
-    from .launch.spec import worker_specs
+    from .launch import HostProbe, plan, worker_specs
     from .memory.growth import host_total
 
     if options.attach:

@@ -25,7 +25,7 @@ from spillway.service.options import Options
     (["--label", "a b"], "label: 'a b' must be"),
 ])
 def test_bad_input_fails_with_one_line_before_starting(args, fragment, tmp_path, monkeypatch):
-    monkeypatch.setattr(zarr_prepare, "host_memory_bytes", lambda: 24 * 2**30)
+    monkeypatch.setattr(zarr_prepare, "host_total", lambda: 24 * 2**30)
     monkeypatch.setattr(zarr_prepare.shutil, "disk_usage", lambda path: type("U", (), {"free": 10**15})())
     t0 = time.perf_counter()
     result = CliRunner().invoke(main, ["bench", "--zarr", "--cpu", "--out", str(tmp_path), *args])

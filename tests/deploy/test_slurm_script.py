@@ -86,7 +86,7 @@ def test_spillway_worker_flags_parse_back_to_the_options(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from spillway.service.cli import main
-    from spillway.service.launch import gpu_worker
+    from spillway.service import launch
 
     for name in ("ca.pem", "cert.pem", "key.pem"):
         (tmp_path / name).write_text("x")
@@ -99,7 +99,7 @@ def test_spillway_worker_flags_parse_back_to_the_options(tmp_path, monkeypatch):
     args = worker[worker.index("spillway") + 1:]
     args = [str(tmp_path / "s.json") if a == "$SCHEDULER_FILE" else a for a in args[:args.index(">$RESULTS/workers.log")]]
     seen = {}
-    monkeypatch.setattr(gpu_worker, "run_node", lambda opts, **kw: seen.update(options=opts, **kw))
+    monkeypatch.setattr(launch, "run_node", lambda opts, **kw: seen.update(options=opts, **kw))
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     got = seen["options"]

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from spillway.deploy.mpi.layout import execute_kwargs
 from spillway.deploy.slurm import JobSettings, Run, job_script
 from spillway.service.cli import main
+from spillway.service import launch
 from spillway.service.launch import gpu_worker, local_gpu
 from spillway.service.launch.plan import plan
 from spillway.service.launch.spec import HostFacts, WorkerSpec, off_node_spec, worker_specs
@@ -71,7 +72,7 @@ def flags_of(name: str, files) -> list[str]:
 def cli_options(args: list[str], monkeypatch):
     """The options `spillway worker` builds from ``args`` (its own parsing, nothing started)."""
     seen = {}
-    monkeypatch.setattr(gpu_worker, "run_node", lambda options, **kw: seen.update(options=options))
+    monkeypatch.setattr(launch, "run_node", lambda options, **kw: seen.update(options=options))
     result = CliRunner().invoke(main, ["worker", *args])
     assert result.exit_code == 0, result.output
     return seen["options"]

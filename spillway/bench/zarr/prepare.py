@@ -13,7 +13,7 @@ import numpy as np
 
 from spillway.service.errors import ParamError
 from spillway.service.gpus import Inventory
-from spillway.service.launch.plan import host_memory_bytes
+from spillway.service.memory.growth import host_total
 from spillway.service.options import Options
 from spillway.service.sizes import format_bytes
 
@@ -107,7 +107,7 @@ def prepare_zarr(options: Options, *, sizes: str = "auto", runs: int = 3, timeou
         memory = sum(launch.device_memory)
         where = f"the {len(launch.gpus)} GPUs' {format_bytes(memory)}"
     else:
-        memory = host_memory_bytes()
+        memory = host_total()
         where = f"this host's {format_bytes(memory)}"
     share = MEMORY_SHARE[launch.kind]
     if memory and zarr_run.nbytes > share * memory:

@@ -27,7 +27,7 @@ def worker(death_timeout, options_flags):
       spillway worker --scheduler-file sched.json --protocol ucx --pinned-pool-size 48GB
     """
     # the launch package imports distributed: not at import, so `spillway --help` stays light
-    from ..launch.gpu_worker import DEATH_TIMEOUT_S, run_node
+    from ..launch import DEATH_TIMEOUT_S, run_node
 
     options = resolve(options_flags)
     if not options.attach:

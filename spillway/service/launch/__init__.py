@@ -6,9 +6,10 @@ CPU cluster or attaches to a running scheduler, registers spillway's worker plug
 yields a :class:`Session`. Leaving the context shuts down what it started.
 
 The names in ``__all__`` are the package's public surface: what starts workers elsewhere
-(``spillway.deploy``'s batch scripts and MPI ranks) renders the same specs through them
-and imports nothing else of the package (``tests/test_layers.py`` checks it); the
-modules behind them are free to move.
+(``spillway.deploy``'s batch scripts and MPI ranks) renders the same specs through them,
+and every layer above the core (workflows, runs, the service, deploy, the bench, the CLI)
+imports nothing else of the package (``tests/test_layers.py`` checks it); the modules
+behind them are free to move.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from ..options import Options
 from ..plugins import WorkerSetup
 from .backend import Backend, backend_for
 from .deaths import start_failure, watch_worker_deaths
-from .gpu_worker import DEATH_TIMEOUT_S, TIERED_WORKER, node_plan
-from .plan import HostProbe, LaunchPlan, plan, uses_tiered_store
+from .gpu_worker import DEATH_TIMEOUT_S, TIERED_WORKER, node_plan, run_node
+from .plan import HostProbe, LaunchPlan, plan, ucxx_installed, uses_tiered_store
 from .protocol import choose_protocol
 from .render import dask_cuda_kwargs, dask_cuda_worker_flags, flag_value, store_data, tls_flags
 from .spec import WorkerSpec, off_node_spec, one_for_all, worker_specs
@@ -49,6 +50,8 @@ __all__ = [
     # the specs and the options in the forms other launchers take
     "dask_cuda_kwargs", "dask_cuda_worker_flags", "flag_value", "store_data", "tls_flags", "worker_config",
     "QUIET_UCX", "quiet_ucx", "DEATH_TIMEOUT_S", "TIERED_WORKER",
+    # a node's workers under `spillway worker`, and what the bench's baseline checks
+    "run_node", "ucxx_installed",
 ]
 
 

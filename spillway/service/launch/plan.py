@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import GpusBusy, OptionsError
 from ..gpus import Inventory
+from ..memory.growth import host_total
 from ..options import Options
 from .protocol import choose_protocol
 
@@ -56,14 +57,6 @@ class LaunchPlan:
 PINNED_HOST_FRACTION = 0.5
 
 
-def host_memory_bytes() -> int:
-    """The memory this host's workers may use: the machine's, or its container's limit
-    (cgroup) where lower, as the out-of-memory killer counts it."""
-    from distributed.system import memory_limit
-
-    return int(memory_limit())
-
-
 def ucxx_installed() -> bool:
     return importlib.util.find_spec("distributed_ucxx") is not None
 
@@ -84,14 +77,14 @@ class HostProbe:
     have_cuda_stack: bool
     #: the CPU cores (what CPU workers are counted from)
     cpu_count: int
-    #: bytes of memory this host's workers may use (:func:`host_memory_bytes`)
+    #: bytes of memory this host's workers may use (:func:`~..memory.growth.host_total`)
     host_memory: int
 
     @classmethod
     def here(cls) -> HostProbe:
         """This machine's."""
         return cls(have_ucxx=ucxx_installed(), have_cuda_stack=cuda_stack_installed(),
-                   cpu_count=os.cpu_count() or 1, host_memory=host_memory_bytes())
+                   cpu_count=os.cpu_count() or 1, host_memory=host_total())
 
 
 def plan(options: Options, inventory: Inventory, host: HostProbe) -> LaunchPlan:

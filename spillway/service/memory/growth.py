@@ -241,6 +241,8 @@ def host_available() -> int:
 
 
 def host_total() -> int:
+    """The memory this host's workers may use: the machine's, or its container's limit
+    (cgroup) where lower, as the out-of-memory killer counts it."""
     import psutil
 
     total = int(psutil.virtual_memory().total)

@@ -80,11 +80,11 @@ def _budget() -> int:
     env = os.environ.get("SPILLWAY_ZARR_DECODE_BUFFER_BYTES")
     if env:
         return int(env)
-    from spillway.service.launch.plan import host_memory_bytes
+    from spillway.service.memory.growth import host_total
 
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     share = BUFFER_SHARE / max(1, len(visible))  # one worker per GPU on this host
-    return int(min(MAX_BUFFER_BYTES, share * host_memory_bytes()))
+    return int(min(MAX_BUFFER_BYTES, share * host_total()))
 
 
 def size_class(nbytes: int) -> int:
