@@ -110,7 +110,8 @@ class _Ctypes:
         for name, res, args in (("ZSTD_createDCtx", p, []), ("ZSTD_freeDCtx", size_t, [p]),
                                 ("ZSTD_decompressBegin", size_t, [p]), ("ZSTD_nextSrcSizeToDecompress", size_t, [p]),
                                 ("ZSTD_decompressContinue", size_t, [p, p, size_t, p, size_t]),
-                                ("ZSTD_isError", ctypes.c_uint, [size_t]), ("ZSTD_getErrorName", ctypes.c_char_p, [size_t])):
+                                ("ZSTD_isError", ctypes.c_uint, [size_t]), ("ZSTD_getErrorName", ctypes.c_char_p, [size_t]),
+                                ("ZSTD_versionNumber", ctypes.c_uint, [])):
             f = getattr(lib, name)
             f.restype, f.argtypes = res, args
         lib.ZSTD_BLOCKSIZE_MAX = 1 << 17
@@ -379,6 +380,7 @@ def main(argv=None) -> int:
 
     result = {"machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
                           "zstandard": zstandard.__version__, "libzstd": ".".join(map(str, zstandard.ZSTD_VERSION)),
+                          "ring_libzstd": {k: _version(z.lib.ZSTD_versionNumber()) for k, z in _ring_backends().items()},
                           "load_before": os.getloadavg()},
               "days": a.days, "grid": [nlat, nlon], "runs": a.runs}
     with tempfile.TemporaryDirectory(dir=a.directory) as d:
@@ -416,6 +418,10 @@ def main(argv=None) -> int:
             print(f"{name} cold (dropped from the page cache first): "
                   + ", ".join(f"{k} {v:.2f}" for k, v in result[name]["cold"].items()))
     return 0
+
+
+def _version(number: int) -> str:
+    return f"{number // 10000}.{number // 100 % 100}.{number % 100}"
 
 
 def _cpu() -> str:
