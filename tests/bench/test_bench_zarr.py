@@ -187,6 +187,10 @@ def test_decode_rates_compares_whole_and_streamed_decodes(tmp_path, capsys):
         assert set(r["streamed_gbps"]) == {"4 MiB", "8 MiB", "16 MiB", "32 MiB", "64 MiB"}
         assert all(v > 0 for v in [r["numcodecs_fresh_gbps"], r["numcodecs_reused_gbps"], *r["streamed_gbps"].values()])
         assert set(r["cold"]) == {"disk_read_stored_gbps", "read_whole_then_decode_gbps", "streamed_16_mib_gbps"}
+        assert {"stream_mmap", "oneshot_mmap", "memcpy_whole", "memcpy_pieces", "pread_pieces_stored"} <= set(
+            r["passes_gbps"]) and all(v > 0 for v in r["passes_gbps"].values())
+        assert all(r["passes_bit_exact"].values()) and set(r["passes_bit_exact"]) <= set(r["passes_gbps"])
+        assert r["passes_host_bytes"]["oneshot_mmap"] == r["array_bytes"]
     assert saved["machine"]["cores"] >= 1 and "libzstd" in saved["machine"]
     lines = capsys.readouterr().out.splitlines()
     assert "32 MiB" in lines[-5] and lines[-1].startswith("random cold")
