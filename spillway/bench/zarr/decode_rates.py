@@ -185,16 +185,13 @@ def _stream_into(frame, staging, put) -> int:
     pieces in turn."""
     import zstandard
 
+    from spillway.workflows.zarr.stream_decode import read_into
+
     reader = zstandard.ZstdDecompressor().stream_reader(frame, read_across_frames=False, closefd=False)
     offset = slot = 0
     while True:
         view = memoryview(staging[slot])
-        got = 0
-        while got < len(view):
-            n = reader.readinto(view[got:])
-            if not n:
-                break
-            got += n
+        got = read_into(reader, view)
         if not got:
             return offset
         put(slot, offset, view[:got])

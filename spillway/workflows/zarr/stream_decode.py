@@ -224,7 +224,7 @@ def decode_file(path: str, size: int, nbytes: int, io, sink, piece: int | None =
             sink.wait(slot)  # the copy out of this staging buffer has finished
             view = memoryview(staging[slot])[:min(piece, nbytes - offset)]
             start, waited_before = time.perf_counter(), source.waited
-            got = _read_into(reader, view)
+            got = read_into(reader, view)
             decode_s += time.perf_counter() - start - (source.waited - waited_before)
             if got < len(view):
                 raise Fallback(f"the zstd frame ended after {offset + got} of {nbytes} bytes "
@@ -250,7 +250,7 @@ def decode_file(path: str, size: int, nbytes: int, io, sink, piece: int | None =
     return out
 
 
-def _read_into(reader, view: memoryview) -> int:
+def read_into(reader, view: memoryview) -> int:
     """Decode into all of ``view`` (fewer bytes only where the frame ends first)."""
     got = 0
     while got < len(view):
