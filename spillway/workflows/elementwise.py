@@ -23,6 +23,36 @@ def chain(xp, x):
     return xp.sqrt(xp.exp(-x) * xp.sin(3 * x) + x**2 + 1) / (1 + x)
 
 
+#: elements of one piece of :func:`chain_sum`: its two float64 buffers stay in cache
+_PIECE = 1 << 15
+
+
+def chain_sum(x: np.ndarray) -> float:
+    """``chain(np, x).sum()`` in float64 on cache-sized pieces, in place: the expression
+    makes six block-sized temporaries and runs at about a fifth of this rate, which made
+    the reference of a 100 GB input take minutes longer than the run it checks."""
+    flat = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
+    a = np.empty(min(_PIECE, flat.size))
+    b = np.empty_like(a)
+    total = 0.0
+    for lo in range(0, flat.size, _PIECE):
+        v = flat[lo:lo + _PIECE]
+        p, q = a[: v.size], b[: v.size]
+        np.negative(v, out=p)
+        np.exp(p, out=p)
+        np.multiply(v, 3.0, out=q)
+        np.sin(q, out=q)
+        p *= q
+        np.multiply(v, v, out=q)
+        p += q
+        p += 1.0
+        np.sqrt(p, out=p)
+        np.add(v, 1.0, out=q)
+        p /= q
+        total += float(p.sum())
+    return total
+
+
 def check(params: Params, target: Target) -> None:
     shape, dtype = inputs.describe(params)
     resolve_chunks(params.chunks, shape, dtype, target)
@@ -37,8 +67,8 @@ def build(params: Params, target: Target):
 
     def reference():
         if source.nbytes * 8 // np.dtype(source.dtype).itemsize <= REFERENCE_WHOLE_BYTES:
-            return chain(np, source.whole()).sum(), "numpy float64 chain(x).sum()"
-        return (sum(s for _, _, s in source.panels(then=lambda p: chain(np, p).sum())),
+            return chain_sum(source.whole()), "numpy float64 chain(x).sum()"
+        return (sum(s for _, _, s in source.panels(then=chain_sum)),
                 "numpy float64 chain(x).sum(), by row panels")
 
     x = source.array

@@ -22,3 +22,13 @@ def test_cupy_inputs_have_cupy_meta_and_map_overlap_with_a_constant_boundary_run
     host = random.uniform((300, 200), (300, 200), seed=3, backend="numpy").compute(scheduler="sync")
     expected = laplacian_2d(np.pad(host.astype(np.float64), 1))[1:-1, 1:-1]
     assert np.abs(cupy.asnumpy(y) - expected).max() / np.abs(expected).max() < 1e-12
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_cupy_blocks_are_the_host_generators_bits(dtype):
+    import cupy
+
+    shape = (300_000, 500)
+    for location in (((1_000, 1_400), (0, 500)), ((7, 411), (100, 433))):
+        on_gpu = cupy.asnumpy(random.uniform_block(4, 1, shape, location, dtype, "cupy"))
+        assert np.array_equal(on_gpu, random.uniform_block(4, 1, shape, location, dtype, "numpy"))
