@@ -23,15 +23,18 @@ export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
 # no case starts after BUDGET seconds; a case that starts just before it has the rest of
 # the call (estimates: NOTES.md); the timeout keeps the files written so far
 budget=${BUDGET:-420}
+# the whole slice's limit: a device call's 600 s, less the margin; a step of queue.sh, which
+# runs on between calls, may set a longer one (LIMIT=3000 BUDGET=2800)
+limit=${LIMIT:-575}
 name=$(echo "$slice" | tr ',' '+' | cut -c1-60)
 log="$out/matrix-$name.log"
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader; free -g | head -2; } >"$log" 2>&1
 # MATRIX_FLAGS only for trying the script on CPU workers (MATRIX_FLAGS="--cpu --n-workers 2")
-timeout -k 10 575 python3 -m spillway bench --matrix "$slice" ${MATRIX_FLAGS:-} --budget "$budget" --timeout 400 --out "$out" \
+timeout -k 10 "$limit" python3 -m spillway bench --matrix "$slice" ${MATRIX_FLAGS:-} --budget "$budget" --timeout 400 --out "$out" \
   >"$out/matrix-$name.txt" 2>>"$log"
 rc=$?
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-  echo "matrix-slices.sh: slice $slice cut off after 575 s; the table holds the cases that finished" | tee -a "$log"
+  echo "matrix-slices.sh: slice $slice cut off after $limit s; the table holds the cases that finished" | tee -a "$log"
   dmesg 2>/dev/null | grep -iE "out of memory|killed process" | tail -3 >>"$log"
 fi
 grep -E "^(matrix |ceiling |[a-z_-]+ +(ok|refused|FAILED) )" "$log" | tail -20
