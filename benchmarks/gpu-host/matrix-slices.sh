@@ -39,5 +39,10 @@ if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
 fi
 grep -E "^(matrix |ceiling |[a-z_-]+ +(ok|refused|FAILED) )" "$log" | tail -20
 echo "exit $rc"
-echo "kernel OOM lines (all of the log): $(dmesg 2>/dev/null | grep -ciE 'out of memory|killed process' || echo unreadable)"
+# grep -c exits 1 on no match, so readability is dmesg's own exit status
+if kernel=$(dmesg 2>/dev/null); then
+  echo "kernel OOM lines (all of the log): $(printf '%s\n' "$kernel" | grep -ciE 'out of memory|killed process')"
+else
+  echo "kernel OOM lines: unreadable (dmesg failed)"
+fi
 cat "$out/matrix-$name.txt"
