@@ -6,6 +6,9 @@ H100 that is 10-20 s of start-up, and the GPUs of a shared host held meanwhile. 
 specs already say what each worker's tiers hold (:mod:`.launch.spec`), so the same check
 runs on them first, in the time it takes to build the graph (no chunk is made). The check
 on the running cluster stays: it reads what the workers really have.
+
+The graph is built on NumPy metas: the same tasks and chunks, but nothing here imports
+CuPy or makes a CUDA context, so a refusal takes no GPU memory and no CUDA start-up.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ def planned(specs: tuple[WorkerSpec, ...], device_memory: tuple[int, ...], local
         free, reserve = 0, 0
     capacity = Capacity(device_bytes=sum(devices), host_bytes=sum(hosts), disk_bytes=max(0, free - reserve),
                         n_workers=len(specs), disk_free_bytes=free, disk_reserve_bytes=reserve)
-    return Target(kind="gpu", n_workers=len(specs), worker_bytes=min(devices) if devices else 0), capacity
+    target = Target(kind="gpu", n_workers=len(specs), worker_bytes=min(devices) if devices else 0,
+                    chunk_backend="numpy")
+    return target, capacity
 
 
 def refuse_before_start(options, workflow: str, params: dict) -> None:

@@ -174,7 +174,7 @@ def open_source(params: Params, target: Target, chunks, *, name: str = "x", stre
                             columns=columns)
     if callable(chunks):
         chunks = chunks(shape, dtype)
-    backend = backend_for(target.kind)
+    backend = target.chunk_backend or backend_for(target.kind)
     if name in params.arrays:
         return _from_python(params.arrays[name], chunks, backend)
     if params.get(input_name, RANDOM) != RANDOM:

@@ -50,6 +50,11 @@ class Target:
     worker_bytes: int = 4 * 2**30
     #: the workers' addresses, where known; inputs larger than one worker are spread over them
     workers: tuple[str, ...] = ()
+    #: the chunks' array module ("numpy" or "cupy") where it is not the workers' own:
+    #: admission before a GPU cluster starts sizes the graph on NumPy metas, since CuPy
+    #: metas pull in CUDA (dask's tsqr runs its QR on them: cuSOLVER, a context on GPU 0)
+    #: for a graph that is never computed
+    chunk_backend: str | None = None
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,11 @@ with the same numbers the running cluster would give."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import sys
 import time
+import types
 
 import pytest
 from click.testing import CliRunner
@@ -82,3 +85,67 @@ def test_cpu_and_attached_clusters_are_left_to_the_running_check():
     preflight.refuse_before_start(Options.resolve(cpu=True), "svd", {"size": "190000000x500"})
     preflight.refuse_before_start(Options.resolve(scheduler_address="tcp://127.0.0.1:1"), "svd",
                                   {"size": "190000000x500"})
+
+
+class _Untouchable(types.ModuleType):
+    """A ``cupy`` whose every function fails: planning may not make a CuPy array or call
+    into CUDA (its array type may be named, as dask's chunk-type registry names it)."""
+
+    ndarray = type("ndarray", (), {})
+
+    def __getattr__(self, name):
+        raise AssertionError(f"cupy.{name} used while sizing a run before the cluster starts")
+
+
+# inputs under the capacity (so the graph is built) whose projected footprints are over it
+@pytest.mark.parametrize("workflow, size", [("svd", "47500000x500"), ("tsqr", "47500000x500"),
+                                            ("matmul", "150GB"), ("fft", "200GB"), ("stencil", "250GB")])
+def test_sizing_a_gpu_run_touches_no_cupy(one_h200, tmp_path, monkeypatch, workflow, size):
+    # dask's tsqr runs its QR on the metas: on CuPy metas that is cuSOLVER and a CUDA context
+    # on GPU 0 for a graph that is never computed
+    import dask.array  # noqa: F401  (imported as it is on a GPU host, with its chunk types, first)
+
+    monkeypatch.setitem(sys.modules, "cupy", _Untouchable("cupy"))
+    options = Options.resolve(local_directory=str(tmp_path))
+    start = time.perf_counter()
+    with pytest.raises(AdmissionError, match="exceeds the cluster's"):
+        preflight.refuse_before_start(options, workflow, {"size": size})
+    assert time.perf_counter() - start < 5
+
+
+def _graph_shape(built):
+    results = built.result if isinstance(built.result, tuple) else (built.result,)
+    return built.footprint, [r.chunks for r in results], sum(len(r.__dask_graph__()) for r in results)
+
+
+@pytest.mark.parametrize("name, size", [("svd", "20000000x500"), ("matmul", "200GB"), ("rechunk", "150GB"),
+                                        ("stencil", "150GB")])
+def test_the_sized_graph_has_the_gpu_runs_footprint_chunks_and_tasks(name, size):
+    from spillway import workflows
+    from spillway.workflows.params import Target
+
+    gpu = Target(kind="gpu", n_workers=1, worker_bytes=100 * GB)
+    _, sized = workflows.get(name).build_run({"size": size}, dataclasses.replace(gpu, chunk_backend="numpy"))
+    _, as_run = workflows.get(name).build_run({"size": size}, gpu)
+    assert _graph_shape(sized) == _graph_shape(as_run)
+    results = sized.result if isinstance(sized.result, tuple) else (sized.result,)
+    assert all(type(r._meta).__module__.startswith("numpy") for r in results)
+
+
+def test_the_service_sizes_a_submission_on_a_gpu_cluster_without_cupy(monkeypatch):
+    """The HTTP service's process sizes each submission (its footprint, refused past the
+    cluster) without a CUDA context of its own."""
+    import dask.array  # noqa: F401
+
+    from spillway.service.jobs.queue import JobQueue
+    from spillway.service.memory.admission import Capacity
+    from spillway.workflows.params import Target
+
+    queue = object.__new__(JobQueue)  # the sizing alone: no database, no cluster
+    queue.target = Target(kind="gpu", n_workers=1, worker_bytes=100 * GB)
+    queue.tiers = Capacity(device_bytes=100 * GB, host_bytes=100 * GB, disk_bytes=50 * GB, n_workers=1)
+    queue.input_roots = ()
+    monkeypatch.setitem(sys.modules, "cupy", _Untouchable("cupy"))
+    assert queue.footprint("svd", {"size": "20000000x500"}) > 80 * GB
+    with pytest.raises(AdmissionError, match="exceeds the cluster's"):
+        queue.footprint("svd", {"size": "40000000x500"})

@@ -32,3 +32,17 @@ def test_cupy_blocks_are_the_host_generators_bits(dtype):
     for location in (((1_000, 1_400), (0, 500)), ((7, 411), (100, 433))):
         on_gpu = cupy.asnumpy(random.uniform_block(4, 1, shape, location, dtype, "cupy"))
         assert np.array_equal(on_gpu, random.uniform_block(4, 1, shape, location, dtype, "numpy"))
+
+
+def test_a_gpu_graph_sized_on_numpy_metas_matches_the_cupy_one():
+    import dataclasses
+
+    from spillway import workflows
+    from spillway.workflows.params import Target
+
+    gpu = Target(kind="gpu", n_workers=1, worker_bytes=100 * 10**9)
+    _, as_run = workflows.get("svd").build_run({"size": "20000000x500"}, gpu)
+    _, sized = workflows.get("svd").build_run({"size": "20000000x500"}, dataclasses.replace(gpu, chunk_backend="numpy"))
+    assert type(as_run.result[0]._meta).__module__.startswith("cupy")
+    assert sized.footprint == as_run.footprint
+    assert [r.chunks for r in sized.result] == [r.chunks for r in as_run.result]

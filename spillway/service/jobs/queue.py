@@ -114,7 +114,9 @@ class JobQueue:
                 self._check_input(p.name, value)
         # a size the cluster cannot hold is refused for that, in bytes, before any other
         # check of the parameters
-        _, built = spec.build_run(params, self.target, fits=lambda floor: admit(workflow, floor, self.tiers))
+        # sized on NumPy metas: the same graph, and the service process touches no GPU to size it
+        sizing = dataclasses.replace(self.target, chunk_backend="numpy")
+        _, built = spec.build_run(params, sizing, fits=lambda floor: admit(workflow, floor, self.tiers))
         if output and built.array is None:
             raise ParamError(f"output: {workflow} has no array result to write (its result is a summary)")
         admit(workflow, built.footprint, self.tiers)
