@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # How long `spillway run` takes to refuse, with the numbers, what one GPU's device + host +
-# disk cannot hold, and what the refusal touched: the svd of ROWS x 500 float64 (default
-# 1.35x GPU 0's memory), twice (the first on a fresh install compiles every module's .pyc).
+# disk cannot hold, and what the refusal touched: the svd of ROWS x 500 float64, twice (the
+# first on a fresh install compiles every module's .pyc). The default ROWS make the input
+# 0.9x the capacity spillway plans for this machine (device + host tier + disk), so the
+# parameters' bytes pass and the refusal is the projected footprint's, after the graph is
+# built: the slow path.
 # For each: the process's wall time and peak RSS (/usr/bin/time), the seconds from the
 # interpreter's start to the exit, whether the process made a CUDA context (NVML's compute
 # processes of GPU 0), mapped libcuda or imported CuPy; then the slowest imports.
-#   usage: benchmarks/gpu-host/refusal.sh        (ROWS=47500000 for the H200's 1.35x)
+#   usage: benchmarks/gpu-host/refusal.sh        (or ROWS=N)
 # Assumes spillway's wheels are installed and PYTHONPATH=/tmp/site:$PWD. Writes under $OUT:
 # refusal-{first,second}.err (the refusal and the probe's line), refusal-imports.txt.
 set -uo pipefail
@@ -13,7 +16,22 @@ out=${OUT:-/tmp/refusal}
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-rows=${ROWS:-$(python3 -c "print(int(1.35 * $mib * 2**20 / (500 * 8)))")}
+capacity() {
+  python3 - <<'PY'
+from spillway.service import preflight
+from spillway.service.gpus import discover
+from spillway.service.launch import HostProbe, plan, worker_specs
+from spillway.service.memory.growth import host_total
+from spillway.service.options import Options
+
+options = Options.resolve()
+launch = plan(options, discover(), HostProbe.here())
+_, capacity = preflight.planned(worker_specs(options, launch), launch.device_memory, options.local_directory,
+                                host_total())
+print(int(0.9 * capacity.total_bytes / (500 * 8)))
+PY
+}
+rows=${ROWS:-$(capacity)}
 probe=$(cat <<'PY'
 import atexit, os, runpy, sys, time
 

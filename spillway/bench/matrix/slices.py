@@ -63,12 +63,16 @@ class Rates:
     #: 16 cores): 0.25-0.6 GB/s a process measured on a 2-core machine; B3's 423 GB took
     #: 118 s on the 2 x H200 host (3.6 GB/s)
     reference_processes: float = 3.0e9
-    #: the workflows' own whole-input references (8 reading threads, one consumer)
-    reference_threads: float = 1.5e9
+    #: the workflows' own whole-input references (8 reading threads, one consumer): with
+    #: the in-place host generator, a whole-input sum of 184 GB took about 80 s and the
+    #: svd's Gram of 99 GB about 50 s on the H200 host (2026-11-25, sixth session)
+    reference_threads: float = 2.0e9
     #: FP64 GEMM through dask on one GPU (the issue's 70000^2 matmul: 6.9e14 flops in 21.5 s)
     fp64: float = 35e12
-    #: a cli case: process, cluster start and stop; a slice's local cluster start
-    cli_start_s: float = 40.0
+    #: a cli, service or batch case: process, cluster start and stop (measured 9-15 s on the
+    #: H100 and H200 hosts: a case's seconds less its run and a window reference); a
+    #: slice's local cluster start
+    cli_start_s: float = 20.0
     local_start_s: float = 40.0
     #: the copy ceilings measured first in every slice
     ceilings_s: float = 20.0
