@@ -195,9 +195,11 @@ SVD_MARGIN = 0.25
 
 
 def _svd_footprint(source, chunks, target):
-    """svd: Q1 (the input's size) and a margin, not the input and U at once."""
+    """svd: Q1 (the input's size) and a margin, not the input and U at once; where the
+    input is the caller's array (persisted, or in memory), it stays held beside Q1."""
     chunk_bytes = chunks[0] * chunks[1] * np.dtype(source.dtype).itemsize
-    return footprint(source.nbytes, int(source.nbytes * SVD_MARGIN), chunk_bytes, target.n_workers, temporaries=6)
+    beside = int(source.nbytes * SVD_MARGIN) + (source.nbytes if source.kind == "array" else 0)
+    return footprint(source.nbytes, beside, chunk_bytes, target.n_workers, temporaries=6)
 
 
 def tsqr_build(params: Params, target: Target):

@@ -68,3 +68,18 @@ def test_the_svd_projects_q1_and_a_margin_and_tsqr_the_input_and_q():
     assert svd.footprint.input_bytes == tsqr.footprint.input_bytes == nbytes
     assert (1 + SVD_MARGIN) * nbytes <= svd.footprint.total_bytes < 1.3 * nbytes
     assert 2 * nbytes <= tsqr.footprint.total_bytes < 2.1 * nbytes
+
+
+def test_the_svd_of_a_callers_array_counts_that_array_held_beside_q1():
+    import dask.array as da
+
+    from spillway import workflows
+    from spillway.workflows.linalg import SVD_MARGIN
+    from spillway.workflows.params import Target
+
+    target = Target(kind="cpu", n_workers=1, worker_bytes=2**30)
+    x = da.zeros((400_000, 50), chunks=(50_000, 50))
+    _, built = workflows.get("svd").build_run({"chunks": "50000x50"}, target, arrays={"x": x})
+    _, generated = workflows.get("svd").build_run({"size": "400000x50", "chunks": "50000x50"}, target)
+    assert built.footprint.total_bytes - generated.footprint.total_bytes == x.nbytes
+    assert built.footprint.total_bytes >= (2 + SVD_MARGIN) * x.nbytes
