@@ -81,9 +81,10 @@ def _uniform_host(seed: int, stream: int, shape: tuple[int, ...], location: tupl
     """:func:`uniform_block` on the host, the same bits as ``_splitmix`` over the whole block.
 
     The whole-block expression makes a block-sized temporary per operation, a dozen passes
-    over memory: about 0.12 GB/s a core. Here the hash runs in place on cache-sized pieces
-    (about 1.5 GB/s a core), which is what keeps the NumPy float64 references of the
-    out-of-core runs, hundreds of GB regenerated on the host, from taking longer than the runs.
+    over memory: 0.12-0.26 GB/s a core (the CI machine, the H200 host). Here the hash runs
+    in place on cache-sized pieces: 0.94-1.5 GB/s a core on the same two, which is what
+    keeps the NumPy float64 references of the out-of-core runs, hundreds of GB regenerated
+    on the host, from taking longer than the runs.
     """
     single = np.dtype(dtype) == np.float32
     extent = tuple(b - a for a, b in location)
