@@ -7,8 +7,10 @@ specs already say what each worker's tiers hold (:mod:`.launch.spec`), so the sa
 runs on them first, in the time it takes to build the graph (no chunk is made). The check
 on the running cluster stays: it reads what the workers really have.
 
-The graph is built on NumPy metas: the same tasks and chunks, but nothing here imports
-CuPy or makes a CUDA context, so a refusal takes no GPU memory and no CUDA start-up.
+The footprint comes from the parameters where the workflow can say it so (tsqr and svd,
+whose graphs take the longest to build), else from the graph built on NumPy metas: the
+same tasks and chunks, but nothing here imports CuPy or makes a CUDA context, so a
+refusal takes no GPU memory and no CUDA start-up.
 """
 
 from __future__ import annotations
@@ -65,6 +67,6 @@ def refuse_before_start(options, workflow: str, params: dict) -> None:
         return
     specs = worker_specs(options, launch)
     target, capacity = planned(specs, launch.device_memory, options.local_directory, host_total())
-    _, built = workflows.get(workflow).build_run(params, target, None,
-                                                 fits=lambda floor: admit(workflow, floor, capacity))
-    admit(workflow, built.footprint, capacity)
+    projected = workflows.get(workflow).projected(params, target, None,
+                                                  fits=lambda floor: admit(workflow, floor, capacity))
+    admit(workflow, projected, capacity)

@@ -180,10 +180,17 @@ def _gram_r(source) -> np.ndarray | None:
     return np.linalg.cholesky(gram).T
 
 
-def _ts_footprint(source, chunks, target):
+def _input_kind(params: Params) -> str:
+    """What :func:`inputs.open_source` will make of ``x``: the caller's array, a Zarr
+    store, or generated from the seed (its ``Source.kind``), read from the parameters."""
+    if "x" in params.arrays:
+        return "array"
+    return inputs.RANDOM if params.get("input", inputs.RANDOM) == inputs.RANDOM else "zarr"
+
+
+def _ts_footprint(nbytes: int, kind: str, chunk_bytes: int, target: Target):
     """tsqr: the input and Q at once (its reconstruction check reads both again)."""
-    chunk_bytes = chunks[0] * chunks[1] * np.dtype(source.dtype).itemsize
-    return footprint(source.nbytes, source.nbytes, chunk_bytes, target.n_workers, temporaries=4)
+    return footprint(nbytes, nbytes, chunk_bytes, target.n_workers, temporaries=4)
 
 
 #: what the svd holds beside the input-sized Q of dask's first tsqr stage, as a share of
@@ -194,12 +201,31 @@ def _ts_footprint(source, chunks, target):
 SVD_MARGIN = 0.25
 
 
-def _svd_footprint(source, chunks, target):
+def _svd_footprint(nbytes: int, kind: str, chunk_bytes: int, target: Target):
     """svd: Q1 (the input's size) and a margin, not the input and U at once; where the
     input is the caller's array (persisted, or in memory), it stays held beside Q1."""
-    chunk_bytes = chunks[0] * chunks[1] * np.dtype(source.dtype).itemsize
-    beside = int(source.nbytes * SVD_MARGIN) + (source.nbytes if source.kind == "array" else 0)
-    return footprint(source.nbytes, beside, chunk_bytes, target.n_workers, temporaries=6)
+    beside = int(nbytes * SVD_MARGIN) + (nbytes if kind == "array" else 0)
+    return footprint(nbytes, beside, chunk_bytes, target.n_workers, temporaries=6)
+
+
+def _projector(footprint_of):
+    """The workflow's footprint from its parameters alone, the same function its build
+    uses: admission before a cluster starts needs no graph, nor dask.array (and, with it,
+    CuPy) imported, to refuse a run."""
+
+    def project(params: Params, target: Target):
+        shape, chunks = _ts_chunks(params, target)
+        _, dtype = inputs.describe(params, columns=params.columns)
+        itemsize = np.dtype(dtype).itemsize
+        return footprint_of(shape[0] * shape[1] * itemsize, _input_kind(params), chunks[0] * chunks[1] * itemsize,
+                            target)
+
+    return project
+
+
+def _built_footprint(footprint_of, source, chunks, target):
+    itemsize = np.dtype(source.dtype).itemsize
+    return footprint_of(source.nbytes, source.kind, chunks[0] * chunks[1] * itemsize, target)
 
 
 def tsqr_build(params: Params, target: Target):
@@ -222,7 +248,7 @@ def tsqr_build(params: Params, target: Target):
     def reference():
         return np.abs(reference_r(source)), "numpy float64 |R| of the input's QR"
 
-    return array_run(q, probe=abs(r), reference=reference, footprint=_ts_footprint(source, chunks, target),
+    return array_run(q, probe=abs(r), reference=reference, footprint=_built_footprint(_ts_footprint, source, chunks, target),
                      source=source, extra=extra, more=(gram, reconstruction))
 
 
@@ -243,7 +269,7 @@ def svd_build(params: Params, target: Target):
         return np.linalg.svd(reference_r(source), compute_uv=False), \
             "numpy float64 singular values (of the input's R)"
 
-    return array_run(u, probe=s, reference=reference, footprint=_svd_footprint(source, chunks, target),
+    return array_run(u, probe=s, reference=reference, footprint=_built_footprint(_svd_footprint, source, chunks, target),
                      source=source, extra=extra, more=(s,))
 
 
@@ -254,6 +280,7 @@ TSQR = register(Workflow(
     build=tsqr_build,
     check=ts_check,
     array_inputs=("x",),
+    project=_projector(_ts_footprint),
 ))
 
 SVD = register(Workflow(
@@ -263,4 +290,5 @@ SVD = register(Workflow(
     build=svd_build,
     check=ts_check,
     array_inputs=("x",),
+    project=_projector(_svd_footprint),
 ))

@@ -180,6 +180,10 @@ class Workflow:
     #: (see :func:`graph_size`, the default); past the limits, the run is refused before
     #: any graph is built
     graph: Callable[["Workflow", Params, Target], GraphSize | None] = graph_size
+    #: (params, target) -> the built run's :class:`Footprint` without building its graph,
+    #: where the workflow can say it from its parameters (the same function its build
+    #: uses); None: :meth:`projected` builds the graph
+    project: Callable[[Params, Target], Footprint] | None = None
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -269,6 +273,19 @@ class Workflow:
         target = target or Target()
         params = self.validate(raw, target, arrays, fits=fits)
         return params, self.build(params, target)
+
+    def projected(
+        self, raw: Mapping[str, Any] | None, target: Target | None = None, arrays: Mapping[str, Any] | None = None,
+        *, fits: Callable[[Footprint], object] | None = None,
+    ) -> Footprint:
+        """The projected footprint of the run the parameters describe (validated, ``fits``
+        as in :meth:`validate`), from ``project`` where the workflow has one, else from
+        the built run: a refusal before a cluster starts takes no longer than it must."""
+        target = target or Target()
+        params = self.validate(raw, target, arrays, fits=fits)
+        if self.project is not None:
+            return self.project(params, target)
+        return self.build(params, target).footprint
 
     def schema(self, target: Target | None = None) -> dict:
         return {

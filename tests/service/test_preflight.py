@@ -149,3 +149,45 @@ def test_the_service_sizes_a_submission_on_a_gpu_cluster_without_cupy(monkeypatc
     assert queue.footprint("svd", {"size": "20000000x500"}) > 80 * GB
     with pytest.raises(AdmissionError, match="exceeds the cluster's"):
         queue.footprint("svd", {"size": "52000000x500"})
+
+
+_FRESH_REFUSAL = '''
+import importlib, sys
+sys.path[:0] = [sys.argv[3]]
+from stand_ins import h200_host, host_probe
+import spillway.service.gpus as gpus
+import spillway.service.launch as launch
+from spillway.service.launch.spec import HostFacts
+plan = importlib.import_module("spillway.service.launch.plan")
+HOST = 128 * 2**30
+gpus.discover = lambda: h200_host(1)
+probe = host_probe(have_ucxx=False, have_cuda_stack=True, host_memory=HOST)
+plan.HostProbe.here = classmethod(lambda cls: probe)
+HostFacts.here = classmethod(lambda cls: HostFacts(HOST, HOST))
+def no_cluster(*a, **k):
+    raise AssertionError("a cluster was started")
+launch.start_cluster = no_cluster
+from click.testing import CliRunner
+from spillway.service.cli import main
+result = CliRunner().invoke(main, ["run", sys.argv[2], "--param", "size=68000000x500", "--local-directory", sys.argv[1]])
+print(result.exit_code)
+print(result.output.strip().splitlines()[-1])
+print("dask.array" in sys.modules)
+'''
+
+
+@pytest.mark.parametrize("workflow", ["svd", "tsqr"])
+def test_a_fresh_process_refuses_the_svd_by_its_footprint_without_importing_dask_array(tmp_path, workflow):
+    """The input (253 GiB) is under the planned capacity, so the refusal is the projected
+    footprint's; the parameters say it, no graph is built, and dask.array (which imports
+    CuPy on a GPU host) is never imported."""
+    import subprocess
+    from pathlib import Path
+
+    helpers = Path(__file__).resolve().parents[1] / "helpers"
+    done = subprocess.run([sys.executable, "-c", _FRESH_REFUSAL, str(tmp_path), workflow, str(helpers)],
+                          capture_output=True, text=True, timeout=120)
+    code, line, imported = done.stdout.strip().splitlines()[-3:]
+    assert code == "3", done.stdout + done.stderr
+    assert f"{workflow}: projected footprint" in line and "exceeds the cluster's" in line
+    assert imported == "False"

@@ -4,8 +4,10 @@ QR of row panels where it does not, both NumPy float64."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from spillway.workflows import linalg
+from spillway.workflows.params import Target
 
 
 class Panels:
@@ -83,3 +85,31 @@ def test_the_svd_of_a_callers_array_counts_that_array_held_beside_q1():
     _, generated = workflows.get("svd").build_run({"size": "400000x50", "chunks": "50000x50"}, target)
     assert built.footprint.total_bytes - generated.footprint.total_bytes == x.nbytes
     assert built.footprint.total_bytes >= (2 + SVD_MARGIN) * x.nbytes
+
+
+@pytest.mark.parametrize("name", ["svd", "tsqr"])
+@pytest.mark.parametrize("raw, target", [
+    ({"size": "47500000x500"}, Target(kind="gpu", n_workers=1, worker_bytes=112 * 2**30, chunk_backend="numpy")),
+    ({"size": "20GB", "columns": 64}, Target(kind="gpu", n_workers=2, worker_bytes=60 * 2**30, chunk_backend="numpy")),
+    ({"size": "300000x40", "chunks": "25000x40", "dtype": "float32"}, Target(kind="cpu", n_workers=2)),
+    ({"size": "100000x10"}, Target()),
+])
+def test_the_projection_is_the_built_runs_footprint(name, raw, target):
+    from spillway import workflows
+
+    workflow = workflows.get(name)
+    assert workflow.project is not None
+    _, built = workflow.build_run(raw, target)
+    assert workflow.projected(raw, target) == built.footprint
+
+
+@pytest.mark.parametrize("name", ["svd", "tsqr"])
+def test_the_projection_of_a_callers_array_is_the_built_runs_footprint(name):
+    import dask.array as da
+
+    from spillway import workflows
+
+    x = da.zeros((400_000, 50), chunks=(50_000, 50), dtype="float32")
+    target = Target(kind="cpu", n_workers=1)
+    _, built = workflows.get(name).build_run({"chunks": "50000x50"}, target, arrays={"x": x})
+    assert workflows.get(name).projected({"chunks": "50000x50"}, target, arrays={"x": x}) == built.footprint
