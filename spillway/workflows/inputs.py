@@ -163,6 +163,14 @@ def describe(params: Params, *, name: str = "x", input_name: str = "input", ndim
     return tuple(int(n) for n in shape), dtype
 
 
+def source_kind(params: Params, *, name: str = "x", input_name: str = "input") -> str:
+    """The :attr:`Source.kind` :func:`open_source` makes of ``name``, from the parameters
+    alone: the caller's array, a Zarr store, or generated from the seed."""
+    if name in params.arrays:
+        return "array"
+    return RANDOM if params.get(input_name, RANDOM) == RANDOM else "zarr"
+
+
 def open_source(params: Params, target: Target, chunks, *, name: str = "x", stream: int = 0,
                 input_name: str = "input", ndim: int = 2, size_name: str = "size",
                 shape: tuple[int, ...] | None = None, columns: int | None = None) -> Source:
@@ -175,9 +183,10 @@ def open_source(params: Params, target: Target, chunks, *, name: str = "x", stre
     if callable(chunks):
         chunks = chunks(shape, dtype)
     backend = target.chunk_backend or backend_for(target.kind)
-    if name in params.arrays:
+    kind = source_kind(params, name=name, input_name=input_name)
+    if kind == "array":
         return _from_python(params.arrays[name], chunks, backend)
-    if params.get(input_name, RANDOM) != RANDOM:
+    if kind == "zarr":
         return _from_zarr(params[input_name], chunks, backend, input_name)
     nbytes = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
     workers = spread_workers(target, nbytes)

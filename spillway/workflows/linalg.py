@@ -131,7 +131,7 @@ def _ts_chunks(params: Params, target: Target):
     if panel < cols:
         raise ParamError(f"chunks: row panels of {panel} rows are shorter than the {cols} columns; "
                          f"tsqr needs each panel at least as tall as it is wide")
-    return shape, (panel, cols)
+    return shape, dtype, (panel, cols)
 
 
 def ts_check(params: Params, target: Target) -> None:
@@ -180,14 +180,6 @@ def _gram_r(source) -> np.ndarray | None:
     return np.linalg.cholesky(gram).T
 
 
-def _input_kind(params: Params) -> str:
-    """What :func:`inputs.open_source` will make of ``x``: the caller's array, a Zarr
-    store, or generated from the seed (its ``Source.kind``), read from the parameters."""
-    if "x" in params.arrays:
-        return "array"
-    return inputs.RANDOM if params.get("input", inputs.RANDOM) == inputs.RANDOM else "zarr"
-
-
 def _ts_footprint(nbytes: int, kind: str, chunk_bytes: int, target: Target):
     """tsqr: the input and Q at once (its reconstruction check reads both again)."""
     return footprint(nbytes, nbytes, chunk_bytes, target.n_workers, temporaries=4)
@@ -214,11 +206,10 @@ def _projector(footprint_of):
     CuPy) imported, to refuse a run."""
 
     def project(params: Params, target: Target):
-        shape, chunks = _ts_chunks(params, target)
-        _, dtype = inputs.describe(params, columns=params.columns)
+        shape, dtype, chunks = _ts_chunks(params, target)
         itemsize = np.dtype(dtype).itemsize
-        return footprint_of(shape[0] * shape[1] * itemsize, _input_kind(params), chunks[0] * chunks[1] * itemsize,
-                            target)
+        return footprint_of(shape[0] * shape[1] * itemsize, inputs.source_kind(params),
+                            chunks[0] * chunks[1] * itemsize, target)
 
     return project
 
@@ -231,7 +222,7 @@ def _built_footprint(footprint_of, source, chunks, target):
 def tsqr_build(params: Params, target: Target):
     import dask.array as da
 
-    shape, chunks = _ts_chunks(params, target)
+    shape, _, chunks = _ts_chunks(params, target)
     source = inputs.open_source(params, target, chunks, columns=params.columns)
     x = source.array
     q, r = da.linalg.qr(x)
@@ -248,14 +239,15 @@ def tsqr_build(params: Params, target: Target):
     def reference():
         return np.abs(reference_r(source)), "numpy float64 |R| of the input's QR"
 
-    return array_run(q, probe=abs(r), reference=reference, footprint=_built_footprint(_ts_footprint, source, chunks, target),
+    return array_run(q, probe=abs(r), reference=reference,
+                     footprint=_built_footprint(_ts_footprint, source, chunks, target),
                      source=source, extra=extra, more=(gram, reconstruction))
 
 
 def svd_build(params: Params, target: Target):
     import dask.array as da
 
-    shape, chunks = _ts_chunks(params, target)
+    shape, _, chunks = _ts_chunks(params, target)
     source = inputs.open_source(params, target, chunks, columns=params.columns)
     u, s, v = da.linalg.svd(source.array)
 
@@ -269,7 +261,8 @@ def svd_build(params: Params, target: Target):
         return np.linalg.svd(reference_r(source), compute_uv=False), \
             "numpy float64 singular values (of the input's R)"
 
-    return array_run(u, probe=s, reference=reference, footprint=_built_footprint(_svd_footprint, source, chunks, target),
+    return array_run(u, probe=s, reference=reference,
+                     footprint=_built_footprint(_svd_footprint, source, chunks, target),
                      source=source, extra=extra, more=(s,))
 
 

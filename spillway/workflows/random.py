@@ -57,15 +57,13 @@ def uniform_block(
     xp = array_module(backend)
     if xp is np:
         u = _uniform_host(seed, stream, shape, location, dtype)
-        if low != 0.0 or high != 1.0:
-            u = u * (high - low) + low
-        return u.astype(dtype, copy=False)
-    with np.errstate(over="ignore"):
-        z = _splitmix(xp, linear_index(xp, shape, location) ^ xp.uint64(_key(seed, stream)))
-        if np.dtype(dtype) == np.float32:
-            u = (z >> xp.uint64(40)).astype(xp.float32) * xp.float32(2.0**-24)
-        else:
-            u = (z >> xp.uint64(11)).astype(xp.float64) * 2.0**-53
+    else:
+        with np.errstate(over="ignore"):
+            z = _splitmix(xp, linear_index(xp, shape, location) ^ xp.uint64(_key(seed, stream)))
+            if np.dtype(dtype) == np.float32:
+                u = (z >> xp.uint64(40)).astype(xp.float32) * xp.float32(2.0**-24)
+            else:
+                u = (z >> xp.uint64(11)).astype(xp.float64) * 2.0**-53
     if low != 0.0 or high != 1.0:
         u = u * (high - low) + low
     return u.astype(dtype, copy=False)
