@@ -173,21 +173,24 @@ result = CliRunner().invoke(main, ["run", sys.argv[2], "--param", "size=68000000
 print(result.exit_code)
 print(result.output.strip().splitlines()[-1])
 print("dask.array" in sys.modules)
+print("distributed" in sys.modules)
 '''
 
 
 @pytest.mark.parametrize("workflow", ["svd", "tsqr"])
 def test_a_fresh_process_refuses_the_svd_by_its_footprint_without_importing_dask_array(tmp_path, workflow):
     """The input (253 GiB) is under the planned capacity, so the refusal is the projected
-    footprint's; the parameters say it, no graph is built, and dask.array (which imports
-    CuPy on a GPU host) is never imported."""
+    footprint's; the parameters say it, no graph is built, and neither dask.array (which
+    imports CuPy on a GPU host) nor distributed is imported."""
     import subprocess
     from pathlib import Path
 
     helpers = Path(__file__).resolve().parents[1] / "helpers"
     done = subprocess.run([sys.executable, "-c", _FRESH_REFUSAL, str(tmp_path), workflow, str(helpers)],
                           capture_output=True, text=True, timeout=120)
-    code, line, imported = done.stdout.strip().splitlines()[-3:]
+    code, line, imported, distributed = done.stdout.strip().splitlines()[-4:]
     assert code == "3", done.stdout + done.stderr
     assert f"{workflow}: projected footprint" in line and "exceeds the cluster's" in line
     assert imported == "False"
+    # nor distributed: its import was 0.9-1.0 s of a 1.5 s refusal on the GPU hosts
+    assert distributed == "False"

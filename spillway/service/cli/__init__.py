@@ -159,19 +159,20 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
     from spillway.workflows.outputs import check_path
 
     from ..launch import open_cluster
-    from ..progress import default_stream
-    from ..run.compute import run_workflow
-    from ..run.text import format_report
+    from ..preflight import refuse_before_start
 
     options = resolve(options_flags)
     # an unknown name or a bad value fails before a cluster starts
     workflows.get(workflow).check_values(params)
     if output is not None:
         output = check_path(output)
-    # and so does a run no GPU worker's tiers could hold, before any pool is taken
-    from ..preflight import refuse_before_start
-
+    # and so does a run no GPU worker's tiers could hold, before any pool is taken, and
+    # before distributed is imported (the progress bar, the run): most of a refusal's second
     refuse_before_start(options, workflow, params)
+    from ..progress import default_stream
+    from ..run.compute import run_workflow
+    from ..run.text import format_report
+
     stream = default_stream() if progress is None else (sys.stderr if progress else None)
     if as_json:
         from .stdout import JsonStdout

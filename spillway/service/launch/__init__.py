@@ -24,9 +24,7 @@ from typing import Any
 from ..errors import GpusBusy
 from ..gpus import Inventory, discover
 from ..options import Options
-from ..plugins import WorkerSetup
 from .backend import Backend, backend_for
-from .deaths import start_failure, watch_worker_deaths
 from .gpu_worker import DEATH_TIMEOUT_S, TIERED_WORKER, node_plan, run_node
 from .plan import HostProbe, LaunchPlan, plan, ucxx_installed, uses_tiered_store
 from .protocol import choose_protocol
@@ -121,6 +119,8 @@ def connect_client(options: Options, cluster=None):
 
 def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
     """Register the worker plugin and return (kind, number of workers)."""
+    from ..plugins import WorkerSetup
+
     if wait_for:
         client.wait_for_workers(wait_for, timeout=timeout)
     client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
@@ -215,6 +215,11 @@ def _worker_kind(dask_worker):
 
 @contextlib.contextmanager
 def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Iterator[Session]:
+    # distributed (the worker plugins, the nannies' death relay) loads here and not with the
+    # package: a run refused before it starts is refused before distributed's import, which
+    # took 0.9-1.0 s of a 1.5 s refusal on the GPU hosts
+    from .deaths import start_failure, watch_worker_deaths
+
     if inventory is None and not options.attach:
         launch = plan_when_free(options, HostProbe.here())
     else:
