@@ -111,7 +111,8 @@ if has bench && fits 150 bench; then
   echo "== spillway bench --only W1,W2,W3,W4,W5 --sizes small --devices 0 --workers-per-gpu 2" | tee -a "$log"
   t=$(( $(left) - 15 ))
   timeout -k 10 "$t" python3 -m spillway bench --only W1,W2,W3,W4,W5 --sizes "${BENCH_SIZES:-small}" --runs 3 \
-    --devices 0 --workers-per-gpu 2 --timeout 120 --timeline --label two-workers --out "$results/results" >>"$log" 2>&1
+    --devices 0 --workers-per-gpu 2 --timeout 120 --timeline --label "${BENCH_LABEL:-two-workers}" \
+    ${BENCH_FLAGS:-} --out "$results/results" >>"$log" 2>&1
   bench_rc=$?
 fi
 
@@ -137,8 +138,12 @@ if has knobs; then
               "no-offload+python-future|$no_offload $python_future|" "thread|UCXPY_PROGRESS_MODE=thread|" \
               "thread-polling|UCXPY_PROGRESS_MODE=thread-polling|" \
               "multi-buffer|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True|" \
-              "multi-buffer+thread|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True UCXPY_PROGRESS_MODE=thread|"; do
+              "multi-buffer+thread|DASK_DISTRIBUTED_UCXX__MULTI_BUFFER=True UCXPY_PROGRESS_MODE=thread|" \
+              "uvloop|DASK_DISTRIBUTED__ADMIN__EVENT_LOOP=uvloop|" \
+              "event-loop-uvloop||--option=event-loop=uvloop"; do
     IFS='|' read -r name vars knob_args <<<"$knob"
+    # KNOBS="default uvloop": only those (uvloop needs its wheel in the set: EXTRA=uvloop)
+    [ -n "${KNOBS:-}" ] && [[ " $KNOBS " != *" $name "* ]] && continue
     fits 40 knobs || break
     echo "== transfers between the two workers: spillway, $name ($vars$knob_args)" | tee -a "$log"
     env $vars timeout -k 10 $(( $(left) < 90 ? $(left) : 90 )) python3 -m spillway.bench.transfers --rig spillway \

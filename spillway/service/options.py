@@ -454,6 +454,10 @@ class Options(RmmAndTls):
              "hops cost 0.8-1.1 ms of each 16 MiB-1 GiB transfer between two workers of an H100, "
              "benchmarks/NOTES.md), distributed's default on CPU workers; null keeps distributed's "
              "default (10MiB) everywhere.")
+    event_loop: str = option(
+        "auto", _choice("auto", "asyncio", "uvloop"), worker=True,
+        help="Event loop of the workers (`distributed.admin.event-loop`): `uvloop` (needs the "
+             "uvloop package on the workers), `asyncio`, or `auto` (distributed's default, asyncio).")
     interface: str | None = option(
         None, _optional(_str), worker=True,
         help="Network interface the scheduler and workers listen on (such as `ib0`); null for "

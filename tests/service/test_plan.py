@@ -8,6 +8,7 @@ import pytest
 
 from spillway.service.errors import OptionsError
 from spillway.service.launch import local_cpu
+from spillway.service.gpus import Inventory
 from spillway.service.launch.plan import plan
 from spillway.service.options import Options
 from stand_ins import gpu_cluster_kwargs, h200_host, host_probe
@@ -223,3 +224,15 @@ def test_a_new_cluster_waits_briefly_for_a_gpu_being_given_back(monkeypatch):
     monkeypatch.setattr(launch, "discover", lambda: busy)
     with pytest.raises(GpusBusy, match=r"^GPU 0: 8.0 GB free of 141.0 GB"):
         launch.plan_when_free(Options.resolve(), host, wait_s=0)
+
+
+def test_uvloop_is_refused_before_start_where_it_is_not_installed_and_reaches_the_workers_config():
+    from spillway.service.launch import worker_config
+
+    with pytest.raises(OptionsError, match=r"^event-loop: uvloop requested but the uvloop package is not installed"):
+        plan(Options(event_loop="uvloop"), Inventory(), host_probe(have_uvloop=False))
+    assert plan(Options(event_loop="uvloop"), Inventory(), host_probe(have_uvloop=True)).kind == "cpu"
+    config = worker_config(Options(event_loop="uvloop"), tiered_store=False)
+    assert config["distributed.admin.event-loop"] == "uvloop"
+    # auto leaves distributed's own default in place
+    assert "distributed.admin.event-loop" not in worker_config(Options(), tiered_store=False)

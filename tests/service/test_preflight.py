@@ -194,3 +194,16 @@ def test_a_fresh_process_refuses_the_svd_by_its_footprint_without_importing_dask
     assert imported == "False"
     # nor distributed: its import was 0.9-1.0 s of a 1.5 s refusal on the GPU hosts
     assert distributed == "False"
+
+
+def test_this_hosts_facts_are_distributeds_reading_without_importing_distributed():
+    """The refusal before start reads the host's memory limit as distributed does (its
+    workers' limits are shared out of it), without the package's import: on the GPU hosts
+    HostFacts.here() imported distributed, 0.7 s of the refusal the test above stubs out."""
+    import subprocess
+
+    code = ("import sys\nfrom spillway.service.launch.spec import HostFacts\n"
+            "facts = HostFacts.here()\nprint('distributed' in sys.modules)\n"
+            "from distributed.system import MEMORY_LIMIT\nprint(facts.host_memory_limit == MEMORY_LIMIT)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["False", "True"], done.stdout + done.stderr

@@ -340,3 +340,15 @@ def test_every_command_that_starts_workers_takes_the_flag(command):
     result = CliRunner().invoke(main, [*command, "--help"])
     assert result.exit_code == 0, result.output
     assert "--workers-per-gpu" in result.output
+
+
+def test_a_transfer_is_timed_by_its_start_and_stop_not_the_logs_floored_duration():
+    """distributed logs ``duration = max(0.001, stop - start)``: read from it, a 0.4 ms
+    transfer would read 1 ms, and the target of under 1 ms at 16 MiB could never show."""
+    from spillway.bench.transfers import incoming_entry
+
+    entry = {"keys": {("x", 0): 16 * 2**20}, "start": 100.0, "stop": 100.0004, "duration": 0.001,
+             "total": 16 * 2**20, "who": "ucx://127.0.0.1:1"}
+    got = incoming_entry(entry)
+    assert got["seconds"] == pytest.approx(0.0004, abs=1e-9)
+    assert got["keys"] == [str(("x", 0))] and got["total"] == 16 * 2**20

@@ -79,12 +79,15 @@ class HostProbe:
     cpu_count: int
     #: bytes of memory this host's workers may use (:func:`~..memory.growth.host_total`)
     host_memory: int
+    #: uvloop is installed (``event-loop: uvloop``)
+    have_uvloop: bool = False
 
     @classmethod
     def here(cls) -> HostProbe:
         """This machine's."""
         return cls(have_ucxx=ucxx_installed(), have_cuda_stack=cuda_stack_installed(),
-                   cpu_count=os.cpu_count() or 1, host_memory=host_total())
+                   cpu_count=os.cpu_count() or 1, host_memory=host_total(),
+                   have_uvloop=importlib.util.find_spec("uvloop") is not None)
 
 
 def plan(options: Options, inventory: Inventory, host: HostProbe) -> LaunchPlan:
@@ -94,6 +97,10 @@ def plan(options: Options, inventory: Inventory, host: HostProbe) -> LaunchPlan:
         return LaunchPlan(kind="attach")
     have_ucxx, have_cuda_stack = host.have_ucxx, host.have_cuda_stack
     notes = []
+    if options.event_loop == "uvloop" and not host.have_uvloop:
+        # else each worker process would fail at its start, after the scheduler's
+        raise OptionsError("event-loop: uvloop requested but the uvloop package is not installed "
+                           "(pip install uvloop, or event-loop auto)")
 
     if options.devices is not None:
         if not len(inventory):

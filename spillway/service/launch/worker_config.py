@@ -32,6 +32,10 @@ def worker_config(options: Options, *, tiered_store: bool, gpu: bool = True) -> 
         # process imported distributed before this config was set follows it through
         # WorkerSetup (follow_offload_config)
         config["distributed.comm.offload"] = offload
+    if options.event_loop != "auto":
+        # read by the worker process before it makes its loop: a nanny's child after the
+        # nanny set this config, a batch or MPI worker from its DASK_ variables or config
+        config["distributed.admin.event-loop"] = options.event_loop
     if tiered_store:
         config.update({
             "distributed.worker.memory.target": False,
