@@ -3,8 +3,11 @@
 # disk cannot hold, and what the refusal touched: the svd of ROWS x 500 float64, twice (the
 # first on a fresh install compiles every module's .pyc). The default ROWS make the input
 # 0.9x the capacity spillway plans for this machine (device + host tier + disk), so the
-# parameters' bytes pass and the refusal is the projected footprint's, after the graph is
-# built: the slow path.
+# parameters' bytes pass and the refusal is the projected footprint's (said from the svd's
+# parameters: no graph is built).
+# The GPU hosts set PYTHONDONTWRITEBYTECODE=1 and install-wheels.sh installs --no-compile,
+# so every run there compiles every module (0.1-0.9 s); COMPILE=1 first writes the .pyc
+# files a user's pip install leaves (python -m compileall of /tmp/site and spillway/).
 # For each: the process's wall time and peak RSS (/usr/bin/time), the seconds from the
 # interpreter's start to the exit, whether the process made a CUDA context (NVML's compute
 # processes of GPU 0), mapped libcuda or imported CuPy; then the slowest imports.
@@ -31,6 +34,7 @@ _, capacity = preflight.planned(worker_specs(options, launch), launch.device_mem
 print(int(0.9 * capacity.total_bytes / (500 * 8)))
 PY
 }
+[ -n "${COMPILE:-}" ] && python3 -m compileall -q -j 8 /tmp/site spillway >/dev/null 2>&1
 rows=${ROWS:-$(capacity)}
 probe=$(cat <<'PY'
 import atexit, os, runpy, sys, time
