@@ -36,11 +36,26 @@ def linear_index(xp, shape: tuple[int, ...], location: tuple[tuple[int, int], ..
     return xp.broadcast_to(idx, tuple(b - a for a, b in location))
 
 
-def _splitmix(xp, z):
-    z = z + xp.uint64(_GOLDEN)
-    z = (z ^ (z >> xp.uint64(30))) * xp.uint64(_M1)
-    z = (z ^ (z >> xp.uint64(27))) * xp.uint64(_M2)
-    return z ^ (z >> xp.uint64(31))
+def _splitmix_into(xp, z, t) -> None:
+    """SplitMix64's finaliser of the uint64 array ``z`` (NumPy or CuPy), in place; ``t`` is
+    scratch of its shape. In place because the expression form made a temporary of the
+    block's size per operation, a dozen passes over memory."""
+    z += xp.uint64(_GOLDEN)
+    for shift, mult in ((30, _M1), (27, _M2)):
+        xp.right_shift(z, xp.uint64(shift), out=t)
+        z ^= t
+        z *= xp.uint64(mult)
+    xp.right_shift(z, xp.uint64(31), out=t)
+    z ^= t
+
+
+def _unit_into(xp, z, out) -> None:
+    """Uniform [0, 1) values of the hashed ``z`` into ``out`` (float32: its top 24 bits,
+    float64: its top 53, both exact); ``z`` is overwritten."""
+    bits = 24 if out.dtype == np.float32 else 53
+    xp.right_shift(z, xp.uint64(64 - bits), out=z)
+    out[...] = z
+    out *= 2.0**-bits
 
 
 def uniform_block(
@@ -58,12 +73,11 @@ def uniform_block(
     if xp is np:
         u = _uniform_host(seed, stream, shape, location, dtype)
     else:
-        with np.errstate(over="ignore"):
-            z = _splitmix(xp, linear_index(xp, shape, location) ^ xp.uint64(_key(seed, stream)))
-            if np.dtype(dtype) == np.float32:
-                u = (z >> xp.uint64(40)).astype(xp.float32) * xp.float32(2.0**-24)
-            else:
-                u = (z >> xp.uint64(11)).astype(xp.float64) * 2.0**-53
+        # the whole block at once: the GPU hashes it in a few kernels
+        z = linear_index(xp, shape, location) ^ xp.uint64(_key(seed, stream))
+        _splitmix_into(xp, z, xp.empty_like(z))
+        u = xp.empty(z.shape, xp.float32 if np.dtype(dtype) == np.float32 else xp.float64)
+        _unit_into(xp, z, u)
     if low != 0.0 or high != 1.0:
         u = u * (high - low) + low
     return u.astype(dtype, copy=False)
@@ -76,7 +90,7 @@ _PIECE = 1 << 16
 
 def _uniform_host(seed: int, stream: int, shape: tuple[int, ...], location: tuple[tuple[int, int], ...],
                   dtype: str) -> np.ndarray:
-    """:func:`uniform_block` on the host, the same bits as ``_splitmix`` over the whole block.
+    """:func:`uniform_block` on the host, the same bits as the whole block hashed at once.
 
     The whole-block expression makes a block-sized temporary per operation, a dozen passes
     over memory: 0.12-0.26 GB/s a core (the CI machine, the H200 host). Here the hash runs
@@ -92,7 +106,7 @@ def _uniform_host(seed: int, stream: int, shape: tuple[int, ...], location: tupl
     whole_rows = all(a == 0 and b == n for (a, b), n in zip(location[1:], shape[1:]))
     first = location[0][0] * math.prod(shape[1:]) if whole_rows else 0
     index = None if whole_rows else np.ascontiguousarray(linear_index(np, shape, location)).reshape(-1)
-    key, golden, m1, m2 = (np.uint64(v) for v in (_key(seed, stream), _GOLDEN, _M1, _M2))
+    key = np.uint64(_key(seed, stream))
     z_buf = np.empty(min(_PIECE, flat.size), np.uint64)
     t_buf = np.empty_like(z_buf)
     with np.errstate(over="ignore"):
@@ -104,21 +118,8 @@ def _uniform_host(seed: int, stream: int, shape: tuple[int, ...], location: tupl
             else:
                 z[:] = index[lo:hi]
             z ^= key
-            z += golden
-            for shift, mult in ((30, m1), (27, m2)):
-                np.right_shift(z, np.uint64(shift), out=t)
-                z ^= t
-                z *= mult
-            np.right_shift(z, np.uint64(31), out=t)
-            z ^= t
-            piece = flat[lo:hi]
-            if single:
-                np.right_shift(z, np.uint64(40), out=z)
-                np.multiply(z, np.float32(2.0**-24), out=piece, casting="unsafe")
-            else:
-                np.right_shift(z, np.uint64(11), out=z)
-                piece[:] = z
-                piece *= 2.0**-53
+            _splitmix_into(np, z, t)
+            _unit_into(np, z, flat[lo:hi])
     return out
 
 
