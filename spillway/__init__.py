@@ -7,9 +7,9 @@ The packages: :mod:`spillway.service` (the cluster and the service),
 (Slurm, MPI and systemd files, rendered by pure functions), :mod:`spillway.bench`
 (benchmarks, run by the CLI only)."""
 
-from .service.errors import AdmissionError, OptionsError, ParamError, SpillwayError
-from .service.local import local
-from .service.options import Options
+from spillway.cluster.errors import AdmissionError, OptionsError, ParamError, SpillwayError
+from spillway.run.local import local
+from spillway.cluster.options import Options
 
 __all__ = ["AdmissionError", "Options", "OptionsError", "ParamError", "SpillwayError", "connect", "local"]
 
@@ -19,7 +19,7 @@ def __getattr__(name):
     # worker) pulls in no HTTP client.
     if name == "connect":
         try:
-            from .service.client import connect
+            from spillway.service.client import connect
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(f"spillway.connect needs {e.name}, which is not installed: "
                                       "pip install 'spillway[service]'", name=e.name) from None

@@ -1,3 +1,3 @@
-from .service.cli import main
+from spillway.cli import main
 
 main(prog_name="spillway")

@@ -22,7 +22,7 @@ for _var, _value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST"
 def _gpu_count() -> int:
     if importlib.util.find_spec("cupy") is None or importlib.util.find_spec("dask_cuda") is None:
         return 0
-    from spillway.service.gpus import discover
+    from spillway.cluster.gpus import discover
 
     return len(discover())
 

@@ -22,56 +22,52 @@ PACKAGE = Path(__file__).resolve().parents[1] / "spillway"
 @dataclass(frozen=True)
 class Layer:
     name: str
-    #: module name prefixes (a prefix names the module and everything under it)
-    modules: tuple[str, ...]
+    #: the one package that holds the layer (its modules are it and everything under it)
+    package: str
     #: the lower layers this one may import from (its own always)
     uses: tuple[str, ...]
     why: str
 
 
-#: Lowest first. A module belongs to the layer with the longest prefix that names it; the
-#: top package's own name matches only ``spillway/__init__.py``, so a new module outside
-#: every layer fails :func:`test_every_module_has_a_layer` instead of landing in "api".
+#: Lowest first, one package each. The top package holds two modules of its own, named in
+#: TOP; any other module outside these packages fails :func:`test_every_module_has_a_layer`.
 #: The bench sits beside the CLI (listed just below it so that the CLI's bench commands
 #: import downward); no other layer names it in ``uses``.
 LAYERS = (
-    Layer("core", ("spillway.service",), (),
+    Layer("cluster", "spillway.cluster", (),
           "The cluster itself: options and their config, sizes, errors, GPU discovery, the "
-          "launchers and worker specs, worker and scheduler plugins, the tiered memory "
-          "store, transfers, progress counting, worker loss, host info, and what notebooks "
-          "draw of any of it (bars, HTML tables, figures). It knows no workflow: a worker "
-          "runs whatever graph it is given, and a workflow's resources register their own "
-          "clean-up with the worker plugin (plugins.on_teardown)."),
-    Layer("workflows", ("spillway.workflows",), ("core",),
+          "launch plan, worker specs and launchers, worker and scheduler plugins, the tiered "
+          "memory store, transfers between workers, worker loss and host info. It knows no "
+          "workflow: a worker runs whatever graph it is given, and a workflow's resources "
+          "register their own clean-up with the worker plugin (plugins.on_teardown)."),
+    Layer("workflows", "spillway.workflows", ("cluster",),
           "Named chunked-array workflows and their Zarr I/O: graphs built from parameters "
-          "and a target, raising the core's errors and sizing with its sizes; they run on "
+          "and a target, raising the cluster's errors and sizing with its sizes; they run on "
           "any cluster and import nothing that runs them."),
-    Layer("run", ("spillway.service.run", "spillway.service.local", "spillway.service.preflight"),
-          ("core", "workflows"),
-          "Running a workflow on a cluster: the target read from the workers, compute, "
-          "output, verification, the run report and its text, HTML and figure, the "
-          "embedded cluster of notebooks (spillway.local) and the admission check before a "
-          "GPU cluster starts (it builds the workflow's graph)."),
-    Layer("service", ("spillway.service.api", "spillway.service.jobs", "spillway.service.jobdb",
-                      "spillway.service.client"),
-          ("core", "workflows", "run"),
+    Layer("run", "spillway.run", ("cluster", "workflows"),
+          "Running a workflow or a user's collection on a cluster: the target read from the "
+          "workers, compute, output, verification, progress, the run report and its text, "
+          "HTML and figure, the embedded cluster of notebooks (spillway.local) and the "
+          "admission check before a GPU cluster starts (it builds the workflow's graph)."),
+    Layer("service", "spillway.service", ("cluster", "workflows", "run"),
           "The shared service: the HTTP API, the job scheduler and its database, which run "
           "workflows on one cluster for many tenants, and the Python client of that API."),
-    Layer("api", ("spillway",), ("core", "workflows", "run", "service"),
+    Layer("api", "spillway", ("cluster", "workflows", "run", "service"),
           "The public names (spillway.local, spillway.connect, spillway.Options and the "
           "errors): `import spillway` re-exports what users type, the HTTP client lazily."),
-    Layer("deploy", ("spillway.deploy",), ("core",),
-          "Slurm, MPI and systemd files and command lines rendered from the core's worker "
+    Layer("deploy", "spillway.deploy", ("cluster",),
+          "Slurm, MPI and systemd files and command lines rendered from the cluster's worker "
           "specs and options by plain functions; what they start runs the CLI, so they "
           "import nothing of workflows, runs or the service."),
-    Layer("bench", ("spillway.bench",), ("core", "workflows", "run", "service", "api", "deploy"),
+    Layer("bench", "spillway.bench", ("cluster", "workflows", "run", "service", "api", "deploy"),
           "Benchmarks beside the CLI: they drive every layer below and are imported by "
           "nothing but the CLI's bench commands, so no product code depends on them."),
-    Layer("cli", ("spillway.service.cli", "spillway.__main__"),
-          ("core", "workflows", "run", "service", "api", "deploy", "bench"),
+    Layer("cli", "spillway.cli", ("cluster", "workflows", "run", "service", "api", "deploy", "bench"),
           "The command line at the top: it starts everything below (serve, worker, run, "
           "slurm, bench)."),
 )
+#: the top package's own modules: its __init__ (the public names) and `python -m spillway`
+TOP = {"spillway": "api", "spillway.__main__": "cli"}
 RANK = {layer.name: i for i, layer in enumerate(LAYERS)}
 BY_NAME = {layer.name: layer for layer in LAYERS}
 
@@ -84,14 +80,12 @@ def module_name(path: Path) -> str:
 
 
 def layer_of(module: str) -> Layer:
-    best, length = None, -1
-    for layer in LAYERS:
-        for prefix in layer.modules:
-            inside = module == prefix or (prefix != "spillway" and module.startswith(prefix + "."))
-            if inside and len(prefix) > length:
-                best, length = layer, len(prefix)
-    assert best is not None, f"{module} is in no layer: add it to LAYERS"
-    return best
+    if module in TOP:
+        return BY_NAME[TOP[module]]
+    found = [layer for layer in LAYERS
+             if layer.package != "spillway" and (module == layer.package or module.startswith(layer.package + "."))]
+    assert found, f"{module} is in no layer: add it to LAYERS"
+    return found[0]
 
 
 def _is_module(name: str) -> bool:
@@ -132,6 +126,57 @@ def imports_in(source: str, package: str, filename: str = "<source>") -> list[tu
 MODULES = sorted(PACKAGE.rglob("*.py"))
 
 
+def import_graph(paths=MODULES) -> dict[str, list[tuple[int, str]]]:
+    """module -> (line, imported module) for every spillway module in ``paths``."""
+    return {module_name(path): imports(path) for path in paths}
+
+
+def upward_imports(graph: dict[str, list[tuple[int, str]]]) -> list[str]:
+    problems = []
+    for module, found in sorted(graph.items()):
+        layer = layer_of(module)
+        for line, name in found:
+            used = layer_of(name)
+            if used.name == layer.name or used.name in layer.uses:
+                continue
+            where = "runs up to" if RANK[used.name] > RANK[layer.name] else "reaches across to"
+            problems.append(f"{module}:{line} ({layer.name}) imports {name}: {where} layer {used.name}")
+    return problems
+
+
+def import_cycles(graph: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
+    """The strongly connected groups of more than one file (Tarjan), each sorted: a lazy
+    import inside a function ties a ring as surely as one at the top."""
+    edges = {m: sorted({n for _, n in found if n in graph and n != m}) for m, found in graph.items()}
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(groups)
+
+
 def test_every_module_has_a_layer():
     for path in MODULES:
         layer_of(module_name(path))
@@ -144,50 +189,65 @@ def test_layers_use_only_lower_layers():
 
 
 def test_the_reader_sees_every_kind_of_import():
-    # a module of spillway.service with relative, absolute and in-function imports
+    # a module of spillway.cluster with relative, absolute and in-function imports
     source = ("from . import options\nfrom ..workflows import params\nimport spillway.deploy.commands\n"
               "def f():\n    from .launch.spec import WorkerSpec\n    from spillway import workflows\n"
               "import numpy\nfrom .memory import store as s, not_a_module\n")
-    found = imports_in(source, "spillway.service")
-    assert found == [(1, "spillway.service.options"), (2, "spillway.workflows.params"),
-                     (3, "spillway.deploy.commands"), (5, "spillway.service.launch.spec"),
-                     (6, "spillway.workflows"), (8, "spillway.service.memory"),
-                     (8, "spillway.service.memory.store")]
-    assert layer_of("spillway.service.run.compute").name == "run"
-    assert layer_of("spillway.service.options").name == "core"
+    found = imports_in(source, "spillway.cluster")
+    assert found == [(1, "spillway.cluster.options"), (2, "spillway.workflows.params"),
+                     (3, "spillway.deploy.commands"), (5, "spillway.cluster.launch.spec"),
+                     (6, "spillway.workflows"), (8, "spillway.cluster.memory"),
+                     (8, "spillway.cluster.memory.store")]
+    assert layer_of("spillway.run.compute").name == "run"
+    assert layer_of("spillway.cluster.options").name == "cluster"
+    assert layer_of("spillway.service.jobdb.tokens").name == "service"
     assert layer_of("spillway").name == "api"
+    assert layer_of("spillway.__main__").name == "cli"
     with pytest.raises(AssertionError, match="in no layer"):
         layer_of("spillway.elsewhere")
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer_of("spillway.utils")
 
 
 def test_no_module_imports_upward():
-    problems = []
-    for path in MODULES:
-        module = module_name(path)
-        layer = layer_of(module)
-        for line, name in imports(path):
-            used = layer_of(name)
-            if used.name == layer.name or used.name in layer.uses:
-                continue
-            where = "runs up to" if RANK[used.name] > RANK[layer.name] else "reaches across to"
-            problems.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({layer.name}) imports {name}: "
-                            f"{where} layer {used.name}")
+    problems = upward_imports(import_graph())
     assert not problems, "\n".join(problems)
+
+
+def test_no_import_cycle_between_files():
+    cycles = import_cycles(import_graph())
+    assert not cycles, "\n".join(" <-> ".join(group) for group in cycles)
+
+
+def test_the_checks_fail_on_a_planted_upward_import_and_a_planted_cycle():
+    graph = import_graph()
+    planted = dict(graph)
+    # the job database reaching up to the HTTP app, the options object to the worker plugins
+    # (a sideways import inside the cluster, which closes a ring: plugins import options)
+    planted["spillway.service.jobdb.models"] = graph["spillway.service.jobdb.models"] + [(1, "spillway.service.api.app")]
+    planted["spillway.cluster.options"] = graph["spillway.cluster.options"] + [(1, "spillway.cluster.plugins")]
+    planted["spillway.workflows.params"] = graph["spillway.workflows.params"] + [(1, "spillway.run.compute")]
+    problems = upward_imports(planted)
+    assert [p for p in problems if p.startswith("spillway.workflows.params:1 ")] == [
+        "spillway.workflows.params:1 (workflows) imports spillway.run.compute: runs up to layer run"]
+    cycles = import_cycles(planted)
+    assert any({"spillway.cluster.options", "spillway.cluster.plugins"} <= set(group) for group in cycles)
+    assert upward_imports(graph) == [] and import_cycles(graph) == []
 
 
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda layer: layer.name)
 def test_each_layer_says_why(layer):
-    assert layer.why and layer.modules
+    assert layer.why and layer.package
 
 
-#: the launch package: every layer above the core (deploy rendering the core's specs, the
+#: the launch package: every layer above the cluster (deploy rendering its specs, the
 #: CLI, the bench, runs, the service, workflows) goes through its public names only
-LAUNCH = "spillway.service.launch"
+LAUNCH = "spillway.cluster.launch"
 
 
 def launch_public_names() -> set[str]:
     """``__all__`` of the launch package, read from its source."""
-    tree = ast.parse((PACKAGE / "service" / "launch" / "__init__.py").read_text())
+    tree = ast.parse((PACKAGE / "cluster" / "launch" / "__init__.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
             return set(ast.literal_eval(node.value))
@@ -213,21 +273,21 @@ def private_launch_imports(source: str, package: str, public: set[str]) -> list[
 
 
 def test_the_launch_check_sees_private_imports():
-    source = ("from spillway.service.launch import open_cluster, WorkerSpec\n"
-              "from spillway.service.launch.spec import off_node_spec\n"
-              "def f():\n    from ...service.launch import gpu_worker, _arrived\n"
-              "import spillway.service.launch.render\n")
+    source = ("from spillway.cluster.launch import open_cluster, WorkerSpec\n"
+              "from spillway.cluster.launch.spec import off_node_spec\n"
+              "def f():\n    from ...cluster.launch import gpu_worker, _arrived\n"
+              "import spillway.cluster.launch.render\n")
     found = private_launch_imports(source, "spillway.deploy.mpi", {"open_cluster", "WorkerSpec"})
-    assert found == [(2, "spillway.service.launch.spec"), (4, "spillway.service.launch._arrived"),
-                     (4, "spillway.service.launch.gpu_worker"), (5, "spillway.service.launch.render")]
+    assert found == [(2, "spillway.cluster.launch.spec"), (4, "spillway.cluster.launch._arrived"),
+                     (4, "spillway.cluster.launch.gpu_worker"), (5, "spillway.cluster.launch.render")]
 
 
-def test_layers_above_the_core_use_only_the_launch_packages_public_names():
+def test_layers_above_the_cluster_use_only_the_launch_packages_public_names():
     public = launch_public_names()
     problems = []
     for path in MODULES:
         module = module_name(path)
-        if layer_of(module).name == "core":
+        if layer_of(module).name == "cluster":
             continue
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for line, name in private_launch_imports(path.read_text(), package, public):

@@ -59,7 +59,7 @@ tail -3 "$dir/spillway-$job_id.out"
 dmesg 2>/dev/null | grep -i "killed process" | tail -3 | sed 's/^/oom: /'
 python3 - "$report" "$workflow" "$footprint" "$rc" "$elapsed" <<'PY'
 import json, sys
-from spillway.service.sizes import format_bytes
+from spillway.cluster.sizes import format_bytes
 path, workflow, footprint, rc, script_s = sys.argv[1:]
 try:
     r = json.loads(open(path).read().strip().splitlines()[-1])

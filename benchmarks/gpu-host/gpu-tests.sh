@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `pytest -m gpu` on a one-GPU host, in parts that each fit one 10-minute device call:
 #   bash benchmarks/gpu-host/gpu-tests.sh 1|2|3
-# 1: deploy, notebooks, service (memory, cluster, launch, local, transfer); 2: the bench's
+# 1: deploy, notebooks, the cluster core (memory, launch, transfer), runs (local), the CLI; 2: the bench's
 # GPU tests but the out-of-core matrix (that is `matrix-slices.sh`) and the Zarr bench;
 # 3: workflows and the Zarr bench. The shared service's GPU tests need the service's wheels:
 # the one-GPU test runs in service-gpu.sh, the two-GPU one on the multi-GPU hosts.
@@ -12,7 +12,7 @@ part=${1:?part 1, 2 or 3}
 out=${OUT:-/tmp}
 export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
 case $part in
-  1) paths=(tests/deploy tests/examples tests/service --ignore=tests/service/api) ;;
+  1) paths=(tests/deploy tests/examples tests/cluster tests/run tests/cli tests/service --ignore=tests/service/api) ;;
   2) paths=(tests/bench --ignore=tests/bench/test_ooc_matrix.py --ignore=tests/bench/test_bench_zarr.py) ;;
   3) paths=(tests/workflows tests/bench/test_bench_zarr.py) ;;
   *) echo "part: 1, 2 or 3, not $part" >&2; exit 2 ;;

@@ -22,10 +22,10 @@ mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -
 capacity() {
   python3 - <<'PY'
 from spillway.service import preflight
-from spillway.service.gpus import discover
-from spillway.service.launch import HostProbe, plan, worker_specs
-from spillway.service.memory.growth import host_total
-from spillway.service.options import Options
+from spillway.cluster.gpus import discover
+from spillway.cluster.launch import HostProbe, plan, worker_specs
+from spillway.cluster.memory.growth import host_total
+from spillway.cluster.options import Options
 
 options = Options.resolve()
 launch = plan(options, discover(), HostProbe.here())

@@ -132,7 +132,7 @@ grep -E "^E |passed|failed" "$out/gpu-test.log" | tail -5
 cat "$out/tenants.txt"
 python3 - "$out" "$oom" "$rc" "$test_rc" <<'PY'
 import json, sys
-from spillway.service.sizes import format_bytes
+from spillway.cluster.sizes import format_bytes
 out, oom, rc, test_rc = sys.argv[1:]
 rows = [line.split() for line in open(f"{out}/free.log") if len(line.split()) == 3]
 low = min((int(r[2]) for r in rows), default=None)

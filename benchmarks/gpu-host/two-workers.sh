@@ -2,7 +2,7 @@
 # Two workers on ONE GPU (issue 30, `workers-per-gpu 2`) on nvidia-h100-x1, in one call of
 # under 9 minutes (PARTS splits it over calls; parts that would not finish inside the
 # budget are skipped with a line naming the PARTS that runs them):
-#   tests      the GPU tests of two workers on one GPU (tests/service/test_shared_gpu.py):
+#   tests      the GPU tests of two workers on one GPU (tests/cluster/test_shared_gpu.py):
 #              chunks over UCXX named as CUDA IPC within one GPU, bits kept, spilling per
 #              worker, spillway.local(workers_per_gpu=2)                            ~2.5 min
 #   run        spillway run transpose-sum --workers-per-gpu 2 --verify                ~0.5 min
@@ -75,7 +75,7 @@ tests_rc=skipped run_rc=skipped link_rc=skipped sp_rc=skipped dc_rc=skipped benc
 if has tests && fits 160 tests; then
   echo "== GPU tests (two workers on one GPU)" | tee -a "$log"
   timeout -k 10 $(( $(left) < 240 ? $(left) : 240 )) python3 -m pytest -m gpu -v -p no:cacheprovider \
-    --timeout 150 -rfEs tests/service/test_shared_gpu.py >"$out/tests.log" 2>&1
+    --timeout 150 -rfEs tests/cluster/test_shared_gpu.py >"$out/tests.log" 2>&1
   tests_rc=$?
   grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$out/tests.log" | cut -c1-160 | tee -a "$log"
   grep -E "^E  " "$out/tests.log" | head -10 | tee -a "$log"

@@ -74,7 +74,7 @@ elif has full && [ "$years" -ge 10 ]; then
 import sys
 
 from spillway.bench.zarr import SCALES
-from spillway.service.cli import main
+from spillway.cli import main
 
 years, scratch, results = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 SCALES["full"] = ((721, 1440), years * 365)  # the full grid, fewer years: see the script's header

@@ -13,11 +13,11 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from spillway.service.errors import ParamError
-from spillway.service.gpus import Inventory, discover
-from spillway.service.launch import HostProbe
-from spillway.service.launch import plan as launch_plan
-from spillway.service.options import Options
+from spillway.cluster.errors import ParamError
+from spillway.cluster.gpus import Inventory, discover
+from spillway.cluster.launch import HostProbe
+from spillway.cluster.launch import plan as launch_plan
+from spillway.cluster.options import Options
 from . import ceilings, report
 from .clusters import bench_options
 from .harness import BenchRun, check_fits, run

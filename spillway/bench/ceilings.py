@@ -84,8 +84,8 @@ def disk_gbps(nbytes: int, directory: str | None = None) -> dict[str, float]:
     spill directory; the system's temporary directory when None)."""
     import numpy as np
 
-    from spillway.service.memory.codecs import HostCopy
-    from spillway.service.memory.disk import DiskTier
+    from spillway.cluster.memory.codecs import HostCopy
+    from spillway.cluster.memory.disk import DiskTier
 
     lo, hi = DISK_BYTES
     piece = max(1, min(nbytes, hi))

@@ -17,11 +17,11 @@ from typing import Any
 
 import dask.config
 
-from spillway.service.gpus import Inventory
-from spillway.service.launch import LaunchPlan, open_cluster, ucxx_installed
-from spillway.service.options import Options
-from spillway.service.plugins import WorkerSetup
-from spillway.service.transfer import transport
+from spillway.cluster.gpus import Inventory
+from spillway.cluster.launch import LaunchPlan, open_cluster, ucxx_installed
+from spillway.cluster.options import Options
+from spillway.cluster.plugins import WorkerSetup
+from spillway.cluster.transfer import transport
 
 #: spillway's settings for speed, used where the user set no value of their own: an RMM
 #: pool so buffers (and the CUDA IPC handles UCX caches for them) are reused instead of
@@ -169,7 +169,7 @@ def dask_cuda_processes(devices, changes: dict | None = None, *, protocol: str |
 
     from distributed import Client
 
-    from spillway.service.launch import QUIET_UCX
+    from spillway.cluster.launch import QUIET_UCX
 
     protocol = protocol or ("ucx" if ucxx_installed() else "tcp")
     notes = [] if protocol == "ucx" else ["distributed-ucxx is not installed: baseline over TCP"]

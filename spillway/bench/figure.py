@@ -3,7 +3,7 @@ the baseline) and worker-to-worker bandwidth against the peer-copy ceiling."""
 
 from __future__ import annotations
 
-from spillway.service.figures import load, new_figure
+from spillway.run.figures import load, new_figure
 
 
 def plot(source, *, figsize=None):

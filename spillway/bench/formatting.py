@@ -1,12 +1,12 @@
 """How the bench writes values in its tables and reports, in one place: a value that may
-be missing, bytes (the product's :func:`~spillway.service.sizes.format_bytes`), shapes,
+be missing, bytes (the product's :func:`~spillway.cluster.sizes.format_bytes`), shapes,
 aligned terminal columns and the machine lines the reports open with."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from spillway.service.sizes import format_bytes
+from spillway.cluster.sizes import format_bytes
 
 #: what a table shows for a value that is missing
 MISSING = "—"

@@ -18,10 +18,10 @@ from typing import Any
 
 import dask.config
 
-from spillway.service.errors import ParamError
-from spillway.service.gpus import Inventory
-from spillway.service.launch import LaunchPlan
-from spillway.service.options import Options
+from spillway.cluster.errors import ParamError
+from spillway.cluster.gpus import Inventory
+from spillway.cluster.launch import LaunchPlan
+from spillway.cluster.options import Options
 
 from .clusters import baseline_cluster, spillway_cluster
 from .measure import SideResult, timed_run_recorded, wait_released
@@ -67,7 +67,7 @@ def check_fits(workloads: list[Workload], scale: str, kind: str, budget_bytes: i
     for w in workloads:
         need = w.input_bytes(scale)
         if need > budget_bytes:
-            from spillway.service.sizes import format_bytes
+            from spillway.cluster.sizes import format_bytes
 
             raise ParamError(
                 f"sizes: {w.name} at {scale} needs {format_bytes(need)} of input, more than the "

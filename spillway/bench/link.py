@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from spillway.service.errors import ParamError
-from spillway.service.gpus import Inventory, discover
-from spillway.service.launch import HostProbe
-from spillway.service.launch import plan as launch_plan
-from spillway.service.memory.growth import host_total
-from spillway.service.options import Options
-from spillway.service.sizes import format_bytes, parse_size
+from spillway.cluster.errors import ParamError
+from spillway.cluster.gpus import Inventory, discover
+from spillway.cluster.launch import HostProbe
+from spillway.cluster.launch import plan as launch_plan
+from spillway.cluster.memory.growth import host_total
+from spillway.cluster.options import Options
+from spillway.cluster.sizes import format_bytes, parse_size
 from . import ceilings, report
 from .formatting import columns, fmt_value, gpu_list, stack_line, stream_log
 

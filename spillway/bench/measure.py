@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from spillway.service.memory.store import MOVES
-from spillway.service.plugins import worker_snapshot
+from spillway.cluster.memory.store import MOVES
+from spillway.cluster.plugins import worker_snapshot
 
 #: transfers smaller than this are left out of bandwidth percentiles (headers, scalars)
 MIN_TRANSFER_BYTES = 1_000_000
@@ -61,7 +61,7 @@ class RunMeasure:
 
 def spill_moves(before: dict, after: dict) -> dict:
     """Bytes and seconds of each move between tiers, summed over the workers, between two
-    :func:`~spillway.service.plugins.worker_snapshot` sets, and the time tasks waited on restores.
+    :func:`~spillway.cluster.plugins.worker_snapshot` sets, and the time tasks waited on restores.
     Seconds and waits are None where no worker has spillway's tiered store (it alone
     times its copies; other stores' moves are only counted)."""
     moves = {m: {"bytes": 0, "seconds": 0.0} for m in MOVES}

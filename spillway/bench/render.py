@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spillway.service.info import topology_lines
-from spillway.service.sizes import format_bytes
+from spillway.cluster.info import topology_lines
+from spillway.cluster.sizes import format_bytes
 
 from . import timeline
 from .formatting import columns, fmt_bytes, fmt_percent, fmt_value, gpu_list, stack_line

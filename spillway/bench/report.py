@@ -21,7 +21,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from spillway.service.errors import ParamError
+from spillway.cluster.errors import ParamError
 from . import timeline
 from .render import SIDES, SPILL_CEILINGS, markdown, plot, short_table, spills, target_lines  # noqa: F401
 
@@ -29,7 +29,7 @@ from .render import SIDES, SPILL_CEILINGS, markdown, plot, short_table, spills, 
 def describe_machine(inventory, kind: str) -> dict:
     import psutil
 
-    from spillway.service.info import installed_stack
+    from spillway.cluster.info import installed_stack
 
     # the topology as `spillway info` reads it, so both agree with `nvidia-smi topo -m`
     gpus = [

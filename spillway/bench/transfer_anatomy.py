@@ -539,8 +539,8 @@ def _workers(row: str, opts) -> dict:
                 with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, protocol="tcp",
                                   dashboard_address=None) as cluster, Client(cluster) as client:
                     return _worker_moves(client, opts)
-            from spillway.service.launch import open_cluster
-            from spillway.service.options import Options
+            from spillway.cluster.launch import open_cluster
+            from spillway.cluster.options import Options
 
             options = Options.resolve(devices=opts.device, workers_per_gpu=2, dashboard_address=None)
             with open_cluster(options) as session:

@@ -102,7 +102,7 @@ def moves(client, sizes, *, repeats: int = REPEATS, seed: int = 1000, module: st
 
 
 def _parse_sizes(text: str) -> list[int]:
-    from spillway.service.sizes import parse_size
+    from spillway.cluster.sizes import parse_size
 
     return [parse_size(item.strip(), name="sizes", minimum=8) for item in text.split(",") if item.strip()]
 
@@ -134,9 +134,9 @@ def main(argv=None) -> int:
             result["ceilings"][str(nbytes)] = {"gbps": gbps, "skipped": skipped}
     started = time.perf_counter()
     if args.rig == "spillway":
-        from spillway.service.launch import open_cluster
-        from spillway.service.options import Options
-        from spillway.service.transfer import transport
+        from spillway.cluster.launch import open_cluster
+        from spillway.cluster.options import Options
+        from spillway.cluster.transfer import transport
 
         keywords = dict(item.split("=", 1) for item in args.option)
         options = Options.resolve(devices=args.device, workers_per_gpu=2, dashboard_address=None,
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
             result["transport"] = transport(session.client)
             result["moves"] = moves(session.client, sizes, repeats=args.repeats)
     else:
-        from spillway.service.transfer import transport
+        from spillway.cluster.transfer import transport
 
         from .clusters import dask_cuda_processes
 

@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from spillway.service.errors import ParamError
-from spillway.service.sizes import format_bytes
+from spillway.cluster.errors import ParamError
+from spillway.cluster.sizes import format_bytes
 
 from .params import Target
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from spillway.service.errors import ParamError, ServiceError
+from spillway.cluster.errors import ParamError, ServiceError
 
 
 def check_path(path: str) -> str:

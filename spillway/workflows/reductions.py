@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spillway.service.errors import ParamError
+from spillway.cluster.errors import ParamError
 
 from . import inputs
 from .chunking import resolve_chunks

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from reference_inputs import uniform_numpy
 from spillway.bench import ceilings, clusters, harness, measure, prepare, workloads
 from spillway.bench.measure import SideResult
-from spillway.service.cli import main
-from spillway.service.gpus import Inventory
-from spillway.service.options import Options
+from spillway.cli import main
+from spillway.cluster.gpus import Inventory
+from spillway.cluster.options import Options
 from spillway.workflows import random
 from spillway.workflows.params import Target
 
@@ -342,7 +342,7 @@ def test_small_gpu_run_against_dask_cuda(tmp_path, gpu_count):
     assert data["clusters"]["spillway"]["kind"] == "gpu"
     # the baseline is what a user gets: UCX where distributed-ucxx is installed (a one-GPU
     # host is given the stack without it), TCP otherwise, and the report says which
-    from spillway.service.launch.plan import ucxx_installed
+    from spillway.cluster.launch.plan import ucxx_installed
 
     protocol = "ucx" if ucxx_installed() else "tcp"
     assert data["clusters"]["baseline"]["cluster"].startswith(f"LocalCUDACluster(protocol='{protocol}'")
@@ -515,7 +515,7 @@ def test_runs_split_over_commands_merge_into_one_file(tmp_path):
 
 
 def test_b2_gets_its_own_clusters_with_the_device_limit_on_gpus():
-    from spillway.service.launch import LaunchPlan
+    from spillway.cluster.launch import LaunchPlan
 
     gpu = LaunchPlan(kind="gpu", devices=(0, 1), n_workers=2, protocol="ucx")
     plan = harness.BenchRun(options=Options.resolve(rmm_pool_size=0.85), launch=gpu, inventory=None,
@@ -531,7 +531,7 @@ def test_b2_gets_its_own_clusters_with_the_device_limit_on_gpus():
 
 
 def test_b3_is_named_to_run_with_its_own_tiers_on_spillway_only():
-    from spillway.service.launch import LaunchPlan
+    from spillway.cluster.launch import LaunchPlan
 
     b3 = workloads.WORKLOADS["B3"]
     assert "B3" not in [w.name for w in workloads.select(None)]
@@ -658,8 +658,8 @@ def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
 
 def _tiered(worker_local_directory=None, **kwargs):
     from numpy_codec import NumpyCodec
-    from spillway.service.memory.disk import DiskTier
-    from spillway.service.memory.store import TieredStore
+    from spillway.cluster.memory.disk import DiskTier
+    from spillway.cluster.memory.store import TieredStore
 
     return TieredStore(codec=NumpyCodec(), disk=DiskTier(kwargs.pop("directory")), **kwargs)
 
@@ -957,7 +957,7 @@ def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
     import dataclasses
 
     import spillway.bench
-    from spillway.service.launch.plan import plan as launch_plan
+    from spillway.cluster.launch.plan import plan as launch_plan
     from tests.helpers.stand_ins import h200_host
 
     # GPU workers on the stand-in host, as where dask-cuda and CuPy are installed
@@ -981,7 +981,7 @@ def test_b3_small_puts_the_same_few_gb_on_each_workers_disk(monkeypatch):
     import dataclasses
 
     import spillway.bench
-    from spillway.service.launch.plan import plan as launch_plan
+    from spillway.cluster.launch.plan import plan as launch_plan
     from tests.helpers.stand_ins import h200_host
 
     monkeypatch.setattr(spillway.bench, "launch_plan",

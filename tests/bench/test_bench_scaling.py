@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from reference_inputs import uniform_numpy
 from spillway.bench import scaling, workloads
 from spillway.bench.scaling import BASE_WORKERS, STUDY
-from spillway.service.cli import main
-from spillway.service.errors import ParamError
+from spillway.cli import main
+from spillway.cluster.errors import ParamError
 from spillway.workflows import random
 from spillway.workflows.params import Target
 

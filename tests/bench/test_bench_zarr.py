@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from spillway.bench.zarr import measure as zarr_measure, prepare as zarr_prepare, run as zarr_run
-from spillway.service.cli import main
-from spillway.service.gpus import Inventory
-from spillway.service.options import Options
+from spillway.cli import main
+from spillway.cluster.gpus import Inventory
+from spillway.cluster.options import Options
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from spillway.bench import matrix
 from spillway.bench.matrix import slices
-from spillway.service.cli import main
+from spillway.cli import main
 
 CASES = matrix.cases()
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def matrix_rows():
     yield rows
     if rows:
         from spillway.bench.report import describe_machine
-        from spillway.service.gpus import discover
+        from spillway.cluster.gpus import discover
 
         out = Path(os.environ.get("SPILLWAY_MATRIX_OUT", REPO / "benchmarks" / "results"))
         machine = describe_machine(discover(), "gpu")["name"]
@@ -148,7 +148,7 @@ def test_sizes_reach_the_scale_and_no_more_than_the_slack(scale, slack):
 
 
 def test_gpu_scale_reads_the_gpus_memory():
-    from spillway.service.gpus import GPU, Inventory
+    from spillway.cluster.gpus import GPU, Inventory
 
     inv = Inventory(gpus=tuple(GPU(index=i, uuid=f"GPU-{i}", name="H200", memory_total=141 * 10**9,
                                    memory_free=141 * 10**9, pci_bus_id=f"0000:0{i}:00.0") for i in range(2)))

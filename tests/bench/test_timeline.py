@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from spillway.bench import clusters, timeline, workloads
 from spillway.bench.measure import timed_run_recorded
-from spillway.service.cli import main
+from spillway.cli import main
 
 
 def _adds_up(tl: dict, wall: float) -> None:

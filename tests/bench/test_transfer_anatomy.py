@@ -78,7 +78,7 @@ def test_summary_takes_medians_of_timed_transfers_only():
 
 @pytest.mark.gpu
 def test_gpu_rows_move_chunks_bit_for_bit(tmp_path):
-    from spillway.service.launch.plan import ucxx_installed
+    from spillway.cluster.launch.plan import ucxx_installed
 
     if not ucxx_installed():
         pytest.skip("distributed-ucxx is not installed")

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from spillway.deploy.slurm import queue
-from spillway.service.cli import main
+from spillway.cli import main
 
 
 def test_sbatch_parsable_output():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from spillway.service.gpus import GPU, Inventory
-from spillway.service.launch.local_gpu import specs_kwargs
-from spillway.service.launch.plan import HostProbe
-from spillway.service.launch.gpu_worker import node_plan
-from spillway.service.launch.spec import one_for_all, worker_specs
+from spillway.cluster.gpus import GPU, Inventory
+from spillway.cluster.launch.local_gpu import specs_kwargs
+from spillway.cluster.launch.plan import HostProbe
+from spillway.cluster.launch.gpu_worker import node_plan
+from spillway.cluster.launch.spec import one_for_all, worker_specs
 
 
 def h200_host(n: int, *, links: int = 0) -> Inventory:

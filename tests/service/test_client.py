@@ -19,7 +19,7 @@ pytest.importorskip("httpx")
 from reference_inputs import uniform_numpy  # noqa: E402
 import spillway  # noqa: E402
 from spillway.service.client import JobFailed, JobResult, ServiceError, open_output  # noqa: E402
-from spillway.service.run.report import Report  # noqa: E402
+from spillway.run.report import Report  # noqa: E402
 
 # the service tests' helpers start `spillway serve` on loopback and add tenants
 sys.path.insert(0, str(Path(__file__).parent / "api"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spillway.service.launch import open_cluster
-from spillway.service.options import Options
+from spillway.cluster.launch import open_cluster
+from spillway.cluster.options import Options
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from reference_inputs import uniform_numpy
-from spillway.service.cli import main
+from spillway.cli import main
 
 REPORT_KEYS = {"workflow", "params", "wall_s", "result", "verify", "bytes_transferred", "bytes_spilled",
                "peak_bytes_per_worker", "bytes_read", "bytes_written", "footprint"}

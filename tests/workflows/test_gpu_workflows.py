@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from spillway.service.launch import open_cluster
-from spillway.service.options import Options
-from spillway.service.run.compute import run_workflow
-from spillway.service.sizes import format_bytes
+from spillway.cluster.launch import open_cluster
+from spillway.cluster.options import Options
+from spillway.run.compute import run_workflow
+from spillway.cluster.sizes import format_bytes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -48,7 +48,7 @@ ROWS: list[tuple] = []
 
 @pytest.fixture(scope="module")
 def gpu2(request):
-    from spillway.service.gpus import discover
+    from spillway.cluster.gpus import discover
 
     if len(discover()) < 2:
         pytest.skip("needs two GPUs")
@@ -103,7 +103,7 @@ def test_200gb_input_is_balanced_over_both_gpus(gpu2, capsys):
     from spillway.workflows import placement, random
     from spillway.workflows.chunking import auto_chunks, shape_from_size
     from spillway.workflows.params import Target
-    from spillway.service.run.target import target_of
+    from spillway.run.target import target_of
 
     client = gpu2.client
     target = target_of(gpu2)

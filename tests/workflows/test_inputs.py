@@ -8,8 +8,8 @@ import pytest
 
 from reference_inputs import uniform_numpy
 from spillway import workflows
-from spillway.service.errors import ParamError
-from spillway.service.run.compute import run_workflow
+from spillway.cluster.errors import ParamError
+from spillway.run.compute import run_workflow
 from spillway.workflows import inputs, random
 from spillway.workflows.params import Target
 

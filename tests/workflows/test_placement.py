@@ -64,7 +64,7 @@ def test_runner_keeps_the_placement(cpu_session, monkeypatch):
     replaced so two CPU workers stand in for two GPUs.)"""
     from distributed import get_task_stream
 
-    from spillway.service.run.compute import run_workflow
+    from spillway.run.compute import run_workflow
     from spillway.workflows import inputs
 
     monkeypatch.setattr(inputs, "spread_workers", lambda target, nbytes: target.workers)

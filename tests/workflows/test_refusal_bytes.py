@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from spillway import workflows
-from spillway.service.cli import main
-from spillway.service.errors import AdmissionError, ParamError
-from spillway.service.memory.admission import Capacity, admit
+from spillway.cli import main
+from spillway.cluster.errors import AdmissionError, ParamError
+from spillway.cluster.memory.admission import Capacity, admit
 from spillway.workflows.params import Target
 
 GB = 10**9

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from spillway import workflows
-from spillway.service.cli import main
-from spillway.service.errors import ParamError
+from spillway.cli import main
+from spillway.cluster.errors import ParamError
 from spillway.workflows.params import Target
 
 CPU = Target(kind="cpu", n_workers=2)

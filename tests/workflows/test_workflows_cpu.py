@@ -8,7 +8,7 @@ import math
 import pytest
 
 from spillway import workflows
-from spillway.service.run.compute import run_workflow
+from spillway.run.compute import run_workflow
 
 #: small parameters per case; each must still make several chunks
 CASES = {

@@ -16,7 +16,7 @@ SHAPE, CHUNKS = (730, 96, 128), (365, 96, 128)
 
 @pytest.fixture(scope="module")
 def cluster():
-    from spillway.service.gpus import discover
+    from spillway.cluster.gpus import discover
 
     if not len(discover()):
         pytest.skip("needs a GPU")
@@ -52,7 +52,7 @@ def _ndbuffer(dask_worker=None):
 
 
 def test_gpu_workers_give_zarr_the_host_buffer(cluster):
-    from spillway.service import zarr_buffer as buffers
+    from spillway.cluster import zarr_buffer as buffers
 
     assert set(cluster.client.run(_ndbuffer).values()) == {buffers.QUALNAME}
 

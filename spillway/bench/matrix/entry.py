@@ -27,7 +27,7 @@ from .cases import Case, workflow_params
 from .run import report_row, row
 from .scale import SEED, Scale
 
-#: words of admission's refusal (``spillway.service.memory.admission.admit``)
+#: words of admission's refusal (``spillway.cluster.memory.admission.admit``)
 REFUSED = "exceeds the cluster's device + host + disk capacity"
 #: seconds for ``spillway serve`` to answer (its cluster's workers start first)
 SERVE_START_S = 240

@@ -8,7 +8,7 @@ the host's memory every half second as the store reads it (memory in use: total 
 available, and the lowest available), and after it the kernel log is read for OOM kills that are new since the
 case started (``dmesg``; where it cannot be read the row says "unknown", never "none").
 A case whose MemAvailable went under the store's headroom (a tenth of the machine, at
-least 2 GiB: :func:`spillway.service.memory.growth.headroom_for`) is flagged.
+least 2 GiB: :func:`spillway.cluster.memory.growth.headroom_for`) is flagged.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ _OOM = re.compile(r"Killed process|Out of memory", re.IGNORECASE)
 
 def meminfo() -> dict[str, int]:
     """MemTotal and MemAvailable in bytes, as the tiered store reads them (the machine's,
-    within the process's cgroup: :mod:`spillway.service.memory.growth`), so that a case
+    within the process's cgroup: :mod:`spillway.cluster.memory.growth`), so that a case
     flagged under the headroom is one the store saw there too."""
-    from spillway.service.memory.growth import host_available, host_total
+    from spillway.cluster.memory.growth import host_available, host_total
 
     return {"MemTotal": host_total(), "MemAvailable": host_available()}
 
@@ -104,7 +104,7 @@ class HostWatch:
         """The row's columns: peak host memory in use, lowest MemAvailable, the store's
         headroom and whether it was crossed, and the kernel's OOM kills ("unknown" where
         the log could not be read)."""
-        from spillway.service.memory.growth import headroom_for
+        from spillway.cluster.memory.growth import headroom_for
 
         headroom = headroom_for(self.total) if self.total else None
         kills = self.new_oom_kills()

@@ -99,8 +99,8 @@ def _futures(collection):
 def _measured(cluster, collections: tuple) -> tuple[Any, float, int, dict]:
     """Compute on the cluster: (values, wall seconds, bytes spilled device -> host and
     host -> disk meanwhile, bytes per move between tiers summed over workers)."""
-    from spillway.service.plugins import worker_snapshot
-    from spillway.service.run.stats import transfer_stats
+    from spillway.cluster.plugins import worker_snapshot
+    from spillway.run.stats import transfer_stats
     from ..measure import spill_moves
 
     client = cluster.client
@@ -115,7 +115,7 @@ def _measured(cluster, collections: tuple) -> tuple[Any, float, int, dict]:
 
 
 def _admit(cluster, name: str, footprint) -> None:
-    from spillway.service.memory.admission import admit, cluster_capacity
+    from spillway.cluster.memory.admission import admit, cluster_capacity
 
     admit(name, footprint, cluster_capacity(cluster.client))
 
@@ -125,8 +125,8 @@ def run_notebook(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict
     the seed, persist them as a user would, hand them to the workflow, compute its graph
     through the notebook's ``compute`` and check against the seeded reference."""
     from spillway import workflows
-    from spillway.service.errors import AdmissionError
-    from spillway.service.run.target import target_of
+    from spillway.cluster.errors import AdmissionError
+    from spillway.run.target import target_of
     from spillway.workflows import random
     from spillway.workflows.backend import backend_for
     from spillway.workflows.registry import relative_error
@@ -166,7 +166,7 @@ def run_notebook(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict
 
 def run_user_code(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict:
     """User-written dask code on inputs the user persisted first, on ``cluster``."""
-    from spillway.service.errors import AdmissionError
+    from spillway.cluster.errors import AdmissionError
     from spillway.workflows.backend import backend_for
 
     nbytes = user_size(case, scale, seed)

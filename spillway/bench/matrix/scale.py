@@ -39,7 +39,7 @@ class Scale:
 def gpu_scale(factor: float = GPU_FACTOR, inventory=None) -> Scale:
     """The GPUs' memory from NVML (the visible GPUs), one worker each, spillway's default
     device limit (80% of a GPU) per worker."""
-    from spillway.service.gpus import discover
+    from spillway.cluster.gpus import discover
 
     inventory = discover() if inventory is None else inventory
     sizes = [g.memory_total for g in inventory.gpus]

@@ -189,7 +189,7 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
 
         scale = gpu_scale()
     if machine is None:
-        from spillway.service.gpus import discover
+        from spillway.cluster.gpus import discover
 
         machine = describe_machine(discover() if kind == "gpu" else None, kind)["name"]
     started_at = datetime.now(timezone.utc)

@@ -23,8 +23,7 @@ several worker counts back and tabulates them (:mod:`.combined`).
 from __future__ import annotations
 
 from .combined import combine, efficiency, load_runs, machine_kind, markdown, plot, text_table, write_report
-from .sizes import (BASE_WORKERS, GROWTH, LEFT_OUT, MODES, PARTS, STUDY, growth_step, modes_at, row_bytes,
-                    scaled, scaled_params, strong_params, study, weak_params)
+from .sizes import (BASE_WORKERS, GROWTH, LEFT_OUT, MODES, PARTS, STUDY, growth_step, modes_at, row_bytes, scaled, scaled_params, strong_params, study, weak_params)
 from .run import file_label, run_study
 
 __all__ = ["BASE_WORKERS", "GROWTH", "LEFT_OUT", "MODES", "PARTS", "STUDY", "combine", "efficiency", "file_label",

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from spillway.service.errors import ParamError
+from spillway.cluster.errors import ParamError
 
 from .. import report
 from ..formatting import columns, fmt_bytes, fmt_shape, fmt_value

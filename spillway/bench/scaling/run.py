@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spillway.service.errors import ParamError
+from spillway.cluster.errors import ParamError
 
 from ..formatting import fmt_shape
 from ..workloads import WORKLOADS

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from spillway.service.errors import ParamError
+from spillway.cluster.errors import ParamError
 
 from ..workloads import Workload, data_bytes
 

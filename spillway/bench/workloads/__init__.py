@@ -26,7 +26,7 @@ failure is recorded as the baseline's result, not as a failed bench.
 
 from __future__ import annotations
 
-from spillway.service.errors import ParamError
+from spillway.cluster.errors import ParamError
 
 from .checked import CHECKED
 from .standard import STANDARD

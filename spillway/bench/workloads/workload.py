@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from spillway import workflows
-from spillway.service.errors import ParamError
+from spillway.cluster.errors import ParamError
 from spillway.workflows.backend import backend_for
 from spillway.workflows.params import Target
 

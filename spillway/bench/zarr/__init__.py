@@ -12,7 +12,7 @@ chunks and read back, each in turn (so the disk holds one at a time):
   chunks, written from device memory with KvikIO on GPU workers);
 * ``zstd``: what GPU reads of compressed data want, through the user's path (dask's
   ``store`` into a zarr array, zarr's CPU zstd encoder; CuPy chunks reach zarr through
-  :mod:`spillway.service.zarr_buffer`): shards of 365 days, each day cut into bands of rows of
+  :mod:`spillway.cluster.zarr_buffer`): shards of 365 days, each day cut into bands of rows of
   at most 1 MiB, each band an inner chunk of its own zstd frame, so a shard is thousands
   of frames that nvCOMP decodes in one batch.
 

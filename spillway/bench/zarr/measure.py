@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from spillway.service.sizes import format_bytes
+from spillway.cluster.sizes import format_bytes
 
 from .. import ceilings
 from .prepare import DTYPE, QUANTUM, STORES, ZarrRun

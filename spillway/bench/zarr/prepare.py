@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from spillway.service.errors import ParamError
-from spillway.service.gpus import Inventory
-from spillway.service.memory.growth import host_total
-from spillway.service.options import Options
-from spillway.service.sizes import format_bytes
+from spillway.cluster.errors import ParamError
+from spillway.cluster.gpus import Inventory
+from spillway.cluster.memory.growth import host_total
+from spillway.cluster.options import Options
+from spillway.cluster.sizes import format_bytes
 
 from .. import ceilings
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spillway.service.sizes import format_bytes
+from spillway.cluster.sizes import format_bytes
 
 from ..formatting import columns, fmt_percent, fmt_shape, fmt_value, gpu_list, stack_line
 from .prepare import CACHED_TARGET_GBPS, MEASURES

@@ -10,7 +10,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from spillway.service.sizes import format_bytes
+from spillway.cluster.sizes import format_bytes
 
 from .. import report
 from ..formatting import fmt_shape, stream_log
@@ -81,7 +81,7 @@ def targets(stores: dict, kind: str) -> list[dict]:
 def run_zarr_bench(zarr_run: ZarrRun, out_dir: Path, *, stream=sys.stderr) -> tuple[dict, dict[str, Path]]:
     """Measure the ceilings, start spillway's cluster, write and read; then write the
     JSON, markdown and plot. Returns the results and the paths."""
-    from spillway.service.launch import open_cluster
+    from spillway.cluster.launch import open_cluster
 
     machine = report.describe_machine(zarr_run.inventory, zarr_run.kind)
     started = datetime.now(timezone.utc)

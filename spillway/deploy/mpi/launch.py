@@ -18,18 +18,9 @@ from typing import Any
 
 import dask.config
 
-from spillway.service.errors import OptionsError
-from spillway.service.launch import (
-    HostProbe,
-    LaunchPlan,
-    WorkerSpec,
-    node_plan,
-    one_for_all,
-    quiet_ucx,
-    worker_config,
-    worker_specs,
-)
-from spillway.service.options import Options
+from spillway.cluster.errors import OptionsError
+from spillway.cluster.launch import (HostProbe, LaunchPlan, WorkerSpec, node_plan, one_for_all, quiet_ucx, worker_config, worker_specs)
+from spillway.cluster.options import Options
 
 from .. import commands
 from .layout import SCHEDULER_RANK, check_world, device_for_rank, execute_kwargs
@@ -86,7 +77,7 @@ class MPIRank:
             import dask.config
             from distributed import Client
 
-            from spillway.service.launch import open_cluster
+            from spillway.cluster.launch import open_cluster
 
             address = dask.config.get("scheduler-address")
             try:
@@ -126,7 +117,7 @@ def run(options: Options, work: Callable[[Any], dict], *, comm=None) -> dict | N
     launch = LaunchPlan(kind="cpu" if options.cpu else "gpu", n_workers=n_workers, protocol=protocol)
     specs: tuple[WorkerSpec, ...] = ()
     if rank != SCHEDULER_RANK and not options.cpu:
-        from spillway.service.gpus import discover
+        from spillway.cluster.gpus import discover
 
         # the node's GPUs, seen before this rank is narrowed to its own
         inventory = discover()

@@ -1,5 +1,5 @@
 """The settings of one Slurm batch job: where and how long it runs, not how the cluster
-behaves (that is :class:`spillway.service.options.Options`).
+behaves (that is :class:`spillway.cluster.options.Options`).
 
 Every value lands in an ``#SBATCH`` line or a shell word, so each is checked here and a
 bad one stops with one line naming it and its limit, before anything is submitted.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from spillway.service.errors import OptionsError
+from spillway.cluster.errors import OptionsError
 
 MAX_NODES = 100_000
 MAX_GPUS_PER_NODE = 64

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from dataclasses import asdict, dataclass
 
-from spillway.service.errors import SpillwayError
+from spillway.cluster.errors import SpillwayError
 
 _JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
 #: squeue columns: id, state, elapsed, limit, nodes, reason or node list

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spillway.service.errors import OptionsError
-from spillway.service.launch import off_node_spec
-from spillway.service.options import Options
+from spillway.cluster.errors import OptionsError
+from spillway.cluster.launch import off_node_spec
+from spillway.cluster.options import Options
 
 from .. import commands
 from .job import JobSettings, format_walltime

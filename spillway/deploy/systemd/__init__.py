@@ -2,7 +2,7 @@
 file, rendered by pure functions.
 
 The cluster settings reach the service as ``DASK_SPILLWAY__<KEY>`` variables in the
-environment file, the layer :meth:`spillway.service.options.Options.resolve` reads anyway, so the
+environment file, the layer :meth:`spillway.cluster.options.Options.resolve` reads anyway, so the
 unit itself names no cluster setting. ``spillway.service`` and ``spillway.env`` in this
 directory are the renderings with the defaults below.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from spillway.service.errors import OptionsError
-from spillway.service.options import OPTIONS, Options
+from spillway.cluster.errors import OptionsError
+from spillway.cluster.options import OPTIONS, Options
 
 HERE = Path(__file__).parent
 

@@ -24,8 +24,8 @@ from fastapi.security import HTTPAuthorizationCredentials
 from sqlalchemy.exc import DBAPIError, TimeoutError as PoolTimeout
 from starlette.concurrency import run_in_threadpool
 
-from ..errors import AdmissionError, ParamError
-from ..sizes import format_bytes
+from spillway.cluster.errors import AdmissionError, ParamError
+from spillway.cluster.sizes import format_bytes
 from ..jobdb import is_unavailable
 from ..jobdb.health import Unavailable
 from . import schemas

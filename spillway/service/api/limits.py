@@ -24,8 +24,8 @@ import anyio
 from fastapi import Request
 from fastapi.routing import APIRoute
 
-from ..errors import OptionsError
-from ..sizes import format_bytes, parse_size
+from spillway.cluster.errors import OptionsError
+from spillway.cluster.sizes import format_bytes, parse_size
 
 DEFAULT_MAX_REQUEST_BYTES = 2**20
 DEFAULT_BODY_TIMEOUT_S = 30.0

@@ -9,16 +9,16 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..plugins import worker_snapshot
+from spillway.cluster.plugins import worker_snapshot
 
 
 def _device_memory(dask_worker):
     """(used, total) bytes of the worker's GPU, or None on a CPU worker."""
-    from ..plugins import PLUGIN_NAME
+    from spillway.cluster.plugins import PLUGIN_NAME
 
     if getattr(dask_worker.plugins.get(PLUGIN_NAME), "kind", "cpu") != "gpu":
         return None
-    from ..gpus import discover
+    from spillway.cluster.gpus import discover
 
     inventory = discover()  # honours CUDA_VISIBLE_DEVICES: GPU 0 is this worker's
     if not len(inventory):

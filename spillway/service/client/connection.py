@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import ServiceError
+from spillway.cluster.errors import ServiceError
 from .jobs import Job
 
 

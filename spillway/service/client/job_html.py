@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..html_tables import STATE_COLOURS, escape, pairs, table
-from ..sizes import format_bytes
+from spillway.run.html_tables import STATE_COLOURS, escape, pairs, table
+from spillway.cluster.sizes import format_bytes
 
 
 def job_html(record: Mapping) -> str:

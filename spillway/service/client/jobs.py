@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from spillway.workflows.outputs import open_output
 
-from ..errors import SpillwayError
+from spillway.cluster.errors import SpillwayError
 
 if TYPE_CHECKING:
     from .connection import ServiceClient
@@ -63,7 +63,7 @@ class Job:
         the job's error when it fails or is cancelled, TimeoutError after ``timeout`` s.
         Interrupting the wait leaves the job running on the service (``cancel()`` stops it).
         """
-        from ..bars import advance, progress_bar
+        from spillway.run.bars import advance, progress_bar
 
         deadline = None if timeout is None else time.monotonic() + timeout
         bar = progress_bar(self.record["workflow"], progress) if progress else None
@@ -127,7 +127,7 @@ class JobResult:
     """A finished job's summary, run report and (lazily) its array output."""
 
     def __init__(self, body: dict, *, results_dir: str | None = None, backend: str = "auto"):
-        from ..run.report import Report
+        from spillway.run.report import Report
 
         self.id = body["id"]
         self.state = body["state"]

@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import SpillwayError
+from spillway.cluster.errors import SpillwayError
 from .health import DatabaseHealth, is_unavailable
 from .models import DEFAULT_MAX_JOB_BYTES, FINAL_STATES, STATES, Job, LogLine, Tenant, Token
 from .schema import migrate

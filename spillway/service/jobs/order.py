@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..sizes import format_bytes
+from spillway.cluster.sizes import format_bytes
 
 
 def _eligible(queued: list[dict], per_tenant: Counter) -> list[dict]:

@@ -1,6 +1,6 @@
 """The job queue's loop: starts queued jobs on the cluster, tracks them, stops cancelled ones.
 
-Each job runs :func:`spillway.service.run.compute.run_workflow` in its own thread with its own Dask
+Each job runs :func:`spillway.run.compute.run_workflow` in its own thread with its own Dask
 client on the shared scheduler. A client of its own gives each job its own progress
 count (the progress plugin follows a client's next graph) and a clean cancel: cancelling
 that client's futures stops the job's tasks and releases its memory, touching no other
@@ -23,11 +23,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import ParamError
-from ..memory.admission import admit, cluster_capacity
-from ..progress import client_progress
-from ..run.compute import run_workflow
-from ..run.target import target_of
+from spillway.cluster.errors import ParamError
+from spillway.cluster.memory.admission import admit, cluster_capacity
+from spillway.run.progress import client_progress
+from spillway.run.compute import run_workflow
+from spillway.run.target import target_of
 from ..jobdb import JobDB, is_unavailable
 from .order import next_job, waiting_reasons
 
@@ -51,7 +51,7 @@ class _Running:
 
 
 class JobQueue:
-    """Runs the queue kept in ``jobdb`` on ``session`` (a :class:`spillway.service.launch.Session`)."""
+    """Runs the queue kept in ``jobdb`` on ``session`` (a :class:`spillway.cluster.launch.Session`)."""
 
     def __init__(self, jobdb: JobDB, session, *, results_dir: str | None = None,
                  input_roots: tuple[str, ...] = (), poll_s: float = 0.25,
@@ -101,7 +101,7 @@ class JobQueue:
 
     def footprint(self, workflow: str, params: dict, *, output: bool = False) -> int:
         """Validate a submission against the workflow on this cluster; the projected
-        bytes. Raises :class:`~spillway.service.errors.ParamError` (or AdmissionError) with the bad
+        bytes. Raises :class:`~spillway.cluster.errors.ParamError` (or AdmissionError) with the bad
         value and the limit, before anything is queued."""
         from spillway import workflows
         from spillway.workflows.inputs import RANDOM

@@ -80,7 +80,7 @@ def _budget() -> int:
     env = os.environ.get("SPILLWAY_ZARR_DECODE_BUFFER_BYTES")
     if env:
         return int(env)
-    from spillway.service.memory.growth import host_total
+    from spillway.cluster.memory.growth import host_total
 
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     share = BUFFER_SHARE / max(1, len(visible))  # one worker per GPU on this host
@@ -103,7 +103,7 @@ class BufferSet:
     def __init__(self, budget: int, alloc: Callable[[int], np.ndarray] | None = None, pinned=None):
         self.budget = int(budget)
         self._alloc = alloc or (lambda n: np.empty(n, dtype=np.uint8))
-        #: the tiered store's host buffers (:class:`~spillway.service.memory.host.HostBuffers`)
+        #: the tiered store's host buffers (:class:`~spillway.cluster.memory.host.HostBuffers`)
         #: on a worker that has one: buffers that go to the device are slices of its
         #: pinned arena while it has room (already pinned: the copy runs at the pinned rate,
         #: with no pinning cost), counted in the store's summary as arena bytes in use
@@ -399,7 +399,7 @@ def _store_host_buffers():
         data = get_worker().data
     except (ImportError, ValueError):
         return None
-    from spillway.service.memory.store import TieredStore
+    from spillway.cluster.memory.store import TieredStore
 
     return data.host if isinstance(data, TieredStore) else None
 

@@ -62,7 +62,7 @@ def write_chunk(block, files: ChunkFiles, block_info=None):
                       "written by zarr (install spillway[cuda13] or [cuda12])")
     import zarr
 
-    from spillway.service.zarr_buffer import to_host
+    from spillway.cluster.zarr_buffer import to_host
 
     region = tuple(slice(int(a), int(b)) for a, b in info["array-location"])
     host = to_host(block)

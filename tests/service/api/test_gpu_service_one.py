@@ -14,7 +14,7 @@ from serve_helpers import Server, add_tenant
 
 from reference_inputs import uniform_numpy
 import spillway
-from spillway.service.gpus import discover
+from spillway.cluster.gpus import discover
 from spillway.workflows.registry import relative_error
 
 pytestmark = pytest.mark.gpu

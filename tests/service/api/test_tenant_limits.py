@@ -91,7 +91,7 @@ def _old_database(path, version: int) -> None:
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_an_old_database_keeps_its_limits_and_takes_the_new_default(tmp_path, version, capsys):
-    from spillway.service.cli.serve import _notice_old_limits
+    from spillway.cli.serve import _notice_old_limits
 
     path = tmp_path / "spillway.db"
     _old_database(path, version)

@@ -1,0 +1,80 @@
+"""Click flags for every cluster option, made from the option declarations.
+
+No flag is written by hand: declaring an option on :class:`spillway.cluster.options.Options`
+adds its flag (``--key``, or ``--key/--no-key`` for a boolean) with the declared help.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import click
+
+from spillway.cluster.options import OPTIONS, Options
+
+
+def cluster_options(func):
+    """Add one flag per option; the command receives them as ``options_flags`` (None
+    where a flag was not given)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        flags = {o.name: kwargs.pop(o.name) for o in OPTIONS}
+        return func(*args, options_flags=flags, **kwargs)
+
+    for o in reversed(OPTIONS):
+        if o.switch:
+            wrapper = click.option(f"{o.flag}/--no-{o.key}", o.name, default=None, help=o.help)(wrapper)
+        else:
+            wrapper = click.option(o.flag, o.name, default=None, metavar="VALUE", help=o.help)(wrapper)
+    return wrapper
+
+
+def resolve(flags: dict) -> Options:
+    return Options.resolve(flags)
+
+
+def parse_param_pairs(pairs: tuple[str, ...]) -> dict:
+    """``K=V`` pairs; V is JSON when it parses as JSON (numbers, lists), else a string."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--param")
+        key, _, text = pair.partition("=")
+        key = key.strip()
+        if key in out:
+            raise click.BadParameter(f"{key!r} is given twice", param_hint="--param")
+        try:
+            out[key] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key] = text
+    return out
+
+
+def collect_params(param_pairs: tuple[str, ...], params_json: str | None) -> dict:
+    """``--params-json`` as the base, ``--param K=V`` pairs on top."""
+    try:
+        params = json.loads(params_json) if params_json else {}
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"{params_json[:80]!r} is not JSON ({e.msg} at character {e.pos})",
+                                 param_hint="--params-json") from None
+    if not isinstance(params, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--params-json")
+    params.update(parse_param_pairs(param_pairs))
+    return params
+
+
+def workflow_params(func):
+    """WORKFLOW and its parameters (``--param K=V``, ``--params-json``); the command
+    receives ``workflow`` and the parsed ``params``."""
+
+    @functools.wraps(func)
+    def wrapper(*args, param_pairs, params_json, **kwargs):
+        return func(*args, params=collect_params(param_pairs, params_json), **kwargs)
+
+    wrapper = click.option("--params-json", default=None, metavar="JSON",
+                           help="All parameters as one JSON object.")(wrapper)
+    wrapper = click.option("-p", "--param", "param_pairs", multiple=True, metavar="K=V",
+                           help="Workflow parameter (repeatable); values parse as JSON where they can.")(wrapper)
+    return click.argument("workflow")(wrapper)

@@ -1,0 +1,402 @@
+"""``spillway serve`` (the shared cluster service) and ``spillway tenant`` (its tenants)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import click
+
+from . import CONTEXT, fail_cleanly
+from .options import cluster_options, resolve
+
+DEFAULT_STATE_DIR = os.path.join(os.environ.get("XDG_STATE_HOME", "~/.local/state"), "spillway")
+
+state_options = [
+    click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, envvar="SPILLWAY_STATE_DIR",
+                 help="Directory for the embedded SQLite database and the owner's scheduler file."),
+    click.option("--db", default=None, envvar="SPILLWAY_DB", metavar="URL",
+                 help="Database URL instead of SQLite in --state-dir (postgresql://user@host/db)."),
+]
+
+
+def with_state(func):
+    for option in reversed(state_options):
+        func = option(func)
+    return func
+
+
+def service_cluster_options(func):
+    """The cluster flags of ``spillway up``, except ``--host``: here ``--host`` is the
+    HTTP address, and the scheduler keeps the configured address (loopback by default,
+    set with ``DASK_SPILLWAY__HOST``), so tenants reach the cluster only through the API."""
+    wrapped = cluster_options(func)
+
+    @functools.wraps(wrapped)
+    def wrapper(*args, **kwargs):
+        return wrapped(*args, host=None, **kwargs)
+
+    wrapper.__click_params__ = [p for p in wrapped.__click_params__ if p.name != "host"]
+    return wrapper
+
+
+def open_jobdb(state_dir, db):
+    from spillway.service.jobdb import JobDB
+
+    return JobDB.open(state_dir, db)
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--host", "http_host", default="127.0.0.1", show_default=True,
+              help="Address the HTTP API listens on (0.0.0.0 for every interface).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="Port of the HTTP API.")
+@with_state
+@click.option("--results-dir", default=None, type=click.Path(file_okay=False),
+              help="Where jobs' Zarr outputs are written, one store per job [default: STATE_DIR/results]; "
+                   "a directory the owner's analysis machines also see, for results read in place.")
+@click.option("--data-dir", "data_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="A directory tenants may name Zarr inputs in (repeatable); without one, jobs use "
+                   "generated inputs only.")
+@click.option("--https-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Serve HTTPS with this certificate (PEM); needs --https-key.")
+@click.option("--https-key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Private key (PEM) of --https-cert.")
+@click.option("--max-request-bytes", default="1MiB", show_default=True, envvar="SPILLWAY_MAX_REQUEST_BYTES",
+              help="Largest request body (bytes such as 1MiB); larger ones get 413 before they are read, "
+                   "parsed or authenticated.")
+@click.option("--body-timeout", default=30.0, show_default=True, type=float, envvar="SPILLWAY_BODY_TIMEOUT",
+              help="Seconds a client has to send a whole request body; slower ones get 408 and are closed.")
+@service_cluster_options
+@fail_cleanly
+def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, https_key, max_request_bytes,
+          body_timeout, options_flags):
+    """Serve the shared cluster service: an authenticated HTTP API with a persistent,
+    prioritised job queue, tenants, a web page (/ui) and Prometheus metrics (/metrics).
+
+    Starts the cluster from the same options as `spillway up`, or attaches to one with
+    --scheduler-file / --scheduler-address. The scheduler file for the owner's trusted
+    direct access is written to STATE_DIR/scheduler.json (readable by the owner only).
+
+    \b
+    Examples:
+      spillway tenant add alice                     # prints alice's token once
+      spillway serve --port 8000 --rmm-pool-size 100GB
+      spillway serve --cpu --n-workers 4 --db postgresql://spillway@db/spillway
+      spillway serve --host 0.0.0.0 --https-cert cert.pem --https-key key.pem
+    """
+    import uvicorn
+
+    from spillway.service.api import create_app
+    from spillway.service.api.limits import ServiceLimits
+    from spillway.service.jobs import JobQueue
+    from spillway.cluster.launch import open_cluster
+
+    if bool(https_cert) != bool(https_key):
+        raise click.UsageError("--https-cert and --https-key go together")
+    options = resolve(options_flags)
+    limits = ServiceLimits(max_request_bytes=max_request_bytes, body_timeout_s=body_timeout)
+    _check_scheduler_private(options)
+    if not https_cert and http_host not in LOOPBACK:
+        click.echo(f"spillway: warning: plain HTTP on {http_host}: tokens cross the network in clear; "
+                   "use --https-cert/--https-key or a TLS proxy", err=True)
+    jobdb = open_jobdb(state_dir, db)
+    _notice_old_limits(jobdb)
+    results = Path(results_dir or Path(state_dir).expanduser() / "results").expanduser()
+    results.mkdir(parents=True, exist_ok=True)
+    with open_cluster(options) as session:
+        _write_owner_file(session, Path(state_dir).expanduser())
+        queue = JobQueue(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
+        queue.start()
+        try:
+            app = create_app(jobdb, queue, limits=limits)
+            scheme = "https" if https_cert else "http"
+            click.echo(f"serving {scheme}://{http_host}:{port}  ({session.n_workers} {session.kind} workers, "
+                       f"scheduler {session.scheduler_address})", err=True)
+            uvicorn.run(app, host=http_host, port=port, ssl_certfile=https_cert, ssl_keyfile=https_key,
+                        log_level="warning", access_log=False)
+        finally:
+            queue.stop()
+            jobdb.close()
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _notice_old_limits(jobdb) -> None:
+    """Tenants added before the cluster's admission was the default kept the old 64 GiB
+    limit (the database cannot tell it from one typed on purpose): say how to lift it."""
+    from spillway.service.jobdb.schema import old_default_tenants
+
+    names = old_default_tenants(jobdb.tenants())
+    if names:
+        click.echo(f"spillway: tenant(s) {', '.join(names)} keep the old default limit of 64 GiB per job; "
+                   "`spillway tenant set NAME --max-job-bytes cluster` lets them submit what the cluster admits",
+                   err=True)
+
+
+def _check_scheduler_private(options) -> None:
+    """The scheduler runs any code a client sends it: the cluster the service starts
+    listens on loopback, or on the network only behind TLS."""
+    from spillway.cluster.errors import OptionsError
+
+    if options.attach or options.tls_ca_file:
+        return
+    if options.interface or options.host not in LOOPBACK:
+        where = f"interface {options.interface}" if options.interface else f"host {options.host}"
+        raise OptionsError(
+            f"host: the service's scheduler would listen on {where} without TLS, where anyone who "
+            "reaches it can run code; keep it on 127.0.0.1 or give tls-ca-file, tls-cert and tls-key")
+
+
+def _write_owner_file(session, state_dir: Path):
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "scheduler.json"
+    # The scheduler runs anything a client sends it, so only the owner may read where it is.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"address": session.scheduler_address, "type": "Scheduler"}, f)
+
+
+@click.group(context_settings=CONTEXT)
+def tenant():
+    """Tenants of the shared service and their tokens.
+
+    \b
+    Examples:
+      spillway tenant add alice                 # jobs up to what the cluster admits
+      spillway tenant add bob --max-running 4 --max-job-bytes 200GB
+      spillway tenant set alice --max-job-bytes 100GB
+      spillway tenant add ops --admin --expires-in 90d
+      spillway tenant list
+      spillway tenant token alice --keep-old --expires-in 30d   # rotation: a second token
+      spillway tenant revoke-token alice --old                  # ... then the first goes
+      spillway tenant revoke alice
+    """
+
+
+#: what ``tenant add`` / ``tenant list`` show for a tenant without a per-job limit
+CLUSTER = "cluster"
+
+
+def _job_limit(value: str | None) -> int | None:
+    """``--max-job-bytes``: a size, or ``cluster`` (what the serving cluster's admission
+    accepts: device + host tier + disk)."""
+    from spillway.service.jobdb import DEFAULT_MAX_JOB_BYTES
+    from spillway.cluster.sizes import parse_size
+
+    if value is None:
+        return DEFAULT_MAX_JOB_BYTES
+    if value.strip().lower() == CLUSTER:
+        return None
+    try:
+        return parse_size(value, name="max-job-bytes", minimum=1)
+    except ValueError as e:
+        raise click.BadParameter(f"{e}; or 'cluster' for the cluster's admission", param_hint="--max-job-bytes") \
+            from None
+
+
+def job_limit_text(limit: int | None) -> str:
+    from spillway.cluster.sizes import format_bytes
+
+    return CLUSTER if limit is None else format_bytes(limit)
+
+
+def _settings(info: dict) -> str:
+    return (f"admin={str(info['admin']).lower()}, priority={info['priority']}, "
+            f"max-running={info['max_running']}, max-job-bytes={job_limit_text(info['max_job_bytes'])}")
+
+
+MAX_JOB_BYTES_HELP = ("Largest projected footprint of one job: a size such as 200GB, or 'cluster' for what the "
+                      "serving cluster's admission accepts (device + host tier + disk).")
+
+
+def expiry_options(func):
+    func = click.option("--expires-at", default=None, metavar="DATE",
+                        help="The token stops working at this ISO date or time (2027-01-31, UTC unless "
+                             "a zone is given).")(func)
+    return click.option("--expires-in", default=None, metavar="DURATION",
+                        help="The token stops working after this long (30d, 12h, 90m, 2w) [default: never].")(func)
+
+
+def _expiry(expires_in, expires_at):
+    from spillway.service.jobdb.tokens import parse_expiry
+
+    return parse_expiry(expires_in=expires_in, expires_at=expires_at)
+
+
+def _until(expires) -> str:
+    return f"until {expires.isoformat(timespec='seconds')}" if expires else "without expiry"
+
+
+@tenant.command("add", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--admin", is_flag=True, help="The token sees and cancels every tenant's jobs.")
+@click.option("--priority", default=0, show_default=True, type=click.IntRange(-100, 100),
+              help="Added to each job's priority; higher runs first.")
+@click.option("--max-running", default=2, show_default=True, type=click.IntRange(1, 10_000),
+              help="Jobs of this tenant that may run at once.")
+@click.option("--max-job-bytes", default=None, metavar="SIZE|cluster",
+              help=MAX_JOB_BYTES_HELP + "  [default: cluster]")
+@expiry_options
+@with_state
+@fail_cleanly
+def tenant_add(name, admin, priority, max_running, max_job_bytes, expires_in, expires_at, state_dir, db):
+    """Add tenant NAME; prints its token alone on the last line (shown only this once)."""
+    limit = _job_limit(max_job_bytes)
+    expires = _expiry(expires_in, expires_at)
+    jobdb = open_jobdb(state_dir, db)
+    try:
+        info, token = jobdb.add_tenant(name, admin=admin, priority=priority, max_running=max_running,
+                                       max_job_bytes=limit, expires=expires)
+    finally:
+        jobdb.close()
+    click.echo(f"tenant {info['name']} added ({_settings(info)}); its token, valid {_until(expires)}, "
+               "shown only now:")
+    click.echo(token)
+
+
+@tenant.command("set", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--priority", default=None, type=click.IntRange(-100, 100),
+              help="Added to each job's priority; higher runs first.")
+@click.option("--max-running", default=None, type=click.IntRange(1, 10_000),
+              help="Jobs of this tenant that may run at once.")
+@click.option("--max-job-bytes", default=None, metavar="SIZE|cluster", help=MAX_JOB_BYTES_HELP)
+@with_state
+@fail_cleanly
+def tenant_set(name, priority, max_running, max_job_bytes, state_dir, db):
+    """Change tenant NAME's priority or limits; its token and jobs stay. A new per-job
+    limit applies to jobs submitted from now on.
+
+    \b
+    Examples:
+      spillway tenant set alice --max-job-bytes 100GB     # a lower limit than the cluster's
+      spillway tenant set alice --max-job-bytes cluster   # back to what admission accepts
+    """
+    changes = {}
+    if priority is not None:
+        changes["priority"] = priority
+    if max_running is not None:
+        changes["max_running"] = max_running
+    if max_job_bytes is not None:
+        changes["max_job_bytes"] = _job_limit(max_job_bytes)
+    if not changes:
+        raise click.UsageError("give --priority, --max-running or --max-job-bytes")
+    jobdb = open_jobdb(state_dir, db)
+    try:
+        info = jobdb.set_tenant(name, **changes)
+    finally:
+        jobdb.close()
+    click.echo(f"tenant {info['name']} set ({_settings(info)})")
+
+
+@tenant.command("token", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--keep-old", is_flag=True,
+              help="Keep NAME's other tokens valid (rotation: move clients to the new token, then "
+                   "`spillway tenant revoke-token NAME --old`). Without it they are revoked now.")
+@expiry_options
+@with_state
+@fail_cleanly
+def tenant_token(name, keep_old, expires_in, expires_at, state_dir, db):
+    """Issue a new token for tenant NAME; prints it alone on the last line (shown only this once)."""
+    expires = _expiry(expires_in, expires_at)
+    jobdb = open_jobdb(state_dir, db)
+    try:
+        info, token = jobdb.issue_token(name, expires=expires, keep_old=keep_old)
+    finally:
+        jobdb.close()
+    others = "its other tokens stay valid" if keep_old else "its other tokens are revoked"
+    click.echo(f"token {info['id']} of tenant {name}, valid {_until(expires)} ({others}); shown only now:")
+    click.echo(token)
+
+
+@tenant.command("revoke-token", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--id", "token_id", type=int, default=None, help="The token to revoke (`spillway tenant tokens NAME`).")
+@click.option("--old", is_flag=True, help="Revoke every token of NAME but the newest (the end of a rotation).")
+@with_state
+@fail_cleanly
+def tenant_revoke_token(name, token_id, old, state_dir, db):
+    """Revoke one of tenant NAME's tokens (the tenant stays)."""
+    jobdb = open_jobdb(state_dir, db)
+    try:
+        ids = jobdb.revoke_token(name, token_id=token_id, old=old)
+    finally:
+        jobdb.close()
+    click.echo(f"tenant {name}: revoked token(s) {', '.join(map(str, ids))}" if ids
+               else f"tenant {name}: no other valid token to revoke")
+
+
+@tenant.command("tokens", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print as one JSON list.")
+@with_state
+@fail_cleanly
+def tenant_tokens(name, as_json, state_dir, db):
+    """List tenant NAME's tokens: id, created, expiry, revocation, last use (never the tokens)."""
+    jobdb = open_jobdb(state_dir, db)
+    try:
+        rows = jobdb.tokens(name)
+    finally:
+        jobdb.close()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'id':>4}  {'created':<25} {'expires':<25} {'last used':<25} state")
+    for t in rows:
+        click.echo(f"{t['id']:>4}  {_short(t['created']):<25} {_short(t['expires']) or 'never':<25} "
+                   f"{_short(t['last_used']) or '-':<25} {_token_state(t)}")
+
+
+def _short(iso: str | None) -> str:
+    return iso[:19].replace("T", " ") + "Z" if iso else ""
+
+
+def _token_state(t: dict) -> str:
+    from datetime import datetime, timezone
+
+    if t["revoked"]:
+        return "revoked"
+    if t["expires"] and datetime.fromisoformat(t["expires"]) <= datetime.now(timezone.utc):
+        return "expired"
+    return "valid"
+
+
+@tenant.command("list", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print as one JSON list (max_job_bytes null: the cluster's).")
+@with_state
+@fail_cleanly
+def tenant_list(as_json, state_dir, db):
+    """List tenants (never their tokens)."""
+    jobdb = open_jobdb(state_dir, db)
+    try:
+        rows = jobdb.tenants()
+    finally:
+        jobdb.close()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'job bytes':>12}  {'state':<8} "
+               f"{'tokens':>6}  {'expires':<21} last used")
+    for t in rows:
+        click.echo(f"{t['name']:<20} {str(t['admin']).lower():<6} {t['priority']:>8} {t['max_running']:>8} "
+                   f"{job_limit_text(t['max_job_bytes']):>12}  {'revoked' if t['revoked'] else 'active':<8} "
+                   f"{t['tokens']:>6}  {_short(t['expires']) or 'never':<21} {_short(t['last_used']) or '-'}")
+
+
+@tenant.command("revoke", context_settings=CONTEXT)
+@click.argument("name")
+@with_state
+@fail_cleanly
+def tenant_revoke(name, state_dir, db):
+    """Revoke tenant NAME's token at once (its jobs stay readable to an admin)."""
+    jobdb = open_jobdb(state_dir, db)
+    try:
+        jobdb.revoke_tenant(name)
+    finally:
+        jobdb.close()
+    click.echo(f"tenant {name} revoked")

@@ -1,0 +1,154 @@
+"""The tiered store inside a GPU worker: built by the worker (:func:`gpu_worker_store`,
+through :func:`spillway.cluster.launch.worker_store.build_store`) and wired to the
+worker's task queue, RMM resource and event loop by the worker plugin."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from .books import HostBooks
+from .codecs import CupyCodec
+from .disk import DiskTier
+from .growth import headroom_for, host_available, host_total
+from .host import HostBuffers
+from .store import TieredStore
+
+
+#: cudaHostRegisterPortable: pinned for every CUDA context of the process
+_REGISTER_PORTABLE = 1
+_PAGE = 4096
+#: bytes touched per call, each with the GIL released (ctypes.memset)
+_TOUCH_STEP = 256 << 20
+#: threads touching one segment: the first touch is page faults (the kernel zeroing and
+#: mapping each page, and on a virtual machine the host backing it), which one thread
+#: does at about 2.3 GiB/s on the GPU host; they run at the growth thread's nice value
+_TOUCH_THREADS = max(1, min(4, (os.cpu_count() or 2) // 4))
+
+
+def take_segment(nbytes: int) -> np.ndarray:
+    """One arena segment: host memory touched page by page, then pinned.
+
+    The two costs are taken apart on purpose. Touching (the host handing its RAM to the
+    machine, about 2.3 GiB/s a thread on the GPU host) runs as plain memsets that release
+    the GIL and involve no CUDA call; pinning the pages already there (cudaHostRegister)
+    is then short. Allocating pinned memory is one of the calls that CUDA serializes with
+    the work of every stream of the context, so a cudaHostAlloc that also touched gigabytes
+    would hold spills and kernels of the running worker for seconds. A few threads touch
+    it: a fresh host's first spills wait for the arena (huge pages, asked for with
+    madvise, were slower on a loaded 2-core machine: direct compaction; measure them with
+    ``benchmarks/gpu-host/first-touch.py`` before taking them). Segments are kept for the
+    worker's life (see :func:`give_back_segment` for one that is not used)."""
+    import ctypes
+
+    import cupy
+
+    raw = np.empty(nbytes + _PAGE, dtype=np.uint8)
+    offset = -raw.ctypes.data % _PAGE
+    buf = raw[offset : offset + nbytes]
+    ptr = buf.ctypes.data
+    steps = [(ptr + start, min(_TOUCH_STEP, nbytes - start)) for start in range(0, nbytes, _TOUCH_STEP)]
+    if _TOUCH_THREADS > 1 and len(steps) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(_TOUCH_THREADS, len(steps)), thread_name_prefix="spillway-touch") as pool:
+            list(pool.map(lambda step: ctypes.memset(step[0], 0, step[1]), steps))
+    else:
+        for start, length in steps:
+            ctypes.memset(start, 0, length)
+    cupy.cuda.runtime.hostRegister(ptr, nbytes, _REGISTER_PORTABLE)
+    return buf
+
+
+def give_back_segment(buf: np.ndarray) -> None:
+    """Unpin a segment taken by :func:`take_segment` that the arena will not use."""
+    import cupy
+
+    cupy.cuda.runtime.hostUnregister(buf.ctypes.data)
+
+
+def gpu_worker_store(
+    *,
+    worker_local_directory: str,
+    device_memory_limit: int | None,
+    host_limit: int | None,
+    pinned_pool_size: int,
+    pinned_limit: int | None = None,
+    memory_limit: int | None = None,
+) -> TieredStore:
+    """Runs in the worker process (its CUDA_VISIBLE_DEVICES already set). The limits are
+    bytes, None for none (the worker's spec resolved them:
+    :mod:`spillway.cluster.launch.spec`); ``memory_limit`` bounds what the whole process
+    holds, measured, beside the host tier's books."""
+    # past the arena, pinned buffers from CuPy's pool (freed ones are reused) up to the
+    # worker's share of what the host may pin, then pageable ones
+    host = HostBuffers(None, _pinned_fallback, pinned_limit=pinned_limit, trim=_trim_pinned_pool)
+    store = TieredStore(
+        device_limit=device_memory_limit,
+        host_limit=host_limit,
+        codec=CupyCodec(),
+        disk=DiskTier(worker_local_directory),
+        host=host,
+        books=HostBooks(host_available, headroom=headroom_for(host_total()), process_limit=memory_limit),
+    )
+    if pinned_pool_size:
+        store.on_start.append(functools.partial(start_arena, host, int(pinned_pool_size)))
+    return store
+
+
+def start_arena(host: HostBuffers, nbytes: int):
+    """Grow the pinned arena to ``nbytes`` on a background thread (see
+    :mod:`spillway.cluster.memory.growth`): the worker starts at once, and its spills use each
+    segment as soon as it is in. Taking it here, before the worker opens its comms, took
+    about 35 s for 80 GB on the GPU host and held the worker's start as long."""
+    return host.grow_arena(
+        nbytes, take_segment,
+        give_back=give_back_segment,
+        trim=_trim_pinned_pool,
+        prepare=_near_the_gpu,
+        should_stop=_worker_closing,
+        available=host_available,
+        headroom=headroom_for(host_total()),
+    )
+
+
+def _pinned_fallback(nbytes: int) -> np.ndarray:
+    import cupyx
+
+    return cupyx.empty_pinned(nbytes, dtype=np.uint8)
+
+
+def _trim_pinned_pool() -> None:
+    """Free the pinned blocks CuPy's pool keeps after on-demand buffers are released: they
+    are still pinned, but the limit counts only buffers in use."""
+    import cupy
+
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def _near_the_gpu() -> None:
+    """Run the growing thread on the cores next to this worker's GPU, so the arena's pages
+    land on the GPU's NUMA node. dask-cuda pins the worker's own threads there, but only
+    when its plugins run, after the store (and this thread) exist."""
+    from dask_cuda.utils import get_cpu_affinity, nvml_device_index
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        cores = get_cpu_affinity(nvml_device_index(0, visible))
+        if cores:
+            os.sched_setaffinity(0, cores)
+
+
+def _worker_closing() -> bool:
+    """Whether the worker of this process is closing (the store has no close hook of its
+    own in distributed): growth stops instead of pinning memory on the way out."""
+    try:
+        from distributed import Worker
+        from distributed.core import Status
+    except ImportError:
+        return False
+    workers = list(Worker._instances)
+    done = {Status.closing, Status.closed, Status.closing_gracefully, Status.failed}
+    return bool(workers) and all(w.status in done for w in workers)

@@ -1,0 +1,291 @@
+"""Per-worker setup, as distributed worker plugins.
+
+dask-cuda's own plugins (registered by LocalCUDACluster / ``dask cuda worker``) create the
+RMM resource and pin CPU affinity; :class:`WorkerSetup` runs after them on every worker,
+whichever launcher started it, and adds what spillway needs:
+
+* the worker's kind (``gpu`` or ``cpu``) so workflows build chunks with CuPy or NumPy;
+* allocation statistics over the worker's RMM resource, so peak memory is read from real
+  allocations (temporaries included), not from the sizes of stored results;
+* counters on the worker's spill buffers (bytes moved device -> host -> disk);
+* on GPU workers, zarr takes CuPy chunks (copied to the host as zarr takes them in), so a
+  user's own ``da.to_zarr`` / ``xarray.to_zarr`` of device arrays writes
+  (:mod:`spillway.cluster.zarr_buffer`);
+* with spillway's tiered store (:mod:`spillway.cluster.memory`): eviction by the queued tasks'
+  next use, prefetch of the next tasks' inputs, and spill on demand when an RMM
+  allocation fails.
+
+:func:`worker_snapshot` reads those back; the run report diffs two snapshots.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+PLUGIN_NAME = "spillway-setup"
+
+#: clean-ups :meth:`WorkerSetup.teardown` runs on a GPU worker while its CUDA context is
+#: alive, registered by the modules that make such resources in this process (the Zarr
+#: readers of :mod:`spillway.workflows.zarr.device_io`): the cluster knows no workflow
+_TEARDOWNS: list = []
+
+
+def on_teardown(close) -> None:
+    """Run ``close()`` (once, however often it is registered) when the worker plugin of this
+    process tears down on a GPU worker."""
+    if close not in _TEARDOWNS:
+        _TEARDOWNS.append(close)
+
+
+def _is_gpu_worker() -> bool:
+    if not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return False
+    try:
+        import cupy
+    except ImportError:
+        return False
+    try:
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+class WorkerSetup(WorkerPlugin):
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, track_allocations: bool = True, prefetch: bool = True, spill_on_demand: bool = True):
+        self.track_allocations = track_allocations
+        self.prefetch = prefetch
+        self.spill_on_demand = spill_on_demand
+        self.window_base = 0
+        self.kind = "cpu"
+        self.spilled = {"device_to_host": 0, "host_to_disk": 0, "host_to_device": 0, "disk_to_host": 0}
+        self.statistics = None
+        self.started = time.time()
+
+    def setup(self, worker):
+        from .launch.worker_config import follow_offload_config
+
+        follow_offload_config()  # transfer-offload, where the process imported distributed first
+        self.kind = "gpu" if _is_gpu_worker() else "cpu"
+        store = _tiered_store(worker)
+        if self.kind == "gpu":
+            self._setup_gpu(store)
+        if store is not None:
+            self._wire_store(worker, store)
+        else:
+            self._count_spills(worker.data)
+
+    def _setup_gpu(self, store):
+        import cupy
+        import rmm
+        from rmm.allocators.cupy import rmm_cupy_allocator
+
+        current = rmm.mr.get_current_device_resource()
+        if store is not None and self.spill_on_demand and not _has(current, rmm.mr.FailureCallbackResourceAdaptor):
+            # a failed allocation first spills what no running task holds, then retries
+            current = rmm.mr.FailureCallbackResourceAdaptor(current, lambda nbytes: store.evict_for(nbytes) > 0)
+            rmm.mr.set_current_device_resource(current)
+        if self.track_allocations:
+            if not isinstance(current, rmm.mr.StatisticsResourceAdaptor):
+                current = rmm.mr.StatisticsResourceAdaptor(current)
+                rmm.mr.set_current_device_resource(current)
+            self.statistics = current
+        # CuPy's own pool would hide allocations from RMM's pool and statistics
+        cupy.cuda.set_allocator(rmm_cupy_allocator if store is None else explained(rmm_cupy_allocator, store))
+        # dask's store hands CuPy chunks to zarr, whose CPU buffer refuses them
+        from . import zarr_buffer
+
+        zarr_buffer.install()
+
+    def _wire_store(self, worker, store):
+        from .memory.policy import next_use, running_inputs
+
+        store.rank = next_use(worker)
+        store.in_use = running_inputs(worker)
+        store.name = f"worker {worker.name} ({worker.address})"
+        store.start()
+        if self.statistics is not None:
+            stats = self.statistics
+            store.device_usage = lambda: self.window_base + stats.allocation_counts.current_bytes
+        if store.books is not None:
+            from tornado.ioloop import PeriodicCallback
+
+            from .memory.pause import TICK_MS, HostPause
+
+            self.host_pause = HostPause(worker, store)
+            callback = PeriodicCallback(self.host_pause.tick, TICK_MS)
+            worker.periodic_callbacks["spillway-host-pause"] = callback
+            callback.start()
+        if self.prefetch:
+            from concurrent.futures import ThreadPoolExecutor
+
+            from tornado.ioloop import PeriodicCallback
+
+            self._prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix="spillway-prefetch")
+            self._prefetching = False
+            callback = PeriodicCallback(lambda: self._prefetch_tick(worker, store), 5)
+            worker.periodic_callbacks["spillway-prefetch"] = callback
+            callback.start()
+
+    def _prefetch_tick(self, worker, store):
+        from .memory.policy import upcoming_inputs
+
+        if self._prefetching:
+            return
+        keys = [k for k in upcoming_inputs(worker) if store.tier_of(k) in ("host", "disk")]
+        if not keys:
+            return
+        self._prefetching = True
+
+        def run():
+            try:
+                store.prefetch(keys)
+            except Exception:  # a failed prefetch leaves the value where it was
+                import logging
+
+                logging.getLogger("spillway.memory").exception("prefetch failed")
+            finally:
+                self._prefetching = False
+
+        self._prefetch_pool.submit(run)
+
+    def teardown(self, worker):
+        pool = getattr(self, "_prefetch_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
+        if self.kind == "gpu":
+            # while the CUDA context is alive: what this process's readers registered
+            # (nvCOMP's codecs before their streams, the Zarr host-decode pool's buffers)
+            for close in list(_TEARDOWNS):
+                close()
+
+    def _count_spills(self, data):
+        """Hook the zict buffers of the worker's store (dask-cuda's DeviceHostFile or
+        distributed's SpillBuffer); each hook adds the bytes of what it moves."""
+        from dask.sizeof import sizeof
+
+        def counter(name):
+            def callback(key, value):
+                self.spilled[name] += sizeof(value)
+
+            return callback
+
+        device_buffer = getattr(data, "device_buffer", None)
+        if device_buffer is not None and hasattr(device_buffer, "fast_to_slow_callbacks"):
+            device_buffer.fast_to_slow_callbacks.append(counter("device_to_host"))
+            device_buffer.slow_to_fast_callbacks.append(counter("host_to_device"))
+        host_buffer = getattr(data, "host_buffer", None)
+        if host_buffer is not None and hasattr(host_buffer, "fast_to_slow_callbacks"):
+            host_buffer.fast_to_slow_callbacks.append(counter("host_to_disk"))
+            host_buffer.slow_to_fast_callbacks.append(counter("disk_to_host"))
+        elif hasattr(data, "fast_to_slow_callbacks"):  # SpillBuffer: host -> disk
+            data.fast_to_slow_callbacks.append(counter("host_to_disk"))
+            data.slow_to_fast_callbacks.append(counter("disk_to_host"))
+
+
+def explained(allocate, store):
+    """``allocate`` whose failure, once spill on demand has freed all it could, says so in
+    one line naming the worker, the bytes asked for and each tier's bytes, instead of
+    RMM's "maximum pool size exceeded"."""
+    import functools
+
+    from .errors import DeviceMemoryExhausted
+
+    @functools.wraps(allocate)
+    def allocate_or_explain(nbytes):
+        try:
+            return allocate(nbytes)
+        except MemoryError as error:
+            raise DeviceMemoryExhausted(store.exhausted(nbytes)) from error
+
+    return allocate_or_explain
+
+
+def _tiered_store(worker):
+    from .memory.store import TieredStore
+
+    return worker.data if isinstance(worker.data, TieredStore) else None
+
+
+def _has(resource, kind) -> bool:
+    while resource is not None:
+        if isinstance(resource, kind):
+            return True
+        resource = resource.get_upstream() if hasattr(resource, "get_upstream") else None
+    return False
+
+
+def worker_snapshot(dask_worker) -> dict:
+    """Counters of one worker, taken on the worker (``client.run(worker_snapshot)``)."""
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    incoming = sum(entry["total"] for entry in dask_worker.transfer_incoming_log)
+    snap = {
+        "kind": getattr(plugin, "kind", "cpu"),
+        "time": time.time(),
+        "transfers": [
+            {"start": e["start"], "stop": e["stop"], "bytes": e["total"], "who": e["who"]}
+            for e in dask_worker.transfer_incoming_log
+        ],
+        "transfer_incoming_bytes": incoming,
+        "spilled": dict(getattr(plugin, "spilled", {})),
+        "store": None,
+        "peak_bytes": None,
+        "current_bytes": None,
+        "memory_measure": None,
+    }
+    store = _tiered_store(dask_worker)
+    if store is not None:
+        summary = store.summary()
+        pause = getattr(plugin, "host_pause", None)
+        summary["host_pause"] = pause.summary() if pause is not None else None
+        snap["store"] = summary
+        snap["spilled"] = dict(summary["stats"]["bytes"])
+    stats = getattr(plugin, "statistics", None)
+    if stats is not None:
+        counts = stats.allocation_counts
+        base = getattr(plugin, "window_base", 0)
+        snap.update(
+            peak_bytes=int(base + counts.peak_bytes),
+            current_bytes=int(base + counts.current_bytes),
+            memory_measure="rmm",
+        )
+    host_peak, rss = _host_peak(dask_worker, getattr(plugin, "window_start", 0.0))
+    # the worker process's resident memory (pinned and pageable host tier, Python, CUDA's
+    # host side), sampled by distributed's monitor: the host figure next to RMM's device one
+    snap.update(host_peak_bytes=host_peak, host_bytes=rss)
+    if stats is None:
+        snap.update(peak_bytes=host_peak, current_bytes=rss, memory_measure="rss")
+    return snap
+
+
+def _host_peak(dask_worker, since: float) -> tuple[int, int]:
+    """(peak, current) resident bytes of the worker process since ``since``."""
+    monitor = dask_worker.monitor
+    samples = [m for t, m in zip(monitor.quantities["time"], monitor.quantities["memory"]) if t >= since]
+    rss = int(monitor.get_process_memory())
+    return int(max(samples + [rss])), rss
+
+
+def reset_peak(dask_worker) -> None:
+    """Open a new peak-memory window on one worker (the run report reads its peak)."""
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    if plugin is None:
+        return
+    plugin.window_start = time.time()
+    store = _tiered_store(dask_worker)
+    if store is not None and store.books is not None:
+        store.books.lowest_available = None
+    stats = plugin.statistics
+    if stats is not None:
+        # RMM keeps a stack of counters: a pushed window counts from zero, so remember
+        # the bytes already held to report absolute peaks
+        if getattr(plugin, "window_open", False):
+            stats.pop_counters()
+        plugin.window_base = stats.allocation_counts.current_bytes
+        stats.push_counters()
+        plugin.window_open = True
