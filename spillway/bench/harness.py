@@ -227,7 +227,7 @@ def verify(workload: Workload, scale: str, seed: int, value, *, log, label: str)
     """``value`` (one run's result) against the workload's NumPy float64 reference."""
     import numpy as np
 
-    from spillway.workflows.registry import relative_error
+    from spillway.workflows.workflow import relative_error
 
     computed = float(value.get() if hasattr(value, "get") else value)  # a CuPy scalar comes back as 0-d
     # logged before the reference, which takes minutes at full sizes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from spillway.workflows.registry import relative_error
+from spillway.workflows.workflow import relative_error
 
 
 def check(built, value) -> dict:

@@ -12,7 +12,7 @@ import numpy as np
 from . import inputs
 from .chunking import resolve_chunks
 from .params import Params, Target
-from .registry import Workflow, register
+from .workflow import Workflow
 from .results import REFERENCE_WHOLE_BYTES, footprint, scalar_run
 
 PARAMS = (*inputs.size_params((4000, 4000), (50000, 50000)), inputs.input_param())
@@ -78,11 +78,11 @@ def build(params: Params, target: Target):
                        extra={"shape": list(source.shape), "input_dtype": source.dtype})
 
 
-WORKFLOW = register(Workflow(
+WORKFLOW = Workflow(
     name="elementwise",
     description="(sqrt(exp(-x)*sin(3x) + x**2 + 1) / (1 + x)).sum(): an elementwise chain ending in a sum",
     params=PARAMS,
     build=build,
     check=check,
     array_inputs=("x",),
-))
+)

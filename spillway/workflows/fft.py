@@ -14,7 +14,7 @@ from . import inputs
 from .backend import module_of
 from .chunking import panel_rows, resolve_chunks
 from .params import Params, Target
-from .registry import Workflow, register
+from .workflow import Workflow
 from .results import FULL_CHECK_BYTES, array_run, first_boundary, footprint, window
 
 PARAMS = (*inputs.size_params((4096, 2048), (65536, 32768), what="Shape (transform length x columns)"),
@@ -60,11 +60,11 @@ def build(params: Params, target: Target):
     return array_run(y, probe=y[:, cols], reference=reference, footprint=fp, source=source)
 
 
-WORKFLOW = register(Workflow(
+WORKFLOW = Workflow(
     name="fft",
     description="FFT along axis 0 of a seeded random array chunked along that axis (rechunk, then cuFFT)",
     params=PARAMS,
     build=build,
     check=check,
     array_inputs=("x",),
-))
+)

@@ -12,7 +12,7 @@ import numpy as np
 from . import inputs
 from .chunking import resolve_chunks
 from .params import Param, Params, Target
-from .registry import BYTES_PER_TASK, GraphSize, Workflow, input_chunks, register
+from .workflow import BYTES_PER_TASK, GraphSize, Workflow, input_chunks
 from .results import FULL_CHECK_BYTES, array_run, footprint
 
 COMMON = (*inputs.size_params((4000, 4000), (50000, 50000)), inputs.input_param())
@@ -80,14 +80,14 @@ def gather_build(params: Params, target: Target):
     return _built_run(source, result, index, target, "x[index]")
 
 
-SLICE = register(Workflow(
+SLICE = Workflow(
     name="slice",
     description="x[::step]: every step-th row of a seeded random array",
     params=SLICE_PARAMS,
     build=slice_build,
     check=check,
     array_inputs=("x",),
-))
+)
 
 def gather_graph(workflow, params: Params, target: Target) -> GraphSize | None:
     """x[index] from the parameters alone: ``count`` index rows held on the client (with
@@ -105,7 +105,7 @@ def gather_graph(workflow, params: Params, target: Target) -> GraphSize | None:
                      why=f"{out_rows:,} rows gathered in {out_chunks:,} output chunks")
 
 
-GATHER = register(Workflow(
+GATHER = Workflow(
     name="gather",
     description="x[index]: rows of a seeded random array in a seeded random order, with repeats",
     params=GATHER_PARAMS,
@@ -113,4 +113,4 @@ GATHER = register(Workflow(
     check=check,
     array_inputs=("x",),
     graph=gather_graph,
-))
+)

@@ -19,7 +19,7 @@ from spillway.cluster.errors import ParamError
 from . import inputs
 from .chunking import panel_rows, resolve_chunks
 from .params import Param, Params, Target
-from .registry import Workflow, register
+from .workflow import Workflow
 from .results import FULL_CHECK_BYTES, REFERENCE_WHOLE_BYTES, array_run, first_boundary, footprint, window
 
 # --- matmul
@@ -87,7 +87,7 @@ def matmul_build(params: Params, target: Target):
 def matmul_graph(workflow, params: Params, target: Target):
     """x @ y: every row-chunk of x meets every column-chunk of y along each of the k chunks
     of the contraction, so the products grow as the cube of the chunks per side."""
-    from .registry import BYTES_PER_TASK, GraphSize, input_chunks
+    from .workflow import BYTES_PER_TASK, GraphSize, input_chunks
 
     per_axis = input_chunks(params, target)
     if per_axis is None:
@@ -98,7 +98,7 @@ def matmul_graph(workflow, params: Params, target: Target):
                      why=f"{rows * rows * inner:,} chunk products of {rows}x{inner} chunks")
 
 
-MATMUL = register(Workflow(
+MATMUL = Workflow(
     name="matmul",
     description="x @ y of seeded random matrices (y has x's transposed shape); chunks cross between workers",
     params=MATMUL_PARAMS,
@@ -106,7 +106,7 @@ MATMUL = register(Workflow(
     check=matmul_check,
     array_inputs=("x", "y"),
     graph=matmul_graph,
-))
+)
 
 # --- tall-skinny QR and SVD
 
@@ -266,7 +266,7 @@ def svd_build(params: Params, target: Target):
                      source=source, extra=extra, more=(s,))
 
 
-TSQR = register(Workflow(
+TSQR = Workflow(
     name="tsqr",
     description="Tall-skinny QR (dask tsqr) of a seeded random matrix in row panels; writes Q",
     params=TS_PARAMS,
@@ -274,9 +274,9 @@ TSQR = register(Workflow(
     check=ts_check,
     array_inputs=("x",),
     project=_projector(_ts_footprint),
-))
+)
 
-SVD = register(Workflow(
+SVD = Workflow(
     name="svd",
     description="Tall-skinny SVD (dask tsqr) of a seeded random matrix in row panels; writes U",
     params=TS_PARAMS,
@@ -284,4 +284,4 @@ SVD = register(Workflow(
     check=ts_check,
     array_inputs=("x",),
     project=_projector(_svd_footprint),
-))
+)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from . import inputs
 from .chunking import panel_rows
 from .params import Params, Target
-from .registry import BYTES_PER_TASK, GraphSize, Workflow, register
+from .workflow import BYTES_PER_TASK, GraphSize, Workflow
 from .results import FULL_CHECK_BYTES, array_run, first_boundary, footprint, window
 
 PARAMS = (
@@ -67,7 +67,7 @@ def graph(workflow, params: Params, target: Target) -> GraphSize:
                      why=f"{p:,} row panels to {q:,} column panels")
 
 
-WORKFLOW = register(Workflow(
+WORKFLOW = Workflow(
     name="rechunk",
     description="Rechunk a seeded random array from row panels to column panels (all-to-all)",
     params=PARAMS,
@@ -75,4 +75,4 @@ WORKFLOW = register(Workflow(
     check=check,
     array_inputs=("x",),
     graph=graph,
-))
+)

@@ -15,7 +15,7 @@ from spillway.cluster.errors import ParamError
 from . import inputs
 from .chunking import resolve_chunks
 from .params import Param, Params, Target
-from .registry import Workflow, register
+from .workflow import Workflow
 from .results import REFERENCE_WHOLE_BYTES, footprint, scalar_run
 
 OPS = ("sum", "mean", "std", "histogram")
@@ -125,11 +125,11 @@ def build(params: Params, target: Target):
                        dtype=source.dtype, name=params.op, extra={"shape": list(source.shape), "input_dtype": source.dtype})
 
 
-WORKFLOW = register(Workflow(
+WORKFLOW = Workflow(
     name="reduction",
     description="sum, mean, std or histogram of a seeded random array (all elements or one axis)",
     params=PARAMS,
     build=build,
     check=check,
     array_inputs=("x",),
-))
+)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .backend import to_numpy
-from .registry import TOLERANCE, BuiltRun, Footprint
+from .workflow import TOLERANCE, BuiltRun, Footprint
 
 #: results up to this size are compared whole with the reference
 FULL_CHECK_BYTES = 64 * 2**20

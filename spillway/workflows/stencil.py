@@ -21,7 +21,7 @@ from . import inputs
 from .backend import module_of
 from .chunking import resolve_chunks
 from .params import Param, Params, Target
-from .registry import Workflow, register
+from .workflow import Workflow
 from .results import FULL_CHECK_BYTES, array_run, footprint, window
 
 PARAMS = (
@@ -93,11 +93,11 @@ def build(params: Params, target: Target):
     return array_run(y, probe=y[rows], reference=reference, footprint=fp, source=source)
 
 
-WORKFLOW = register(Workflow(
+WORKFLOW = Workflow(
     name="stencil",
     description="Periodic Laplacian of radius depth on a 2-D or 3-D seeded random array (map_overlap halos)",
     params=PARAMS,
     build=build,
     check=check,
     array_inputs=("x",),
-))
+)

@@ -13,7 +13,7 @@ from spillway.cluster.errors import ParamError
 from . import inputs
 from .chunking import resolve_chunks
 from .params import Params, Target
-from .registry import Workflow, register
+from .workflow import Workflow
 from .results import REFERENCE_WHOLE_BYTES, footprint, scalar_run
 
 #: largest input the NumPy float64 reference regenerates whole on the client
@@ -57,11 +57,11 @@ def build(params: Params, target: Target):
                        extra={"shape": list(shape), "chunks": list(chunks), "dtype": source.dtype})
 
 
-WORKFLOW = register(Workflow(
+WORKFLOW = Workflow(
     name="transpose-sum",
     description="(x + x.T).sum() of a seeded random square array; all-to-all chunk transfers",
     params=PARAMS,
     build=build,
     check=check,
     array_inputs=("x",),
-))
+)

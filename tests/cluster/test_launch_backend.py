@@ -10,7 +10,7 @@ import types
 import pytest
 
 from spillway.deploy.mpi.launch import MPIRank
-from spillway.cluster import launch
+from spillway.cluster.launch import session as launch
 from spillway.cluster.launch import TIERED_WORKER, backend_for, store_data, worker_specs
 from spillway.cluster.launch.backend import BACKENDS, Attach
 from spillway.cluster.launch.local_cpu import LocalCPU

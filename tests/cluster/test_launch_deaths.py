@@ -66,7 +66,7 @@ def test_no_death_points_at_the_worker_logs():
 
 def test_open_cluster_turns_a_start_timeout_into_the_nannies_story(monkeypatch):
     """The real open_cluster path, with a launcher whose worker never arrives."""
-    import spillway.cluster.launch as launch
+    import spillway.cluster.launch.session as launch
     from spillway.cluster.options import Options
 
     class Client:

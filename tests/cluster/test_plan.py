@@ -208,7 +208,7 @@ def test_a_gpu_another_process_holds_is_refused_with_its_numbers():
 def test_a_new_cluster_waits_briefly_for_a_gpu_being_given_back(monkeypatch):
     import dataclasses
 
-    from spillway.cluster import launch
+    from spillway.cluster.launch import session as launch
     from spillway.cluster.errors import GpusBusy
     from spillway.cluster.gpus import Inventory
 

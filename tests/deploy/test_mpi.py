@@ -18,7 +18,7 @@ from reference_inputs import uniform_numpy
 from spillway.deploy.mpi.layout import check_world, device_for_rank, execute_kwargs, worker_options
 from spillway.cluster.errors import OptionsError
 from spillway.cluster.options import Options
-from spillway.workflows.registry import relative_error
+from spillway.workflows.workflow import relative_error
 
 
 def test_worker_ranks_take_distinct_gpus_of_their_node():

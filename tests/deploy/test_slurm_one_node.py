@@ -16,7 +16,7 @@ from reference_inputs import uniform_numpy
 from spillway.deploy.slurm import JobSettings, Run, job_script
 from spillway.deploy.slurm.one_node import install_srun, run_script
 from spillway.cluster.options import Options
-from spillway.workflows.registry import relative_error
+from spillway.workflows.workflow import relative_error
 
 
 def _srun(tmp_path, *args):

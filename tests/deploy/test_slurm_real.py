@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from reference_inputs import uniform_numpy
-from spillway.workflows.registry import relative_error
+from spillway.workflows.workflow import relative_error
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,7 @@ HOST = 128 * 2**30
 def one_h200(monkeypatch):
     """This machine seen as one H200 with the CUDA stack, 128 GiB of memory; nothing may start."""
     import spillway.cluster.gpus as gpus
-    import spillway.cluster.launch as launch
+    import spillway.cluster.launch.session as launch
 
     monkeypatch.setattr(gpus, "discover", lambda: h200_host(1))
     probe = host_probe(have_ucxx=False, have_cuda_stack=True, host_memory=HOST)
@@ -156,7 +156,7 @@ import importlib, sys
 sys.path[:0] = [sys.argv[3]]
 from stand_ins import h200_host, host_probe
 import spillway.cluster.gpus as gpus
-import spillway.cluster.launch as launch
+import spillway.cluster.launch.session as launch
 from spillway.cluster.launch.spec import HostFacts
 plan = importlib.import_module("spillway.cluster.launch.plan")
 HOST = 128 * 2**30

@@ -88,7 +88,7 @@ def test_the_footprint_of_the_parameters_is_a_floor_under_the_built_plans():
 
 def test_a_workflow_without_size_parameters_projects_nothing():
     from spillway.workflows.params import Param
-    from spillway.workflows.registry import Workflow
+    from spillway.workflows.workflow import Workflow
 
     plain = Workflow(name="plain", description="", params=(Param("n", "int", "n", default=3),),
                      build=lambda params, target: None)

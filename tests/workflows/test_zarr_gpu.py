@@ -123,7 +123,7 @@ def test_sharded_zstd_decodes_on_the_gpu_to_zarrs_bits(tmp_path):
     import zarr
 
     from spillway.workflows.zarr.chunk_files import SHARDED, chunk_files_of
-    from spillway.workflows.zarr.counters import decode_counters
+    from spillway.workflows.zarr.decoded import decode_counters
     from spillway.workflows.zarr.read import open_array
 
     data = np.round(250 + 10 * np.random.default_rng(3).standard_normal(SHAPE), 2).astype(np.float32)
@@ -175,7 +175,7 @@ def test_default_zstd_store_is_decoded_on_the_host_many_chunks_at_once(cluster, 
     import zarr
 
     from spillway.workflows.zarr.chunk_files import ZSTD, chunk_files_of
-    from spillway.workflows.zarr.counters import decode_counters
+    from spillway.workflows.zarr.decoded import decode_counters
 
     # chunks of 64 MB: each decode takes tens of milliseconds, far longer than the
     # scheduler's round trip that hands the worker its next read after a secede
@@ -209,7 +209,7 @@ def test_default_store_chunks_stream_to_the_device_piece_by_piece(tmp_path, monk
     from spillway.bench.zarr.defaults import field_block
     from spillway.workflows.zarr import host_decode, read
     from spillway.workflows.zarr.chunk_files import chunk_files_of
-    from spillway.workflows.zarr.counters import decode_counters
+    from spillway.workflows.zarr.decoded import decode_counters
 
     monkeypatch.setenv("SPILLWAY_ZARR_DECODE_THREADS", "4")
     monkeypatch.setenv("SPILLWAY_ZARR_DECODE_PIECE_BYTES", str(2**20))

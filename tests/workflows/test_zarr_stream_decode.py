@@ -156,7 +156,7 @@ def streaming_pool(monkeypatch):
 def test_the_pool_streams_chunks_going_to_the_device_within_its_budget(streaming_pool, tmp_path):
     import zarr
 
-    from spillway.workflows.zarr.counters import decode_counters
+    from spillway.workflows.zarr.decoded import decode_counters
 
     data = field_block(0, 100, 181, 183)  # chunks of 30 days, 4 MB; the last one of 10 days is cut
     z = zarr.create_array(str(tmp_path / "d.zarr"), shape=data.shape, chunks=(30, 181, 183), dtype="float32")

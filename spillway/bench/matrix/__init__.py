@@ -31,7 +31,8 @@ estimates and the command that runs one: ``spillway bench --matrix SLICE``).
 from __future__ import annotations
 
 from .cases import (ENTRY_WORKFLOWS, OWN_CLUSTER, PATHS, USER_CODE_NAMES, Case, case_by_id, cases, catalogue, seeded_inputs, workflow_params)
-from .run import row, run_case, run_cli, run_notebook, run_user_code, with_bound
+from .rows import row
+from .run import run_case, run_cli, run_notebook, run_user_code, with_bound
 from .scale import GPU_FACTOR, SEED, SIZE_SLACK, Scale, cpu_scale, gpu_scale, grow
 from .table import merge_files, table_stem, write_table
 from .user_code import LSTSQ_TOLERANCE, TOLERANCE, USER_CODE, UserBuilt, laplacian_2d, user_size

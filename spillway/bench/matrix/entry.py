@@ -8,7 +8,7 @@ service and through the one-node batch script, each with its own cluster from th
   the ``srun`` stand-in (:mod:`spillway.deploy.slurm.one_node`), the report read from the
   job's results folder.
 
-Both rows come from the run's report, as the cli path's do (:func:`.run.report_row`); a
+Both rows come from the run's report, as the cli path's do (:func:`.rows.report_row`); a
 job refused by admission is a refused row with its numbers.
 """
 
@@ -24,7 +24,7 @@ import tempfile
 import time
 
 from .cases import Case, workflow_params
-from .run import report_row, row
+from .rows import report_row, row
 from .scale import SEED, Scale
 
 #: words of admission's refusal (``spillway.cluster.memory.admission.admit``)

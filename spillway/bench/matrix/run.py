@@ -21,19 +21,9 @@ from typing import Any
 
 from .. import copybound
 from .cases import Case, seeded_inputs, workflow_params
+from .rows import report_row, row
 from .scale import SEED, Scale
 from .user_code import USER_CODE, user_size
-
-
-def row(case: Case, scale: Scale, **values) -> dict:
-    out = {"case": case.id, "workflow": case.workflow, "path": case.path, "footprint_bytes": None,
-           "device_bytes": scale.device_bytes, "factor": scale.factor, "ok": False, "rel_error": None,
-           "tolerance": None, "wall_s": None, "spilled_bytes": None, "moves": None, "refused": False, "error": None,
-           # the host during the case (:mod:`.hostwatch`): filled in by the slice that runs it
-           "host_peak_used_bytes": None, "host_min_available_bytes": None, "host_headroom_bytes": None,
-           "under_headroom": None, "oom_kills": "unknown"}
-    out.update(values)
-    return out
 
 
 def run_cli(case: Case, scale: Scale, *, cluster_args: tuple[str, ...] = (), timeout: float = 540,
@@ -61,25 +51,6 @@ def run_cli(case: Case, scale: Scale, *, cluster_args: tuple[str, ...] = (), tim
                    error=last or f"exit status {done.returncode}")
     return report_row(case, scale, params, report, exited_ok=done.returncode == 0, process_s=elapsed,
                       error=None if done.returncode == 0 else (last or f"exit status {done.returncode}"))
-
-
-def report_row(case: Case, scale: Scale, params: dict, report: dict, *, exited_ok: bool = True, **values) -> dict:
-    """The row of a case whose run wrote a run report (``spillway run --json``, a service
-    job's result, a batch job's report): its answer's check, time, spills and moves."""
-    v = report.get("verify") or {}
-    out = dict(params=params, footprint_bytes=report["footprint"]["total_bytes"],
-               ok=bool(v.get("ok")) and exited_ok, rel_error=v.get("rel_error"), tolerance=v.get("tolerance"),
-               wall_s=report["wall_s"], spilled_bytes=report["bytes_spilled"], moves=report_moves(report),
-               reference=v.get("reference"))
-    return row(case, scale, **{**out, **values})
-
-
-def report_moves(report: dict) -> dict[str, int]:
-    """Bytes per move of a ``spillway run --json`` report: its tiered stores' moves
-    summed over workers, else the spill counters by tier (workers without the store)."""
-    if report.get("spill"):
-        return copybound.summed_moves(report["spill"])
-    return {m: int(b) for m, b in (report.get("spilled_by_tier") or {}).items() if m in copybound.MOVE_CEILINGS}
 
 
 def _persist(client, arrays: dict) -> dict:
@@ -129,7 +100,7 @@ def run_notebook(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict
     from spillway.run.target import target_of
     from spillway.workflows import random
     from spillway.workflows.backend import backend_for
-    from spillway.workflows.registry import relative_error
+    from spillway.workflows.workflow import relative_error
 
     workflow = workflows.get(case.workflow)
     target = target_of(cluster.session)

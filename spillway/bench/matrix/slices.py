@@ -180,7 +180,8 @@ def run_slice(selector: str, out_dir: Path, *, scale: Scale | None = None, kind:
     row saying so. Returns the rows and the files written."""
     from .. import copybound
     from ..report import describe_machine
-    from .run import row, run_case
+    from .rows import row
+    from .run import run_case
     from .table import write_table
 
     name, chosen = resolve(selector)

@@ -50,7 +50,7 @@ def _panel_rows(rows: int, cols: int, kind: str) -> int:
 
 
 def _rel(computed, expected) -> float:
-    from spillway.workflows.registry import relative_error
+    from spillway.workflows.workflow import relative_error
 
     return float(relative_error(computed, np.asarray(expected, dtype=np.float64)))
 

@@ -197,7 +197,7 @@ class NodeWorkers:
             stopped = asyncio.ensure_future(stop.wait())
             await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
             if not finished.done():
-                from . import close_timeout_s
+                from .closing import close_timeout_s
 
                 await worker.close(timeout=close_timeout_s(spec, device_memory))
             stopped.cancel()

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from spillway.workflows.outputs import open_output
 
 from spillway.cluster.errors import SpillwayError
 
-if TYPE_CHECKING:
-    from .connection import ServiceClient
+
+class Requests(Protocol):
+    """What a job needs of its connection (:class:`.connection.ServiceClient`)."""
+
+    results_dir: str | None
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any: ...
 
 
 #: job states after which nothing changes
@@ -30,7 +35,7 @@ class JobFailed(SpillwayError):
 class Job:
     """A handle on one job. ``record`` is the last state the service reported."""
 
-    def __init__(self, service: ServiceClient, record: dict):
+    def __init__(self, service: Requests, record: dict):
         self.service = service
         self.record = record
 

@@ -131,7 +131,7 @@ def _migrate(conn: Connection) -> tuple[int, int]:
     found = conn.scalar(select(SchemaVersion.version).where(SchemaVersion.id == 1))
     version = found if found is not None else (1 if existing else SCHEMA_VERSION)
     if version > SCHEMA_VERSION:
-        from . import JobDBError
+        from .errors import JobDBError
 
         raise JobDBError(f"job database: schema version {version} is newer than this spillway's "
                          f"({SCHEMA_VERSION}); upgrade spillway to open it")

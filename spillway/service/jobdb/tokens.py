@@ -15,7 +15,9 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import select, update
 
+from .errors import JobDBError
 from .models import Tenant, Token
+from .rows import hash_token, now, tenant_dict
 
 #: a token's last use is written at most this often (seconds), not once per request
 TOUCH_INTERVAL_S = 60.0
@@ -40,7 +42,6 @@ def parse_expiry(*, expires_in: str | None = None, expires_at: str | None = None
     """An expiry from a duration (``30d``, ``12h``, ``90m``, ``2w``) or an ISO date or time
     (``2027-01-31``: its start in UTC; a time without zone is UTC). JobDBError with one
     line naming the value where it is not one, or is not in the future."""
-    from . import JobDBError
 
     now = now or datetime.now(timezone.utc)
     if expires_in is not None and expires_at is not None:
@@ -76,7 +77,6 @@ class TokensMixin:
     """The token methods of :class:`~spillway.service.jobdb.JobDB`."""
 
     def _tenant_named(self, s, name: str) -> Tenant:
-        from . import JobDBError
 
         t = s.scalar(select(Tenant).where(Tenant.name == name))
         if t is None:
@@ -85,7 +85,6 @@ class TokensMixin:
 
     def authenticate(self, token: str) -> tuple[dict | None, str | None]:
         """(tenant, None) for a valid token; (None, why) otherwise, ``why`` one line."""
-        from . import hash_token, now, tenant_dict
 
         with self._session() as s:
             row = s.execute(select(Token, Tenant).join(Tenant, Token.tenant_id == Tenant.id)
@@ -103,7 +102,6 @@ class TokensMixin:
 
     def touch_token(self, token_id: int):
         """Record a use of the token, at most once per :data:`TOUCH_INTERVAL_S`."""
-        from . import now
 
         last = self._touched.get(token_id)
         mono = time.monotonic()
@@ -117,7 +115,6 @@ class TokensMixin:
     def issue_token(self, name: str, *, expires: datetime | None = None, keep_old: bool = False) -> tuple[dict, str]:
         """A new token for tenant ``name``; its other tokens are revoked in the same
         transaction unless ``keep_old``."""
-        from . import hash_token, now
 
         token = new_token()
         with self._session() as s:
@@ -133,7 +130,6 @@ class TokensMixin:
     def revoke_token(self, name: str, *, token_id: int | None = None, old: bool = False) -> list[int]:
         """Revoke one token of ``name`` (by id) or, with ``old``, every one but the newest;
         the ids revoked."""
-        from . import JobDBError, hash_token, now
 
         if (token_id is None) == (not old):
             raise JobDBError("token: give a token id or --old (every token but the newest)")
@@ -164,7 +160,6 @@ class TokensMixin:
 
     def _token_summaries(self, s) -> dict[int, dict]:
         """Per tenant: valid tokens, the soonest expiry among them, the last use of any."""
-        from . import now
 
         out: dict[int, dict] = {}
         t_now = now()

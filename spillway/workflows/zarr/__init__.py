@@ -88,7 +88,7 @@ the zarr library, imports being absolute.)
 """
 
 from .chunk_files import ChunkFiles, chunk_files_of
-from .counters import decode_counters
+from .decoded import decode_counters
 from .device_io import describe
 from .read import open_array
 from .write import store

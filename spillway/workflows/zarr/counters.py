@@ -1,8 +1,7 @@
-"""What this process decoded: zstd bytes, frames and seconds, on the GPU (nvCOMP) and on
-the host; and, for chunks read through the host (:mod:`.host_decode`), the bytes and
-seconds of each stage (file read, decode, copy to the device) summed over the pool's
-threads, with the decode buffers' bytes. The bench and the climatology example read them
-on every worker with ``client.run(decode_counters)``."""
+"""The counters of what this process decoded: zstd bytes, frames and seconds, on the GPU
+(nvCOMP) and on the host; and, for chunks read through the host (:mod:`.host_decode`),
+the bytes and seconds of each stage (file read, decode, copy to the device) summed over
+the pool's threads. :func:`.decoded.decode_counters` reads them."""
 
 from __future__ import annotations
 
@@ -31,15 +30,9 @@ def count_stage(stage: str, nbytes: int, seconds: float) -> None:
         entry[2] += 1
 
 
-def decode_counters(dask_worker=None) -> dict:
-    """Bytes decoded, frames and seconds spent decoding zstd, on the GPU (nvCOMP, until
-    its stream finished) and on the host, since this process started; the host path's
-    stages (``read``, ``decode``, ``copy``: bytes, thread-seconds, calls) and its decode
-    buffers (``host_buffers``: budget, in use, kept, peak, allocated bytes, threads)."""
-    from .host_decode import buffer_counts
-
+def snapshot() -> dict:
+    """The counters now: ``gpu`` and ``host`` (bytes, frames, seconds) and ``stages``."""
     with _decoded_lock:
         out = {k: {"bytes": v[0], "frames": v[1], "seconds": v[2]} for k, v in _decoded.items()}
         out["stages"] = {k: {"bytes": v[0], "seconds": v[1], "calls": v[2]} for k, v in _stages.items()}
-    out["host_buffers"] = buffer_counts()
     return out

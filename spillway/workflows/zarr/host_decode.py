@@ -385,9 +385,9 @@ def decoder() -> HostDecoder:
     with _decoder_lock:
         if _decoder is None:
             _decoder = HostDecoder(_threads(), _budget(), _store_host_buffers())
-            from .device_io import _close_on_teardown
+            from spillway.cluster.plugins import on_teardown
 
-            _close_on_teardown()  # the worker's teardown stops the pool (close_all does)
+            on_teardown(close)  # the worker's teardown stops the pool while CUDA is alive
         return _decoder
 
 

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from spillway.cli import main
 from spillway.cluster.errors import AdmissionError
 from spillway.cluster.memory.admission import Capacity, admit
-from spillway.workflows.registry import Footprint
+from spillway.workflows.workflow import Footprint
 
 GB = 10**9
 

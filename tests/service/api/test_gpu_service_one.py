@@ -15,7 +15,7 @@ from serve_helpers import Server, add_tenant
 from reference_inputs import uniform_numpy
 import spillway
 from spillway.cluster.gpus import discover
-from spillway.workflows.registry import relative_error
+from spillway.workflows.workflow import relative_error
 
 pytestmark = pytest.mark.gpu
 

@@ -1,0 +1,167 @@
+"""A cluster from the options: the plan against this machine, the backend that starts the
+workers (or the scheduler attached to), the client, spillway's worker plugins, and the
+:class:`Session` that :func:`open_cluster` yields."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import GpusBusy
+from ..gpus import Inventory, discover
+from ..options import Options
+from .backend import backend_for
+from .closing import close_cluster, close_timeout_s
+from .plan import HostProbe, LaunchPlan, plan
+from .spec import WorkerSpec, worker_specs
+from .ucx_env import quiet_ucx
+
+logger = logging.getLogger("spillway")
+
+#: seconds the workers of a new cluster have to register (a pinned pool of tens of GB
+#: takes about half a minute per worker to take)
+START_TIMEOUT_S = 120
+
+
+@dataclass
+class Session:
+    client: Any
+    cluster: Any
+    plan: LaunchPlan
+    options: Options
+    #: "gpu" or "cpu": what the workers compute on (read from the workers when attached)
+    kind: str
+    n_workers: int
+
+    @property
+    def scheduler_address(self) -> str:
+        return self.client.scheduler.address
+
+    @property
+    def dashboard_link(self) -> str | None:
+        try:
+            return self.client.dashboard_link
+        except Exception:
+            return None
+
+    def write_scheduler_file(self, path: str) -> None:
+        self.client.write_scheduler_file(path)
+
+
+def start_cluster(options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...] = ()):
+    """The cluster object for a local plan (None when attaching), from the backend of the
+    plan's kind (:mod:`.backend`); ``specs``: the GPU workers' (:func:`~.spec.worker_specs`)."""
+    return backend_for(launch.kind).start(options, launch, specs)
+
+
+#: seconds a new cluster waits for GPUs another process holds: a cluster that is closing
+#: gives its pool back within seconds, and back-to-back runs should not fail on it
+GPU_BUSY_WAIT_S = 20.0
+
+
+def plan_when_free(options: Options, host: HostProbe, *, wait_s: float = GPU_BUSY_WAIT_S) -> LaunchPlan:
+    """The plan against this machine's GPUs as they are now, reading them again each
+    second for up to ``wait_s`` while one is held by another process; then the plan's
+    one-line refusal with the numbers."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return plan(options, discover(), host)
+        except GpusBusy as e:
+            if time.monotonic() >= deadline:
+                raise
+            if not said:
+                logger.warning("%s; waiting up to %.0f s for it", e, wait_s)
+                said = True
+            time.sleep(1.0)
+
+
+def connect_client(options: Options, cluster=None):
+    from distributed import Client
+
+    if cluster is not None:
+        return Client(cluster, security=options.security)
+    if options.scheduler_file:
+        return Client(scheduler_file=options.scheduler_file, security=options.security, timeout="30s")
+    return Client(options.scheduler_address, security=options.security, timeout="30s")
+
+
+def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
+    """Register the worker plugin and return (kind, number of workers)."""
+    from ..plugins import WorkerSetup
+
+    if wait_for:
+        client.wait_for_workers(wait_for, timeout=timeout)
+    client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
+    _relay_deaths(client)
+    kinds = client.run(_worker_kind)
+    if not kinds:
+        raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")
+    values = set(kinds.values())
+    if len(values) > 1:
+        raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
+    return values.pop(), len(kinds)
+
+
+def _relay_deaths(client) -> None:
+    """Each nanny tells the scheduler why its worker died (:class:`.deaths.DeathRelay`), so
+    that a run names the reason; workers without a nanny have nobody to tell."""
+    from .deaths import DeathRelay
+
+    try:
+        client.register_plugin(DeathRelay())
+    except Exception as e:  # noqa: BLE001 (a lost worker is still named, without its reason)
+        logger.warning("the nannies will not report why a worker died: %s: %s", type(e).__name__, e)
+
+
+def _arrived(client) -> int | None:
+    try:
+        return len(client.scheduler_info(n_workers=-1)["workers"])
+    except Exception:  # the scheduler may be gone too
+        return None
+
+
+def _worker_kind(dask_worker):
+    from ..plugins import PLUGIN_NAME
+
+    return dask_worker.plugins[PLUGIN_NAME].kind
+
+
+@contextlib.contextmanager
+def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Iterator[Session]:
+    # distributed (the worker plugins, the nannies' death relay) loads here and not with the
+    # package: a run refused before it starts is refused before distributed's import, which
+    # took 0.9-1.0 s of a 1.5 s refusal on the GPU hosts
+    from .deaths import start_failure, watch_worker_deaths
+
+    if inventory is None and not options.attach:
+        launch = plan_when_free(options, HostProbe.here())
+    else:
+        launch = plan(options, inventory or Inventory(), HostProbe.here())
+    for note in launch.notes:
+        logger.warning(note)
+    if launch.kind == "attach" or launch.protocol == "ucx":
+        quiet_ucx()  # this process and the workers it starts inherit it
+    with contextlib.ExitStack() as stack:
+        deaths = stack.enter_context(watch_worker_deaths())
+        specs = worker_specs(options, launch) if launch.kind == "gpu" else ()
+        cluster = start_cluster(options, launch, specs)
+        if cluster is not None:
+            # the plan's memory is each worker's share; a pool's fraction is of the whole GPU
+            timeout = max((close_timeout_s(s, m * s.workers_per_gpu) for s, m in zip(specs, launch.device_memory)),
+                          default=close_timeout_s(None))
+            # registered first, so it runs after the client's close: client, workers, scheduler
+            stack.callback(close_cluster, cluster, timeout)
+        client = connect_client(options, cluster)
+        stack.callback(client.close)
+        expected = launch.n_workers or 1
+        try:
+            kind, n = setup_workers(client, options, wait_for=expected, timeout=START_TIMEOUT_S)
+        except TimeoutError as e:
+            raise start_failure(expected, _arrived(client), START_TIMEOUT_S, deaths.messages) from e
+        yield Session(client=client, cluster=cluster, plan=launch, options=options, kind=kind, n_workers=n)

@@ -1,0 +1,7 @@
+"""The job database's own error: a database it cannot open, or a request it refuses."""
+
+from spillway.cluster.errors import SpillwayError
+
+
+class JobDBError(SpillwayError):
+    exit_code = 2
