@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from . import CONTEXT, fail_cleanly
+from .errors import fail_cleanly
+from .group import CONTEXT
 from .options import cluster_options, resolve
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from . import CONTEXT, fail_cleanly
+from .errors import fail_cleanly
+from .group import CONTEXT
 from .options import cluster_options, resolve
 
 DEFAULT_STATE_DIR = os.path.join(os.environ.get("XDG_STATE_HOME", "~/.local/state"), "spillway")

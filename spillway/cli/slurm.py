@@ -13,7 +13,8 @@ import sys
 
 import click
 
-from . import CONTEXT, fail_cleanly
+from .errors import fail_cleanly
+from .group import CONTEXT
 from .options import cluster_options, resolve, workflow_params
 
 

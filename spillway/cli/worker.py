@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from . import CONTEXT, fail_cleanly
+from .errors import fail_cleanly
+from .group import CONTEXT
 from .options import cluster_options, resolve
 
 

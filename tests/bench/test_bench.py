@@ -956,12 +956,12 @@ def test_b4_and_b5_at_full_size_hold_1_3x_the_gpus_memory(gpu_bytes, b4_side, b5
 def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
     import dataclasses
 
-    import spillway.bench
+    import spillway.bench.suite
     from spillway.cluster.launch.plan import plan as launch_plan
     from tests.helpers.stand_ins import h200_host
 
     # GPU workers on the stand-in host, as where dask-cuda and CuPy are installed
-    monkeypatch.setattr(spillway.bench, "launch_plan",
+    monkeypatch.setattr(spillway.bench.suite, "launch_plan",
                         lambda options, inventory, host: launch_plan(
                             options, inventory, dataclasses.replace(host, have_cuda_stack=True, have_ucxx=False)))
     one = prepare(Options.resolve(), only="B4,B5,B2", sizes="full", inventory=h200_host(1))
@@ -980,11 +980,11 @@ def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
 def test_b3_small_puts_the_same_few_gb_on_each_workers_disk(monkeypatch):
     import dataclasses
 
-    import spillway.bench
+    import spillway.bench.suite
     from spillway.cluster.launch.plan import plan as launch_plan
     from tests.helpers.stand_ins import h200_host
 
-    monkeypatch.setattr(spillway.bench, "launch_plan",
+    monkeypatch.setattr(spillway.bench.suite, "launch_plan",
                         lambda options, inventory, host: launch_plan(
                             options, inventory, dataclasses.replace(host, have_cuda_stack=True, have_ucxx=False)))
     (one,) = prepare(Options.resolve(), only="B3", sizes="small", inventory=h200_host(1)).workloads

@@ -32,7 +32,7 @@ def run_study(options, *, mode: str, sizes: str = "auto", only: str | None = Non
     with ``timeline`` the recorded runs' ``-timeline.png`` and ``.html`` beside them).
 
     Every request is checked, scaled sizes included, before any cluster starts."""
-    from .. import _budget, prepare, run_bench
+    from ..suite import budget, prepare, run_bench
     from ..harness import check_fits
 
     started = clock()
@@ -45,7 +45,7 @@ def run_study(options, *, mode: str, sizes: str = "auto", only: str | None = Non
     # spillway's side alone: the baseline is not what scales here
     extra: dict[str, Any] = {"baseline": False, "label": label}
     all_scaled = [scaled(WORKLOADS[name], first.scale, mode, n) for name in names]
-    check_fits(all_scaled, first.scale, first.launch.kind, _budget(first.launch))
+    check_fits(all_scaled, first.scale, first.launch.kind, budget(first.launch))
     by_name = {w.name: w for w in all_scaled}
     ceilings_kw = {} if measure_ceilings is None else {"measure_ceilings": measure_ceilings}
 

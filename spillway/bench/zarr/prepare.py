@@ -89,7 +89,7 @@ def prepare_zarr(options: Options, *, sizes: str = "auto", runs: int = 3, timeou
                  label: str | None = None, inventory: Inventory | None = None,
                  no_ceilings: bool = False) -> ZarrRun:
     """Check the request and fix the run: one-line errors before anything starts."""
-    from .. import checked_launch
+    from ..suite import checked_launch
 
     label, inventory, launch, options, scale = checked_launch(
         options, sizes=sizes, runs=runs, label=label, inventory=inventory,

@@ -1,0 +1,59 @@
+"""How the command line fails: spillway's errors as one line on stderr with their exit
+status, and a module that is not installed named with the extra that brings it."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+
+import click
+
+from spillway.cluster.errors import SpillwayError
+
+
+def fail_cleanly(func):
+    """Turn spillway's errors into one line on stderr and their exit status."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except SpillwayError as e:
+            if not getattr(e, "said", False):
+                click.echo(f"spillway: error: {e}", err=True)
+            sys.exit(e.exit_code)
+        except ModuleNotFoundError as e:
+            click.echo(f"spillway: error: {missing_module(e)}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def said_before_close():
+    """A worker lost during the run is said at once, not after the cluster's close (which
+    waits for the nanny that is restarting it: seconds): fail_cleanly then says nothing
+    more."""
+    from spillway.cluster.errors import WorkerLost
+
+    try:
+        yield
+    except WorkerLost as e:
+        click.echo(f"spillway: error: {e}", err=True)
+        e.said = True
+        raise
+
+
+#: which install extra brings a module that a command imports only when it runs
+MODULE_EXTRAS = {"fastapi": "service", "uvicorn": "service", "sqlalchemy": "service", "httpx": "service",
+                 "psycopg": "service", "prometheus_client": "service", "jinja2": "service",
+                 "dask_mpi": "mpi", "mpi4py": "mpi"}
+
+
+def missing_module(e: ModuleNotFoundError, command: str | None = None) -> str:
+    """One line for a module that is not installed, with the extra that brings it."""
+    name = (e.name or "").split(".")[0] or str(e)
+    extra = MODULE_EXTRAS.get(name)
+    what = f"{command} needs" if command else "this command needs"
+    return f"{what} {name}, which is not installed" + (f": pip install 'spillway[{extra}]'" if extra else "")
