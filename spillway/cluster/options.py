@@ -247,6 +247,17 @@ def _bytes(value, key):
         raise OptionsError(str(e)) from None
 
 
+def _bytes_at_least(minimum: int):
+    @_allows(type=["string", "integer"])
+    def parse(value, key):
+        try:
+            return parse_size(value, name=key, minimum=minimum)
+        except ValueError as e:
+            raise OptionsError(str(e)) from None
+
+    return parse
+
+
 @_allows(type="string")
 def _directory(value, key):
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
@@ -458,6 +469,20 @@ class Options(RmmAndTls):
         "auto", _choice("auto", "asyncio", "uvloop"), worker=True,
         help="Event loop of the workers (`distributed.admin.event-loop`): `uvloop` (needs the "
              "uvloop package on the workers), `asyncio`, or `auto` (distributed's default, asyncio).")
+    zarr_decode_threads: int | None = option(
+        None, _optional(_int(1, 256)), worker=True,
+        help="Threads each worker decodes default (one zstd frame per chunk) Zarr chunks on, "
+             "each chunk read and decoded on one thread; null takes the worker's cores, at most 16.")
+    zarr_decode_buffer_bytes: int | None = option(
+        None, _optional(_bytes), worker=True,
+        help="Host bytes each worker may hold in Zarr decode buffers (files read, chunks decoded, "
+             "and those kept for reuse); null takes a quarter of the host's memory shared between "
+             "its GPUs, at most 24 GiB.")
+    zarr_decode_piece_bytes: int = option(
+        16 * 2**20, _bytes_at_least(2**16), worker=True,
+        help="Bytes of a piece when a default-store Zarr chunk is decoded while it is read: the "
+             "file is read, and the chunk decoded and copied to the device, this many bytes at a "
+             "time (at least 64 KiB; benchmarks/NOTES.md says how 16 MiB was chosen).")
     interface: str | None = option(
         None, _optional(_str), worker=True,
         help="Network interface the scheduler and workers listen on (such as `ib0`); null for "
@@ -661,3 +686,11 @@ def tls_security(ca_file: str | None, cert: str | None, key: str | None):
     return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key,
                     tls_scheduler_cert=cert, tls_scheduler_key=key,
                     tls_worker_cert=cert, tls_worker_key=key, require_encryption=True)
+
+
+def worker_value(name: str):
+    """The value of option ``name`` in this process's dask config, checked by its parser: what
+    a worker's own code reads of the options its launcher set (:func:`~spillway.cluster.launch.
+    worker_config.worker_config` hands them to every worker), the default elsewhere."""
+    declared = DECLARED[name]
+    return declared.parse(dask.config.get(f"{NAMESPACE}.{declared.key}", default=declared.default), declared.key)

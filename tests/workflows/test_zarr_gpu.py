@@ -7,6 +7,7 @@ and sharded zstd stores decode on the GPU with nvCOMP to zarr's bits."""
 from __future__ import annotations
 
 import numpy as np
+import dask.config
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -211,8 +212,8 @@ def test_default_store_chunks_stream_to_the_device_piece_by_piece(tmp_path, monk
     from spillway.workflows.zarr.chunk_files import chunk_files_of
     from spillway.workflows.zarr.decoded import decode_counters
 
-    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_THREADS", "4")
-    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_PIECE_BYTES", str(2**20))
+    monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-threads", 4)
+    monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-piece-bytes", 2**20)
     host_decode.close()
     data = field_block(0, 70, 181, 360)  # chunks of 25 days: 6.5 MB; the last one 20 days
     z = zarr.create_array(str(tmp_path / "d.zarr"), shape=data.shape, chunks=(25, 181, 360), dtype="float32")

@@ -8,6 +8,7 @@ import threading
 import time
 
 import numpy as np
+import dask.config
 import pytest
 
 from spillway.workflows.zarr import host_decode, read
@@ -17,8 +18,8 @@ from spillway.workflows.zarr.fallback import Fallback
 
 @pytest.fixture
 def pool(monkeypatch):
-    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_THREADS", "4")
-    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_BUFFER_BYTES", str(64 * 2**20))
+    monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-threads", 4)
+    monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-buffer-bytes", 64 * 2**20)
     host_decode.close()
     yield host_decode.decoder()
     host_decode.close()
@@ -153,8 +154,8 @@ def test_a_budget_of_about_one_read_serialises_the_reads_without_deadlock(monkey
     z = zarr.create_array(str(tmp_path / "d.zarr"), shape=data.shape, chunks=(8, 64, 64), dtype="float32")
     z[...] = data
     files = chunk_files_of(z)
-    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_THREADS", "4")
-    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_BUFFER_BYTES", str(int(1.5 * files.chunk_bytes)))
+    monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-threads", 4)
+    monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-buffer-bytes", int(1.5 * files.chunk_bytes))
     host_decode.close()
     try:
         pool = host_decode.decoder()

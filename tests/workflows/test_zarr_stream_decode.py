@@ -10,7 +10,10 @@ import logging
 import os
 
 import numpy as np
+import dask.config
 import pytest
+
+from spillway.cluster.options import DECLARED
 
 pytest.importorskip("zstandard")
 
@@ -143,9 +146,9 @@ def test_buffers_held_are_a_few_pieces_and_the_window_within_what_the_read_reser
 def streaming_pool(monkeypatch):
     """The pool with its device sink replaced by a host array (as ``DeviceSink`` fills its
     device buffer)."""
-    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_THREADS", "3")
-    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_BUFFER_BYTES", str(3 * 2**20))
-    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_PIECE_BYTES", str(2**16))
+    monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-threads", 3)
+    monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-buffer-bytes", 3 * 2**20)
+    monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-piece-bytes", 2**16)
     monkeypatch.setattr(host_decode.HostDecoder, "_device_sink",
                         lambda self, nbytes: stream_decode.HostSink(np.empty(nbytes, np.uint8)))
     host_decode.close()
@@ -191,7 +194,7 @@ def test_without_zstandard_the_pool_decodes_whole_chunks_and_says_so_once(monkey
 
     monkeypatch.setitem(sys.modules, "zstandard", None)  # import fails
     monkeypatch.setattr(fallback, "_noted", set())
-    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_THREADS", "2")
+    monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-threads", 2)
     host_decode.close()
     try:
         with caplog.at_level(logging.WARNING, logger="spillway.zarr_io"):
@@ -213,8 +216,8 @@ def test_the_worker_description_says_the_piece_size(monkeypatch):
     from spillway.workflows.zarr import device_io
 
     monkeypatch.setattr(device_io, "kvikio_available", lambda: False)
-    assert device_io.describe()["zstd_stream_piece_bytes"] == stream_decode.PIECE_BYTES
-    monkeypatch.setenv("SPILLWAY_ZARR_DECODE_PIECE_BYTES", str(2**24))
+    assert device_io.describe()["zstd_stream_piece_bytes"] == DECLARED["zarr_decode_piece_bytes"].default == 16 * 2**20
+    monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-piece-bytes", 2**24)
     assert device_io.describe()["zstd_stream_piece_bytes"] == 2**24
 
 

@@ -7,7 +7,7 @@ the Zarr bench's generators (:mod:`.defaults`).
 
 Beside them, ways with fewer memory passes (issue 29: is the streamed decode bound by the
 copies around libzstd or by libzstd itself?), each checked bit for bit against numcodecs,
-the piece :data:`~spillway.workflows.zarr.stream_decode.PIECE_BYTES`, the file mapped
+the piece of :func:`~spillway.workflows.zarr.stream_decode.piece_bytes`, the file mapped
 (``mmap``: the decoder reads the page cache's pages, no ``pread`` copy):
 
 * ``stream_mmap``: python-zstandard's streaming decoder (as the product's) into two reused
@@ -322,7 +322,7 @@ def rates(data: np.ndarray, directory: str, runs: int = 3, pieces_mib=PIECES_MIB
                 io.give_back()
 
         variants[f"streamed {mib} MiB"] = streamed
-    fewer, exact, held = passes(data, path, frame, reused, stream_decode.PIECE_BYTES)
+    fewer, exact, held = passes(data, path, frame, reused, stream_decode.piece_bytes())
     variants.update({f"passes {k}": f for k, (_, f) in fewer.items()})
     if cold:  # the file from the disk: the whole-chunk path adds the read to the decode
         from spillway.bench.ceilings import _sync_and_drop
@@ -334,7 +334,7 @@ def rates(data: np.ndarray, directory: str, runs: int = 3, pieces_mib=PIECES_MIB
             with open(path, "rb", buffering=0) as f:
                 f.readinto(file_buffer)
 
-        io = HostIO(BufferSet(8 * stream_decode.PIECE_BYTES))
+        io = HostIO(BufferSet(8 * stream_decode.piece_bytes()))
 
         def streamed_default():
             try:
@@ -352,7 +352,7 @@ def rates(data: np.ndarray, directory: str, runs: int = 3, pieces_mib=PIECES_MIB
     out["passes_bit_exact"] = exact
     out["passes_host_bytes"] = held
     if cold:
-        streamed = f"streamed_{stream_decode.PIECE_BYTES >> 20}_mib_gbps"
+        streamed = f"streamed_{stream_decode.piece_bytes() >> 20}_mib_gbps"
         out["cold"] = {"disk_read_stored_gbps": round(size / best["cold disk read"] / 1e9, 3),
                        "read_whole_then_decode_gbps": round(gb / best["cold read_whole_then_decode_gbps"], 3),
                        streamed: round(gb / best["cold streamed_gbps"], 3)}
@@ -389,9 +389,9 @@ def main(argv=None) -> int:
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
-    from spillway.workflows.zarr.stream_decode import PIECE_BYTES
+    from spillway.workflows.zarr.stream_decode import piece_bytes
 
-    piece = PIECE_BYTES >> 20
+    piece = piece_bytes() >> 20
     print(f"fewer memory passes, the file mapped, {piece} MiB pieces: GB/s per thread, best of {a.runs} "
           f"(pread: stored bytes)")
     names = list(result["field"]["passes_gbps"])

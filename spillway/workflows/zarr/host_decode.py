@@ -52,6 +52,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from spillway.cluster.options import worker_value
+
 from .counters import count_stage
 
 #: most host-decode threads per worker process (cores beyond it go to other workers)
@@ -66,9 +68,9 @@ IDLE_RELEASE_S = 30.0
 
 
 def _threads() -> int:
-    env = os.environ.get("SPILLWAY_ZARR_DECODE_THREADS")
-    if env:
-        return max(1, int(env))
+    chosen = worker_value("zarr_decode_threads")
+    if chosen:
+        return chosen
     try:
         cores = len(os.sched_getaffinity(0))  # dask-cuda pins a GPU's worker to its NUMA node's cores
     except AttributeError:
@@ -77,9 +79,9 @@ def _threads() -> int:
 
 
 def _budget() -> int:
-    env = os.environ.get("SPILLWAY_ZARR_DECODE_BUFFER_BYTES")
-    if env:
-        return int(env)
+    chosen = worker_value("zarr_decode_buffer_bytes")
+    if chosen:
+        return chosen
     from spillway.cluster.memory.growth import host_total
 
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]

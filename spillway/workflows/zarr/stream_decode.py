@@ -27,9 +27,6 @@ from .counters import count, count_stage
 from .fallback import Fallback, note
 from .zstd import HEAD_BYTES, check_zstd_headers
 
-#: bytes of a piece: the file is read, and the chunk decoded and copied, this many bytes at a
-#: time (benchmarks/NOTES.md, issue 29: the figures it was chosen from)
-PIECE_BYTES = 16 * 2**20
 #: threads that read files' next pieces while the pool's threads decode (one read in
 #: flight per decoding thread)
 READERS = 16
@@ -51,8 +48,10 @@ def available() -> bool:
 
 
 def piece_bytes() -> int:
-    env = os.environ.get("SPILLWAY_ZARR_DECODE_PIECE_BYTES")
-    return max(2**16, int(env)) if env else PIECE_BYTES
+    """The ``zarr-decode-piece-bytes`` option as this worker was given it."""
+    from spillway.cluster.options import worker_value
+
+    return worker_value("zarr_decode_piece_bytes")
 
 
 def window_of(path: str) -> int | None:
