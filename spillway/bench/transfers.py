@@ -1,8 +1,9 @@
 """One chunk moved between two workers, timed from the receiving worker's own log.
 
 ``python -m spillway.bench.transfers --rig spillway|dask-cuda --sizes 16MiB,1GiB`` starts
-two workers on GPU 0 (spillway's cluster with ``workers-per-gpu 2``, or plain dask-cuda: a
-scheduler and two ``dask cuda worker`` processes), makes a CuPy array of each size on one
+two workers, both on GPU 0 (``--device 0``: spillway's cluster with ``workers-per-gpu 2``)
+or one on each of two GPUs (``--device 0,1``: one worker per GPU, chunks over NVLink), or
+plain dask-cuda's (a scheduler and two ``dask cuda worker`` processes), makes a CuPy array of each size on one
 worker, has the other compute on it, and reads the time of that transfer from the
 receiver's ``transfer_incoming_log`` (distributed's own record: from the request for the
 data to the data in the worker's memory). Each received array is compared bit for bit
@@ -101,6 +102,14 @@ def moves(client, sizes, *, repeats: int = REPEATS, seed: int = 1000, module: st
     return out
 
 
+def plane_counters(dask_worker=None):
+    """The worker's data-plane counters (fetches, serves, busy replies, requests that went
+    over the comm), None where the worker has no plane."""
+    from spillway.cluster.dataplane import counters
+
+    return counters(dask_worker)
+
+
 def _parse_sizes(text: str) -> list[int]:
     from spillway.cluster.sizes import parse_size
 
@@ -112,7 +121,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rig", choices=("spillway", "dask-cuda"), required=True)
     parser.add_argument("--sizes", default=SIZES)
     parser.add_argument("--repeats", type=int, default=REPEATS)
-    parser.add_argument("--device", default="0", help="the GPU both workers share")
+    parser.add_argument("--device", default="0",
+                        help="the GPU both workers share (0), or the two GPUs of one worker each (0,1)")
     parser.add_argument("--ceiling", action="store_true", help="measure the copy ceilings first")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a spillway option of the spillway rig (repeatable)")
@@ -120,6 +130,11 @@ def main(argv=None) -> int:
                         help="a `dask cuda worker` flag of the dask-cuda rig, such as --rmm-pool-size=0.45")
     args = parser.parse_args(argv)
     sizes = _parse_sizes(args.sizes)
+    devices = tuple(d.strip() for d in args.device.split(",") if d.strip())
+    if len(devices) == 1:
+        devices = devices * 2
+    if len(devices) != 2:
+        parser.error(f"--device: one GPU or two, not {args.device!r}")
     result = {"rig": args.rig, "sizes": sizes, "options": args.option, "worker_flags": args.worker_flag,
               # the UCXX settings the workers inherit from this process's environment
               "env": {k: v for k, v in os.environ.items() if k.startswith(("UCXPY_", "DASK_DISTRIBUTED_UCXX__"))}}
@@ -130,7 +145,7 @@ def main(argv=None) -> int:
         # within it, and UCXX alone between two processes on it
         result["ceilings"] = {}
         for nbytes in sizes:
-            gbps, skipped = gpu_ceilings((args.device, args.device), nbytes)
+            gbps, skipped = gpu_ceilings(devices, nbytes)
             result["ceilings"][str(nbytes)] = {"gbps": gbps, "skipped": skipped}
     started = time.perf_counter()
     if args.rig == "spillway":
@@ -139,18 +154,21 @@ def main(argv=None) -> int:
         from spillway.cluster.transfer import transport
 
         keywords = dict(item.split("=", 1) for item in args.option)
-        options = Options.resolve(devices=args.device, workers_per_gpu=2, dashboard_address=None,
+        same_gpu = devices[0] == devices[1]
+        options = Options.resolve(devices=devices[0] if same_gpu else ",".join(devices),
+                                  workers_per_gpu=2 if same_gpu else 1, dashboard_address=None,
                                   **{k.replace("-", "_"): v for k, v in keywords.items()})
         with open_cluster(options) as session:
             result["start_s"] = time.perf_counter() - started
             result["transport"] = transport(session.client)
             result["moves"] = moves(session.client, sizes, repeats=args.repeats)
+            result["data_plane"] = session.client.run(plane_counters)
     else:
         from spillway.cluster.transfer import transport
 
         from .clusters import dask_cuda_processes
 
-        with dask_cuda_processes((args.device, args.device), extra_flags=tuple(args.worker_flag)) as (client, described):
+        with dask_cuda_processes(devices, extra_flags=tuple(args.worker_flag)) as (client, described):
             result["start_s"] = time.perf_counter() - started
             result["cluster"] = described["cluster"]
             result["transport"] = transport(client)

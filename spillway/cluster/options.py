@@ -447,6 +447,12 @@ class Options(RmmAndTls):
     nvlink: bool = option(
         True, _bool, worker=True,
         help="With ucx, let UCX move GPU buffers over NVLink / CUDA IPC.")
+    data_plane: bool = option(
+        True, _bool,
+        help="Over ucx, move chunks between workers on spillway's data plane: a UCXX endpoint "
+             "kept open per pair of workers, one request and its reply per gather, the receiver "
+             "allocating from its RMM pool, instead of distributed's per-gather comm protocol "
+             "(Dask still chooses what moves where and when). No effect over tcp.")
     transfer_connections: int | None = option(
         None, _optional(_int(1)), worker=True,
         help="Transfers each worker keeps open at once, to fetch chunks and to serve them "

@@ -98,6 +98,10 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     if wait_for:
         client.wait_for_workers(wait_for, timeout=timeout)
     client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
+    if options.data_plane:
+        from ..dataplane import DataPlanePlugin
+
+        client.register_plugin(DataPlanePlugin())
     _relay_deaths(client)
     kinds = client.run(_worker_kind)
     if not kinds:

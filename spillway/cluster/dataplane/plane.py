@@ -1,0 +1,259 @@
+"""One worker's end of the data plane: a UCXX listener that serves its chunks, and an
+endpoint to each peer it fetches from, kept open for the worker's life.
+
+A fetch is one request and its reply: the receiver posts the reply's receive and sends the
+keys; the sender reads the values from its store, sends what they are (the reply) and then
+every frame at once; the receiver allocates each device frame from its RMM resource (the
+pool, the statistics and spill on demand that every allocation of the worker goes through)
+and receives them all at once. The completion of the rendezvous is the acknowledgement:
+there is no trailing "OK" as in distributed's gather, and no pooled comm to take and give
+back. Several fetches share one endpoint, each under its own tags.
+
+It keeps distributed's contract of ``get_data_from_worker``: ``{"status": "OK", "data"}``
+(keys the sender no longer holds left out), ``{"status": "busy"}`` when the sender is at
+its limit of transfers, and ``OSError`` when the peer is lost, so that the worker's state
+machine retries, refetches or recomputes exactly as it does over its comm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+
+from . import wire
+
+logger = logging.getLogger("spillway.dataplane")
+
+#: seconds a reply may take to start: the sender may restore the values from host or disk
+#: first. A peer that dies fails the fetch at once (UCX's endpoint error handling); this
+#: bounds only a peer that hangs.
+REPLY_TIMEOUT_S = 300.0
+
+
+def _device_buffer(nbytes: int):
+    import rmm
+
+    return rmm.DeviceBuffer(size=nbytes)
+
+
+def _synchronize_default_stream() -> None:
+    # what distributed-ucxx does before a device send and after allocating receive buffers:
+    # UCX copies on its own streams and knows nothing of the producer's
+    from ucxx._cuda_context import synchronize_default_stream
+
+    synchronize_default_stream()
+
+
+class Counters:
+    """What a plane did since its worker started: fetches and serves, their bytes and
+    seconds, busy replies and requests that went over the comm instead."""
+
+    def __init__(self):
+        self.fetched = self.fetched_bytes = self.served = self.served_bytes = 0
+        self.fetch_s = 0.0
+        self.busy = self.fallbacks = self.lost = 0
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+
+class DataPlane:
+    def __init__(self, worker):
+        self.worker = worker
+        self.listener = None
+        self.host = None
+        self.counters = Counters()
+        self._endpoints: dict[str, object] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        #: peer -> its contact ({"host", "port"}), or False for a peer without a plane
+        self._contacts: dict[str, object] = {}
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> DataPlane:
+        import ucxx
+        from distributed.comm.addressing import get_address_host
+
+        # the context distributed-ucxx started for the worker's comm (one per process), its
+        # progress on this loop, the worker's
+        self.listener = ucxx.create_listener(self._serve_endpoint, port=0)
+        self.host = get_address_host(self.worker.address)
+        return self
+
+    def contact(self) -> dict:
+        return {"host": self.host, "port": self.listener.port}
+
+    def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for endpoint in self._endpoints.values():
+            endpoint.abort()
+        self._endpoints.clear()
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+
+    # --- the receiving side
+
+    async def reaches(self, peer: str) -> bool:
+        """Whether ``peer`` has a plane (asked once, over the worker's rpc)."""
+        found = self._contacts.get(peer)
+        if found is None:
+            try:
+                found = await self.worker.rpc(peer).dataplane_contact()
+            except Exception:  # noqa: BLE001 (a peer without the handler: the comm path)
+                found = False
+            self._contacts[peer] = found or False
+        return bool(found)
+
+    async def _endpoint(self, peer: str):
+        import ucxx
+        from distributed.comm.core import CommClosedError
+
+        endpoint = self._endpoints.get(peer)
+        if endpoint is not None and not endpoint.closed:
+            return endpoint
+        async with self._connecting.setdefault(peer, asyncio.Lock()):
+            endpoint = self._endpoints.get(peer)
+            if endpoint is None or endpoint.closed:
+                contact = self._contacts[peer]
+                try:
+                    endpoint = await ucxx.create_endpoint(contact["host"], contact["port"])
+                except Exception as e:  # noqa: BLE001
+                    self._contacts.pop(peer, None)
+                    raise CommClosedError(f"data plane: cannot reach {peer}: {type(e).__name__}: {e}") from e
+                self._endpoints[peer] = endpoint
+            return endpoint
+
+    def _forget(self, peer: str) -> None:
+        endpoint = self._endpoints.pop(peer, None)
+        self._contacts.pop(peer, None)
+        if endpoint is not None:
+            endpoint.abort()
+
+    async def fetch(self, peer: str, keys) -> dict | None:
+        """``keys`` from ``peer``, as ``get_data_from_worker`` returns them; None where the
+        request must go over the comm instead (too many keys for one control message)."""
+        import ucxx
+        from distributed.comm.core import CommClosedError
+
+        try:
+            request_id = next(self._ids)
+            request = wire.pack({"id": request_id, "keys": [wire.key_out(k) for k in keys]})
+        except wire.TooLarge:
+            self.counters.fallbacks += 1
+            return None
+        endpoint = await self._endpoint(peer)
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(REPLY_TIMEOUT_S):
+                reply_buffer = wire.control_buffer()
+                reply_received = asyncio.ensure_future(endpoint.recv(reply_buffer, tag=wire.tag(request_id, 0)))
+                await endpoint.send(request)
+                await reply_received
+                reply = wire.unpack(reply_buffer)
+                if reply["status"] == "busy":
+                    self.counters.busy += 1
+                    return {"status": "busy"}
+                if reply["status"] == "fallback":
+                    self.counters.fallbacks += 1
+                    return None
+                described = reply["frames"]
+                frames = [_device_buffer(n) if device else bytearray(n) for device, n in described]
+                if any(device for device, _ in described):
+                    _synchronize_default_stream()
+                await asyncio.gather(*(endpoint.recv(f, tag=wire.tag(request_id, i + 1))
+                                       for i, (f, (_, n)) in enumerate(zip(frames, described)) if n))
+        except (ucxx.exceptions.UCXError, TimeoutError) as e:
+            self.counters.lost += 1
+            self._forget(peer)
+            raise CommClosedError(f"data plane: lost {peer}: {type(e).__name__}: {e}") from e
+        except BaseException:
+            self._forget(peer)  # cancelled mid-request: the endpoint's pending tags are in doubt
+            raise
+        self.counters.fetched += 1
+        self.counters.fetched_bytes += sum(n for _, n in described)
+        self.counters.fetch_s += time.perf_counter() - started
+        return {"status": "OK", "data": wire.values_of(reply, [_host_frame(f) for f in frames])}
+
+    # --- the serving side
+
+    async def _serve_endpoint(self, endpoint) -> None:
+        import ucxx
+
+        try:
+            while True:
+                buffer = wire.control_buffer()
+                await endpoint.recv(buffer)
+                task = asyncio.ensure_future(self._serve(endpoint, wire.unpack(buffer)))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (ucxx.exceptions.UCXError, asyncio.CancelledError):
+            return  # the receiver closed its endpoint, or this worker is closing
+
+    def _at_limit(self) -> bool:
+        # Worker.get_data's rule; the plane serves peers of this host only (CUDA IPC), whose
+        # limit distributed doubles
+        worker = self.worker
+        limit = 1 if worker.status.name == "paused" else 2 * worker.transfer_outgoing_count_limit
+        return worker.transfer_outgoing_count >= limit
+
+    async def _serve(self, endpoint, request: dict) -> None:
+        import ucxx
+
+        worker = self.worker
+        request_id = request["id"]
+        reply_tag = wire.tag(request_id, 0)
+        if self._at_limit():
+            await endpoint.send(wire.pack({"status": "busy"}), tag=reply_tag)
+            return
+        keys = [wire.key_in(k) for k in request["keys"]]
+        worker.transfer_outgoing_count += 1
+        worker.transfer_outgoing_count_total += 1
+        total, start = 0, time.time()
+        try:
+            values = {k: worker.data[k] for k in keys if k in worker.data}
+            total = sum(_nbytes(worker, k) for k in values)
+            worker.transfer_outgoing_bytes += total
+            worker.transfer_outgoing_bytes_total += total
+            try:
+                reply, frames = wire.describe_reply(values)
+                message = wire.pack(reply)
+            except wire.TooLarge:
+                await endpoint.send(wire.pack({"status": "fallback"}), tag=reply_tag)
+                return
+            await endpoint.send(message, tag=reply_tag)
+            if any(device for device, _ in reply["frames"]):
+                _synchronize_default_stream()
+            # the values stay referenced until the receiver has pulled every frame
+            await asyncio.gather(*(endpoint.send(f, tag=wire.tag(request_id, i + 1))
+                                   for i, (f, (_, n)) in enumerate(zip(frames, reply["frames"])) if n))
+            self.counters.served += 1
+            self.counters.served_bytes += sum(n for _, n in reply["frames"])
+        except ucxx.exceptions.UCXError as e:
+            logger.info("data plane: the receiver of %d keys went away: %s", len(keys), e)
+        finally:
+            worker.transfer_outgoing_bytes -= total
+            worker.transfer_outgoing_count -= 1
+            stop = time.time()
+            delay = worker.scheduler_delay
+            worker.transfer_outgoing_log.append({
+                "start": start + delay, "stop": stop + delay, "middle": (start + stop) / 2 + delay,
+                "duration": stop - start, "who": "dataplane", "keys": {k: _nbytes(worker, k) for k in keys},
+                "total": total, "compressed": None, "bandwidth": total / max(stop - start, 1e-6)})
+
+
+def _nbytes(worker, key) -> int:
+    state = worker.state.tasks.get(key)
+    return int(state.nbytes or 0) if state is not None else 0
+
+
+def _host_frame(frame):
+    # a received host frame as NumPy reads it (a device frame is an rmm.DeviceBuffer)
+    if isinstance(frame, bytearray):
+        import numpy as np
+
+        return np.frombuffer(frame, dtype=np.uint8)
+    return frame
