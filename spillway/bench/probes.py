@@ -71,6 +71,21 @@ def _single_device(cupy, nbytes: int, gbps: dict) -> None:
         t = _events_time(cupy, stream, lambda: rt.memcpyAsync(
             pinned.ptr, b.data.ptr, nbytes, rt.memcpyDeviceToHost, stream.ptr), ITERATIONS)
         gbps["d2h_pinned"] = nbytes * ITERATIONS / t / 1e9
+        gbps["fp64_gemm_tflops"] = _gemm_tflops(cupy, stream)
+
+
+#: the GEMM the FP64 ceiling is measured with: large enough to reach cuBLAS's rate
+GEMM_N = 8192
+
+
+def _gemm_tflops(cupy, stream) -> float:
+    """cuBLAS's FP64 matrix product rate (TFLOP/s), the compute bound of matmul workloads."""
+    x = cupy.random.default_rng(0).random((GEMM_N, GEMM_N))
+    y = cupy.random.default_rng(1).random((GEMM_N, GEMM_N))
+    out = cupy.empty_like(x)
+    with stream:
+        t = _events_time(cupy, stream, lambda: cupy.matmul(x, y, out=out), 5)
+    return 2 * GEMM_N ** 3 * 5 / t / 1e12
 
 
 def _peer(cupy, nbytes: int, gbps: dict) -> None:

@@ -54,7 +54,8 @@ def markdown(results: dict) -> str:
     lines += ["", "## Ceilings", "", f"Measured with {format_bytes(results['ceiling_bytes'])} buffers.", "",
               "| ceiling | GB/s |", "| --- | ---: |"]
     for name, value in results["ceilings"].items():
-        lines.append(f"| {name} | {value:.1f} |")
+        unit = " TFLOP/s" if name.endswith("_tflops") else ""
+        lines.append(f"| {name} | {value:.1f}{unit} |")
     for name, why in results["ceilings_skipped"].items():
         lines.append(f"| {name} | skipped: {why} |")
     lines += [
@@ -74,6 +75,7 @@ def markdown(results: dict) -> str:
         )
     lines += _spill_section(results["workloads"])
     lines += _bound_section(results["workloads"])
+    lines += bounds_section(results)
     lines += _tiers_section(results["workloads"])
     lines += timeline.markdown_section(results)
     if results.get("targets"):
@@ -208,9 +210,33 @@ def _tiers_section(workloads: list[dict]) -> list[str]:
             "| --- | ---: | ---: | ---: | --- |", *rows]
 
 
+def bounds_section(results: dict) -> list[str]:
+    """Each workload's time against its compute and copy bounds (:mod:`.bounds`)."""
+    rows = []
+    for w in results["workloads"]:
+        b = w.get("bound")
+        if not b:
+            continue
+        c = b.get("compute") or {}
+        rows.append(f"| {w['name']} | {fmt_value(w['spillway_s'])} | {fmt_value(c.get('flops_s'), '{:.4f}')} | "
+                    f"{fmt_value(c.get('hbm_s'), '{:.4f}')} | {fmt_value(b.get('transfer_s'), '{:.4f}')} | "
+                    f"{fmt_value(b.get('copy_s'), '{:.4f}')} | {fmt_value(b.get('bound_s'), '{:.4f}')} | "
+                    f"{fmt_value(b.get('ratio'), '{:.1f}x')} |")
+    if not rows:
+        return []
+    return ["", "## Bounds", "",
+            "The least time the ceilings of this run allow: the compute bound (FP64 GEMM rate for the "
+            "arithmetic, HBM copy rate for the least memory traffic, spread over the GPUs) and the "
+            "copy bound (bytes between workers over each GPU's peer link, plus spills at the pinned "
+            "and disk rates); the bound is the larger (`spillway/bench/bounds.py`).", "",
+            "| workload | spillway s | arithmetic s | memory s | between workers s | copy s | bound s | time / bound |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", *rows]
+
+
 def short_table(results: dict) -> str:
     """The few columns printed last on the terminal."""
-    rows = [("workload", "spillway s", "baseline s", "speedup", "xfer GB/s", "of peer", "x copy bound")]
+    rows = [("workload", "spillway s", "baseline s", "speedup", "xfer GB/s", "of peer", "bound s (compute/copy)",
+             "x bound")]
     for w in results["workloads"]:
         errors = [s for s in SIDES if (w.get(s) or {}).get("error")]
         expected = (w.get("baseline") or {}).get("expected_failure") and errors == ["baseline"]
@@ -219,9 +245,19 @@ def short_table(results: dict) -> str:
             ("baseline failed (expected)" if expected else "failed: " + ",".join(errors) if errors else
              "no baseline" if w.get("baseline_skipped") else fmt_value(w["speedup"], "{:.2f}x")),
             fmt_value(w["transfer_gbps_median"], "{:.1f}"), fmt_percent(w["transfer_ratio_to_peer_copy"]),
-            fmt_value(w.get("time_over_copy_bound"), "{:.1f}x"),
+            _bound_text(w.get("bound")),
+            fmt_value((w.get("bound") or {}).get("ratio") or w.get("time_over_copy_bound"), "{:.1f}x"),
         ))
     return columns(rows)
+
+
+def _bound_text(bound: dict | None) -> str:
+    """``bound (compute / copy)`` in seconds, ``—`` where there is none."""
+    if not bound or bound.get("bound_s") is None:
+        return "—"
+    compute = (bound.get("compute") or {}).get("bound_s")
+    return (f"{bound['bound_s']:.3f} ({fmt_value(compute, '{:.3f}')}/"
+            f"{fmt_value(bound.get('copy_s'), '{:.3f}')})")
 
 
 def plot(results: dict, path: Path) -> None:

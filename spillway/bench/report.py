@@ -129,6 +129,18 @@ def bound_of(side: dict, ceilings, n_workers: int) -> dict | None:
     return copybound.with_time(copybound.copy_bound(moves, ceilings.gbps, n_workers), side.get("median_s"))
 
 
+def workload_bound(workload, scale: str, side: dict, spill_bound_s, ceilings, n_workers: int) -> dict | None:
+    """spillway's time against its compute and copy bounds (:mod:`.bounds`), where the
+    workload declares its work."""
+    from . import bounds
+
+    work = getattr(workload, "work", None)
+    if work is None or not side:
+        return None
+    return bounds.bound(work(workload.params(scale)), side.get("bytes_moved"), spill_bound_s, ceilings.gbps,
+                        n_workers, side.get("median_s"))
+
+
 def workload_entry(workload, scale: str, sides: dict, ceilings, n_workers: int = 1) -> dict:
     """The JSON object of one workload."""
     detail = {side: sides[side].to_json() for side in SIDES if side in sides}
@@ -177,6 +189,7 @@ def workload_entry(workload, scale: str, sides: dict, ceilings, n_workers: int =
     entry["copy_bound_s"] = (entry["copy_bound"] or {}).get("bound_s")
     entry["time_over_copy_bound"] = (entry["copy_bound"] or {}).get("ratio")
     entry["baseline_copy_bound"] = bound_of(base, ceilings, n_workers) if base and not base.get("skipped") else None
+    entry["bound"] = workload_bound(workload, scale, sp, entry["copy_bound_s"], ceilings, n_workers)
     entry.update(detail)
     return entry
 

@@ -1058,7 +1058,7 @@ def test_the_report_puts_the_copy_bound_next_to_the_time():
     (line,) = [x for x in md.splitlines() if x.startswith("| B2 | ") and "x bound" not in x and "0.8x" in x]
     assert "| 5.000 | 4.000 | 0.8x | 4.000 | 20.000 | 5.0x |" in line
     short = report.short_table(results)
-    assert "x copy bound" in short.splitlines()[0] and short.splitlines()[1].rstrip().endswith("0.8x")
+    assert "x bound" in short.splitlines()[0] and short.splitlines()[1].rstrip().endswith("0.8x")
 
 
 def _p2p_fails(p, backend, seed):
@@ -1130,3 +1130,25 @@ def test_a_spillway_failure_still_fails_the_bench_when_the_baseline_was_expected
                              {"name": "B4", "spillway": {"error": None}, "baseline": {"error": "x"}},
                              {"name": "B2", "spillway": {}, "baseline": {"error": "P2P", "expected_failure": "k"}}]}
     assert report.failed_workloads(results) == ["B5", "B4"]
+
+
+def test_each_w_workload_has_a_compute_and_a_copy_bound():
+    from spillway.bench import bounds
+    from spillway.bench.workloads.standard import STANDARD
+
+    gbps = {"fp64_gemm_tflops": 50.0, "hbm_copy": 3000.0, "peer_copy": 400.0}
+    by_name = {w.name: w for w in STANDARD}
+    for name in ("W1", "W2", "W3", "W4", "W5"):
+        assert by_name[name].work is not None, name
+    # matmul 20000^3 * 2 flops over two GPUs at 50 TFLOP/s: 0.16 s, its memory far less
+    w2 = bounds.bound(by_name["W2"].work(by_name["W2"].params("full")), 8 * 10**9, None, gbps, 2, 0.32)
+    assert w2["compute"]["flops_s"] == pytest.approx(2 * 20000**3 / (50e12 * 2))
+    assert w2["bound_s"] == pytest.approx(0.16) and w2["ratio"] == pytest.approx(2.0)
+    assert w2["transfer_s"] == pytest.approx(8e9 / (400e9 * 2))
+    # W3 reads and writes its 51.2 GB once: 102.4 GB at 3 TB/s over two GPUs; 25.6 GB between them
+    w3 = bounds.bound(by_name["W3"].work(by_name["W3"].params("full")), 25.6 * 10**9, 0.5, gbps, 2, 1.0)
+    assert w3["compute"]["hbm_s"] == pytest.approx(2 * 80000**2 * 8 / (3000e9 * 2))
+    assert w3["copy_s"] == pytest.approx(25.6e9 / 800e9 + 0.5)  # spills add to the copies
+    assert w3["bound_s"] == pytest.approx(w3["copy_s"])
+    # a missing ceiling leaves that bound unknown, never zero
+    assert bounds.bound(by_name["W2"].work(by_name["W2"].params("full")), 0, None, {}, 2, 1.0)["bound_s"] is None

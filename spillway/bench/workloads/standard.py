@@ -4,6 +4,7 @@ device memory, and under a 12 GB device limit)."""
 
 from __future__ import annotations
 
+from .. import bounds
 from . import expressions as ex
 from .workload import Workload, same_shape, square, workflow_size
 
@@ -13,14 +14,14 @@ STANDARD = (
         sizes={"full": square((40000, 40000), (10000, 10000)),
                "small": square((30000, 30000), (10000, 10000)),
                "tiny": square((2000, 2000), (500, 500))},
-        direct=ex.transpose_sum, workflow_params=workflow_size,
+        direct=ex.transpose_sum, workflow_params=workflow_size, work=bounds.streamed(2),
     ),
     Workload(
         name="W2", title="matmul x.dot(y)", workflow="matmul",
         sizes={"full": same_shape(square((20000, 20000), (5000, 5000)), inputs=2),
                "small": same_shape(square((10000, 10000), (5000, 5000)), inputs=2),
                "tiny": same_shape(square((800, 800), (200, 200)), inputs=2)},
-        direct=ex.matmul, workflow_params=workflow_size,
+        direct=ex.matmul, workflow_params=workflow_size, work=bounds.matmul,
     ),
     Workload(
         name="W3", title="rechunk rows to columns", workflow="rechunk",
@@ -32,7 +33,7 @@ STANDARD = (
                                    out_chunks=(2000, 50))},
         direct=ex.rechunk,
         # the workflow's chunks are the panel thickness: rows in, columns out
-        workflow_params=workflow_size,
+        workflow_params=workflow_size, work=bounds.streamed(2),
     ),
     Workload(
         name="W4", title="fft along the chunked axis 0", workflow="fft",
@@ -42,7 +43,7 @@ STANDARD = (
                                     to_chunks=(20000, 1000)),
                "tiny": same_shape({"shape": (1024, 1024), "chunks": (256, 256), "dtype": "complex128"},
                                    to_chunks=(1024, 64))},
-        direct=ex.fft, workflow_params=workflow_size,
+        direct=ex.fft, workflow_params=workflow_size, work=bounds.streamed(4),
     ),
     Workload(
         name="W5", title="3-D 7-point stencil", workflow="stencil",
@@ -52,6 +53,7 @@ STANDARD = (
         direct=ex.stencil,
         workflow_params=lambda p: {"ndim": 3, "depth": 1, "size": list(p["shape"]), "chunks": list(p["chunks"]),
                                    "dtype": p["dtype"]},
+        work=bounds.streamed(2),
     ),
     Workload(
         name="B1", title="transpose-sum beyond device memory", workflow="transpose-sum",

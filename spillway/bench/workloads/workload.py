@@ -80,6 +80,9 @@ class Workload:
     #: scale -> (GPU workers) -> the scale's parameters, for a scale whose memory options
     #: are per worker (B3 small: each worker's device, host and disk take the same share)
     worker_sized: Mapping[str, Callable[[int], Mapping[str, Any]]] = field(default_factory=dict)
+    #: the least work of the expression, (params) -> {"flops", "hbm_bytes"}, for its compute
+    #: bound (:mod:`spillway.bench.bounds`); None where none is declared
+    work: Callable[[Mapping[str, Any]], Mapping[str, int]] | None = None
 
     def for_machine(self, device_bytes: int | None, gpu_workers: int = 0) -> "Workload":
         """This workload with ``full`` sized for GPUs of ``device_bytes`` in all, where its

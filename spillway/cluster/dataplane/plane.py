@@ -18,8 +18,10 @@ machine retries, refetches or recomputes exactly as it does over its comm.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
+import statistics
 import time
 
 from . import wire
@@ -30,6 +32,12 @@ logger = logging.getLogger("spillway.dataplane")
 #: first. A peer that dies fails the fetch at once (UCX's endpoint error handling); this
 #: bounds only a peer that hangs.
 REPLY_TIMEOUT_S = 300.0
+#: fetches and serves whose phases a plane keeps (the latest), for :meth:`Counters.phases`
+TRACE_LENGTH = 4096
+#: seconds the serving side waits for its producer's kernels while spinning the loop; past
+#: it, it checks every :data:`READY_POLL_S`
+READY_SPIN_S = 0.002
+READY_POLL_S = 0.0002
 
 
 def _device_buffer(nbytes: int):
@@ -48,15 +56,38 @@ def _synchronize_default_stream() -> None:
 
 class Counters:
     """What a plane did since its worker started: fetches and serves, their bytes and
-    seconds, busy replies and requests that went over the comm instead."""
+    seconds, busy replies and requests that went over the comm instead; and where the
+    latest ones spent their time, phase by phase (seconds from the previous phase):
+
+    - a fetch: ``reply`` (the request sent and the reply back: the sender's reading and
+      waiting included), ``allocate`` (receive buffers from the pool, and the wait for the
+      device's queued work that may still use their memory), ``frames`` (the bytes);
+    - a serve: ``read`` (the values from the store, restored from host or disk if spilled),
+      ``produced`` (the kernels that made them, still running on the device), ``frames``.
+    """
 
     def __init__(self):
         self.fetched = self.fetched_bytes = self.served = self.served_bytes = 0
         self.fetch_s = 0.0
         self.busy = self.fallbacks = self.lost = 0
+        self.fetch_trace: collections.deque = collections.deque(maxlen=TRACE_LENGTH)
+        self.serve_trace: collections.deque = collections.deque(maxlen=TRACE_LENGTH)
+
+    def phases(self) -> dict:
+        """Median and total seconds of each phase over the kept fetches and serves."""
+        out = {}
+        for side, trace in (("fetch", self.fetch_trace), ("serve", self.serve_trace)):
+            if not trace:
+                continue
+            for name in trace[0]:
+                values = [t[name] for t in trace]
+                out[f"{side}_{name}"] = {"median_s": statistics.median(values), "total_s": sum(values)}
+        return out
 
     def as_dict(self) -> dict:
-        return dict(vars(self))
+        out = {k: v for k, v in vars(self).items() if not k.endswith("_trace")}
+        out["phases"] = self.phases()
+        return out
 
 
 class DataPlane:
@@ -71,6 +102,9 @@ class DataPlane:
         self._contacts: dict[str, object] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
+        #: key -> a CUDA event recorded on the default stream when the key's task finished
+        #: here: the point its kernels (queued asynchronously) end, no later
+        self.produced: dict = {}
 
     async def start(self) -> DataPlane:
         import ucxx
@@ -160,10 +194,14 @@ class DataPlane:
                 if reply["status"] == "fallback":
                     self.counters.fallbacks += 1
                     return None
+                replied = time.perf_counter()
                 described = reply["frames"]
                 frames = [_device_buffer(n) if device else bytearray(n) for device, n in described]
                 if any(device for device, _ in described):
+                    # the pool may hand out memory that kernels queued on this device still
+                    # use (stream-ordered frees); UCX writes on streams of its own
                     _synchronize_default_stream()
+                allocated = time.perf_counter()
                 await asyncio.gather(*(endpoint.recv(f, tag=wire.tag(request_id, i + 1))
                                        for i, (f, (_, n)) in enumerate(zip(frames, described)) if n))
         except (ucxx.exceptions.UCXError, TimeoutError) as e:
@@ -173,12 +211,35 @@ class DataPlane:
         except BaseException:
             self._forget(peer)  # cancelled mid-request: the endpoint's pending tags are in doubt
             raise
+        done = time.perf_counter()
         self.counters.fetched += 1
         self.counters.fetched_bytes += sum(n for _, n in described)
-        self.counters.fetch_s += time.perf_counter() - started
+        self.counters.fetch_s += done - started
+        self.counters.fetch_trace.append({"reply": replied - started, "allocate": allocated - replied,
+                                          "frames": done - allocated})
         return {"status": "OK", "data": wire.values_of(reply, [_host_frame(f) for f in frames])}
 
     # --- the serving side
+
+    def computed(self, key) -> None:
+        """``key``'s task finished on this worker: mark where its kernels end. Only the
+        producer is then waited for before its bytes leave, not every kernel queued on
+        the device since (distributed-ucxx synchronizes the whole default stream, so a
+        chunk waits for whatever the sender computes next)."""
+        import cupy
+
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(cupy.cuda.Stream.null)
+        self.produced[key] = event
+
+    def released(self, key) -> None:
+        self.produced.pop(key, None)
+
+    async def _produced(self, values: dict) -> None:
+        """Wait until the device values of ``values`` are made. A value computed here waits
+        for its own event; one this worker did not compute (received whole, restored from
+        host or disk, both complete when stored) waits for nothing."""
+        await _wait_for([self.produced[k] for k in values if k in self.produced])
 
     async def _serve_endpoint(self, endpoint) -> None:
         import ucxx
@@ -213,8 +274,10 @@ class DataPlane:
         worker.transfer_outgoing_count += 1
         worker.transfer_outgoing_count_total += 1
         total, start = 0, time.time()
+        began = time.perf_counter()
         try:
             values = {k: worker.data[k] for k in keys if k in worker.data}
+            read = time.perf_counter()
             total = sum(_nbytes(worker, k) for k in values)
             worker.transfer_outgoing_bytes += total
             worker.transfer_outgoing_bytes_total += total
@@ -224,14 +287,17 @@ class DataPlane:
             except wire.TooLarge:
                 await endpoint.send(wire.pack({"status": "fallback"}), tag=reply_tag)
                 return
-            await endpoint.send(message, tag=reply_tag)
             if any(device for device, _ in reply["frames"]):
-                _synchronize_default_stream()
+                await self._produced(values)
+            ready = time.perf_counter()
+            await endpoint.send(message, tag=reply_tag)
             # the values stay referenced until the receiver has pulled every frame
             await asyncio.gather(*(endpoint.send(f, tag=wire.tag(request_id, i + 1))
                                    for i, (f, (_, n)) in enumerate(zip(frames, reply["frames"])) if n))
             self.counters.served += 1
             self.counters.served_bytes += sum(n for _, n in reply["frames"])
+            self.counters.serve_trace.append({"read": read - began, "produced": ready - read,
+                                              "frames": time.perf_counter() - ready})
         except ucxx.exceptions.UCXError as e:
             logger.info("data plane: the receiver of %d keys went away: %s", len(keys), e)
         finally:
@@ -243,6 +309,14 @@ class DataPlane:
                 "start": start + delay, "stop": stop + delay, "middle": (start + stop) / 2 + delay,
                 "duration": stop - start, "who": "dataplane", "keys": {k: _nbytes(worker, k) for k in keys},
                 "total": total, "compressed": None, "bandwidth": total / max(stop - start, 1e-6)})
+
+
+async def _wait_for(events) -> None:
+    # spin the loop for the first moments (most producers are done, or nearly), then poll
+    spin_until = time.perf_counter() + READY_SPIN_S
+    for event in events:
+        while not event.done:
+            await asyncio.sleep(0 if time.perf_counter() < spin_until else READY_POLL_S)
 
 
 def _nbytes(worker, key) -> int:

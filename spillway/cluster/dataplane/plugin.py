@@ -18,15 +18,29 @@ class DataPlanePlugin(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
+    def __init__(self):
+        self._plane = None
+
     async def setup(self, worker):
         from .plane import DataPlane
 
         if not worker.address.startswith(("ucx://", "ucxx://")) or worker.address in hook.PLANES:
             return  # over TCP the comm is the only path (no CUDA IPC to gain)
         plane = await DataPlane(worker).start()
+        if _gpu_worker():
+            self._plane = plane  # device values: mark where their kernels end
         worker.handlers["dataplane_contact"] = plane.contact
         hook.PLANES[worker.address] = plane
         hook.install()
+
+    def transition(self, key, start, finish, **kwargs):
+        plane = self._plane
+        if plane is None:
+            return
+        if finish == "memory" and start == "executing":
+            plane.computed(key)
+        elif finish in ("released", "forgotten", "error"):
+            plane.released(key)
 
     def teardown(self, worker):
         plane = hook.PLANES.pop(worker.address, None)
@@ -34,3 +48,13 @@ class DataPlanePlugin(WorkerPlugin):
         if plane is not None:
             plane.close()
         hook.uninstall()
+        self._plane = None
+
+
+def _gpu_worker() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 (no CuPy or no device: a CPU worker)
+        return False

@@ -3,7 +3,7 @@ GPU and CPU launchers, a batch script (as ``DASK_`` variables) and MPI ranks."""
 
 from __future__ import annotations
 
-from ..options import Options
+from ..options import DECLARED, Options
 
 
 #: ``transfer-offload: auto`` on GPU workers: above every message, so none takes the
@@ -36,9 +36,11 @@ def worker_config(options: Options, *, tiered_store: bool, gpu: bool = True) -> 
         # read by the worker process before it makes its loop: a nanny's child after the
         # nanny set this config, a batch or MPI worker from its DASK_ variables or config
         config["distributed.admin.event-loop"] = options.event_loop
-    # read on the workers by the Zarr readers (spillway.cluster.options.worker_value)
+    # read on the workers by the Zarr readers (spillway.cluster.options.worker_value); a
+    # worker's own config holds the defaults already
     for name in ("zarr_decode_threads", "zarr_decode_buffer_bytes", "zarr_decode_piece_bytes"):
-        config[f"spillway.{name.replace('_', '-')}"] = getattr(options, name)
+        if getattr(options, name) != DECLARED[name].default:
+            config[f"spillway.{name.replace('_', '-')}"] = getattr(options, name)
     if tiered_store:
         config.update({
             "distributed.worker.memory.target": False,
