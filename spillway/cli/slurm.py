@@ -126,11 +126,11 @@ def render(**kwargs):
 @fail_cleanly
 def submit(**kwargs):
     """Submit WORKFLOW as a batch job and print its job id."""
-    from spillway.deploy.slurm import queue
+    from spillway.deploy.slurm import Slurm
 
     script = _render(**kwargs)
     os.makedirs(os.path.abspath(kwargs["output_dir"] or os.getcwd()), exist_ok=True)
-    click.echo(queue.submit(script))
+    click.echo(Slurm().submit(script))
 
 
 @slurm.command(context_settings=CONTEXT)
@@ -139,9 +139,9 @@ def submit(**kwargs):
 @fail_cleanly
 def status(job_id, as_json):
     """The state of batch job JOB_ID (from squeue, or sacct once it has left the queue)."""
-    from spillway.deploy.slurm import queue
+    from spillway.deploy.slurm import Slurm
 
-    found = queue.status(job_id)
+    found = Slurm().status(job_id)
     if as_json:
         click.echo(json.dumps(found.to_json()))
         return
@@ -158,9 +158,9 @@ def status(job_id, as_json):
 @fail_cleanly
 def cancel(job_id):
     """Cancel batch job JOB_ID; the job's trap stops its scheduler and workers."""
-    from spillway.deploy.slurm import queue
+    from spillway.deploy.slurm import Slurm
 
-    queue.cancel(job_id)
+    Slurm().cancel(job_id)
     click.echo(f"cancelled {job_id}")
 
 
