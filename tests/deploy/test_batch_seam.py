@@ -83,6 +83,7 @@ def test_the_cluster_inside_is_the_same_as_slurms():
     flags = dict(zip(shlex.split(worker), shlex.split(worker)[1:]))
     assert flags["--rmm-pool-size"] == "100000000000" and flags["--memory-store"] == "tiered"
     assert line_with(pbs, "wait-workers") == line_with(slurm, "wait-workers")
+    assert '"$PYTHON" -m spillway wait-workers --scheduler-file "$SCHEDULER_FILE"' in line_with(pbs, "wait-workers")
     for i in (1, 2):
         assert line_with(pbs, f"0{i}-transpose-sum.json") == line_with(slurm, f"0{i}-transpose-sum.json")
     # the same script but for the system's own words

@@ -135,3 +135,16 @@ def test_cli_then_adds_runs_and_checks_their_parameters():
     assert bad.exit_code == 2
     assert bad.output.strip() == "spillway: error: sed: not a parameter of transpose-sum (did you mean seed?)"
 
+
+def test_wait_workers_is_a_command_of_its_own():
+    """The script calls `spillway wait-workers`; `spillway slurm wait-workers`, which older
+    scripts call, still answers but is left out of the help."""
+    top = CliRunner().invoke(main, ["--help"])
+    assert "wait-workers" in top.output and "mpi" in top.output
+    assert "wait-workers" not in CliRunner().invoke(main, ["slurm", "--help"]).output
+    for args in (["wait-workers"], ["slurm", "wait-workers"]):
+        result = CliRunner().invoke(main, [*args, "--help"])
+        assert result.exit_code == 0, result.output
+        assert "--scheduler-file" in result.output and "--workers" in result.output
+        missing = CliRunner().invoke(main, [*args, "--workers", "2"])
+        assert missing.exit_code == 2 and "--scheduler-file" in missing.output
