@@ -49,7 +49,8 @@ LazyGroup.lazy.update({
     "serve": "spillway.cli.serve:serve",
     "tenant": "spillway.cli.serve:tenant",
     "slurm": "spillway.cli.slurm:slurm",
-    "mpi": "spillway.cli.slurm:mpi",
+    "mpi": "spillway.cli.mpi:mpi",
+    "wait-workers": "spillway.cli.wait_workers:wait_workers",
     "worker": "spillway.cli.worker:worker",
 })
 

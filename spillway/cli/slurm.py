@@ -1,12 +1,15 @@
-"""``spillway slurm`` (batch analyses on Slurm) and ``spillway mpi`` (a cluster under MPI).
+"""``spillway slurm``: batch analyses on Slurm.
 
 The batch script is rendered by :func:`spillway.deploy.slurm.job_script` from the same options
 object every other entry point builds, plus the job's own settings; ``submit`` hands it
-to ``sbatch`` and prints the job id.
+to ``sbatch`` and prints the job id. The script waits for its workers with ``spillway
+wait-workers`` (:mod:`.wait_workers`), a command of its own that any batch system's
+script calls.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -16,6 +19,7 @@ import click
 from .errors import fail_cleanly
 from .group import CONTEXT
 from .options import cluster_options, resolve, workflow_params
+from .wait_workers import wait_workers
 
 
 def job_options(func):
@@ -126,11 +130,11 @@ def render(**kwargs):
 @fail_cleanly
 def submit(**kwargs):
     """Submit WORKFLOW as a batch job and print its job id."""
-    from spillway.deploy.slurm import queue
+    from spillway.deploy.slurm import Slurm
 
     script = _render(**kwargs)
     os.makedirs(os.path.abspath(kwargs["output_dir"] or os.getcwd()), exist_ok=True)
-    click.echo(queue.submit(script))
+    click.echo(Slurm().submit(script))
 
 
 @slurm.command(context_settings=CONTEXT)
@@ -139,9 +143,9 @@ def submit(**kwargs):
 @fail_cleanly
 def status(job_id, as_json):
     """The state of batch job JOB_ID (from squeue, or sacct once it has left the queue)."""
-    from spillway.deploy.slurm import queue
+    from spillway.deploy.slurm import Slurm
 
-    found = queue.status(job_id)
+    found = Slurm().status(job_id)
     if as_json:
         click.echo(json.dumps(found.to_json()))
         return
@@ -158,68 +162,13 @@ def status(job_id, as_json):
 @fail_cleanly
 def cancel(job_id):
     """Cancel batch job JOB_ID; the job's trap stops its scheduler and workers."""
-    from spillway.deploy.slurm import queue
+    from spillway.deploy.slurm import Slurm
 
-    queue.cancel(job_id)
+    Slurm().cancel(job_id)
     click.echo(f"cancelled {job_id}")
 
 
-@slurm.command("wait-workers", context_settings=CONTEXT)
-@click.option("--scheduler-file", required=True, help="Scheduler file of the job's cluster.")
-@click.option("--workers", type=click.IntRange(1), required=True, help="Workers to wait for.")
-@click.option("--timeout", type=click.IntRange(1), default=300, show_default=True, help="Seconds to wait.")
-@click.option("--tls-ca-file", default=None, help="CA certificate, as for the cluster.")
-@click.option("--tls-cert", default=None, help="Certificate, as for the cluster.")
-@click.option("--tls-key", default=None, help="Private key, as for the cluster.")
-@fail_cleanly
-def wait_workers(scheduler_file, workers, timeout, tls_ca_file, tls_cert, tls_key):
-    """Wait until the cluster has WORKERS workers (used by the batch script)."""
-    from distributed import Client
-
-    from spillway.cluster.options import Options
-
-    options = Options.resolve(scheduler_file=scheduler_file, tls_ca_file=tls_ca_file, tls_cert=tls_cert,
-                              tls_key=tls_key)
-    with Client(scheduler_file=scheduler_file, security=options.security, timeout=f"{timeout}s") as client:
-        try:
-            client.wait_for_workers(workers, timeout=timeout)
-        except TimeoutError:
-            have = len(client.scheduler_info(n_workers=-1)["workers"])
-            click.echo(f"spillway: error: {have} of {workers} workers after {timeout}s", err=True)
-            sys.exit(1)
-        click.echo(f"{workers} workers up at {client.scheduler.address}")
-
-
-@click.command(context_settings=CONTEXT)
-@workflow_params
-@click.option("--verify", is_flag=True, help="Compare with a NumPy float64 reference by relative error.")
-@click.option("--report", "report_path", default=None, metavar="FILE",
-              help="Also write the report as JSON to FILE (from rank 0).")
-@cluster_options
-@fail_cleanly
-def mpi(workflow, params, verify, report_path, options_flags):
-    """Run WORKFLOW on a cluster started by MPI (dask-mpi): rank 0 runs the scheduler and
-    the workflow, every other rank one worker (one GPU each, or CPU workers with --cpu).
-
-    \b
-    Examples:
-      mpirun -n 9 spillway mpi transpose-sum --param size=200GB --verify
-      srun --mpi=pmix -N 2 --ntasks-per-node=5 --gpus-per-node=4 spillway mpi transpose-sum
-      mpirun -n 3 spillway mpi transpose-sum --cpu --verify
-    """
-    from spillway import workflows
-    from spillway.deploy.mpi import launch
-    from spillway.run.compute import run_workflow
-
-    options = resolve(options_flags)
-    workflows.get(workflow)  # an unknown name fails on every rank before anything starts
-    report = launch.run(options, lambda session: run_workflow(session, workflow, params, verify=verify))
-    if report is None:  # scheduler-less ranks (the workers) end here
-        return
-    text = json.dumps(report, default=str)
-    if report_path:
-        with open(report_path, "w") as f:
-            f.write(text + "\n")
-    click.echo(text)
-    if verify and report["verify"] and report["verify"]["ok"] is False:
-        sys.exit(1)
+# scripts rendered before `spillway wait-workers` existed call it here; kept out of the help
+_old_wait_workers = copy.copy(wait_workers)
+_old_wait_workers.hidden = True
+slurm.add_command(_old_wait_workers, "wait-workers")

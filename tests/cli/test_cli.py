@@ -24,7 +24,8 @@ def invoke(*args, **kw):
     return CliRunner().invoke(main, list(args), catch_exceptions=False, **kw)
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["up"], ["info"], ["config"], ["workflows"], ["worker"]])
+@pytest.mark.parametrize("command", [[], ["run"], ["up"], ["info"], ["config"], ["workflows"], ["worker"],
+                                     ["mpi"], ["wait-workers"], ["slurm"]])
 def test_help_has_examples(command):
     result = invoke(*command, "--help")
     assert result.exit_code == 0

@@ -1,35 +1,67 @@
-"""Parsing Slurm's answers and the ``spillway slurm`` command line (no Slurm needed)."""
+"""Parsing Slurm's answers (the batch seam's generic parsing driven by Slurm's class
+attributes) and the ``spillway slurm`` command line (no Slurm needed)."""
 
 from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
 
-from spillway.deploy.slurm import queue
 from spillway.cli import main
+from spillway.deploy.batch import JobIdError
+from spillway.deploy.slurm import Slurm, SlurmError
+from stand_ins import FakeShell
+
+SLURM = Slurm()
 
 
 def test_sbatch_parsable_output():
-    assert queue.parse_sbatch("1234\n") == "1234"
-    assert queue.parse_sbatch("1234;cluster-a\n") == "1234"
-    with pytest.raises(queue.SlurmError, match="sbatch printed no job id"):
-        queue.parse_sbatch("sbatch: error: Batch job submission failed\n")
+    assert SLURM.job_id_from_submit("1234\n") == "1234"
+    assert SLURM.job_id_from_submit("1234;cluster-a\n") == "1234"
+    with pytest.raises(SlurmError, match="sbatch printed no job id"):
+        SLURM.job_id_from_submit("sbatch: error: Batch job submission failed\n")
 
 
 def test_squeue_and_sacct_lines():
-    found = queue.parse_squeue("17|RUNNING|1:02|5:00|2|node[1-2]\n", "17")
+    found = SLURM.parse_status("17|RUNNING|1:02|5:00|2|node[1-2]\n", "17")
     assert found.state == "RUNNING" and found.nodes == "2" and found.active
-    assert queue.parse_squeue("18|RUNNING|1:02|5:00|2|n1\n", "17") is None
-    done = queue.parse_sacct("17|CANCELLED by 0|00:00:09|0:15\n17.batch|CANCELLED|00:00:09|0:15\n", "17")
+    assert SLURM.parse_status("18|RUNNING|1:02|5:00|2|n1\n", "17") is None
+    done = SLURM.parse_history("17|CANCELLED by 0|00:00:09|0:15\n17.batch|CANCELLED|00:00:09|0:15\n", "17")
     assert done.state == "CANCELLED" and done.exit_code == "0:15" and not done.active
+
+
+def test_slurm_commands_and_their_arguments():
+    """What the seam runs for Slurm: sbatch with the script on stdin, squeue, then sacct
+    once the job has left the queue (where sacct is installed), scancel."""
+    shell = FakeShell({"sbatch": (0, "17\n"), "squeue": (0, ""), "sacct": (0, "17|COMPLETED|00:00:09|0:0\n"),
+                       "scancel": (0, "")})
+    slurm = Slurm(shell)
+    assert slurm.submit("#!/bin/bash\n") == "17"
+    done = slurm.status("17")
+    assert (done.state, done.source, done.active) == ("COMPLETED", "sacct", False)
+    slurm.cancel("17")
+    assert shell.calls == [
+        (["sbatch", "--parsable"], "#!/bin/bash\n"),
+        (["squeue", "-h", "-j", "17", "--states=all", "-o", "%i|%T|%M|%l|%D|%R"], None),
+        (["sacct", "-n", "-P", "-j", "17", "-o", "JobID,State,Elapsed,ExitCode"], None),
+        (["scancel", "17"], None),
+    ]
+    running = Slurm(FakeShell({"squeue": (0, "18|PENDING|0:00|5:00|1|(Priority)\n")})).status("18")
+    assert running.to_json() == {"job_id": "18", "state": "PENDING", "elapsed": "0:00", "time_limit": "5:00",
+                                 "nodes": "1", "reason": "(Priority)", "exit_code": None, "source": "squeue",
+                                 "active": True}
+    # no accounting: a job gone from the queue is unknown, not an error
+    gone = Slurm(FakeShell({"squeue": (1, "", "slurm_load_jobs error: Invalid job id specified\n")})).status("19")
+    assert (gone.state, gone.source) == ("UNKNOWN", "none")
+    with pytest.raises(SlurmError, match=r"^scancel failed \(exit 1\): scancel: error: Kill job error$"):
+        Slurm(FakeShell({"scancel": (1, "", "scancel: error: Kill job error\n")})).cancel("20")
 
 
 @pytest.mark.parametrize("bad", ["", "12a", "-1", "12 13", "1;scancel"])
 def test_bad_job_ids_stop_with_one_line(bad):
-    with pytest.raises(queue.JobIdError) as e:
-        queue.check_job_id(bad)
+    with pytest.raises(JobIdError) as e:
+        SLURM.check_job_id(bad)
     assert "is not a Slurm job id" in str(e.value)
-    assert queue.check_job_id("123_4") == "123_4"
+    assert SLURM.check_job_id("123_4") == "123_4"
 
 
 def test_cli_render_prints_the_script(tmp_path):
@@ -102,3 +134,17 @@ def test_cli_then_adds_runs_and_checks_their_parameters():
     bad = CliRunner().invoke(main, base + ["--then", '[{"workflow": "transpose-sum", "params": {"sed": 2}}]'])
     assert bad.exit_code == 2
     assert bad.output.strip() == "spillway: error: sed: not a parameter of transpose-sum (did you mean seed?)"
+
+
+def test_wait_workers_is_a_command_of_its_own():
+    """The script calls `spillway wait-workers`; `spillway slurm wait-workers`, which older
+    scripts call, still answers but is left out of the help."""
+    top = CliRunner().invoke(main, ["--help"])
+    assert "wait-workers" in top.output and "mpi" in top.output
+    assert "wait-workers" not in CliRunner().invoke(main, ["slurm", "--help"]).output
+    for args in (["wait-workers"], ["slurm", "wait-workers"]):
+        result = CliRunner().invoke(main, [*args, "--help"])
+        assert result.exit_code == 0, result.output
+        assert "--scheduler-file" in result.output and "--workers" in result.output
+        missing = CliRunner().invoke(main, [*args, "--workers", "2"])
+        assert missing.exit_code == 2 and "--scheduler-file" in missing.output

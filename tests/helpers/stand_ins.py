@@ -1,8 +1,10 @@
-"""Machines described for tests of pure functions (plans, worker keywords, store specs)."""
+"""Machines described for tests of pure functions (plans, worker keywords, store specs),
+and a batch system's commands answered without the batch system."""
 
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 
 from spillway.cluster.gpus import GPU, Inventory
 from spillway.cluster.launch.local_gpu import specs_kwargs
@@ -38,3 +40,24 @@ def node_spec(options, inventory, host, *, workers=None, facts=None):
     """The one spec a node's ``workers`` GPU workers are started with (``spillway worker``'s
     :class:`NodeWorkers`, an MPI rank), its node planned from ``inventory`` and ``host``."""
     return one_for_all(worker_specs(options, node_plan(options, inventory, host, workers=workers), facts))
+
+
+class FakeShell:
+    """A batch system's commands (:class:`spillway.deploy.batch.Shell`) answered from
+    ``answers``, command name -> (exit status, stdout[, stderr]); a name not there is not
+    on the PATH. Every call is kept in ``calls`` as (argv, stdin), argv starting with the
+    bare name."""
+
+    timeout_s = 60
+
+    def __init__(self, answers: dict[str, tuple]):
+        self.answers = answers
+        self.calls: list[tuple[list[str], str | None]] = []
+
+    def which(self, name: str) -> str | None:
+        return name if name in self.answers else None
+
+    def run(self, args, *, input=None) -> subprocess.CompletedProcess:
+        self.calls.append((list(args), input))
+        code, out, *err = self.answers[args[0]]
+        return subprocess.CompletedProcess(list(args), code, out, err[0] if err else "")

@@ -23,22 +23,11 @@ from spillway.cluster.launch import (HostProbe, LaunchPlan, WorkerSpec, node_pla
 from spillway.cluster.options import Options
 
 from .. import commands
+from ..batch import refuse_options
 from .layout import SCHEDULER_RANK, check_world, device_for_rank, execute_kwargs
 
 #: seconds rank 0 waits for every worker rank to join
 WORKERS_TIMEOUT_S = 300
-
-
-def _check(options: Options) -> None:
-    if options.attach:
-        raise OptionsError("scheduler-address/scheduler-file: spillway mpi starts its own scheduler; unset them")
-    if options.devices is not None:
-        raise OptionsError(
-            f"devices: {','.join(map(str, options.devices))} cannot be chosen under MPI; "
-            "each rank takes one GPU by its place on the node"
-        )
-    if options.tls_ca_file:
-        raise OptionsError("tls-ca-file: dask-mpi starts its scheduler without TLS; use spillway slurm or up")
 
 
 def _node_devices(inventory) -> list[int | str]:
@@ -101,7 +90,9 @@ class MPIRank:
 def run(options: Options, work: Callable[[Any], dict], *, comm=None) -> dict | None:
     """Start the cluster on the MPI ranks and, on rank 0, return ``work(session)`` (the
     open cluster session); the worker ranks return None once rank 0 closes the cluster."""
-    _check(options)
+    refuse_options(options, starter="spillway mpi", where="under MPI",
+                   gpus_from="each rank takes one GPU by its place on the node",
+                   no_tls="dask-mpi starts its scheduler without TLS; use spillway slurm or up")
     try:
         import dask_mpi  # noqa: F401 (the rank's backend runs it)
         from mpi4py import MPI

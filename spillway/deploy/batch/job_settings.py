@@ -1,8 +1,12 @@
-"""The settings of one Slurm batch job: where and how long it runs, not how the cluster
+"""The settings of one batch job: where and how long it runs, not how the cluster
 behaves (that is :class:`spillway.cluster.options.Options`).
 
-Every value lands in an ``#SBATCH`` line or a shell word, so each is checked here and a
-bad one stops with one line naming it and its limit, before anything is submitted.
+Every value lands in a directive line or a shell word, so each is checked here and a
+bad one stops with one line naming it and its limit, before anything is submitted. The
+values are written as Slurm writes them (times, memory sizes, extra options), the one
+system behind the seam so far; a batch system renders them into its own directives
+(:attr:`spillway.deploy.batch.BatchSystem.directive_formats`), the wall time as
+``HH:MM:SS``, which every batch system reads.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def format_walltime(seconds: int) -> str:
 
 def worker_lifetime(walltime_s: int) -> int:
     """Seconds a worker lives: shorter than the wall time by 10% (1 to 10 minutes), so
-    workers retire and hand back their data before Slurm kills the job."""
+    workers retire and hand back their data before the batch system kills the job."""
     margin = min(600, max(60, walltime_s // 10))
     return walltime_s - margin
 
@@ -86,7 +90,7 @@ def _directive(line: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class JobSettings:
-    """Where and for how long the batch job runs."""
+    """Where and for how long a batch job runs, on any batch system."""
 
     nodes: int = 1
     #: GPUs on each node, one worker each; 0 with CPU workers (``--cpu``)

@@ -1,0 +1,47 @@
+"""``spillway mpi``: a workflow on a cluster started by MPI (dask-mpi), one worker per rank."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .errors import fail_cleanly
+from .group import CONTEXT
+from .options import cluster_options, resolve, workflow_params
+
+
+@click.command(context_settings=CONTEXT)
+@workflow_params
+@click.option("--verify", is_flag=True, help="Compare with a NumPy float64 reference by relative error.")
+@click.option("--report", "report_path", default=None, metavar="FILE",
+              help="Also write the report as JSON to FILE (from rank 0).")
+@cluster_options
+@fail_cleanly
+def mpi(workflow, params, verify, report_path, options_flags):
+    """Run WORKFLOW on a cluster started by MPI (dask-mpi): rank 0 runs the scheduler and
+    the workflow, every other rank one worker (one GPU each, or CPU workers with --cpu).
+
+    \b
+    Examples:
+      mpirun -n 9 spillway mpi transpose-sum --param size=200GB --verify
+      srun --mpi=pmix -N 2 --ntasks-per-node=5 --gpus-per-node=4 spillway mpi transpose-sum
+      mpirun -n 3 spillway mpi transpose-sum --cpu --verify
+    """
+    from spillway import workflows
+    from spillway.deploy.mpi import launch
+    from spillway.run.compute import run_workflow
+
+    options = resolve(options_flags)
+    workflows.get(workflow)  # an unknown name fails on every rank before anything starts
+    report = launch.run(options, lambda session: run_workflow(session, workflow, params, verify=verify))
+    if report is None:  # scheduler-less ranks (the workers) end here
+        return
+    text = json.dumps(report, default=str)
+    if report_path:
+        with open(report_path, "w") as f:
+            f.write(text + "\n")
+    click.echo(text)
+    if verify and report["verify"] and report["verify"]["ok"] is False:
+        sys.exit(1)
