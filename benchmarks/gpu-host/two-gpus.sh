@@ -43,23 +43,26 @@ cat "$log"
 rc_moves=skipped rc_bench=skipped rc_rechunk=skipped rc_tests=skipped
 
 if has moves && fits 150 moves; then
-  for rig in plane comm dask-cuda; do
+  for rig in ${RIGS:-plane comm dask-cuda}; do
+    envs=()
     case $rig in
       plane) args=(--rig spillway --ceiling) ;;
+      plane-polling) args=(--rig spillway); envs=(UCXPY_PROGRESS_MODE=polling) ;;
       comm) args=(--rig spillway --option data-plane=false) ;;
       dask-cuda) args=(--rig dask-cuda) ;;
     esac
-    echo "== moves $rig" | tee -a "$log"
-    timeout -k 10 180 python3 -m spillway.bench.transfers --device 0,1 --sizes "$sizes" --repeats "$repeats" \
-      "${args[@]}" >"$out/moves-$rig.json" 2>>"$log"
+    echo "== moves $rig ${envs[*]}" | tee -a "$log"
+    env "${envs[@]}" timeout -k 10 180 python3 -m spillway.bench.transfers --device 0,1 --sizes "$sizes" \
+      --repeats "$repeats" "${args[@]}" >"$out/moves-$rig.json" 2>>"$log"
     rc_moves="$rc_moves $rig:$?"
   done
 fi
 
 if has bench && fits 240 bench; then
-  echo "== spillway bench --sizes full --devices 0,1 --timeline" | tee -a "$log"
+  echo "== spillway bench --sizes full --devices 0,1 --timeline ${BENCH_FLAGS:-}" | tee -a "$log"
+  # shellcheck disable=SC2086
   timeout -k 10 $(( $(left) - 20 )) python3 -m spillway bench --sizes full --devices 0,1 --timeline \
-    --label two-gpus --out "$results/results" >>"$log" 2>&1
+    --label two-gpus --out "$results/results" ${BENCH_FLAGS:-} >>"$log" 2>&1
   rc_bench=$?
 fi
 
@@ -87,10 +90,13 @@ python3 - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 ceil = {}
-for rig in ("plane", "comm", "dask-cuda"):
+for rig in ("plane", "plane-polling", "comm", "dask-cuda"):
     p = os.path.join(out, f"moves-{rig}.json")
+    if not os.path.exists(p):
+        continue
     try:
-        r = json.load(open(p))
+        text = open(p).read()
+        r = json.loads(text[text.index('{"rig"'):].splitlines()[0])  # UCX may warn on stdout first
     except Exception as e:
         print(f"moves {rig}: no result ({e})"); continue
     ceil = r.get("ceilings") or ceil
@@ -100,8 +106,10 @@ for rig in ("plane", "comm", "dask-cuda"):
         share = f"{m['gbps_median'] / peer:.0%} of peer {peer:.0f}" if peer else ""
         print(f"moves {rig:9} {m['bytes'] / 2**20:7.0f} MiB  median {m['median_s'] * 1e3:7.3f} ms  min {m['min_s'] * 1e3:7.3f} ms"
               f"  {m['gbps_median']:7.1f} GB/s {share}  bits {'same' if m['same_bits'] else 'DIFFER'}")
-    if r.get("data_plane"):
-        print(f"   plane counters: {r['data_plane']}")
+    for worker, c in sorted((r.get("data_plane") or {}).items()):
+        if c:
+            phases = " ".join(f"{k} {v['median_s'] * 1e3:.3f}" for k, v in (c.get("phases") or {}).items())
+            print(f"   plane {worker}: fetched {c['fetched']} served {c['served']} busy {c['busy']} lost {c['lost']}; median ms {phases}")
 if ceil:
     print("ceilings:", {k: v.get('gbps') for k, v in ceil.items()})
 try:
@@ -110,4 +118,5 @@ try:
 except Exception as e:
     print(f"rechunk: no result ({e})")
 PY
-grep -E "^\| W[1-5]|^W[1-5] |speedup|bound" "$log" | tail -20
+grep -E "data plane:" "$log" | cut -c1-300
+grep -E "^workload|^W[1-5] +[0-9.]+ +[0-9.]+|^B[1-5] +[0-9.]+" "$log" | tail -12

@@ -216,7 +216,26 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
             if not result.verify["ok"]:
                 result.error = (f"result check failed: relative error {result.verify['rel_error']:.3e} "
                                 f"above {workload.tolerance:.0e}")
+    plane = plane_phases(client)
+    if plane:
+        log(f"{workload.name} {label:<8} data plane: {plane}")
     return result
+
+
+def plane_phases(client) -> str | None:
+    """The data plane's phases on the workers (median ms of the latest fetches and serves:
+    :class:`spillway.cluster.dataplane.plane.Counters`), None where no worker has a plane."""
+    from .transfers import plane_counters
+
+    counters = [c for c in client.run(plane_counters).values() if c]
+    if not counters:
+        return None
+    fetched = sum(c["fetched"] for c in counters)
+    parts = []
+    for c in counters:
+        phases = c.get("phases") or {}
+        parts.append(" ".join(f"{name} {v['median_s'] * 1e3:.2f}" for name, v in phases.items()))
+    return f"{fetched} fetches; median ms per worker: " + " | ".join(parts)
 
 
 #: references already computed in this process, by (workload, scale, seed)

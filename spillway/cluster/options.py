@@ -458,11 +458,14 @@ class Options(RmmAndTls):
         help="Transfers each worker keeps open at once, to fetch chunks and to serve them "
              "(`distributed.worker.connections.incoming` and `.outgoing`, an integer of at least "
              "1); null keeps distributed's defaults (10 and 50).")
-    transfer_message_bytes: int | None = option(
-        None, _optional(_bytes), worker=True,
+    transfer_message_bytes: int | str | None = option(
+        "auto", _optional(_auto_or(_bytes)), worker=True,
         help="Most bytes of chunks a worker fetches from one peer in one request "
              "(`distributed.worker.transfer.message-bytes-limit`, a size such as `1GB`; a larger "
-             "chunk still goes alone); null keeps distributed's default (50MB).")
+             "chunk still goes alone). `auto`: 1 GiB on GPU workers with the data plane, whose "
+             "request carries any number of chunks at once (distributed lets a worker fetch from "
+             "one peer at a time, so many small chunks otherwise go a request each), distributed's "
+             "default (50MB) elsewhere; null keeps distributed's default everywhere.")
     transfer_offload: int | str | None = option(
         "auto", _optional(_auto_or(_bytes)), worker=True,
         help="Size of a message above which a worker (de)serializes it on distributed's offload "

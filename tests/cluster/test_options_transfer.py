@@ -28,8 +28,18 @@ KEYS = {
 
 def test_unset_by_default_and_leaves_distributed_alone():
     options = Options.resolve()
-    assert options.transfer_connections is None and options.transfer_message_bytes is None
+    assert options.transfer_connections is None and options.transfer_message_bytes == "auto"
     assert worker_config(options, tiered_store=False, gpu=False) == {}
+    # null keeps distributed's default on GPU workers too
+    gpu = worker_config(Options.resolve(transfer_message_bytes=None), tiered_store=False)
+    assert "distributed.worker.transfer.message-bytes-limit" not in gpu
+
+
+def test_gpu_workers_with_the_data_plane_fetch_up_to_a_gib_from_a_peer_at_once():
+    key = "distributed.worker.transfer.message-bytes-limit"
+    assert worker_config(Options.resolve(), tiered_store=False)[key] == 2**30
+    assert key not in worker_config(Options.resolve(data_plane=False), tiered_store=False)
+    assert worker_config(Options.resolve(transfer_message_bytes="64MiB"), tiered_store=False, gpu=False)[key] == 2**26
 
 
 def test_flags_environment_and_dask_config_set_them(monkeypatch, tmp_path):
@@ -198,12 +208,13 @@ def test_offload_off_on_gpu_workers_by_default_and_set_as_bytes():
     default = Options.resolve()
     assert default.transfer_offload == "auto"
     # GPU workers never hop to the offload thread; CPU workers keep distributed's threshold
-    assert worker_config(default, tiered_store=False) == {"distributed.comm.offload": 2**40}
+    message = {"distributed.worker.transfer.message-bytes-limit": 2**30}  # the data plane's default
+    assert worker_config(default, tiered_store=False) == {"distributed.comm.offload": 2**40, **message}
     assert worker_config(default, tiered_store=False, gpu=False) == {}
-    assert worker_config(Options.resolve(transfer_offload=None), tiered_store=False) == {}
+    assert worker_config(Options.resolve(transfer_offload=None), tiered_store=False) == message
     options = Options.resolve(transfer_offload="1TiB")
     assert options.transfer_offload == 2**40
-    assert worker_config(options, tiered_store=False) == {"distributed.comm.offload": 2**40}
+    assert worker_config(options, tiered_store=False) == {"distributed.comm.offload": 2**40, **message}
     with pytest.raises(OptionsError) as e:
         Options.resolve(transfer_offload="lots")
     assert str(e.value).startswith("transfer-offload: cannot parse 'lots' as a size") and "\n" not in str(e.value)

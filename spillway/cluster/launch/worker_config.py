@@ -6,6 +6,10 @@ from __future__ import annotations
 from ..options import DECLARED, Options
 
 
+#: ``transfer-message-bytes: auto`` on GPU workers with the data plane: one request moves
+#: the chunks of a gather at once, so a gather of many small pieces (a rechunk's) costs about
+#: what one of its pieces does
+PLANE_MESSAGE_BYTES = 2**30
 #: ``transfer-offload: auto`` on GPU workers: above every message, so none takes the
 #: offload thread (a GPU chunk's frames are device buffers; serializing them is metadata)
 GPU_OFFLOAD = 2**40
@@ -22,8 +26,11 @@ def worker_config(options: Options, *, tiered_store: bool, gpu: bool = True) -> 
         # distributed bounds fetching by one key and serving by the other: one knob for both
         config["distributed.worker.connections.incoming"] = options.transfer_connections
         config["distributed.worker.connections.outgoing"] = options.transfer_connections
-    if options.transfer_message_bytes is not None:
-        config["distributed.worker.transfer.message-bytes-limit"] = options.transfer_message_bytes
+    message = options.transfer_message_bytes
+    if message == "auto":
+        message = PLANE_MESSAGE_BYTES if gpu and options.data_plane else None
+    if message is not None:
+        config["distributed.worker.transfer.message-bytes-limit"] = message
     offload = options.transfer_offload
     if offload == "auto":
         offload = GPU_OFFLOAD if gpu else None
