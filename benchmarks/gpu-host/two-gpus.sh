@@ -9,7 +9,7 @@
 #            ceilings and each workload's bounds), with each worker's timeline          ~4 min
 #   rechunk  spillway run rechunk --param size=158113x158113 --param chunks=1000 --devices 0,1
 #            --verify (200 GB, 1.25x the two GPUs), the host watched                     ~1.5 min
-#   tests    pytest -m gpu of the data plane and the transfer tests                      ~2 min
+#   tests    pytest -m gpu of the data plane and the transfer tests (TESTS: other files) ~2 min
 # With the UCXX wheel set (/work/shared/gpu-host/fetch-wheels.sh .whl; carry .whl):
 #   bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD
 #   bash benchmarks/gpu-host/two-gpus.sh              # moves bench rechunk, budget 540 s
@@ -77,8 +77,9 @@ fi
 
 if has tests && fits 100 tests; then
   echo "== pytest -m gpu (data plane, transfers)" | tee -a "$log"
+  # shellcheck disable=SC2086
   timeout -k 10 $(( $(left) - 10 )) python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 240 -rfEs \
-    tests/cluster/test_dataplane_gpu.py tests/cluster/test_transfer.py >"$out/tests.log" 2>&1
+    ${TESTS:-tests/cluster/test_dataplane_gpu.py tests/cluster/test_transfer.py} >"$out/tests.log" 2>&1
   rc_tests=$?
   grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$out/tests.log" | cut -c1-160 | tee -a "$log"
   grep -E "^E  " "$out/tests.log" | head -10 | tee -a "$log"

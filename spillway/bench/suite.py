@@ -14,6 +14,7 @@ from spillway.cluster.errors import ParamError
 from spillway.cluster.gpus import Inventory, discover
 from spillway.cluster.launch import HostProbe
 from spillway.cluster.launch import plan as launch_plan
+from spillway.cluster.launch import plan_when_free
 from spillway.cluster.options import Options
 from . import ceilings, report
 from .clusters import bench_options
@@ -61,8 +62,13 @@ def checked_launch(options: Options, *, sizes: str, runs: int, label: str | None
         raise ParamError(f"runs: {runs} is below the minimum of 3 timed runs")
     if options.attach:
         raise ParamError(f"scheduler-address/scheduler-file: {no_attach}, it cannot attach")
-    inventory = discover() if inventory is None else inventory
-    launch = launch_plan(options, inventory, HostProbe.here())
+    if inventory is None:
+        # the GPUs as soon as the previous cluster gave them back (its workers' pools go
+        # back seconds after it closed: a study's next size starts right away)
+        launch = plan_when_free(options, HostProbe.here())
+        inventory = discover()
+    else:
+        launch = launch_plan(options, inventory, HostProbe.here())
     options = bench_options(options, launch.kind)
     scale = sizes if sizes != "auto" else ("small" if launch.kind == "gpu" else "tiny")
     if scale not in scales:

@@ -28,7 +28,8 @@ from spillway.cluster.dataplane import hook, wire
     "text",
 ])
 def test_values_cross_the_wire_unchanged(value):
-    reply, frames = wire.describe_reply({("x", 0, 1): value, "y": value})
+    reply, frames, into = wire.describe_reply({("x", 0, 1): value, "y": value})
+    assert into == {} and reply["slot"] == [-1, -1]
     message = wire.unpack(wire.pack(reply))
     assert [n for _, n in message["frames"]] == [wire.frame_bytes(f) for f in frames]
     # the receiver's frames are fresh buffers, filled with the bytes sent
@@ -42,6 +43,23 @@ def test_values_cross_the_wire_unchanged(value):
             assert v[:2] == value[:2] and np.array_equal(v[2], value[2])
         else:
             assert v == value
+
+
+def test_a_value_that_fits_its_slot_goes_there_and_the_rest_after_the_slots():
+    a, b = np.arange(16.0), np.arange(6.0).reshape(2, 3).T  # b is not contiguous: not one frame
+    keys = ["a", "b", "gone", "c"]
+    slots = [[False, a.nbytes], [False, 48], [False, 8], [False, 999]]  # c's guess is wrong
+    c = np.arange(4, dtype=np.int32)
+    reply, frames, into = wire.describe_reply({"a": a, "b": b, "c": c}, slots, keys)
+    assert reply["slot"] == [0, -1, -1] and into == {0: a}
+    assert sum(reply["count"][1:]) == len(frames)  # b's and c's frames go after the slots
+    message = wire.unpack(wire.pack(reply))
+    got = wire.values_of(message, [np.frombuffer(bytes(memoryview(f).cast("B")), np.uint8).copy() for f in frames],
+                         [np.frombuffer(a.tobytes(), np.uint8).copy(), None, None, None])
+    assert set(got) == {"a", "b", "c"}  # a key the sender no longer holds is left out
+    assert np.array_equal(got["a"], a) and np.array_equal(got["b"], b) and np.array_equal(got["c"], c)
+    # slots and frames never share a tag
+    assert wire.slot_tag(7, 3) == wire.tag(7, 4) and wire.frame_tag(7, 4, 0) == wire.tag(7, 5)
 
 
 def test_a_contiguous_array_is_its_own_frame_and_anything_else_is_serialized():
@@ -218,6 +236,9 @@ def test_chunks_move_over_the_plane_bit_for_bit(ucx_cluster):
     assert after[b]["fetched"] - before[b]["fetched"] == 4
     assert after[a]["served"] - before[a]["served"] == 4
     assert after[b]["fetched_bytes"] - before[b]["fetched_bytes"] >= 25 << 20
+    # the arrays went into receives posted before the request (their sizes were known);
+    # the tuple did not fit one and came after
+    assert after[b]["slotted"] - before[b]["slotted"] == 3
     # distributed's own log still records each transfer (the bench times moves from it)
     assert len([e for e in client.run(incoming, workers=[b])[b]]) >= 4
 

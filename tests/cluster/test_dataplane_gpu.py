@@ -47,6 +47,8 @@ def test_cupy_chunks_move_bit_for_bit_on_the_plane_or_the_comm(gpu_count, layout
         assert after[receiver]["fetched"] - before[receiver]["fetched"] == 3 * len(SIZES)
         assert after[receiver]["fetched_bytes"] - before[receiver]["fetched_bytes"] >= 3 * sum(SIZES)
         assert after[receiver]["lost"] == 0
+        # each chunk went into a receive posted before it was asked for
+        assert after[receiver]["slotted"] - before[receiver]["slotted"] == 3 * len(SIZES)
     else:
         assert all(c is None for c in after.values())
     assert all(name == "TieredStore" and kind == "gpu" for name, _, kind in stores.values()), stores

@@ -144,8 +144,9 @@ def test_zarr_store_written_and_read_by_gpu_workers(gpu2, tmp_path):
     out = tmp_path / "panels.zarr"
     report = run_workflow(gpu2, "rechunk", {"size": "16000x16000"}, verify=True, output=str(out))
     assert report["verify"]["ok"]
-    assert report["bytes_written"] == 16000 * 16000 * 8
     stored = zarr.open_array(str(out), mode="r")
+    # the chunk files' bytes: zarr pads a partial chunk at the array's edge to a whole one
+    assert report["bytes_written"] == stored.nchunks * math.prod(stored.chunks) * 8 >= 16000 * 16000 * 8
     assert stored.metadata.zarr_format == 3
     np.testing.assert_array_equal(stored[:100, :100], uniform_numpy((16000, 16000), seed=0)[:100, :100])
     again = run_workflow(gpu2, "reduction", {"op": "std", "input": str(out)}, verify=True)

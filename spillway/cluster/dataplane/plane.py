@@ -70,6 +70,8 @@ class Counters:
         self.fetched = self.fetched_bytes = self.served = self.served_bytes = 0
         self.fetch_s = 0.0
         self.busy = self.fallbacks = self.lost = 0
+        #: values that went into a receive posted before the request
+        self.slotted = 0
         self.fetch_trace: collections.deque = collections.deque(maxlen=TRACE_LENGTH)
         self.serve_trace: collections.deque = collections.deque(maxlen=TRACE_LENGTH)
 
@@ -102,6 +104,9 @@ class DataPlane:
         self._contacts: dict[str, object] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
+        #: post receives before asking (:func:`wire.describe_reply`); on device on GPU workers
+        self.speculate = True
+        self.gpu = False
         #: key -> a CUDA event recorded on the default stream when the key's task finished
         #: here: the point its kernels (queued asynchronously) end, no later
         self.produced: dict = {}
@@ -167,57 +172,83 @@ class DataPlane:
         if endpoint is not None:
             endpoint.abort()
 
+    def _slots(self, keys) -> list:
+        """The receives to post before asking for ``keys``: one per key whose size this
+        worker knows, in the memory its values usually are (device on a GPU worker)."""
+        slots = []
+        for key in keys:
+            state = self.worker.state.tasks.get(key)
+            nbytes = int(state.nbytes or 0) if state is not None and self.speculate else 0
+            slots.append([self.gpu, nbytes] if nbytes > 0 else None)
+        return slots
+
     async def fetch(self, peer: str, keys) -> dict | None:
         """``keys`` from ``peer``, as ``get_data_from_worker`` returns them; None where the
         request must go over the comm instead (too many keys for one control message)."""
         import ucxx
         from distributed.comm.core import CommClosedError
 
+        keys = list(keys)
+        slots = self._slots(keys)
         try:
             request_id = next(self._ids)
-            request = wire.pack({"id": request_id, "keys": [wire.key_out(k) for k in keys]})
+            request = wire.pack({"id": request_id, "keys": [wire.key_out(k) for k in keys], "slots": slots})
         except wire.TooLarge:
             self.counters.fallbacks += 1
             return None
         endpoint = await self._endpoint(peer)
         started = time.perf_counter()
+        pending: list[asyncio.Future] = []
         try:
             async with asyncio.timeout(REPLY_TIMEOUT_S):
-                reply_buffer = wire.control_buffer()
-                reply_received = asyncio.ensure_future(endpoint.recv(reply_buffer, tag=wire.tag(request_id, 0)))
-                await endpoint.send(request)
-                await reply_received
-                reply = wire.unpack(reply_buffer)
-                if reply["status"] == "busy":
-                    self.counters.busy += 1
-                    return {"status": "busy"}
-                if reply["status"] == "fallback":
-                    self.counters.fallbacks += 1
-                    return None
-                replied = time.perf_counter()
-                described = reply["frames"]
-                frames = [_device_buffer(n) if device else bytearray(n) for device, n in described]
-                if any(device for device, _ in described):
+                slotted = [_buffer(*slot) if slot else None for slot in slots]
+                if any(slot and slot[0] for slot in slots):
                     # the pool may hand out memory that kernels queued on this device still
                     # use (stream-ordered frees); UCX writes on streams of its own
                     _synchronize_default_stream()
+                pending = [asyncio.ensure_future(endpoint.recv(buf, tag=wire.slot_tag(request_id, i)))
+                           for i, buf in enumerate(slotted) if buf is not None]
+                reply_buffer = wire.control_buffer()
+                reply_received = asyncio.ensure_future(endpoint.recv(reply_buffer, tag=wire.tag(request_id, 0)))
+                pending.append(reply_received)
+                await endpoint.send(request)
+                await reply_received
+                reply = wire.unpack(reply_buffer)
+                replied = time.perf_counter()
+                if reply["status"] in ("busy", "fallback"):
+                    await asyncio.gather(*pending)  # the sender fills every slot first
+                    if reply["status"] == "busy":
+                        self.counters.busy += 1
+                        return {"status": "busy"}
+                    self.counters.fallbacks += 1
+                    return None
+                described = reply["frames"]
+                frames = [_buffer(device, n) for device, n in described]
+                if any(device for device, _ in described):
+                    _synchronize_default_stream()
                 allocated = time.perf_counter()
-                await asyncio.gather(*(endpoint.recv(f, tag=wire.tag(request_id, i + 1))
-                                       for i, (f, (_, n)) in enumerate(zip(frames, described)) if n))
+                pending += [asyncio.ensure_future(endpoint.recv(f, tag=wire.frame_tag(request_id, len(slots), i)))
+                            for i, (f, (_, n)) in enumerate(zip(frames, described)) if n]
+                await asyncio.gather(*pending)
         except (ucxx.exceptions.UCXError, TimeoutError) as e:
             self.counters.lost += 1
+            _cancel(pending)
             self._forget(peer)
             raise CommClosedError(f"data plane: lost {peer}: {type(e).__name__}: {e}") from e
         except BaseException:
+            _cancel(pending)
             self._forget(peer)  # cancelled mid-request: the endpoint's pending tags are in doubt
             raise
         done = time.perf_counter()
+        moved = sum(n for _, n in described) + sum(slots[s][1] for s in reply.get("slot", ()) if s >= 0)
         self.counters.fetched += 1
-        self.counters.fetched_bytes += sum(n for _, n in described)
+        self.counters.fetched_bytes += moved
+        self.counters.slotted += sum(1 for s in reply.get("slot", ()) if s >= 0)
         self.counters.fetch_s += done - started
         self.counters.fetch_trace.append({"reply": replied - started, "allocate": allocated - replied,
                                           "frames": done - allocated})
-        return {"status": "OK", "data": wire.values_of(reply, [_host_frame(f) for f in frames])}
+        return {"status": "OK", "data": wire.values_of(reply, [_host_frame(f) for f in frames],
+                                                       [_host_frame(f) if f is not None else None for f in slotted])}
 
     # --- the serving side
 
@@ -266,11 +297,12 @@ class DataPlane:
 
         worker = self.worker
         request_id = request["id"]
+        keys = [wire.key_in(k) for k in request["keys"]]
+        slots = request.get("slots") or [None] * len(keys)
         reply_tag = wire.tag(request_id, 0)
         if self._at_limit():
-            await endpoint.send(wire.pack({"status": "busy"}), tag=reply_tag)
+            await self._refuse(endpoint, request_id, slots, "busy")
             return
-        keys = [wire.key_in(k) for k in request["keys"]]
         worker.transfer_outgoing_count += 1
         worker.transfer_outgoing_count_total += 1
         total, start = 0, time.time()
@@ -282,20 +314,26 @@ class DataPlane:
             worker.transfer_outgoing_bytes += total
             worker.transfer_outgoing_bytes_total += total
             try:
-                reply, frames = wire.describe_reply(values)
+                reply, frames, into = wire.describe_reply(values, slots, keys)
                 message = wire.pack(reply)
             except wire.TooLarge:
-                await endpoint.send(wire.pack({"status": "fallback"}), tag=reply_tag)
+                await self._refuse(endpoint, request_id, slots, "fallback")
                 return
-            if any(device for device, _ in reply["frames"]):
+            if any(device for device, _ in reply["frames"]) or any(wire.on_device(f) for f in into.values()):
                 await self._produced(values)
             ready = time.perf_counter()
-            await endpoint.send(message, tag=reply_tag)
-            # the values stay referenced until the receiver has pulled every frame
-            await asyncio.gather(*(endpoint.send(f, tag=wire.tag(request_id, i + 1))
-                                   for i, (f, (_, n)) in enumerate(zip(frames, reply["frames"])) if n))
+            # the slots first (their receives are posted: the bytes move at once), then the
+            # reply, then what did not fit a slot; the values stay referenced until the
+            # receiver has pulled every frame
+            sends = [endpoint.send(into.get(i, wire.FILLER), tag=wire.slot_tag(request_id, i))
+                     for i, slot in enumerate(slots) if slot]
+            sends.append(endpoint.send(message, tag=reply_tag))
+            sends += [endpoint.send(f, tag=wire.frame_tag(request_id, len(slots), i))
+                      for i, (f, (_, n)) in enumerate(zip(frames, reply["frames"])) if n]
+            await asyncio.gather(*sends)
             self.counters.served += 1
-            self.counters.served_bytes += sum(n for _, n in reply["frames"])
+            self.counters.served_bytes += sum(n for _, n in reply["frames"]) + sum(
+                wire.frame_bytes(f) for f in into.values())
             self.counters.serve_trace.append({"read": read - began, "produced": ready - read,
                                               "frames": time.perf_counter() - ready})
         except ucxx.exceptions.UCXError as e:
@@ -310,6 +348,12 @@ class DataPlane:
                 "duration": stop - start, "who": "dataplane", "keys": {k: _nbytes(worker, k) for k in keys},
                 "total": total, "compressed": None, "bandwidth": total / max(stop - start, 1e-6)})
 
+    async def _refuse(self, endpoint, request_id: int, slots: list, status: str) -> None:
+        """Say ``status`` (busy, or fallback: the comm instead), every posted slot filled."""
+        await asyncio.gather(endpoint.send(wire.pack({"status": status}), tag=wire.tag(request_id, 0)),
+                             *(endpoint.send(wire.FILLER, tag=wire.slot_tag(request_id, i))
+                               for i, slot in enumerate(slots) if slot))
+
 
 async def _wait_for(events) -> None:
     # spin the loop for the first moments (most producers are done, or nearly), then poll
@@ -322,6 +366,18 @@ async def _wait_for(events) -> None:
 def _nbytes(worker, key) -> int:
     state = worker.state.tasks.get(key)
     return int(state.nbytes or 0) if state is not None else 0
+
+
+def _buffer(device: bool, nbytes: int):
+    return _device_buffer(nbytes) if device else bytearray(nbytes)
+
+
+def _cancel(futures) -> None:
+    for future in futures:
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled():
+            future.exception()  # retrieved: a lost peer fails every pending receive at once
 
 
 def _host_frame(frame):

@@ -28,6 +28,7 @@ class DataPlanePlugin(WorkerPlugin):
             return  # over TCP the comm is the only path (no CUDA IPC to gain)
         plane = await DataPlane(worker).start()
         if _gpu_worker():
+            plane.gpu = True
             self._plane = plane  # device values: mark where their kernels end
         worker.handlers["dataplane_contact"] = plane.contact
         hook.PLANES[worker.address] = plane

@@ -1,9 +1,14 @@
 """What crosses the data plane, with no UCXX in it: control messages (a length and
 msgpack), the tags of a request's messages, and values as frames and back.
 
-A request is one control message from the receiver, ``{"id", "keys"}``; the reply is one
-control message from the sender (``status``, and per key its kind, head and frame count,
-per frame whether it is on the device and its bytes), then each frame under its own tag.
+A request is one control message from the receiver, ``{"id", "keys", "slots"}``; the reply
+is one control message from the sender (``status``, and per key its kind, head and frame
+count, per frame whether it is on the device and its bytes), then each frame under its own
+tag. A *slot* is a receive the receiver posted before it asked, for a key whose size it
+knows (distributed's ``nbytes``), so that a chunk's bytes start moving as soon as the
+sender has it, not a round trip later: a value that is one frame of that size and memory
+goes into its slot, any other slot gets a one-byte filler and the value's frames come
+after the slots.
 A C-contiguous NumPy or CuPy array, the chunks of array workflows, is its own single frame
 (no copy, no pickle); anything else is serialized as distributed serializes it between
 workers (``cuda``, ``dask``, ``pickle``), frames and all, without the offload thread.
@@ -107,27 +112,56 @@ def from_frames(kind: str, head, frames: list):
     return loads(frames, deserializers=_SERIALIZERS)["v"]
 
 
-def describe_reply(values: dict) -> tuple[dict, list]:
-    """The reply's control message for ``values`` (key -> value) and its frames, in order."""
-    keys, kinds, heads, counts, frames = [], [], [], [], []
+#: the filler a slot gets when its key's value does not fit it
+FILLER = np.zeros(1, dtype=np.uint8)
+
+
+def slot_tag(request_id: int, slot: int) -> int:
+    return tag(request_id, 1 + slot)
+
+
+def frame_tag(request_id: int, slots: int, index: int) -> int:
+    """Tag of frame ``index`` of those sent after a request's ``slots`` slots."""
+    return tag(request_id, 1 + slots + index)
+
+
+def describe_reply(values: dict, slots: list | None = None, keys: list | None = None) -> tuple[dict, list, dict]:
+    """The reply's control message for ``values`` (key -> value), the frames sent after
+    the slots, in order, and the frames that go into slots (slot index -> frame).
+    ``slots`` (per requested key in ``keys``: ``[on_device, nbytes]`` or None) are the
+    receiver's posted receives."""
+    by_key = {k: i for i, k in enumerate(keys or ())}
+    names, kinds, heads, counts, slotted, frames, into = [], [], [], [], [], [], {}
     for key, value in values.items():
         kind, head, own = to_frames(value)
-        keys.append(key_out(key))
+        i = by_key.get(key)
+        slot = (slots or [None] * len(by_key))[i] if i is not None else None
+        fits = (slot is not None and len(own) == 1 and on_device(own[0]) == bool(slot[0])
+                and frame_bytes(own[0]) == int(slot[1]))
+        names.append(key_out(key))
         kinds.append(kind)
         heads.append(head)
         counts.append(len(own))
-        frames.extend(own)
-    if len(frames) >= FRAMES_PER_ID:
-        raise TooLarge(f"{len(frames)} frames in one reply: at most {FRAMES_PER_ID - 1}")
-    reply = {"status": "OK", "keys": keys, "kind": kinds, "head": heads, "count": counts,
+        slotted.append(i if fits else -1)
+        if fits:
+            into[i] = own[0]
+        else:
+            frames.extend(own)
+    if len(frames) + len(by_key) >= FRAMES_PER_ID:
+        raise TooLarge(f"{len(frames)} frames in one reply: at most {FRAMES_PER_ID - 1 - len(by_key)}")
+    reply = {"status": "OK", "keys": names, "kind": kinds, "head": heads, "count": counts, "slot": slotted,
              "frames": [[on_device(f), frame_bytes(f)] for f in frames]}
-    return reply, frames
+    return reply, frames, into
 
 
-def values_of(reply: dict, frames: list) -> dict:
-    """The values a reply describes, from its received frames."""
+def values_of(reply: dict, frames: list, slotted: list | None = None) -> dict:
+    """The values a reply describes, from its received frames and the slots it filled."""
     data, at = {}, 0
-    for key, kind, head, count in zip(reply["keys"], reply["kind"], reply["head"], reply["count"]):
-        data[key_in(key)] = from_frames(kind, head, frames[at: at + count])
-        at += count
+    for key, kind, head, count, slot in zip(reply["keys"], reply["kind"], reply["head"], reply["count"],
+                                            reply.get("slot") or [-1] * len(reply["keys"])):
+        if slot >= 0:
+            data[key_in(key)] = from_frames(kind, head, [slotted[slot]])
+        else:
+            data[key_in(key)] = from_frames(kind, head, frames[at: at + count])
+            at += count
     return data

@@ -20,14 +20,14 @@ from .gpu_worker import DEATH_TIMEOUT_S, TIERED_WORKER, node_plan, run_node
 from .plan import HostProbe, LaunchPlan, plan, ucxx_installed, uses_tiered_store
 from .protocol import choose_protocol
 from .render import dask_cuda_kwargs, dask_cuda_worker_flags, flag_value, store_data, tls_flags
-from .session import Session, open_cluster
+from .session import Session, open_cluster, plan_when_free
 from .spec import WorkerSpec, off_node_spec, one_for_all, worker_specs
 from .ucx_env import QUIET_UCX, quiet_ucx
 from .worker_config import worker_config
 
 __all__ = [
     # a cluster from the options, and its parts
-    "Session", "open_cluster", "close_cluster", "close_timeout_s",
+    "Session", "open_cluster", "close_cluster", "close_timeout_s", "plan_when_free",
     # the plan, the workers' specs and the backends that start them
     "plan", "HostProbe", "LaunchPlan", "uses_tiered_store", "node_plan", "WorkerSpec", "worker_specs",
     "off_node_spec", "one_for_all", "Backend", "backend_for", "choose_protocol",
