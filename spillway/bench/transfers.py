@@ -179,3 +179,49 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def load(path) -> dict:
+    """One result of :func:`main` from its file (UCX may have warned on stdout before it)."""
+    text = open(path).read()
+    return json.loads(text[text.index('{"rig"'):].splitlines()[0])
+
+
+def summarize(labelled: dict[str, dict], prefix: str) -> str:
+    """A markdown table and a figure (``prefix.md``, ``prefix.png``) of moves by rig and
+    size, each against the peer copy measured in its own run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = ["| run | size | median ms | min ms | GB/s | of peer copy | same bits |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ceilings = {}
+    for label, result in labelled.items():
+        ceilings = result.get("ceilings") or ceilings
+        xs, ys = [], []
+        for m in result["moves"]:
+            peer = ((ceilings.get(str(m["bytes"])) or {}).get("gbps") or {}).get("peer_copy")
+            share = f"{m['gbps_median'] / peer:.0%}" if peer else "—"
+            rows.append(f"| {label} | {m['bytes'] / 2**20:.0f} MiB | {m['median_s'] * 1e3:.3f} | "
+                        f"{m['min_s'] * 1e3:.3f} | {m['gbps_median']:.1f} | {share} | {m['same_bits']} |")
+            xs.append(m["bytes"] / 2**20)
+            ys.append(m["gbps_median"])
+        ax.plot(xs, ys, marker="o", label=label)
+    peak = [((ceilings.get(k) or {}).get("gbps") or {}).get("peer_copy") for k in sorted(ceilings, key=int)]
+    if any(peak):
+        ax.plot([int(k) / 2**20 for k in sorted(ceilings, key=int)], peak, "k--", label="peer copy (ceiling)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("chunk size (MiB)")
+    ax.set_ylabel("GB/s, median of the moves")
+    ax.set_title("one CuPy chunk moved GPU0 -> GPU1 between two workers")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(f"{prefix}.png", dpi=110)
+    plt.close(fig)
+    text = "\n".join(rows) + "\n"
+    with open(f"{prefix}.md", "w") as f:
+        f.write(text)
+    return text

@@ -173,14 +173,18 @@ class DataPlane:
             endpoint.abort()
 
     def _slots(self, keys) -> list:
-        """The receives to post before asking for ``keys``: one per key whose size this
-        worker knows, in the memory its values usually are (device on a GPU worker)."""
-        slots = []
-        for key in keys:
-            state = self.worker.state.tasks.get(key)
-            nbytes = int(state.nbytes or 0) if state is not None and self.speculate else 0
-            slots.append([self.gpu, nbytes] if nbytes > 0 else None)
-        return slots
+        """The receive to post before asking for a gather of one key whose size this worker
+        knows, in the memory its values usually are (device on a GPU worker): the chunk then
+        moves while its reply is still on its way. A gather of several keys shares its one
+        reply's round trip between them, and posting their receives first would put the
+        wait for this device's queued work (before its memory is written) ahead of the
+        request: on two H100s, W3's and W4's gathers of up to 1 GiB of pieces took longer
+        with a slot for every key (benchmarks/NOTES.md)."""
+        if len(keys) != 1 or not self.speculate:
+            return [None] * len(keys)
+        state = self.worker.state.tasks.get(keys[0])
+        nbytes = int(state.nbytes or 0) if state is not None else 0
+        return [[self.gpu, nbytes] if nbytes > 0 else None]
 
     async def fetch(self, peer: str, keys) -> dict | None:
         """``keys`` from ``peer``, as ``get_data_from_worker`` returns them; None where the
