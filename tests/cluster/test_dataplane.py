@@ -204,20 +204,14 @@ def ucx_cluster():
 
     from spillway.cluster.dataplane import DataPlanePlugin
 
-    env = {"UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the worker processes start from this environment
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        # the worker processes start from this environment
+        env.setenv("UCX_TLS", "tcp")
+        env.setenv("UCX_WARN_UNUSED_ENV_VARS", "n")
         with LocalCluster(n_workers=3, threads_per_worker=1, protocol="ucx", host="127.0.0.1",
                           dashboard_address=None, processes=True) as cluster, Client(cluster) as client:
             client.register_plugin(DataPlanePlugin())
             yield client
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_chunks_move_over_the_plane_bit_for_bit(ucx_cluster):
