@@ -42,3 +42,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def gpu_count():
     return GPU_COUNT
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """Fails the test where a cluster would start: what must be refused before one starts
+    is shown to be, whatever the machine's speed."""
+    from spillway.cluster import launch
+
+    def started(*args, **kwargs):
+        raise AssertionError("a cluster started")
+
+    monkeypatch.setattr(launch, "open_cluster", started)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import numpy as np
 import pytest
@@ -117,11 +116,9 @@ def test_select_and_sizes():
     (["--link-sweep", "--label", "a b"], "label: 'a b' must be"),
 ])
 def test_bad_input_fails_with_one_line_before_starting(args, fragment, tmp_path):
-    t0 = time.perf_counter()
     result = CliRunner().invoke(main, ["bench", "--cpu", "--out", str(tmp_path), *args])
     assert result.exit_code == 2
     assert fragment in result.output
-    assert time.perf_counter() - t0 < 10
     assert not list(tmp_path.iterdir())
 
 
@@ -261,12 +258,9 @@ def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
     import jsonschema
     from matplotlib import image
 
-    t0 = time.perf_counter()
     result = CliRunner().invoke(main, ["bench", "--cpu", "--n-workers", "2", "--sizes", "tiny",
                                        "--out", str(tmp_path)], catch_exceptions=False)
-    elapsed = time.perf_counter() - t0
     assert result.exit_code == 0, result.output
-    assert elapsed < 240  # about 30 s on an idle 2-core machine
 
     stems = {p.stem for p in tmp_path.iterdir()}
     assert len(stems) == 1 and next(iter(stems)).startswith("cpu-")
@@ -463,10 +457,8 @@ def test_server_that_exits_or_stays_silent_fails_with_the_reason(tmp_path):
               "print('OSError: no CUDA device', file=sys.stderr); sys.exit(3)")
     with pytest.raises(RuntimeError, match=r"^exited with status 3: OSError: no CUDA device$"):
         _server(tmp_path, script)
-    t0 = time.perf_counter()
     with pytest.raises(RuntimeError, match=r"^no ready line within 1 s: .*Warning: quiet"):
         _server(tmp_path, "import time, warnings; warnings.warn('quiet'); time.sleep(60)", timeout=1)
-    assert time.perf_counter() - t0 < 10
 
 
 def test_last_error_skips_warnings():
@@ -769,11 +761,9 @@ def test_no_baseline_run_with_a_label_and_transfer_options_keeps_its_own_files(t
 def test_link_sweep_on_cpu_measures_host_copy_at_each_size(tmp_path):
     from matplotlib import image
 
-    t0 = time.perf_counter()
     result = CliRunner().invoke(main, ["bench", "--cpu", "--link-sweep", "--sweep-sizes", "4MB,1MB,4MB",
                                        "--label", "s2", "--out", str(tmp_path)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert time.perf_counter() - t0 < 20
     (path,) = tmp_path.glob("cpu-*-link-s2.json")
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".md", ".png"]
     data = json.loads(path.read_text())

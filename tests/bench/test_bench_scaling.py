@@ -4,7 +4,6 @@ the combined report, and a real study run on CPU workers at 1 and 2 workers."""
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -250,12 +249,11 @@ def test_report_refuses_two_runs_of_one_count_and_foreign_files(tmp_path):
     (["--mode", "weak", "--n-workers", "0"], "n-workers: 0 must be >= 1"),
 ])
 def test_run_refuses_bad_input_before_starting(tmp_path, args, fragment):
-    start = time.perf_counter()
     result = CliRunner().invoke(main, ["bench-scaling", "run", "--cpu", "--out", str(tmp_path), *args])
     assert result.exit_code == 2, result.output
     lines = [l for l in result.output.splitlines() if l.strip()]
     assert len(lines) == 1 and fragment in lines[0], result.output
-    assert time.perf_counter() - start < 10 and not list(tmp_path.iterdir())
+    assert not list(tmp_path.iterdir())
 
 
 # --- a real study on CPU workers (CI)
@@ -263,13 +261,11 @@ def test_run_refuses_bad_input_before_starting(tmp_path, args, fragment):
 
 @pytest.mark.slow
 def test_cpu_weak_study_at_one_and_two_workers_then_report(tmp_path):
-    t0 = time.perf_counter()
     for n in (1, 2):
         result = CliRunner().invoke(main, ["bench-scaling", "run", "--cpu", "--mode", "weak", "--sizes", "tiny",
                                            "--only", "W1", "--n-workers", str(n), "--out", str(tmp_path)],
                                     catch_exceptions=False)
         assert result.exit_code == 0, result.output
-    assert time.perf_counter() - t0 < 60
     files = sorted(tmp_path.glob("*.json"))
     assert [f.stem.rsplit("-", 2)[1:] for f in files] == [["weak", "n1"], ["weak", "n2"]]
     for f, n, shape in zip(files, (1, 2), ([1500, 1500], [2000, 2000])):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 
 import numpy as np
 import pytest
@@ -28,11 +27,9 @@ from spillway.cluster.options import Options
 def test_bad_input_fails_with_one_line_before_starting(args, fragment, tmp_path, monkeypatch):
     monkeypatch.setattr(zarr_prepare, "host_total", lambda: 24 * 2**30)
     monkeypatch.setattr(zarr_prepare.shutil, "disk_usage", lambda path: type("U", (), {"free": 10**15})())
-    t0 = time.perf_counter()
     result = CliRunner().invoke(main, ["bench", "--zarr", "--cpu", "--out", str(tmp_path), *args])
     assert result.exit_code == 2, result.output
     assert fragment in result.output.replace("\n", " ")
-    assert time.perf_counter() - t0 < 10
     assert not list(tmp_path.iterdir())
 
 

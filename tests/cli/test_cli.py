@@ -72,13 +72,11 @@ def test_config_reports_sources(monkeypatch):
         (["run", "transpose-sum", "--cpu", "--param", "size=99999999999999999999x9"], "more than"),
     ],
 )
-def test_bad_input_exits_2_with_one_line(args, fragment):
-    start = time.perf_counter()
+def test_bad_input_exits_2_with_one_line(args, fragment, no_cluster):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     lines = [l for l in result.output.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("spillway: error: ") and fragment in lines[0], result.output
-    assert time.perf_counter() - start < 10, "a bad value must fail before any cluster starts"
 
 
 def test_run_transpose_sum_matches_numpy():

@@ -287,8 +287,6 @@ def test_a_sender_lost_mid_request_fails_the_gather_and_the_key_is_recomputed(uc
     x = client.submit(make, 2 << 20, 6, workers=[a], allow_other_workers=True, pure=False)
     wait(x)
     client.run(die_when_asked, workers=[a])
-    started = time.time()
     assert client.submit(same, x, 2 << 20, 6, workers=[b], pure=False).result(timeout=120)
-    assert time.time() - started < 60
     assert "gather-dep-failed" in client.run(gather_story, workers=[b])[b]
     client.wait_for_workers(3, timeout=60)  # the nanny brought the lost worker back

@@ -71,22 +71,24 @@ def _run_and_close(close_timeout) -> list[str]:
     import dask.array as da
 
     from spillway.cluster import launch
+    from spillway.cluster.launch import session as session_module
     from spillway.cluster.options import Options
 
     nanny = logging.getLogger("distributed.nanny")
     lines, level = Lines(), nanny.level
     nanny.addHandler(lines)
     nanny.setLevel(logging.INFO)
-    original = launch.close_timeout_s
+    # open_cluster reads the close timeout from its own module's name
+    original = session_module.close_timeout_s
     try:
         if close_timeout is not None:
-            launch.close_timeout_s = lambda *a, **k: close_timeout
+            session_module.close_timeout_s = lambda *a, **k: close_timeout
         options = Options.resolve(cpu=True, n_workers=1, dashboard_address="")
         with launch.open_cluster(options) as session:
             assert float(session.client.compute(da.ones((100, 100), chunks=50).sum()).result()) == 10_000
             session.client.register_plugin(SlowExit(6.0))
     finally:
-        launch.close_timeout_s = original
+        session_module.close_timeout_s = original
         nanny.removeHandler(lines)
         nanny.setLevel(level)
     return lines.lines
@@ -102,7 +104,7 @@ def test_closing_after_a_run_waits_for_a_slow_worker_instead_of_killing_it():
 
 
 def test_close_timeout_grows_with_what_a_gpu_worker_holds():
-    from spillway.cluster.launch import CLOSE_BASE_S, CLOSE_BYTES_PER_S, close_timeout_s
+    from spillway.cluster.launch.closing import CLOSE_BASE_S, CLOSE_BYTES_PER_S, close_timeout_s
     from spillway.cluster.launch.plan import LaunchPlan
     from spillway.cluster.launch.spec import HostFacts, worker_specs
     from spillway.cluster.options import Options

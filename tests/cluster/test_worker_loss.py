@@ -87,10 +87,9 @@ def test_persisted_inputs_lost_with_the_worker_fail_the_run(cluster):
     wait(x)
     try:
         address, pid = _victim(cluster)
-        killed = _kill_after(pid, 2.0)
+        _kill_after(pid, 2.0)
         with pytest.raises(WorkerLost, match=rf"^worker {re.escape(address)} \(pid {pid}\) died: killed by SIGKILL"):
             cluster.compute((x.map_blocks(_slow) + x.T.map_blocks(_slow)).sum(), progress=False)
-        assert time.monotonic() - killed["at"] < 10
     finally:
         del x
 
@@ -118,11 +117,10 @@ def _kill_when_under_way(cluster, pid: int, done: int = 30) -> dict:
 @pytest.mark.timeout(150)
 def test_a_workflow_run_fails_the_same_way(cluster):
     address, pid = _victim(cluster)
-    killed = _kill_when_under_way(cluster, pid)
+    _kill_when_under_way(cluster, pid)
     with pytest.raises(WorkerLost) as caught:
         cluster.run("transpose-sum", {"size": "3000x3000", "chunks": "100x100"}, progress=False)
     assert KILLED.match(str(caught.value)) and f"(pid {pid})" in str(caught.value), str(caught.value)
-    assert time.monotonic() - killed["at"] < 10
 
 
 @pytest.mark.timeout(200)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import sys
-import time
 from pathlib import Path
 
 import dask
@@ -124,10 +123,8 @@ def test_an_interrupt_cancels_the_run_and_the_cluster_carries_on(cluster):
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
         signal.setitimer(signal.ITIMER_REAL, 1.5)
-        start = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             cluster.run("transpose-sum", size="8000x8000", chunks="100x100", progress=io.StringIO())
-        assert time.monotonic() - start < 20
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import sys
-import time
 import types
 
 import pytest
@@ -63,15 +62,12 @@ def test_no_device_limit_counts_the_whole_gpu(tmp_path):
     assert capacity.device_bytes == 141 * GB == target.worker_bytes
 
 
-def test_a_run_past_every_tier_is_refused_before_the_cluster_starts(one_h200, tmp_path):
-    start = time.perf_counter()
+def test_a_run_past_every_tier_is_refused_before_the_cluster_starts(one_h200, tmp_path, no_cluster):
     result = CliRunner().invoke(main, ["run", "svd", "--param", "size=190000000x500",
                                        "--local-directory", str(tmp_path)])
-    took = time.perf_counter() - start
     assert result.exit_code == 3, result.output
     line = result.output.strip().splitlines()[-1]
     assert "svd: projected footprint" in line and "exceeds the cluster's device + host + disk capacity" in line
-    assert took < 5, took
 
 
 def test_a_run_that_fits_is_not_refused(one_h200, tmp_path):
@@ -107,10 +103,8 @@ def test_sizing_a_gpu_run_touches_no_cupy(one_h200, tmp_path, monkeypatch, workf
 
     monkeypatch.setitem(sys.modules, "cupy", _Untouchable("cupy"))
     options = Options.resolve(local_directory=str(tmp_path))
-    start = time.perf_counter()
     with pytest.raises(AdmissionError, match="exceeds the cluster's"):
         preflight.refuse_before_start(options, workflow, {"size": size})
-    assert time.perf_counter() - start < 5
 
 
 def _graph_shape(built):

@@ -7,7 +7,6 @@ import io
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dask
@@ -231,9 +230,8 @@ def test_open_output_gives_cupy_chunks_on_a_gpu_machine(tmp_path):
 
 def test_wait_polls_until_done(alice):
     job = alice.submit("transpose-sum", SMALL, seed=9)
-    start = time.monotonic()
     job.wait(timeout=60, progress=False, poll_s=0.1)
-    assert job.state == "done" and time.monotonic() - start < 60
+    assert job.state == "done"
 
 
 def test_requests_safe_to_repeat_wait_out_an_outage():
