@@ -1,5 +1,6 @@
-"""How the command line fails: spillway's errors as one line on stderr with their exit
-status, and a module that is not installed named with the extra that brings it."""
+"""How the command line fails: spillway's errors and click's usage errors as one line on
+stderr with their exit status, and a module that is not installed named with the extra
+that brings it."""
 
 from __future__ import annotations
 
@@ -57,3 +58,32 @@ def missing_module(e: ModuleNotFoundError, command: str | None = None) -> str:
     extra = MODULE_EXTRAS.get(name)
     what = f"{command} needs" if command else "this command needs"
     return f"{what} {name}, which is not installed" + (f": pip install 'spillway[{extra}]'" if extra else "")
+
+
+class OneLineUsage(click.ClickException):
+    """A usage error of click's (an unknown flag, a missing argument, a bad ``--param``)
+    said as spillway says its errors, in one line, where click printed the usage, a hint
+    and the error on four; the exit status stays click's (2)."""
+
+    def __init__(self, error: click.ClickException):
+        message = error.format_message()
+        ctx = getattr(error, "ctx", None)
+        if ctx is not None:
+            message += f" (see {ctx.command_path} -h)"
+        super().__init__(message)
+        self.exit_code = error.exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"spillway: error: {self.format_message()}", err=True)
+
+
+@contextlib.contextmanager
+def usage_in_one_line():
+    """Say click's usage errors in one line (:class:`OneLineUsage`); a group called with
+    nothing still shows its help."""
+    try:
+        yield
+    except (click.exceptions.NoArgsIsHelpError, OneLineUsage):
+        raise
+    except click.ClickException as e:
+        raise OneLineUsage(e) from None

@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from .errors import missing_module
+from .errors import missing_module, usage_in_one_line
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -15,10 +15,19 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 class LazyGroup(click.Group):
     """Loads each command's module only when the command is used, so ``spillway --help``
     stays fast and imports no web or GPU library, and no command module imports this one
-    back."""
+    back; says every usage error of a command in one line."""
 
     #: command name -> "module:attribute"
     lazy: dict[str, str] = {}
+
+    def make_context(self, *args, **kwargs):
+        with usage_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        # every subcommand (and its own subcommands) runs inside: their usage errors too
+        with usage_in_one_line():
+            return super().invoke(ctx)
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))

@@ -4,8 +4,10 @@ others to attach to)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
+import tempfile
 import threading
 
 import click
@@ -38,20 +40,15 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
       spillway run transpose-sum --scheduler-file sched.json
       spillway run matmul --param size=8GB --output /scratch/z.zarr
     """
-    from spillway import workflows
-    from spillway.workflows.outputs import check_path
-
     from spillway.cluster.launch import open_cluster
     from spillway.run.preflight import refuse_before_start
 
     options = resolve(options_flags)
-    # an unknown name or a bad value fails before a cluster starts
-    workflows.get(workflow).check_values(params)
-    if output is not None:
-        output = check_path(output)
-    # and so does a run no GPU worker's tiers could hold, before any pool is taken, and
-    # before distributed is imported (the progress bar, the run): most of a refusal's second
-    refuse_before_start(options, workflow, params)
+    # an unknown name, a bad value, parameters that do not go together, an output that
+    # cannot be written and a run no GPU worker's tiers could hold all fail before a
+    # cluster starts, and before distributed is imported (the progress bar, the run):
+    # most of a refusal's second
+    output = refuse_before_start(options, workflow, params, output)
     from spillway.run.progress import default_stream
     from spillway.run.compute import run_workflow
     from spillway.run.text import format_report
@@ -89,9 +86,17 @@ def up(scheduler_file_out, options_flags):
     """
     from spillway.cluster.launch import open_cluster
 
+    from spillway.cluster.errors import OptionsError
+
     options = resolve(options_flags)
     if options.attach:
         raise click.UsageError("up starts a cluster; --scheduler-address/--scheduler-file attach to one")
+    # written once the cluster is up: a place it cannot go is refused before it starts
+    where = os.path.dirname(os.path.abspath(scheduler_file_out))
+    try:
+        tempfile.TemporaryFile(dir=where).close()
+    except OSError as e:
+        raise OptionsError(f"scheduler-file-out: cannot write in {where!r} ([Errno {e.errno}] {e.strerror})") from None
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import click
@@ -93,6 +94,7 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     from spillway.service.api import create_app
     from spillway.service.api.limits import ServiceLimits
     from spillway.service.jobs import JobQueue
+    from spillway.cluster.errors import OptionsError
     from spillway.cluster.launch import open_cluster
 
     if bool(https_cert) != bool(https_key):
@@ -106,7 +108,11 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     jobdb = open_jobdb(state_dir, db)
     _notice_old_limits(jobdb)
     results = Path(results_dir or Path(state_dir).expanduser() / "results").expanduser()
-    results.mkdir(parents=True, exist_ok=True)
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=results).close()
+    except OSError as e:
+        raise OptionsError(f"results-dir: cannot write in {str(results)!r} ([Errno {e.errno}] {e.strerror})") from None
     with open_cluster(options) as session:
         _write_owner_file(session, Path(state_dir).expanduser())
         queue = JobQueue(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)

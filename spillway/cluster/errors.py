@@ -58,9 +58,31 @@ class ServiceError(SpillwayError):
 
 
 class OutputError(SpillwayError):
-    """An output that was not written as asked: the path and the OS error, in one line."""
+    """An output that was not written as asked: the path and the OS error, in one line.
+    A store the OS refused (a full disk, a read-only or vanished directory: the user's to
+    fix) exits 2 as any bad value does; a store that reads back other values exits 1."""
 
     exit_code = 1
+
+    def __init__(self, message: str, *, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class StoreWriteError(OSError):
+    """A worker's write of an output chunk that the OS refused, raised by the writer in
+    place of the OSError (same errno and text). It is an OSError, not a SpillwayError: it
+    crosses from the worker to the client as the task's exception. The worker's log leaves
+    it out (:mod:`spillway.cluster.plugins`): the client says it in one line, and the
+    worker's traceback of it came first, in 60 lines."""
+
+
+class MainGuardMissing(SpillwayError):
+    """A script that starts a cluster at its top level, without ``if __name__ ==
+    "__main__":``: every worker process imports the script again and would start one too."""
+
+    exit_code = 2
 
 
 class WorkerLost(SpillwayError):

@@ -13,7 +13,10 @@ whichever launcher started it, and adds what spillway needs:
   (:mod:`spillway.cluster.zarr_buffer`);
 * with spillway's tiered store (:mod:`spillway.cluster.memory`): eviction by the queued tasks'
   next use, prefetch of the next tasks' inputs, and spill on demand when an RMM
-  allocation fails.
+  allocation fails;
+* a worker log without the "Compute Failed" traceback of an output chunk the OS refused
+  (:class:`~spillway.cluster.errors.StoreWriteError`: a full disk, a read-only directory),
+  which the run says in one line on the client.
 
 :func:`worker_snapshot` reads those back; the run report diffs two snapshots.
 """
@@ -53,6 +56,24 @@ def _is_gpu_worker() -> bool:
         return False
 
 
+def _not_a_refused_write(record) -> bool:
+    """False for distributed's "Compute Failed" record of a task whose exception is a
+    :class:`~spillway.cluster.errors.StoreWriteError` (its repr is the record's fourth
+    argument: distributed logs ``Exception: %r``)."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return not (str(record.msg).startswith("Compute Failed") and len(args) > 3
+                and str(args[3]).lstrip("\"'").startswith("StoreWriteError("))
+
+
+def quiet_refused_writes() -> None:
+    """Leave refused output writes out of this worker process's log (once per process)."""
+    import logging
+
+    log = logging.getLogger("distributed.worker")
+    if _not_a_refused_write not in log.filters:
+        log.addFilter(_not_a_refused_write)
+
+
 class WorkerSetup(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
@@ -71,6 +92,7 @@ class WorkerSetup(WorkerPlugin):
         from .launch.worker_config import follow_offload_config
 
         follow_offload_config()  # transfer-offload, where the process imported distributed first
+        quiet_refused_writes()
         self.kind = "gpu" if _is_gpu_worker() else "cpu"
         store = _tiered_store(worker)
         if self.kind == "gpu":

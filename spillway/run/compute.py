@@ -56,6 +56,8 @@ def run_workflow(
         from spillway.cluster.errors import ParamError
 
         raise ParamError(f"output: {name} has no array result to write (its result is a summary)")
+    if output is not None:
+        outputs.check_space(output, int(built.array.nbytes))
     # whatever comes back to the client is a host value, converted on the worker by a final
     # task: a client process needs no device memory (nor a CUDA context) to read a result
     collections = [built.result]

@@ -19,7 +19,7 @@ from typing import Any
 
 from .bars import advance, progress_bar
 from .report import Report
-from spillway.cluster.errors import ClusterStartError, SpillwayError
+from spillway.cluster.errors import MainGuardMissing
 from spillway.cluster.options import Options
 
 __all__ = ["Local", "local"]
@@ -30,25 +30,6 @@ def local(**option_keywords) -> Local:
     n_workers=2)``. Bad options raise :class:`~spillway.cluster.errors.OptionsError` before
     anything starts. Use as a context manager, or call ``close()``."""
     return Local(Options.resolve(**option_keywords))
-
-
-GUARD_HINT = ('in a script, start the cluster under `if __name__ == "__main__":` (worker processes '
-              "import the script again; see the README, From a script)")
-
-
-def _importing_in_worker_process() -> bool:
-    """True while a worker process being started imports the user's script again (the
-    ``spawn`` start method runs the main module as ``__mp_main__``)."""
-    import multiprocessing
-
-    main = sys.modules.get("__main__")
-    return (getattr(main, "__name__", "") == "__mp_main__"
-            or bool(getattr(multiprocessing.current_process(), "_inheriting", False)))
-
-
-def _is_script() -> bool:
-    main = sys.modules.get("__main__")
-    return bool(getattr(main, "__file__", None)) and not hasattr(sys, "ps1")
 
 
 def session_config(kind: str, config: Mapping) -> dict:
@@ -70,22 +51,15 @@ class Local:
     def __init__(self, options: Options, *, inventory=None):
         from spillway.cluster.launch import open_cluster
 
-        if _importing_in_worker_process():
-            # a script without the guard: say so once, in one line, and end this process
-            # before multiprocessing's bootstrapping error and a traceback do
-            print(f"spillway: error: spillway.local() ran while a worker process started; {GUARD_HINT}",
-                  file=sys.stderr)
-            raise SystemExit(2)
         self.options = options
         self._stack = contextlib.ExitStack()
         try:
             self.session = self._stack.enter_context(open_cluster(options, inventory=inventory))
-        except SpillwayError:
-            raise
-        except Exception as e:
-            if not _is_script():
-                raise
-            raise ClusterStartError(f"the cluster did not start ({type(e).__name__}: {e}); {GUARD_HINT}") from None
+        except MainGuardMissing as e:
+            # only a script gets here, at its top level: a traceback through it would bury
+            # the one line that says what to change
+            print(f"spillway: error: {e}", file=sys.stderr)
+            raise SystemExit(e.exit_code) from None
         import dask.config
 
         self._stack.enter_context(dask.config.set(session_config(self.session.kind, dask.config.config)))

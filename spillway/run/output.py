@@ -3,10 +3,18 @@ and fails the run with :class:`~spillway.cluster.errors.OutputError`."""
 
 from __future__ import annotations
 
+import errno
+
 from spillway.workflows.outputs import remove_output
 
 from spillway.cluster.errors import OutputError
 from .host import on_host
+
+
+#: what the OS says of a store its user can put right (space, permissions, a directory
+#: that went away): the run exits 2, as for any bad value
+USERS_TO_FIX = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
+                errno.ENOTDIR}
 
 
 def wait_for_store(future, path: str) -> None:
@@ -14,18 +22,26 @@ def wait_for_store(future, path: str) -> None:
     try:
         future.result()
     except Exception as e:  # noqa: BLE001 (named in the one line)
-        remove_output(path)
-        raise OutputError(f"output: writing {path} failed: {_os_error(e)}; the partial store was removed") from e
+        raise store_failed(e, path) from e
 
 
-def _os_error(e: BaseException) -> str:
-    """The OS error under ``e`` (``[Errno 28] No space left on device``), else its line."""
+def store_failed(e: BaseException, path: str) -> OutputError:
+    """The run's one line for a store whose write failed with ``e``; what was written is removed."""
+    remove_output(path)
+    os_error = _os_error(e)
+    said = f"[Errno {os_error.errno}] {os_error.strerror}" if os_error else f"{type(e).__name__}: {_first_line(e)}"
+    return OutputError(f"output: writing {path} failed: {said}; the partial store was removed",
+                       exit_code=2 if os_error is not None and os_error.errno in USERS_TO_FIX else 1)
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OS error under ``e`` (``[Errno 28] No space left on device``), if any."""
     seen = e
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno:
-            return f"[Errno {seen.errno}] {seen.strerror}"
+            return seen
         seen = seen.__cause__ or seen.__context__
-    return f"{type(e).__name__}: {_first_line(e)}"
+    return None
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,4 +1,9 @@
-"""Admission before a GPU cluster starts.
+"""What a run is refused for before its cluster starts: bad parameters, an output that
+cannot be written, and (on GPUs) admission.
+
+Parameters are checked on the workers the options plan, so that chunks larger than the
+array or a graph past its limits stop the run in a second, not after a cluster has
+started (the running cluster checks them again, on its real workers).
 
 A run that no tier can hold is refused by :func:`~.memory.admission.admit` on the running
 cluster too, but by then the workers have taken their RMM pools and pinned arenas: on one
@@ -50,23 +55,72 @@ def planned(specs: tuple[WorkerSpec, ...], device_memory: tuple[int, ...], local
     return target, capacity
 
 
-def refuse_before_start(options, workflow: str, params: dict) -> None:
-    """Raise :class:`~.errors.AdmissionError` where the GPU cluster ``options`` would start
-    cannot hold ``workflow`` (its parameters' bytes, then its projected footprint); nothing
-    for attached or CPU clusters, whose capacity is read once they run."""
-    from spillway import workflows
+def cpu_target(options, launch, host) -> Target:
+    """The workflow target of the CPU workers ``launch`` plans, each worker's memory as
+    distributed will give it (``auto``: the host's memory shared by threads, as distributed's
+    ``parse_memory_limit`` does; no limit counts as :func:`~.target.target_of` counts it)."""
+    limit = options.memory_limit
+    if limit == "auto":
+        per_worker = int(host.host_memory * min(1.0, options.threads_per_worker / max(1, host.cpu_count)))
+    elif isinstance(limit, float):
+        per_worker = int(limit * host.host_memory)
+    else:
+        per_worker = int(limit)
+    return Target(kind="cpu", n_workers=launch.n_workers, worker_bytes=per_worker or 4 * 2**30)
 
+
+def refuse_before_start(options, workflow: str, params: dict, output: str | None = None) -> str | None:
+    """Check a run of ``workflow`` before its cluster starts, as far as the values alone
+    show it; returns ``output`` made absolute.
+
+    Every value, then the parameters together on the workers the options plan (chunks
+    larger than the array, a shape of the wrong dimensions, a graph past its limits, an
+    input store that is not there) raise :class:`~.errors.ParamError`; an output that
+    cannot be written, or would not fit its disk, too. A GPU cluster that cannot hold the
+    run raises :class:`~.errors.AdmissionError` (its parameters' bytes, then its projected
+    footprint). Attached clusters are checked value by value only: their workers are read
+    once connected, which starts nothing."""
+    from spillway import workflows
+    from spillway.workflows.outputs import check_path, check_space
+
+    from spillway.cluster.errors import GpusBusy, ParamError
     from spillway.cluster.gpus import discover
     from spillway.cluster.launch import HostProbe, plan, worker_specs
     from spillway.cluster.memory.growth import host_total
 
+    spec = workflows.get(workflow)
+    spec.check_values(params)
+    if output is not None:
+        output = check_path(output)
     if options.attach:
-        return
-    launch = plan(options, discover(), HostProbe.here())
-    if launch.kind != "gpu" or not launch.device_memory:
-        return
-    specs = worker_specs(options, launch)
-    target, capacity = planned(specs, launch.device_memory, options.local_directory, host_total())
-    projected = workflows.get(workflow).projected(params, target, None,
-                                                  fits=lambda floor: admit(workflow, floor, capacity))
-    admit(workflow, projected, capacity)
+        return output
+    host = HostProbe.here()
+    try:
+        launch = plan(options, discover(), host)
+    except GpusBusy:
+        return output  # open_cluster waits for them to be free, and plans again
+    fits = capacity = None
+    if launch.kind == "gpu" and launch.device_memory:
+        specs = worker_specs(options, launch)
+        target, capacity = planned(specs, launch.device_memory, options.local_directory, host_total())
+        fits = lambda floor: admit(workflow, floor, capacity)  # noqa: E731
+    elif launch.kind == "gpu":
+        return output  # GPUs of unknown memory: the running workers say what they hold
+    else:
+        target = cpu_target(options, launch, host)
+    validated = spec.validate(params, target, fits=fits)
+    built = None
+    if output is not None:
+        built = spec.build(validated, target)
+        if built.array is None:
+            raise ParamError(f"output: {workflow} has no array result to write (its result is a summary)")
+        check_space(output, int(built.array.nbytes))
+    if capacity is not None:
+        if built is not None:
+            projected = built.footprint
+        elif spec.project is not None:
+            projected = spec.project(validated, target)
+        else:
+            projected = spec.build(validated, target).footprint
+        admit(workflow, projected, capacity)
+    return output

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import GpusBusy
+from ..errors import GpusBusy, OptionsError
 from ..gpus import Inventory, discover
 from ..options import Options
 from .backend import backend_for
 from .closing import close_cluster, close_timeout_s
+from .main_guard import check_main_guard
 from .plan import HostProbe, LaunchPlan, plan
 from .spec import WorkerSpec, worker_specs
 from .ucx_env import quiet_ucx
@@ -82,13 +84,35 @@ def plan_when_free(options: Options, host: HostProbe, *, wait_s: float = GPU_BUS
 
 
 def connect_client(options: Options, cluster=None):
+    """A client of ``cluster``, else of the scheduler the options name: a scheduler file
+    that is not there, or an address nothing answers on, is refused in one line (distributed
+    waits for a missing file for ever)."""
     from distributed import Client
 
     if cluster is not None:
         return Client(cluster, security=options.security)
     if options.scheduler_file:
-        return Client(scheduler_file=options.scheduler_file, security=options.security, timeout="30s")
-    return Client(options.scheduler_address, security=options.security, timeout="30s")
+        if not os.path.isfile(options.scheduler_file):
+            raise OptionsError(f"scheduler-file: {options.scheduler_file!r} does not exist (`spillway up "
+                               "--scheduler-file-out` or a batch job writes one)")
+        where, kwargs = f"scheduler-file: the scheduler of {options.scheduler_file!r}", {
+            "scheduler_file": options.scheduler_file}
+    else:
+        where, kwargs = f"scheduler-address: {options.scheduler_address!r}", {"address": options.scheduler_address}
+    try:
+        return Client(**kwargs, security=options.security, timeout=f"{ATTACH_TIMEOUT_S}s")
+    except OSError as e:
+        # the timeout's text is distributed's: "Timed out trying to connect to ... after 30 s"
+        raise OptionsError(f"{where} did not answer: {_first_line(e)}") from None
+
+
+#: seconds a client waits for a scheduler it attaches to
+ATTACH_TIMEOUT_S = 30
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
@@ -143,6 +167,8 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Ite
     # took 0.9-1.0 s of a 1.5 s refusal on the GPU hosts
     from .deaths import start_failure, watch_worker_deaths
 
+    if not options.attach:
+        check_main_guard()
     if inventory is None and not options.attach:
         launch = plan_when_free(options, HostProbe.here())
     else:

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from spillway.workflows.outputs import open_output
 
-from spillway.cluster.errors import SpillwayError
+from spillway.cluster.errors import ServiceError, SpillwayError
 
 
 class Requests(Protocol):
@@ -156,6 +156,9 @@ class JobResult:
         machine with a GPU); None for workflows whose result is a summary."""
         if self.output is None:
             return None
+        if not os.path.exists(os.path.join(self.path, "zarr.json")):
+            raise ServiceError(f"output: no Zarr store at {self.path!r} on this machine; pass results_dir= where "
+                               "the service's results directory is mounted here")
         return open_output(self.path, backend=self.backend)
 
     def _repr_html_(self) -> str:

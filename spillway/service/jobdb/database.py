@@ -5,6 +5,7 @@ migrated on open."""
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -35,7 +36,13 @@ def database_url(state_dir: str | Path | None, db: str | None) -> str:
     if not state_dir:
         raise JobDBError("state-dir: give a state directory or --db URL")
     path = Path(state_dir).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        # SQLite writes beside its file (the journal): a directory that cannot take a new
+        # entry is refused here, in one line, not by the first query
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as e:
+        raise JobDBError(f"state-dir: cannot write in {str(path)!r} ([Errno {e.errno}] {e.strerror})") from None
     return f"sqlite:///{path / DB_FILE}"
 
 

@@ -51,7 +51,21 @@ def write_chunk(block, files: ChunkFiles, block_info=None):
     """Write one block to its chunk file; returns the bytes written (as a block of ones
     in every dimension, summed by :func:`store`). Decided by the block, not the graph's
     meta: a device block goes straight from the device with KvikIO (copied to the host
-    and written by zarr without it), a host block is written by zarr."""
+    and written by zarr without it), a host block is written by zarr. A write the OS
+    refuses raises :class:`~spillway.cluster.errors.StoreWriteError`."""
+    from spillway.cluster.errors import StoreWriteError
+
+    try:
+        return _write_chunk(block, files, block_info)
+    except StoreWriteError:
+        raise
+    except OSError as e:
+        if not e.errno:
+            raise
+        raise StoreWriteError(e.errno, e.strerror, e.filename) from None
+
+
+def _write_chunk(block, files: ChunkFiles, block_info):
     info = block_info[0]
     coords = tuple(info["chunk-location"])
     ones = (1,) * block.ndim
