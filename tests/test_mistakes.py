@@ -55,6 +55,9 @@ class Mistake:
     before_start: bool = True
 
 
+#: a CPU batch job's flags, as the README's Slurm section gives them
+SLURM = ("slurm", "render", "transpose-sum", "--cpu", "--nodes", "1", "--gpus-per-node", "0", "--time", "00:05:00")
+
 CLI = [
     Mistake("output-in-proc", ("run", "slice", "--cpu", "--output", "/proc/x.zarr"), "cannot write in '/proc'"),
     Mistake("output-dir-missing", ("run", "slice", "--cpu", "--output", "{tmp}/no/such/x.zarr"),
@@ -88,6 +91,13 @@ CLI = [
             "results-dir: cannot write in '/proc/r'"),
     Mistake("tenant-state-dir-in-proc", ("tenant", "add", "bob", "--state-dir", "/proc/state"),
             "state-dir: cannot write in '/proc/state'"),
+    Mistake("slurm-chunks-past-the-array", (*SLURM, "--param", "chunks=8000x8000"),
+            "chunks: chunk 8000x8000 is larger than the array 4000x4000"),
+    Mistake("slurm-time-too-short", ("slurm", "render", "transpose-sum", "--cpu", "--nodes", "1",
+                                     "--gpus-per-node", "0", "--time", "00:01:00"), "time: 00:01:00 is shorter"),
+    Mistake("slurm-gpus-on-cpu", ("slurm", "render", "transpose-sum", "--cpu", "--nodes", "1",
+                                  "--gpus-per-node", "2", "--time", "00:05:00"), "gpus-per-node: 2 GPUs requested"),
+    Mistake("slurm-bad-job-id", ("slurm", "status", "12;rm"), "job id: '12;rm' is not a Slurm job id"),
 ]
 
 
@@ -105,6 +115,23 @@ def test_each_mistake_on_the_command_line_is_one_line_and_exit_2(mistake, tmp_pa
     assert result.exit_code == 2, result.output
     assert len(lines) == 1 and lines[0].startswith("spillway: error: "), result.output
     assert names in lines[0], lines[0]
+
+
+def test_slurm_submit_where_there_is_no_sbatch_makes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch on it
+    result = CliRunner().invoke(main, ["slurm", "submit", *SLURM[2:], "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [
+        "spillway: error: sbatch: not found on the PATH; run this on a Slurm login node"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_slurm_render_says_the_output_dir_is_not_there(tmp_path):
+    result = CliRunner().invoke(main, [*SLURM, "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 0 and result.stdout.startswith("#!/")
+    assert result.stderr.splitlines() == [
+        f"spillway: note: output-dir '{tmp_path / 'out'}' does not exist here; make it before the job starts "
+        f"(mkdir -p {tmp_path / 'out'}); sbatch does not"]
 
 
 def test_a_disk_that_fills_while_the_run_writes_is_one_line_and_exit_2(tmp_path):

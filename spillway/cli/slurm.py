@@ -121,7 +121,14 @@ def slurm():
 @fail_cleanly
 def render(**kwargs):
     """Print the sbatch script for WORKFLOW."""
-    click.echo(_render(**kwargs), nl=False)
+    script = _render(**kwargs)
+    output_dir = os.path.abspath(kwargs["output_dir"] or os.getcwd())
+    if not os.path.isdir(output_dir):
+        # sbatch does not make it, and a job whose output has nowhere to go fails without a
+        # word (submit makes it); said on stderr, so the script on stdout stays whole
+        click.echo(f"spillway: note: output-dir {output_dir!r} does not exist here; make it before the job "
+                   f"starts (mkdir -p {output_dir}); sbatch does not", err=True)
+    click.echo(script, nl=False)
 
 
 @slurm.command(context_settings=CONTEXT)
@@ -130,11 +137,19 @@ def render(**kwargs):
 @fail_cleanly
 def submit(**kwargs):
     """Submit WORKFLOW as a batch job and print its job id."""
+    from spillway.cluster.errors import OptionsError
     from spillway.deploy.slurm import Slurm
 
     script = _render(**kwargs)
-    os.makedirs(os.path.abspath(kwargs["output_dir"] or os.getcwd()), exist_ok=True)
-    click.echo(Slurm().submit(script))
+    system = Slurm()
+    # nothing is made for a job that cannot be submitted from here
+    system.require(system.submit_command)
+    output_dir = os.path.abspath(kwargs["output_dir"] or os.getcwd())
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise OptionsError(f"output-dir: cannot make {output_dir!r} ([Errno {e.errno}] {e.strerror})") from None
+    click.echo(system.submit(script))
 
 
 @slurm.command(context_settings=CONTEXT)

@@ -108,7 +108,7 @@ def test_cli_unknown_workflow_stops_before_rendering():
 def test_cli_status_without_slurm_names_the_missing_command(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     result = CliRunner().invoke(main, ["slurm", "status", "12"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # the machine is the user's to change
     assert result.output.strip() == "spillway: error: squeue: not found on the PATH; run this on a Slurm login node"
 
 
@@ -123,7 +123,8 @@ def test_readme_example_is_what_render_prints():
     assert args[:3] == ["spillway", "slurm", "render"]
     result = CliRunner().invoke(main, args[1:])
     assert result.exit_code == 0, result.output
-    assert result.output == example
+    # (stderr says the output directory is not on this machine)
+    assert result.stdout == example
 
 
 def test_cli_then_adds_runs_and_checks_their_parameters():

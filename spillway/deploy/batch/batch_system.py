@@ -223,12 +223,18 @@ class BatchSystem:
         if done.returncode != 0:
             raise self._failed(self.cancel_command[0], done)
 
-    def _call(self, command: Sequence[str], *, job_id: str | None = None,
-              input: str | None = None) -> subprocess.CompletedProcess:
+    def require(self, command: Sequence[str]) -> str:
+        """The path of ``command``'s program; where it is not on the PATH, one line saying
+        so (exit 2), before anything is made for the job."""
         name = command[0]
         path = self.shell.which(name)
         if path is None:
-            raise self.error(f"{name}: not found on the PATH; run this on a {self.name} login node")
+            raise self.error(f"{name}: not found on the PATH; run this on a {self.name} login node", exit_code=2)
+        return path
+
+    def _call(self, command: Sequence[str], *, job_id: str | None = None,
+              input: str | None = None) -> subprocess.CompletedProcess:
+        path = self.require(command)
         args = [path, *(a if job_id is None else a.replace("{job_id}", job_id) for a in command[1:])]
         try:
             return self.shell.run(args, input=input)

@@ -6,9 +6,16 @@ from spillway.cluster.errors import SpillwayError
 
 
 class BatchError(SpillwayError):
-    """A batch system's command failed or is missing; the message carries its own one-line error."""
+    """A batch system's command failed or is missing; the message carries its own one-line
+    error. A command that is not there exits 2 (the machine is the user's to change: a
+    login node has it), one that refused the job exits 1."""
 
     exit_code = 1
+
+    def __init__(self, message: str, *, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
 
 
 class JobIdError(SpillwayError, ValueError):
