@@ -88,7 +88,7 @@ def run_workflow(
         "verify": None,
         "cluster": {
             "kind": session.kind,
-            "n_workers": session.n_workers,
+            "n_workers": target.n_workers,
             "protocol": session.plan.protocol if session.plan.kind != "attach" else _protocol(client),
             # only where spillway planned GPU workers: attached clusters keep their own
             **({"workers_per_gpu": session.plan.workers_per_gpu} if session.plan.kind == "gpu" else {}),

@@ -20,7 +20,8 @@ def target_of(session) -> Target:
         limits = [d["limit"] // (sharing[d["gpu"]] if d["whole_gpu"] and d["gpu"] else 1)
                   for d in device.values() if d["limit"]] or limits
     per_worker = min(limits) if limits and min(limits) > 0 else 4 * 2**30
-    return Target(kind=session.kind, n_workers=session.n_workers, worker_bytes=int(per_worker),
+    # the workers up now: a cluster that scales has more or fewer than it started with
+    return Target(kind=session.kind, n_workers=len(info), worker_bytes=int(per_worker),
                   workers=tuple(sorted(info)))
 
 

@@ -18,7 +18,7 @@ from spillway.run.report import Report
 from spillway.run.local import Local
 from spillway.workflows import random
 
-sys.path.insert(0, str(Path(__file__).parent / "api"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "service" / "api"))
 from serve_helpers import wait_for  # noqa: E402
 
 

@@ -38,9 +38,12 @@ class LocalCPU:
         import dask.config
         from distributed import LocalCluster
 
-        from .worker_config import worker_config
+        from .worker_config import carry_in_spec, worker_config
 
+        config = worker_config(options, tiered_store=False, gpu=False)
         # each nanny hands the config of the moment it is built to its worker process
-        with dask.config.set(worker_config(options, tiered_store=False, gpu=False)):
+        with dask.config.set(config):
             kwargs = cluster_kwargs(options, launch)
-            return cluster_class(LocalCluster, kwargs)(**kwargs)
+            cluster = cluster_class(LocalCluster, kwargs)(**kwargs)
+        carry_in_spec(cluster, config)
+        return cluster

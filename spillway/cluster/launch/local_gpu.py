@@ -19,7 +19,7 @@ from .http_server import cluster_class, dashboard_kwargs
 from .plan import LaunchPlan
 from .render import dask_cuda_kwargs, store_data
 from .spec import WorkerSpec, one_for_all
-from .worker_config import worker_config
+from .worker_config import carry_in_spec, worker_config
 
 
 def worker_names(devices: list) -> list:
@@ -131,5 +131,8 @@ class LocalGPU:
             base = cluster_type()
         else:
             from dask_cuda import LocalCUDACluster as base
-        with dask.config.set(worker_config(options, tiered_store=specs[0].tiered)):
-            return cluster_class(base, kwargs)(**kwargs)
+        config = worker_config(options, tiered_store=specs[0].tiered)
+        with dask.config.set(config):
+            cluster = cluster_class(base, kwargs)(**kwargs)
+        carry_in_spec(cluster, config)
+        return cluster

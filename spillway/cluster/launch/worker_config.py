@@ -58,6 +58,15 @@ def worker_config(options: Options, *, tiered_store: bool, gpu: bool = True) -> 
     return config
 
 
+def carry_in_spec(cluster, config: dict) -> None:
+    """Put ``config`` into ``cluster``'s spec of new workers (a nanny's ``config=``, dotted
+    keys as dask-cuda gives its own), so that a worker scale() or adapt() starts later runs
+    with it as the first ones did: a nanny hands its worker the config of the moment it
+    is built, and the first ones were built inside ``dask.config.set``."""
+    options = cluster.new_spec["options"]
+    options["config"] = {**(options.get("config") or {}), **config}
+
+
 def follow_offload_config() -> int | bool | None:
     """Make this process's ``distributed.comm.utils.OFFLOAD_THRESHOLD`` follow its dask
     config's ``distributed.comm.offload`` (``transfer-offload``); returns the threshold.

@@ -1,0 +1,304 @@
+"""What a notebook holds of a running spillway cluster, whoever started it: the client,
+registered workflows run as ``spillway run`` runs them, the user's own collections with
+the same progress bar and worker-loss watch, Zarr results read back, and dask's Cluster
+verbs (``scale``, ``adapt``, ``wait_for_workers``, ``get_logs``, ``dashboard_link``) on
+the cluster object underneath. :class:`~.local.Local` (``spillway.local()``) and
+:class:`~.slurm.Slurm` (``spillway.slurm()``) are the two kinds.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from spillway.cluster.errors import OptionsError
+
+from .bars import advance, progress_bar
+from .report import Report
+
+#: seconds :meth:`Cluster.run` waits for an adaptive cluster's first workers
+FIRST_WORKERS_TIMEOUT_S = 300
+
+
+def worker_count(value, name: str) -> int:
+    """A number of workers (or jobs) as given to scale or adapt: an integer of at least 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise OptionsError(f"{name}: {value!r} must be an integer >= 0")
+    return value
+
+
+class Cluster:
+    """A running cluster: ``client`` is its Dask client, ``dashboard_link`` the Dask
+    dashboard, ``kind`` "gpu" or "cpu". ``session`` is the
+    :class:`~spillway.cluster.launch.Session` it runs on; ``stack`` closes it."""
+
+    #: what the cluster is called in its repr and errors
+    title = "spillway cluster"
+
+    def __init__(self, session, stack: contextlib.ExitStack):
+        self.session = session
+        self.options = session.options
+        self._stack = stack
+
+    # --- what is running
+
+    @property
+    def client(self):
+        return self.session.client
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The Dask dashboard's address (None where the cluster has none)."""
+        return self.session.dashboard_link
+
+    @property
+    def kind(self) -> str:
+        return self.session.kind
+
+    @property
+    def n_workers(self) -> int:
+        """Workers up now (scale and adapt change it)."""
+        return len(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    @property
+    def worker_bytes(self) -> int:
+        """Memory one worker holds before it spills: device memory on GPU workers."""
+        from .target import target_of
+
+        return target_of(self.session).worker_bytes
+
+    def workflows(self) -> list[dict]:
+        """The catalogue, with the defaults of this cluster."""
+        from spillway import workflows
+        from .target import target_of
+
+        return workflows.catalogue(target_of(self.session))
+
+    # --- dask's Cluster verbs
+
+    def scale(self, n: int) -> None:
+        """Scale to ``n`` workers, each started from the cluster's worker spec as the first
+        ones were. Workers that go hand their data to the others first (their results stay).
+        Ends adaptive scaling: a fixed size was asked for."""
+        n = worker_count(n, "scale")
+        self._check_size(n, "scale")
+        cluster = self._scalable("scale")
+        self._stop_adaptive()
+        going = list(cluster.worker_spec)[n:]
+        if going:
+            # as Adaptive scales down: distributed's own scale() hands retire_workers the
+            # workers' names where it takes addresses, so nothing would be moved first and
+            # what they held would be recomputed
+            self.client.retire_workers(names=going)
+        cluster.scale(n)
+
+    def adapt(self, minimum: int = 0, maximum: int | None = None, **adaptive):
+        """Scale between ``minimum`` and ``maximum`` workers with the work queued (dask's
+        ``Adaptive``; ``interval``, ``wait_count`` and the rest pass on to it). Returns it."""
+        minimum = worker_count(minimum, "minimum")
+        if maximum is None:
+            maximum = self._most_workers()
+            if maximum is None:
+                raise OptionsError("maximum: give the most workers this cluster may scale to")
+        maximum = worker_count(maximum, "maximum")
+        if minimum > maximum:
+            raise OptionsError(f"minimum: {minimum} is above maximum {maximum}")
+        self._check_size(maximum, "maximum")
+        return self._scalable("adapt").adapt(minimum=minimum, maximum=maximum, **adaptive)
+
+    def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
+        """Block until ``n`` workers are up (``timeout`` seconds at most)."""
+        self.client.wait_for_workers(worker_count(n, "wait_for_workers"), timeout=timeout)
+
+    def get_logs(self, cluster: bool = True, scheduler: bool = True, workers: bool = True) -> dict:
+        """The cluster manager's, the scheduler's and each worker's log lines, by name."""
+        if self.session.cluster is None:
+            return self.client.get_worker_logs() if workers else {}
+        return self.session.cluster.get_logs(cluster=cluster, scheduler=scheduler, workers=workers)
+
+    def _scalable(self, verb: str):
+        cluster = self.session.cluster
+        if cluster is None or not hasattr(cluster, "worker_spec"):
+            raise OptionsError(f"{verb}: this session is attached to a scheduler it did not start; "
+                               "whoever started it scales it")
+        return cluster
+
+    def _stop_adaptive(self) -> None:
+        adaptive = getattr(self.session.cluster, "_adaptive", None)
+        if adaptive is not None:
+            adaptive.stop()
+            self.session.cluster._adaptive = None
+
+    def _adaptive(self):
+        """The running Adaptive, or None."""
+        adaptive = getattr(self.session.cluster, "_adaptive", None)
+        return adaptive if getattr(adaptive, "state", None) in ("starting", "running") else None
+
+    def _most_workers(self) -> int | None:
+        """The most workers this cluster can have (None: no bound of its own)."""
+        return None
+
+    def _check_size(self, n: int, name: str) -> None:
+        most = self._most_workers()
+        if most is not None and n > most:
+            raise OptionsError(f"{name}: {n} workers is more than the {most} this cluster can start")
+
+    def _ensure_workers(self) -> None:
+        """Workers to run on: an adaptive cluster at none is brought to its minimum (at least
+        one) first, since admission reads the capacity of the workers that are up; a fixed
+        cluster scaled to none is refused in one line."""
+        if self.n_workers:
+            return
+        adaptive = self._adaptive()
+        if adaptive is None:
+            raise OptionsError("workers: this cluster has none; scale it up first (cluster.scale(2))")
+        want = max(1, int(adaptive.minimum))
+        self.session.cluster.scale(want)
+        self.client.wait_for_workers(want, timeout=FIRST_WORKERS_TIMEOUT_S)
+
+    # --- running things
+
+    def run(self, workflow: str, params: Mapping[str, Any] | None = None, *, verify: bool = False,
+            output: str | None = None, arrays: Mapping[str, Any] | None = None, progress=True,
+            **more_params) -> Report:
+        """Run a registered workflow and return its report.
+
+        Parameters come as a mapping, keywords, or both. ``output`` is a Zarr v3 path for
+        an array result (read back with :meth:`open`); ``arrays`` hands dask, CuPy or
+        NumPy arrays to the workflow's array inputs. ``progress``: True for a bar (a
+        widget in Jupyter), a stream for a text bar on it, False for none.
+        """
+        from .compute import run_workflow
+
+        params = {**(params or {}), **more_params}
+        kw = dict(verify=verify, output=output, arrays=dict(arrays) if arrays else None)
+        self._ensure_workers()
+        return Report(self._watch(workflow, lambda: run_workflow(self.session, workflow, params, **kw), progress))
+
+    def compute(self, *collections, progress=True, label: str = "compute"):
+        """Compute dask collections on the cluster (one graph) and return their values,
+        as ``dask.compute`` does, with the same progress bar as workflows."""
+        from spillway.cluster.errors import WorkerLost
+        from spillway.cluster.worker_loss import LossWatch
+
+        from .progress import track
+
+        client = self.client
+        if self._adaptive() is None:
+            self._ensure_workers()  # an adaptive cluster scales up for the queued tasks itself
+
+        def compute():
+            # a worker the computation depends on that dies fails it at once, naming the
+            # worker and why, rather than Dask recomputing everything it held in silence
+            with track(client, f"{label}-{uuid.uuid4().hex[:8]}"), LossWatch(client) as watch:
+                try:
+                    futures = client.compute(list(collections))
+                    watch.follow(futures)
+                    return client.gather(futures)
+                except Exception:
+                    if watch.settle():
+                        raise WorkerLost(watch.error) from None
+                    raise
+
+        values = self._watch(label, compute, progress)
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def _watch(self, label: str, work, progress):
+        """Run ``work`` in a thread while this one draws the scheduler's task count (when
+        ``progress`` asks for a bar); an interrupt (the notebook's stop button) cancels
+        this client's tasks."""
+        client = self.client
+        bar = None
+        drawn = False  # a bar is made at most once (progress_bar is None for a redirected log)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spillway-run") as pool:
+            future = pool.submit(work)
+            try:
+                while True:
+                    try:
+                        result = future.result(timeout=0.1)
+                        break
+                    except concurrent.futures.TimeoutError:
+                        pass
+                    if not progress or (drawn and bar is None):
+                        continue
+                    counts = _read_progress(client)
+                    if counts and counts.get("total"):
+                        # made only once tasks arrive, so refused parameters draw no bar
+                        if not drawn:
+                            bar, drawn = progress_bar(label, progress), True
+                        if bar is not None:
+                            advance(bar, counts["done"], counts["total"])
+                if bar is not None:
+                    advance(bar, bar.total, bar.total)
+                return result
+            except KeyboardInterrupt:
+                _cancel_run(client, future)
+                raise
+            finally:
+                if bar is not None:
+                    bar.close()
+
+    def open(self, path: str, *, backend: str = "auto"):
+        """A lazy dask array over a Zarr v3 array (a run's output, or any array of a store
+        such as ``store.zarr/t2m``): CuPy chunks on GPU machines, each chunk file read into
+        device memory with KvikIO by the worker that computes it (workflows.zarr)."""
+        from spillway.workflows.outputs import open_output
+
+        return open_output(path, backend=backend)
+
+    # --- lifetime
+
+    def close(self):
+        self._stack.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _repr_html_(self) -> str:
+        import html
+
+        link = self.dashboard_link
+        dash = f"<a href='{html.escape(link)}' target='_blank'>{html.escape(link)}</a>" if link else "off"
+        return (f"<table class='spillway'><caption style='text-align:left'><b>{html.escape(self.title)}</b>"
+                f"</caption><tr><th style='text-align:left'>workers</th><td>{self.n_workers} {self.kind} "
+                f"({html.escape(self.session.plan.protocol)})</td></tr>"
+                f"<tr><th style='text-align:left'>scheduler</th><td><code>"
+                f"{html.escape(self.session.scheduler_address)}</code></td></tr>"
+                f"<tr><th style='text-align:left'>dashboard</th><td>{dash}</td></tr></table>")
+
+    def __repr__(self):
+        return f"<{self.title}: {self.n_workers} {self.kind} workers, dashboard {self.dashboard_link}>"
+
+
+def _read_progress(client) -> dict | None:
+    from .progress import client_progress
+
+    try:
+        return client.run_on_scheduler(client_progress, client.id)
+    except Exception:  # the count is a nicety; the run's own errors come from its thread
+        return None
+
+
+def _cancel_run(client, run: concurrent.futures.Future, timeout: float = 30):
+    """Cancel this client's tasks until the run's thread has ended and nothing is left.
+
+    Cancelling once is not enough: a graph the thread has just submitted can reach the
+    scheduler after the cancel does (they travel on different comms), so its futures
+    are cancelled again until none remain."""
+    from distributed import Future
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        futures = [Future(key, client) for key in list(client.futures)]
+        if futures:
+            client.cancel(futures)
+        elif run.done():
+            return
+        concurrent.futures.wait([run], timeout=0.5)
