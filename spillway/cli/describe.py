@@ -40,18 +40,46 @@ def config(as_json, options_flags):
       spillway config
       DASK_SPILLWAY__RMM_POOL_SIZE=20GB spillway config --protocol tcp
     """
-    from spillway.cluster.options import fields
+    from spillway.cluster.options import OPTIONS
 
     options = resolve(options_flags)
     values = options.as_config()
-    rows = {f.replace("_", "-"): {"value": values[f.replace("_", "-")], "source": options.sources.get(f, "default")}
-            for f in fields()}
+    # on CPU workers the GPU workers' options are listed all the same, and marked
+    cpu_why = _cpu_workers(options)
+    rows = {}
+    for o in OPTIONS:
+        row = {"value": values[o.key], "source": options.sources.get(o.name, "default")}
+        if o.gpu and cpu_why:
+            row["used"] = False
+            row["why"] = f"GPU workers only; CPU workers here: {cpu_why}"
+        rows[o.key] = row
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return
+    if cpu_why:
+        click.echo(f"# CPU workers here ({cpu_why}): the options marked 'GPU only' are not used")
     width = max(map(len, rows))
     for key, row in rows.items():
-        click.echo(f"{key:<{width}}  {str(row['value']):<24}  {row['source']}")
+        unused = "  (GPU only, not used)" if "why" in row else ""
+        click.echo(f"{key:<{width}}  {str(row['value']):<24}  {row['source']}{unused}")
+
+
+def _cpu_workers(options) -> str | None:
+    """Why the workers these options start here would be CPU workers (None where they would
+    be GPU workers, or are not started here)."""
+    from spillway.cluster.gpus import discover
+    from spillway.cluster.launch.plan import cuda_stack_installed
+
+    if options.attach:
+        return None
+    if options.cpu:
+        return "cpu is true"
+    inventory = discover()
+    if not len(inventory):
+        return f"no GPU ({inventory.reason})"
+    if not cuda_stack_installed():
+        return "dask-cuda/CuPy are not installed"
+    return None
 
 
 @click.command("workflows", context_settings=CONTEXT)

@@ -283,14 +283,16 @@ def _devices_text(devices: tuple[int | str, ...] | None) -> str:
 # --- the declarations
 
 
-def option(default, parse: Callable[[Any, str], Any], *, help: str, worker: bool = False,
+def option(default, parse: Callable[[Any, str], Any], *, help: str, worker: bool = False, gpu: bool = False,
            config_form: Callable[[Any], Any] | None = None):
     """Declares an option as a field of :class:`Options`: its ``default`` (as the options
     object holds it), the parser that reads and checks its values (and carries their JSON
     schema), its ``help`` (the CLI flag's, the schema's description, the README's), whether
     a node's GPU workers are built from it (``worker``: ``spillway worker`` then gets it as a
-    flag) and, where the parsed value is not how config files write it, ``config_form``."""
-    return field(default=default, metadata={"option": dict(parse=parse, help=help, worker=worker,
+    flag), whether only GPU workers use it (``gpu``: CPU workers leave it aside, and say so
+    where it was set) and, where the parsed value is not how config files write it,
+    ``config_form``."""
+    return field(default=default, metadata={"option": dict(parse=parse, help=help, worker=worker, gpu=gpu,
                                                            config_form=config_form)})
 
 
@@ -305,6 +307,8 @@ class Option:
     parse: Callable[[Any, str], Any]
     help: str
     worker: bool = False
+    #: only GPU workers use it
+    gpu: bool = False
     config_form: Callable[[Any], Any] | None = None
 
     @property
@@ -361,14 +365,14 @@ class Options(RmmAndTls):
     """Every cluster setting, validated. Build it with :meth:`resolve`."""
 
     devices: tuple[int | str, ...] | None = option(
-        None, _devices, config_form=_devices_text,
+        None, _devices, config_form=_devices_text, gpu=True,
         help="GPUs to use, as `all`, or comma-separated indices or UUIDs (`0,1`, `GPU-3f2a...`).")
     n_workers: int | None = option(
         None, _optional(_int(1)),
         help="Number of workers; null means one per selected GPU (or one per core, at most 4, on "
              "CPU).")
     workers_per_gpu: int = option(
-        1, _int(1, MAX_WORKERS_PER_GPU), worker=True,
+        1, _int(1, MAX_WORKERS_PER_GPU), worker=True, gpu=True,
         help="Worker processes on each GPU (1 to 8). Each worker gets its share of the GPU "
              "(device memory limit and RMM pool given as fractions) and of the host; workers of "
              "one GPU move chunks over CUDA IPC with UCXX (over TCP, staged through host memory, "
@@ -380,34 +384,34 @@ class Options(RmmAndTls):
         False, _bool,
         help="Run on CPU workers with NumPy chunks even where GPUs are present.")
     rmm_pool_size: int | float | str | None = option(
-        "auto", _optional(_auto_or(_size_or_fraction)), worker=True,
+        "auto", _optional(_auto_or(_size_or_fraction)), worker=True, gpu=True,
         help="Initial RMM pool size per worker (bytes such as `20GB`, or a fraction of the GPU's "
              "memory); `auto` takes 90% of the GPU unless rmm-async or rmm-managed-memory is set "
              "(a pool keeps CUDA IPC handles cached for NVLink transfers); null for no pool.")
     rmm_maximum_pool_size: int | float | None = option(
-        None, _optional(_size_or_fraction), worker=True,
+        None, _optional(_size_or_fraction), worker=True, gpu=True,
         help="Largest the RMM pool may grow to per worker; needs `rmm-pool-size`.")
     rmm_managed_memory: bool = option(
-        False, _bool, worker=True,
+        False, _bool, worker=True, gpu=True,
         help="Allocate device memory as CUDA managed memory (pages migrate to the host under "
              "pressure). Not with NVLink.")
     rmm_async: bool = option(
-        False, _bool, worker=True,
+        False, _bool, worker=True, gpu=True,
         help="Use the CUDA asynchronous allocator (cudaMallocAsync) instead of an RMM pool. Not "
              "with managed memory.")
     rmm_release_threshold: int | float | None = option(
-        None, _optional(_size_or_fraction), worker=True,
+        None, _optional(_size_or_fraction), worker=True, gpu=True,
         help="With `rmm-async`, memory above this size held by the allocator is returned to the "
              "driver at synchronisation.")
     rmm_log_directory: str | None = option(
-        None, _optional(_directory), worker=True,
+        None, _optional(_directory), worker=True, gpu=True,
         help="Directory for per-worker RMM allocation logs; null for none.")
     rmm_track_allocations: bool = option(
-        False, _bool, worker=True,
+        False, _bool, worker=True, gpu=True,
         help="Wrap each worker's RMM resource in a tracking adaptor so the dashboard shows "
              "allocated bytes (slower).")
     device_memory_limit: int | float | str = option(
-        "default", _limit("default", "auto"), worker=True,
+        "default", _limit("default", "auto"), worker=True, gpu=True,
         help="Device bytes a worker may hold before it spills to host (`default` is 80% of the "
              "GPU, a size, a fraction, or 0 for no spilling).")
     memory_limit: int | float | str = option(
@@ -419,25 +423,25 @@ class Options(RmmAndTls):
         help="Directory for disk spill and worker scratch files; null uses dask's temporary "
              "directory.")
     memory_store: str = option(
-        "tiered", _choice("tiered", "dask-cuda"), worker=True,
+        "tiered", _choice("tiered", "dask-cuda"), worker=True, gpu=True,
         help="What holds a GPU worker's chunks, `tiered` (spillway's device -> pinned host -> "
              "disk store, evicting what queued tasks need last; checked against NumPy at 1.5x "
              "the GPUs' memory, see benchmarks/NOTES.md) or `dask-cuda` (dask-cuda's "
              "DeviceHostFile). Every launcher takes it (local, `spillway worker` in Slurm jobs, "
              "MPI ranks); with rmm-managed-memory workers keep dask-cuda's.")
     pinned_pool_size: int | str = option(
-        "auto", _bytes_limit("auto"), worker=True,
+        "auto", _bytes_limit("auto"), worker=True, gpu=True,
         help="Pinned host memory each GPU worker takes and touches for spilled chunks, on a "
              "background thread from its start (spills use it as it grows), `auto` (the worker's "
              "share of half the host's memory, at most its memory-limit), a size, or 0 (pinned "
              "buffers taken on demand). The workers of one host may pin at most half its memory "
              "between them; a larger size is refused before anything starts.")
     prefetch: bool = option(
-        True, _bool,
+        True, _bool, gpu=True,
         help="With the tiered store, bring the inputs of the next queued tasks back to the "
              "device ahead of use.")
     spill_on_demand: bool = option(
-        True, _bool,
+        True, _bool, gpu=True,
         help="With the tiered store, when a device allocation fails, spill chunks no running "
              "task holds and retry instead of failing the task.")
     protocol: str = option(
@@ -445,10 +449,10 @@ class Options(RmmAndTls):
         help="Transport between workers, `ucx` (UCXX, NVLink / CUDA IPC), `tcp`, or `auto` (ucx "
              "with more than one GPU and UCXX installed).")
     nvlink: bool = option(
-        True, _bool, worker=True,
+        True, _bool, worker=True, gpu=True,
         help="With ucx, let UCX move GPU buffers over NVLink / CUDA IPC.")
     data_plane: bool = option(
-        True, _bool,
+        True, _bool, gpu=True,
         help="Over ucx, move chunks between workers on spillway's data plane: a UCXX endpoint "
              "kept open per pair of workers, one request and its reply per gather, the receiver "
              "allocating from its RMM pool, instead of distributed's per-gather comm protocol "

@@ -48,6 +48,13 @@ def decimal_unit(*values) -> tuple[float, str]:
     return 1.0, "bytes"
 
 
+def decimal_bytes(n) -> str:
+    """``n`` bytes in the decimal unit of :func:`decimal_unit`, so a figure's title says its
+    sizes in the unit its axes use."""
+    scale, unit = decimal_unit(n)
+    return f"{(n or 0) / scale:.3g} {unit}" if scale > 1 else f"{int(n or 0)} bytes"
+
+
 def load(source, what: str) -> dict:
     """The dict to draw: ``source`` itself, or the JSON file it names (``what`` names the
     data expected, for the error)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .figures import decimal_unit, load, new_figure, short_address
+from .figures import decimal_bytes, decimal_unit, load, new_figure, short_address
 from .html_tables import STATE_COLOURS, escape, pairs, table
 from spillway.cluster.sizes import format_bytes
 from .text import format_report
@@ -130,7 +130,7 @@ def _report_figure(report: dict, figsize):
         ax_moved.legend(fontsize=8)
     c = report.get("cluster") or {}
     fig.suptitle(f"{report['workflow']}: {report['wall_s']:.2f} s on {c.get('n_workers')} {c.get('kind')} workers, "
-                 f"{format_bytes((report.get('footprint') or {}).get('input_bytes', 0))} in, "
-                 f"{format_bytes(report.get('bytes_transferred') or 0)} between workers, "
-                 f"{format_bytes(report.get('bytes_spilled') or 0)} spilled")
+                 f"{decimal_bytes((report.get('footprint') or {}).get('input_bytes', 0))} in, "
+                 f"{decimal_bytes(report.get('bytes_transferred') or 0)} between workers, "
+                 f"{decimal_bytes(report.get('bytes_spilled') or 0)} spilled")
     return fig

@@ -11,9 +11,9 @@ def format_report(report: dict) -> str:
     lines = [f"workflow      {report['workflow']}  ({report['cluster']['kind']}, "
              f"{report['cluster']['n_workers']} workers{f' ({per_gpu} per GPU)' if per_gpu > 1 else ''}, "
              f"{report['cluster']['protocol']})"]
-    params = ", ".join(f"{k}={_fmt(v)}" for k, v in report["params"].items())
+    params = ", ".join(f"{k}={_fmt(k, v)}" for k, v in report["params"].items())
     lines.append(f"params        {params}")
-    result = ", ".join(f"{k}={_fmt(v)}" for k, v in report["result"].items())
+    result = ", ".join(f"{k}={_fmt(k, v)}" for k, v in report["result"].items())
     lines.append(f"result        {result}")
     lines.append(f"wall time     {report['wall_s']:.3f} s  ({report['tasks']} tasks)")
     fp = report["footprint"]
@@ -54,9 +54,17 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _fmt(v):
+#: result keys whose list is a complex number, [real, imaginary] (JSON has no complex)
+COMPLEX_KEYS = ("checksum",)
+
+
+def _fmt(key: str, v):
     if isinstance(v, float):
         return f"{v:.6g}"
+    if isinstance(v, list) and key in COMPLEX_KEYS and len(v) == 2:
+        return f"{complex(*v):.6g}"
+    if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return "x".join(map(str, v))  # a shape or chunks
     if isinstance(v, list):
-        return "x".join(map(str, v))
+        return "[" + ", ".join(_fmt(key, x) for x in v) + "]"
     return str(v)

@@ -121,8 +121,11 @@ def build(params: Params, target: Target):
     result = compute(x, params)
     chunk_bytes = int(np.prod(x.chunksize)) * x.dtype.itemsize
     fp = footprint(source.nbytes, 0, chunk_bytes, target.n_workers, temporaries=2)
+    # "shape" is the result's (the bins of a histogram, the row sums of axis=1): the input's
+    # has a name of its own
     return scalar_run(result, reference=lambda: reference(source, params), footprint=fp, source=source,
-                       dtype=source.dtype, name=params.op, extra={"shape": list(source.shape), "input_dtype": source.dtype})
+                       dtype=source.dtype, name=params.op,
+                       extra={"input_shape": list(source.shape), "input_dtype": source.dtype})
 
 
 WORKFLOW = Workflow(

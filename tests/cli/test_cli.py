@@ -50,7 +50,8 @@ def test_config_reports_sources(monkeypatch):
     monkeypatch.setenv("DASK_SPILLWAY__RMM_POOL_SIZE", "2GB")
     result = invoke("config", "--json", "--protocol", "tcp")
     rows = json.loads(result.output)
-    assert rows["rmm-pool-size"] == {"value": 2_000_000_000, "source": "env DASK_SPILLWAY__RMM_POOL_SIZE"}
+    assert {k: rows["rmm-pool-size"][k] for k in ("value", "source")} == {
+        "value": 2_000_000_000, "source": "env DASK_SPILLWAY__RMM_POOL_SIZE"}
     assert rows["protocol"] == {"value": "tcp", "source": "flag --protocol"}
     assert rows["host"]["source"] == "default"
 
@@ -192,3 +193,13 @@ def test_json_stdout_moves_fd1_and_restores_it(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "{}\nafter\n" and done.stderr == "c-level\npython\n"
+
+
+def test_config_marks_the_gpu_workers_options_where_the_workers_are_cpus():
+    text = invoke("config", "--cpu").output.splitlines()
+    assert text[0] == "# CPU workers here (cpu is true): the options marked 'GPU only' are not used"
+    rows = {line.split()[0]: line for line in text[1:]}
+    assert rows["rmm-pool-size"].endswith("(GPU only, not used)")
+    assert not rows["memory-limit"].endswith("(GPU only, not used)")
+    as_json = json.loads(invoke("config", "--cpu", "--json").output)
+    assert as_json["rmm-pool-size"]["used"] is False and "used" not in as_json["threads-per-worker"]

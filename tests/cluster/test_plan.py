@@ -72,6 +72,15 @@ def test_cpu_flag_wins_over_gpus():
     assert p.kind == "cpu" and p.n_workers == 3
 
 
+def test_gpu_options_set_for_cpu_workers_are_said_to_be_left_aside():
+    p = plan(Options.resolve(cpu=True, rmm_pool_size="20GB", nvlink=False), inventory(0),
+             host=host_probe(have_ucxx=False, have_cuda_stack=False))
+    assert ("rmm-pool-size=18.63 GiB, nvlink=False: only GPU workers use them; these are CPU workers, which leave "
+            "them aside") in p.notes
+    # left at their defaults, they are not mentioned
+    assert not [n for n in plan(Options.resolve(cpu=True), inventory(0), host=host_probe()).notes if "GPU workers" in n]
+
+
 def test_devices_without_gpus_fail():
     with pytest.raises(OptionsError, match="no GPU is visible"):
         plan(Options.resolve(devices="0"), inventory(0), host=host_probe(have_ucxx=False, have_cuda_stack=False))

@@ -101,6 +101,8 @@ def test_report_figure_from_a_dict_or_its_file(tmp_path):
     mem, moved = fig.axes
     assert [round(p.get_height(), 2) for p in mem.patches] == [4.0, 3.5]  # MB, one bar per worker
     assert mem.get_ylabel() == "MB" and moved.get_ylabel() == "GB"
+    # the title's sizes in the axes' (decimal) units
+    assert fig._suptitle.get_text().endswith("5.12 MB in, 2.56 MB between workers, 3 GB spilled")
     assert moved.get_title() == "bytes spilled and restored per worker"
     assert {t.get_text() for t in moved.get_legend().get_texts()} == {"device→host", "host→device", "host→disk"}
     png_of(fig)
@@ -145,3 +147,12 @@ def test_text_bar_grows_with_the_graph():
     bar.close()
     text = stream.getvalue()
     assert "run:  50%" in text and "5/10" in text and "running" in text and "30/40" in text
+
+
+def test_complex_checksums_and_shapes_read_as_what_they_are():
+    fft = {**REPORT, "workflow": "fft",
+           "result": {"shape": [4096, 2048], "chunks": [1024, 2048], "dtype": "complex128",
+                      "checksum": [4229641.33, 5.45e-12]}}
+    line = [l for l in str(Report(fft)).splitlines() if l.startswith("result")][0]
+    assert line == ("result        shape=4096x2048, chunks=1024x2048, dtype=complex128, "
+                    "checksum=4.22964e+06+5.45e-12j")

@@ -201,7 +201,7 @@ def test_200gb_workflow_run_spreads_its_input(gpu2, capsys):
 
     report = run_workflow(gpu2, "reduction", {"op": "sum", "size": "200GB"})
     planned = report["result"]["input_bytes_per_worker"]
-    n = report["result"]["shape"][0] * report["result"]["shape"][1]
+    n = report["result"]["input_shape"][0] * report["result"]["input_shape"][1]
     peaks = [p for p in report["peak_bytes_per_worker"].values() if p is not None]
     with capsys.disabled():
         print(f"\n200 GB sum through the runner: {report['wall_s']:.1f} s; input per GPU "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..errors import GpusBusy, OptionsError
 from ..gpus import Inventory
 from ..memory.growth import host_total
-from ..options import Options
+from ..options import OPTIONS, Options
 from .protocol import choose_protocol
 
 
@@ -124,6 +124,11 @@ def plan(options: Options, inventory: Inventory, host: HostProbe) -> LaunchPlan:
         notes.append(f"no GPU found ({inventory.reason}): running on CPU workers")
 
     if not use_gpu:
+        unused = gpu_options_set(options)
+        if unused:
+            them = "it" if len(unused) == 1 else "them"
+            notes.append(f"{', '.join(unused)}: only GPU workers use {them}; these are CPU workers, which leave "
+                         f"{them} aside")
         cores = host.cpu_count
         n = options.n_workers or max(1, min(4, cores // options.threads_per_worker))
         protocol, _ = choose_protocol(options.protocol, gpu=False, n_workers=n, have_ucxx=have_ucxx)
@@ -163,6 +168,19 @@ def plan(options: Options, inventory: Inventory, host: HostProbe) -> LaunchPlan:
 SHARED_GPU_TCP_NOTE = ("protocol: TCP between the {per_gpu} workers of each GPU because distributed-ucxx is not "
                        "installed: every chunk they exchange goes device -> host -> TCP -> host -> device "
                        "(install spillway[cuda13] for CUDA IPC within the GPU)")
+
+
+def gpu_options_set(options: Options) -> list[str]:
+    """``key=value`` of each option only GPU workers use that was set somewhere (not left
+    at its default): what CPU workers would otherwise leave aside without a word."""
+    from ..sizes import format_bytes
+
+    def shown(value):
+        large = isinstance(value, int) and not isinstance(value, bool) and value >= 2**20
+        return format_bytes(value) if large else value
+
+    return [f"{o.key}={shown(o.as_config(getattr(options, o.name)))}" for o in OPTIONS
+            if o.gpu and options.sources.get(o.name, "default") != "default"]
 
 
 def uses_tiered_store(options: Options) -> bool:

@@ -62,6 +62,25 @@ def _param_error(field: str, message: str) -> RequestValidationError:
                                     "type": "value_error", "input": None}])
 
 
+def _named(error: dict) -> dict:
+    """One validation error as the API answers it. An unknown workflow is said as the
+    catalogue says it (with the name it was likely meant to be) rather than as pydantic's
+    list of every allowed name."""
+    out = {k: v for k, v in error.items() if k in ("loc", "msg", "type")}
+    name = error.get("input")
+    # a name a person could have mistyped (a tenant may send megabytes, or a number)
+    if (tuple(error.get("loc", ())) == ("body", "workflow") and error.get("type") == "literal_error"
+            and isinstance(name, str) and 0 < len(name) <= 64 and name.isprintable()):
+        from spillway import workflows
+
+        try:
+            workflows.get(name)
+        except ParamError as e:
+            # the field's name is the loc's: "workflow: 'transpose-summ' is unknown (...)"
+            out["msg"] = str(e).removeprefix("workflow ")
+    return out
+
+
 def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits | None = None) -> FastAPI:
     """The ASGI app over ``jobdb`` (a :class:`spillway.service.jobdb.JobDB`) and ``queue``
     (a :class:`spillway.service.jobs.JobQueue` bound to the cluster session)."""
@@ -109,7 +128,7 @@ def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits |
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        errors = [_named(e) for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
     @app.post("/jobs", response_model=schemas.Job, status_code=201, tags=["jobs"],
