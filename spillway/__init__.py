@@ -1,7 +1,8 @@
 """spillway: chunked array workflows larger than any one GPU, on Dask-CUDA.
 
-``spillway.local(**options)`` starts the embedded cluster, ``spillway.connect(url, token)``
-talks to the shared service; both take the settings of :class:`spillway.Options`.
+``spillway.local(**options)`` starts the embedded cluster, ``spillway.slurm(...)`` a
+cluster of Slurm jobs, ``spillway.connect(url, token)`` talks to the shared service; all
+take the settings of :class:`spillway.Options`.
 The packages: :mod:`spillway.service` (the cluster and the service),
 :mod:`spillway.workflows` (named chunked-array workflows), :mod:`spillway.deploy`
 (Slurm, MPI and systemd files, rendered by pure functions), :mod:`spillway.bench`
@@ -9,9 +10,10 @@ The packages: :mod:`spillway.service` (the cluster and the service),
 
 from spillway.cluster.errors import AdmissionError, OptionsError, ParamError, SpillwayError
 from spillway.run.local import local
+from spillway.run.slurm_cluster import slurm
 from spillway.cluster.options import Options
 
-__all__ = ["AdmissionError", "Options", "OptionsError", "ParamError", "SpillwayError", "connect", "local"]
+__all__ = ["AdmissionError", "Options", "OptionsError", "ParamError", "SpillwayError", "connect", "local", "slurm"]
 
 
 def __getattr__(name):

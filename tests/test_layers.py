@@ -40,25 +40,28 @@ LAYERS = (
           "memory store, transfers between workers, worker loss and host info. It knows no "
           "workflow: a worker runs whatever graph it is given, and a workflow's resources "
           "register their own clean-up with the worker plugin (plugins.on_teardown)."),
+    Layer("deploy", "spillway.deploy", ("cluster",),
+          "Slurm, MPI and systemd files and command lines rendered from the cluster's worker "
+          "specs and options by plain functions, and a cluster of Slurm jobs (dask-jobqueue's "
+          "cluster manager with spillway's job script); what they start runs the CLI, so they "
+          "import nothing of workflows, runs or the service. Right above the cluster, because "
+          "it uses the cluster alone and spillway.slurm() in runs drives its cluster of jobs."),
     Layer("workflows", "spillway.workflows", ("cluster",),
           "Named chunked-array workflows and their Zarr I/O: graphs built from parameters "
           "and a target, raising the cluster's errors and sizing with its sizes; they run on "
           "any cluster and import nothing that runs them."),
-    Layer("run", "spillway.run", ("cluster", "workflows"),
+    Layer("run", "spillway.run", ("cluster", "deploy", "workflows"),
           "Running a workflow or a user's collection on a cluster: the target read from the "
           "workers, compute, output, verification, progress, the run report and its text, "
-          "HTML and figure, the embedded cluster of notebooks (spillway.local) and the "
-          "admission check before a GPU cluster starts (it builds the workflow's graph)."),
+          "HTML and figure, the clusters of notebooks (spillway.local, and spillway.slurm on "
+          "deploy's cluster of Slurm jobs) and the admission check before a GPU cluster starts "
+          "(it builds the workflow's graph)."),
     Layer("service", "spillway.service", ("cluster", "workflows", "run"),
           "The shared service: the HTTP API, the job scheduler and its database, which run "
           "workflows on one cluster for many tenants, and the Python client of that API."),
     Layer("api", "spillway", ("cluster", "workflows", "run", "service"),
           "The public names (spillway.local, spillway.connect, spillway.Options and the "
           "errors): `import spillway` re-exports what users type, the HTTP client lazily."),
-    Layer("deploy", "spillway.deploy", ("cluster",),
-          "Slurm, MPI and systemd files and command lines rendered from the cluster's worker "
-          "specs and options by plain functions; what they start runs the CLI, so they "
-          "import nothing of workflows, runs or the service."),
     Layer("bench", "spillway.bench", ("cluster", "workflows", "run", "service", "api", "deploy"),
           "Benchmarks beside the CLI: they drive every layer below and are imported by "
           "nothing but the CLI's bench commands, so no product code depends on them."),

@@ -68,7 +68,7 @@ def _cpu_workers(options) -> str | None:
     """Why the workers these options start here would be CPU workers (None where they would
     be GPU workers, or are not started here)."""
     from spillway.cluster.gpus import discover
-    from spillway.cluster.launch.plan import cuda_stack_installed
+    from spillway.cluster.launch import cuda_stack_installed
 
     if options.attach:
         return None

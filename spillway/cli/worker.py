@@ -13,9 +13,12 @@ from .options import cluster_options, resolve
 @click.option("--death-timeout", type=click.FloatRange(min=1), default=None,
               help="Seconds the workers wait for a lost scheduler before they exit (default: a minute, "
                    "as in batch jobs).")
+@click.option("--name", default=None, metavar="NAME",
+              help="The workers' name: NAME with one worker, NAME-0, NAME-1, ... with several (a cluster "
+                   "manager finds a job's workers by it).")
 @cluster_options
 @fail_cleanly
-def worker(death_timeout, options_flags):
+def worker(death_timeout, name, options_flags):
     """Start one worker per visible GPU (dask-cuda's CUDAWorker: RMM pool, CPU affinity,
     UCX), attached to --scheduler-file or --scheduler-address, with spillway's tiered
     store when memory-store is tiered; serve until the workers end or SIGTERM.
@@ -33,4 +36,4 @@ def worker(death_timeout, options_flags):
     options = resolve(options_flags)
     if not options.attach:
         raise click.UsageError("worker: name the scheduler with --scheduler-file or --scheduler-address")
-    run_node(options, death_timeout=DEATH_TIMEOUT_S if death_timeout is None else death_timeout)
+    run_node(options, death_timeout=DEATH_TIMEOUT_S if death_timeout is None else death_timeout, name=name)

@@ -232,6 +232,9 @@ class LossWatch:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
+        # the run is over: its results are released on the workers once nothing holds their
+        # futures (held on, they kept a worker from retiring when an adaptive cluster shrank)
+        self._futures = []
 
     def __enter__(self) -> LossWatch:
         return self

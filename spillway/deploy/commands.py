@@ -84,16 +84,25 @@ def option_flags(options: Options, declared=WORKER_OPTIONS) -> list[str]:
     return args
 
 
-def spillway_worker_args(options: Options, *, scheduler_file: str, protocol: str) -> list[str]:
+def spillway_worker_args(options: Options, *, scheduler_file: str | None = None, scheduler_address: str | None = None,
+                         protocol: str, name: str | None = None) -> list[str]:
     """Arguments of ``spillway worker``: one worker per GPU the task can see, built like
-    the local GPU cluster's (dask-cuda's set-up, spillway's tiered store)."""
-    return (["worker", "--scheduler-file", scheduler_file, "--protocol", protocol,
-             "--death-timeout", str(DEATH_TIMEOUT_S)] + option_flags(options))
+    the local GPU cluster's (dask-cuda's set-up, spillway's tiered store), attached by the
+    scheduler's file (a batch script's) or its address (a cluster manager's, which also
+    names the workers: ``name``, ``name-0``, ``name-1``, ... with several)."""
+    where = (["--scheduler-file", scheduler_file] if scheduler_file is not None
+             else ["--scheduler-address", scheduler_address])
+    return (["worker", *where, "--protocol", protocol, "--death-timeout", str(DEATH_TIMEOUT_S)]
+            + (["--name", name] if name is not None else []) + option_flags(options))
 
 
-def cpu_worker_args(options: Options, *, scheduler_file: str, protocol: str, n_workers: int) -> list[str]:
-    """Flags of ``dask worker``: ``n_workers`` processes with NumPy chunks."""
-    args = ["--scheduler-file", scheduler_file, "--protocol", protocol,
+def cpu_worker_args(options: Options, *, scheduler_file: str | None = None, scheduler_address: str | None = None,
+                    protocol: str, n_workers: int, name: str | None = None) -> list[str]:
+    """Arguments of ``dask worker``: ``n_workers`` processes with NumPy chunks, attached by
+    the scheduler's file or its address (``dask worker`` takes that as its first argument),
+    named ``name`` (``name-0``, ``name-1``, ... with several) where given."""
+    where = ["--scheduler-file", scheduler_file] if scheduler_file is not None else [scheduler_address]
+    args = [*where, *(["--name", name] if name is not None else []), "--protocol", protocol,
             "--nworkers", str(n_workers),
             "--nthreads", str(options.threads_per_worker),
             "--memory-limit", flag_value(options.memory_limit),

@@ -31,6 +31,25 @@ def worker_count(value, name: str) -> int:
     return value
 
 
+def worker_names(entry, spec: Mapping) -> list:
+    """The names of the workers an entry of a cluster's worker spec starts: the entry's own,
+    or with each suffix of its group (a job of several worker processes: ``job-0``, ...)."""
+    group = spec.get("group") if isinstance(spec, Mapping) else None
+    return [f"{entry}{suffix}" for suffix in group] if group else [entry]
+
+
+def entries_to_close(spec: Mapping, running: set, keep: int) -> list:
+    """Which entries of worker spec ``spec`` go when it shrinks to ``keep``, as SpecCluster
+    chooses them: those none of whose workers runs yet, then the newest; ``running`` names
+    the workers up."""
+    entries = list(spec)
+    if len(entries) <= keep:
+        return []
+    waiting = [e for e in reversed(entries) if not any(n in running for n in worker_names(e, spec[e]))]
+    started = [e for e in reversed(entries) if e not in waiting]
+    return (waiting + started)[:len(entries) - keep]
+
+
 class Cluster:
     """A running cluster: ``client`` is its Dask client, ``dashboard_link`` the Dask
     dashboard, ``kind`` "gpu" or "cpu". ``session`` is the
@@ -86,15 +105,30 @@ class Cluster:
         Ends adaptive scaling: a fixed size was asked for."""
         n = worker_count(n, "scale")
         self._check_size(n, "scale")
+        self._resize(n)
+
+    def _resize(self, entries: int) -> None:
+        """The cluster underneath at ``entries`` entries of its worker spec (a worker each
+        here; a Slurm job of a node's workers in :class:`~.slurm_cluster.SlurmCluster`)."""
+        from distributed.deploy.spec import SpecCluster
+
         cluster = self._scalable("scale")
         self._stop_adaptive()
-        going = list(cluster.worker_spec)[n:]
+        going = entries_to_close(cluster.worker_spec, self._worker_names(), entries)
         if going:
-            # as Adaptive scales down: distributed's own scale() hands retire_workers the
-            # workers' names where it takes addresses, so nothing would be moved first and
-            # what they held would be recomputed
-            self.client.retire_workers(names=going)
-        cluster.scale(n)
+            # as Adaptive scales down: retired by name first, their data handed to the
+            # others (distributed's own scale() passes retire_workers the names where it
+            # takes addresses, so nothing would be moved and what they held recomputed),
+            # then these very entries closed (scale() would pick its own)
+            names = [name for entry in going for name in worker_names(entry, cluster.worker_spec[entry])]
+            self.client.retire_workers(names=names)
+            cluster.sync(cluster.scale_down, going)
+        if len(cluster.worker_spec) < entries:
+            # SpecCluster's own: a subclass's scale(n) may count workers, not entries
+            SpecCluster.scale(cluster, entries)
+
+    def _worker_names(self) -> set:
+        return {w.get("name") for w in self.client.scheduler_info(n_workers=-1)["workers"].values()}
 
     def adapt(self, minimum: int = 0, maximum: int | None = None, **adaptive):
         """Scale between ``minimum`` and ``maximum`` workers with the work queued (dask's
@@ -158,7 +192,7 @@ class Cluster:
             raise OptionsError("workers: this cluster has none; scale it up first (cluster.scale(2))")
         want = max(1, int(adaptive.minimum))
         self.session.cluster.scale(want)
-        self.client.wait_for_workers(want, timeout=FIRST_WORKERS_TIMEOUT_S)
+        self.wait_for_workers(want, timeout=FIRST_WORKERS_TIMEOUT_S)
 
     # --- running things
 

@@ -115,10 +115,17 @@ def track(client, run_id: str):
             pass
 
 
+#: seconds between two looks at a run's futures
+POLL_S = 0.02
+
+
+def _all_done(future) -> bool:
+    futures = future if isinstance(future, (list, tuple)) else [future]
+    return all(f.done() for f in futures)
+
+
 def wait_with_bar(future, tracker: Tracker, *, label: str, stream=None, interval: float = 0.25) -> dict:
     """Wait for ``future`` drawing a bar on ``stream`` (None: no bar). Returns the last count."""
-    from distributed import wait
-
     from spillway.cluster.sizes import format_bytes
 
     bar = None
@@ -132,11 +139,13 @@ def wait_with_bar(future, tracker: Tracker, *, label: str, stream=None, interval
     start = time.perf_counter()
     try:
         while True:
-            try:
-                wait(future, timeout=interval)
-                finished = True
-            except TimeoutError:
-                finished = False
+            # polled, not distributed.wait(timeout=): each of its timeouts is an exception
+            # whose traceback holds this frame, and with it the run's futures, until the
+            # garbage collector's next full pass; an adaptive cluster would keep a worker
+            # for the result it thinks is still wanted
+            deadline = time.perf_counter() + interval
+            while not (finished := _all_done(future)) and time.perf_counter() < deadline:
+                time.sleep(POLL_S)
             try:
                 last = tracker.read() or last
             except Exception:

@@ -17,23 +17,27 @@ from __future__ import annotations
 from .backend import Backend, backend_for
 from .closing import close_cluster, close_timeout_s
 from .gpu_worker import DEATH_TIMEOUT_S, TIERED_WORKER, node_plan, run_node
-from .plan import HostProbe, LaunchPlan, plan, ucxx_installed, uses_tiered_store
+from .plan import HostProbe, LaunchPlan, cuda_stack_installed, plan, ucxx_installed, uses_tiered_store
 from .protocol import choose_protocol
 from .render import dask_cuda_kwargs, dask_cuda_worker_flags, flag_value, store_data, tls_flags
-from .session import Session, open_cluster, plan_when_free
+from .http_server import scheduler_without_http
+from .session import Session, open_cluster, plan_when_free, register_plugins
 from .spec import WorkerSpec, off_node_spec, one_for_all, worker_specs
 from .ucx_env import QUIET_UCX, quiet_ucx
 from .worker_config import worker_config
 
 __all__ = [
     # a cluster from the options, and its parts
-    "Session", "open_cluster", "close_cluster", "close_timeout_s", "plan_when_free",
+    "Session", "open_cluster", "close_cluster", "close_timeout_s", "register_plugins", "plan_when_free",
     # the plan, the workers' specs and the backends that start them
     "plan", "HostProbe", "LaunchPlan", "uses_tiered_store", "node_plan", "WorkerSpec", "worker_specs",
     "off_node_spec", "one_for_all", "Backend", "backend_for", "choose_protocol",
     # the specs and the options in the forms other launchers take
     "dask_cuda_kwargs", "dask_cuda_worker_flags", "flag_value", "store_data", "tls_flags", "worker_config",
     "QUIET_UCX", "quiet_ucx", "DEATH_TIMEOUT_S", "TIERED_WORKER",
-    # a node's workers under `spillway worker`, and what the bench's baseline checks
-    "run_node", "ucxx_installed",
+    # a node's workers under `spillway worker`, what the bench's baseline checks, and what
+    # `spillway config` reads of the machine
+    "run_node", "ucxx_installed", "cuda_stack_installed",
+    # a scheduler without an HTTP server, for a cluster manager that starts its own
+    "scheduler_without_http",
 ]

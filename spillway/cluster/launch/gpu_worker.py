@@ -64,10 +64,14 @@ def node_plan(options: Options, inventory: Inventory, host: HostProbe, *, worker
     return found
 
 
-def worker_kwargs(options: Options, spec: WorkerSpec, *, death_timeout: float = DEATH_TIMEOUT_S) -> dict:
+def worker_kwargs(options: Options, spec: WorkerSpec, *, death_timeout: float = DEATH_TIMEOUT_S,
+                  name: str | None = None) -> dict:
     """:class:`TieredCUDAWorker` keywords for this node's workers of ``spec``, attached to
-    the scheduler of ``options`` (``data`` only with the tiered store)."""
+    the scheduler of ``options`` (``data`` only with the tiered store); ``name`` names
+    them (CUDAWorker names nanny i ``name-i`` where it starts several)."""
     kwargs = dict(cuda_worker_kwargs(spec), death_timeout=death_timeout)
+    if name is not None:
+        kwargs["name"] = name
     if options.scheduler_file:
         kwargs["scheduler_file"] = options.scheduler_file
     elif options.scheduler_address:
@@ -169,8 +173,9 @@ class NodeWorkers:
     options; :meth:`start` serves until they end (their lifetime, a lost scheduler) or
     SIGTERM/SIGINT, which closes them."""
 
-    def __init__(self, *, death_timeout: float = DEATH_TIMEOUT_S):
+    def __init__(self, *, death_timeout: float = DEATH_TIMEOUT_S, name: str | None = None):
         self.death_timeout = death_timeout
+        self.name = name
 
     def start(self, options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...]) -> None:
         import dask.config
@@ -181,7 +186,7 @@ class NodeWorkers:
         spec = one_for_all(specs)
         # the plan's memory is each worker's share; what a worker may hold is of its GPU
         device_memory = max(launch.device_memory, default=0) * spec.workers_per_gpu
-        kwargs = worker_kwargs(options, spec, death_timeout=self.death_timeout)
+        kwargs = worker_kwargs(options, spec, death_timeout=self.death_timeout, name=self.name)
         if spec.protocol == "ucx":
             quiet_ucx()
         worker_class = __getattr__("TieredCUDAWorker")
@@ -207,12 +212,12 @@ class NodeWorkers:
             asyncio.run(serve())
 
 
-def run_node(options: Options, *, death_timeout: float = DEATH_TIMEOUT_S) -> None:
+def run_node(options: Options, *, death_timeout: float = DEATH_TIMEOUT_S, name: str | None = None) -> None:
     """``spillway worker``: plan this node's workers (one per GPU the task may use, times
-    ``workers-per-gpu``) and serve them (:class:`NodeWorkers`)."""
+    ``workers-per-gpu``) and serve them (:class:`NodeWorkers`), named ``name`` where given."""
     from ..gpus import discover
 
     inventory = discover()
     gpus = visible_gpus()
     node = node_plan(options, inventory, HostProbe.here(), workers=gpus * options.workers_per_gpu if gpus else None)
-    NodeWorkers(death_timeout=death_timeout).start(options, node, worker_specs(options, node))
+    NodeWorkers(death_timeout=death_timeout, name=name).start(options, node, worker_specs(options, node))

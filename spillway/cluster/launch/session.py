@@ -115,18 +115,25 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
-    """Register the worker plugin and return (kind, number of workers)."""
+def register_plugins(client, options: Options) -> None:
+    """spillway's worker plugins (and the nannies' death relay) on the scheduler of
+    ``client``: on the workers up now, and on every worker that joins later (a cluster
+    that scales registers them once, with no worker yet)."""
     from ..plugins import WorkerSetup
 
-    if wait_for:
-        client.wait_for_workers(wait_for, timeout=timeout)
     client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
     if options.data_plane:
         from ..dataplane import DataPlanePlugin
 
         client.register_plugin(DataPlanePlugin())
     _relay_deaths(client)
+
+
+def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
+    """Register the worker plugins and return (kind, number of workers)."""
+    if wait_for:
+        client.wait_for_workers(wait_for, timeout=timeout)
+    register_plugins(client, options)
     kinds = client.run(_worker_kind)
     if not kinds:
         raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")

@@ -1,0 +1,69 @@
+"""One job of a cluster of Slurm jobs: one node's spillway workers, in the manner of
+dask-jobqueue's ``SLURMJob``, which submits it with sbatch and cancels it with scancel.
+
+Its ``#SBATCH`` lines are the batch seam's (:class:`~.slurm.Slurm`, the ones ``spillway
+slurm render`` writes), and its command is the worker command the batch script starts on
+each node, attached to the scheduler's address and named as the cluster manager names the
+job (so that Adaptive's retirement by name finds the job's workers): ``dask worker`` for
+CPU workers, ``spillway worker`` (dask-cuda's CUDAWorker with the tiered store) for GPU
+workers. Nothing of dask-jobqueue's own header or command is kept: it always writes
+``--mem`` (a node of little declared memory refuses the job), and its command is dask's
+worker, which knows no tiered store.
+
+dask-jobqueue keeps the job's script in two private attributes (``_command_template`` and
+``_job_script_prologue``): the ``slurm`` extra pins it below 0.10, and
+``tests/deploy/test_slurm_cluster.py`` checks the script as text.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from dask_jobqueue.slurm import SLURMJob
+
+from spillway.cluster.options import Options
+
+from .. import commands
+from ..batch import JobSettings
+from .slurm import Slurm
+
+
+def worker_command(options: Options, job: JobSettings, *, address: str, name: str) -> tuple[list[str], dict[str, str]]:
+    """The command one node's workers run and the environment they need."""
+    layout = Slurm().layout(options, job)
+    env = dict(commands.worker_environment(options))
+    if layout.kind == "cpu":
+        args = commands.cpu_worker_args(options, scheduler_address=address, name=name, protocol=layout.protocol,
+                                        n_workers=layout.workers_per_node)
+        return [job.python, "-m", "distributed.cli.dask_worker", *args], env
+    if layout.protocol == "ucx":
+        env.update(commands.ucx_environment(options))
+    args = commands.spillway_worker_args(options, scheduler_address=address, name=name, protocol=layout.protocol)
+    return [job.python, "-m", "spillway", *args], env
+
+
+def lifetime_environment(job: JobSettings) -> dict[str, str]:
+    """Workers retire before the wall time (the batch script's lifetime), staggered so
+    that the jobs of one cluster do not all go at once."""
+    stagger = max(1, (job.walltime_s - job.lifetime_s) // 2)
+    return {"DASK_DISTRIBUTED__WORKER__LIFETIME__DURATION": f"{job.lifetime_s}s",
+            "DASK_DISTRIBUTED__WORKER__LIFETIME__STAGGER": f"{stagger}s"}
+
+
+class SlurmWorkerJob(SLURMJob):
+    """One Slurm job, one node's workers of ``spillway_options`` on the node of
+    ``spillway_job`` (a job of one node)."""
+
+    def __init__(self, scheduler=None, name=None, *, spillway_options: Options, spillway_job: JobSettings,
+                 **kwargs):
+        system = Slurm()
+        layout = system.layout(spillway_options, spillway_job)
+        super().__init__(scheduler=scheduler, name=name, python=spillway_job.python,
+                         job_name=spillway_job.job_name, **kwargs)
+        self.job_header = "\n".join(system.directives(spillway_job, layout))
+        command, env = worker_command(spillway_options, spillway_job, address=str(scheduler), name=str(name))
+        env.update(lifetime_environment(spillway_job))
+        self._job_script_prologue = [*spillway_job.setup,
+                                     *(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))]
+        # exec: scancel's SIGTERM reaches the nannies themselves, which close their workers
+        self._command_template = "exec " + shlex.join(command)
