@@ -73,6 +73,8 @@ NOT_HERE: dict[str, str] = {
                                                                        "tests/deploy/test_systemd.py renders both files",
     "spillway bench --sizes full --only W1,B2": "GPU sizes; the CPU smoke run is tests/bench/test_bench.py",
     "bash benchmarks/gpu-host/conformance.sh": "dask's CuPy tests on a GPU host",
+    "cluster = spillway.slurm(gpus_per_node=4": "GPU nodes of a Slurm cluster; tests/deploy/test_slurm_cluster.py "
+                                                "runs the same calls on the suite's loopback Slurm",
 }
 
 
