@@ -55,6 +55,18 @@ def planned(specs: tuple[WorkerSpec, ...], device_memory: tuple[int, ...], local
     return target, capacity
 
 
+def most_here(n_workers: int, local_directory: str | None, host_memory: int) -> Capacity:
+    """What CPU workers of this machine could hold at most: all its memory, and the disk
+    they spill to less its reserve."""
+    try:
+        usage = shutil.disk_usage(local_directory or tempfile.gettempdir())
+        free, reserve = int(usage.free), disk_reserve(usage.total)
+    except OSError:
+        free, reserve = 0, 0
+    return Capacity(device_bytes=0, host_bytes=host_memory, disk_bytes=max(0, free - reserve), n_workers=n_workers,
+                    disk_free_bytes=free, disk_reserve_bytes=reserve)
+
+
 def cpu_target(options, launch, host) -> Target:
     """The workflow target of the CPU workers ``launch`` plans, each worker's memory as
     distributed will give it (``auto``: the host's memory shared by threads, as distributed's
@@ -108,6 +120,11 @@ def refuse_before_start(options, workflow: str, params: dict, output: str | None
         return output  # GPUs of unknown memory: the running workers say what they hold
     else:
         target = cpu_target(options, launch, host)
+        # the most any CPU workers here could hold (the machine's memory and its disk): a
+        # size past it is refused for that, in bytes, before the other checks speak; the
+        # running workers' own capacity is checked once they run
+        bound = most_here(launch.n_workers, options.local_directory, host.host_memory)
+        fits = lambda floor: admit(workflow, floor, bound)  # noqa: E731
     validated = spec.validate(params, target, fits=fits)
     built = None
     if output is not None:
@@ -115,7 +132,7 @@ def refuse_before_start(options, workflow: str, params: dict, output: str | None
         if built.array is None:
             raise ParamError(f"output: {workflow} has no array result to write (its result is a summary)")
         check_space(output, int(built.array.nbytes))
-    if capacity is not None:
+    if capacity is not None:  # GPU workers, whose tiers the specs say
         if built is not None:
             projected = built.footprint
         elif spec.project is not None:
