@@ -56,8 +56,8 @@ def planned(specs: tuple[WorkerSpec, ...], device_memory: tuple[int, ...], local
 
 
 def most_here(n_workers: int, local_directory: str | None, host_memory: int) -> Capacity:
-    """What CPU workers of this machine could hold at most: all its memory, and the disk
-    they spill to less its reserve."""
+    """What CPU workers of this machine could hold at most: ``host_memory`` between them,
+    and the disk they spill to less its reserve."""
     try:
         usage = shutil.disk_usage(local_directory or tempfile.gettempdir())
         free, reserve = int(usage.free), disk_reserve(usage.total)
@@ -123,7 +123,12 @@ def refuse_before_start(options, workflow: str, params: dict, output: str | None
         # the most any CPU workers here could hold (the machine's memory and its disk): a
         # size past it is refused for that, in bytes, before the other checks speak; the
         # running workers' own capacity is checked once they run
-        bound = most_here(launch.n_workers, options.local_directory, host.host_memory)
+        limit = options.memory_limit
+        # a size per worker is what each will hold; auto, a fraction or none are bounded by
+        # the machine (distributed works them out per worker)
+        host_bytes = (limit * launch.n_workers if isinstance(limit, int) and limit > 0
+                      else host.host_memory)
+        bound = most_here(launch.n_workers, options.local_directory, host_bytes)
         fits = lambda floor: admit(workflow, floor, bound)  # noqa: E731
     validated = spec.validate(params, target, fits=fits)
     built = None
