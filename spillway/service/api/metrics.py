@@ -5,11 +5,17 @@ from __future__ import annotations
 import threading
 import time
 
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from spillway.cluster.plugins import worker_snapshot
+from ..jobdb.health import Unavailable
+from . import schemas
+from .limits import OffLoopJSONRoute
+
+router = APIRouter(tags=["service"], route_class=OffLoopJSONRoute)
 
 
 def _device_memory(dask_worker):
@@ -120,3 +126,15 @@ def metrics_registry(jobdb, queue) -> CollectorRegistry:
 
 def metrics_response(registry: CollectorRegistry) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+                       503: {"model": schemas.Unavailable, "description": "The job database is unreachable"}})
+def metrics(request: Request):
+    """Prometheus metrics: queue depth, jobs by state, worker memory, bytes each tier holds
+    (device, host, disk), spilled bytes."""
+    health = request.app.state.jobdb.health
+    if health.down and health.probing:
+        raise Unavailable(health)
+    return metrics_response(request.app.state.metrics_registry)
