@@ -49,6 +49,19 @@ def open_jobdb(state_dir, db):
     return JobDB.open(state_dir, db)
 
 
+def limit_options(func):
+    """The flags of :class:`spillway.service.api.settings.ServiceLimits`, made from its fields
+    (where each flag, default and help is declared)."""
+    from spillway.service.api.settings import setting_fields
+
+    for field in reversed(setting_fields()):
+        meta = field.metadata
+        func = click.option(meta["flag"], field.name, default=None if meta["multiple"] else meta["shown"],
+                            show_default=not meta["multiple"], type=meta["type"], multiple=meta["multiple"],
+                            envvar=meta["env"], help=meta["help"])(func)
+    return func
+
+
 @click.command(context_settings=CONTEXT)
 @click.option("--host", "http_host", default="127.0.0.1", show_default=True,
               help="Address the HTTP API listens on (0.0.0.0 for every interface).")
@@ -65,15 +78,11 @@ def open_jobdb(state_dir, db):
               help="Serve HTTPS with this certificate (PEM); needs --https-key.")
 @click.option("--https-key", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Private key (PEM) of --https-cert.")
-@click.option("--max-request-bytes", default="1MiB", show_default=True, envvar="SPILLWAY_MAX_REQUEST_BYTES",
-              help="Largest request body (bytes such as 1MiB); larger ones get 413 before they are read, "
-                   "parsed or authenticated.")
-@click.option("--body-timeout", default=30.0, show_default=True, type=float, envvar="SPILLWAY_BODY_TIMEOUT",
-              help="Seconds a client has to send a whole request body; slower ones get 408 and are closed.")
+@limit_options
 @service_cluster_options
 @fail_cleanly
-def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, https_key, max_request_bytes,
-          body_timeout, options_flags):
+def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, https_key, options_flags,
+          **limit_flags):
     """Serve the shared cluster service: an authenticated HTTP API with a persistent,
     prioritised job queue, tenants, a web page (/ui) and Prometheus metrics (/metrics).
 
@@ -91,14 +100,16 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     import uvicorn
 
     from spillway.service.api import create_app
-    from spillway.service.api.limits import ServiceLimits
+    from spillway.service.api.connections import ConnectionStats, guarded_protocol, raise_fd_limit
+    from spillway.service.api.settings import ServiceLimits
     from spillway.service.jobs import JobQueue
     from spillway.cluster.launch import open_cluster
 
     if bool(https_cert) != bool(https_key):
         raise click.UsageError("--https-cert and --https-key go together")
     options = resolve(options_flags)
-    limits = ServiceLimits(max_request_bytes=max_request_bytes, body_timeout_s=body_timeout)
+    limits = ServiceLimits(**limit_flags)
+    fd_soft, _ = raise_fd_limit(limits.max_connections)
     _check_scheduler_private(options)
     if not https_cert and http_host not in LOOPBACK:
         click.echo(f"spillway: warning: plain HTTP on {http_host}: tokens cross the network in clear; "
@@ -112,12 +123,19 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
         queue = JobQueue(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
         queue.start()
         try:
-            app = create_app(jobdb, queue, limits=limits)
+            connections = ConnectionStats()
+            app = create_app(jobdb, queue, limits=limits, connections=connections)
             scheme = "https" if https_cert else "http"
             click.echo(f"serving {scheme}://{http_host}:{port}  ({session.n_workers} {session.kind} workers, "
-                       f"scheduler {session.scheduler_address})", err=True)
+                       f"scheduler {session.scheduler_address}; at most {limits.max_connections} connections, "
+                       f"{limits.max_connections_per_client} per client, headers within "
+                       f"{limits.header_timeout_s:g} s; file descriptors {fd_soft})", err=True)
+            # no WebSocket routes; X-Forwarded-For believed from the trusted proxies only
             uvicorn.run(app, host=http_host, port=port, ssl_certfile=https_cert, ssl_keyfile=https_key,
-                        log_level="warning", access_log=False)
+                        log_level="warning", access_log=False, ws="none",
+                        http=guarded_protocol(limits, connections),
+                        proxy_headers=bool(limits.trusted_proxies),
+                        forwarded_allow_ips=list(limits.trusted_proxies) or None)
         finally:
             queue.stop()
             jobdb.close()

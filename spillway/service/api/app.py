@@ -17,22 +17,27 @@ from fastapi import FastAPI
 
 from . import catalogue, errors, health, jobs, metrics
 from .auth import TokenCache
-from .limits import RequestLimits, ServiceLimits
+from .connections import ConnectionStats
+from .limits import RequestLimits
+from .settings import ServiceLimits
 from .web import router as web_router
 
 
-def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits | None = None) -> FastAPI:
+def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits | None = None,
+               connections: ConnectionStats | None = None) -> FastAPI:
     """The ASGI app over ``jobdb`` (a :class:`spillway.service.jobdb.JobDB`) and ``queue``
     (a :class:`spillway.service.jobs.JobQueue` bound to the cluster session). The routes
     live in modules named for what they serve: :mod:`.jobs`, :mod:`.catalogue`,
-    :mod:`.health`, :mod:`.metrics` and :mod:`.web`; the answers to errors in :mod:`.errors`."""
+    :mod:`.health`, :mod:`.metrics` and :mod:`.web`; the answers to errors in :mod:`.errors`.
+    ``connections``: the counts of the server's connection guard (:mod:`.connections`), for
+    ``/metrics``."""
     app = FastAPI(title=title, version="1", description=__doc__,
                   openapi_tags=[{"name": "jobs"}, {"name": "catalogue"}, {"name": "service"}])
     app.state.jobdb = jobdb
     app.state.queue = queue
     app.state.token_cache = TokenCache()
     app.state.limits = limits = limits or ServiceLimits()
-    app.state.metrics_registry = metrics.metrics_registry(jobdb, queue)
+    app.state.metrics_registry = metrics.metrics_registry(jobdb, queue, connections)
     app.add_middleware(RequestLimits, limits=limits)
     errors.install(app)
     for module in (jobs, catalogue, health, metrics):

@@ -118,9 +118,40 @@ def tier_gauges(snaps: dict):
     yield per_worker
 
 
-def metrics_registry(jobdb, queue) -> CollectorRegistry:
+class ConnectionCollector:
+    """The connection guard's counts (:class:`~.connections.ConnectionStats`), read from
+    memory when scraped."""
+
+    def __init__(self, stats):
+        self.stats = stats
+
+    def collect(self):
+        s = self.stats
+        yield GaugeMetricFamily("spillway_http_connections", "Open HTTP connections counted against the caps",
+                                value=s.total)
+        yield GaugeMetricFamily("spillway_http_connections_exempt", "Open HTTP connections of trusted proxies",
+                                value=s.exempt)
+        yield GaugeMetricFamily("spillway_http_connections_waiting", "Connections still sending their headers",
+                                value=len(s.waiting))
+        yield GaugeMetricFamily("spillway_http_clients", "Client addresses holding connections",
+                                value=len(s.by_addr))
+        refused = CounterMetricFamily("spillway_http_connections_refused", "Connections refused (503) at a cap",
+                                      labels=["cap"])
+        refused.add_metric(["client"], s.refused_client)
+        refused.add_metric(["total"], s.refused_total)
+        yield refused
+        yield CounterMetricFamily("spillway_http_connections_evicted",
+                                  "Connections still sending headers closed (503) to admit a newcomer at the "
+                                  "total cap", value=s.evicted)
+        yield CounterMetricFamily("spillway_http_header_timeouts",
+                                  "Connections closed (408) for not sending their headers in time", value=s.timed_out)
+
+
+def metrics_registry(jobdb, queue, connections=None) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(ServiceCollector(jobdb, queue))
+    if connections is not None:
+        registry.register(ConnectionCollector(connections))
     return registry
 
 
