@@ -6,17 +6,17 @@ reachable through the API. A tenant sees, cancels and reads only its own jobs (a
 tenant's job is a 404, not a 403, so ids do not leak); an admin token sees all.
 
 While the job database is unreachable every route that needs it answers 503 with
-``Retry-After`` and a JSON ``detail`` (the connection stays open), ``/healthz`` says what is
-down, and a cancel is still taken (202): a running job is stopped at once, a queued one
-once the database answers. Request bodies are limited in size and time before anything
-else runs (:mod:`.limits`).
+``Retry-After`` and a JSON ``detail`` (the connection stays open), and ``/healthz`` says
+what is down; no token is taken on trust meanwhile, so a revoked one acts on nothing.
+Request bodies are limited in size and time before anything else runs (:mod:`.limits`),
+and a client's connections in number and in the time to send headers before that
+(:mod:`.connections`).
 """
 
 
 from fastapi import FastAPI
 
-from . import catalogue, errors, health, jobs, metrics
-from .auth import TokenCache
+from . import catalogue, errors, health, jobs, log_text, metrics
 from .connections import ConnectionStats
 from .limits import RequestLimits
 from .settings import ServiceLimits
@@ -35,11 +35,11 @@ def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits |
                   openapi_tags=[{"name": "jobs"}, {"name": "catalogue"}, {"name": "service"}])
     app.state.jobdb = jobdb
     app.state.queue = queue
-    app.state.token_cache = TokenCache()
     app.state.limits = limits = limits or ServiceLimits()
     app.state.metrics_registry = metrics.metrics_registry(jobdb, queue, connections)
     app.add_middleware(RequestLimits, limits=limits)
     errors.install(app)
+    log_text.install()
     for module in (jobs, catalogue, health, metrics):
         app.include_router(module.router)
     app.include_router(web_router)

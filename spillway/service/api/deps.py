@@ -25,13 +25,6 @@ def _tenant(request: Request, credentials: Annotated[HTTPAuthorizationCredential
     return current_tenant(request, credentials)
 
 
-def _tenant_outage_ok(request: Request,
-                      credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]):
-    return current_tenant(request, credentials, outage_ok=True)
-
-
 JobDB = Annotated[object, Depends(jobdb)]
 Queue = Annotated[object, Depends(queue)]
 Tenant = Annotated[dict, Depends(_tenant)]
-#: for cancels, which are taken while the database is down from tokens valid lately
-TenantOrRemembered = Annotated[dict, Depends(_tenant_outage_ok)]

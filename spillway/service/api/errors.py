@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError, TimeoutError as PoolTimeout
 
 from ..jobdb import is_unavailable
 from ..jobdb.health import Unavailable
+from .log_text import printable
 
 logger = logging.getLogger("spillway.api")
 
@@ -44,7 +45,7 @@ async def database_error(request: Request, exc: Exception):
     if is_unavailable(exc):
         health.failed(exc)
         return unavailable(health)
-    logger.error("job database error on %s %s", request.method, request.url.path, exc_info=exc)
+    logger.error("job database error on %s %s", request.method, printable(request.url.path), exc_info=exc)
     return JSONResponse({"detail": f"job database error ({type(exc).__name__}); the service's log has it"},
                         status_code=500)
 

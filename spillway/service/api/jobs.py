@@ -9,16 +9,13 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Query, Response
-from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Response
 
 from spillway import workflows
 from spillway.cluster.errors import AdmissionError, ParamError
 from spillway.cluster.sizes import format_bytes
-from ..jobdb import is_unavailable
 from . import schemas
-from .deps import JobDB, Queue, Tenant, TenantOrRemembered
+from .deps import JobDB, Queue, Tenant
 from .errors import param_error
 from .limits import OffLoopJSONRoute
 
@@ -33,6 +30,10 @@ AUTH = {401: {"description": "Missing, invalid, revoked or expired token"},
 JobRequest = schemas.job_request_model(workflows.names())
 
 router = APIRouter(tags=["jobs"], route_class=OffLoopJSONRoute)
+
+#: a job id in a path: 32 hex digits, checked before anything reads the database (a NUL
+#: byte there was a 500 from PostgreSQL)
+JobId = Annotated[str, Path(pattern=schemas.JOB_ID_PATTERN, description="A job's id: 32 hex digits.")]
 
 
 def shown(queue, job: dict) -> dict:
@@ -99,31 +100,20 @@ def list_jobs(tenant: Tenant, query: Annotated[schemas.JobQuery, Query()], jobdb
 
 
 @router.get("/jobs/{job_id}", response_model=schemas.Job, responses={**AUTH, **NOT_FOUND})
-def get_job(job_id: str, tenant: Tenant, jobdb: JobDB, queue: Queue):
+def get_job(job_id: JobId, tenant: Tenant, jobdb: JobDB, queue: Queue):
     """State, progress, timings, bytes spilled and error of one job; while it is queued,
     why it waits."""
     return shown(queue, _job(jobdb, job_id, tenant))
 
 
-@router.post("/jobs/{job_id}/cancel", response_model=schemas.Job,
-             responses={**AUTH, **NOT_FOUND,
-                        202: {"model": schemas.CancelAccepted,
-                              "description": "Taken while the job database is unreachable"}})
-def cancel(job_id: str, tenant: TenantOrRemembered, jobdb: JobDB, queue: Queue):
+@router.post("/jobs/{job_id}/cancel", response_model=schemas.Job, responses={**AUTH, **NOT_FOUND})
+def cancel(job_id: JobId, tenant: Tenant, jobdb: JobDB, queue: Queue):
     """Cancel a job: a queued one at once; a running one has its tasks stopped and its
     memory freed (its state turns cancelled when that is done). Finished jobs stay.
-    While the job database is unreachable the cancel is still taken (202): a running
-    job stops at once, and the cancel is recorded when the database answers."""
-    health = jobdb.health
-    if health.down and health.probing:
-        return _cancel_offline(queue, health, job_id, tenant)
-    try:
-        job = jobdb.request_cancel(job_id, tenant)
-    except Exception as e:
-        if not is_unavailable(e):
-            raise
-        health.failed(e)
-        return _cancel_offline(queue, health, job_id, tenant)
+    While the job database is unreachable the token cannot be checked, so the cancel is
+    refused (503 with Retry-After) like every other request: a revoked token cancels
+    nothing."""
+    job = jobdb.request_cancel(job_id, tenant)
     if job is None:
         raise HTTPException(404, f"job {job_id!r} not found")
     if job["state"] == "running" and job["cancel_requested"]:
@@ -131,35 +121,22 @@ def cancel(job_id: str, tenant: TenantOrRemembered, jobdb: JobDB, queue: Queue):
     return shown(queue, job)
 
 
-def _cancel_offline(queue, health, job_id: str, tenant: dict) -> JSONResponse:
-    running = queue.request_cancel(job_id, tenant)
-    if running is not None:
-        detail = ("cancel taken while the job database is unreachable: the job's tasks are being "
-                  "stopped; it is recorded cancelled when the database answers")
-    else:
-        queue.defer_cancel(job_id, tenant)
-        detail = ("cancel taken while the job database is unreachable: it applies to this job, if it is "
-                  "yours and still queued, when the database answers, before any queued job starts")
-    body = {"id": job_id, "state": running["state"] if running else None, "cancel_requested": True,
-            "detail": detail}
-    return JSONResponse(jsonable_encoder(body), status_code=202,
-                        headers={"Retry-After": str(health.retry_after_s())})
-
-
 @router.get("/jobs/{job_id}/result", response_model=schemas.JobResult,
             responses={**AUTH, **NOT_FOUND, 409: {"description": "The job has not finished"}})
-def result(job_id: str, tenant: Tenant, jobdb: JobDB):
-    """The result summary and run report of a finished job, and where its Zarr output is."""
+def result(job_id: JobId, tenant: Tenant, jobdb: JobDB, queue: Queue):
+    """The result summary and run report of a finished job, and where its Zarr output is:
+    a path relative to the service's results directory (never the server's own path)."""
     job = _job(jobdb, job_id, tenant)
     report = jobdb.report(job_id)
     if report is None:
         raise HTTPException(409, f"job {job_id} is {job['state']}; a result exists once it is done")
+    output = queue.relative_output(report.get("output"))
     return {"id": job_id, "state": job["state"], "summary": report.get("result") or {},
-            "output": report.get("output"), "report": report}
+            "output": output, "report": {**report, "output": output}}
 
 
 @router.get("/jobs/{job_id}/logs", response_model=schemas.JobLogs, responses={**AUTH, **NOT_FOUND})
-def logs(job_id: str, tenant: Tenant, jobdb: JobDB):
+def logs(job_id: JobId, tenant: Tenant, jobdb: JobDB):
     """What happened to the job, line by line."""
     _job(jobdb, job_id, tenant)
     return {"id": job_id, "lines": jobdb.logs(job_id)}

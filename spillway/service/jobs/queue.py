@@ -7,8 +7,8 @@ that client's futures stops the job's tasks and releases its memory, touching no
 job.
 
 The job database may go away while jobs run (a PostgreSQL restart): a runner keeps its
-result and retries the write of the job's end with backoff until the database answers;
-cancels taken meanwhile act on the running job at once and are recorded after. A
+result and retries the write of the job's end with backoff until the database answers
+(the API refuses requests meanwhile: their tokens cannot be checked). A
 reconciler, every few seconds, finds jobs ``running`` in the database that no runner
 holds (a runner that died) and requeues them (failed after ``max_attempts``), and ends
 cancelled jobs whose run does not stop within ``cancel_grace_s``.
@@ -68,9 +68,6 @@ class JobQueue:
         self.max_attempts = max_attempts
         #: longest wait between two tries of a write to an unreachable database
         self.retry_max_s = retry_max_s
-        #: cancels taken while the database was down, for jobs this service does not run:
-        #: job id -> the tenant who asked (checked against the job once the database answers)
-        self._pending_cancels: dict[str, dict] = {}
         self._last_reconcile = 0.0
         self.client_factory = client_factory or self._new_client
         #: where jobs that ask for an output get their Zarr store (``<job id>.zarr``)
@@ -135,6 +132,21 @@ class JobQueue:
     def output_path(self, job_id: str) -> str:
         return os.path.join(self.results_dir, f"{job_id}.zarr")
 
+    def relative_output(self, path: str | None) -> str | None:
+        """An output's path as tenants are told it: relative to the results directory
+        (``<job id>.zarr``), whatever the report recorded; the server's own paths stay its own."""
+        if not path:
+            return None
+        if self.results_dir and os.path.isabs(path):
+            rel = os.path.relpath(path, self.results_dir)
+            if not rel.startswith(os.pardir):
+                return rel
+        return os.path.basename(path.rstrip("/"))
+
+    def _relative_text(self, text: str) -> str:
+        """A message with the results directory left out of the paths it names."""
+        return text.replace(self.results_dir.rstrip(os.sep) + os.sep, "") if self.results_dir else text
+
     # --- lifecycle
 
     def start(self):
@@ -180,7 +192,6 @@ class JobQueue:
         while not self._stop.is_set():
             wait = self.poll_s
             try:
-                self._apply_pending_cancels()
                 if time.monotonic() - self._last_reconcile >= self.reconcile_s:
                     self.reconcile()
                     self._last_reconcile = time.monotonic()
@@ -213,22 +224,6 @@ class JobQueue:
             except Exception:  # the watcher tries again
                 pass
         return {**entry.job, "state": "running", "cancel_requested": True}
-
-    def defer_cancel(self, job_id: str, tenant: dict):
-        """A cancel taken while the database is down, for a job this service does not run
-        (queued, or unknown): applied, for this tenant, once the database answers and
-        before any queued job starts."""
-        with self._lock:
-            if len(self._pending_cancels) < 100_000:
-                self._pending_cancels[job_id] = tenant
-
-    def _apply_pending_cancels(self):
-        with self._lock:
-            pending = list(self._pending_cancels.items())
-        for job_id, tenant in pending:
-            self.jobdb.request_cancel(job_id, tenant)  # raises while the database is down
-            with self._lock:
-                self._pending_cancels.pop(job_id, None)
 
     def reconcile(self) -> list[tuple[str, str]]:
         """Jobs ``running`` in the database that no runner of this service holds are
@@ -317,6 +312,7 @@ class JobQueue:
                     self._finish(job_id, "cancelled", line="cancelled: tasks stopped and memory released")
             else:
                 msg = f"{type(e).__name__}: {e}".strip().splitlines()[0] if str(e) else type(e).__name__
+                msg = self._relative_text(msg)
                 self._finish(job_id, "failed", line=f"failed: {msg}", error=msg)
         else:
             done.set()
@@ -361,7 +357,7 @@ class JobQueue:
         """Record the job's end (see :meth:`JobDB.finish`), retried while the database is
         unreachable; False where it was not recorded. With ``unless_cancelled``, a cancel
         taken in memory (``entry``) while the write waits for the database also stops it:
-        that cancel was answered 202 and must not be overtaken by done either."""
+        that cancel was answered and must not be overtaken by done either."""
         if self._stop.is_set():
             return False
         give_up = (lambda: entry.cancelled) if unless_cancelled and entry is not None else None
