@@ -12,6 +12,7 @@ import click
 from .errors import fail_cleanly
 from .group import CONTEXT
 from .options import cluster_options, resolve
+from spillway.service.jobdb.models import DEFAULT_MAX_QUEUED, DEFAULT_MAX_RUNNING
 
 DEFAULT_STATE_DIR = os.path.join(os.environ.get("XDG_STATE_HOME", "~/.local/state"), "spillway")
 
@@ -145,14 +146,14 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _notice_old_limits(jobdb) -> None:
-    """Tenants added before the cluster's admission was the default kept the old 64 GiB
-    limit (the database cannot tell it from one typed on purpose): say how to lift it."""
+    """Tenants added before schema 3 kept the old 64 GiB default limit (the database cannot
+    tell it from one typed on purpose): say how to lift it."""
     from spillway.service.jobdb.schema import old_default_tenants
 
     names = old_default_tenants(jobdb.tenants())
     if names:
         click.echo(f"spillway: tenant(s) {', '.join(names)} keep the old default limit of 64 GiB per job; "
-                   "`spillway tenant set NAME --max-job-bytes cluster` lets them submit what the cluster admits",
+                   "`spillway tenant set NAME --max-job-bytes memory` lets them submit up to the cluster's memory",
                    err=True)
 
 
@@ -181,13 +182,16 @@ def _write_owner_file(session, state_dir: Path):
 
 @click.group(context_settings=CONTEXT)
 def tenant():
-    """Tenants of the shared service and their tokens.
+    """Tenants of the shared service, their quotas and their tokens.
+
+    Quotas: jobs queued (--max-queued, default 100), jobs running (--max-running, default 2)
+    and bytes per job (--max-job-bytes, default the cluster's memory: device + host tier).
 
     \b
     Examples:
-      spillway tenant add alice                 # jobs up to what the cluster admits
-      spillway tenant add bob --max-running 4 --max-job-bytes 200GB
-      spillway tenant set alice --max-job-bytes 100GB
+      spillway tenant add alice                 # the default quotas
+      spillway tenant add bob --max-running 4 --max-queued 500 --max-job-bytes 200GB
+      spillway tenant set alice --max-job-bytes 100GB   # (or tenant update)
       spillway tenant add ops --admin --expires-in 90d
       spillway tenant list
       spillway tenant token alice --keep-old --expires-in 30d   # rotation: a second token
@@ -196,40 +200,60 @@ def tenant():
     """
 
 
-#: what ``tenant add`` / ``tenant list`` show for a tenant without a per-job limit
-CLUSTER = "cluster"
+#: ``--max-job-bytes`` words: the cluster's memory (device + host tier, the default), and
+#: what the cluster admits with its spill disk
+MEMORY, CLUSTER = "memory", "cluster"
 
 
 def _job_limit(value: str | None) -> int | None:
-    """``--max-job-bytes``: a size, or ``cluster`` (what the serving cluster's admission
-    accepts: device + host tier + disk)."""
-    from spillway.service.jobdb import DEFAULT_MAX_JOB_BYTES
+    """``--max-job-bytes``: a size, ``memory`` (the serving cluster's device memory and host
+    tier; the default) or ``cluster`` (what its admission accepts, spill disk included)."""
+    from spillway.service.jobdb import CLUSTER_JOB_BYTES, DEFAULT_MAX_JOB_BYTES
     from spillway.cluster.sizes import parse_size
 
     if value is None:
         return DEFAULT_MAX_JOB_BYTES
-    if value.strip().lower() == CLUSTER:
+    word = value.strip().lower()
+    if word == MEMORY:
         return None
+    if word == CLUSTER:
+        return CLUSTER_JOB_BYTES
     try:
         return parse_size(value, name="max-job-bytes", minimum=1)
     except ValueError as e:
-        raise click.BadParameter(f"{e}; or 'cluster' for the cluster's admission", param_hint="--max-job-bytes") \
-            from None
+        raise click.BadParameter(f"{e}; or 'memory' (the cluster's memory, the default) or 'cluster' (with its "
+                                 "spill disk)", param_hint="--max-job-bytes") from None
 
 
 def job_limit_text(limit: int | None) -> str:
+    from spillway.service.jobdb import CLUSTER_JOB_BYTES
     from spillway.cluster.sizes import format_bytes
 
-    return CLUSTER if limit is None else format_bytes(limit)
+    if limit is None:
+        return MEMORY
+    return CLUSTER if limit == CLUSTER_JOB_BYTES else format_bytes(limit)
+
+
+def job_limit_json(limit: int | None) -> int | str:
+    """``tenant list --json``'s max_job_bytes: bytes, or the word."""
+    from spillway.service.jobdb import CLUSTER_JOB_BYTES
+
+    if limit is None:
+        return MEMORY
+    return CLUSTER if limit == CLUSTER_JOB_BYTES else limit
 
 
 def _settings(info: dict) -> str:
     return (f"admin={str(info['admin']).lower()}, priority={info['priority']}, "
-            f"max-running={info['max_running']}, max-job-bytes={job_limit_text(info['max_job_bytes'])}")
+            f"max-running={info['max_running']}, max-queued={info['max_queued']}, "
+            f"max-job-bytes={job_limit_text(info['max_job_bytes'])}")
 
 
-MAX_JOB_BYTES_HELP = ("Largest projected footprint of one job: a size such as 200GB, or 'cluster' for what the "
-                      "serving cluster's admission accepts (device + host tier + disk).")
+MAX_JOB_BYTES_HELP = ("Largest projected footprint of one job: a size such as 200GB, 'memory' for the serving "
+                      "cluster's device memory and host tier, or 'cluster' for what its admission accepts "
+                      "(its spill disk included).")
+MAX_QUEUED_HELP = "Jobs of this tenant that may wait in the queue at once; more are refused (429)."
+MAX_RUNNING_HELP = "Jobs of this tenant that may run at once."
 
 
 def expiry_options(func):
@@ -255,21 +279,23 @@ def _until(expires) -> str:
 @click.option("--admin", is_flag=True, help="The token sees and cancels every tenant's jobs.")
 @click.option("--priority", default=0, show_default=True, type=click.IntRange(-100, 100),
               help="Added to each job's priority; higher runs first.")
-@click.option("--max-running", default=2, show_default=True, type=click.IntRange(1, 10_000),
-              help="Jobs of this tenant that may run at once.")
-@click.option("--max-job-bytes", default=None, metavar="SIZE|cluster",
-              help=MAX_JOB_BYTES_HELP + "  [default: cluster]")
+@click.option("--max-running", default=DEFAULT_MAX_RUNNING, show_default=True, type=click.IntRange(1, 10_000),
+              help=MAX_RUNNING_HELP)
+@click.option("--max-queued", default=None, type=click.IntRange(1, 1_000_000),
+              help=MAX_QUEUED_HELP + f"  [default: {DEFAULT_MAX_QUEUED}]")
+@click.option("--max-job-bytes", default=None, metavar="SIZE|memory|cluster",
+              help=MAX_JOB_BYTES_HELP + "  [default: memory]")
 @expiry_options
 @with_state
 @fail_cleanly
-def tenant_add(name, admin, priority, max_running, max_job_bytes, expires_in, expires_at, state_dir, db):
+def tenant_add(name, admin, priority, max_running, max_queued, max_job_bytes, expires_in, expires_at, state_dir, db):
     """Add tenant NAME; prints its token alone on the last line (shown only this once)."""
     limit = _job_limit(max_job_bytes)
     expires = _expiry(expires_in, expires_at)
     jobdb = open_jobdb(state_dir, db)
     try:
         info, token = jobdb.add_tenant(name, admin=admin, priority=priority, max_running=max_running,
-                                       max_job_bytes=limit, expires=expires)
+                                       max_queued=max_queued, max_job_bytes=limit, expires=expires)
     finally:
         jobdb.close()
     click.echo(f"tenant {info['name']} added ({_settings(info)}); its token, valid {_until(expires)}, "
@@ -281,35 +307,41 @@ def tenant_add(name, admin, priority, max_running, max_job_bytes, expires_in, ex
 @click.argument("name")
 @click.option("--priority", default=None, type=click.IntRange(-100, 100),
               help="Added to each job's priority; higher runs first.")
-@click.option("--max-running", default=None, type=click.IntRange(1, 10_000),
-              help="Jobs of this tenant that may run at once.")
-@click.option("--max-job-bytes", default=None, metavar="SIZE|cluster", help=MAX_JOB_BYTES_HELP)
+@click.option("--max-running", default=None, type=click.IntRange(1, 10_000), help=MAX_RUNNING_HELP)
+@click.option("--max-queued", default=None, type=click.IntRange(1, 1_000_000), help=MAX_QUEUED_HELP)
+@click.option("--max-job-bytes", default=None, metavar="SIZE|memory|cluster", help=MAX_JOB_BYTES_HELP)
 @with_state
 @fail_cleanly
-def tenant_set(name, priority, max_running, max_job_bytes, state_dir, db):
-    """Change tenant NAME's priority or limits; its token and jobs stay. A new per-job
-    limit applies to jobs submitted from now on.
+def tenant_set(name, priority, max_running, max_queued, max_job_bytes, state_dir, db):
+    """Change tenant NAME's priority or quotas (also `tenant update`); its token and jobs
+    stay. New quotas apply to jobs submitted from now on.
 
     \b
     Examples:
-      spillway tenant set alice --max-job-bytes 100GB     # a lower limit than the cluster's
-      spillway tenant set alice --max-job-bytes cluster   # back to what admission accepts
+      spillway tenant set alice --max-job-bytes 100GB     # lower than the cluster's memory
+      spillway tenant set alice --max-job-bytes cluster   # up to the cluster with its spill disk
+      spillway tenant update bob --max-queued 1000 --max-running 4
     """
     changes = {}
     if priority is not None:
         changes["priority"] = priority
     if max_running is not None:
         changes["max_running"] = max_running
+    if max_queued is not None:
+        changes["max_queued"] = max_queued
     if max_job_bytes is not None:
         changes["max_job_bytes"] = _job_limit(max_job_bytes)
     if not changes:
-        raise click.UsageError("give --priority, --max-running or --max-job-bytes")
+        raise click.UsageError("give --priority, --max-running, --max-queued or --max-job-bytes")
     jobdb = open_jobdb(state_dir, db)
     try:
         info = jobdb.set_tenant(name, **changes)
     finally:
         jobdb.close()
     click.echo(f"tenant {info['name']} set ({_settings(info)})")
+
+
+tenant.add_command(tenant_set, "update")
 
 
 @tenant.command("token", context_settings=CONTEXT)
@@ -386,7 +418,8 @@ def _token_state(t: dict) -> str:
 
 
 @tenant.command("list", context_settings=CONTEXT)
-@click.option("--json", "as_json", is_flag=True, help="Print as one JSON list (max_job_bytes null: the cluster's).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print as one JSON list (max_job_bytes: bytes, 'memory' or 'cluster').")
 @with_state
 @fail_cleanly
 def tenant_list(as_json, state_dir, db):
@@ -397,13 +430,14 @@ def tenant_list(as_json, state_dir, db):
     finally:
         jobdb.close()
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps([{**t, "max_job_bytes": job_limit_json(t["max_job_bytes"])} for t in rows], indent=2))
         return
-    click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'job bytes':>12}  {'state':<8} "
-               f"{'tokens':>6}  {'expires':<21} last used")
+    click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'queued':>8} {'job bytes':>12}  "
+               f"{'state':<8} {'tokens':>6}  {'expires':<21} last used")
     for t in rows:
         click.echo(f"{t['name']:<20} {str(t['admin']).lower():<6} {t['priority']:>8} {t['max_running']:>8} "
-                   f"{job_limit_text(t['max_job_bytes']):>12}  {'revoked' if t['revoked'] else 'active':<8} "
+                   f"{t['max_queued']:>8} {job_limit_text(t['max_job_bytes']):>12}  "
+                   f"{'revoked' if t['revoked'] else 'active':<8} "
                    f"{t['tokens']:>6}  {_short(t['expires']) or 'never':<21} {_short(t['last_used']) or '-'}")
 
 

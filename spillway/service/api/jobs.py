@@ -14,6 +14,7 @@ from fastapi import APIRouter, Header, HTTPException, Path, Query, Response
 from spillway import workflows
 from spillway.cluster.errors import AdmissionError, ParamError
 from spillway.cluster.sizes import format_bytes
+from ..jobdb import CLUSTER_JOB_BYTES, QuotaExceeded
 from . import schemas
 from .deps import JobDB, Queue, Tenant
 from .errors import param_error
@@ -51,12 +52,17 @@ def _job(jobdb, job_id: str, tenant: dict) -> dict:
 @router.post("/jobs", response_model=schemas.Job, status_code=201,
              responses={**AUTH, 400: {"description": "The body is not valid JSON"},
                         409: {"description": "The idempotency key names a job submitted with other values"},
+                        429: {"description": "The tenant has its quota of jobs queued (max-queued)"},
                         200: {"model": schemas.Job, "description": "An earlier job with the same idempotency key"}})
 def submit(body: JobRequest, tenant: Tenant, response: Response, jobdb: JobDB, queue: Queue,
            idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128,
                                                          pattern=schemas.KEY_PATTERN)] = None):
     """Queue a job: a workflow's name and its parameters."""
     key = body.idempotency_key or idempotency_key
+    try:
+        jobdb.check_queue_quota(tenant, key)  # before the work of validating it
+    except QuotaExceeded as e:
+        raise HTTPException(429, str(e)) from None
     try:
         footprint = queue.footprint(body.workflow, body.params, output=body.output)
     except AdmissionError as e:
@@ -70,16 +76,13 @@ def submit(body: JobRequest, tenant: Tenant, response: Response, jobdb: JobDB, q
         logger.exception("validating a %s job", body.workflow)
         raise param_error("params", f"params: cannot be validated ({type(e).__name__}: "
                                     f"{str(e)[:200]})") from None
-    # no limit of its own: the tenant may submit what admission just accepted, and a
-    # job past the cluster was refused above with the cluster's numbers
-    limit = tenant["max_job_bytes"]
-    if limit is not None and footprint > limit:
-        raise param_error("params", f"projected footprint {format_bytes(footprint)} exceeds this "
-                                    f"tenant's limit of {format_bytes(limit)} per job (the cluster admits "
-                                    f"{format_bytes(queue.tiers.total_bytes)})")
-    job, created = jobdb.submit(tenant, workflow=body.workflow, params=body.params, verify=body.verify,
-                                priority=body.priority, idempotency_key=key, footprint_bytes=footprint,
-                                output=body.output)
+    _check_job_bytes(tenant, footprint, queue)
+    try:
+        job, created = jobdb.submit(tenant, workflow=body.workflow, params=body.params, verify=body.verify,
+                                    priority=body.priority, idempotency_key=key, footprint_bytes=footprint,
+                                    output=body.output)
+    except QuotaExceeded as e:
+        raise HTTPException(429, str(e)) from None
     if created:
         queue.wake()
         return shown(queue, job)
@@ -90,6 +93,25 @@ def submit(body: JobRequest, tenant: Tenant, response: Response, jobdb: JobDB, q
                                  "submitted with other values")
     response.status_code = 200
     return shown(queue, job)
+
+
+def _check_job_bytes(tenant: dict, footprint: int, queue) -> None:
+    """A 422 for a job past its tenant's per-job limit: a size, the cluster's memory (the
+    default: device + host tier) or, for ``cluster``, nothing beyond what admission
+    accepted (a job past the whole cluster was refused with the cluster's numbers)."""
+    limit = tenant["max_job_bytes"]
+    if limit == CLUSTER_JOB_BYTES:
+        return
+    if limit is None:
+        if footprint > queue.memory_bytes:
+            raise param_error("params", f"projected footprint {format_bytes(footprint)} exceeds this tenant's "
+                                        f"limit of {format_bytes(queue.memory_bytes)} per job, the cluster's memory "
+                                        f"(device + host tier: the default; with its spill disk the cluster "
+                                        f"admits {format_bytes(queue.tiers.total_bytes)} where the owner allows it)")
+    elif footprint > limit:
+        raise param_error("params", f"projected footprint {format_bytes(footprint)} exceeds this "
+                                    f"tenant's limit of {format_bytes(limit)} per job (the cluster admits "
+                                    f"{format_bytes(queue.tiers.total_bytes)})")
 
 
 @router.get("/jobs", response_model=schemas.JobList, responses=AUTH)

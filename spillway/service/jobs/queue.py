@@ -29,7 +29,7 @@ from spillway.run.progress import client_progress
 from spillway.run.compute import run_workflow
 from spillway.run.target import target_of
 from ..jobdb import JobDB, is_unavailable
-from .order import next_job, waiting_reasons
+from .order import behind_reason, next_job, waiting_reasons
 
 logger = logging.getLogger("spillway.jobs")
 
@@ -79,9 +79,15 @@ class JobQueue:
         self.capacity_bytes = self.target.worker_bytes * self.target.n_workers
         #: device + host + disk of the cluster: a job beyond it is refused when submitted
         self.tiers = cluster_capacity(session.client)
+        #: device + host tier of the cluster: a tenant's per-job limit unless set
+        self.memory_bytes = self.tiers.device_bytes + self.tiers.host_bytes
         self._running: dict[str, _Running] = {}
-        #: why each queued job waits, as of the loop's last pass (job id -> words)
+        #: why each tenant's next job waits, as of the loop's last pass (job id -> words)
         self._waiting: dict[str, str] = {}
+        #: each tenant's next job as of the loop's last pass (tenant name -> job id)
+        self._heads: dict[str, str] = {}
+        #: tenant id -> when (time.monotonic()) its last job started: round robin among tenants
+        self._last_started: dict[int, float] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -186,7 +192,13 @@ class JobQueue:
         loop's last word on it, or that the loop has not looked at it yet."""
         if job["state"] != "queued":
             return None
-        return self._waiting.get(job["id"], "queued: the job queue looks at it on its next pass")
+        reason = self._waiting.get(job["id"])
+        if reason is not None:
+            return reason
+        head = self._heads.get(job.get("tenant"))
+        if head is not None and head != job["id"]:
+            return behind_reason(head)
+        return "queued: the job queue looks at it on its next pass"
 
     def _loop(self):
         while not self._stop.is_set():
@@ -272,14 +284,16 @@ class JobQueue:
             with self._lock:
                 ours = set(self._running)
             running = [j for j in self.jobdb.running() if j["id"] in ours]
-            queued = self.jobdb.queued()
-            job = next_job(queued, running, self.capacity_bytes)
+            queued = self.jobdb.queued()  # each tenant's next job only
+            job = next_job(queued, running, self.capacity_bytes, self._last_started)
             if job is None:
-                self._waiting = waiting_reasons(queued, running, self.capacity_bytes)
+                self._waiting = waiting_reasons(queued, running, self.capacity_bytes, self._last_started)
+                self._heads = {j["tenant"]: j["id"] for j in queued}
                 return
             if not self.jobdb.start(job["id"], f"started (attempt {job['attempts'] + 1}) on "
                                                f"{self.session.n_workers} {self.session.kind} workers"):
                 continue
+            self._last_started[job["tenant_id"]] = time.monotonic()
             thread = threading.Thread(target=self._execute, args=(job,), name=f"job-{job['id'][:8]}",
                                       daemon=True)
             with self._lock:
