@@ -28,6 +28,7 @@ from spillway.cluster.memory.admission import admit, cluster_capacity
 from spillway.run.progress import client_progress
 from spillway.run.compute import run_workflow
 from spillway.run.target import target_of
+from spillway.run.verify import ChildReference
 from ..jobdb import JobDB, is_unavailable
 from .order import behind_reason, next_job, waiting_reasons
 
@@ -56,8 +57,12 @@ class JobQueue:
     def __init__(self, jobdb: JobDB, session, *, results_dir: str | None = None,
                  input_roots: tuple[str, ...] = (), poll_s: float = 0.25,
                  client_factory: Callable[[], object] | None = None, reconcile_s: float = 5.0,
-                 cancel_grace_s: float = 30.0, max_attempts: int = 3, retry_max_s: float = 5.0):
+                 cancel_grace_s: float = 30.0, max_attempts: int = 3, retry_max_s: float = 5.0,
+                 reference_processes: int = 1, reference_max_bytes: int | None = None):
         self.jobdb = jobdb
+        #: verify jobs' NumPy references are built in child processes, never in this one
+        #: (the API's): at most ``reference_processes`` at once, each within ``reference_max_bytes``
+        self.reference = ChildReference(reference_processes, reference_max_bytes)
         self.session = session
         self.poll_s = poll_s
         #: how often running jobs without a runner are looked for
@@ -318,7 +323,8 @@ class JobQueue:
         try:
             session = dataclasses.replace(self.session, client=client)
             output = self.output_path(job_id) if job["output"] else None
-            report = run_workflow(session, job["workflow"], job["params"], verify=job["verify"], output=output)
+            report = run_workflow(session, job["workflow"], job["params"], verify=job["verify"], output=output,
+                                  verify_with=self.reference)
         except BaseException as e:  # noqa: BLE001 (every outcome is recorded)
             done.set()
             if entry.cancelled or self._stop.is_set():

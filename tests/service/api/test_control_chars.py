@@ -10,7 +10,7 @@ import socket
 from urllib.parse import quote
 
 import pytest
-from serve_helpers import Server, add_tenant, new_database
+from serve_helpers import Server, add_tenant, postgres_if_installed
 
 #: what goes into a path segment or a query value, percent-encoded as a client sends it
 NASTY = ["abc\x00", "\x00", "\x01", "\x1b[31mred", "a\r\nX-Injected: 1", "\x7f", "\x85", "\ufffe",
@@ -21,10 +21,7 @@ NASTY = ["abc\x00", "\x00", "\x01", "\x1b[31mred", "a\r\nX-Injected: 1", "\x7f",
 @pytest.fixture(scope="module")
 def service(request, tmp_path_factory):
     state = {"state_dir": str(tmp_path_factory.mktemp("control") / "state")}
-    try:
-        state["db"] = new_database(request.getfixturevalue("postgres_server"))
-    except pytest.skip.Exception:
-        pass  # SQLite, which stores a NUL where PostgreSQL refuses it
+    postgres_if_installed(request, state)
     tokens = {"ann": add_tenant(state, "ann"), "root": add_tenant(state, "root", "--admin")}
     server = Server(state, "--cpu", "--n-workers", "1").start()
     try:

@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from serve_helpers import Server, add_tenant, jobs_json, new_database, wait_for
+from serve_helpers import Server, add_tenant, jobs_json, postgres_if_installed, wait_for
 
 from spillway.service.jobdb import JobDB, QuotaExceeded
 from spillway.service.jobs.order import next_job
@@ -107,10 +107,7 @@ def test_tenants_take_turns_within_a_priority():
 @pytest.fixture(scope="module")
 def service(request, tmp_path_factory):
     state = {"state_dir": str(tmp_path_factory.mktemp("quotas") / "state")}
-    try:
-        state["db"] = new_database(request.getfixturevalue("postgres_server"))
-    except pytest.skip.Exception:
-        pass
+    postgres_if_installed(request, state)
     tokens = {"flood": add_tenant(state, "flood"), "tiny": add_tenant(state, "tiny"),
               "root": add_tenant(state, "root", "--admin")}
     server = Server(state, "--cpu", "--n-workers", "2").start()
