@@ -187,6 +187,7 @@ class JobQueue:
             self._thread.join(timeout)
         for r in running:
             r.thread.join(timeout)
+        self.reference.close()
         self.jobdb.health.stop()
 
     def wake(self):

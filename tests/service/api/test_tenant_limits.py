@@ -235,3 +235,32 @@ def test_an_old_postgresql_database_is_migrated(db_state):
         assert [t["max_job_bytes"] for t in jobdb.tenants()] == [OLD_DEFAULT_MAX_JOB_BYTES, None]
     finally:
         jobdb.close()
+
+
+def test_schema_4_adds_the_queue_quota_and_names_the_tenants_whose_default_changed(db_state, caplog):
+    """A database at schema 3 (no max_queued column, no index of jobs by state and tenant):
+    opened, it gains both through the step's add_column and add_index; every tenant has
+    the default queue quota; the tenants whose unset per-job limit meant the cluster's disk
+    too are logged by name."""
+    jobdb = JobDB.open(db_state["state_dir"], db_state.get("db"))
+    jobdb.add_tenant("ann")
+    jobdb.add_tenant("bob", max_job_bytes=1000)
+    with jobdb.engine.begin() as conn:  # as schema 3 made it
+        conn.exec_driver_sql("DROP INDEX ix_jobs_state_tenant")
+        conn.exec_driver_sql("ALTER TABLE tenants DROP COLUMN max_queued")
+        conn.exec_driver_sql("UPDATE spillway_schema SET version = 3")
+    jobdb.close()
+    with caplog.at_level("WARNING", logger="spillway.jobdb"):
+        jobdb = JobDB.open(db_state["state_dir"], db_state.get("db"))
+    try:
+        assert (jobdb.schema_found, jobdb.schema_version) == (3, SCHEMA_VERSION) and SCHEMA_VERSION == 4
+        assert [(t["name"], t["max_queued"], t["max_job_bytes"]) for t in jobdb.tenants()] == [
+            ("ann", 100, None), ("bob", 100, 1000)]
+        from sqlalchemy import inspect
+
+        assert "ix_jobs_state_tenant" in {i["name"] for i in inspect(jobdb.engine).get_indexes("jobs")}
+        assert jobdb.set_tenant("ann", max_queued=3)["max_queued"] == 3
+    finally:
+        jobdb.close()
+    assert ("tenant(s) ann without a per-job limit may now submit jobs up to the cluster's memory (device + host "
+            "tier), no longer its spill disk too") in caplog.text
