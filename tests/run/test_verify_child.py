@@ -31,7 +31,9 @@ def test_the_child_gives_the_same_answer(name, params, children):
     built, value = _run(name, params)
     here = check(built, value)
     there = children(built, value)
-    assert there["ok"] is True and there["rel_error"] == here["rel_error"] and there["reference"] == here["reference"]
+    assert there["ok"] is True and there["reference"] == here["reference"]
+    # the same up to the order of a threaded BLAS's sums (matmul's reference)
+    assert abs(there["rel_error"] - here["rel_error"]) <= 1e-14, (there, here)
     assert there["reference_process"] is True and there["reference_peak_bytes"] > 0
 
 
