@@ -13,6 +13,7 @@ import click
 from .errors import fail_cleanly
 from .group import CONTEXT
 from .options import cluster_options, resolve
+from spillway.service.jobdb.models import DEFAULT_MAX_QUEUED, DEFAULT_MAX_RUNNING
 
 DEFAULT_STATE_DIR = os.path.join(os.environ.get("XDG_STATE_HOME", "~/.local/state"), "spillway")
 
@@ -50,6 +51,19 @@ def open_jobdb(state_dir, db):
     return JobDB.open(state_dir, db)
 
 
+def limit_options(func):
+    """The flags of :class:`spillway.service.api.settings.ServiceLimits`, made from its fields
+    (where each flag, default and help is declared)."""
+    from spillway.service.api.settings import setting_fields
+
+    for field in reversed(setting_fields()):
+        meta = field.metadata
+        func = click.option(meta["flag"], field.name, default=None if meta["multiple"] else meta["shown"],
+                            show_default=not meta["multiple"], type=meta["type"], multiple=meta["multiple"],
+                            envvar=meta["env"], help=meta["help"])(func)
+    return func
+
+
 @click.command(context_settings=CONTEXT)
 @click.option("--host", "http_host", default="127.0.0.1", show_default=True,
               help="Address the HTTP API listens on (0.0.0.0 for every interface).")
@@ -66,15 +80,11 @@ def open_jobdb(state_dir, db):
               help="Serve HTTPS with this certificate (PEM); needs --https-key.")
 @click.option("--https-key", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Private key (PEM) of --https-cert.")
-@click.option("--max-request-bytes", default="1MiB", show_default=True, envvar="SPILLWAY_MAX_REQUEST_BYTES",
-              help="Largest request body (bytes such as 1MiB); larger ones get 413 before they are read, "
-                   "parsed or authenticated.")
-@click.option("--body-timeout", default=30.0, show_default=True, type=float, envvar="SPILLWAY_BODY_TIMEOUT",
-              help="Seconds a client has to send a whole request body; slower ones get 408 and are closed.")
+@limit_options
 @service_cluster_options
 @fail_cleanly
-def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, https_key, max_request_bytes,
-          body_timeout, options_flags):
+def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, https_key, options_flags,
+          **limit_flags):
     """Serve the shared cluster service: an authenticated HTTP API with a persistent,
     prioritised job queue, tenants, a web page (/ui) and Prometheus metrics (/metrics).
 
@@ -92,7 +102,8 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     import uvicorn
 
     from spillway.service.api import create_app
-    from spillway.service.api.limits import ServiceLimits
+    from spillway.service.api.connections import ConnectionStats, guarded_protocol, raise_fd_limit
+    from spillway.service.api.settings import ServiceLimits
     from spillway.service.jobs import JobQueue
     from spillway.cluster.errors import OptionsError
     from spillway.cluster.launch import open_cluster
@@ -100,7 +111,8 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     if bool(https_cert) != bool(https_key):
         raise click.UsageError("--https-cert and --https-key go together")
     options = resolve(options_flags)
-    limits = ServiceLimits(max_request_bytes=max_request_bytes, body_timeout_s=body_timeout)
+    limits = ServiceLimits(**limit_flags)
+    fd_soft, _ = raise_fd_limit(limits.max_connections)
     _check_scheduler_private(options)
     if not https_cert and http_host not in LOOPBACK:
         click.echo(f"spillway: warning: plain HTTP on {http_host}: tokens cross the network in clear; "
@@ -118,12 +130,19 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
         queue = JobQueue(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
         queue.start()
         try:
-            app = create_app(jobdb, queue, limits=limits)
+            connections = ConnectionStats()
+            app = create_app(jobdb, queue, limits=limits, connections=connections)
             scheme = "https" if https_cert else "http"
             click.echo(f"serving {scheme}://{http_host}:{port}  ({session.n_workers} {session.kind} workers, "
-                       f"scheduler {session.scheduler_address})", err=True)
+                       f"scheduler {session.scheduler_address}; at most {limits.max_connections} connections, "
+                       f"{limits.max_connections_per_client} per client, headers within "
+                       f"{limits.header_timeout_s:g} s; file descriptors {fd_soft})", err=True)
+            # no WebSocket routes; X-Forwarded-For believed from the trusted proxies only
             uvicorn.run(app, host=http_host, port=port, ssl_certfile=https_cert, ssl_keyfile=https_key,
-                        log_level="warning", access_log=False)
+                        log_level="warning", access_log=False, ws="none",
+                        http=guarded_protocol(limits, connections),
+                        proxy_headers=bool(limits.trusted_proxies),
+                        forwarded_allow_ips=list(limits.trusted_proxies) or None)
         finally:
             queue.stop()
             jobdb.close()
@@ -133,14 +152,14 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _notice_old_limits(jobdb) -> None:
-    """Tenants added before the cluster's admission was the default kept the old 64 GiB
-    limit (the database cannot tell it from one typed on purpose): say how to lift it."""
+    """Tenants added before schema 3 kept the old 64 GiB default limit (the database cannot
+    tell it from one typed on purpose): say how to lift it."""
     from spillway.service.jobdb.schema import old_default_tenants
 
     names = old_default_tenants(jobdb.tenants())
     if names:
         click.echo(f"spillway: tenant(s) {', '.join(names)} keep the old default limit of 64 GiB per job; "
-                   "`spillway tenant set NAME --max-job-bytes cluster` lets them submit what the cluster admits",
+                   "`spillway tenant set NAME --max-job-bytes memory` lets them submit up to the cluster's memory",
                    err=True)
 
 
@@ -169,13 +188,16 @@ def _write_owner_file(session, state_dir: Path):
 
 @click.group(context_settings=CONTEXT)
 def tenant():
-    """Tenants of the shared service and their tokens.
+    """Tenants of the shared service, their quotas and their tokens.
+
+    Quotas: jobs queued (--max-queued, default 100), jobs running (--max-running, default 2)
+    and bytes per job (--max-job-bytes, default the cluster's memory: device + host tier).
 
     \b
     Examples:
-      spillway tenant add alice                 # jobs up to what the cluster admits
-      spillway tenant add bob --max-running 4 --max-job-bytes 200GB
-      spillway tenant set alice --max-job-bytes 100GB
+      spillway tenant add alice                 # the default quotas
+      spillway tenant add bob --max-running 4 --max-queued 500 --max-job-bytes 200GB
+      spillway tenant set alice --max-job-bytes 100GB   # (or tenant update)
       spillway tenant add ops --admin --expires-in 90d
       spillway tenant list
       spillway tenant token alice --keep-old --expires-in 30d   # rotation: a second token
@@ -184,40 +206,60 @@ def tenant():
     """
 
 
-#: what ``tenant add`` / ``tenant list`` show for a tenant without a per-job limit
-CLUSTER = "cluster"
+#: ``--max-job-bytes`` words: the cluster's memory (device + host tier, the default), and
+#: what the cluster admits with its spill disk
+MEMORY, CLUSTER = "memory", "cluster"
 
 
 def _job_limit(value: str | None) -> int | None:
-    """``--max-job-bytes``: a size, or ``cluster`` (what the serving cluster's admission
-    accepts: device + host tier + disk)."""
-    from spillway.service.jobdb import DEFAULT_MAX_JOB_BYTES
+    """``--max-job-bytes``: a size, ``memory`` (the serving cluster's device memory and host
+    tier; the default) or ``cluster`` (what its admission accepts, spill disk included)."""
+    from spillway.service.jobdb import CLUSTER_JOB_BYTES, DEFAULT_MAX_JOB_BYTES
     from spillway.cluster.sizes import parse_size
 
     if value is None:
         return DEFAULT_MAX_JOB_BYTES
-    if value.strip().lower() == CLUSTER:
+    word = value.strip().lower()
+    if word == MEMORY:
         return None
+    if word == CLUSTER:
+        return CLUSTER_JOB_BYTES
     try:
         return parse_size(value, name="max-job-bytes", minimum=1)
     except ValueError as e:
-        raise click.BadParameter(f"{e}; or 'cluster' for the cluster's admission", param_hint="--max-job-bytes") \
-            from None
+        raise click.BadParameter(f"{e}; or 'memory' (the cluster's memory, the default) or 'cluster' (with its "
+                                 "spill disk)", param_hint="--max-job-bytes") from None
 
 
 def job_limit_text(limit: int | None) -> str:
+    from spillway.service.jobdb import CLUSTER_JOB_BYTES
     from spillway.cluster.sizes import format_bytes
 
-    return CLUSTER if limit is None else format_bytes(limit)
+    if limit is None:
+        return MEMORY
+    return CLUSTER if limit == CLUSTER_JOB_BYTES else format_bytes(limit)
+
+
+def job_limit_json(limit: int | None) -> int | str:
+    """``tenant list --json``'s max_job_bytes: bytes, or the word."""
+    from spillway.service.jobdb import CLUSTER_JOB_BYTES
+
+    if limit is None:
+        return MEMORY
+    return CLUSTER if limit == CLUSTER_JOB_BYTES else limit
 
 
 def _settings(info: dict) -> str:
     return (f"admin={str(info['admin']).lower()}, priority={info['priority']}, "
-            f"max-running={info['max_running']}, max-job-bytes={job_limit_text(info['max_job_bytes'])}")
+            f"max-running={info['max_running']}, max-queued={info['max_queued']}, "
+            f"max-job-bytes={job_limit_text(info['max_job_bytes'])}")
 
 
-MAX_JOB_BYTES_HELP = ("Largest projected footprint of one job: a size such as 200GB, or 'cluster' for what the "
-                      "serving cluster's admission accepts (device + host tier + disk).")
+MAX_JOB_BYTES_HELP = ("Largest projected footprint of one job: a size such as 200GB, 'memory' for the serving "
+                      "cluster's device memory and host tier, or 'cluster' for what its admission accepts "
+                      "(its spill disk included).")
+MAX_QUEUED_HELP = "Jobs of this tenant that may wait in the queue at once; more are refused (429)."
+MAX_RUNNING_HELP = "Jobs of this tenant that may run at once."
 
 
 def expiry_options(func):
@@ -243,21 +285,23 @@ def _until(expires) -> str:
 @click.option("--admin", is_flag=True, help="The token sees and cancels every tenant's jobs.")
 @click.option("--priority", default=0, show_default=True, type=click.IntRange(-100, 100),
               help="Added to each job's priority; higher runs first.")
-@click.option("--max-running", default=2, show_default=True, type=click.IntRange(1, 10_000),
-              help="Jobs of this tenant that may run at once.")
-@click.option("--max-job-bytes", default=None, metavar="SIZE|cluster",
-              help=MAX_JOB_BYTES_HELP + "  [default: cluster]")
+@click.option("--max-running", default=DEFAULT_MAX_RUNNING, show_default=True, type=click.IntRange(1, 10_000),
+              help=MAX_RUNNING_HELP)
+@click.option("--max-queued", default=None, type=click.IntRange(1, 1_000_000),
+              help=MAX_QUEUED_HELP + f"  [default: {DEFAULT_MAX_QUEUED}]")
+@click.option("--max-job-bytes", default=None, metavar="SIZE|memory|cluster",
+              help=MAX_JOB_BYTES_HELP + "  [default: memory]")
 @expiry_options
 @with_state
 @fail_cleanly
-def tenant_add(name, admin, priority, max_running, max_job_bytes, expires_in, expires_at, state_dir, db):
+def tenant_add(name, admin, priority, max_running, max_queued, max_job_bytes, expires_in, expires_at, state_dir, db):
     """Add tenant NAME; prints its token alone on the last line (shown only this once)."""
     limit = _job_limit(max_job_bytes)
     expires = _expiry(expires_in, expires_at)
     jobdb = open_jobdb(state_dir, db)
     try:
         info, token = jobdb.add_tenant(name, admin=admin, priority=priority, max_running=max_running,
-                                       max_job_bytes=limit, expires=expires)
+                                       max_queued=max_queued, max_job_bytes=limit, expires=expires)
     finally:
         jobdb.close()
     click.echo(f"tenant {info['name']} added ({_settings(info)}); its token, valid {_until(expires)}, "
@@ -269,35 +313,41 @@ def tenant_add(name, admin, priority, max_running, max_job_bytes, expires_in, ex
 @click.argument("name")
 @click.option("--priority", default=None, type=click.IntRange(-100, 100),
               help="Added to each job's priority; higher runs first.")
-@click.option("--max-running", default=None, type=click.IntRange(1, 10_000),
-              help="Jobs of this tenant that may run at once.")
-@click.option("--max-job-bytes", default=None, metavar="SIZE|cluster", help=MAX_JOB_BYTES_HELP)
+@click.option("--max-running", default=None, type=click.IntRange(1, 10_000), help=MAX_RUNNING_HELP)
+@click.option("--max-queued", default=None, type=click.IntRange(1, 1_000_000), help=MAX_QUEUED_HELP)
+@click.option("--max-job-bytes", default=None, metavar="SIZE|memory|cluster", help=MAX_JOB_BYTES_HELP)
 @with_state
 @fail_cleanly
-def tenant_set(name, priority, max_running, max_job_bytes, state_dir, db):
-    """Change tenant NAME's priority or limits; its token and jobs stay. A new per-job
-    limit applies to jobs submitted from now on.
+def tenant_set(name, priority, max_running, max_queued, max_job_bytes, state_dir, db):
+    """Change tenant NAME's priority or quotas (also `tenant update`); its token and jobs
+    stay. New quotas apply to jobs submitted from now on.
 
     \b
     Examples:
-      spillway tenant set alice --max-job-bytes 100GB     # a lower limit than the cluster's
-      spillway tenant set alice --max-job-bytes cluster   # back to what admission accepts
+      spillway tenant set alice --max-job-bytes 100GB     # lower than the cluster's memory
+      spillway tenant set alice --max-job-bytes cluster   # up to the cluster with its spill disk
+      spillway tenant update bob --max-queued 1000 --max-running 4
     """
     changes = {}
     if priority is not None:
         changes["priority"] = priority
     if max_running is not None:
         changes["max_running"] = max_running
+    if max_queued is not None:
+        changes["max_queued"] = max_queued
     if max_job_bytes is not None:
         changes["max_job_bytes"] = _job_limit(max_job_bytes)
     if not changes:
-        raise click.UsageError("give --priority, --max-running or --max-job-bytes")
+        raise click.UsageError("give --priority, --max-running, --max-queued or --max-job-bytes")
     jobdb = open_jobdb(state_dir, db)
     try:
         info = jobdb.set_tenant(name, **changes)
     finally:
         jobdb.close()
     click.echo(f"tenant {info['name']} set ({_settings(info)})")
+
+
+tenant.add_command(tenant_set, "update")
 
 
 @tenant.command("token", context_settings=CONTEXT)
@@ -374,7 +424,8 @@ def _token_state(t: dict) -> str:
 
 
 @tenant.command("list", context_settings=CONTEXT)
-@click.option("--json", "as_json", is_flag=True, help="Print as one JSON list (max_job_bytes null: the cluster's).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print as one JSON list (max_job_bytes: bytes, 'memory' or 'cluster').")
 @with_state
 @fail_cleanly
 def tenant_list(as_json, state_dir, db):
@@ -385,13 +436,14 @@ def tenant_list(as_json, state_dir, db):
     finally:
         jobdb.close()
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps([{**t, "max_job_bytes": job_limit_json(t["max_job_bytes"])} for t in rows], indent=2))
         return
-    click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'job bytes':>12}  {'state':<8} "
-               f"{'tokens':>6}  {'expires':<21} last used")
+    click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'queued':>8} {'job bytes':>12}  "
+               f"{'state':<8} {'tokens':>6}  {'expires':<21} last used")
     for t in rows:
         click.echo(f"{t['name']:<20} {str(t['admin']).lower():<6} {t['priority']:>8} {t['max_running']:>8} "
-                   f"{job_limit_text(t['max_job_bytes']):>12}  {'revoked' if t['revoked'] else 'active':<8} "
+                   f"{t['max_queued']:>8} {job_limit_text(t['max_job_bytes']):>12}  "
+                   f"{'revoked' if t['revoked'] else 'active':<8} "
                    f"{t['tokens']:>6}  {_short(t['expires']) or 'never':<21} {_short(t['last_used']) or '-'}")
 
 

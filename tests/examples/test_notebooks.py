@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -64,13 +65,21 @@ def check_rich_outputs(nb):
 
 @contextlib.contextmanager
 def shared_service(tmp_path: Path, *cluster_args: str):
-    """A real `spillway serve` on loopback with a tenant; yields (url, token)."""
+    """A real `spillway serve` on loopback with a tenant; yields (url, token). The kernel
+    finds the service's results directory in SPILLWAY_RESULTS_DIR (outputs are named
+    relative to it)."""
     state = {"state_dir": str(tmp_path / "state")}
     token = add_tenant(state, "notebook")
     server = Server(state, *cluster_args).start()
+    before = os.environ.get("SPILLWAY_RESULTS_DIR")
+    os.environ["SPILLWAY_RESULTS_DIR"] = str(tmp_path / "state" / "results")
     try:
         yield server.url, token
     finally:
+        if before is None:
+            os.environ.pop("SPILLWAY_RESULTS_DIR", None)
+        else:
+            os.environ["SPILLWAY_RESULTS_DIR"] = before
         server.stop()
 
 

@@ -44,8 +44,10 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def alice(served):
-    server, tokens, _ = served
-    with spillway.connect(server.url, tokens["alice"]) as client:
+    server, tokens, state = served
+    # where this machine sees the service's results directory (the default, STATE_DIR/results)
+    with spillway.connect(server.url, tokens["alice"], results_dir=str(Path(state["state_dir"]) / "results")) \
+            as client:
         yield client
 
 
@@ -123,7 +125,8 @@ def test_submit_wait_and_result_match_numpy(alice):
 def test_array_result_is_a_lazy_dask_array_over_the_zarr_output(alice, tmp_path):
     job = alice.submit("slice", {"size": "900x300", "chunks": "100x100", "step": 4}, output=True)
     result = job.result(timeout=60)
-    assert result.output.endswith(f"{job.id}.zarr")
+    # named relative to the results directory, never by the server's own path
+    assert result.output == f"{job.id}.zarr" and result.report["output"] == result.output
     rows = result.array
     assert dask.is_dask_collection(rows) and rows.shape == (225, 300)
     assert type(rows._meta).__module__ == "numpy"  # no GPU on this machine
@@ -132,7 +135,7 @@ def test_array_result_is_a_lazy_dask_array_over_the_zarr_output(alice, tmp_path)
 
     # the results directory seen elsewhere (a mount): paths are mapped by job
     mount = tmp_path / "mounted-results"
-    mount.symlink_to(Path(result.output).parent)
+    mount.symlink_to(Path(result.path).parent)
     moved = JobResult({"id": job.id, "state": "done", "summary": result.summary, "output": result.output,
                        "report": dict(result.report)}, results_dir=str(mount))
     assert moved.path == str(mount / f"{job.id}.zarr")
@@ -141,6 +144,10 @@ def test_array_result_is_a_lazy_dask_array_over_the_zarr_output(alice, tmp_path)
                         results_dir=str(tmp_path / "not-mounted"))
     with pytest.raises(ServiceError, match="no Zarr store at .*not-mounted.*results_dir="):
         nowhere.array  # noqa: B018 (reading the property opens the store)
+    unknown = JobResult({"id": job.id, "state": "done", "summary": {}, "report": {}, "output": result.output})
+    with pytest.raises(ServiceError, match=r"relative to its results directory .*pass results_dir= to "
+                                           r"spillway.connect \(or set SPILLWAY_RESULTS_DIR\)"):
+        unknown.array  # noqa: B018
 
 
 def test_bad_parameters_arrive_as_the_service_message(alice):

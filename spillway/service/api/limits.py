@@ -12,50 +12,21 @@ applies only when a route reads the body, with no deadline.
 The app then reads the buffered body at once; FastAPI's JSON parsing runs in a worker
 thread (:class:`OffLoopJSONRoute`), so a large document never holds the event loop that
 answers ``/healthz``.
+
+The limits are :class:`~.settings.ServiceLimits`; what a client may hold before its request
+reaches the app (the header deadline, the connection caps) is :mod:`.connections`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 
 import anyio
 from fastapi import Request
 from fastapi.routing import APIRoute
 
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.sizes import format_bytes, parse_size
-
-DEFAULT_MAX_REQUEST_BYTES = 2**20
-DEFAULT_BODY_TIMEOUT_S = 30.0
-
-
-@dataclasses.dataclass(frozen=True)
-class ServiceLimits:
-    """The service's request limits (``spillway serve --max-request-bytes --body-timeout``)."""
-
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
-
-    def __post_init__(self):
-        size = self.max_request_bytes
-        if isinstance(size, str):
-            try:
-                size = parse_size(size, name="max-request-bytes", minimum=1)
-            except ValueError as e:
-                raise OptionsError(str(e)) from None
-        if isinstance(size, bool) or not isinstance(size, int) or not 1024 <= size <= 2**30:
-            raise OptionsError(f"max-request-bytes: {self.max_request_bytes!r} must be from 1KiB to 1GiB")
-        object.__setattr__(self, "max_request_bytes", size)
-        try:
-            timeout = float(self.body_timeout_s)
-        except (TypeError, ValueError):
-            raise OptionsError(f"body-timeout: {self.body_timeout_s!r} is not a number of seconds") from None
-        if not math.isfinite(timeout) or not 0.1 <= timeout <= 3600:
-            raise OptionsError(f"body-timeout: {self.body_timeout_s!r} must be from 0.1 to 3600 seconds")
-        object.__setattr__(self, "body_timeout_s", timeout)
-
+from spillway.cluster.sizes import format_bytes
+from .settings import ServiceLimits
 
 class RequestLimits:
     """Pure ASGI middleware enforcing :class:`ServiceLimits` before anything else runs."""

@@ -5,11 +5,17 @@ from __future__ import annotations
 import threading
 import time
 
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from spillway.cluster.plugins import worker_snapshot
+from ..jobdb.health import Unavailable
+from . import schemas
+from .limits import OffLoopJSONRoute
+
+router = APIRouter(tags=["service"], route_class=OffLoopJSONRoute)
 
 
 def _device_memory(dask_worker):
@@ -112,11 +118,54 @@ def tier_gauges(snaps: dict):
     yield per_worker
 
 
-def metrics_registry(jobdb, queue) -> CollectorRegistry:
+class ConnectionCollector:
+    """The connection guard's counts (:class:`~.connections.ConnectionStats`), read from
+    memory when scraped."""
+
+    def __init__(self, stats):
+        self.stats = stats
+
+    def collect(self):
+        s = self.stats
+        yield GaugeMetricFamily("spillway_http_connections", "Open HTTP connections counted against the caps",
+                                value=s.total)
+        yield GaugeMetricFamily("spillway_http_connections_exempt", "Open HTTP connections of trusted proxies",
+                                value=s.exempt)
+        yield GaugeMetricFamily("spillway_http_connections_waiting", "Connections still sending their headers",
+                                value=len(s.waiting))
+        yield GaugeMetricFamily("spillway_http_clients", "Client addresses holding connections",
+                                value=len(s.by_addr))
+        refused = CounterMetricFamily("spillway_http_connections_refused", "Connections refused (503) at a cap",
+                                      labels=["cap"])
+        refused.add_metric(["client"], s.refused_client)
+        refused.add_metric(["total"], s.refused_total)
+        yield refused
+        yield CounterMetricFamily("spillway_http_connections_evicted",
+                                  "Connections still sending headers closed (503) to admit a newcomer at the "
+                                  "total cap", value=s.evicted)
+        yield CounterMetricFamily("spillway_http_header_timeouts",
+                                  "Connections closed (408) for not sending their headers in time", value=s.timed_out)
+
+
+def metrics_registry(jobdb, queue, connections=None) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(ServiceCollector(jobdb, queue))
+    if connections is not None:
+        registry.register(ConnectionCollector(connections))
     return registry
 
 
 def metrics_response(registry: CollectorRegistry) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+                       503: {"model": schemas.Unavailable, "description": "The job database is unreachable"}})
+def metrics(request: Request):
+    """Prometheus metrics: queue depth, jobs by state, worker memory, bytes each tier holds
+    (device, host, disk), spilled bytes."""
+    health = request.app.state.jobdb.health
+    if health.down and health.probing:
+        raise Unavailable(health)
+    return metrics_response(request.app.state.metrics_registry)

@@ -9,16 +9,21 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 #: idempotency keys: printable text (no NUL or control characters, which databases refuse)
 KEY_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 
+#: job ids: what the job database makes them (uuid4().hex); anything else is refused
+#: (422) before it reaches the database
+JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
+
 State = Literal["queued", "running", "done", "failed", "cancelled"]
 
 
 def job_request_model(workflow_names: list[str]) -> type[BaseModel]:
     """The body of ``POST /jobs``; ``workflow`` is an enum of the registered names so the
-    spec (and clients generated from it) know the catalogue."""
+    spec (and clients generated from it) know the catalogue. Strict: a boolean is ``true``
+    or ``false`` (not ``"yes"``, ``"true"`` or ``0``), a priority a JSON integer."""
     names = tuple(workflow_names) or ("",)
     return create_model(
         "JobRequest",
-        __config__=ConfigDict(extra="forbid"),
+        __config__=ConfigDict(extra="forbid", strict=True),
         workflow=(Literal[names], Field(description="A registered workflow's name (GET /workflows).")),
         params=(dict[str, Any], Field(default_factory=dict,
                                       description="Parameters, validated against the workflow's schema.")),
@@ -84,7 +89,8 @@ class JobResult(BaseModel):
     id: str
     state: State
     summary: dict[str, Any] = Field(description="The workflow's result summary.")
-    output: str | None = Field(description="Where the Zarr output is, for workflows that write one.")
+    output: str | None = Field(description="The Zarr output's path relative to the service's results "
+                                           "directory (`<job id>.zarr`), for jobs that write one.")
     report: dict[str, Any] = Field(description="The full run report (timings, transfers, spills, peaks).")
 
 
@@ -133,10 +139,3 @@ class Health(BaseModel):
 class Unavailable(BaseModel):
     detail: str
     retry_after_s: int
-
-
-class CancelAccepted(BaseModel):
-    id: str
-    state: State | None = Field(description="running for a job this service runs; null where unknown yet.")
-    cancel_requested: bool
-    detail: str

@@ -44,7 +44,8 @@ def connect(url: str, token: str, *, timeout: float = 30, verify: bool | str | s
 
     ``verify``: False, the path of a CA bundle (for a self-signed HTTPS certificate) or
     an ``ssl.SSLContext``. ``results_dir`` is where this machine sees the service's results
-    directory, when not at the same path. ``http`` replaces the HTTP client (its base URL
+    directory (``spillway serve --results-dir``), default ``SPILLWAY_RESULTS_DIR``: the
+    service names outputs relative to it, never by its own paths. ``http`` replaces the HTTP client (its base URL
     and headers are the caller's). ``outage_wait_s``: how long requests that are safe to
     repeat (reads, cancels, submissions with an idempotency key) wait out a service whose
     job database is unreachable (503 with Retry-After) before raising. Checks the token at
@@ -57,6 +58,8 @@ def connect(url: str, token: str, *, timeout: float = 30, verify: bool | str | s
             verify = ssl.create_default_context(cafile=os.fspath(verify))
         http = httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
                             timeout=timeout, verify=verify)
+    if results_dir is None:
+        results_dir = os.environ.get("SPILLWAY_RESULTS_DIR") or None
     client = ServiceClient(http, results_dir=results_dir, outage_wait_s=outage_wait_s)
     client.workflows()
     return client

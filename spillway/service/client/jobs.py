@@ -138,16 +138,24 @@ class JobResult:
         self.state = body["state"]
         self.summary: dict = body["summary"]
         self.report = Report(body["report"])
-        #: the Zarr store's path on the service's machine (None without an array output)
+        #: the Zarr store's path relative to the service's results directory (None without an
+        #: array output); an older service gave its own absolute path
         self.output: str | None = body.get("output")
         self.results_dir = results_dir
         self.backend = backend
 
     @property
     def path(self) -> str | None:
-        """Where this machine reads the output: under ``results_dir`` when given."""
-        if self.output is None or self.results_dir is None:
-            return self.output
+        """Where this machine reads the output: under ``results_dir`` (``connect(results_dir=)``
+        or ``SPILLWAY_RESULTS_DIR``), where this machine sees the service's results directory."""
+        if self.output is None:
+            return None
+        if self.results_dir is None:
+            if os.path.isabs(self.output):
+                return self.output
+            raise ServiceError(f"output: the service names it relative to its results directory "
+                               f"({self.output}); pass results_dir= to spillway.connect (or set "
+                               "SPILLWAY_RESULTS_DIR) where this machine sees that directory")
         return os.path.join(os.path.expanduser(self.results_dir), os.path.basename(self.output.rstrip("/")))
 
     @property

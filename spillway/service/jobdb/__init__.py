@@ -13,10 +13,11 @@ database answers (:mod:`.health`).
 """
 
 from .database import DB_FILE, JobDB, database_url
-from .errors import JobDBError
+from .errors import JobDBError, QuotaExceeded
 from .health import is_unavailable
-from .models import DEFAULT_MAX_JOB_BYTES, FINAL_STATES, STATES
+from .models import (CLUSTER_JOB_BYTES, DEFAULT_MAX_JOB_BYTES, DEFAULT_MAX_QUEUED, DEFAULT_MAX_RUNNING, FINAL_STATES,
+                     STATES)
 from .rows import hash_token
 
-__all__ = ["DB_FILE", "DEFAULT_MAX_JOB_BYTES", "JobDB", "JobDBError", "STATES", "FINAL_STATES", "hash_token",
-           "database_url", "is_unavailable"]
+__all__ = ["CLUSTER_JOB_BYTES", "DB_FILE", "DEFAULT_MAX_JOB_BYTES", "DEFAULT_MAX_QUEUED", "DEFAULT_MAX_RUNNING", "JobDB",
+           "JobDBError", "QuotaExceeded", "STATES", "FINAL_STATES", "hash_token", "database_url", "is_unavailable"]

@@ -16,9 +16,10 @@ from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import JobDBError
+from .errors import JobDBError, QuotaExceeded
 from .health import DatabaseHealth
-from .models import DEFAULT_MAX_JOB_BYTES, FINAL_STATES, STATES, Job, LogLine, Tenant, Token
+from .models import (CLUSTER_JOB_BYTES, DEFAULT_MAX_JOB_BYTES, DEFAULT_MAX_QUEUED, DEFAULT_MAX_RUNNING, FINAL_STATES,
+                     STATES, Job, LogLine, Tenant, Token)
 from .rows import _iso, hash_token, job_dict, now, tenant_dict
 from .schema import migrate
 from .tokens import TokensMixin, new_token
@@ -81,22 +82,25 @@ class JobDB(TokensMixin):
 
     # --- tenants
 
-    def add_tenant(self, name: str, *, admin=False, priority=0, max_running=2,
-                   max_job_bytes: int | None = DEFAULT_MAX_JOB_BYTES,
+    def add_tenant(self, name: str, *, admin=False, priority=0, max_running=DEFAULT_MAX_RUNNING,
+                   max_job_bytes: int | None = DEFAULT_MAX_JOB_BYTES, max_queued: int | None = None,
                    expires: datetime | None = None) -> tuple[dict, str]:
         """A new tenant and its bearer token (the only time the token exists in clear).
-        ``max_job_bytes`` None: the tenant may submit what the cluster's admission accepts;
-        ``expires``: when the token stops working (None: never)."""
+        ``max_job_bytes`` None: jobs up to the cluster's memory (device + host tier);
+        :data:`~.models.CLUSTER_JOB_BYTES`: what the cluster's admission accepts, spill disk
+        included. ``max_queued`` None: :data:`~.models.DEFAULT_MAX_QUEUED`. ``expires``:
+        when the token stops working (None: never)."""
         name = name.strip()
         if not name or len(name) > 64:
             raise JobDBError(f"name: {name!r} must be 1 to 64 characters")
-        _check_limits(max_running, max_job_bytes)
+        _check_limits(max_running, max_job_bytes, max_queued)
         token = new_token()
         with self._session() as s:
             if s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
                 raise JobDBError(f"name: tenant {name!r} already exists")
             t = Tenant(name=name, token_hash=hash_token(token), admin=admin, priority=priority,
-                       max_running=max_running, max_job_bytes=max_job_bytes, revoked=False, created=now())
+                       max_running=max_running, max_job_bytes=max_job_bytes, max_queued=max_queued, revoked=False,
+                       created=now())
             s.add(t)
             s.flush()
             s.add(Token(tenant_id=t.id, token_hash=t.token_hash, created=t.created, expires=expires))
@@ -104,13 +108,15 @@ class JobDB(TokensMixin):
             return tenant_dict(t), token
 
     def set_tenant(self, name: str, **changes) -> dict:
-        """Change a tenant's ``priority``, ``max_running`` or ``max_job_bytes`` (None: the
-        cluster's admission); its tokens and jobs stay. Queued jobs keep their place and
-        are not checked again: the limit applies to submissions from now on."""
-        unknown = set(changes) - {"priority", "max_running", "max_job_bytes"}
+        """Change a tenant's ``priority``, ``max_running``, ``max_queued`` or
+        ``max_job_bytes`` (as :meth:`add_tenant` takes them); its tokens and jobs stay.
+        Queued jobs keep their place and are not checked again: the limits apply to
+        submissions from now on."""
+        unknown = set(changes) - {"priority", "max_running", "max_job_bytes", "max_queued"}
         if unknown:
-            raise JobDBError(f"{sorted(unknown)[0]}: not a tenant setting (priority, max_running, max_job_bytes)")
-        _check_limits(changes.get("max_running", 1), changes.get("max_job_bytes"))
+            raise JobDBError(f"{sorted(unknown)[0]}: not a tenant setting (priority, max_running, max_queued, "
+                             "max_job_bytes)")
+        _check_limits(changes.get("max_running", 1), changes.get("max_job_bytes"), changes.get("max_queued"))
         with self._session() as s:
             t = s.scalar(select(Tenant).where(Tenant.name == name))
             if t is None:
@@ -153,6 +159,7 @@ class JobDB(TokensMixin):
                 return found, False
         job_id = uuid.uuid4().hex
         with self._write_lock, self._session() as s:
+            self._check_queue_quota(s, tenant)
             s.add(Job(id=job_id, tenant_id=tenant["id"], workflow=workflow, params=params, verify=verify, output=output,
                       priority=priority, idempotency_key=idempotency_key, state="queued",
                       footprint_bytes=footprint_bytes, created=now()))
@@ -167,6 +174,31 @@ class JobDB(TokensMixin):
                     raise
                 return found, False
         return self.job(job_id), True
+
+    def check_queue_quota(self, tenant: dict, idempotency_key: str | None = None):
+        """QuotaExceeded where ``tenant`` has its quota of jobs queued (and ``idempotency_key``,
+        if given, names none of its jobs): a refusal before a submission is validated, so a
+        flood past its quota costs the service a count each. :meth:`submit` counts again,
+        exactly."""
+        if idempotency_key is not None and self._by_key(tenant["id"], idempotency_key) is not None:
+            return
+        with self._session() as s:
+            self._check_queue_quota(s, tenant, lock=False)
+
+    def _check_queue_quota(self, s: Session, tenant: dict, *, lock: bool = True):
+        """QuotaExceeded where ``tenant`` already has its quota of jobs queued. The tenant's
+        row is locked first (PostgreSQL; SQLite takes one writer at a time), so concurrent
+        submissions of one tenant count one after the other."""
+        q = select(Tenant.max_queued).where(Tenant.id == tenant["id"])
+        row = s.execute(q.with_for_update() if lock else q).first()
+        limit = DEFAULT_MAX_QUEUED if row is None or row[0] is None else row[0]
+        queued = s.scalar(select(func.count()).select_from(Job)
+                          .where(Job.state == "queued", Job.tenant_id == tenant["id"]))
+        if queued >= limit:
+            s.rollback()
+            raise QuotaExceeded(f"queue quota: tenant {tenant['name']} has {queued} jobs queued, its limit "
+                                f"(max-queued {limit}); submit more as they start, or ask the service's owner "
+                                f"(spillway tenant set {tenant['name']} --max-queued N)")
 
     def _by_key(self, tenant_id: int, key: str) -> dict | None:
         with self._session() as s:
@@ -230,11 +262,22 @@ class JobDB(TokensMixin):
 
     # --- what the job queue's loop needs
 
-    def queued(self) -> list[dict]:
-        """Queued jobs with their tenant's priority and quota, oldest first."""
+    def queued(self, per_tenant: int | None = 1) -> list[dict]:
+        """Queued jobs that may start, with their tenant's priority and quota: the first
+        ``per_tenant`` of each tenant in the tenant's own order (its higher job priority
+        first, then the oldest), or all of them with None; a revoked tenant's and a
+        cancelled job's are left out. What the queue's loop reads on every pass: one
+        tenant's backlog costs it ``per_tenant`` rows, not the backlog."""
         with self._session() as s:
+            live = (select(Job.id).join(Tenant, Job.tenant_id == Tenant.id)
+                    .where(Job.state == "queued", Tenant.revoked.is_(False), Job.cancel_requested.is_not(True)))
+            if per_tenant is not None:
+                rank = func.row_number().over(partition_by=Job.tenant_id,
+                                              order_by=(Job.priority.desc(), Job.created, Job.id)).label("rank")
+                ranked = live.add_columns(rank).subquery()
+                live = select(ranked.c.id).where(ranked.c.rank <= per_tenant)
             q = (select(Job, Tenant).join(Tenant, Job.tenant_id == Tenant.id)
-                 .where(Job.state == "queued").order_by(Job.created, Job.id))
+                 .where(Job.id.in_(live)).order_by(Job.created, Job.id))
             out = []
             for j, t in s.execute(q):
                 d = job_dict(j, t.name)
@@ -344,11 +387,14 @@ class JobDB(TokensMixin):
             return int(s.scalar(select(func.coalesce(func.sum(Job.bytes_spilled), 0))) or 0)
 
 
-def _check_limits(max_running: int, max_job_bytes: int | None) -> None:
+def _check_limits(max_running: int, max_job_bytes: int | None, max_queued: int | None = None) -> None:
     if max_running < 1:
         raise JobDBError(f"max-running: {max_running} must be >= 1")
-    if max_job_bytes is not None and max_job_bytes < 1:
-        raise JobDBError(f"max-job-bytes: {max_job_bytes} must be >= 1 (or unset: the cluster's admission)")
+    if max_job_bytes is not None and max_job_bytes < 1 and max_job_bytes != CLUSTER_JOB_BYTES:
+        raise JobDBError(f"max-job-bytes: {max_job_bytes} must be >= 1 (or unset: the cluster's memory; "
+                         f"{CLUSTER_JOB_BYTES}: its admission, spill disk included)")
+    if max_queued is not None and max_queued < 1:
+        raise JobDBError(f"max-queued: {max_queued} must be >= 1 (or unset: {DEFAULT_MAX_QUEUED})")
 
 
 def _sqlite_pragmas(dbapi_connection, _record):

@@ -5,3 +5,7 @@ from spillway.cluster.errors import SpillwayError
 
 class JobDBError(SpillwayError):
     exit_code = 2
+
+
+class QuotaExceeded(JobDBError):
+    """A submission past its tenant's queue quota (the API answers 429)."""

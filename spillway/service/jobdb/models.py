@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
+                        UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: job states; a job moves queued -> running -> done | failed | cancelled, and back to
@@ -15,11 +16,20 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINAL_STATES = ("done", "failed", "cancelled")
 
-#: a new tenant's per-job limit: None, "the cluster", so a tenant added without a limit may
-#: submit whatever admission of the serving cluster accepts (device + host tier + disk).
+#: a new tenant's per-job limit: None, "the cluster's memory": a tenant added without a
+#: limit may submit jobs up to the serving cluster's device memory and host tier together,
+#: not its spill disk (issue 45: a default tenant started an 80 GB job on a 23 GB host).
 #: The one declaration: the model's column, JobDB.add_tenant and ``spillway tenant add``
 #: take it from here.
 DEFAULT_MAX_JOB_BYTES: int | None = None
+#: the stored per-job limit ``cluster``: whatever admission of the serving cluster accepts,
+#: its spill disk included (set by the owner, never a default)
+CLUSTER_JOB_BYTES = -1
+#: jobs a tenant may have queued at once unless set (``tenants.max_queued`` NULL); past it
+#: a submission is refused (429), so one tenant's backlog is bounded
+DEFAULT_MAX_QUEUED = 100
+#: jobs a tenant may run at once unless set
+DEFAULT_MAX_RUNNING = 2
 
 
 class Base(DeclarativeBase):
@@ -38,18 +48,23 @@ class Tenant(Base):
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
     #: added to each job's own priority when the queue orders jobs
     priority: Mapped[int] = mapped_column(Integer, default=0)
-    max_running: Mapped[int] = mapped_column(Integer, default=2)
-    #: largest projected footprint (bytes) one of this tenant's jobs may have; NULL: what
-    #: admission of the serving cluster accepts (device + host tier + disk)
+    max_running: Mapped[int] = mapped_column(Integer, default=DEFAULT_MAX_RUNNING)
+    #: largest projected footprint (bytes) one of this tenant's jobs may have; NULL: the
+    #: serving cluster's memory (device + host tier); -1 (:data:`CLUSTER_JOB_BYTES`): what
+    #: its admission accepts, spill disk included
     max_job_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True,
                                                           default=DEFAULT_MAX_JOB_BYTES)
+    #: jobs this tenant may have queued at once; NULL: :data:`DEFAULT_MAX_QUEUED` (schema 4)
+    max_queued: Mapped[int | None] = mapped_column(Integer, nullable=True)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     created: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (UniqueConstraint("tenant_id", "idempotency_key", name="uq_job_idempotency"),)
+    __table_args__ = (UniqueConstraint("tenant_id", "idempotency_key", name="uq_job_idempotency"),
+                      # a tenant's queued jobs: its queue quota and the queue's heads (schema 4)
+                      Index("ix_jobs_state_tenant", "state", "tenant_id"))
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime, timezone
 
-from .models import Job, Tenant
+from .models import DEFAULT_MAX_QUEUED, Job, Tenant
 
 
 def now() -> datetime:
@@ -30,6 +30,7 @@ def tenant_dict(t: Tenant) -> dict:
     return {
         "id": t.id, "name": t.name, "admin": t.admin, "priority": t.priority,
         "max_running": t.max_running, "max_job_bytes": t.max_job_bytes,
+        "max_queued": t.max_queued if t.max_queued is not None else DEFAULT_MAX_QUEUED,
         "revoked": t.revoked, "created": _iso(t.created),
     }
 

@@ -15,6 +15,12 @@ constraints).
   Tenants still at exactly the old default are named by :func:`old_default_tenants`
   (``spillway serve`` prints them) and lifted with ``spillway tenant set NAME
   --max-job-bytes cluster``.
+- 4: per-tenant queue quota ``tenants.max_queued`` (NULL: the default, 100), an index on
+  ``jobs (state, tenant_id)`` for it and for the queue's per-tenant heads; and a tenant's
+  NULL ``max_job_bytes`` now means the cluster's memory (device + host tier), not its
+  spill disk too (issue 45): ``cluster`` is stored as -1. The tenants whose NULL changed
+  meaning are logged when the step runs; ``spillway tenant set NAME --max-job-bytes
+  cluster`` gives one back the disk.
 
 Each step checks the database before it changes it, so a database that already has what a
 step brings passes through it unchanged: one made by a spillway that lifted the NOT NULL
@@ -23,12 +29,16 @@ before schema versions existed has no version row (version 1) and a nullable col
 
 from __future__ import annotations
 
+import logging
+
 from sqlalchemy import Connection, exists, insert, inspect, select, update
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from .models import Base, SchemaVersion, Tenant, Token
+from .models import Base, Job, SchemaVersion, Tenant, Token
 
-SCHEMA_VERSION = 3
+logger = logging.getLogger("spillway.jobdb")
+
+SCHEMA_VERSION = 4
 #: any constant: serialises migrations of one PostgreSQL database
 _PG_LOCK = 0x5B111A7
 
@@ -56,7 +66,8 @@ def _v3_nullable_max_job_bytes(conn: Connection):
     # tenants stay as they are. Renaming the old table instead would make SQLite point
     # their foreign keys at the new name.
     table = Tenant.__table__
-    names = ", ".join(c.name for c in table.columns)
+    # the columns the old table has (a later step adds the others, which the new one has)
+    names = ", ".join(c.name for c in table.columns if c.name in columns)
     create = str(CreateTable(table).compile(dialect=conn.dialect)).strip()
     create = create.replace("CREATE TABLE tenants ", "CREATE TABLE tenants_new ", 1)
     conn.exec_driver_sql(create)
@@ -69,7 +80,20 @@ def _v3_nullable_max_job_bytes(conn: Connection):
         raise RuntimeError("job database: rows name tenants the rebuilt tenants table lacks")
 
 
-STEPS = {2: _v2_tokens, 3: _v3_nullable_max_job_bytes}
+def _v4_quotas(conn: Connection):
+    """The queue quota's column and the index of a tenant's queued jobs; the tenants whose
+    unset per-job limit now means the cluster's memory rather than its disk too."""
+    add_column(conn, Tenant, "max_queued")
+    add_index(conn, Job, "ix_jobs_state_tenant")
+    names = conn.scalars(select(Tenant.name).where(Tenant.max_job_bytes.is_(None), Tenant.revoked.is_(False))).all()
+    if names:
+        logger.warning("job database schema 4: tenant(s) %s without a per-job limit may now submit jobs up to "
+                       "the cluster's memory (device + host tier), no longer its spill disk too; "
+                       "`spillway tenant set NAME --max-job-bytes cluster` gives one the disk back",
+                       ", ".join(names))
+
+
+STEPS = {2: _v2_tokens, 3: _v3_nullable_max_job_bytes, 4: _v4_quotas}
 
 #: the per-job limit a tenant got when none was given, before the cluster's admission was
 #: the default (schema version 3)
@@ -88,7 +112,18 @@ def add_column(conn: Connection, model, name: str):
     if name in {c["name"] for c in inspect(conn).get_columns(table.name)}:
         return
     column = table.c[name]
+    assert column.nullable, f"{table.name}.{name}: a step adds nullable columns only"
     conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN {name} {column.type.compile(conn.dialect)}')
+
+
+def add_index(conn: Connection, model, name: str):
+    """``CREATE INDEX`` for an index of ``model`` that an older database lacks (no-op where
+    it exists: ``create_all`` makes the indexes of new tables only)."""
+    table = model.__table__
+    if name in {i["name"] for i in inspect(conn).get_indexes(table.name)}:
+        return
+    index = next(i for i in table.indexes if i.name == name)
+    conn.exec_driver_sql(str(CreateIndex(index).compile(dialect=conn.dialect)))
 
 
 def migrate(engine) -> tuple[int, int]:

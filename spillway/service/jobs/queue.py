@@ -7,8 +7,8 @@ that client's futures stops the job's tasks and releases its memory, touching no
 job.
 
 The job database may go away while jobs run (a PostgreSQL restart): a runner keeps its
-result and retries the write of the job's end with backoff until the database answers;
-cancels taken meanwhile act on the running job at once and are recorded after. A
+result and retries the write of the job's end with backoff until the database answers
+(the API refuses requests meanwhile: their tokens cannot be checked). A
 reconciler, every few seconds, finds jobs ``running`` in the database that no runner
 holds (a runner that died) and requeues them (failed after ``max_attempts``), and ends
 cancelled jobs whose run does not stop within ``cancel_grace_s``.
@@ -28,8 +28,9 @@ from spillway.cluster.memory.admission import admit, cluster_capacity
 from spillway.run.progress import client_progress
 from spillway.run.compute import run_workflow
 from spillway.run.target import target_of
+from spillway.run.verify import ChildReference
 from ..jobdb import JobDB, is_unavailable
-from .order import next_job, waiting_reasons
+from .order import behind_reason, next_job, waiting_reasons
 
 logger = logging.getLogger("spillway.jobs")
 
@@ -56,8 +57,12 @@ class JobQueue:
     def __init__(self, jobdb: JobDB, session, *, results_dir: str | None = None,
                  input_roots: tuple[str, ...] = (), poll_s: float = 0.25,
                  client_factory: Callable[[], object] | None = None, reconcile_s: float = 5.0,
-                 cancel_grace_s: float = 30.0, max_attempts: int = 3, retry_max_s: float = 5.0):
+                 cancel_grace_s: float = 30.0, max_attempts: int = 3, retry_max_s: float = 5.0,
+                 reference_processes: int = 1, reference_max_bytes: int | None = None):
         self.jobdb = jobdb
+        #: verify jobs' NumPy references are built in child processes, never in this one
+        #: (the API's): at most ``reference_processes`` at once, each within ``reference_max_bytes``
+        self.reference = ChildReference(reference_processes, reference_max_bytes)
         self.session = session
         self.poll_s = poll_s
         #: how often running jobs without a runner are looked for
@@ -68,9 +73,6 @@ class JobQueue:
         self.max_attempts = max_attempts
         #: longest wait between two tries of a write to an unreachable database
         self.retry_max_s = retry_max_s
-        #: cancels taken while the database was down, for jobs this service does not run:
-        #: job id -> the tenant who asked (checked against the job once the database answers)
-        self._pending_cancels: dict[str, dict] = {}
         self._last_reconcile = 0.0
         self.client_factory = client_factory or self._new_client
         #: where jobs that ask for an output get their Zarr store (``<job id>.zarr``)
@@ -82,9 +84,15 @@ class JobQueue:
         self.capacity_bytes = self.target.worker_bytes * self.target.n_workers
         #: device + host + disk of the cluster: a job beyond it is refused when submitted
         self.tiers = cluster_capacity(session.client)
+        #: device + host tier of the cluster: a tenant's per-job limit unless set
+        self.memory_bytes = self.tiers.device_bytes + self.tiers.host_bytes
         self._running: dict[str, _Running] = {}
-        #: why each queued job waits, as of the loop's last pass (job id -> words)
+        #: why each tenant's next job waits, as of the loop's last pass (job id -> words)
         self._waiting: dict[str, str] = {}
+        #: each tenant's next job as of the loop's last pass (tenant name -> job id)
+        self._heads: dict[str, str] = {}
+        #: tenant id -> when (time.monotonic()) its last job started: round robin among tenants
+        self._last_started: dict[int, float] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -135,6 +143,21 @@ class JobQueue:
     def output_path(self, job_id: str) -> str:
         return os.path.join(self.results_dir, f"{job_id}.zarr")
 
+    def relative_output(self, path: str | None) -> str | None:
+        """An output's path as tenants are told it: relative to the results directory
+        (``<job id>.zarr``), whatever the report recorded; the server's own paths stay its own."""
+        if not path:
+            return None
+        if self.results_dir and os.path.isabs(path):
+            rel = os.path.relpath(path, self.results_dir)
+            if not rel.startswith(os.pardir):
+                return rel
+        return os.path.basename(path.rstrip("/"))
+
+    def _relative_text(self, text: str) -> str:
+        """A message with the results directory left out of the paths it names."""
+        return text.replace(self.results_dir.rstrip(os.sep) + os.sep, "") if self.results_dir else text
+
     # --- lifecycle
 
     def start(self):
@@ -164,6 +187,7 @@ class JobQueue:
             self._thread.join(timeout)
         for r in running:
             r.thread.join(timeout)
+        self.reference.close()
         self.jobdb.health.stop()
 
     def wake(self):
@@ -174,13 +198,18 @@ class JobQueue:
         loop's last word on it, or that the loop has not looked at it yet."""
         if job["state"] != "queued":
             return None
-        return self._waiting.get(job["id"], "queued: the job queue looks at it on its next pass")
+        reason = self._waiting.get(job["id"])
+        if reason is not None:
+            return reason
+        head = self._heads.get(job.get("tenant"))
+        if head is not None and head != job["id"]:
+            return behind_reason(head)
+        return "queued: the job queue looks at it on its next pass"
 
     def _loop(self):
         while not self._stop.is_set():
             wait = self.poll_s
             try:
-                self._apply_pending_cancels()
                 if time.monotonic() - self._last_reconcile >= self.reconcile_s:
                     self.reconcile()
                     self._last_reconcile = time.monotonic()
@@ -213,22 +242,6 @@ class JobQueue:
             except Exception:  # the watcher tries again
                 pass
         return {**entry.job, "state": "running", "cancel_requested": True}
-
-    def defer_cancel(self, job_id: str, tenant: dict):
-        """A cancel taken while the database is down, for a job this service does not run
-        (queued, or unknown): applied, for this tenant, once the database answers and
-        before any queued job starts."""
-        with self._lock:
-            if len(self._pending_cancels) < 100_000:
-                self._pending_cancels[job_id] = tenant
-
-    def _apply_pending_cancels(self):
-        with self._lock:
-            pending = list(self._pending_cancels.items())
-        for job_id, tenant in pending:
-            self.jobdb.request_cancel(job_id, tenant)  # raises while the database is down
-            with self._lock:
-                self._pending_cancels.pop(job_id, None)
 
     def reconcile(self) -> list[tuple[str, str]]:
         """Jobs ``running`` in the database that no runner of this service holds are
@@ -277,14 +290,16 @@ class JobQueue:
             with self._lock:
                 ours = set(self._running)
             running = [j for j in self.jobdb.running() if j["id"] in ours]
-            queued = self.jobdb.queued()
-            job = next_job(queued, running, self.capacity_bytes)
+            queued = self.jobdb.queued()  # each tenant's next job only
+            job = next_job(queued, running, self.capacity_bytes, self._last_started)
             if job is None:
-                self._waiting = waiting_reasons(queued, running, self.capacity_bytes)
+                self._waiting = waiting_reasons(queued, running, self.capacity_bytes, self._last_started)
+                self._heads = {j["tenant"]: j["id"] for j in queued}
                 return
             if not self.jobdb.start(job["id"], f"started (attempt {job['attempts'] + 1}) on "
                                                f"{self.session.n_workers} {self.session.kind} workers"):
                 continue
+            self._last_started[job["tenant_id"]] = time.monotonic()
             thread = threading.Thread(target=self._execute, args=(job,), name=f"job-{job['id'][:8]}",
                                       daemon=True)
             with self._lock:
@@ -309,7 +324,8 @@ class JobQueue:
         try:
             session = dataclasses.replace(self.session, client=client)
             output = self.output_path(job_id) if job["output"] else None
-            report = run_workflow(session, job["workflow"], job["params"], verify=job["verify"], output=output)
+            report = run_workflow(session, job["workflow"], job["params"], verify=job["verify"], output=output,
+                                  verify_with=self.reference)
         except BaseException as e:  # noqa: BLE001 (every outcome is recorded)
             done.set()
             if entry.cancelled or self._stop.is_set():
@@ -317,6 +333,7 @@ class JobQueue:
                     self._finish(job_id, "cancelled", line="cancelled: tasks stopped and memory released")
             else:
                 msg = f"{type(e).__name__}: {e}".strip().splitlines()[0] if str(e) else type(e).__name__
+                msg = self._relative_text(msg)
                 self._finish(job_id, "failed", line=f"failed: {msg}", error=msg)
         else:
             done.set()
@@ -361,7 +378,7 @@ class JobQueue:
         """Record the job's end (see :meth:`JobDB.finish`), retried while the database is
         unreachable; False where it was not recorded. With ``unless_cancelled``, a cancel
         taken in memory (``entry``) while the write waits for the database also stops it:
-        that cancel was answered 202 and must not be overtaken by done either."""
+        that cancel was answered and must not be overtaken by done either."""
         if self._stop.is_set():
             return False
         give_up = (lambda: entry.cancelled) if unless_cancelled and entry is not None else None

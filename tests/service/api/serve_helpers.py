@@ -226,3 +226,15 @@ def jobs_json(client: httpx.Client, **params) -> list[dict]:
     return r.json()["jobs"]
 
 
+
+
+def postgres_if_installed(request, state: dict) -> dict:
+    """``state`` on a new database of the session's PostgreSQL server where its binaries
+    are installed, else left on SQLite; for tests that keep an audit on PostgreSQL."""
+    import pytest
+
+    try:
+        state["db"] = new_database(request.getfixturevalue("postgres_server"))
+    except pytest.skip.Exception:
+        pass
+    return state

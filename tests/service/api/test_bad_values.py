@@ -56,6 +56,21 @@ def test_values_that_were_500s_are_422s(service, params, loc, start):
         assert c.get("/healthz").status_code == 200
 
 
+@pytest.mark.parametrize("extra, loc", [
+    ({"verify": "yes"}, "verify"), ({"verify": "true"}, "verify"), ({"verify": 1}, "verify"),
+    ({"output": "true"}, "output"), ({"output": 0}, "output"), ({"output": None}, "output"),
+    ({"priority": "3"}, "priority"), ({"priority": True}, "priority"), ({"priority": 1.0}, "priority"),
+])
+def test_booleans_are_booleans(service, extra, loc):
+    """Strings, numbers and null are not taken for booleans (nor booleans or strings for
+    the priority): each is a 422 naming the field."""
+    server, token = service
+    with server.client(token) as c:
+        r = c.post("/jobs", json={"workflow": "slice", "params": {"size": "100x100"}, **extra})
+        assert r.status_code == 422, r.text
+        assert [d["loc"] for d in r.json()["detail"]] == [["body", loc]], r.text
+
+
 def test_gather_graph_refused_in_under_a_second(service):
     server, token = service
     with server.client(token) as c:

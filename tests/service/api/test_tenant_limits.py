@@ -1,6 +1,8 @@
-"""A tenant added without a limit may submit what the serving cluster's admission accepts;
-an owner's own limit still refuses with its number; `tenant add|list|set` print sizes as
-people read them; a database made with the old 64 GiB default keeps its stored limits."""
+"""A tenant added without a limit may submit jobs up to the serving cluster's memory
+(device + host tier; issue 45: not its spill disk too), and up to what the cluster admits
+once its owner says `cluster`; an owner's own limit still refuses with its number; `tenant
+add|list|set` print sizes as people read them; a database made with the old 64 GiB default
+keeps its stored limits."""
 
 from __future__ import annotations
 
@@ -13,50 +15,62 @@ from serve_helpers import Server, add_tenant, spillway, state_args, wait_state
 
 import spillway as sw
 from spillway.service.client import ServiceError
-from spillway.service.jobdb import DEFAULT_MAX_JOB_BYTES, JobDB
+from spillway.service.jobdb import CLUSTER_JOB_BYTES, DEFAULT_MAX_JOB_BYTES, DEFAULT_MAX_QUEUED, JobDB
 from spillway.service.jobdb.schema import OLD_DEFAULT_MAX_JOB_BYTES, SCHEMA_VERSION, old_default_tenants
 
 SLOW = {"size": "3000x3000", "chunks": "60x60"}
 
 
-def test_the_default_is_the_cluster(db_state):
-    assert DEFAULT_MAX_JOB_BYTES is None
+def test_the_defaults_are_the_clusters_memory_and_100_queued(db_state):
+    assert DEFAULT_MAX_JOB_BYTES is None and DEFAULT_MAX_QUEUED == 100
     jobdb = JobDB.open(db_state["state_dir"], db_state.get("db"))
     try:
         info, _ = jobdb.add_tenant("ann")
-        assert info["max_job_bytes"] is None
+        assert info["max_job_bytes"] is None and info["max_queued"] == 100 and info["max_running"] == 2
         assert jobdb.set_tenant("ann", max_job_bytes=2**30)["max_job_bytes"] == 2**30
+        assert jobdb.set_tenant("ann", max_job_bytes=CLUSTER_JOB_BYTES)["max_job_bytes"] == CLUSTER_JOB_BYTES
         assert jobdb.set_tenant("ann", max_job_bytes=None)["max_job_bytes"] is None
-        with pytest.raises(Exception, match=r"max-job-bytes: 0 must be >= 1 \(or unset: the cluster's admission\)"):
+        assert jobdb.set_tenant("ann", max_queued=5)["max_queued"] == 5
+        with pytest.raises(Exception, match=r"max-job-bytes: 0 must be >= 1 \(or unset: the cluster's memory; "
+                                            r"-1: its admission, spill disk included\)"):
             jobdb.set_tenant("ann", max_job_bytes=0)
+        with pytest.raises(Exception, match=r"max-queued: 0 must be >= 1 \(or unset: 100\)"):
+            jobdb.set_tenant("ann", max_queued=0)
         with pytest.raises(Exception, match="name: no tenant 'bob'"):
             jobdb.set_tenant("bob", priority=1)
     finally:
         jobdb.close()
 
 
-def test_tenant_cli_prints_sizes_and_cluster(tmp_path):
+def test_tenant_cli_prints_quotas_sizes_and_words(tmp_path):
     state = {"state_dir": str(tmp_path)}
     out = spillway("tenant", "add", "ann", *state_args(state))
     assert out.returncode == 0, out.stderr
-    assert "max-job-bytes=cluster)" in out.stdout
-    out = spillway("tenant", "add", "bob", "--max-job-bytes", "200GB", *state_args(state))
-    assert "max-job-bytes=186.26 GiB)" in out.stdout
+    assert "max-running=2, max-queued=100, max-job-bytes=memory)" in out.stdout
+    out = spillway("tenant", "add", "bob", "--max-job-bytes", "200GB", "--max-queued", "500", *state_args(state))
+    assert "max-queued=500, max-job-bytes=186.26 GiB)" in out.stdout
     listed = spillway("tenant", "list", *state_args(state)).stdout.splitlines()
-    assert re.match(r"ann\s+false\s+0\s+2\s+cluster\s+active\s+1\s+never\s+-$", listed[1]), listed
-    assert re.match(r"bob\s+false\s+0\s+2\s+186\.26 GiB\s+active\s+1\s+never\s+-$", listed[2]), listed
+    assert re.match(r"name\s+admin\s+priority\s+running\s+queued\s+job bytes\s+state", listed[0]), listed
+    assert re.match(r"ann\s+false\s+0\s+2\s+100\s+memory\s+active\s+1\s+never\s+-$", listed[1]), listed
+    assert re.match(r"bob\s+false\s+0\s+2\s+500\s+186\.26 GiB\s+active\s+1\s+never\s+-$", listed[2]), listed
     assert "68719476736" not in "\n".join(listed)
     rows = json.loads(spillway("tenant", "list", "--json", *state_args(state)).stdout)
-    assert [r["max_job_bytes"] for r in rows] == [None, 200_000_000_000]
-    # an owner sets a lower limit, and lifts it again
+    assert [(r["max_job_bytes"], r["max_queued"]) for r in rows] == [("memory", 100), (200_000_000_000, 500)]
+    # an owner sets a lower limit, allows the spill disk, and goes back to the default
     out = spillway("tenant", "set", "ann", "--max-job-bytes", "100GB", *state_args(state))
     assert out.returncode == 0 and "max-job-bytes=93.13 GiB" in out.stdout, out.stderr
-    out = spillway("tenant", "set", "ann", "--max-job-bytes", "cluster", *state_args(state))
-    assert "max-job-bytes=cluster" in out.stdout
+    out = spillway("tenant", "update", "ann", "--max-job-bytes", "cluster", "--max-queued", "7",
+                   "--max-running", "3", *state_args(state))
+    assert "max-running=3, max-queued=7, max-job-bytes=cluster" in out.stdout, out.stderr
+    assert json.loads(spillway("tenant", "list", "--json", *state_args(state)).stdout)[0]["max_job_bytes"] == "cluster"
+    out = spillway("tenant", "set", "ann", "--max-job-bytes", "memory", *state_args(state))
+    assert "max-job-bytes=memory" in out.stdout
     bad = spillway("tenant", "set", "ann", "--max-job-bytes", "lots", *state_args(state))
-    assert bad.returncode == 2 and "'lots'" in bad.stderr and "'cluster'" in bad.stderr
+    assert bad.returncode == 2 and "'lots'" in bad.stderr and "'memory'" in bad.stderr and "'cluster'" in bad.stderr
+    bad = spillway("tenant", "set", "ann", "--max-queued", "0", *state_args(state))
+    assert bad.returncode == 2 and "--max-queued" in bad.stderr
     none = spillway("tenant", "set", "ann", *state_args(state))
-    assert none.returncode == 2 and "give --priority, --max-running or --max-job-bytes" in none.stderr
+    assert none.returncode == 2 and "give --priority, --max-running, --max-queued or --max-job-bytes" in none.stderr
 
 
 def _old_database(path, version: int) -> None:
@@ -144,7 +158,7 @@ def test_a_database_that_lifted_the_limit_before_schema_versions(tmp_path):
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     state = {"state_dir": str(tmp_path_factory.mktemp("serve") / "state")}
-    tokens = {"dora": add_tenant(state, "dora"),
+    tokens = {"dora": add_tenant(state, "dora"), "cara": add_tenant(state, "cara", "--max-job-bytes", "cluster"),
               "owen": add_tenant(state, "owen", "--max-job-bytes", "500MB", "--max-running", "1")}
     server = Server(state, "--cpu", "--n-workers", "1", "--memory-limit", "1GB").start()
     try:
@@ -155,16 +169,26 @@ def service(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_default_tenant_submits_what_the_cluster_admits(service):
+def test_a_default_tenant_submits_up_to_the_clusters_memory(service):
     server, tokens = service
     dora = sw.connect(server.url, tokens["dora"])
-    # past the workers' 1 GB but within host + disk: accepted for a tenant without a limit
-    job = dora.submit("transpose-sum", size="12000x12000", chunks="2000x2000", priority=-10)
+    # within the worker's 1 GB host tier: accepted for a tenant without a limit
+    job = dora.submit("transpose-sum", size="8000x8000", chunks="2000x2000", priority=-10)
+    job.cancel()
+    # past the workers' 1 GB but within host + disk: the default refuses it, naming the memory
+    with pytest.raises(ServiceError) as refused:
+        dora.submit("transpose-sum", size="12000x12000", chunks="2000x2000", priority=-10)
+    assert re.search(r"projected footprint 1\.13 GiB exceeds this tenant's limit of 0\.93 GiB per job, the "
+                     r"cluster's memory \(device \+ host tier: the default; with its spill disk the cluster admits "
+                     r"[\d.]+ \w+ where the owner allows it\)", str(refused.value)), refused.value
+    # a tenant its owner set to `cluster` may use the disk too
+    cara = sw.connect(server.url, tokens["cara"])
+    job = cara.submit("transpose-sum", size="12000x12000", chunks="2000x2000", priority=-10)
     assert job.record["footprint_bytes"] > 10**9
     job.cancel()
     # past the cluster: refused with the cluster's numbers
     with pytest.raises(ServiceError) as refused:
-        dora.submit("transpose-sum", size="1PB")
+        cara.submit("transpose-sum", size="1PB")
     assert re.search(r"projected footprint 909\.49 TiB exceeds the cluster's device \+ host \+ disk capacity "
                      r"[\d.]+ \w+ \(device 0 B \+ host tier 0\.93 GiB \+ disk [\d.]+ \w+ "
                      r"\([\d.]+ \w+ free less a reserve of [\d.]+ \w+\), 1 worker\)", str(refused.value)), refused.value
@@ -173,8 +197,8 @@ def test_a_default_tenant_submits_what_the_cluster_admits(service):
     with pytest.raises(ServiceError, match=r"exceeds this tenant's limit of 476\.84 MiB per job "
                                            r"\(the cluster admits [\d.]+ \w+\)"):
         owen.submit("transpose-sum", size="9000x9000")
-    dora.close()
-    owen.close()
+    for c in (dora, cara, owen):
+        c.close()
 
 
 @pytest.mark.slow
@@ -211,3 +235,32 @@ def test_an_old_postgresql_database_is_migrated(db_state):
         assert [t["max_job_bytes"] for t in jobdb.tenants()] == [OLD_DEFAULT_MAX_JOB_BYTES, None]
     finally:
         jobdb.close()
+
+
+def test_schema_4_adds_the_queue_quota_and_names_the_tenants_whose_default_changed(db_state, caplog):
+    """A database at schema 3 (no max_queued column, no index of jobs by state and tenant):
+    opened, it gains both through the step's add_column and add_index; every tenant has
+    the default queue quota; the tenants whose unset per-job limit meant the cluster's disk
+    too are logged by name."""
+    jobdb = JobDB.open(db_state["state_dir"], db_state.get("db"))
+    jobdb.add_tenant("ann")
+    jobdb.add_tenant("bob", max_job_bytes=1000)
+    with jobdb.engine.begin() as conn:  # as schema 3 made it
+        conn.exec_driver_sql("DROP INDEX ix_jobs_state_tenant")
+        conn.exec_driver_sql("ALTER TABLE tenants DROP COLUMN max_queued")
+        conn.exec_driver_sql("UPDATE spillway_schema SET version = 3")
+    jobdb.close()
+    with caplog.at_level("WARNING", logger="spillway.jobdb"):
+        jobdb = JobDB.open(db_state["state_dir"], db_state.get("db"))
+    try:
+        assert (jobdb.schema_found, jobdb.schema_version) == (3, SCHEMA_VERSION) and SCHEMA_VERSION == 4
+        assert [(t["name"], t["max_queued"], t["max_job_bytes"]) for t in jobdb.tenants()] == [
+            ("ann", 100, None), ("bob", 100, 1000)]
+        from sqlalchemy import inspect
+
+        assert "ix_jobs_state_tenant" in {i["name"] for i in inspect(jobdb.engine).get_indexes("jobs")}
+        assert jobdb.set_tenant("ann", max_queued=3)["max_queued"] == 3
+    finally:
+        jobdb.close()
+    assert ("tenant(s) ann without a per-job limit may now submit jobs up to the cluster's memory (device + host "
+            "tier), no longer its spill disk too") in caplog.text
