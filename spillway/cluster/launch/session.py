@@ -92,17 +92,25 @@ def connect_client(options: Options, cluster=None):
 
 
 def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
-    """Register the worker plugin and return (kind, number of workers)."""
+    """Register the scheduler's capacity check and the worker plugin and return (kind,
+    number of workers)."""
+    from ..capacity import CapacityPlugin
     from ..plugins import WorkerSetup
 
     if wait_for:
         client.wait_for_workers(wait_for, timeout=timeout)
+    # every graph of every client is held against the tiers before it runs
+    # (spillway.cluster.capacity); the workers report their tiers from the next heartbeat
+    client.register_plugin(CapacityPlugin())
     client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
     if options.data_plane:
         from ..dataplane import DataPlanePlugin
 
         client.register_plugin(DataPlanePlugin())
     _relay_deaths(client)
+    # each worker's tiers reach the scheduler now, not at its next heartbeat: a graph sent
+    # at once is checked against them
+    client.run(_heartbeat, on_error="ignore")
     kinds = client.run(_worker_kind)
     if not kinds:
         raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")
@@ -128,6 +136,10 @@ def _arrived(client) -> int | None:
         return len(client.scheduler_info(n_workers=-1)["workers"])
     except Exception:  # the scheduler may be gone too
         return None
+
+
+async def _heartbeat(dask_worker):
+    await dask_worker.heartbeat()
 
 
 def _worker_kind(dask_worker):

@@ -1,0 +1,191 @@
+"""The bytes of a graph's keys before any of them runs, and the most a graph holds at once.
+
+A dask array says the shape of every chunk (``.chunks``) and its dtype, so the bytes of
+each of its keys are known from the collection alone: legacy arrays carry them in their
+graph's layers (``collection_annotations``, which dask sets for every array layer),
+array expressions on their nodes. :func:`chunk_layers` reads them from the expression a
+client sends, whichever client it is (the scheduler reads it, :mod:`spillway.cluster.capacity`);
+:func:`key_bytes` gives each key of the materialized graph its bytes: a chunk's from its
+array, a ``getitem`` of a chunk (a rechunk's pieces) from the slice, an alias its
+target's, and what ``compute`` hands back (``finalize``) the sum of what it gathers.
+Keys of anything else (dataframes, delayed) have no size here: they count as nothing.
+
+:func:`peak_bytes` runs the graph in its priority order (dask's order, as one worker
+thread would) and keeps count of what is held: every output from its task on, every
+intermediate until its last dependent has run. The largest count is what the graph needs
+beside what the cluster already holds, at the least.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Hashable, Iterable, Mapping
+
+#: the annotation that carries a key's bytes from the expression to the scheduler plugin
+NBYTES = "spillway-nbytes"
+
+
+def chunk_layers(expr) -> dict[str, tuple[tuple, int]]:
+    """name -> (chunks, itemsize) for every dask array in ``expr`` (an expression as
+    ``Client.persist`` and ``Client.compute`` send it); arrays of object dtype left out."""
+    from dask._expr import Expr, HLGExpr
+
+    out: dict[str, tuple[tuple, int]] = {}
+    stack, seen = [expr], set()
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, HLGExpr):
+            for name, layer in getattr(e.hlg, "layers", {}).items():
+                info = getattr(layer, "collection_annotations", None) or {}
+                if "Array" in str(info.get("type", "")):
+                    _add(out, name, info.get("chunks"), info.get("dtype"))
+        elif type(e).__module__.startswith("dask.array"):
+            try:
+                _add(out, e._name, e.chunks, e.dtype)
+            except Exception:  # noqa: BLE001 (a node that cannot say its chunks has no size here)
+                pass
+        stack.extend(o for o in e.operands if isinstance(o, Expr))
+    return out
+
+
+def _add(out: dict, name, chunks, dtype) -> None:
+    import numpy as np
+
+    if chunks is None or dtype is None:
+        return
+    dtype = np.dtype(dtype)
+    if dtype.hasobject:
+        return
+    out[name] = (tuple(tuple(int(c) for c in dim) for dim in chunks), int(dtype.itemsize))
+
+
+def key_bytes(dsk: Mapping, layers: Mapping[str, tuple[tuple, int]]) -> dict[Hashable, int]:
+    """Bytes of each key of ``dsk`` (a materialized graph: key -> task) that
+    ``layers`` (from :func:`chunk_layers`) or its task can say."""
+    shapes: dict = {}  # key -> (shape, itemsize) or None
+
+    def shape_of(key, depth=0):
+        if key in shapes:
+            return shapes[key]
+        found = _chunk_shape(key, layers)
+        if found is None and depth < 32:
+            found = _derived_shape(dsk.get(key), lambda k: shape_of(k, depth + 1))
+        shapes[key] = found
+        return found
+
+    sizes: dict = {}
+    for key in dsk:
+        found = shape_of(key)
+        if found is not None:
+            sizes[key] = math.prod(found[0]) * found[1]
+        else:
+            gathered = _finalize_bytes(key, dsk.get(key), shape_of)
+            if gathered:
+                sizes[key] = gathered
+    return sizes
+
+
+def _chunk_shape(key, layers):
+    if type(key) is not tuple or not key or key[0] not in layers:
+        return None
+    chunks, itemsize = layers[key[0]]
+    index = key[1:]
+    if len(index) != len(chunks):
+        return None
+    try:
+        return tuple(dim[i] for dim, i in zip(chunks, index)), itemsize
+    except (IndexError, TypeError):
+        return None
+
+
+def _derived_shape(task, shape_of):
+    """A getitem of a chunk: the slice's shape; an alias: its target's."""
+    from dask._task_spec import Alias, Task, TaskRef
+
+    if isinstance(task, Alias):
+        return shape_of(task.target) if task.target != task.key else None
+    if not isinstance(task, Task) or not _is_getitem(task.func) or len(task.args) != 2:
+        return None
+    source, index = task.args
+    if not isinstance(source, (TaskRef, Alias)):
+        return None
+    found = shape_of(source.key if isinstance(source, TaskRef) else source.target)
+    if found is None:
+        return None
+    shape = _sliced(found[0], index)
+    return None if shape is None else (shape, found[1])
+
+
+def _is_getitem(func) -> bool:
+    """``operator.getitem`` or dask's array ``chunk.getitem`` (a rechunk's pieces)."""
+    return func is operator.getitem or (getattr(func, "__name__", None) == "getitem"
+                                        and getattr(func, "__module__", None) in ("dask.array.chunk", "_operator"))
+
+
+def _sliced(shape: tuple, index) -> tuple | None:
+    """The shape of ``array[index]`` for an index of slices, integers and None."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    out, dim = [], 0
+    for item in index:
+        if item is None:
+            out.append(1)
+        elif isinstance(item, slice):
+            if dim >= len(shape):
+                return None
+            out.append(len(range(*item.indices(shape[dim]))))
+            dim += 1
+        elif isinstance(item, int):
+            dim += 1
+        else:  # a list, an array, Ellipsis: not worked out here
+            return None
+    return tuple(out) + tuple(shape[dim:])
+
+
+def _finalize_bytes(key, task, shape_of) -> int:
+    """What ``compute`` hands back gathers its array's chunks on one worker: their sum."""
+    from dask.utils import key_split
+
+    if task is None or not str(key_split(key)).startswith("finalize"):
+        return 0
+    total = 0
+    for dep in getattr(task, "dependencies", ()):
+        found = shape_of(dep)
+        if found is not None:
+            total += math.prod(found[0]) * found[1]
+    return total
+
+
+def peak_bytes(order: Iterable[Hashable], dependencies: Callable[[Hashable], Iterable[Hashable]],
+               sizes: Mapping[Hashable, int], keep: set) -> int:
+    """The most the tasks ``order`` (soonest first) hold at once when run one after the
+    other: each key's bytes from its task on, freed after its last dependent among them
+    unless it is in ``keep`` (the outputs). Inputs outside ``order`` (held already) are
+    not counted."""
+    order = list(order)
+    members = set(order)
+    waiting: dict = {}
+    for key in order:
+        for dep in dependencies(key):
+            if dep in members:
+                waiting[dep] = waiting.get(dep, 0) + 1
+    live = peak = 0
+    for key in order:
+        live += sizes.get(key, 0)
+        if live > peak:
+            peak = live
+        for dep in dependencies(key):
+            left = waiting.get(dep)
+            if left is None:
+                continue
+            if left == 1:
+                del waiting[dep]
+                if dep not in keep:
+                    live -= sizes.get(dep, 0)
+            else:
+                waiting[dep] = left - 1
+    return peak
