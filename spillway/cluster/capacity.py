@@ -38,13 +38,13 @@ import ast
 import functools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .errors import AdmissionError, SpillDiskFull
 from .memory.admission import Capacity, combine
-from .memory.graph_bytes import NBYTES, chunk_layers, key_bytes, peak_bytes
+from .memory.graph_bytes import NBYTES, graph_bytes, peak_bytes
 from .sizes import format_bytes
 
 logger = logging.getLogger("spillway")
@@ -57,6 +57,8 @@ DISK_FULL = "spillway-disk-full"
 #: graphs with more tasks than this are checked on their outputs alone (the run in
 #: dask's order takes about a second per million tasks on the scheduler's event loop)
 PEAK_TASKS = 500_000
+#: the least fraction of their bytes that compressed values are counted at on disk
+MIN_RATIO = 0.05
 
 
 # --- sizes from the expression, in the scheduler's process
@@ -82,7 +84,7 @@ def install_sizes() -> bool:
         dsk, annotations = current(*args, **kwargs)
         try:
             expr = kwargs["expr"] if "expr" in kwargs else args[0]
-            sizes = key_bytes(dsk, chunk_layers(expr))
+            sizes = graph_bytes(expr, dsk)
             if sizes:
                 annotations.setdefault(NBYTES, {}).update(sizes)
         except Exception:  # noqa: BLE001 (sizes are a check's input: the graph runs without them)
@@ -154,22 +156,27 @@ class CapacityPlugin(SchedulerPlugin):
 
     # --- what the cluster has
 
-    def capacity(self) -> Capacity | None:
-        """The tiers the workers reported last (None before any did)."""
+    def capacity(self) -> tuple[Capacity, float] | None:
+        """The tiers the workers reported last, in bytes of values (None before any
+        reported), and the fraction of their bytes that values on the disks take there
+        (1.0 where nothing compressed): a disk whose values compress to a quarter holds
+        four times its room of values like them."""
         reports = {ws.address: ws.metrics.get(TIERS) for ws in self.scheduler.workers.values()}
         reports = {a: r for a, r in reports.items() if isinstance(r, dict)}
-        return combine(reports, with_stored=True) if reports else None
+        if not reports:
+            return None
+        capacity = combine(reports, with_stored=True)
+        stored = sum(r.get("disk_stored", 0) for r in reports.values())
+        raw = sum(r.get("disk_raw", 0) for r in reports.values())
+        ratio = min(1.0, max(MIN_RATIO, stored / raw)) if raw else 1.0
+        if ratio < 1.0:
+            capacity = replace(capacity, disk_bytes=int(capacity.disk_bytes / ratio))
+        return capacity, ratio
 
     def held(self) -> int:
-        """Bytes the cluster holds: keys in memory (at their stored size where the disk
-        tier compressed them), and admitted outputs still being computed."""
-        total = 0
-        for ws in self.scheduler.workers.values():
-            total += ws.nbytes
-            report = ws.metrics.get(TIERS)
-            if isinstance(report, dict):
-                total -= max(0, report.get("disk_raw", 0) - report.get("disk_stored", 0))
-        return max(0, total) + sum(self.pending.values())
+        """Bytes of the values the cluster holds: keys in memory, and admitted outputs
+        still being computed."""
+        return sum(ws.nbytes for ws in self.scheduler.workers.values()) + sum(self.pending.values())
 
     # --- a graph arrives
 
@@ -183,7 +190,7 @@ class CapacityPlugin(SchedulerPlugin):
         sizes = annotations.get(NBYTES) or {}
         capacity = self.capacity() if sizes else None
         if capacity is not None:
-            line = self._over(scheduler, new, tasks, sizes, priority, capacity)
+            line = self._over(scheduler, new, tasks, sizes, priority, *capacity)
             if line is not None:
                 self._refuse(scheduler, client, new, line, stimulus_id)
                 return
@@ -191,20 +198,26 @@ class CapacityPlugin(SchedulerPlugin):
         for k in new:
             self.pending[k] = sizes.get(k, 0)
 
-    def _over(self, scheduler, new, tasks, sizes, priority, capacity) -> str | None:
+    def _over(self, scheduler, new, tasks, sizes, priority, capacity, ratio) -> str | None:
         outputs = sum(sizes.get(k, 0) for k in new)
         held = self.held()
         peak = outputs
         run = [k for k in tasks if k in scheduler.tasks and scheduler.tasks[k].state == "released"]
+        if any(d.state == "erred" for k in run for d in scheduler.tasks[k].dependencies):
+            return None  # it fails with what its inputs failed with, not for room
         if len(run) <= PEAK_TASKS:
+            from dask._task_spec import Alias
+
             run.sort(key=lambda k: priority.get(k, ()))
             tasks_of = scheduler.tasks
+            aliases = {k: tasks_of[k].run_spec.target for k in run if isinstance(tasks_of[k].run_spec, Alias)}
             peak = max(outputs, peak_bytes(run, lambda k: (d.key for d in tasks_of[k].dependencies),
-                                           sizes, set(new)))
+                                           sizes, set(new), aliases))
         if held + peak <= capacity.total_bytes:
             return None
         self.refused += 1
-        return refusal_line(_what(new), len(new), outputs, peak - outputs, held, capacity, self._directories())
+        return refusal_line(_what(new), len(new), outputs, peak - outputs, held, capacity, self._directories(),
+                            ratio)
 
     def _refuse(self, scheduler, client, new, line, stimulus_id) -> None:
         self._fail(client, new, AdmissionError(line), f"spillway-refused-{stimulus_id}")
@@ -303,11 +316,11 @@ class CapacityPlugin(SchedulerPlugin):
 def _what(keys) -> str:
     from dask.utils import key_split
 
-    return "compute" if any(str(key_split(k)).startswith("finalize") for k in keys) else "persist"
+    return "compute" if any("finalize" in str(key_split(k)) for k in keys) else "persist"
 
 
 def refusal_line(what: str, n_keys: int, outputs: int, intermediates: int, held: int, capacity: Capacity,
-                 directories: list[str]) -> str:
+                 directories: list[str], ratio: float = 1.0) -> str:
     """The one line of a graph refused before it ran: what it would hold, what the cluster
     holds, each tier and what to do."""
     need = held + outputs + intermediates
@@ -317,8 +330,9 @@ def refusal_line(what: str, n_keys: int, outputs: int, intermediates: int, held:
     disk = f"disk {format_bytes(capacity.disk_bytes)}"
     if capacity.disk_free_bytes is not None:
         written = f" + {format_bytes(capacity.disk_stored_bytes)} spilled" if capacity.disk_stored_bytes else ""
+        packed = f", values stored at {ratio:.0%} of their bytes" if ratio < 1.0 else ""
         disk += (f" ({format_bytes(capacity.disk_free_bytes)} free{written}, less a reserve of "
-                 f"{format_bytes(capacity.disk_reserve_bytes)})")
+                 f"{format_bytes(capacity.disk_reserve_bytes)}{packed})")
     where = f" (spilling to {directories[0]}{' and others' if len(directories) > 1 else ''})" if directories else ""
     return (f"{what} refused before it ran: {parts} beside the {format_bytes(held)} the cluster holds need "
             f"{format_bytes(need)}, more than device + host tier + disk hold, {format_bytes(capacity.total_bytes)} "

@@ -41,7 +41,7 @@ def chunk_layers(expr) -> dict[str, tuple[tuple, int]]:
         if isinstance(e, HLGExpr):
             for name, layer in getattr(e.hlg, "layers", {}).items():
                 info = getattr(layer, "collection_annotations", None) or {}
-                if "Array" in str(info.get("type", "")):
+                if "Array" in str(info.get("type", "")) and not _reduces(layer):
                     _add(out, name, info.get("chunks"), info.get("dtype"))
         elif type(e).__module__.startswith("dask.array"):
             try:
@@ -52,15 +52,28 @@ def chunk_layers(expr) -> dict[str, tuple[tuple, int]]:
     return out
 
 
+def _reduces(layer) -> bool:
+    """A reduction's first layer (each block's partial result, ``keepdims=True``): dask
+    makes it with its input's chunks and sets the reduced ones after, so the chunks its
+    layer says are its input's, not its own."""
+    task = getattr(layer, "task", None)
+    return type(layer).__name__ == "Blockwise" and "keepdims" in (getattr(task, "kwargs", None) or {})
+
+
 def _add(out: dict, name, chunks, dtype) -> None:
     import numpy as np
 
     if chunks is None or dtype is None:
         return
     dtype = np.dtype(dtype)
-    if dtype.hasobject:
+    if dtype.hasobject or any(c != c for dim in chunks for c in dim):  # unknown (nan) chunks
         return
     out[name] = (tuple(tuple(int(c) for c in dim) for dim in chunks), int(dtype.itemsize))
+
+
+def graph_bytes(expr, dsk: Mapping) -> dict[Hashable, int]:
+    """The bytes of the keys of ``dsk`` (the materialized ``expr``) that can be told."""
+    return key_bytes(dsk, chunk_layers(expr))
 
 
 def key_bytes(dsk: Mapping, layers: Mapping[str, tuple[tuple, int]]) -> dict[Hashable, int]:
@@ -77,16 +90,29 @@ def key_bytes(dsk: Mapping, layers: Mapping[str, tuple[tuple, int]]) -> dict[Has
         shapes[key] = found
         return found
 
-    sizes: dict = {}
-    for key in dsk:
+    def size_of(key) -> int:
         found = shape_of(key)
         if found is not None:
-            sizes[key] = math.prod(found[0]) * found[1]
-        else:
-            gathered = _finalize_bytes(key, dsk.get(key), shape_of)
-            if gathered:
-                sizes[key] = gathered
+            return math.prod(found[0]) * found[1]
+        task = dsk.get(key)
+        gathered = _finalize_bytes(key, task, shape_of)
+        if not gathered and _is_alias(task):
+            target = dsk.get(task.target)
+            gathered = _finalize_bytes(task.target, target, shape_of)
+        return gathered
+
+    sizes: dict = {}
+    for key in dsk:
+        n = size_of(key)
+        if n:
+            sizes[key] = n
     return sizes
+
+
+def _is_alias(task) -> bool:
+    from dask._task_spec import Alias
+
+    return isinstance(task, Alias) and task.target != task.key
 
 
 def _chunk_shape(key, layers):
@@ -148,9 +174,8 @@ def _sliced(shape: tuple, index) -> tuple | None:
 
 def _finalize_bytes(key, task, shape_of) -> int:
     """What ``compute`` hands back gathers its array's chunks on one worker: their sum."""
-    from dask.utils import key_split
-
-    if task is None or not str(key_split(key)).startswith("finalize"):
+    name = key[0] if type(key) is tuple and key else key
+    if task is None or "finalize" not in str(name):  # finalize-..., blocks-finalize-... (fused)
         return 0
     total = 0
     for dep in getattr(task, "dependencies", ()):
@@ -161,11 +186,15 @@ def _finalize_bytes(key, task, shape_of) -> int:
 
 
 def peak_bytes(order: Iterable[Hashable], dependencies: Callable[[Hashable], Iterable[Hashable]],
-               sizes: Mapping[Hashable, int], keep: set) -> int:
+               sizes: Mapping[Hashable, int], keep: set, aliases: Mapping[Hashable, Hashable] | None = None) -> int:
     """The most the tasks ``order`` (soonest first) hold at once when run one after the
     other: each key's bytes from its task on, freed after its last dependent among them
     unless it is in ``keep`` (the outputs). Inputs outside ``order`` (held already) are
-    not counted."""
+    not counted. ``aliases`` (key -> the key it names) hold no bytes of their own: an
+    alias kept keeps what it names."""
+    if aliases:
+        sizes = {**sizes, **{k: 0 for k in aliases}}
+        keep = set(keep) | {aliases[k] for k in keep if k in aliases}
     order = list(order)
     members = set(order)
     waiting: dict = {}

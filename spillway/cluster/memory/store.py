@@ -138,8 +138,12 @@ class TieredStore(MutableMapping):
                     value, views = self._device.compacted(value, self.codec)
                     # the keys already viewing this value's memory stay with it: moving
                     # them would free nothing
-                    self._make_room(self._device.new_bytes(views),
-                                    exclude={key} | self._device.viewers(views))
+                    try:
+                        self._make_room(self._device.new_bytes(views),
+                                        exclude={key} | self._device.viewers(views))
+                    except SpillDiskFull as e:
+                        self._say_full(e)
+                        raise
                     self._device.insert(key, value, views)
                     return
             event.wait()
@@ -157,7 +161,11 @@ class TieredStore(MutableMapping):
                     if key not in self._spilled:
                         raise KeyError(key)
                     start = time.perf_counter()
-                    self._restore(self._spilled.group_of[key])
+                    try:
+                        self._restore(self._spilled.group_of[key])
+                    except SpillDiskFull as e:
+                        self._say_full(e)
+                        raise
                     self.stats.wait_s += time.perf_counter() - start
                     return self._device.stored[key]
             event.wait()  # a prefetch is bringing it back
@@ -276,7 +284,13 @@ class TieredStore(MutableMapping):
         need = eviction.over_host(self._spilled.host_bytes, incoming, self.host_limit)
         if need <= 0 or self.disk is None:
             return
-        self._to_disk(self._host_order(), need)
+        try:
+            self._to_disk(self._host_order(), need)
+        except SpillDiskFull:
+            # the disk is full: a little past the host tier's limit (what the machine has
+            # room for is still checked buffer by buffer) rather than fail a small value
+            if self._spilled.host_bytes + incoming > self.host_limit + host_slack(self.host_limit):
+                raise
 
     def _to_disk(self, order: list, need: int) -> None:
         """Write host groups to disk (:func:`moves.host_to_disk`); a disk with no room left
@@ -305,14 +319,18 @@ class TieredStore(MutableMapping):
                 f"{format_bytes(disk.nbytes)} written{compressed}; past what device + host + disk hold: "
                 f"release held arrays or give the workers a larger local-directory")
         self.disk_full = line
+        return SpillDiskFull(line)
+
+    def _say_full(self, error: SpillDiskFull) -> None:
+        """Tell ``on_disk_full`` of a full disk that stopped a read, a write or a relief
+        (not of one the store found its way around), at most once a second."""
         now = time.monotonic()
         if self.on_disk_full is not None and now - self._full_said_at >= 1.0:
             self._full_said_at = now
             try:
-                self.on_disk_full(line)
+                self.on_disk_full(str(error))
             except Exception:  # noqa: BLE001 (telling the scheduler is a nicety; the task fails anyway)
                 logger.debug("on_disk_full failed", exc_info=True)
-        return SpillDiskFull(line)
 
     def _host_order(self) -> list:
         groups = self._spilled.groups
@@ -339,7 +357,11 @@ class TieredStore(MutableMapping):
             return 0
         with self._lock:
             before = self._spilled.host_bytes
-            self._write_host_while(0)
+            try:
+                self._write_host_while(0)
+            except SpillDiskFull as e:
+                self._say_full(e)
+                raise
             return before - self._spilled.host_bytes
 
     def _write_host_while(self, nbytes: int) -> bool:
@@ -463,6 +485,12 @@ class TieredStore(MutableMapping):
         self.host.close()  # stops the pinned arena's growth
         if self.disk is not None:
             self.disk.close()
+
+
+def host_slack(limit: int) -> int:
+    """Bytes the host tier may hold past its limit while the disk is full: a
+    thirty-second of it, at most 1 GiB."""
+    return min(limit // 32, 1 << 30)
 
 
 def _limit(nbytes: int | None) -> str:
