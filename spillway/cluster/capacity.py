@@ -16,20 +16,26 @@ collection type, another distributed), graphs pass unchecked, as before.
 :class:`CapacityPlugin` (registered by :func:`spillway.cluster.launch.setup_workers`):
 
 * **before a graph runs** (``update_graph``, called before the graph's first
-  transition): what the cluster holds (the bytes of the keys in memory, compressed
-  values at their stored size, and the outputs of graphs admitted and still running),
-  plus what this graph holds at its most (its new outputs from their chunk shapes, and
-  its intermediates while they live, its tasks run in dask's order:
-  :func:`~spillway.cluster.memory.graph_bytes.peak_bytes`), against device + host tier +
-  spill disk as the workers report them on each heartbeat (:data:`TIERS`). A graph past
-  them is refused: its new keys fail at once with :class:`~.errors.AdmissionError`, one
-  line with the numbers and what to do, and are released; nothing of it runs, and what
-  the cluster held stays.
+  transition): what the cluster holds (the bytes of the keys in memory, and the outputs
+  of graphs admitted and still running), plus what this graph holds at its most (its new
+  outputs from their chunk shapes, and its intermediates while they live, its tasks run
+  in dask's order: :func:`~spillway.cluster.memory.graph_bytes.peak_bytes`), against
+  device + host tier + spill disk as the workers report them on each heartbeat
+  (:data:`TIERS`; the disk counted in values at the ratio its compressed values have
+  now). A graph past them is refused: its new keys fail at once with
+  :class:`~.errors.AdmissionError`, one line with the numbers and what to do, and are
+  released; nothing of it runs, and what the cluster held stays. A graph with no sizes
+  (dataframes, delayed, futures) is not checked.
 * **when the tiers fill anyway** (a store's write met a full disk: the task that needed
   the room fails with :class:`~.errors.SpillDiskFull`, and the store says so as an event,
   :data:`DISK_FULL`): every computation still running stops, its outputs done or not
   failed with that line and released, so their spilled bytes leave the disk; the graphs
   whose outputs were all in memory before (held arrays) stay.
+
+Keys refused or stopped stay on the scheduler as erred keys without data until their
+client lets them go, so what is built on them fails with the same line (rather than as
+"lost dependencies"); as for any erred key, a graph sent again under the same keys while
+the client holds the first result fails with it too.
 """
 
 from __future__ import annotations
@@ -223,7 +229,8 @@ class CapacityPlugin(SchedulerPlugin):
         self._fail(client, new, AdmissionError(line), f"spillway-refused-{stimulus_id}")
         scheduler.log_event("spillway-capacity", {"action": "refused", "client": client, "keys": len(new),
                                                   "message": line})
-        logger.warning("%s", line)
+        # the client's error says it; the log is for whoever reads the scheduler's
+        logger.info("%s", line)
 
     # --- keys finish
 
@@ -258,7 +265,7 @@ class CapacityPlugin(SchedulerPlugin):
             self.stops += 1
             scheduler.log_event("spillway-capacity", {"action": "stopped", "keys": stopped, "graphs": graphs,
                                                       "message": line})
-            logger.warning("%s; stopped %d computation%s (%d keys released)", line, graphs,
+            logger.info("%s; stopped %d computation%s (%d keys released)", line, graphs,
                            "s" if graphs != 1 else "", stopped)
         return stopped
 
