@@ -111,6 +111,16 @@ class DiskTier:
                 raise OSError(errno.EIO, "write returned 0")
             view, offset = view[n:], offset + n
 
+    def _each(self, fn, items) -> list:
+        """``fn`` of every item on the pool; returns once every one has ended (none is
+        left writing to a file descriptor that is closed and maybe reused, or reading
+        into a buffer given back), raising the first error."""
+        from concurrent.futures import wait
+
+        futures = [self.pool.submit(fn, item) for item in items]
+        wait(futures)
+        return [f.result() for f in futures]
+
     # --- values
 
     def write(self, key, copy: HostCopy, itemsize: int = 8) -> None:
@@ -122,8 +132,7 @@ class DiskTier:
             view = memoryview(copy.buffer).cast("B")
             codec = self._worth_compressing(view, itemsize)
             if codec is None:
-                list(self.pool.map(lambda off: self._pwrite(fd, view[off : off + PIECE], off),
-                                   range(0, copy.nbytes, PIECE)))
+                self._each(lambda off: self._pwrite(fd, view[off : off + PIECE], off), range(0, copy.nbytes, PIECE))
                 pieces, stored = None, copy.nbytes
             else:
                 pieces, stored = self._write_compressed(fd, view, codec)
@@ -161,7 +170,7 @@ class DiskTier:
             self._pwrite(fd, data, at)
             return at, len(data), compressed
 
-        pieces = list(self.pool.map(piece, range(0, len(view), PIECE)))
+        pieces = self._each(piece, range(0, len(view), PIECE))
         return pieces, end[0]
 
     def read(self, key, alloc: Alloc) -> HostCopy:
@@ -176,7 +185,7 @@ class DiskTier:
                     if got != min(PIECE, nbytes - off):
                         raise OSError(f"short read from {path}: {got} bytes at {off}")
 
-                list(self.pool.map(piece, range(0, nbytes, PIECE)))
+                self._each(piece, range(0, nbytes, PIECE))
             else:
                 codec = _compressor(True, 1)  # a Blosc frame says its own typesize
 
@@ -193,7 +202,7 @@ class DiskTier:
                         raise OSError(f"short read from {path}: {len(data)} bytes at {at}")
                     codec.decode(data, out=out)
 
-                list(self.pool.map(compressed_piece, enumerate(entry.pieces)))
+                self._each(compressed_piece, enumerate(entry.pieces))
         finally:
             os.close(fd)
         return HostCopy(entry.shape, np.dtype(entry.dtype), entry.order, buf)
