@@ -113,7 +113,6 @@ def main() -> int:
     import concurrent.futures
 
     import dask
-    import dask.array as da
     import numpy as np
     from distributed import futures_of, get_task_stream, wait
 
@@ -144,7 +143,7 @@ def main() -> int:
     watch.start()
     try:
         cap = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["spillway-capacity"].capacity())
-        capacity, ratio = cap
+        capacity, _ = cap
         directory = next(iter(client.run(disk_state).values()))["directory"]
         say("tiers", None, 0.0, f"device {capacity.device_bytes / GB:.1f} GB + host tier {capacity.host_bytes / GB:.1f} GB"
             f" + disk {capacity.disk_bytes / GB:.1f} GB = {capacity.total_bytes / GB:.1f} GB; spilling to {directory}")

@@ -93,7 +93,7 @@ def install_sizes() -> bool:
             sizes = graph_bytes(expr, dsk)
             if sizes:
                 annotations.setdefault(NBYTES, {}).update(sizes)
-        except Exception:  # noqa: BLE001 (sizes are a check's input: the graph runs without them)
+        except Exception:  # sizes are a check's input: the graph runs without them
             logger.debug("no sizes for a graph", exc_info=True)
         return dsk, annotations
 

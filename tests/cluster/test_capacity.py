@@ -112,7 +112,7 @@ def test_intermediates_count_at_their_most_in_dask_s_order(tmp_path):
     # 8 MiB held + 8 MiB of outputs fit 16 MiB, but a rechunk of x + 1 from row panels to
     # column panels holds every panel of x + 1 before its first column is assembled:
     # refused, naming them
-    with small_cluster(tmp_path) as (client, store):
+    with small_cluster(tmp_path) as (client, _):
         x, values = _held(client)
         z = (x + 1).rechunk((1000, 250))
         zs = z.persist()
@@ -188,7 +188,7 @@ def test_a_rechunk_beside_its_held_input_completes_where_the_disk_holds_its_valu
 
 @pytest.mark.filterwarnings("ignore:Sending large graph")
 def test_the_same_rechunk_on_a_disk_that_does_not_compress_is_refused_up_front(tmp_path):
-    with small_cluster(tmp_path, disk=11 * MB, compress=False) as (client, store):
+    with small_cluster(tmp_path, disk=11 * MB, compress=False) as (client, _):
         x, values = _held(client, n=1448, levels=4, panels=8)  # 2 MiB panels: 9 fit, 8 held
         client.run(_heartbeat)
         with get_task_stream(client) as stream:

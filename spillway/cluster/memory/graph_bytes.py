@@ -66,7 +66,7 @@ def _add(out: dict, name, chunks, dtype) -> None:
     if chunks is None or dtype is None:
         return
     dtype = np.dtype(dtype)
-    if dtype.hasobject or any(c != c for dim in chunks for c in dim):  # unknown (nan) chunks
+    if dtype.hasobject or any(math.isnan(c) for dim in chunks for c in dim):  # unknown chunks
         return
     out[name] = (tuple(tuple(int(c) for c in dim) for dim in chunks), int(dtype.itemsize))
 
@@ -205,8 +205,7 @@ def peak_bytes(order: Iterable[Hashable], dependencies: Callable[[Hashable], Ite
     live = peak = 0
     for key in order:
         live += sizes.get(key, 0)
-        if live > peak:
-            peak = live
+        peak = max(peak, live)
         for dep in dependencies(key):
             left = waiting.get(dep)
             if left is None:

@@ -329,7 +329,7 @@ class TieredStore(MutableMapping):
             self._full_said_at = now
             try:
                 self.on_disk_full(str(error))
-            except Exception:  # noqa: BLE001 (telling the scheduler is a nicety; the task fails anyway)
+            except Exception:  # telling the scheduler is a nicety: the task fails anyway
                 logger.debug("on_disk_full failed", exc_info=True)
 
     def _host_order(self) -> list:
