@@ -116,9 +116,12 @@ def _is_alias(task) -> bool:
 
 
 def _chunk_shape(key, layers):
-    if type(key) is not tuple or not key or key[0] not in layers:
+    if type(key) is not tuple or not key or not isinstance(key[0], str):
         return None
-    chunks, itemsize = layers[key[0]]
+    name = key[0] if key[0] in layers else _fused_into(key[0], layers)
+    if name is None:
+        return None
+    chunks, itemsize = layers[name]
     index = key[1:]
     if len(index) != len(chunks):
         return None
@@ -126,6 +129,19 @@ def _chunk_shape(key, layers):
         return tuple(dim[i] for dim, i in zip(chunks, index)), itemsize
     except (IndexError, TypeError):
         return None
+
+
+def _fused_into(name: str, layers) -> str | None:
+    """The layer whose task a fused key's task ends with: dask's low-level fusion names a
+    chain of tasks by their layers' prefixes joined, ending with the last one's name
+    (``rechunk-split-rechunk-merge-<token>``), and keeps its index."""
+    at = name.find("-")
+    while at != -1:
+        tail = name[at + 1:]
+        if tail in layers:
+            return tail
+        at = name.find("-", at + 1)
+    return None
 
 
 def _derived_shape(task, shape_of):
@@ -193,7 +209,10 @@ def peak_bytes(order: Iterable[Hashable], dependencies: Callable[[Hashable], Ite
     not counted. ``aliases`` (key -> the key it names) hold no bytes of their own: an
     alias kept keeps what it names."""
     if aliases:
-        sizes = {**sizes, **{k: 0 for k in aliases}}
+        sizes = dict(sizes)
+        for alias, target in aliases.items():  # the target's value is the alias's
+            sizes[target] = max(sizes.get(target, 0), sizes.get(alias, 0))
+            sizes[alias] = 0
         keep = set(keep) | {aliases[k] for k in keep if k in aliases}
     order = list(order)
     members = set(order)
