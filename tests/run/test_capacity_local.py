@@ -44,3 +44,15 @@ def test_a_persist_past_the_tiers_is_refused_at_once_and_the_session_goes_on(clu
     with pytest.raises(AdmissionError, match="^compute refused before it ran"):
         dask.compute(huge.T)
     assert int(cluster.compute(x.sum(), progress=False)) == int(np.arange(10_000).sum())
+
+
+def test_a_plain_client_attached_to_the_session_s_scheduler_is_held_to_the_tiers_too(cluster):
+    from distributed import Client
+
+    with Client(cluster.session.scheduler_address) as other:
+        y = other.persist(da.ones((10**7, 10**6), chunks=(10**4, 10**6)))
+        futures = futures_of(y)
+        wait(futures)
+        with pytest.raises(AdmissionError, match="^persist refused before it ran"):
+            futures[0].result()
+        assert float(other.compute(da.ones(10, chunks=5).sum()).result()) == 10.0
