@@ -99,9 +99,7 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
 
     if wait_for:
         client.wait_for_workers(wait_for, timeout=timeout)
-    # every graph of every client is held against the tiers before it runs
-    # (spillway.cluster.capacity); the workers report their tiers from the next heartbeat
-    client.register_plugin(CapacityPlugin())
+    _hold_to_the_tiers(client, CapacityPlugin)
     client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
     if options.data_plane:
         from ..dataplane import DataPlanePlugin
@@ -118,6 +116,18 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     if len(values) > 1:
         raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
     return values.pop(), len(kinds)
+
+
+def _hold_to_the_tiers(client, plugin_class) -> None:
+    """Every graph of every client is held against the tiers before it runs
+    (:mod:`..capacity`); the workers report their tiers from their next heartbeat. A
+    scheduler that cannot load the plugin (attached, without spillway) runs graphs
+    unchecked, as distributed does, and the session says so."""
+    try:
+        client.register_plugin(plugin_class())
+    except Exception as e:  # noqa: BLE001 (the cluster runs without the check, as before it)
+        logger.warning("graphs on this scheduler are not checked against the workers' tiers: %s: %s",
+                       type(e).__name__, e)
 
 
 def _relay_deaths(client) -> None:
