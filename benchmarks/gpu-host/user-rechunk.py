@@ -143,6 +143,9 @@ def main() -> int:
     watch.start()
     try:
         cap = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["spillway-capacity"].capacity())
+        if cap is None:
+            record("tiers", False, 0.0, "the scheduler has no tiers from the workers: the capacity check is off")
+            return 1
         capacity, _ = cap
         directory = next(iter(client.run(disk_state).values()))["directory"]
         say("tiers", None, 0.0, f"device {capacity.device_bytes / GB:.1f} GB + host tier {capacity.host_bytes / GB:.1f} GB"
