@@ -48,6 +48,16 @@ class DeviceMemoryExhausted(MemoryError, SpillwayError):
     Exception holding the text."""
 
 
+class SpillDiskFull(MemoryError, SpillwayError):
+    """The tiers ran out: a worker's spill disk filled (ENOSPC) while its store made room.
+    The task that needed the space fails with one line naming the worker, each tier's bytes
+    and the spill directory, and the cluster stops the computations still running (their
+    outputs are released; arrays held before stay). MemoryError comes first among the bases
+    for the reason :class:`DeviceMemoryExhausted` gives."""
+
+    exit_code = 3
+
+
 class ServiceError(SpillwayError):
     """The service refused a request; the message is the service's own. Also raised where
     a job's output is not on this machine (:func:`spillway.workflows.outputs.open_output`)."""

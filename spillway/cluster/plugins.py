@@ -16,13 +16,16 @@ whichever launcher started it, and adds what spillway needs:
   allocation fails;
 * a worker log without the "Compute Failed" traceback of an output chunk the OS refused
   (:class:`~spillway.cluster.errors.StoreWriteError`: a full disk, a read-only directory),
-  which the run says in one line on the client.
+  which the run says in one line on the client;
+* the worker's tiers on each heartbeat, and its spill disk filling as an event, for the
+  scheduler's capacity check (:mod:`spillway.cluster.capacity`).
 
 :func:`worker_snapshot` reads those back; the run report diffs two snapshots.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -95,6 +98,9 @@ class WorkerSetup(WorkerPlugin):
         quiet_refused_writes()
         self.kind = "gpu" if _is_gpu_worker() else "cpu"
         store = _tiered_store(worker)
+        from .capacity import TIERS, report_tiers
+
+        worker.metrics[TIERS] = report_tiers
         if self.kind == "gpu":
             self._setup_gpu(store)
         if store is not None:
@@ -130,6 +136,7 @@ class WorkerSetup(WorkerPlugin):
         store.rank = next_use(worker)
         store.in_use = running_inputs(worker)
         store.name = f"worker {worker.name} ({worker.address})"
+        store.on_disk_full = functools.partial(_say_disk_full, worker)
         store.start()
         if self.statistics is not None:
             stats = self.statistics
@@ -210,19 +217,28 @@ class WorkerSetup(WorkerPlugin):
             data.slow_to_fast_callbacks.append(counter("disk_to_host"))
 
 
+def _say_disk_full(worker, line: str) -> None:
+    """Tell the scheduler that this worker's spill disk is full (from any thread)."""
+    from .capacity import DISK_FULL
+
+    worker.log_event(DISK_FULL, {"line": line})
+
+
 def explained(allocate, store):
     """``allocate`` whose failure, once spill on demand has freed all it could, says so in
     one line naming the worker, the bytes asked for and each tier's bytes, instead of
     RMM's "maximum pool size exceeded"."""
     import functools
 
-    from .errors import DeviceMemoryExhausted
+    from .errors import DeviceMemoryExhausted, SpillDiskFull
 
     @functools.wraps(allocate)
     def allocate_or_explain(nbytes):
         try:
             return allocate(nbytes)
         except MemoryError as error:
+            if getattr(store, "evict_met_full_disk", False) and store.disk_full:
+                raise SpillDiskFull(store.disk_full) from error
             raise DeviceMemoryExhausted(store.exhausted(nbytes)) from error
 
     return allocate_or_explain

@@ -116,11 +116,13 @@ def _first_line(e: BaseException) -> str:
 
 
 def register_plugins(client, options: Options) -> None:
-    """spillway's worker plugins (and the nannies' death relay) on the scheduler of
-    ``client``: on the workers up now, and on every worker that joins later (a cluster
-    that scales registers them once, with no worker yet)."""
+    """The scheduler's capacity check, spillway's worker plugins (and the nannies' death
+    relay) on the scheduler of ``client``: on the workers up now, and on every worker that
+    joins later (a cluster that scales registers them once, with no worker yet)."""
+    from ..capacity import CapacityPlugin
     from ..plugins import WorkerSetup
 
+    _hold_to_the_tiers(client, CapacityPlugin)
     client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
     if options.data_plane:
         from ..dataplane import DataPlanePlugin
@@ -130,10 +132,14 @@ def register_plugins(client, options: Options) -> None:
 
 
 def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
-    """Register the worker plugins and return (kind, number of workers)."""
+    """Register the capacity check and the worker plugins and return (kind, number of
+    workers)."""
     if wait_for:
         client.wait_for_workers(wait_for, timeout=timeout)
     register_plugins(client, options)
+    # each worker's tiers reach the scheduler now, not at its next heartbeat: a graph sent
+    # at once is checked against them
+    client.run(_heartbeat, on_error="ignore")
     kinds = client.run(_worker_kind)
     if not kinds:
         raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")
@@ -141,6 +147,18 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     if len(values) > 1:
         raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
     return values.pop(), len(kinds)
+
+
+def _hold_to_the_tiers(client, plugin_class) -> None:
+    """Every graph of every client is held against the tiers before it runs
+    (:mod:`..capacity`); the workers report their tiers from their next heartbeat. A
+    scheduler that cannot load the plugin (attached, without spillway) runs graphs
+    unchecked, as distributed does, and the session says so."""
+    try:
+        client.register_plugin(plugin_class())
+    except Exception as e:  # noqa: BLE001 (the cluster runs without the check, as before it)
+        logger.warning("graphs on this scheduler are not checked against the workers' tiers: %s: %s",
+                       type(e).__name__, e)
 
 
 def _relay_deaths(client) -> None:
@@ -159,6 +177,10 @@ def _arrived(client) -> int | None:
         return len(client.scheduler_info(n_workers=-1)["workers"])
     except Exception:  # the scheduler may be gone too
         return None
+
+
+async def _heartbeat(dask_worker):
+    await dask_worker.heartbeat()
 
 
 def _worker_kind(dask_worker):

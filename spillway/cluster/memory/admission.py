@@ -28,6 +28,9 @@ class Capacity:
     #: difference)
     disk_free_bytes: int | None = None
     disk_reserve_bytes: int = 0
+    #: what the workers' stores have written to those filesystems, where counted as room
+    #: (a check that counts what the cluster holds beside what comes)
+    disk_stored_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -36,7 +39,8 @@ class Capacity:
     def to_json(self) -> dict:
         return {"device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
                 "disk_bytes": self.disk_bytes, "n_workers": self.n_workers,
-                "disk_free_bytes": self.disk_free_bytes, "disk_reserve_bytes": self.disk_reserve_bytes}
+                "disk_free_bytes": self.disk_free_bytes, "disk_reserve_bytes": self.disk_reserve_bytes,
+                "disk_stored_bytes": self.disk_stored_bytes}
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,9 @@ def spill_directory(dask_worker) -> str:
 
 
 def worker_capacity(dask_worker) -> dict:
-    """One worker's tiers in bytes, and the filesystem it spills to (runs on the worker)."""
+    """One worker's tiers in bytes, and the filesystem it spills to (runs on the worker);
+    with the tiered store, also what its disk tier holds (``disk_stored``: the files'
+    bytes, ``disk_raw``: the values' own, more where they were compressed)."""
     import os
 
     from .store import TieredStore
@@ -88,36 +94,58 @@ def worker_capacity(dask_worker) -> dict:
     elif getattr(data, "device_memory_limit", None):
         device = int(data.device_memory_limit)
     directory = spill_directory(dask_worker)
+    disk = getattr(data, "disk", None) if isinstance(data, TieredStore) else None
     try:
-        usage = shutil.disk_usage(directory)
-        free, reserve, filesystem = usage.free, disk_reserve(usage.total), os.stat(directory).st_dev
+        total, free = disk.usage() if disk is not None else shutil.disk_usage(directory)[:3:2]
+        reserve, filesystem = disk_reserve(total), os.stat(directory).st_dev
     except OSError:
         free, reserve, filesystem = 0, 0, None
     return {"device": int(device), "host": int(host), "disk": max(0, int(free) - reserve), "disk_free": int(free),
-            "disk_reserve": int(reserve), "disk_directory": directory, "filesystem": filesystem}
+            "disk_reserve": int(reserve), "disk_directory": directory, "filesystem": filesystem,
+            "disk_stored": int(disk.nbytes) if disk is not None else 0,
+            "disk_raw": int(disk.raw_nbytes) if disk is not None else 0}
+
+
+_GPU_MEMORY: list = []
 
 
 def _gpu_memory() -> int:
-    """Bytes of this worker's GPU (its CUDA_VISIBLE_DEVICES puts it first)."""
-    from ..gpus import discover
+    """Bytes of this worker's GPU (its CUDA_VISIBLE_DEVICES puts it first), read once: the
+    workers report their tiers on every heartbeat."""
+    if not _GPU_MEMORY:
+        from ..gpus import discover
 
-    inventory = discover()
-    return inventory.gpus[0].memory_total if len(inventory) else 0
+        inventory = discover()
+        _GPU_MEMORY.append(inventory.gpus[0].memory_total if len(inventory) else 0)
+    return _GPU_MEMORY[0]
 
 
 def cluster_capacity(client) -> Capacity:
-    per_worker = client.run(worker_capacity)
-    # workers of one machine spilling to one filesystem share its free space: count it once
+    return combine(client.run(worker_capacity))
+
+
+def combine(per_worker: dict, *, with_stored: bool = False) -> Capacity:
+    """The cluster's tiers from each worker's :func:`worker_capacity` (by address).
+    Workers of one machine spilling to one filesystem share its free space: it counts
+    once. ``with_stored``: the disk also holds what the stores have written to it (for a
+    check that counts what the cluster holds beside what comes)."""
     disks: dict = {}
     for addr, cap in per_worker.items():
-        disks[(addr.rsplit(":", 1)[0], cap.get("filesystem"))] = cap
+        disks.setdefault((addr.rsplit(":", 1)[0], cap.get("filesystem")), []).append(cap)
+    free = sum(caps[0].get("disk_free", caps[0]["disk"]) for caps in disks.values())
+    reserve = sum(caps[0].get("disk_reserve", 0) for caps in disks.values())
+    stored = sum(c.get("disk_stored", 0) for caps in disks.values() for c in caps) if with_stored else 0
+    disk = sum(max(0, caps[0].get("disk_free", caps[0]["disk"]) - caps[0].get("disk_reserve", 0)
+                   + (sum(c.get("disk_stored", 0) for c in caps) if with_stored else 0))
+               for caps in disks.values())
     return Capacity(
         device_bytes=sum(c["device"] for c in per_worker.values()),
         host_bytes=sum(c["host"] for c in per_worker.values()),
-        disk_bytes=sum(c["disk"] for c in disks.values()),
+        disk_bytes=disk,
         n_workers=len(per_worker),
-        disk_free_bytes=sum(c.get("disk_free", c["disk"]) for c in disks.values()),
-        disk_reserve_bytes=sum(c.get("disk_reserve", 0) for c in disks.values()),
+        disk_free_bytes=free,
+        disk_reserve_bytes=reserve,
+        disk_stored_bytes=stored,
     )
 
 

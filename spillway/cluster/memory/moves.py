@@ -95,9 +95,17 @@ def host_to_disk(spilled: SpilledKeys, order: list, need: int, means: Means) -> 
             break
         group = spilled.groups[gid]
         start = time.perf_counter()
-        for i in group.live_segments():
-            buffer = group.buffers[i]
-            disk.write((gid, i), HostCopy((buffer.nbytes,), buffer.dtype, "C", buffer))
+        written = []
+        try:
+            for i in group.live_segments():
+                buffer = group.buffers[i]
+                disk.write((gid, i), HostCopy((buffer.nbytes,), buffer.dtype, "C", buffer),
+                           itemsize=_itemsize(group, i))
+                written.append(i)
+        except BaseException:  # nothing lost, nothing left: the group stays on the host
+            for i in written:
+                disk.delete((gid, i))
+            raise
         stats.add("host_to_disk", group.nbytes, time.perf_counter() - start)
         for i in group.live_segments():
             host.release(group.buffers[i])
@@ -106,6 +114,15 @@ def host_to_disk(spilled: SpilledKeys, order: list, need: int, means: Means) -> 
         del spilled.on_host[gid]
         spilled.host_bytes -= group.nbytes
         need -= group.nbytes
+
+
+def _itemsize(group: SpilledGroup, segment: int) -> int:
+    """The element size of the first view in ``segment`` (what a shuffle before
+    compression groups the bytes by); 1 where none views it."""
+    for p in group.placements:
+        if p.segment == segment:
+            return int(p.dtype.itemsize)
+    return 1
 
 
 def take_host_buffers(spilled: SpilledKeys, gid, means: Means) -> SpilledGroup:
@@ -157,13 +174,24 @@ def settle(device: DeviceAccounts, group: SpilledGroup, values: dict, means: Mea
 
 
 def restore(device: DeviceAccounts, spilled: SpilledKeys, gid, means: Means,
-            make_room: Callable[[int], None]) -> None:
-    """Bring a spilled group back to the device, after ``make_room`` made room for it."""
-    make_room(spilled.groups[gid].nbytes)
+            make_room: Callable[[int], None], *, read_first: bool = False) -> None:
+    """Bring a spilled group back to the device, after ``make_room`` made room for it.
+
+    A group in host buffers leaves the host tier before room is made: the values that
+    move down then find its room there. A group on disk is read after, unless
+    ``read_first``: making room first lets the values it moves free the host buffers the
+    group is read into (slices of the pinned arena, not buffers taken on demand); reading
+    first frees the group's files, which is the room those moves need where every tier is
+    full."""
+    read_first = read_first or not spilled.groups[gid].on_disk
+    if not read_first:
+        make_room(spilled.groups[gid].nbytes)
     group = take_host_buffers(spilled, gid, means)
     for k in group.skeletons:
         del spilled.group_of[k]
     try:
+        if read_first:
+            make_room(group.nbytes)
         values = to_device(group, means)
     except BaseException:
         spilled.put_back(gid, group)

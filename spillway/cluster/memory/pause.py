@@ -46,6 +46,7 @@ class HostPause:
         self._relieved = 0
         #: resident bytes found to be the process's own (None: none found)
         self.process_floor: int | None = None
+        self._said_full_at = -REPEAT_S
 
     @property
     def paused_s(self) -> float:
@@ -97,8 +98,14 @@ class HostPause:
         self.paused, self._since = False, None
 
     def _relieve(self) -> None:
+        from ..errors import SpillDiskFull
+
         try:
             self.store.relieve_host()
+        except SpillDiskFull as e:  # said once by the store to the scheduler, which stops the work
+            if time.monotonic() - self._said_full_at > REPEAT_S:
+                self._said_full_at = time.monotonic()
+                logger.warning("%s", e)
         except Exception:  # a failed write leaves the values where they were
             logger.exception("%s: writing the host tier to disk while paused failed", self.store.name)
         finally:

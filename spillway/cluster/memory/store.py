@@ -14,6 +14,13 @@ outputs against a limit:
 * **spill on demand**: :meth:`evict_for` frees device memory that no running task reads
   when an allocation fails (RMM calls it, see :mod:`spillway.cluster.plugins`).
 
+Where the tiers end: a spill disk that fills (``ENOSPC``) fails the write that needed the
+room with :class:`~spillway.cluster.errors.SpillDiskFull`, one line naming the worker,
+each tier's bytes and the spill directory; the values stay where they were and the file
+begun is removed. The task that needed the room fails with that line, and
+``on_disk_full`` (the worker plugin's: it tells the scheduler, whose capacity plugin stops
+the computations running, :mod:`spillway.cluster.capacity`) hears it.
+
 The device tier is counted by allocation, not by value: keys whose values view one
 allocation (slices, the arrays of a tuple that later keys also store) count it once and
 move together (:mod:`spillway.cluster.memory.groups`, :mod:`spillway.cluster.memory.accounting`);
@@ -37,10 +44,11 @@ import time
 from collections.abc import Callable, Collection, Hashable, Iterable, MutableMapping
 from typing import Any
 
+from ..errors import SpillDiskFull
 from ..sizes import format_bytes
 from . import eviction, moves
 from .accounting import DeviceAccounts, SpilledKeys
-from .disk import DiskTier
+from .disk import DiskTier, is_full
 from .groups import leaves
 from .books import HostBooks
 from .host import HostBuffers
@@ -87,6 +95,13 @@ class TieredStore(MutableMapping):
         self.on_start: list[Callable[[], Any]] = []
         #: the worker's name in messages (set by the worker plugin)
         self.name = "this worker"
+        #: the line of the last write the disk had no room for (None once one succeeds)
+        self.disk_full: str | None = None
+        #: called with that line when the disk fills (at most once a second)
+        self.on_disk_full: Callable[[str], Any] | None = None
+        #: whether the last spill on demand stopped at a full disk
+        self.evict_met_full_disk = False
+        self._full_said_at = 0.0
         self.stats = TierStats()
         self._device = DeviceAccounts()
         self._plain: dict = {}
@@ -123,8 +138,12 @@ class TieredStore(MutableMapping):
                     value, views = self._device.compacted(value, self.codec)
                     # the keys already viewing this value's memory stay with it: moving
                     # them would free nothing
-                    self._make_room(self._device.new_bytes(views),
-                                    exclude={key} | self._device.viewers(views))
+                    try:
+                        self._make_room(self._device.new_bytes(views),
+                                        exclude={key} | self._device.viewers(views))
+                    except SpillDiskFull as e:
+                        self._say_full(e)
+                        raise
                     self._device.insert(key, value, views)
                     return
             event.wait()
@@ -142,7 +161,11 @@ class TieredStore(MutableMapping):
                     if key not in self._spilled:
                         raise KeyError(key)
                     start = time.perf_counter()
-                    self._restore(self._spilled.group_of[key])
+                    try:
+                        self._restore(self._spilled.group_of[key])
+                    except SpillDiskFull as e:
+                        self._say_full(e)
+                        raise
                     self.stats.wait_s += time.perf_counter() - start
                     return self._device.stored[key]
             event.wait()  # a prefetch is bringing it back
@@ -189,6 +212,8 @@ class TieredStore(MutableMapping):
             "device_bytes": self.device_bytes,
             "host_bytes": self.host_bytes,
             "disk_bytes": self.disk.nbytes if self.disk is not None else 0,
+            "disk_raw_bytes": self.disk.raw_nbytes if self.disk is not None else 0,
+            "disk_full": self.disk_full,
             "device_keys": len(self._device),
             "device_buffers": len(self._device.allocations),
             "host_keys": host_keys,
@@ -259,7 +284,53 @@ class TieredStore(MutableMapping):
         need = eviction.over_host(self._spilled.host_bytes, incoming, self.host_limit)
         if need <= 0 or self.disk is None:
             return
-        moves.host_to_disk(self._spilled, self._host_order(), need, self._means())
+        try:
+            self._to_disk(self._host_order(), need)
+        except SpillDiskFull:
+            # the disk is full: a little past the host tier's limit (what the machine has
+            # room for is still checked buffer by buffer) rather than fail a small value
+            if self._spilled.host_bytes + incoming > self.host_limit + host_slack(self.host_limit):
+                raise
+
+    def _to_disk(self, order: list, need: int) -> None:
+        """Write host groups to disk (:func:`moves.host_to_disk`); a disk with no room left
+        raises :class:`SpillDiskFull` with the tiers' line."""
+        try:
+            moves.host_to_disk(self._spilled, order, need, self._means())
+        except OSError as e:
+            if not is_full(e):
+                raise
+            raise self._full(e, need) from None
+        if self.disk_full is not None:
+            self.disk_full = None
+
+    def _full(self, error: OSError, need: int) -> SpillDiskFull:
+        disk = self.disk
+        try:
+            free = format_bytes(disk.free_bytes())
+        except OSError:
+            free = "unknown"
+        compressed = (f" ({format_bytes(disk.raw_nbytes)} of values)"
+                      if disk.raw_nbytes != disk.nbytes else "")
+        line = (f"{self.name}: the spill disk is full ({error.strerror or error}) writing "
+                f"{format_bytes(max(need, 0))} of its host tier to {disk.directory} ({free} free): "
+                f"device {format_bytes(self.device_bytes)} of {_limit(self.device_limit)}, host tier "
+                f"{format_bytes(self.host_bytes)} of {_limit(self.host_limit)}, disk "
+                f"{format_bytes(disk.nbytes)} written{compressed}; past what device + host + disk hold: "
+                f"release held arrays or give the workers a larger local-directory")
+        self.disk_full = line
+        return SpillDiskFull(line)
+
+    def _say_full(self, error: SpillDiskFull) -> None:
+        """Tell ``on_disk_full`` of a full disk that stopped a read, a write or a relief
+        (not of one the store found its way around), at most once a second."""
+        now = time.monotonic()
+        if self.on_disk_full is not None and now - self._full_said_at >= 1.0:
+            self._full_said_at = now
+            try:
+                self.on_disk_full(str(error))
+            except Exception:  # telling the scheduler is a nicety: the task fails anyway
+                logger.debug("on_disk_full failed", exc_info=True)
 
     def _host_order(self) -> list:
         groups = self._spilled.groups
@@ -286,7 +357,11 @@ class TieredStore(MutableMapping):
             return 0
         with self._lock:
             before = self._spilled.host_bytes
-            self._write_host_while(0)
+            try:
+                self._write_host_while(0)
+            except SpillDiskFull as e:
+                self._say_full(e)
+                raise
             return before - self._spilled.host_bytes
 
     def _write_host_while(self, nbytes: int) -> bool:
@@ -301,13 +376,29 @@ class TieredStore(MutableMapping):
         if room():
             return False
         for gid in self._host_order():
-            moves.host_to_disk(self._spilled, [gid], 1, self._means())
+            self._to_disk([gid], 1)
             if room():
                 return False
         return True
 
     def _restore(self, gid) -> None:
-        moves.restore(self._device, self._spilled, gid, self._means(), self._make_room)
+        try:
+            moves.restore(self._device, self._spilled, gid, self._means(), self._make_room)
+        except SpillDiskFull:
+            group = self._spilled.groups.get(gid)
+            if group is None or not group.on_disk:
+                raise
+            # every tier full: the room the device's values need below is the room this
+            # group's files hold, so read it off the disk first
+            try:
+                moves.restore(self._device, self._spilled, gid, self._means(), self._make_room, read_first=True)
+            except SpillDiskFull:
+                if gid in self._spilled.on_host:  # back to the room its files left
+                    try:
+                        self._to_disk([gid], 1)
+                    except SpillDiskFull:
+                        pass
+                raise
 
     # --- prefetch and spill on demand
 
@@ -324,7 +415,10 @@ class TieredStore(MutableMapping):
                 n = self._spilled.groups[gid].nbytes
                 if self.device_limit is not None and self._over_device(n) > -(1 - headroom) * self.device_limit:
                     break
-                group = moves.take_host_buffers(self._spilled, gid, self._means())
+                try:
+                    group = moves.take_host_buffers(self._spilled, gid, self._means())
+                except SpillDiskFull:  # no room to read it back into: tasks will say so
+                    break
                 event = threading.Event()
                 for k in group.skeletons:
                     del self._spilled.group_of[k]
@@ -356,6 +450,7 @@ class TieredStore(MutableMapping):
         if getattr(self._local, "evicting", False):
             return 0  # an allocation inside our own eviction: let it fail
         self._local.evicting = True
+        self.evict_met_full_disk = False
         try:
             with self._lock:
                 freed = 0
@@ -364,6 +459,9 @@ class TieredStore(MutableMapping):
                         break
                     try:
                         freed += self._device_to_host(group)
+                    except SpillDiskFull:  # the allocation fails with the disk's line
+                        self.evict_met_full_disk = True
+                        break
                     except Exception:  # no host buffer: keep what was freed so far
                         logger.exception("spill on demand could not copy %d keys to host", len(group))
                         break
@@ -387,6 +485,12 @@ class TieredStore(MutableMapping):
         self.host.close()  # stops the pinned arena's growth
         if self.disk is not None:
             self.disk.close()
+
+
+def host_slack(limit: int) -> int:
+    """Bytes the host tier may hold past its limit while the disk is full: a
+    thirty-second of it, at most 1 GiB."""
+    return min(limit // 32, 1 << 30)
 
 
 def _limit(nbytes: int | None) -> str:

@@ -1,0 +1,361 @@
+"""Capacity for user code: every graph any client sends to a spillway cluster is held
+against the workers' tiers before a task of it runs, and the computations running stop
+when the tiers fill anyway.
+
+Why on the scheduler: users call ``x.persist()`` and ``dask.compute(...)`` on a plain
+``distributed.Client`` as often as through spillway's wrappers, and only the scheduler
+sees every graph. It sees it as tasks, though, without their sizes; the expression the
+client sent says them (a dask array's chunks and dtype), and the scheduler reads that
+expression in one place only, ``distributed.scheduler._materialize_graph``. This module
+wraps that function in the scheduler's process (:func:`install_sizes`): it returns the
+graph as before, with each key's bytes as one more annotation
+(:data:`~spillway.cluster.memory.graph_bytes.NBYTES`), which distributed hands to
+scheduler plugins with the graph. Where the wrapper cannot read sizes (another
+collection type, another distributed), graphs pass unchecked, as before.
+
+:class:`CapacityPlugin` (registered by :func:`spillway.cluster.launch.setup_workers`):
+
+* **before a graph runs** (``update_graph``, called before the graph's first
+  transition): what the cluster holds (the bytes of the keys in memory, and the outputs
+  of graphs admitted and still running), plus what this graph holds at its most (its new
+  outputs from their chunk shapes, and its intermediates while they live, its tasks run
+  in dask's order: :func:`~spillway.cluster.memory.graph_bytes.peak_bytes`), against
+  device + host tier + spill disk as the workers report them on each heartbeat
+  (:data:`TIERS`; the disk counted in values at the ratio its compressed values have
+  now). A graph past them is refused: its new keys fail at once with
+  :class:`~.errors.AdmissionError`, one line with the numbers and what to do, and are
+  released; nothing of it runs, and what the cluster held stays. A graph with no sizes
+  (dataframes, delayed, futures) is not checked.
+* **when the tiers fill anyway** (a store's write met a full disk: the task that needed
+  the room fails with :class:`~.errors.SpillDiskFull`, and the store says so as an event,
+  :data:`DISK_FULL`): every computation still running stops, its outputs done or not
+  failed with that line and released, so their spilled bytes leave the disk; the graphs
+  whose outputs were all in memory before (held arrays) stay.
+
+Keys refused or stopped stay on the scheduler as erred keys without data until their
+client lets them go, so what is built on them fails with the same line (rather than as
+"lost dependencies"); as for any erred key, a graph sent again under the same keys while
+the client holds the first result fails with it too.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import logging
+import time
+from dataclasses import dataclass, field, replace
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .errors import AdmissionError, SpillDiskFull
+from .memory.admission import Capacity, combine
+from .memory.graph_bytes import NBYTES, graph_bytes, peak_bytes
+from .sizes import format_bytes
+
+logger = logging.getLogger("spillway")
+
+PLUGIN_NAME = "spillway-capacity"
+#: the workers' heartbeat metric with their tiers (:func:`report_tiers`)
+TIERS = "spillway-tiers"
+#: the event a worker's store logs when its spill disk is full
+DISK_FULL = "spillway-disk-full"
+#: graphs with more tasks than this are checked on their outputs alone (the run in
+#: dask's order takes about a second per million tasks on the scheduler's event loop)
+PEAK_TASKS = 500_000
+#: the least fraction of their bytes that compressed values are counted at on disk
+MIN_RATIO = 0.05
+
+
+# --- sizes from the expression, in the scheduler's process
+
+
+def install_sizes() -> bool:
+    """Wrap ``distributed.scheduler._materialize_graph`` (once per process) so that each
+    graph comes with its keys' bytes as the :data:`NBYTES` annotation; False where this
+    distributed has no such function (graphs then pass unchecked)."""
+    import distributed.scheduler as ds
+
+    current = getattr(ds, "_materialize_graph", None)
+    if current is None:
+        logger.warning("the capacity check has no graph sizes on this distributed (%s): graphs "
+                       "run unchecked", getattr(__import__("distributed"), "__version__", "?"))
+        return False
+    if getattr(current, "_spillway_sizes", False):
+        current._spillway_users[0] += 1
+        return True
+
+    @functools.wraps(current)
+    def materialize(*args, **kwargs):
+        dsk, annotations = current(*args, **kwargs)
+        try:
+            expr = kwargs["expr"] if "expr" in kwargs else args[0]
+            sizes = graph_bytes(expr, dsk)
+            if sizes:
+                annotations.setdefault(NBYTES, {}).update(sizes)
+        except Exception:  # sizes are a check's input: the graph runs without them
+            logger.debug("no sizes for a graph", exc_info=True)
+        return dsk, annotations
+
+    materialize._spillway_sizes = True
+    materialize._spillway_users = [1]
+    materialize._spillway_original = current
+    ds._materialize_graph = materialize
+    return True
+
+
+def uninstall_sizes() -> None:
+    import distributed.scheduler as ds
+
+    current = getattr(ds, "_materialize_graph", None)
+    if not getattr(current, "_spillway_sizes", False):
+        return
+    current._spillway_users[0] -= 1
+    if current._spillway_users[0] <= 0:
+        ds._materialize_graph = current._spillway_original
+
+
+# --- on the workers
+
+
+def report_tiers(dask_worker) -> dict:
+    """A worker's tiers and what its disk tier holds (the :data:`TIERS` heartbeat metric,
+    :func:`~spillway.cluster.memory.admission.worker_capacity`)."""
+    from .memory.admission import worker_capacity
+
+    return worker_capacity(dask_worker)
+
+
+# --- on the scheduler
+
+
+@dataclass
+class Graph:
+    """A graph admitted and not yet all in memory: its client and its new keys."""
+
+    client: str
+    keys: set
+    at: float = field(default_factory=time.time)
+
+
+class CapacityPlugin(SchedulerPlugin):
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self):
+        self.scheduler = None
+        self.graphs: list[Graph] = []
+        #: admitted outputs not yet in memory -> their bytes
+        self.pending: dict = {}
+        self.refused = 0
+        self.stops = 0
+        self._sizes = False
+
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        self._sizes = install_sizes()
+
+    async def close(self) -> None:
+        if self._sizes:
+            uninstall_sizes()
+            self._sizes = False
+
+    # --- what the cluster has
+
+    def capacity(self) -> tuple[Capacity, float] | None:
+        """The tiers the workers reported last, in bytes of values (None before any
+        reported), and the fraction of their bytes that values on the disks take there
+        (1.0 where nothing compressed): a disk whose values compress to a quarter holds
+        four times its room of values like them."""
+        reports = {ws.address: ws.metrics.get(TIERS) for ws in self.scheduler.workers.values()}
+        reports = {a: r for a, r in reports.items() if isinstance(r, dict)}
+        if not reports:
+            return None
+        capacity = combine(reports, with_stored=True)
+        stored = sum(r.get("disk_stored", 0) for r in reports.values())
+        raw = sum(r.get("disk_raw", 0) for r in reports.values())
+        ratio = min(1.0, max(MIN_RATIO, stored / raw)) if raw else 1.0
+        if ratio < 1.0:
+            capacity = replace(capacity, disk_bytes=int(capacity.disk_bytes / ratio))
+        return capacity, ratio
+
+    def held(self) -> int:
+        """Bytes of the values the cluster holds: keys in memory, and admitted outputs
+        still being computed."""
+        return sum(ws.nbytes for ws in self.scheduler.workers.values()) + sum(self.pending.values())
+
+    # --- a graph arrives
+
+    def update_graph(self, scheduler, *, client, keys, tasks, annotations, priority, stimulus_id, **kwargs):
+        self.scheduler = scheduler
+        self._prune()
+        known = scheduler.tasks
+        new = [k for k in keys if k in known and known[k].state == "released" and k not in self.pending]
+        if not new:
+            return
+        sizes = annotations.get(NBYTES) or {}
+        capacity = self.capacity() if sizes else None
+        if capacity is not None:
+            line = self._over(scheduler, new, tasks, sizes, priority, *capacity)
+            if line is not None:
+                self._refuse(scheduler, client, new, line, stimulus_id)
+                return
+        self.graphs.append(Graph(client, set(new)))
+        for k in new:
+            self.pending[k] = sizes.get(k, 0)
+
+    def _over(self, scheduler, new, tasks, sizes, priority, capacity, ratio) -> str | None:
+        outputs = sum(sizes.get(k, 0) for k in new)
+        held = self.held()
+        peak = outputs
+        run = [k for k in tasks if k in scheduler.tasks and scheduler.tasks[k].state == "released"]
+        if any(d.state == "erred" for k in run for d in scheduler.tasks[k].dependencies):
+            return None  # it fails with what its inputs failed with, not for room
+        if len(run) <= PEAK_TASKS:
+            from dask._task_spec import Alias
+
+            run.sort(key=lambda k: priority.get(k, ()))
+            tasks_of = scheduler.tasks
+            aliases = {k: tasks_of[k].run_spec.target for k in run if isinstance(tasks_of[k].run_spec, Alias)}
+            peak = max(outputs, peak_bytes(run, lambda k: (d.key for d in tasks_of[k].dependencies),
+                                           sizes, set(new), aliases))
+        if held + peak <= capacity.total_bytes:
+            return None
+        self.refused += 1
+        return refusal_line(_what(new), len(new), outputs, peak - outputs, held, capacity, self._directories(),
+                            ratio)
+
+    def _refuse(self, scheduler, client, new, line, stimulus_id) -> None:
+        self._fail(client, new, AdmissionError(line), f"spillway-refused-{stimulus_id}")
+        scheduler.log_event("spillway-capacity", {"action": "refused", "client": client, "keys": len(new),
+                                                  "message": line})
+        # the client's error says it; the log is for whoever reads the scheduler's
+        logger.info("%s", line)
+
+    # --- keys finish
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if finish in ("memory", "erred", "forgotten"):
+            self.pending.pop(key, None)
+        if finish == "erred":
+            line = _disk_full_line(kwargs.get("exception_text"))
+            if line is not None:
+                self.scheduler.loop.add_callback(self.stop, line)
+
+    def log_event(self, topic, msg):
+        if topic == DISK_FULL and isinstance(msg, dict) and msg.get("line"):
+            self.scheduler.loop.add_callback(self.stop, msg["line"])
+
+    def stop(self, line: str) -> int:
+        """Stop every computation still running: its new keys fail with ``line`` and are
+        released (their bytes leave the workers, and their disks); the graphs all in
+        memory (held arrays) stay. Returns the keys stopped."""
+        scheduler = self.scheduler
+        stopped, graphs = 0, 0
+        for graph in list(self.graphs):
+            live = [k for k in graph.keys if k in scheduler.tasks]
+            if any(scheduler.tasks[k].state != "memory" for k in live) and graph.client in scheduler.clients:
+                self._fail(graph.client, live, SpillDiskFull(line), f"spillway-disk-full-{time.time()}")
+                stopped += len(live)
+                graphs += 1
+                self.graphs.remove(graph)
+                for k in graph.keys:
+                    self.pending.pop(k, None)
+        if stopped:
+            self.stops += 1
+            scheduler.log_event("spillway-capacity", {"action": "stopped", "keys": stopped, "graphs": graphs,
+                                                      "message": line})
+            logger.info("%s; stopped %d computation%s (%d keys released)", line, graphs,
+                           "s" if graphs != 1 else "", stopped)
+        return stopped
+
+    def _fail(self, client: str, keys: list, exception: Exception, stimulus_id: str) -> None:
+        """Fail ``keys`` of ``client`` with ``exception`` and release them (nothing of
+        them runs on, and what they hold leaves the workers); then keep each as an erred
+        key without data, so that what the client builds on them later fails with the
+        same line (not as "lost dependencies") until it lets them go."""
+        from distributed.core import error_message
+
+        scheduler = self.scheduler
+        error = error_message(exception)
+        for key in keys:
+            scheduler.report({"op": "task-erred", "key": key, "exception": error["exception"],
+                              "traceback": None}, client=client)
+        scheduler.client_releases_keys(keys=keys, client=client, stimulus_id=stimulus_id)
+        # after this tick's transitions (update_graph's own still hold recommendations
+        # for these keys, which find them gone)
+        scheduler.loop.add_callback(self._erred_placeholders, client, keys, error, str(exception), stimulus_id)
+
+    def _erred_placeholders(self, client, keys, error, text, stimulus_id) -> None:
+        scheduler = self.scheduler
+        if client not in scheduler.clients:
+            return
+        made = []
+        for key in keys:
+            if key in scheduler.tasks:  # wanted by another client, or sent again since
+                continue
+            ts = scheduler.new_task(key, None, "released")
+            ts.exception = error["exception"]
+            ts.traceback = None
+            ts.exception_text = text
+            ts.traceback_text = ""
+            ts.exception_blame = ts
+            made.append(key)
+        if made:
+            scheduler.transitions({k: "erred" for k in made}, stimulus_id)
+            scheduler.client_desires_keys(keys=made, client=client)
+
+    def _prune(self) -> None:
+        """Forget the graphs whose keys are all in memory (held now) or gone."""
+        tasks = self.scheduler.tasks
+        self.graphs = [g for g in self.graphs
+                       if any(k in tasks and tasks[k].state != "memory" for k in g.keys)]
+
+    def _directories(self) -> list[str]:
+        out = []
+        for ws in self.scheduler.workers.values():
+            report = ws.metrics.get(TIERS)
+            if isinstance(report, dict) and report.get("disk_directory") and report["disk_directory"] not in out:
+                out.append(report["disk_directory"])
+        return out
+
+
+def _what(keys) -> str:
+    from dask.utils import key_split
+
+    return "compute" if any("finalize" in str(key_split(k)) for k in keys) else "persist"
+
+
+def refusal_line(what: str, n_keys: int, outputs: int, intermediates: int, held: int, capacity: Capacity,
+                 directories: list[str], ratio: float = 1.0) -> str:
+    """The one line of a graph refused before it ran: what it would hold, what the cluster
+    holds, each tier and what to do."""
+    need = held + outputs + intermediates
+    parts = f"its {n_keys} new output{'s' if n_keys != 1 else ''} ({format_bytes(outputs)}, from their chunk shapes)"
+    if intermediates > 0:
+        parts += f" and its intermediates at their most ({format_bytes(intermediates)}, its tasks in dask's order)"
+    disk = f"disk {format_bytes(capacity.disk_bytes)}"
+    if capacity.disk_free_bytes is not None:
+        written = f" + {format_bytes(capacity.disk_stored_bytes)} spilled" if capacity.disk_stored_bytes else ""
+        packed = f", values stored at {ratio:.0%} of their bytes" if ratio < 1.0 else ""
+        disk += (f" ({format_bytes(capacity.disk_free_bytes)} free{written}, less a reserve of "
+                 f"{format_bytes(capacity.disk_reserve_bytes)}{packed})")
+    where = f" (spilling to {directories[0]}{' and others' if len(directories) > 1 else ''})" if directories else ""
+    return (f"{what} refused before it ran: {parts} beside the {format_bytes(held)} the cluster holds need "
+            f"{format_bytes(need)}, more than device + host tier + disk hold, {format_bytes(capacity.total_bytes)} "
+            f"(device {format_bytes(capacity.device_bytes)} + host tier {format_bytes(capacity.host_bytes)} + "
+            f"{disk}, {capacity.n_workers} worker{'s' if capacity.n_workers != 1 else ''}); release held arrays "
+            f"(del them, or client.cancel) or give the workers a larger local-directory{where}")
+
+
+def _disk_full_line(text) -> str | None:
+    """The line of a task that failed with :class:`SpillDiskFull` (from distributed's
+    ``exception_text``, the exception's repr)."""
+    prefix = f"{SpillDiskFull.__name__}("
+    if not isinstance(text, str) or not text.startswith(prefix):
+        return None
+    try:
+        value = ast.literal_eval(text[len(prefix):-1])
+    except (ValueError, SyntaxError):
+        return text
+    return value if isinstance(value, str) else text

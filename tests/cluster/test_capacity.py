@@ -1,0 +1,199 @@
+"""Capacity for user code, with real workers on small tiers: the tiered store (NumPy in
+the device tier's place) on a disk of a few megabytes (tests/helpers/small_disk.py), the
+scheduler's capacity plugin, and a plain ``distributed.Client`` calling ``persist`` and
+``dask.compute`` as users do.
+
+* a persist past device + host tier + disk is refused before any of its tasks runs, with
+  the numbers; the arrays held stay, with their values;
+* a disk that fills anyway (the workers reported room they then did not have) stops the
+  computation within seconds with the store's one line; held arrays stay, nothing of the
+  stopped computation is left on the disk, and the cluster runs the next computation;
+* what nominally fits completes: a rechunk of a held array, persisted beside it, whose
+  values compress on the disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster, get_task_stream, wait
+from numpy_codec import NumpyCodec
+from small_disk import SmallDisk
+
+from spillway.cluster.capacity import PLUGIN_NAME, CapacityPlugin
+from spillway.cluster.errors import AdmissionError, SpillDiskFull
+from spillway.cluster.launch.session import _heartbeat
+from spillway.cluster.memory import admission
+from spillway.cluster.memory.store import TieredStore
+from spillway.cluster.plugins import WorkerSetup
+
+MB = 2**20
+
+
+@contextlib.contextmanager
+def small_cluster(tmp_path, *, device=4 * MB, host=4 * MB, disk=8 * MB, reports=None, threads=1, compress=True):
+    """One worker whose store holds ``device`` + ``host`` bytes and a disk of ``disk``
+    bytes (reporting ``reports`` bytes free where given), with spillway's plugins."""
+    store = TieredStore(device_limit=device, host_limit=host, codec=NumpyCodec(),
+                        disk=SmallDisk(str(tmp_path), disk, reports=reports, compress=compress))
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=threads, dashboard_address=None,
+                      data=store) as cluster, Client(cluster) as client:
+        client.register_plugin(CapacityPlugin())
+        client.register_plugin(WorkerSetup(prefetch=False))
+        client.run(_heartbeat)
+        yield client, store
+
+
+@pytest.fixture(autouse=True)
+def no_reserve(monkeypatch):
+    # a disk of a few megabytes has no room for the gigabyte a real spill filesystem keeps
+    monkeypatch.setattr(admission, "disk_reserve", lambda total: 0)
+
+
+def _held(client, n: int = 1000, seed: int = 0, levels: int | None = None, panels: int = 4):
+    """A persisted (n, n) float64 array of ``panels`` row panels, and its NumPy values."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, levels, (n, n)).astype(np.float64) if levels else rng.random((n, n))
+    x = client.persist(da.from_array(values, chunks=(n // panels, n)))
+    wait(x)
+    return x, values
+
+
+def _intact(x, values) -> None:
+    """The held array's values, checked where the tiers have no room for a copy of any of
+    its chunks (what ``compute`` of a chunk hands back is one): its row and column sums
+    (exact for values of a few levels) and a strided sample."""
+    rows, cols = dask.compute(x.sum(axis=1), x.sum(axis=0))
+    np.testing.assert_allclose(rows, values.sum(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(cols, values.sum(axis=0), rtol=1e-12)
+    np.testing.assert_array_equal(x[::97, ::89].compute(), values[::97, ::89])
+
+
+def _ran(stream, name: str) -> list:
+    return [t for t in stream.data if name in str(t["key"])]
+
+
+def test_a_persist_past_every_tier_is_refused_before_it_runs_with_the_numbers(tmp_path):
+    with small_cluster(tmp_path) as (client, store):
+        x, values = _held(client)  # 8 MiB held: on the device and the host tier
+        y = da.ones((2000, 1000), chunks=(250, 1000))  # 16 MiB more: past the 16 MiB of tiers
+        with get_task_stream(client) as stream:
+            start = time.perf_counter()
+            yp = y.persist()
+            with pytest.raises(AdmissionError) as refused:
+                yp.compute()
+            took = time.perf_counter() - start
+        line = str(refused.value)
+        assert took < 5.0, took  # under a second on an idle machine; this one is shared
+        assert "\n" not in line and line.startswith("persist refused before it ran: its 8 new outputs (15.26 MiB")
+        for part in ("beside the 7.63 MiB the cluster holds", "more than device + host tier + disk hold, 16.00 MiB",
+                     "(device 4.00 MiB + host tier 4.00 MiB + disk 8.00 MiB", "1 worker",
+                     "release held arrays", "larger local-directory", store.disk.directory):
+            assert part in line, (part, line)
+        assert not _ran(stream, y.name)  # none of its tasks ran
+        # what is built on the refused array fails with the same line
+        with pytest.raises(AdmissionError, match="persist refused before it ran"):
+            (yp + 1).sum().compute()
+        # dask.compute of a collection past the tiers too, as a compute
+        with pytest.raises(AdmissionError, match="^compute refused before it ran: its 1 new output"):
+            dask.compute(da.ones((3000, 1000), chunks=(250, 1000)) + 1)
+        # the held array is intact and the cluster runs what fits
+        np.testing.assert_array_equal(x.compute(), values)
+        assert float((x * 2).sum().compute()) == pytest.approx(2 * values.sum())
+        assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins[PLUGIN_NAME].refused) == 2
+
+
+def test_intermediates_count_at_their_most_in_dask_s_order(tmp_path):
+    # 8 MiB held + 8 MiB of outputs fit 16 MiB, but a rechunk of x + 1 from row panels to
+    # column panels holds every panel of x + 1 before its first column is assembled:
+    # refused, naming them
+    with small_cluster(tmp_path) as (client, _):
+        x, values = _held(client)
+        z = (x + 1).rechunk((1000, 250))
+        zs = z.persist()
+        with pytest.raises(AdmissionError, match="and its intermediates at their most") as refused:
+            zs.compute()
+        assert "beside the 7.63 MiB the cluster holds" in str(refused.value)
+        np.testing.assert_array_equal(x.compute(), values)
+
+
+def test_a_disk_that_fills_anyway_stops_the_computation_with_the_store_s_line(tmp_path):
+    # the disk says it has 1 GiB free and takes 6 MiB: the persist is admitted and fills it
+    with small_cluster(tmp_path, disk=6 * MB, reports=2**30) as (client, store):
+        x, values = _held(client)
+        y = da.random.default_rng(1).random((3000, 1000), chunks=(250, 1000))
+        start = time.perf_counter()
+        yp = y.persist()
+        with pytest.raises(SpillDiskFull) as stopped:
+            yp.compute()
+        took = time.perf_counter() - start
+        line = str(stopped.value)
+        assert took < 10, took
+        assert "\n" not in line and "the spill disk is full (No space left on device)" in line
+        for part in (store.disk.directory, "device", "host tier", "disk", "larger local-directory"):
+            assert part in line
+        assert store.disk.full_errors >= 1
+
+        def settled():
+            states = client.run_on_scheduler(
+                lambda dask_scheduler: {ts.state for k, ts in dask_scheduler.tasks.items() if y.name in str(k)})
+            return states <= {"erred"}
+
+        deadline = time.monotonic() + 10
+        while not settled() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert settled()
+        # nothing of the stopped persist is left: only the held array's chunks, on the
+        # disk only what the tier knows of
+        time.sleep(0.2)
+        assert all(x.name in str(k) for k in store), sorted(map(str, store))
+        assert len(store.disk.files()) == len(store.disk.meta) and store.disk.on_disk() == store.disk.nbytes
+        # what is built on the stopped array says the same line
+        with pytest.raises(SpillDiskFull, match="the spill disk is full"):
+            yp.sum().compute()
+        # the held array is intact, and the cluster runs the next computation
+        np.testing.assert_array_equal(x.compute(), values)
+        assert float((x + 1).sum().compute()) == pytest.approx(values.sum() + values.size)
+        del x, yp
+        deadline = time.monotonic() + 5
+        while len(store) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(store) == 0 and store.disk.files() == [] and store.disk.nbytes == 0
+
+
+@pytest.mark.filterwarnings("ignore:Sending large graph")
+def test_a_rechunk_beside_its_held_input_completes_where_the_disk_holds_its_values_compressed(tmp_path):
+    # 16 MiB held and 16 MiB of its rechunk: 32 MiB of values for 4 + 4 MiB of memory and a
+    # disk of 10 MiB, which holds them compressed (values of four levels)
+    with small_cluster(tmp_path, disk=10 * MB) as (client, store):
+        x, values = _held(client, n=1448, levels=4)  # 16 MiB: half of it on the disk
+        assert store.disk.raw_nbytes > 4 * store.disk.nbytes > 0
+        client.run(_heartbeat)  # the scheduler reads the disk's ratio now, not in a second
+        y = x.rechunk((1448, 181))  # row panels to column panels
+        yp = y.persist()
+        wait(yp)
+        assert all(f.status == "finished" for f in yp.__dask_graph__().values() if hasattr(f, "status"))
+        for j in range(8):
+            np.testing.assert_array_equal(yp.blocks[0, j].compute(), values[:, j * 181:(j + 1) * 181])
+        # the rechunk's pieces left the store as their output chunks were assembled
+        assert {k[0] for k in store if isinstance(k, tuple)} == {x.name, y.name}
+        assert store.disk.raw_nbytes > 16 * MB > store.disk.nbytes
+        _intact(x, values)
+
+
+@pytest.mark.filterwarnings("ignore:Sending large graph")
+def test_the_same_rechunk_on_a_disk_that_does_not_compress_is_refused_up_front(tmp_path):
+    with small_cluster(tmp_path, disk=11 * MB, compress=False) as (client, _):
+        x, values = _held(client, n=1448, levels=4, panels=8)  # 2 MiB panels: 9 fit, 8 held
+        client.run(_heartbeat)
+        with get_task_stream(client) as stream:
+            yp = x.rechunk((1448, 181)).persist()
+            with pytest.raises(AdmissionError, match="persist refused before it ran: its 8 new outputs"):
+                yp.compute()
+        assert not [t for t in stream.data if "rechunk" in str(t["key"])]
+        _intact(x, values)
