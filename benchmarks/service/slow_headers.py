@@ -30,57 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "service" / "api"))  # the tests' PostgreSQL and serve helpers
 
-from serve_helpers import PostgresServer, Server, add_tenant, new_database  # noqa: E402
-
-
-async def slow_clients(port: int, sources: list[str], n: int, interval: float, duration: float) -> list[dict]:
-    loop = asyncio.get_running_loop()
-    records: list[dict] = []
-
-    class Slow(asyncio.Protocol):
-        def __init__(self, rec):
-            self.rec, self.transport, self.i = rec, None, 0
-
-        def connection_made(self, transport):
-            self.transport = transport
-            self.rec["opened"] = time.monotonic()
-            transport.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-
-        def data_received(self, data):
-            self.rec.setdefault("answer", data.split(b"\r\n", 1)[0].decode("latin1"))
-
-        def connection_lost(self, exc):
-            self.rec["closed"] = time.monotonic()
-
-        def drip(self):
-            if "closed" not in self.rec and not self.transport.is_closing():
-                self.transport.write(b"X-a: b\r\n"[self.i % 8:self.i % 8 + 1])
-                self.i += 1
-
-    async def one(k):
-        rec = {"source": sources[k % len(sources)]}
-        records.append(rec)
-        try:
-            _, proto = await asyncio.wait_for(loop.create_connection(
-                lambda: Slow(rec), "127.0.0.1", port, local_addr=(rec["source"], 0)), 10)
-        except (OSError, asyncio.TimeoutError) as e:
-            rec["error"] = type(e).__name__
-            return None
-        return proto
-
-    protos = []
-    for start in range(0, n, 200):  # batches of 200 connects
-        protos += [p for p in await asyncio.gather(*(one(k) for k in range(start, min(n, start + 200)))) if p]
-    end = time.monotonic() + duration
-    while time.monotonic() < end and any("closed" not in r for r in records if "error" not in r):
-        for p in protos:
-            p.drip()
-        await asyncio.sleep(interval)
-    for p in protos:
-        if "closed" not in p.rec:
-            p.transport.abort()
-    await asyncio.sleep(0.2)
-    return records
+from serve_helpers import PostgresServer, Server, add_tenant, new_database, slow_clients  # noqa: E402
 
 
 def healthz(port: int) -> tuple[float, int | str]:

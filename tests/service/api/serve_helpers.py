@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import os
@@ -238,3 +239,57 @@ def postgres_if_installed(request, state: dict) -> dict:
     except pytest.skip.Exception:
         pass
     return state
+
+
+async def slow_clients(port: int, sources: list[str], n: int, interval: float, duration: float) -> list[dict]:
+    """``n`` connections from ``sources`` (round robin, connected 200 at a time), each
+    sending the start of a request and then one byte of header lines every ``interval`` s,
+    never ending the headers, for ``duration`` s. Per connection: when it opened, when the
+    server closed it, its answer (or the connect's error)."""
+    loop = asyncio.get_running_loop()
+    records: list[dict] = []
+
+    class Slow(asyncio.Protocol):
+        def __init__(self, rec):
+            self.rec, self.transport, self.i = rec, None, 0
+
+        def connection_made(self, transport):
+            self.transport = transport
+            self.rec["opened"] = time.monotonic()
+            transport.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+
+        def data_received(self, data):
+            self.rec.setdefault("answer", data.split(b"\r\n", 1)[0].decode("latin1"))
+
+        def connection_lost(self, exc):
+            self.rec["closed"] = time.monotonic()
+
+        def drip(self):
+            if "closed" not in self.rec and not self.transport.is_closing():
+                self.transport.write(b"X-a: b\r\n"[self.i % 8:self.i % 8 + 1])
+                self.i += 1
+
+    async def one(k):
+        rec = {"source": sources[k % len(sources)]}
+        records.append(rec)
+        try:
+            _, proto = await asyncio.wait_for(loop.create_connection(
+                lambda: Slow(rec), "127.0.0.1", port, local_addr=(rec["source"], 0)), 10)
+        except (OSError, asyncio.TimeoutError) as e:
+            rec["error"] = type(e).__name__
+            return None
+        return proto
+
+    protos = []
+    for start in range(0, n, 200):  # batches of 200 connects
+        protos += [p for p in await asyncio.gather(*(one(k) for k in range(start, min(n, start + 200)))) if p]
+    end = time.monotonic() + duration
+    while time.monotonic() < end and any("closed" not in r for r in records if "error" not in r):
+        for p in protos:
+            p.drip()
+        await asyncio.sleep(interval)
+    for p in protos:
+        if "closed" not in p.rec:
+            p.transport.abort()
+    await asyncio.sleep(0.2)
+    return records

@@ -20,7 +20,7 @@ import time
 
 import httpx
 import pytest
-from serve_helpers import Server, add_tenant, spillway, state_args
+from serve_helpers import Server, add_tenant, slow_clients, spillway, state_args
 
 HEADER_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 256
@@ -42,57 +42,6 @@ def service(tmp_path_factory):
 
 
 # --- a slow client: headers one byte at a time (asyncio, in a thread of its own)
-
-
-async def _slowloris(port: int, sources: list[str], n: int, interval: float, duration: float) -> list[dict]:
-    """``n`` connections from ``sources`` (round robin), each sending the start of a request
-    and then one byte of header lines every ``interval`` s, never ending the headers, for
-    ``duration`` s. Per connection: when it opened, when the server closed it, its answer."""
-    loop = asyncio.get_running_loop()
-    records: list[dict] = []
-
-    class Slow(asyncio.Protocol):
-        def __init__(self, rec):
-            self.rec, self.transport, self.i = rec, None, 0
-
-        def connection_made(self, transport):
-            self.transport = transport
-            self.rec["opened"] = time.monotonic()
-            transport.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-
-        def data_received(self, data):
-            self.rec.setdefault("answer", data.split(b"\r\n", 1)[0].decode("latin1"))
-
-        def connection_lost(self, exc):
-            self.rec["closed"] = time.monotonic()
-
-        def drip(self):
-            if "closed" not in self.rec and not self.transport.is_closing():
-                self.transport.write(b"X-a: b\r\n"[self.i % 8:self.i % 8 + 1])
-                self.i += 1
-
-    async def one(k):
-        rec = {"source": sources[k % len(sources)]}
-        records.append(rec)
-        try:
-            _, proto = await asyncio.wait_for(loop.create_connection(
-                lambda: Slow(rec), "127.0.0.1", port, local_addr=(rec["source"], 0)), 10)
-        except (OSError, asyncio.TimeoutError) as e:
-            rec["error"] = type(e).__name__
-            return None
-        return proto
-
-    protos = [p for p in await asyncio.gather(*(one(k) for k in range(n))) if p is not None]
-    end = time.monotonic() + duration
-    while time.monotonic() < end and any("closed" not in r for r in records):
-        for p in protos:
-            p.drip()
-        await asyncio.sleep(interval)
-    for p in protos:
-        if "closed" not in p.rec:
-            p.transport.abort()
-    await asyncio.sleep(0.1)
-    return records
 
 
 def _healthz_once(port: int, source: str = "127.0.0.1") -> tuple[float, int | str]:
@@ -127,7 +76,7 @@ def test_slow_headers_are_cut_at_the_deadline_and_healthz_stays_fast(service):
     n = 300
     result: list[dict] = []
     attack = threading.Thread(target=lambda: result.extend(asyncio.run(
-        _slowloris(server.port, sources, n, interval=0.1, duration=HEADER_TIMEOUT_S + 4))))
+        slow_clients(server.port, sources, n, interval=0.1, duration=HEADER_TIMEOUT_S + 4))))
     attack.start()
     probes = []
     try:
