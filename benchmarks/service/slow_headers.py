@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -30,21 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "service" / "api"))  # the tests' PostgreSQL and serve helpers
 
-from serve_helpers import PostgresServer, Server, add_tenant, new_database, slow_clients  # noqa: E402
-
-
-def healthz(port: int) -> tuple[float, int | str]:
-    start = time.perf_counter()
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-        status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else "reset"
-    except OSError as e:
-        status = type(e).__name__
-    return time.perf_counter() - start, status
+from serve_helpers import PostgresServer, Server, add_tenant, healthz_once, new_database, slow_clients  # noqa: E402
 
 
 def fds(pid: int) -> tuple[int, int]:
@@ -98,7 +83,7 @@ def main():
         attack.start()
         next_fd = 0.5
         while attack.is_alive():
-            probes.append((round(time.monotonic() - t0, 2), *healthz(server.port)))
+            probes.append((round(time.monotonic() - t0, 2), *healthz_once(server.port)))
             if time.monotonic() - t0 >= next_fd:
                 fd_counts.append(fds(server.proc.pid))
                 next_fd += 0.5

@@ -104,8 +104,7 @@ class DataPlane:
         self._contacts: dict[str, object] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
-        #: post receives before asking (:func:`wire.describe_reply`); on device on GPU workers
-        self.speculate = True
+        #: a GPU worker posts its receives ahead on the device (:meth:`_slots`)
         self.gpu = False
         #: key -> a CUDA event recorded on the default stream when the key's task finished
         #: here: the point its kernels (queued asynchronously) end, no later
@@ -180,7 +179,7 @@ class DataPlane:
         wait for this device's queued work (before its memory is written) ahead of the
         request: on two H100s, W3's and W4's gathers of up to 1 GiB of pieces took longer
         with a slot for every key (benchmarks/NOTES.md)."""
-        if len(keys) != 1 or not self.speculate:
+        if len(keys) != 1:
             return [None] * len(keys)
         state = self.worker.state.tasks.get(keys[0])
         nbytes = int(state.nbytes or 0) if state is not None else 0

@@ -41,3 +41,10 @@ def db_state(request, tmp_path):
     return state
 
 
+@pytest.fixture
+def jobdb(db_state):
+    from spillway.service.jobdb import JobDB
+
+    s = JobDB.open(db_state["state_dir"], db_state.get("db"))
+    yield s
+    s.close()

@@ -293,3 +293,26 @@ async def slow_clients(port: int, sources: list[str], n: int, interval: float, d
             p.transport.abort()
     await asyncio.sleep(0.2)
     return records
+
+
+def healthz_once(port: int, source: str = "127.0.0.1") -> tuple[float, int | str]:
+    """A fresh connection's GET /healthz, as a load balancer's health check does it."""
+    start = time.perf_counter()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else "reset"
+    except OSError as e:
+        status = type(e).__name__
+    return time.perf_counter() - start, status
+
+
+def submit_job(jobdb, tenant, key=None, **kw):
+    """A small job of ``tenant`` straight into the job database (no HTTP)."""
+    args = dict(workflow="transpose-sum", params={"size": "40x40"}, verify=False, priority=0,
+                idempotency_key=key, footprint_bytes=1000)
+    args.update(kw)
+    return jobdb.submit(tenant, **args)

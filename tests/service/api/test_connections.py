@@ -20,7 +20,7 @@ import time
 
 import httpx
 import pytest
-from serve_helpers import Server, add_tenant, slow_clients, spillway, state_args
+from serve_helpers import Server, add_tenant, healthz_once, slow_clients, spillway, state_args
 
 HEADER_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 256
@@ -42,21 +42,6 @@ def service(tmp_path_factory):
 
 
 # --- a slow client: headers one byte at a time (asyncio, in a thread of its own)
-
-
-def _healthz_once(port: int, source: str = "127.0.0.1") -> tuple[float, int | str]:
-    """A fresh connection's GET /healthz, as a load balancer's health check does it."""
-    start = time.perf_counter()
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-        status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else "reset"
-    except OSError as e:
-        status = type(e).__name__
-    return time.perf_counter() - start, status
 
 
 def _metrics(server) -> dict[str, float]:
@@ -81,7 +66,7 @@ def test_slow_headers_are_cut_at_the_deadline_and_healthz_stays_fast(service):
     probes = []
     try:
         while attack.is_alive():
-            probes.append(_healthz_once(server.port))
+            probes.append(healthz_once(server.port))
             time.sleep(0.05)
     finally:
         attack.join(60)
@@ -143,14 +128,14 @@ def test_one_address_holds_at_most_its_cap(service):
         assert answer.startswith(b"HTTP/1.1 503 Service Unavailable") and b"retry-after: 1" in answer, answer
         assert time.perf_counter() - start < 0.5
         # another address is served meanwhile
-        assert _healthz_once(server.port, "127.0.0.21")[1] == 200
+        assert healthz_once(server.port, "127.0.0.21")[1] == 200
         for s in held[:3]:
             assert s.recv(65536).startswith(b"HTTP/1.1 200 OK")
     finally:
         for s in held:
             s.close()
     time.sleep(0.2)
-    assert _healthz_once(server.port, "127.0.0.20")[1] == 200  # served again once they closed
+    assert healthz_once(server.port, "127.0.0.20")[1] == 200  # served again once they closed
     assert _metrics(server)["spillway_http_connections_refused_total{cap=\"client\"}"] >= 1
 
 

@@ -6,23 +6,12 @@ import threading
 import time
 
 import pytest
+from serve_helpers import submit_job as submit
 
 from spillway.service.jobs import next_job
 from spillway.service.jobdb import JobDB, JobDBError, hash_token
 
 
-@pytest.fixture
-def jobdb(db_state):
-    s = JobDB.open(db_state["state_dir"], db_state.get("db"))
-    yield s
-    s.close()
-
-
-def submit(jobdb, tenant, key=None, **kw):
-    args = dict(workflow="transpose-sum", params={"size": "40x40"}, verify=False, priority=0,
-                idempotency_key=key, footprint_bytes=1000)
-    args.update(kw)
-    return jobdb.submit(tenant, **args)
 
 
 def test_backend_is_the_one_asked_for(jobdb, db_state):

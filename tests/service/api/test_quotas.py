@@ -18,26 +18,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from serve_helpers import submit_job as submit
 from serve_helpers import Server, add_tenant, jobs_json, postgres_if_installed, wait_for
 
-from spillway.service.jobdb import JobDB, QuotaExceeded
+from spillway.service.jobdb import QuotaExceeded
 from spillway.service.jobs.order import next_job
 
 FLOOD = int(os.environ.get("SPILLWAY_FLOOD_JOBS", "400"))
 
 
-@pytest.fixture
-def jobdb(db_state):
-    s = JobDB.open(db_state["state_dir"], db_state.get("db"))
-    yield s
-    s.close()
-
-
-def submit(jobdb, tenant, key=None, **kw):
-    args = dict(workflow="transpose-sum", params={"size": "40x40"}, verify=False, priority=0,
-                idempotency_key=key, footprint_bytes=1000)
-    args.update(kw)
-    return jobdb.submit(tenant, **args)
 
 
 def test_the_queue_quota_is_counted_exactly(jobdb):
