@@ -208,6 +208,8 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
         result.bytes_moved.append(measure.bytes_moved)
         result.bytes_spilled.append(measure.bytes_spilled)
         result.persist_s.append(measure.persist_s)
+        if measure.tasks is not None:
+            result.tasks.append(measure.tasks)
         result.spill.append(measure.spill)
         result.persist_spill.append(measure.persist_spill)
         result.resident = measure.resident

@@ -57,6 +57,8 @@ class RunMeasure:
     value: Any = None
     #: the clock's start and stop as wall-clock times (``time.time()``)
     window: tuple[float, float] | None = None
+    #: tasks the scheduler ran for the timed part (after dask's optimisation)
+    tasks: int | None = None
 
 
 def spill_moves(before: dict, after: dict) -> dict:
@@ -133,6 +135,8 @@ class SideResult:
     bytes_moved: list[int] = field(default_factory=list)
     bytes_spilled: list[int] = field(default_factory=list)
     persist_s: list[float] = field(default_factory=list)
+    #: tasks of each timed run
+    tasks: list[int] = field(default_factory=list)
     spill: list[dict] = field(default_factory=list)
     persist_spill: list[dict] = field(default_factory=list)
     resident: dict | None = None
@@ -178,6 +182,7 @@ class SideResult:
             "transfer_gbps_median_256mib": large["median"],
             "bytes_moved": int(statistics.median(self.bytes_moved)) if self.bytes_moved else None,
             "bytes_spilled": int(statistics.median(self.bytes_spilled)) if self.bytes_spilled else None,
+            "tasks": max(self.tasks) if self.tasks else None,
             "skipped": self.skipped,
             "expected_failure": self.expected_failure if self.error else None,
             "persist_s": statistics.median(self.persist_s) if self.persist_s else None,
@@ -250,6 +255,9 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
     if failed:
         failed[0].result()  # raises the task's exception
     after = client.run(worker_snapshot)
+    # the scheduler still knows every task of the timed part (its results are held), and
+    # the persisted inputs beside them
+    tasks = client.run_on_scheduler(_scheduler_tasks) - len(inputs)
     value = client.gather(futures[0]) if keep_value else None
     del persisted, futures, inputs, op
 
@@ -267,7 +275,7 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
     return RunMeasure(seconds=seconds, transfers=transfers, bytes_moved=moved, bytes_spilled=spilled,
                       persist_s=persist_s, spill=spill_moves(before, after),
                       persist_spill=spill_moves(start_persist, before), resident=resident_bytes(before),
-                      value=value, window=window)
+                      value=value, window=window, tasks=tasks)
 
 
 def timed_run_recorded(client, collection, *, record: bool, **kwargs) -> tuple[RunMeasure, dict | None]:

@@ -235,8 +235,8 @@ def bounds_section(results: dict) -> list[str]:
 
 def short_table(results: dict) -> str:
     """The few columns printed last on the terminal."""
-    rows = [("workload", "spillway s", "baseline s", "speedup", "xfer GB/s", "of peer", "bound s (compute/copy)",
-             "x bound")]
+    rows = [("workload", "spillway s", "baseline s", "speedup", "tasks (spillway/baseline)", "xfer GB/s", "of peer",
+             "bound s (compute/copy)", "x bound")]
     for w in results["workloads"]:
         errors = [s for s in SIDES if (w.get(s) or {}).get("error")]
         expected = (w.get("baseline") or {}).get("expected_failure") and errors == ["baseline"]
@@ -244,6 +244,8 @@ def short_table(results: dict) -> str:
             w["name"], fmt_value(w["spillway_s"]), fmt_value(w["baseline_s"]),
             ("baseline failed (expected)" if expected else "failed: " + ",".join(errors) if errors else
              "no baseline" if w.get("baseline_skipped") else fmt_value(w["speedup"], "{:.2f}x")),
+            f"{fmt_value((w.get('spillway') or {}).get('tasks'), '{:,}')}/"
+            f"{fmt_value((w.get('baseline') or {}).get('tasks'), '{:,}')}",
             fmt_value(w["transfer_gbps_median"], "{:.1f}"), fmt_percent(w["transfer_ratio_to_peer_copy"]),
             _bound_text(w.get("bound")),
             fmt_value((w.get("bound") or {}).get("ratio") or w.get("time_over_copy_bound"), "{:.1f}x"),

@@ -30,16 +30,16 @@ def local(**option_keywords) -> Local:
     return Local(Options.resolve(**option_keywords))
 
 
-def session_config(kind: str, config: Mapping) -> dict:
-    """Dask settings for the user's own code while a local cluster is open: on GPU workers,
-    rechunks move device chunks as they are (the task-based method, as spillway's rechunk
-    workflow does) rather than through dask's peer-to-peer shuffle, which shards them
-    through host memory and failed plain dask-cuda on a 200 GB rechunk. A method the user
-    chose is kept."""
+def session_config(config: Mapping) -> dict:
+    """Dask settings for the user's own code while a local cluster is open: rechunks take
+    the peer-to-peer path, which on spillway's clusters is the collective
+    (:mod:`spillway.cluster.collective`: pieces cut once, moved in bulk device to device,
+    a few tasks a chunk) whatever the graph's size; dask alone would pick its task-based
+    method below its threshold. A method the user chose is kept."""
     chosen = config.get("array", {}).get("rechunk", {}).get("method")
-    if kind != "gpu" or chosen is not None:
+    if chosen is not None:
         return {}
-    return {"array.rechunk.method": "tasks"}
+    return {"array.rechunk.method": "p2p"}
 
 
 class Local(Cluster):
@@ -63,7 +63,7 @@ class Local(Cluster):
         super().__init__(session, stack)
         import dask.config
 
-        stack.enter_context(dask.config.set(session_config(session.kind, dask.config.config)))
+        stack.enter_context(dask.config.set(session_config(dask.config.config)))
 
     def _most_workers(self) -> int | None:
         """GPU workers: the planned GPUs' (dask-cuda starts one per visible GPU, and the

@@ -1,7 +1,7 @@
 """fft: the discrete Fourier transform along axis 0, which the input is chunked along.
 
 An FFT needs the whole axis in one piece, so the row-chunked input is first rechunked
-into column panels (an all-to-all exchange), then each panel is transformed on its worker
+into column panels (an all-to-all exchange, spillway's collective), then each panel is transformed on its worker
 with CuPy's cuFFT or NumPy's pocketfft. The reference transforms a window of columns of
 the same input in NumPy float64 (complex128).
 """
@@ -9,6 +9,8 @@ the same input in NumPy float64 (complex128).
 from __future__ import annotations
 
 import numpy as np
+
+from spillway.cluster.collective import rechunk
 
 from . import inputs
 from .backend import module_of
@@ -43,7 +45,7 @@ def build(params: Params, target: Target):
     source = inputs.open_source(params, target, chunks)
     x = source.array
     out_dtype = np.result_type(x.dtype, np.complex64)
-    panels_x = x.rechunk(panels, method="tasks")
+    panels_x = rechunk(x, panels)
     y = panels_x.map_blocks(_fft_axis0, dtype=out_dtype, meta=x._meta.astype(out_dtype))
     itemsize = np.dtype(out_dtype).itemsize
     if shape[0] * shape[1] * itemsize <= FULL_CHECK_BYTES:

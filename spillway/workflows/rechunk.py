@@ -2,8 +2,9 @@
 
 Every output panel takes a piece of every input panel, so each worker sends to and
 receives from every other: the workflow measures the fabric between workers. The
-rechunk uses dask's task-based method, which moves device chunks as they are (dask's
-peer-to-peer method shards through host memory).
+rechunk is spillway's collective (:mod:`spillway.cluster.collective`): each panel cut
+once into the pieces the others need, the pieces taken in bulk, device to device, by the
+worker that assembles each output panel; a task a panel, not one a piece.
 
 The reference is the input itself, read back in NumPy float64: the rechunked array must
 hold exactly the same values at the same positions.
@@ -11,6 +12,8 @@ hold exactly the same values at the same positions.
 
 from __future__ import annotations
 
+
+from spillway.cluster.collective import rechunk
 
 from . import inputs
 from .chunking import panel_rows
@@ -40,7 +43,7 @@ def check(params: Params, target: Target) -> None:
 def build(params: Params, target: Target):
     shape, row_panels, col_panels = _panels(params, target)
     source = inputs.open_source(params, target, row_panels)
-    y = source.array.rechunk(col_panels, method="tasks")
+    y = rechunk(source.array, col_panels)
     itemsize = y.dtype.itemsize
     if shape[0] * shape[1] * itemsize <= FULL_CHECK_BYTES:
         probe = (slice(0, shape[0]), slice(0, shape[1]))
@@ -58,12 +61,17 @@ def build(params: Params, target: Target):
     return array_run(y, probe=y[probe], reference=reference, footprint=fp, source=source)
 
 
+#: bytes of the client's graph for each piece a collective's task names (its slices)
+BYTES_PER_PIECE = 160
+
+
 def graph(workflow, params: Params, target: Target) -> GraphSize:
-    """All-to-all: every row panel meets every column panel."""
+    """All-to-all: every row panel meets every column panel. The collective makes a task of
+    each panel, in and out, but its tasks name every piece they cut or assemble."""
     shape, (rows, _), (_, cols) = _panels(params, target)
     p, q = -(-shape[0] // rows), -(-shape[1] // cols)
-    tasks = 4 * (p + q) + 2 * p * q
-    return GraphSize(tasks=tasks, client_bytes=tasks * BYTES_PER_TASK,
+    tasks = 4 * (p + q) + 1
+    return GraphSize(tasks=tasks, client_bytes=tasks * BYTES_PER_TASK + 2 * p * q * BYTES_PER_PIECE,
                      why=f"{p:,} row panels to {q:,} column panels")
 
 

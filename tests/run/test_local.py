@@ -158,16 +158,23 @@ def test_local_on_gpus_runs_cupy_chunks(tmp_path, gpu_count):
         assert rel_error(got, expected) <= 1e-12
 
 
-def test_gpu_sessions_rechunk_with_tasks_unless_the_user_chose():
+def test_sessions_rechunk_through_the_collective_unless_the_user_chose():
     from spillway.run.local import session_config
 
-    assert session_config("gpu", {"array": {"rechunk": {"method": None}}}) == {"array.rechunk.method": "tasks"}
-    assert session_config("gpu", {"array": {"rechunk": {"method": "p2p"}}}) == {}
-    assert session_config("cpu", {"array": {"rechunk": {"method": None}}}) == {}
+    assert session_config({"array": {"rechunk": {"method": None}}}) == {"array.rechunk.method": "p2p"}
+    assert session_config({"array": {"rechunk": {"method": "tasks"}}}) == {}
 
 
-def test_a_cpu_session_leaves_dask_s_rechunk_method_alone():
+def test_a_cpu_session_rechunks_through_the_collective():
+    import dask.array as da
     import dask.config
 
-    with spillway.local(cpu=True, n_workers=1, dashboard_address=None):
-        assert dask.config.get("array.rechunk.method") is None
+    with spillway.local(cpu=True, n_workers=2, dashboard_address=None) as lc:
+        assert dask.config.get("array.rechunk.method") == "p2p"
+        x = da.random.default_rng(3).random((400, 300), chunks=(50, 300)).persist()
+        y = x.rechunk((400, 30))
+        assert any(name.startswith("spillway-cut-") for name in y.dask.layers)
+        assert np.array_equal(y.compute(), x.compute())
+        # the pieces were all taken: nothing is left in the workers' stores
+        left = lc.client.run(lambda dask_worker: [k for k in dask_worker.data if str(k).startswith("('spillway-")])
+        assert not any(left.values())

@@ -1,0 +1,19 @@
+"""Rechunks as one collective: each worker cuts its input chunks into the pieces each
+output chunk needs, keeps them in its store, and the output chunks' assemblies take their
+pieces from every worker in bulk (over the data plane between GPUs, device to device).
+A few tasks a chunk, not one a piece.
+
+- :mod:`.plan`: which piece of which input goes where, from the chunk grids alone;
+- :mod:`.graph`: the dask array (cut, barrier, assemble) of a rechunk;
+- :mod:`.exchange`: those tasks as they run on the workers;
+- :mod:`.placement`: the scheduler plugin that spreads the assemblies and drops leftovers;
+- :mod:`.method`: users' ``x.rechunk(...)`` routed here on spillway's clusters.
+"""
+
+from .exchange import CollectiveLost
+from .graph import rechunk, tasks_of
+from .method import use_on
+from .placement import PLUGIN_NAME, CollectivePlacement
+from .plan import Plan
+
+__all__ = ["PLUGIN_NAME", "CollectiveLost", "CollectivePlacement", "Plan", "rechunk", "tasks_of", "use_on"]

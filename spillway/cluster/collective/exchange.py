@@ -1,0 +1,284 @@
+"""The collective's tasks as they run on the workers: cut, barrier, assemble.
+
+- :func:`cut` (one task per input chunk) cuts its chunk into the piece each output chunk
+  needs and keeps the pieces in its worker's store under keys of their own
+  (``(pieces name, input, output)``): counted, spilled to host and disk like any value.
+  It returns its worker's address.
+- :func:`barrier` (one per partial) waits for every cut of its partial and returns where
+  each input's pieces are. The scheduler plugin (:mod:`.placement`) spreads the outputs
+  over the workers as it ends.
+- :func:`assemble` (one task per output chunk) takes its pieces from every worker that
+  holds some, in one request per worker, all at once (the data plane where both ends have
+  it: device to device, received into the RMM pool; the worker's comm otherwise), and
+  writes them into the output chunk on the device. A piece taken is gone from its holder.
+
+A worker lost once the cuts are done takes pieces with it that nothing can make again
+without the whole exchange: the assembly that needs them fails with
+:class:`CollectiveLost`, one line naming the worker, and the computation with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+
+from ..errors import SpillwayError
+
+logger = logging.getLogger("spillway.collective")
+
+#: worker handlers: take pieces (the comm path) and drop a collective's leftovers
+TAKE = "spillway_collective_take"
+DROP = "spillway-collective-drop"
+#: seconds an assembly keeps asking a holder that answers busy
+BUSY_PATIENCE_S = 120.0
+
+#: pieces of collectives run without a distributed worker (dask's local schedulers)
+_LOCAL: dict = {}
+
+
+class CollectiveLost(SpillwayError, RuntimeError):
+    """Pieces of an exchange are gone with their worker: the exchange cannot finish."""
+
+
+def _worker():
+    try:
+        from distributed import get_worker
+
+        return get_worker()
+    except (ImportError, ValueError):
+        return None
+
+
+def _synchronize(array) -> None:
+    # the pieces' copies run asynchronously on the device; a holder may send them (over
+    # UCX, on streams of its own) as soon as the task that made them has returned
+    if type(array).__module__.startswith("cupy"):
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+
+
+def _contiguous(array):
+    if type(array).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy.ascontiguousarray(array)
+    import numpy
+
+    return numpy.ascontiguousarray(array)
+
+
+def cut(block, name: str, i: int, pieces: list) -> str | None:
+    """Cut input chunk ``i`` into ``pieces`` (output index, slices) and keep them here."""
+    cut_pieces = {(name, i, j): _contiguous(block[src]) for j, src in pieces}
+    if cut_pieces:
+        _synchronize(next(iter(cut_pieces.values())))
+    worker = _worker()
+    if worker is None:
+        _LOCAL.update(cut_pieces)
+        return None
+    ensure_handlers(worker)
+    _on_loop(worker, _store, worker, cut_pieces)
+    return worker.address
+
+
+def barrier(name: str, inputs: list, *holders) -> dict:
+    """Every cut of a partial is done: input index -> the worker that holds its pieces."""
+    worker = _worker()
+    if worker is not None:
+        ensure_handlers(worker)
+    return dict(zip(inputs, holders))
+
+
+def assemble(holders: dict, name: str, j: int, shape: tuple, parts: list):
+    """Output chunk ``j`` of ``shape`` from its ``parts`` (input index, slices in the
+    output), taken from their ``holders``."""
+    keys = [(name, i, j) for i, _ in parts]
+    worker = _worker()
+    if worker is None:
+        values = {k: _LOCAL.pop(k) for k in keys}
+    else:
+        ensure_handlers(worker)
+        by_holder: dict = defaultdict(list)
+        for i, _ in parts:
+            by_holder[holders[i]].append((name, i, j))
+        values = _on_loop(worker, _take_all, worker, dict(by_holder))
+    if len(parts) == 1 and tuple(values[keys[0]].shape) == tuple(shape):
+        return values[keys[0]]  # the whole output chunk in one piece: no copy
+    first = values[keys[0]]
+    xp = _module(first)
+    out = xp.empty(shape, dtype=first.dtype)
+    for key, (_, dst) in zip(keys, parts):
+        out[dst] = values[key]
+    return out
+
+
+def _module(array):
+    if type(array).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    import numpy
+
+    return numpy
+
+
+# --- on the worker's event loop
+
+
+def _on_loop(worker, fn, *args):
+    from distributed.utils import sync
+
+    return sync(worker.loop, fn, *args)
+
+
+async def _store(worker, pieces: dict) -> None:
+    for key, value in pieces.items():
+        worker.data[key] = value
+
+
+async def _take_all(worker, by_holder: dict) -> dict:
+    """Every piece of ``by_holder`` (address -> keys), from all holders at once."""
+    results = await asyncio.gather(*(_take(worker, holder, keys) for holder, keys in by_holder.items()))
+    values: dict = {}
+    for found in results:
+        values.update(found)
+    return values
+
+
+async def _take(worker, holder: str, keys: list) -> dict:
+    if holder == worker.address:
+        return _pop(worker, keys, holder)
+    deadline = time.monotonic() + BUSY_PATIENCE_S
+    delay = 0.001
+    while True:
+        start = time.time()
+        try:
+            response = await _fetch(worker, holder, keys)
+        except OSError as e:  # distributed's CommClosedError is one: the holder is gone
+            raise CollectiveLost(_lost_line(keys, holder, f"{type(e).__name__}: {e}")) from None
+        if response.get("status") == "OK":
+            data = response["data"]
+            missing = [k for k in keys if k not in data]
+            if missing:
+                raise CollectiveLost(_lost_line(missing, holder, "its pieces are gone (the worker restarted, "
+                                                                 "or the exchange was stopped)"))
+            _log_incoming(worker, holder, data, start)
+            return data
+        if time.monotonic() > deadline:
+            raise CollectiveLost(_lost_line(keys, holder, f"it answered busy for {BUSY_PATIENCE_S:.0f} s"))
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+async def _fetch(worker, holder: str, keys: list) -> dict:
+    """The data plane where both ends have one (then the holder drops what it sent), the
+    worker's comm otherwise (the holder's handler pops what it sends)."""
+    from ..dataplane.hook import PLANES
+
+    plane = PLANES.get(worker.address)
+    if plane is not None and await plane.reaches(holder):
+        response = await plane.fetch(holder, keys)
+        if response is not None:
+            if response.get("status") == "OK":
+                _drop_later(worker, holder, keys)
+            return response
+    return await worker.rpc(holder).spillway_collective_take(keys=keys)
+
+
+def _log_incoming(worker, holder: str, data: dict, start: float) -> None:
+    """The move in the worker's incoming transfer log, as a gather's (the bench and the
+    dashboard read bytes moved there)."""
+    stop = time.time()
+    sizes = {k: int(getattr(v, "nbytes", 0)) for k, v in data.items()}
+    total = sum(sizes.values())
+    delay = worker.scheduler_delay
+    worker.transfer_incoming_log.append({
+        "start": start + delay, "stop": stop + delay, "middle": (start + stop) / 2 + delay,
+        "duration": stop - start, "who": holder, "keys": sizes, "total": total, "compressed": None,
+        "bandwidth": total / max(stop - start, 1e-6)})
+
+
+def _drop_later(worker, holder: str, keys: list) -> None:
+    async def drop():
+        try:
+            await worker.rpc(holder).spillway_collective_take(keys=keys, send=False)
+        except OSError:
+            pass  # the holder is gone, and its pieces with it
+
+    task = asyncio.ensure_future(drop())
+    _PENDING.add(task)
+    task.add_done_callback(_PENDING.discard)
+
+
+_PENDING: set = set()
+
+
+def _pop(worker, keys: list, holder: str) -> dict:
+    missing = [k for k in keys if k not in worker.data]
+    if missing:
+        raise CollectiveLost(_lost_line(missing, holder, "its pieces are gone (the exchange was stopped)"))
+    return {k: _pop_value(worker.data, k) for k in keys}
+
+
+def _pop_value(data, key):
+    # distributed's SpillBuffer (CPU workers) refuses ``pop``: it would read a spilled value
+    # back only to drop it
+    value = data[key]
+    del data[key]
+    return value
+
+
+def _lost_line(keys: list, holder: str, why: str) -> str:
+    name, _, j = keys[0]
+    return (f"rechunk exchange {name.removeprefix('spillway-pieces-')[:12]}: output chunk {j} cannot get "
+            f"{len(keys)} piece(s) from worker {holder}: {why}; the computation stops (a worker lost "
+            f"mid-exchange takes pieces only the whole exchange could make again)")
+
+
+# --- the holder's side
+
+
+def ensure_handlers(worker) -> None:
+    """The handlers a holder answers with, added the first time a collective runs here
+    (a worker of any cluster can run one: no plugin needed)."""
+    if TAKE not in worker.handlers:
+        worker.handlers[TAKE] = _take_handler(worker)
+    if DROP not in worker.stream_handlers:
+        worker.stream_handlers[DROP] = _drop_handler(worker)
+
+
+def _take_handler(worker):
+    async def take(keys=(), send=True):
+        from distributed.protocol import to_serialize
+
+        keys = [tuple(k) if isinstance(k, list) else k for k in keys]
+        if not send:  # the data plane sent them: only drop them
+            for k in keys:
+                if k in worker.data:
+                    del worker.data[k]
+            return None
+        data = {k: _pop_value(worker.data, k) for k in keys if k in worker.data}
+        return {"status": "OK", "data": {k: to_serialize(v) for k, v in data.items()}}
+
+    return take
+
+
+def _drop_handler(worker):
+    def drop(name=None, **_):
+        """What an exchange left here once it ended (stopped, failed or cancelled)."""
+        left = [k for k in list(worker.data) if type(k) is tuple and len(k) == 3 and k[0] == name]
+        for key in left:
+            if key in worker.data:
+                del worker.data[key]
+        if left:
+            logger.info("dropped %d piece(s) an exchange left on %s", len(left), worker.address)
+
+    return drop
+
+
+def local_pieces() -> int:
+    """Pieces held in this process for dask's local schedulers (tests)."""
+    return len(_LOCAL)

@@ -1,0 +1,77 @@
+"""A rechunk as a collective, as a dask array: one cut a input chunk, one barrier a
+partial, one assembly an output chunk (:mod:`.exchange`), so the task count grows with
+the chunks, not with chunks x chunks as dask's task-based rechunk does."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .exchange import assemble, barrier, cut
+from .placement import BARRIER_PREFIX, pieces_name
+from .plan import Plan
+
+CUT_PREFIX = "spillway-cut-"
+OUTPUT_PREFIX = "rechunk-exchange-"
+
+
+def _flat(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    return int(np.ravel_multi_index(index, shape)) if shape else 0
+
+
+def rechunk(x, chunks, *, plan: Plan | None = None):
+    """``x`` rechunked to ``chunks`` (anything ``dask.array.rechunk`` takes), through the
+    collective where pieces of several inputs meet in several outputs; a rechunk that only
+    splits or only merges chunks is dask's own (it moves no piece twice)."""
+    import dask.array as da
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    chunks = _normalized(x, chunks)
+    if chunks == x.chunks:
+        return x
+    plan = plan or Plan(x.chunks, chunks)
+    if not plan.exchanges:
+        return x.rechunk(chunks, method="tasks")
+    token = tokenize(x, chunks)
+    out_name = OUTPUT_PREFIX + token
+    cut_name, barrier_name = CUT_PREFIX + token, BARRIER_PREFIX + token
+    in_grid = tuple(len(c) for c in x.chunks)
+    out_grid = tuple(len(c) for c in chunks)
+    cuts, barriers, outputs = {}, {}, {}
+    for p, partial in enumerate(plan.partials):
+        pieces = pieces_name((barrier_name, p))
+        inputs = [_flat(i, in_grid) for i in partial.inputs]
+        for index, flat in zip(partial.inputs, inputs):
+            sends = [(_flat(j, out_grid), src) for j, src in plan.pieces_of(index)]
+            cuts[(cut_name, *index)] = (cut, (x.name, *index), pieces, flat, sends)
+        barriers[(barrier_name, p)] = (barrier, pieces, inputs, *[(cut_name, *i) for i in partial.inputs])
+        for index in partial.outputs:
+            parts = [(_flat(i, in_grid), dst) for i, dst in plan.parts_of(index)]
+            outputs[(out_name, *index)] = (assemble, (barrier_name, p), pieces, _flat(index, out_grid),
+                                           plan.output_shape(index), parts)
+    # the cuts' layer says the input's chunks: the capacity check counts each cut's pieces
+    # as its input chunk's bytes (:mod:`spillway.cluster.memory.graph_bytes`)
+    array_info = {"type": type(x), "chunks": x.chunks, "dtype": x.dtype}
+    layers = {
+        cut_name: MaterializedLayer(cuts, collection_annotations=array_info),
+        barrier_name: MaterializedLayer(barriers),
+        out_name: MaterializedLayer(outputs),
+    }
+    dependencies = {cut_name: set(x.__dask_layers__()), barrier_name: {cut_name}, out_name: {barrier_name}}
+    graph = HighLevelGraph.merge(x.dask, HighLevelGraph(layers, dependencies))
+    return da.Array(graph, out_name, chunks, meta=x._meta)
+
+
+def _normalized(x, chunks):
+    from dask.array.core import normalize_chunks
+
+    if isinstance(chunks, dict):
+        chunks = tuple(chunks.get(d, chunks.get(d - x.ndim, x.chunks[d])) for d in range(x.ndim))
+    chunks = tuple(x.chunks[d] if c is None else c for d, c in enumerate(chunks))
+    return normalize_chunks(chunks, x.shape, dtype=x.dtype, previous_chunks=x.chunks)
+
+
+def tasks_of(x, chunks) -> int:
+    """How many tasks the collective makes of ``x.rechunk(chunks)`` (the bench prints it
+    beside the tasks method's)."""
+    return Plan(x.chunks, _normalized(x, chunks)).tasks()
