@@ -37,15 +37,16 @@ def test_a_panel_rechunk_moves_device_pieces_and_equals_the_tasks_method(gpu_cou
         x = x.persist()
         before = client.run(_incoming)
         planes_before = client.run(counters)
-        y = rechunk(x, (12000, 700)).persist()
+        lazy = rechunk(x, (12000, 700))
+        # a task a chunk in and out, a barrier: not a task a piece
+        layers = {name: len(layer) for name, layer in lazy.dask.layers.items() if "spillway-cut" in name
+                  or "rechunk-exchange" in name or "spillway-barrier" in name}
+        assert sum(layers.values()) == 12 + 13 + 1, layers
+        y = lazy.persist()
         got = cupy.asnumpy(y.compute())
         want = cupy.asnumpy(x.rechunk((12000, 700), method="tasks").compute())
         assert np.array_equal(got, want)
         assert isinstance(y._meta, cupy.ndarray) or type(y._meta).__module__.startswith("cupy")
-        # a task a chunk in and out, a barrier: not a task a piece
-        layers = {name: len(layer) for name, layer in y.dask.layers.items() if "spillway-cut" in name
-                  or "rechunk-exchange" in name or "spillway-barrier" in name}
-        assert sum(layers.values()) == 12 + 13 + 1, layers
         after = client.run(_incoming)
         moved = sum(after.values()) - sum(before.values())
         # about half the pieces cross between the two workers (each holds half the panels)
@@ -54,7 +55,7 @@ def test_a_panel_rechunk_moves_device_pieces_and_equals_the_tasks_method(gpu_cou
         fetched = sum((planes_after[w] or {}).get("fetched", 0) - (planes_before[w] or {}).get("fetched", 0)
                       for w in planes_after)
         assert fetched > 0, planes_after
-        del y
+        del y, lazy
         assert sum(client.run(_left).values()) == 0
 
         # users' code: dask picks its p2p path, which is the collective on this cluster

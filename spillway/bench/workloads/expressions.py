@@ -26,6 +26,14 @@ def rechunk(p, backend, seed):
     return x.rechunk(p["to_chunks"], method="tasks")
 
 
+def rechunk_exchange(p, backend, seed):
+    """W3 as spillway runs it: the collective (:mod:`spillway.cluster.collective`)."""
+    from spillway.cluster.collective import rechunk as exchange
+
+    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
+    return exchange(x, p["to_chunks"])
+
+
 def complex_block(seed, shape, location, backend):
     real = random.uniform_block(seed, 0, shape, location, "float64", backend)
     imag = random.uniform_block(seed, 1, shape, location, "float64", backend)
@@ -55,6 +63,16 @@ def fft(p, backend, seed):
     x = complex_uniform(p["shape"], p["chunks"], seed=seed, backend=backend)
     # the transformed axis must be one chunk: gathering it is the all-to-all transfer
     return da.fft.fft(x.rechunk(p["to_chunks"], method="tasks"), axis=0)
+
+
+def fft_exchange(p, backend, seed):
+    """W4 as spillway runs it: the transform axis gathered by the collective."""
+    import dask.array as da
+
+    from spillway.cluster.collective import rechunk as exchange
+
+    x = complex_uniform(p["shape"], p["chunks"], seed=seed, backend=backend)
+    return da.fft.fft(exchange(x, p["to_chunks"]), axis=0)
 
 
 def laplacian(block):

@@ -31,7 +31,7 @@ STANDARD = (
                                     out_chunks=(40000, 1000)),
                "tiny": same_shape(square((2000, 2000), (50, 2000)), to_chunks=(2000, 50),
                                    out_chunks=(2000, 50))},
-        direct=ex.rechunk,
+        direct=ex.rechunk_exchange,
         # plain dask-cuda rechunks with dask's task-based method (its P2P fails on CuPy
         # chunks); spillway's workflow is the collective
         baseline_direct=ex.rechunk,
@@ -46,7 +46,7 @@ STANDARD = (
                                     to_chunks=(20000, 1000)),
                "tiny": same_shape({"shape": (1024, 1024), "chunks": (256, 256), "dtype": "complex128"},
                                    to_chunks=(1024, 64))},
-        direct=ex.fft, baseline_direct=ex.fft, workflow_params=workflow_size, work=bounds.streamed(4),
+        direct=ex.fft_exchange, baseline_direct=ex.fft, workflow_params=workflow_size, work=bounds.streamed(4),
     ),
     Workload(
         name="W5", title="3-D 7-point stencil", workflow="stencil",

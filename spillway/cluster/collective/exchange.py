@@ -107,12 +107,48 @@ def assemble(holders: dict, name: str, j: int, shape: tuple, parts: list):
         values = _on_loop(worker, _take_all, worker, dict(by_holder))
     if len(parts) == 1 and tuple(values[keys[0]].shape) == tuple(shape):
         return values[keys[0]]  # the whole output chunk in one piece: no copy
-    first = values[keys[0]]
-    xp = _module(first)
-    out = xp.empty(shape, dtype=first.dtype)
-    for key, (_, dst) in zip(keys, parts):
-        out[dst] = values[key]
-    return out
+    return _joined([values[k] for k in keys], [dst for _, dst in parts], shape)
+
+
+def _joined(pieces: list, places: list, shape: tuple):
+    """The output chunk of ``shape`` from ``pieces`` at ``places`` (slices): the pieces
+    form a grid (each axis cut at the input chunks' boundaries), joined axis by axis with
+    one ``concatenate`` each, as dask's ``concatenate3`` joins blocks; a piece set that is
+    no grid is written piece by piece."""
+    xp = _module(pieces[0])
+    starts = [sorted({p[d].start for p in places}) for d in range(len(shape))]
+    grid_shape = tuple(len(s) for s in starts)
+    if len(pieces) == 1 or len(pieces) != _count(grid_shape):
+        out = xp.empty(shape, dtype=pieces[0].dtype)
+        for piece, place in zip(pieces, places):
+            out[place] = piece
+        return out
+    grid = [None] * len(pieces)
+    for piece, place in zip(pieces, places):
+        grid[_grid_index([starts[d].index(place[d].start) for d in range(len(shape))], grid_shape)] = piece
+    return _concatenate(xp, grid, grid_shape, 0)
+
+
+def _count(grid_shape) -> int:
+    n = 1
+    for g in grid_shape:
+        n *= g
+    return n
+
+
+def _grid_index(index, grid_shape) -> int:
+    flat = 0
+    for i, g in zip(index, grid_shape):
+        flat = flat * g + i
+    return flat
+
+
+def _concatenate(xp, flat: list, grid_shape: tuple, axis: int):
+    if len(grid_shape) == 1:
+        return flat[0] if len(flat) == 1 else xp.concatenate(flat, axis=axis)
+    step = len(flat) // grid_shape[0]
+    parts = [_concatenate(xp, flat[k * step:(k + 1) * step], grid_shape[1:], axis + 1) for k in range(grid_shape[0])]
+    return parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=axis)
 
 
 def _module(array):
@@ -158,7 +194,7 @@ async def _take(worker, holder: str, keys: list) -> dict:
         try:
             response = await _fetch(worker, holder, keys)
         except OSError as e:  # distributed's CommClosedError is one: the holder is gone
-            raise CollectiveLost(_lost_line(keys, holder, f"{type(e).__name__}: {e}")) from None
+            raise CollectiveLost(_lost_line(keys, holder, f"the worker is gone ({type(e).__name__})")) from None
         if response.get("status") == "OK":
             data = response["data"]
             missing = [k for k in keys if k not in data]
