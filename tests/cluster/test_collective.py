@@ -117,6 +117,43 @@ def test_real_workers_give_the_same_bits_and_keep_no_piece(client, shape, chunks
     assert sum(client.run(_pieces_left).values()) == 0
 
 
+def _taken_key_lengths(dask_worker=None) -> list:
+    return sorted({len(k) for e in dask_worker.transfer_incoming_log for k in e["keys"]
+                   if type(k) is tuple and str(k[0]).startswith("spillway-pieces-")})
+
+
+@pytest.fixture
+def pieces_only(client):
+    """The scheduler's plugin told that no exchange fits: every piece a value of its own
+    (what an exchange larger than the devices does)."""
+    from spillway.cluster.collective import PLUGIN_NAME
+
+    client.unregister_scheduler_plugin(PLUGIN_NAME)
+    client.register_plugin(CollectivePlacement(fit_fraction=0.0))
+    yield client
+    client.unregister_scheduler_plugin(PLUGIN_NAME)
+    client.register_plugin(CollectivePlacement())
+
+
+@pytest.mark.parametrize("shape, chunks, new", GRIDS[:5])
+def test_an_exchange_too_large_to_group_moves_pieces_with_the_same_bits(pieces_only, shape, chunks, new):
+    client = pieces_only
+    client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
+    x = _array(shape, chunks, seed=4).persist()
+    want = x.rechunk(new, method="tasks").compute()
+    assert np.array_equal(client.compute(rechunk(x, new)).result(timeout=60), want)
+    lengths = {n for found in client.run(_taken_key_lengths).values() for n in found}
+    assert lengths <= {3}, lengths  # (pieces, input, output): no packed buffer moved
+
+
+def test_a_grouped_exchange_moves_one_buffer_an_input_and_worker(client):
+    client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
+    x = _array((300, 300), (25, 300), seed=6).persist()
+    assert np.array_equal(client.compute(rechunk(x, (300, 25))).result(timeout=60), x.compute())
+    lengths = {n for found in client.run(_taken_key_lengths).values() for n in found}
+    assert lengths == {4}, lengths  # (pieces, "g", input, worker)
+
+
 def test_assemblies_are_spread_over_the_workers(client):
     from distributed import futures_of, wait
 

@@ -36,11 +36,14 @@ def _pieces_left(dask_worker=None) -> int:
     return sum(1 for k in dask_worker.data if type(k) is tuple and str(k[0]).startswith("spillway-pieces-"))
 
 
+@pytest.mark.parametrize("fit", [0.25, 0.0], ids=["grouped", "pieces"])
 @pytest.mark.parametrize("new", [(600, 40), (70, 90), ((100, 500), (250, 350))])
-def test_pieces_cross_the_plane_and_the_values_hold(ucx_client, new):
-    from spillway.cluster.collective import rechunk
+def test_pieces_cross_the_plane_and_the_values_hold(ucx_client, new, fit):
+    from spillway.cluster.collective import PLUGIN_NAME, CollectivePlacement, rechunk
 
     client = ucx_client
+    client.unregister_scheduler_plugin(PLUGIN_NAME)
+    client.register_plugin(CollectivePlacement(fit_fraction=fit))
     x = da.random.default_rng(4).random((600, 600), chunks=(50, 600)).persist()
     want = x.rechunk(new, method="tasks").compute()
     before = client.run(hook.counters)

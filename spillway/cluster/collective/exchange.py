@@ -25,6 +25,7 @@ import time
 from collections import defaultdict
 
 from ..errors import SpillwayError
+from .layout import Layout, packing, plan_of
 
 logger = logging.getLogger("spillway.collective")
 
@@ -34,8 +35,15 @@ DROP = "spillway-collective-drop"
 #: seconds an assembly keeps asking a holder that answers busy
 BUSY_PATIENCE_S = 120.0
 
+PIECES = "spillway_collective_pieces"
 #: pieces of collectives run without a distributed worker (dask's local schedulers)
 _LOCAL: dict = {}
+#: (worker address, exchange) -> its layout; (worker address, buffer key) -> pieces not yet
+#: taken from a buffer this worker took or kept; (worker address, exchange) -> the lock of
+#: its first assembly here
+_LAYOUTS: dict = {}
+_REMAINING: dict = {}
+_LOCKS: dict = {}
 
 
 class CollectiveLost(SpillwayError, RuntimeError):
@@ -70,17 +78,40 @@ def _contiguous(array):
     return numpy.ascontiguousarray(array)
 
 
-def cut(block, name: str, i: int, pieces: list) -> str | None:
-    """Cut input chunk ``i`` into ``pieces`` (output index, slices) and keep them here."""
-    cut_pieces = {(name, i, j): _contiguous(block[src]) for j, src in pieces}
-    if cut_pieces:
-        _synchronize(next(iter(cut_pieces.values())))
+def _flat(index: tuple, grid: tuple) -> int:
+    flat = 0
+    for i, g in zip(index, grid):
+        flat = flat * g + i
+    return flat
+
+
+def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | None:
+    """Cut input chunk ``index`` of the rechunk ``chunks`` (old, new) into the pieces its
+    partial's outputs need and keep them here: packed one buffer a worker where the
+    exchange is grouped (:mod:`.layout`), one value a piece otherwise."""
+    old, new = chunks
+    plan = plan_of(old, new)
+    in_grid, out_grid = tuple(map(len, old)), tuple(map(len, new))
+    i = _flat(index, in_grid)
     worker = _worker()
+    layout = _layout(worker, name, plan, partial, block, out_grid) if worker is not None else None
+    if layout is not None and layout.grouped:
+        xp = _module(block)
+        kept = {}
+        for d, (total, pieces) in packing(old, new, index, len(layout.workers)).items():
+            buffer = xp.empty(total, dtype=block.dtype)
+            for offset, shape, src in pieces.values():
+                buffer[offset: offset + _count(shape)].reshape(shape)[...] = block[src]
+            kept[(name, "g", i, d)] = buffer
+    else:
+        kept = {(name, i, _flat(j, out_grid)): _contiguous(block[src]) for j, src in plan.pieces_of(index)}
+    if kept:
+        _synchronize(next(iter(kept.values())))
     if worker is None:
-        _LOCAL.update(cut_pieces)
+        _LOCAL.update(kept)
         return None
     ensure_handlers(worker)
-    _on_loop(worker, _store, worker, cut_pieces)
+    _on_loop(worker, _store, worker, kept)
     return worker.address
 
 
@@ -92,22 +123,125 @@ def barrier(name: str, inputs: list, *holders) -> dict:
     return dict(zip(inputs, holders))
 
 
-def assemble(holders: dict, name: str, j: int, shape: tuple, parts: list):
-    """Output chunk ``j`` of ``shape`` from its ``parts`` (input index, slices in the
-    output), taken from their ``holders``."""
-    keys = [(name, i, j) for i, _ in parts]
+def assemble(holders: dict, name: str, index: tuple, chunks: tuple, partial: int):
+    """Output chunk ``index`` from its pieces, taken from their ``holders``."""
+    old, new = chunks
+    plan = plan_of(old, new)
+    shape = plan.output_shape(index)
+    parts = plan.parts_of(index)
     worker = _worker()
-    if worker is None:
-        values = {k: _LOCAL.pop(k) for k in keys}
-    else:
+    layout = _LAYOUTS.get((worker.address, name)) if worker is not None else None
+    if worker is not None:
         ensure_handlers(worker)
-        by_holder: dict = defaultdict(list)
-        for i, _ in parts:
-            by_holder[holders[i]].append((name, i, j))
-        values = _on_loop(worker, _take_all, worker, dict(by_holder))
-    if len(parts) == 1 and tuple(values[keys[0]].shape) == tuple(shape):
-        return values[keys[0]]  # the whole output chunk in one piece: no copy
-    return _joined([values[k] for k in keys], [dst for _, dst in parts], shape)
+        if layout is None:
+            layout = _on_loop(worker, _ask_layout, worker, name, 0, tuple(map(len, new)))
+    if layout is not None and layout.grouped:
+        d = layout.owner(index, tuple(map(len, new)))
+        request = {"name": name, "index": list(index), "chunks": [list(map(list, old)), list(map(list, new))],
+                   "partial": partial, "holders": [[list(k), v] for k, v in holders.items()]}
+        if layout.workers[d] == worker.address:
+            pieces = _on_loop(worker, _owned_pieces, worker, request)
+        else:  # the owner left, or dask placed this elsewhere: the owner hands them over
+            pieces = _on_loop(worker, _pieces_from_owner, worker, layout.workers[d], request)
+        values = [pieces[i] for i, _ in parts]
+    else:
+        in_grid, out_grid = tuple(map(len, old)), tuple(map(len, new))
+        j = _flat(index, out_grid)
+        keys = [(name, _flat(i, in_grid), j) for i, _ in parts]
+        if worker is None:
+            values = [_LOCAL.pop(k) for k in keys]
+        else:
+            by_holder: dict = defaultdict(list)
+            for (i, _), key in zip(parts, keys):
+                by_holder[holders[i]].append(key)
+            taken = _on_loop(worker, _take_all, worker, dict(by_holder))
+            values = [taken[k] for k in keys]
+    if len(parts) == 1 and tuple(values[0].shape) == tuple(shape):
+        return values[0]  # the whole output chunk in one piece: no copy
+    return _joined(values, [dst for _, dst in parts], shape)
+
+
+# --- grouped exchanges: the owner's buffers
+
+
+def _layout(worker, name: str, plan, partial: int, block, grid: tuple):
+    found = _LAYOUTS.get((worker.address, name))
+    if found is not None:
+        return found
+    nbytes = sum(_count(plan.input_shape(i)) for i in plan.partials[partial].inputs) * block.dtype.itemsize
+    return _on_loop(worker, _ask_layout, worker, name, nbytes, grid)
+
+
+async def _ask_layout(worker, name: str, nbytes: int, grid: tuple):
+    """The exchange's layout, from the scheduler (the same answer to every worker);
+    ungrouped where the scheduler has no collective plugin."""
+    try:
+        answer = await worker.scheduler.spillway_collective_layout(name=name, nbytes=nbytes, grid=list(grid))
+    except Exception:  # noqa: BLE001 (no plugin on this scheduler: pieces, not groups)
+        answer = None
+    layout = Layout(tuple(answer["workers"]), bool(answer["grouped"])) if answer else Layout((), False)
+    _LAYOUTS[(worker.address, name)] = layout
+    return layout
+
+
+async def _owned_pieces(worker, request: dict) -> dict:
+    """The pieces of one output chunk that this worker assembles, as views of the
+    buffers packed for it (the first assembly of an exchange here takes every buffer
+    packed for this worker from its holder: one request per holder); each buffer is
+    dropped once its last piece is taken."""
+    name, partial = request["name"], request["partial"]
+    index = tuple(request["index"])
+    old, new = (tuple(tuple(a) for a in c) for c in request["chunks"])
+    holders = {tuple(k): v for k, v in request["holders"]}
+    plan = plan_of(old, new)
+    layout = _LAYOUTS.get((worker.address, name)) or await _ask_layout(worker, name, 0, tuple(map(len, new)))
+    d = layout.workers.index(worker.address)
+    in_grid = tuple(map(len, old))
+    inputs = plan.partials[partial].inputs
+    workers = len(layout.workers)
+    # the inputs that packed a buffer for this worker (an input none of whose pieces go
+    # to this worker's outputs packed none)
+    keys = {i: (name, "g", _flat(i, in_grid), d) for i in inputs if d in packing(old, new, i, workers)}
+    async with _LOCKS.setdefault((worker.address, name), asyncio.Lock()):
+        missing: dict = defaultdict(list)
+        for i, key in keys.items():
+            if key not in worker.data and (worker.address, key) not in _REMAINING:
+                missing[holders[i]].append(key)
+        if missing:
+            taken = await _take_all(worker, dict(missing))
+            for key, value in taken.items():
+                worker.data[key] = value
+        for i, key in keys.items():
+            if (worker.address, key) not in _REMAINING:
+                _REMAINING[(worker.address, key)] = len(packing(old, new, i, workers)[d][1])
+    out = {}
+    for i, _ in plan.parts_of(index):
+        key = keys[i]
+        offset, shape, _src = packing(old, new, i, workers)[d][1][index]
+        buffer = worker.data[key]
+        out[i] = buffer[offset: offset + _count(shape)].reshape(shape)
+        left = _REMAINING[(worker.address, key)] - 1
+        # the count stays at 0 once the buffer is gone: it is never asked for again
+        _REMAINING[(worker.address, key)] = left
+        if left == 0:
+            del worker.data[key]
+    return out
+
+
+async def _pieces_from_owner(worker, owner: str, request: dict) -> dict:
+    try:
+        response = await worker.rpc(owner).spillway_collective_pieces(request=request)
+    except OSError as e:
+        raise CollectiveLost(_lost_line([(request["name"], None, request["index"])], owner,
+                                        f"the worker is gone ({type(e).__name__})")) from None
+    return {tuple(k): v for k, v in response}
+
+
+def _count(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def _joined(pieces: list, places: list, shape: tuple):
@@ -127,13 +261,6 @@ def _joined(pieces: list, places: list, shape: tuple):
     for piece, place in zip(pieces, places):
         grid[_grid_index([starts[d].index(place[d].start) for d in range(len(shape))], grid_shape)] = piece
     return _concatenate(xp, grid, grid_shape, 0)
-
-
-def _count(grid_shape) -> int:
-    n = 1
-    for g in grid_shape:
-        n *= g
-    return n
 
 
 def _grid_index(index, grid_shape) -> int:
@@ -268,7 +395,7 @@ def _pop_value(data, key):
 
 
 def _lost_line(keys: list, holder: str, why: str) -> str:
-    name, _, j = keys[0]
+    name, j = keys[0][0], keys[0][-1]
     return (f"rechunk exchange {name.removeprefix('spillway-pieces-')[:12]}: output chunk {j} cannot get "
             f"{len(keys)} piece(s) from worker {holder}: {why}; the computation stops (a worker lost "
             f"mid-exchange takes pieces only the whole exchange could make again)")
@@ -282,6 +409,7 @@ def ensure_handlers(worker) -> None:
     (a worker of any cluster can run one: no plugin needed)."""
     if TAKE not in worker.handlers:
         worker.handlers[TAKE] = _take_handler(worker)
+        worker.handlers[PIECES] = _pieces_handler(worker)
     if DROP not in worker.stream_handlers:
         worker.stream_handlers[DROP] = _drop_handler(worker)
 
@@ -302,13 +430,27 @@ def _take_handler(worker):
     return take
 
 
+def _pieces_handler(worker):
+    async def pieces(request=None):
+        from distributed.protocol import to_serialize
+
+        found = await _owned_pieces(worker, request)
+        return [[list(i), to_serialize(v)] for i, v in found.items()]
+
+    return pieces
+
+
 def _drop_handler(worker):
     def drop(name=None, **_):
         """What an exchange left here once it ended (stopped, failed or cancelled)."""
-        left = [k for k in list(worker.data) if type(k) is tuple and len(k) == 3 and k[0] == name]
+        left = [k for k in list(worker.data) if type(k) is tuple and k and k[0] == name]
         for key in left:
             if key in worker.data:
                 del worker.data[key]
+        for registry in (_LAYOUTS, _LOCKS):
+            registry.pop((worker.address, name), None)
+        for entry in [e for e in _REMAINING if e[0] == worker.address and e[1][0] == name]:
+            del _REMAINING[entry]
         if left:
             logger.info("dropped %d piece(s) an exchange left on %s", len(left), worker.address)
 

@@ -4,18 +4,12 @@ the chunks, not with chunks x chunks as dask's task-based rechunk does."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from .exchange import assemble, barrier, cut
-from .placement import BARRIER_PREFIX, pieces_name
+from .layout import plan_of
+from .placement import BARRIER_PREFIX, OUTPUT_PREFIX, pieces_name
 from .plan import Plan
 
 CUT_PREFIX = "spillway-cut-"
-OUTPUT_PREFIX = "rechunk-exchange-"
-
-
-def _flat(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
-    return int(np.ravel_multi_index(index, shape)) if shape else 0
 
 
 def rechunk(x, chunks, *, plan: Plan | None = None):
@@ -29,26 +23,22 @@ def rechunk(x, chunks, *, plan: Plan | None = None):
     chunks = _normalized(x, chunks)
     if chunks == x.chunks:
         return x
-    plan = plan or Plan(x.chunks, chunks)
+    plan = plan or plan_of(x.chunks, chunks)
     if not plan.exchanges:
         return x.rechunk(chunks, method="tasks")
     token = tokenize(x, chunks)
     out_name = OUTPUT_PREFIX + token
     cut_name, barrier_name = CUT_PREFIX + token, BARRIER_PREFIX + token
-    in_grid = tuple(len(c) for c in x.chunks)
-    out_grid = tuple(len(c) for c in chunks)
+    spec = (x.chunks, chunks)
     cuts, barriers, outputs = {}, {}, {}
     for p, partial in enumerate(plan.partials):
         pieces = pieces_name((barrier_name, p))
-        inputs = [_flat(i, in_grid) for i in partial.inputs]
-        for index, flat in zip(partial.inputs, inputs):
-            sends = [(_flat(j, out_grid), src) for j, src in plan.pieces_of(index)]
-            cuts[(cut_name, *index)] = (cut, (x.name, *index), pieces, flat, sends)
-        barriers[(barrier_name, p)] = (barrier, pieces, inputs, *[(cut_name, *i) for i in partial.inputs])
+        for index in partial.inputs:
+            cuts[(cut_name, *index)] = (cut, (x.name, *index), pieces, index, spec, p)
+        barriers[(barrier_name, p)] = (barrier, pieces, list(partial.inputs),
+                                       *[(cut_name, *i) for i in partial.inputs])
         for index in partial.outputs:
-            parts = [(_flat(i, in_grid), dst) for i, dst in plan.parts_of(index)]
-            outputs[(out_name, *index)] = (assemble, (barrier_name, p), pieces, _flat(index, out_grid),
-                                           plan.output_shape(index), parts)
+            outputs[(out_name, *index)] = (assemble, (barrier_name, p), pieces, index, spec, p)
     # the cuts' layer says the input's chunks: the capacity check counts each cut's pieces
     # as its input chunk's bytes (:mod:`spillway.cluster.memory.graph_bytes`)
     array_info = {"type": type(x), "chunks": x.chunks, "dtype": x.dtype}

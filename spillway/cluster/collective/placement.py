@@ -1,13 +1,18 @@
-"""The scheduler's side of the collective: where the output chunks are assembled, and the
-leftovers of an exchange that ended.
+"""The scheduler's side of the collective: each exchange's layout, where its output
+chunks are assembled, and the leftovers of an exchange that ended.
+
+The first cut of an exchange asks for its layout (:mod:`.layout`): the running workers,
+and whether the exchange is grouped (it fits the workers' fastest tier a few times over).
+Every later ask gets the same answer.
 
 An assembly depends on its barrier alone, whose small result sits on one worker: left to
 itself, dask would run every assembly there. As a barrier ends, before its dependents are
-scheduled, :class:`CollectivePlacement` spreads them over the running workers in
-contiguous runs of dask's order (any worker can assemble any output: it takes its pieces
-from wherever they are, so this only balances the work and the memory). The restriction
-is loose: a worker that leaves hands its assemblies to the others, which then find the
-pieces it held gone and fail the computation with one line.
+scheduled, :class:`CollectivePlacement` puts each on the worker the layout gives its
+output chunk (found from its key, or from the keys of the task it was fused into), and
+spreads what it cannot place in contiguous runs of dask's order. Any worker can assemble
+any output (it is handed the pieces), so this only saves moves and balances the work.
+The restriction is loose: a worker that leaves hands its assemblies to the others, which
+then find the pieces it held gone and fail the computation with one line.
 
 When a barrier is released or forgotten (its assemblies done, or the computation stopped,
 failed or cancelled), the workers that cut for it drop whatever pieces are left.
@@ -20,6 +25,7 @@ import logging
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .exchange import DROP
+from .layout import owner
 
 logger = logging.getLogger("spillway.collective")
 
@@ -27,6 +33,12 @@ PLUGIN_NAME = "spillway-collective"
 #: key names of the collective's tasks
 BARRIER_PREFIX = "spillway-barrier-"
 PIECES_PREFIX = "spillway-pieces-"
+OUTPUT_PREFIX = "rechunk-exchange-"
+LAYOUT = "spillway_collective_layout"
+#: an exchange is grouped where its bytes over the workers are at most this fraction of
+#: the smallest worker's fastest tier (device, else host): a cut's packed buffers, the
+#: buffers pulled by an owner and the outputs then sit on the device together
+FIT_FRACTION = 0.25
 
 
 def pieces_name(barrier_key) -> str:
@@ -49,13 +61,36 @@ class CollectivePlacement(SchedulerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self):
+    def __init__(self, fit_fraction: float = FIT_FRACTION):
         self.scheduler = None
+        self.fit_fraction = fit_fraction
         #: barrier key -> the workers that cut for it
         self._holders: dict = {}
+        #: pieces name -> the layout its cuts were given ({"workers", "grouped", "grid"})
+        self._layouts: dict = {}
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
+        scheduler.handlers[LAYOUT] = self.layout
+
+    def layout(self, name=None, nbytes=0, grid=()) -> dict:
+        found = self._layouts.get(name)
+        if found is None:
+            workers = sorted(ws.address for ws in self.scheduler.running)
+            found = {"workers": workers, "grid": list(grid),
+                     "grouped": bool(workers) and nbytes / len(workers) <= self.fit_fraction * self._fastest_tier()}
+            self._layouts[name] = found
+        return found
+
+    def _fastest_tier(self) -> float:
+        from ..capacity import TIERS
+
+        sizes = []
+        for ws in self.scheduler.running:
+            tiers = (ws.metrics or {}).get(TIERS) or {}
+            sizes.append(tiers.get("device") or tiers.get("host") or ws.memory_limit or 0)
+        known = [s for s in sizes if s]
+        return min(known) if known else float("inf")
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         if not is_barrier(key) or self.scheduler is None:
@@ -70,20 +105,52 @@ class CollectivePlacement(SchedulerPlugin):
         if ts is None:
             return
         self._holders[key] = {ws.address for dts in ts.dependencies for ws in (dts.who_has or ())}
-        workers = sorted(ws.address for ws in self.scheduler.running)
+        running = {ws.address for ws in self.scheduler.running}
         waiting = sorted((d for d in ts.dependents if d.state in ("waiting", "released")),
                          key=lambda d: d.priority or ())
-        for dts, address in spread(waiting, workers).items():
+        layout = self._layouts.get(pieces_name(key))
+        placed, unplaced = {}, []
+        if layout is not None and layout["grid"]:
+            out_name = OUTPUT_PREFIX + key[0].removeprefix(BARRIER_PREFIX)
+            grid = tuple(layout["grid"])
+            for dts in waiting:
+                index = output_index(dts, out_name, len(grid))
+                address = None if index is None else layout["workers"][owner(index, grid, len(layout["workers"]))]
+                if address in running:
+                    placed[dts] = address
+                else:
+                    unplaced.append(dts)
+        else:
+            unplaced = waiting
+        placed.update(spread(unplaced, sorted(running)))
+        for dts, address in placed.items():
             # the attributes ``Scheduler.set_restrictions`` sets, and the loose flag that
             # dask's ``allow_other_workers`` annotation sets
             dts.worker_restrictions = {address}
             dts.loose_restrictions = True
 
     def _drop(self, key) -> None:
+        name = pieces_name(key)
+        self._layouts.pop(name, None)
         holders = self._holders.pop(key, None)
         if not holders:
             return
-        name = pieces_name(key)
         for address in holders:
             if address in self.scheduler.workers:
                 self.scheduler.worker_send(address, {"op": DROP, "name": name})
+
+
+def output_index(ts, out_name: str, ndim: int) -> tuple | None:
+    """The output chunk a task assembles: from its key, or from the keys of the tasks
+    dask fused into it (``Task.fuse`` keeps them in its first argument)."""
+    key = ts.key
+    if type(key) is tuple and key and key[0] == out_name and len(key) == ndim + 1:
+        return tuple(key[1:])
+    try:
+        inner = ts.run_spec.args[0]
+        for k in inner:
+            if type(k) is tuple and k and k[0] == out_name and len(k) == ndim + 1:
+                return tuple(k[1:])
+    except (AttributeError, IndexError, TypeError):
+        pass
+    return None

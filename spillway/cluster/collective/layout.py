@@ -1,0 +1,60 @@
+"""Where an exchange's output chunks are assembled, and how a cut packs what it sends
+each of them: pure arithmetic on the plan, the same on every worker.
+
+The scheduler fixes an exchange's *layout* once, at its first cut: the running workers in
+order, and whether it is *grouped*. Output chunk ``j`` (its flat index among the
+rechunk's ``n`` output chunks) is assembled on worker ``j * W // n`` (contiguous runs). Grouped, each cut
+packs the pieces every worker will assemble into one buffer for that worker (pieces in
+plan order, each contiguous): the workers then move one buffer per (input, worker),
+all of it in one request per holder, instead of one value per piece. Where the exchange
+would not fit the workers' fastest tier, it is not grouped: each piece is a value of its
+own, so that the tiered store spills and restores exactly the pieces an assembly needs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from .plan import Plan
+
+
+@dataclass(frozen=True)
+class Layout:
+    workers: tuple[str, ...]
+    grouped: bool
+
+    def owner(self, index: tuple, grid: tuple) -> int:
+        """The worker (its index in ``workers``) that assembles output chunk ``index`` of
+        an output grid of ``grid`` chunks."""
+        return owner(index, grid, len(self.workers))
+
+
+def owner(index: tuple, grid: tuple, workers: int) -> int:
+    flat, n = 0, 1
+    for i, g in zip(index, grid):
+        flat, n = flat * g + i, n * g
+    return flat * workers // n
+
+
+@functools.lru_cache(maxsize=64)
+def plan_of(old: tuple, new: tuple) -> Plan:
+    """The plan of a rechunk, made once a process (every task of an exchange asks)."""
+    return Plan(old, new)
+
+
+@functools.lru_cache(maxsize=4096)
+def packing(old: tuple, new: tuple, index: tuple, workers: int) -> dict:
+    """How input chunk ``index`` packs its pieces: worker -> ``(elements, {output index:
+    (offset, shape, slices in the input chunk)})``."""
+    plan = plan_of(old, new)
+    grid = tuple(map(len, new))
+    out: dict = {}
+    for j, src in plan.pieces_of(index):
+        d = owner(j, grid, workers)
+        total, pieces = out.setdefault(d, [0, {}])
+        shape = tuple(s.stop - s.start for s in src)
+        pieces[j] = (total, shape, src)
+        out[d][0] = total + math.prod(shape)
+    return {d: (total, pieces) for d, (total, pieces) in out.items()}
