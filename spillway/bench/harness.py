@@ -221,7 +221,26 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
     plane = plane_phases(client)
     if plane:
         log(f"{workload.name} {label:<8} data plane: {plane}")
+    exchange = collective_phases(client)
+    if exchange:
+        log(f"{workload.name} {label:<8} collective: {exchange}")
     return result
+
+
+def collective_phases(client) -> str | None:
+    """The collective's phases on each worker (ms summed over every run of the workload
+    so far, and counts: :class:`spillway.cluster.collective.exchange.Phases`), None where no
+    worker ran one."""
+    from spillway.cluster.collective.exchange import phases
+
+    found = [p for p in client.run(phases).values() if p]
+    if not found:
+        return None
+    parts = []
+    for p in found:
+        parts.append(" ".join(f"{name} {p['seconds'][name] * 1e3:.0f} ms/{p['counts'][name]}"
+                              for name in sorted(p["seconds"])) + f" taken {p['taken_bytes'] / 1e9:.1f} GB")
+    return " | ".join(parts)
 
 
 def plane_phases(client) -> str | None:

@@ -105,6 +105,19 @@ def _bool(value, key):
     raise OptionsError(f"{key}: expected true or false, got {value!r}")
 
 
+def _fraction(value, key):
+    try:
+        number = float(value.strip()) if isinstance(value, str) else value
+    except ValueError:
+        raise OptionsError(f"{key}: expected a number from 0 to 1, got {value!r}") from None
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number <= 1:
+        raise OptionsError(f"{key}: expected a number from 0 to 1, got {value!r}")
+    return float(number)
+
+
+_fraction.schema = {"type": "number", "minimum": 0, "maximum": 1}
+
+
 def _int(minimum: int, maximum: int | None = None):
     @_allows(type="integer", minimum=minimum, **({} if maximum is None else {"maximum": maximum}))
     def parse(value, key):
@@ -457,6 +470,14 @@ class Options(RmmAndTls):
              "kept open per pair of workers, one request and its reply per gather, the receiver "
              "allocating from its RMM pool, instead of distributed's per-gather comm protocol "
              "(Dask still chooses what moves where and when). No effect over tcp.")
+    collective_group_fraction: float = option(
+        0.25, _fraction,
+        help="Rechunks run as one collective (a cut a input chunk, an assembly a output chunk). "
+             "An exchange whose bytes over the workers are at most this fraction of the smallest "
+             "worker's fastest tier (device, else host) is grouped: each cut packs what each worker "
+             "assembles into one buffer and every worker takes its buffers in one request per peer; "
+             "a larger one keeps each piece a value of its own, which the tiered store spills and "
+             "restores one by one. 0 never groups.")
     transfer_connections: int | None = option(
         None, _optional(_int(1)), worker=True,
         help="Transfers each worker keeps open at once, to fetch chunks and to serve them "

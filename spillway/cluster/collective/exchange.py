@@ -46,6 +46,36 @@ _REMAINING: dict = {}
 _LOCKS: dict = {}
 
 
+class Phases:
+    """Where a worker's collective tasks spent their time since it started, summed
+    (seconds) with their counts: ``cut_copy`` (the pieces cut on the device, and the wait
+    for it), ``cut_store`` (kept in the store), ``layout`` (asked of the scheduler),
+    ``take`` (pieces or buffers from other workers, bytes in ``taken_bytes``), ``join``
+    (the output chunk written). The bench prints them beside the data plane's."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+        self.taken_bytes = 0
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
+        self.counts[phase] += 1
+
+    def as_dict(self) -> dict:
+        return {"seconds": dict(self.seconds), "counts": dict(self.counts), "taken_bytes": self.taken_bytes}
+
+
+#: worker address -> its :class:`Phases`
+PHASES: dict = defaultdict(Phases)
+
+
+def phases(dask_worker=None) -> dict | None:
+    """This worker's collective phases (``client.run(phases)``), None where it ran none."""
+    found = PHASES.get(getattr(dask_worker, "address", None))
+    return None if found is None else found.as_dict()
+
+
 class CollectiveLost(SpillwayError, RuntimeError):
     """Pieces of an exchange are gone with their worker: the exchange cannot finish."""
 
@@ -94,7 +124,9 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
     in_grid, out_grid = tuple(map(len, old)), tuple(map(len, new))
     i = _flat(index, in_grid)
     worker = _worker()
+    began = time.perf_counter()
     layout = _layout(worker, name, plan, partial, block, out_grid) if worker is not None else None
+    asked = time.perf_counter()
     if layout is not None and layout.grouped:
         xp = _module(block)
         kept = {}
@@ -110,8 +142,13 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
     if worker is None:
         _LOCAL.update(kept)
         return None
+    cut_at = time.perf_counter()
     ensure_handlers(worker)
     _on_loop(worker, _store, worker, kept)
+    stats = PHASES[worker.address]
+    stats.add("layout", asked - began)
+    stats.add("cut_copy", cut_at - asked)
+    stats.add("cut_store", time.perf_counter() - cut_at)
     return worker.address
 
 
@@ -158,7 +195,12 @@ def assemble(holders: dict, name: str, index: tuple, chunks: tuple, partial: int
             values = [taken[k] for k in keys]
     if len(parts) == 1 and tuple(values[0].shape) == tuple(shape):
         return values[0]  # the whole output chunk in one piece: no copy
-    return _joined(values, [dst for _, dst in parts], shape)
+    joined_at = time.perf_counter()
+    out = _joined(values, [dst for _, dst in parts], shape)
+    if worker is not None:
+        _synchronize(out)  # the join's kernels in its phase, not the next task's
+        PHASES[worker.address].add("join", time.perf_counter() - joined_at)
+    return out
 
 
 # --- grouped exchanges: the owner's buffers
@@ -304,7 +346,9 @@ async def _store(worker, pieces: dict) -> None:
 
 async def _take_all(worker, by_holder: dict) -> dict:
     """Every piece of ``by_holder`` (address -> keys), from all holders at once."""
+    began = time.perf_counter()
     results = await asyncio.gather(*(_take(worker, holder, keys) for holder, keys in by_holder.items()))
+    PHASES[worker.address].add("take", time.perf_counter() - began)
     values: dict = {}
     for found in results:
         values.update(found)
@@ -358,6 +402,7 @@ def _log_incoming(worker, holder: str, data: dict, start: float) -> None:
     sizes = {k: int(getattr(v, "nbytes", 0)) for k, v in data.items()}
     total = sum(sizes.values())
     delay = worker.scheduler_delay
+    PHASES[worker.address].taken_bytes += total
     worker.transfer_incoming_log.append({
         "start": start + delay, "stop": stop + delay, "middle": (start + stop) / 2 + delay,
         "duration": stop - start, "who": holder, "keys": sizes, "total": total, "compressed": None,

@@ -35,10 +35,6 @@ BARRIER_PREFIX = "spillway-barrier-"
 PIECES_PREFIX = "spillway-pieces-"
 OUTPUT_PREFIX = "rechunk-exchange-"
 LAYOUT = "spillway_collective_layout"
-#: an exchange is grouped where its bytes over the workers are at most this fraction of
-#: the smallest worker's fastest tier (device, else host): a cut's packed buffers, the
-#: buffers pulled by an owner and the outputs then sit on the device together
-FIT_FRACTION = 0.25
 
 
 def pieces_name(barrier_key) -> str:
@@ -61,9 +57,15 @@ class CollectivePlacement(SchedulerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, fit_fraction: float = FIT_FRACTION):
+    def __init__(self, fit_fraction: float | None = None):
+        """``fit_fraction``: the option ``collective-group-fraction`` (its default where
+        None): the largest share of the smallest fastest tier that a grouped exchange's
+        bytes over the workers take (its packed buffers, the buffers an owner takes and
+        the outputs then sit there together)."""
+        from ..options import Options
+
         self.scheduler = None
-        self.fit_fraction = fit_fraction
+        self.fit_fraction = Options().collective_group_fraction if fit_fraction is None else fit_fraction
         #: barrier key -> the workers that cut for it
         self._holders: dict = {}
         #: pieces name -> the layout its cuts were given ({"workers", "grouped", "grid"})

@@ -129,7 +129,7 @@ def register_plugins(client, options: Options) -> None:
 
         client.register_plugin(DataPlanePlugin())
     _relay_deaths(client)
-    _exchange_in_bulk(client)
+    _exchange_in_bulk(client, options)
 
 
 def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
@@ -173,7 +173,7 @@ def _relay_deaths(client) -> None:
         logger.warning("the nannies will not report why a worker died: %s: %s", type(e).__name__, e)
 
 
-def _exchange_in_bulk(client) -> None:
+def _exchange_in_bulk(client, options: Options) -> None:
     """Rechunks run as one collective (:mod:`..collective`): the scheduler spreads their
     assemblies, and this process's dask hands its peer-to-peer rechunks to it. A scheduler
     that cannot load the plugin still runs the collective, with every assembly where its
@@ -181,7 +181,7 @@ def _exchange_in_bulk(client) -> None:
     from ..collective import CollectivePlacement, use_on
 
     try:
-        client.register_plugin(CollectivePlacement())
+        client.register_plugin(CollectivePlacement(fit_fraction=options.collective_group_fraction))
     except Exception as e:  # noqa: BLE001
         logger.warning("rechunks' assemblies will not be spread over the workers: %s: %s", type(e).__name__, e)
     use_on(client.scheduler.address)
