@@ -89,13 +89,35 @@ def _worker():
         return None
 
 
-def _synchronize(array) -> None:
-    # the pieces' copies run asynchronously on the device; a holder may send them (over
-    # UCX, on streams of its own) as soon as the task that made them has returned
-    if type(array).__module__.startswith("cupy"):
-        import cupy
+def _mark_made(worker, kept: dict) -> None:
+    """The pieces' copies run asynchronously on the device, and a holder may send them
+    (over UCX, on streams of its own) as soon as this task returns. Where the worker has a
+    data plane, its serve waits for each key's producer event, as it does for a task's
+    output: the cut returns at once. The comm path synchronizes the device before it
+    sends (distributed-ucxx does); a CPU worker's copies are done."""
+    first = next(iter(kept.values()))
+    if not type(first).__module__.startswith("cupy"):
+        return
+    import cupy
 
+    from ..dataplane.hook import PLANES
+
+    plane = PLANES.get(worker.address)
+    if plane is None or not plane.gpu:
         cupy.cuda.get_current_stream().synchronize()
+        return
+    event = cupy.cuda.Event(block=False, disable_timing=True)
+    event.record(cupy.cuda.get_current_stream())
+    for key in kept:
+        plane.produced[key] = event
+
+
+def _forget_made(worker, key) -> None:
+    from ..dataplane.hook import PLANES
+
+    plane = PLANES.get(worker.address)
+    if plane is not None:
+        plane.released(key)
 
 
 def _contiguous(array):
@@ -137,11 +159,11 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
             kept[(name, "g", i, d)] = buffer
     else:
         kept = {(name, i, _flat(j, out_grid)): _contiguous(block[src]) for j, src in plan.pieces_of(index)}
-    if kept:
-        _synchronize(next(iter(kept.values())))
     if worker is None:
         _LOCAL.update(kept)
         return None
+    if kept:
+        _mark_made(worker, kept)
     cut_at = time.perf_counter()
     ensure_handlers(worker)
     _on_loop(worker, _store, worker, kept)
@@ -197,8 +219,7 @@ def assemble(holders: dict, name: str, index: tuple, chunks: tuple, partial: int
         return values[0]  # the whole output chunk in one piece: no copy
     joined_at = time.perf_counter()
     out = _joined(values, [dst for _, dst in parts], shape)
-    if worker is not None:
-        _synchronize(out)  # the join's kernels in its phase, not the next task's
+    if worker is not None:  # the kernels' launches: they run on while the next task starts
         PHASES[worker.address].add("join", time.perf_counter() - joined_at)
     return out
 
@@ -267,6 +288,7 @@ async def _owned_pieces(worker, request: dict) -> dict:
         _REMAINING[(worker.address, key)] = left
         if left == 0:
             del worker.data[key]
+            _forget_made(worker, key)
     return out
 
 
@@ -428,14 +450,16 @@ def _pop(worker, keys: list, holder: str) -> dict:
     missing = [k for k in keys if k not in worker.data]
     if missing:
         raise CollectiveLost(_lost_line(missing, holder, "its pieces are gone (the exchange was stopped)"))
-    return {k: _pop_value(worker.data, k) for k in keys}
+    return {k: _pop_value(worker.data, k, worker) for k in keys}
 
 
-def _pop_value(data, key):
+def _pop_value(data, key, worker=None):
     # distributed's SpillBuffer (CPU workers) refuses ``pop``: it would read a spilled value
     # back only to drop it
     value = data[key]
     del data[key]
+    if worker is not None:
+        _forget_made(worker, key)
     return value
 
 
@@ -468,8 +492,9 @@ def _take_handler(worker):
             for k in keys:
                 if k in worker.data:
                     del worker.data[k]
+                _forget_made(worker, k)
             return None
-        data = {k: _pop_value(worker.data, k) for k in keys if k in worker.data}
+        data = {k: _pop_value(worker.data, k, worker) for k in keys if k in worker.data}
         return {"status": "OK", "data": {k: to_serialize(v) for k, v in data.items()}}
 
     return take
@@ -492,6 +517,7 @@ def _drop_handler(worker):
         for key in left:
             if key in worker.data:
                 del worker.data[key]
+            _forget_made(worker, key)
         for registry in (_LAYOUTS, _LOCKS):
             registry.pop((worker.address, name), None)
         for entry in [e for e in _REMAINING if e[0] == worker.address and e[1][0] == name]:
