@@ -231,3 +231,47 @@ def test_a_worker_killed_mid_exchange_fails_the_computation_in_one_line_or_recov
 def _in_memory(name, dask_scheduler=None) -> int:
     return sum(1 for ts in dask_scheduler.tasks.values()
                if isinstance(ts.key, tuple) and ts.key[0] == name and ts.state == "memory")
+
+
+# --- one-call copies (the arithmetic here; the copies themselves on a GPU:
+# test_collective_gpu.py)
+
+
+class _AsDevice:
+    """A NumPy array seen as copies.rows reads a CuPy one (flags, shape, strides, dtype,
+    data.ptr)."""
+
+    def __init__(self, array):
+        self.a, self.shape, self.strides, self.dtype, self.flags = array, array.shape, array.strides, \
+            array.dtype, array.flags
+
+    @property
+    def data(self):
+        return type("Pointer", (), {"ptr": self.a.__array_interface__["data"][0]})
+
+
+@pytest.mark.parametrize("index", [
+    (slice(0, 10), slice(0, 20), slice(0, 30)),
+    (slice(2, 3), slice(4, 9), slice(0, 30)),
+    (slice(2, 3), slice(4, 9), slice(5, 7)),
+    (slice(2, 4), slice(0, 20), slice(0, 30)),
+    (slice(0, 1), slice(0, 1), slice(3, 4)),
+])
+def test_a_region_as_rows_names_exactly_its_bytes(index):
+    from spillway.cluster.collective.copies import rows
+
+    a = np.arange(10 * 20 * 30, dtype=np.float64).reshape(10, 20, 30)
+    ptr, pitch, width, height = rows(_AsDevice(a), index)
+    flat = a.view(np.uint8).reshape(-1)
+    base = a.__array_interface__["data"][0]
+    got = np.concatenate([flat[ptr - base + r * pitch: ptr - base + r * pitch + width] for r in range(height)])
+    assert np.array_equal(got.view(np.float64), a[index].reshape(-1))
+
+
+def test_regions_that_are_not_rows_of_one_pitch_are_left_to_indexing():
+    from spillway.cluster.collective.copies import rows
+
+    a = np.zeros((10, 20, 30))
+    assert rows(_AsDevice(a), (slice(2, 4), slice(4, 9), slice(5, 7))) is None  # rows along two axes
+    assert rows(_AsDevice(a.T), (slice(0, 2), slice(0, 2), slice(0, 2))) is None  # not C-contiguous
+    assert rows(_AsDevice(a), (slice(0, 4, 2), slice(0, 20), slice(0, 30))) is None  # a step
