@@ -66,26 +66,3 @@ def test_a_panel_rechunk_moves_device_pieces_and_equals_the_tasks_method(gpu_cou
         ref = np.fft.fft(want[:, :1000], axis=0)
         got_f = cupy.asnumpy(f[:, :1000].compute())
         assert np.abs(got_f - ref).max() / np.abs(ref).max() < 1e-12
-
-
-def test_one_call_copies_equal_indexing():
-    import cupy
-
-    from spillway.cluster.collective.copies import copy, rows, whole
-
-    rng = np.random.default_rng(0)
-    a = cupy.asarray(rng.random((40, 50, 60)))
-    for index in [(slice(3, 4), slice(5, 17), slice(0, 60)), (slice(7, 8), slice(2, 30), slice(11, 13)),
-                  (slice(0, 40), slice(0, 50), slice(0, 60)), (slice(4, 9), slice(0, 50), slice(0, 60))]:
-        assert rows(a, index) is not None
-        shape = tuple(s.stop - s.start for s in index)
-        piece = cupy.empty(shape)
-        copy(piece, whole(shape), a, index)
-        assert bool((piece == a[index]).all())
-        back = cupy.zeros_like(a)
-        copy(back, index, piece, whole(shape))
-        assert bool((back[index] == a[index]).all()) and float(back.sum()) == float(a[index].sum())
-    t = a.T  # not C-contiguous: indexing
-    piece = cupy.empty((5, 5, 5))
-    copy(piece, whole((5, 5, 5)), t, (slice(0, 5), slice(0, 5), slice(0, 5)))
-    assert bool((piece == t[:5, :5, :5]).all())

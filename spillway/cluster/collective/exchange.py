@@ -25,7 +25,6 @@ import time
 from collections import defaultdict
 
 from ..errors import SpillwayError
-from .copies import copy, whole
 from .layout import Layout, packing, plan_of
 
 logger = logging.getLogger("spillway.collective")
@@ -121,12 +120,14 @@ def _forget_made(worker, key) -> None:
         plane.released(key)
 
 
-def _cut_piece(block, src: tuple):
-    """``block[src]`` in an allocation of its own (a piece the tiered store moves alone)."""
-    shape = tuple(s.stop - s.start for s in src)
-    piece = _module(block).empty(shape, dtype=block.dtype)
-    copy(piece, whole(shape), block, src)
-    return piece
+def _contiguous(array):
+    if type(array).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy.ascontiguousarray(array)
+    import numpy
+
+    return numpy.ascontiguousarray(array)
 
 
 def _flat(index: tuple, grid: tuple) -> int:
@@ -154,10 +155,10 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
         for d, (total, pieces) in packing(old, new, index, len(layout.workers)).items():
             buffer = xp.empty(total, dtype=block.dtype)
             for offset, shape, src in pieces.values():
-                copy(buffer[offset: offset + _count(shape)].reshape(shape), whole(shape), block, src)
+                buffer[offset: offset + _count(shape)].reshape(shape)[...] = block[src]
             kept[(name, "g", i, d)] = buffer
     else:
-        kept = {(name, i, _flat(j, out_grid)): _cut_piece(block, src) for j, src in plan.pieces_of(index)}
+        kept = {(name, i, _flat(j, out_grid)): _contiguous(block[src]) for j, src in plan.pieces_of(index)}
     if worker is None:
         _LOCAL.update(kept)
         return None
@@ -309,14 +310,14 @@ def _count(shape) -> int:
 
 def _joined(pieces: list, places: list, shape: tuple):
     """The output chunk of ``shape`` from ``pieces`` written at ``places`` (slices), one
-    copy a piece into one allocation (:func:`.copies.copy`). On two H200s the 200 GB panel rechunk took 8.4 s
+    copy a piece into one allocation. On two H200s the 200 GB panel rechunk took 8.4 s
     joined so, and 11.8-15.2 s in the runs that joined with a ``concatenate`` an axis
     (other changes came with it: benchmarks/NOTES.md); one launch a chunk for the whole
     join is the next step."""
     xp = _module(pieces[0])
     out = xp.empty(shape, dtype=pieces[0].dtype)
     for piece, place in zip(pieces, places):
-        copy(out, place, piece, whole(piece.shape))
+        out[place] = piece
     return out
 
 
