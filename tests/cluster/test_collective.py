@@ -231,3 +231,19 @@ def test_a_worker_killed_mid_exchange_fails_the_computation_in_one_line_or_recov
 def _in_memory(name, dask_scheduler=None) -> int:
     return sum(1 for ts in dask_scheduler.tasks.values()
                if isinstance(ts.key, tuple) and ts.key[0] == name and ts.state == "memory")
+
+
+def test_the_capacity_check_counts_each_cut_as_its_input_chunk():
+    from dask._expr import HLGExpr
+
+    from spillway.cluster.memory.graph_bytes import graph_bytes
+
+    x = _array((400, 300), (50, 300), seed=2)
+    y = rechunk(x, (400, 30))
+    dsk = dict(y.__dask_graph__())
+    sizes = graph_bytes(HLGExpr(y.__dask_graph__()), dsk)
+    cuts = {k: v for k, v in sizes.items() if str(k[0]).startswith("spillway-cut-")}
+    outputs = {k: v for k, v in sizes.items() if k[0] == y.name}
+    # the pieces a cut keeps are its input chunk's bytes; each output chunk its own
+    assert len(cuts) == 8 and set(cuts.values()) == {50 * 300 * 8}
+    assert len(outputs) == 10 and set(outputs.values()) == {400 * 30 * 8}
