@@ -110,7 +110,7 @@ def original(monkeypatch):
 
 
 def route(keys, worker="ucx://peer:1", who="ucx://me:2"):
-    return asyncio.run(hook.routed_get_data_from_worker(None, keys, worker, who=who))
+    return asyncio.run(hook.routed_fetch(None, keys, worker, who=who))
 
 
 def test_a_gather_goes_over_the_plane_where_both_ends_have_one(original):
@@ -147,10 +147,10 @@ def test_install_and_uninstall_swap_distributeds_function_once(monkeypatch):
     monkeypatch.setattr(hook, "PLANES", {"w": object()})
     hook.install()
     hook.install()
-    assert distributed.worker.get_data_from_worker is hook.routed_get_data_from_worker
+    assert distributed.worker.get_data_from_worker is hook.routed_fetch
     assert hook._original is before
     hook.uninstall()  # a plane is left: stays
-    assert distributed.worker.get_data_from_worker is hook.routed_get_data_from_worker
+    assert distributed.worker.get_data_from_worker is hook.routed_fetch
     hook.PLANES.clear()
     hook.uninstall()
     assert distributed.worker.get_data_from_worker is before

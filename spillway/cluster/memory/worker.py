@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from .. import upstream
 from .books import HostBooks
 from .codecs import CupyCodec
 from .disk import DiskTier
@@ -145,10 +146,9 @@ def _worker_closing() -> bool:
     """Whether the worker of this process is closing (the store has no close hook of its
     own in distributed): growth stops instead of pinning memory on the way out."""
     try:
-        from distributed import Worker
         from distributed.core import Status
     except ImportError:
         return False
-    workers = list(Worker._instances)
+    workers = upstream.workers_of_process()
     done = {Status.closing, Status.closed, Status.closing_gracefully, Status.failed}
     return bool(workers) and all(w.status in done for w in workers)
