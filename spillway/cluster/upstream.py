@@ -745,6 +745,58 @@ def ucx_error() -> type:
         return _Never
 
 
+# --- dask-cuda (GPU hosts only: these checks skip where it is not installed)
+
+
+@seam("dask_cuda_worker_spec", "LocalCUDACluster.new_worker_spec, .cuda_visible_devices, .worker_spec",
+      "dask-cuda", DASK_CUDA, "several workers on one GPU of a local cluster (workers-per-gpu 1 still runs)")
+def _check_cuda_cluster() -> str | None:
+    from dask_cuda import LocalCUDACluster
+
+    if not callable(getattr(LocalCUDACluster, "new_worker_spec", None)):
+        return "has no new_worker_spec"
+    if "cuda_visible_devices" not in inspect.getsource(LocalCUDACluster.__init__):
+        return "LocalCUDACluster keeps no cuda_visible_devices"
+    return None
+
+
+@seam("dask_cuda_nannies", "CUDAWorker.nannies, Nanny.worker_kwargs, Nanny.env", "dask-cuda", DASK_CUDA,
+      "the tiered store and several workers per GPU under `spillway worker` (it says so and stops)")
+def _check_cuda_worker() -> str | None:
+    from dask_cuda import CUDAWorker
+    from distributed import Nanny
+
+    if "self.nannies" not in inspect.getsource(CUDAWorker.__init__):
+        return "CUDAWorker keeps no nannies"
+    source = inspect.getsource(Nanny.__init__)
+    for name in ("self.worker_kwargs", "self.env"):
+        if name not in source:
+            return f"Nanny keeps no {name.split('.')[1]}"
+    return None
+
+
+@seam("dask_cuda_affinity", "dask_cuda.utils.get_cpu_affinity, nvml_device_index", "dask-cuda", DASK_CUDA,
+      "the pinned arena's growth on the cores next to the GPU (it runs on any core)")
+def _check_affinity() -> str | None:
+    from dask_cuda import utils
+
+    for name in ("get_cpu_affinity", "nvml_device_index"):
+        if not callable(getattr(utils, name, None)):
+            return f"has no {name}"
+    return None
+
+
+def gpu_cores(visible: str) -> list[int]:
+    """The cores next to the first GPU of ``visible`` (a CUDA_VISIBLE_DEVICES), as dask-cuda
+    pins its workers' threads; none where dask-cuda cannot say."""
+    try:
+        from dask_cuda.utils import get_cpu_affinity, nvml_device_index
+    except ImportError as e:
+        off("dask_cuda_affinity", f"cannot be imported ({e})")
+        return []
+    return list(get_cpu_affinity(nvml_device_index(0, visible)) or [])
+
+
 # --- zict (the buffers of dask-cuda's and distributed's worker stores)
 
 

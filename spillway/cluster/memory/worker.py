@@ -133,11 +133,9 @@ def _near_the_gpu() -> None:
     """Run the growing thread on the cores next to this worker's GPU, so the arena's pages
     land on the GPU's NUMA node. dask-cuda pins the worker's own threads there, but only
     when its plugins run, after the store (and this thread) exist."""
-    from dask_cuda.utils import get_cpu_affinity, nvml_device_index
-
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
-        cores = get_cpu_affinity(nvml_device_index(0, visible))
+        cores = upstream.gpu_cores(visible)
         if cores:
             os.sched_setaffinity(0, cores)
 
