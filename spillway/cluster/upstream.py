@@ -433,7 +433,7 @@ def outgoing_at_limit(worker, requester: str | None) -> bool:
     try:
         if requester and get_address_host(requester) == get_address_host(worker.address):
             limit *= 2
-    except (ValueError, TypeError):
+    except Exception:  # noqa: BLE001 (an address of a scheme not registered here: another host)
         pass
     if getattr(getattr(worker, "status", None), "name", None) == "paused":
         limit = 1
