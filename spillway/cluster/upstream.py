@@ -109,6 +109,21 @@ def reset() -> None:
     task_spec_types.cache_clear()
 
 
+def usable(name: str) -> bool:
+    """Whether seam ``name`` has the shape its adapter expects here; where not (or its
+    package is missing, or its check fails), :func:`off` says so once and it is False."""
+    try:
+        why = SEAMS[name].check()
+    except ImportError as e:
+        why = f"cannot be imported ({e})"
+    except Exception as e:  # noqa: BLE001
+        why = f"cannot be read ({type(e).__name__}: {e})"
+    if why is None:
+        return True
+    off(name, why)
+    return False
+
+
 def _has_parameters(func, names: tuple[str, ...]) -> str | None:
     try:
         parameters = inspect.signature(func).parameters
@@ -140,16 +155,11 @@ def _check_expressions() -> str | None:
 @functools.cache
 def expression_types() -> tuple[type, type] | None:
     """dask's (Expr, HLGExpr), or None (the capacity check then reads no sizes)."""
-    try:
-        why = _check_expressions()
-        if why is None:
-            from dask._expr import Expr, HLGExpr
+    if not usable("dask_expressions"):
+        return None
+    from dask._expr import Expr, HLGExpr
 
-            return Expr, HLGExpr
-    except ImportError as e:
-        why = f"cannot be imported ({e})"
-    off("dask_expressions", why)
-    return None
+    return Expr, HLGExpr
 
 
 @seam("dask_task_spec", "dask._task_spec.Alias, Task, TaskRef", "dask", DASK, "the capacity check's graph sizes")
@@ -170,16 +180,11 @@ class _Never:
 def task_spec_types() -> tuple[type, type, type]:
     """dask's (Alias, Task, TaskRef); where it has no such classes, classes nothing is an
     instance of (the sizes of slices and aliases are then not told)."""
-    try:
-        why = _check_task_spec()
-        if why is None:
-            from dask._task_spec import Alias, Task, TaskRef
+    if not usable("dask_task_spec"):
+        return _Never, _Never, _Never
+    from dask._task_spec import Alias, Task, TaskRef
 
-            return Alias, Task, TaskRef
-    except ImportError as e:
-        why = f"cannot be imported ({e})"
-    off("dask_task_spec", why)
-    return _Never, _Never, _Never
+    return Alias, Task, TaskRef
 
 
 # --- distributed's scheduler: the graph as it arrives, and keys failed by a plugin
@@ -204,12 +209,7 @@ def wrap_graph_materialization(add: Callable[[Any, Mapping, dict], None]) -> boo
     this distributed has no such function (nothing wrapped)."""
     import distributed.scheduler as ds
 
-    try:
-        why = _check_materialize()
-    except Exception as e:  # noqa: BLE001
-        why = f"cannot be read ({type(e).__name__}: {e})"
-    if why is not None:
-        off("materialize_graph", why)
+    if not usable("materialize_graph"):
         return False
     current = ds._materialize_graph
     if getattr(current, "_spillway_sizes", False):
@@ -370,12 +370,7 @@ def route_gathers(routed) -> Callable | None:
     is off and gathers go over the comm."""
     import distributed.worker
 
-    try:
-        why = _check_get_data()
-    except Exception as e:  # noqa: BLE001
-        why = f"cannot be read ({type(e).__name__}: {e})"
-    if why is not None:
-        off("get_data_from_worker", why)
+    if not usable("get_data_from_worker"):
         return None
     original = distributed.worker.get_data_from_worker
     distributed.worker.get_data_from_worker = routed
@@ -592,12 +587,7 @@ def _check_spec_start() -> str | None:
 def with_scheduler_class(base: type, scheduler_class: Callable[[], type]) -> type:
     """``base`` (a SpecCluster) whose scheduler is made of ``scheduler_class()``; ``base``
     itself where SpecCluster starts otherwise."""
-    try:
-        why = _check_spec_start()
-    except Exception as e:  # noqa: BLE001
-        why = f"cannot be read ({type(e).__name__}: {e})"
-    if why is not None:
-        off("spec_cluster_start", why)
+    if not usable("spec_cluster_start"):
         return base
 
     async def _start(self):

@@ -278,25 +278,20 @@ def test_a_busy_sender_is_retried_then_serves(ucx_cluster):
     assert client.run(hook.counters, workers=[b])[b]["busy"] >= 1
 
 
-def test_a_sender_lost_mid_request_fails_the_gather_and_the_key_is_recomputed(ucx_cluster):
-    from distributed import wait
-
-    client = ucx_cluster
-    workers = sorted(client.scheduler_info()["workers"])
-    a, b = workers[0], workers[1]
-    x = client.submit(make, 2 << 20, 6, workers=[a], allow_other_workers=True, pure=False)
-    wait(x)
-    client.run(die_when_asked, workers=[a])
-    assert client.submit(same, x, 2 << 20, 6, workers=[b], pure=False).result(timeout=120)
-    assert "gather-dep-failed" in client.run(gather_story, workers=[b])[b]
-    client.wait_for_workers(3, timeout=60)  # the nanny brought the lost worker back
-
-
 # --- faults short of a lost peer (over UCXX too)
 
 
 def plane_of(dask_worker):
     return hook.PLANES[dask_worker.address]
+
+
+def held_on(client, worker, n, seed):
+    """A chunk of ``n`` bytes made on ``worker`` (its future)."""
+    from distributed import wait
+
+    x = client.submit(make, n, seed, workers=[worker], pure=False)
+    wait(x)
+    return x
 
 
 def break_serving(dask_worker=None):
@@ -313,12 +308,9 @@ def mend_serving(dask_worker=None):
 
 
 def test_a_sender_that_fails_to_serve_answers_at_once_and_the_gather_goes_over_the_comm(ucx_cluster):
-    from distributed import wait
-
     client = ucx_cluster
     a, b, _ = sorted(client.scheduler_info()["workers"])
-    x = client.submit(make, 1 << 20, 7, workers=[a], pure=False)
-    wait(x)
+    x = held_on(client, a, 1 << 20, 7)
     before = client.run(hook.counters)
     failed = client.run(gather_story, workers=[b])[b].count("gather-dep-failed")
     client.run(break_serving, workers=[a])
@@ -368,13 +360,9 @@ async def two_fetches_one_cancelled(peer, first, second, dask_worker=None):
 
 
 def test_a_fetch_cancelled_does_not_fail_the_others_to_the_same_peer(ucx_cluster):
-    from distributed import wait
-
     client = ucx_cluster
     a, b, _ = sorted(client.scheduler_info()["workers"])
-    x = client.submit(make, 1 << 16, 8, workers=[a], pure=False)
-    y = client.submit(make, 1 << 16, 9, workers=[a], pure=False)
-    wait([x, y])
+    x, y = held_on(client, a, 1 << 16, 8), held_on(client, a, 1 << 16, 9)
     before = client.run(hook.counters, workers=[b])[b]
     client.run(slow_serving, 1.0, workers=[a])
     try:
@@ -416,12 +404,9 @@ def endpoints_back(dask_worker=None):
 
 
 def test_an_endpoint_that_times_out_once_is_retried_and_the_gather_stays_on_the_plane(ucx_cluster):
-    from distributed import wait
-
     client = ucx_cluster
     a, b, _ = sorted(client.scheduler_info()["workers"])
-    x = client.submit(make, 1 << 20, 10, workers=[a], pure=False)
-    wait(x)
+    x = held_on(client, a, 1 << 20, 10)
     before = client.run(hook.counters, workers=[b])[b]
     client.run(endpoints_failing, 1, workers=[b])
     try:
@@ -434,14 +419,11 @@ def test_an_endpoint_that_times_out_once_is_retried_and_the_gather_stays_on_the_
 
 
 def test_an_endpoint_that_never_comes_up_sends_the_gather_over_the_comm_not_as_a_lost_peer(ucx_cluster):
-    from distributed import wait
-
     from spillway.cluster.dataplane import plane
 
     client = ucx_cluster
     a, b, _ = sorted(client.scheduler_info()["workers"])
-    x = client.submit(make, 1 << 20, 11, workers=[a], pure=False)
-    wait(x)
+    x = held_on(client, a, 1 << 20, 11)
     before = client.run(hook.counters, workers=[b])[b]
     failed = client.run(gather_story, workers=[b])[b].count("gather-dep-failed")
     client.run(endpoints_failing, plane.CONNECT_TRIES, workers=[b])
@@ -532,3 +514,20 @@ def test_a_request_says_who_asks_so_the_sender_applies_distributeds_same_host_li
     assert sent[-1] == {"status": "busy"}  # another host: at its limit of 1
     asyncio.run(plane._serve(Endpoint(), {"id": 1, "keys": ["k"], "who": "tcp://10.0.0.1:2"}))
     assert sent[-1]["status"] == "OK"  # this host: twice the limit
+
+
+# --- last, as it costs the cluster a worker (its nanny brings it back)
+
+
+def test_a_sender_lost_mid_request_fails_the_gather_and_the_key_is_recomputed(ucx_cluster):
+    from distributed import wait
+
+    client = ucx_cluster
+    workers = sorted(client.scheduler_info()["workers"])
+    a, b = workers[0], workers[1]
+    x = client.submit(make, 2 << 20, 6, workers=[a], allow_other_workers=True, pure=False)
+    wait(x)
+    client.run(die_when_asked, workers=[a])
+    assert client.submit(same, x, 2 << 20, 6, workers=[b], pure=False).result(timeout=120)
+    assert "gather-dep-failed" in client.run(gather_story, workers=[b])[b]
+    client.wait_for_workers(3, timeout=60)  # the nanny brought the lost worker back
