@@ -124,6 +124,21 @@ def usable(name: str) -> bool:
     return False
 
 
+def _source(obj) -> str | None:
+    """The source of ``obj``; None where it is not installed with its source (then the
+    checks that read it pass: the shape cannot be told, and the feature stays on)."""
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return None
+
+
+def _reads(obj, text: str) -> bool:
+    """Whether the source of ``obj`` has ``text`` (True where it has no source to read)."""
+    source = _source(obj)
+    return source is None or text in source
+
+
 def _has_parameters(func, names: tuple[str, ...]) -> str | None:
     try:
         parameters = inspect.signature(func).parameters
@@ -333,8 +348,7 @@ def erred_text(transition_kwargs: Mapping) -> tuple[str | None, str | None]:
 def _check_worker_event() -> str | None:
     from distributed.scheduler import Scheduler
 
-    source = inspect.getsource(Scheduler.log_worker_event)
-    return None if 'msg["worker"]' in source else "no longer names the worker in the event"
+    return None if _reads(Scheduler.log_worker_event, 'msg["worker"]') else "no longer names the worker in the event"
 
 
 def event_worker(msg: Any) -> str | None:
@@ -357,8 +371,7 @@ def _check_get_data() -> str | None:
     why = _has_parameters(current, ("rpc", "keys", "worker", "who", "serializers", "deserializers"))
     if why is not None:
         return why
-    source = inspect.getsource(distributed.worker.Worker.gather_dep)
-    if "get_data_from_worker(" not in source:
+    if not _reads(distributed.worker.Worker.gather_dep, "get_data_from_worker("):
         return "is no longer called by Worker.gather_dep"
     return None
 
@@ -403,8 +416,7 @@ def _check_outgoing() -> str | None:
     missing = [n for n in OUTGOING if n not in annotations]
     if missing:
         return f"Worker has no {', '.join(missing)}"
-    source = inspect.getsource(Worker.get_data)
-    if "get_address_host" not in source or "* 2" not in source:
+    if not (_reads(Worker.get_data, "get_address_host") and _reads(Worker.get_data, "* 2")):
         return "Worker.get_data no longer doubles the limit for peers of its host"
     return None
 
@@ -521,7 +533,7 @@ def workers_of_process() -> list:
 def _check_adaptive() -> str | None:
     from distributed.deploy.cluster import Cluster
 
-    return None if "self._adaptive" in inspect.getsource(Cluster.adapt) else "Cluster.adapt no longer keeps it"
+    return None if _reads(Cluster.adapt, "self._adaptive") else "Cluster.adapt no longer keeps it"
 
 
 def adaptive_of(cluster):
@@ -544,7 +556,7 @@ def _check_spec_cluster() -> str | None:
 
     if not inspect.iscoroutinefunction(getattr(SpecCluster, "scale_down", None)):
         return "SpecCluster.scale_down is not a coroutine function"
-    if "self.new_spec" not in inspect.getsource(SpecCluster.__init__):
+    if not _reads(SpecCluster.__init__, "self.new_spec"):
         return "SpecCluster keeps no new_spec"
     return _has_parameters(SpecCluster.scale_down, ("workers",))
 
@@ -579,7 +591,7 @@ def _check_spec_start() -> str | None:
 
     if not inspect.iscoroutinefunction(getattr(SpecCluster, "_start", None)):
         return "is not a coroutine function"
-    if "self.scheduler_spec" not in inspect.getsource(SpecCluster._start):
+    if not _reads(SpecCluster._start, "self.scheduler_spec"):
         return "SpecCluster._start no longer reads scheduler_spec"
     return None
 
@@ -609,7 +621,7 @@ def _check_offload() -> str | None:
 
     if not hasattr(utils, "OFFLOAD_THRESHOLD"):
         return "is not there"
-    return None if "OFFLOAD_THRESHOLD" in inspect.getsource(utils.to_frames) else "is no longer read by to_frames"
+    return None if _reads(utils.to_frames, "OFFLOAD_THRESHOLD") else "is no longer read by to_frames"
 
 
 def set_offload_threshold(value) -> int | bool | None:
@@ -745,7 +757,7 @@ def _check_cuda_cluster() -> str | None:
 
     if not callable(getattr(LocalCUDACluster, "new_worker_spec", None)):
         return "has no new_worker_spec"
-    if "cuda_visible_devices" not in inspect.getsource(LocalCUDACluster.__init__):
+    if not _reads(LocalCUDACluster.__init__, "cuda_visible_devices"):
         return "LocalCUDACluster keeps no cuda_visible_devices"
     return None
 
@@ -756,11 +768,10 @@ def _check_cuda_worker() -> str | None:
     from dask_cuda import CUDAWorker
     from distributed import Nanny
 
-    if "self.nannies" not in inspect.getsource(CUDAWorker.__init__):
+    if not _reads(CUDAWorker.__init__, "self.nannies"):
         return "CUDAWorker keeps no nannies"
-    source = inspect.getsource(Nanny.__init__)
     for name in ("self.worker_kwargs", "self.env"):
-        if name not in source:
+        if not _reads(Nanny.__init__, name):
             return f"Nanny keeps no {name.split('.')[1]}"
     return None
 
@@ -822,6 +833,6 @@ def _check_jobqueue() -> str | None:
     why = _has_parameters(Job.__init__, ("job_script_prologue", "python", "job_name"))
     if why is not None:
         return why
-    if "self.job_script()" not in inspect.getsource(Job.job_file):
+    if not _reads(Job.job_file, "self.job_script()"):
         return "Job.job_file no longer writes Job.job_script()"
     return None

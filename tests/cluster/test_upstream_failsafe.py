@@ -27,6 +27,7 @@ from spillway.cluster.memory.store import TieredStore
 from spillway.cluster.plugins import WorkerSetup
 
 MB = 2**20
+pytestmark = pytest.mark.filterwarnings("ignore:Sending large graph")
 
 
 @pytest.fixture(autouse=True)
@@ -269,3 +270,14 @@ def test_ucxx_absent_gives_an_error_class_nothing_raises(monkeypatch):
     monkeypatch.setitem(sys.modules, "ucxx", None)
     error = upstream.ucx_error()
     assert not issubclass(ValueError, error) and issubclass(error, object)
+
+
+def test_an_upstream_installed_without_its_source_keeps_its_features_on(monkeypatch):
+    import inspect
+
+    def no_source(obj):
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(inspect, "getsource", no_source)
+    assert upstream.usable("get_data_from_worker") and upstream.usable("spec_cluster_start")
+    assert not upstream.said_off()
