@@ -154,6 +154,8 @@ class DataPlane:
         self.host = None
         self.counters = Counters()
         self._channels: dict[str, _Channel] = {}
+        #: channels retired with fetches still on them (closed after their last, or with the plane)
+        self._retired: set[_Channel] = set()
         self._connecting: dict[str, asyncio.Lock] = {}
         #: peer -> its contact ({"host", "port"}) while it has a plane
         self._contacts: dict[str, object] = {}
@@ -184,10 +186,11 @@ class DataPlane:
     def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        for channel in self._channels.values():
+        for channel in [*self._channels.values(), *self._retired]:
             if not channel.endpoint.closed:
                 channel.endpoint.abort()
         self._channels.clear()
+        self._retired.clear()
         if self.listener is not None:
             self.listener.close()
             self.listener = None
@@ -285,7 +288,7 @@ class DataPlane:
         on this one finish (or fail) on their own."""
         channel = self._channels.pop(peer, None)
         if channel is not None:
-            channel.retire()
+            self._retire(peer, channel)
 
     def warm_soon(self, peers=None) -> asyncio.Task:
         """:meth:`warm` in the background (the worker's start does not wait for it)."""
@@ -424,6 +427,7 @@ class DataPlane:
         if self._channels.get(peer) is channel:
             del self._channels[peer]
         channel.retire()
+        self._retired = {c for c in self._retired | {channel} if not c.endpoint.closed}
 
     # --- the serving side
 
