@@ -14,6 +14,11 @@ gathers to distributed's comm, ...), :func:`off` says so once in the log, and no
 graph fails for it. A seam is added as one adapter and one :func:`seam` entry; nothing else
 in spillway names the private parts (``grep`` for them finds this module alone).
 
+To add a seam: a ``check`` registered with :func:`seam` (its name, the upstream names, the
+distribution and the releases read, what goes without it) that returns None or why not,
+and beside it the adapter the rest of spillway calls, which starts with
+``if not usable(name): <do without>``. The contract test picks the new seam up by itself.
+
 Nothing here imports spillway: every other module of the cluster may import it.
 """
 
