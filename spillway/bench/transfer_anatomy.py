@@ -2,7 +2,7 @@
 
 ``python -m spillway.bench.transfer_anatomy [--sizes 16MiB,256MiB,1GiB] [--cpu]`` times, on
 one GPU with two processes, each layer of distributed's worker-to-worker path alone, with
-the exchange a worker makes (``get_data_from_worker``: a request, the data, an ``OK``):
+the exchange a worker makes (distributed's gather: a request, the data, an ``OK``):
 
 ``raw``              ucxx's async API alone: an 8-byte request, the device buffer (a fresh
                      ``rmm.DeviceBuffer`` on the receiver, as distributed-ucxx allocates it),
@@ -17,7 +17,7 @@ the exchange a worker makes (``get_data_from_worker``: a request, the data, an `
 ``workers``          the full gather between two spillway workers of the GPU (as
                      :mod:`spillway.bench.transfers` moves a chunk), split by the workers' own
                      books: the receiver's ``transfer_incoming_log``, the sender's
-                     ``transfer_outgoing_log`` and both workers' ``digests_total``
+                     outgoing transfer log and both workers' ``digests_total``
                      (distributed's ``context_meter``: serialize, deserialize, network)
 ``workers-no-offload`` the same with the workers started with the threshold raised
 
@@ -455,6 +455,8 @@ def _books(dask_worker) -> dict:
     heartbeat), so the raw times come from what has none: the incoming transfer's start
     from the state machine's ``request-dep`` stamp (taken right before the gather's meter
     starts), the outgoing one's from its ``middle``."""
+    from spillway.cluster import upstream
+
     requested = {}
     for entry in dask_worker.state.log:
         if entry and entry[0] == "request-dep":
@@ -467,7 +469,7 @@ def _books(dask_worker) -> dict:
         incoming.append({"keys": keys, "start": start,
                          "stop": None if start is None else start + e["stop"] - e["start"]})
     outgoing = [{"keys": [str(k) for k in e["keys"]], "start": e["middle"] - (e["stop"] - e["start"]) / 2,
-                 "stop": e["middle"] + (e["stop"] - e["start"]) / 2} for e in dask_worker.transfer_outgoing_log]
+                 "stop": e["middle"] + (e["stop"] - e["start"]) / 2} for e in upstream.outgoing_log(dask_worker)]
     digests = {"/".join(map(str, k if isinstance(k, tuple) else (k,))): v
                for k, v in dask_worker.digests_total.items()
                if any(tag in str(k) for tag in ("gather-dep", "get-data"))}

@@ -6,8 +6,9 @@ Why on the scheduler: users call ``x.persist()`` and ``dask.compute(...)`` on a 
 ``distributed.Client`` as often as through spillway's wrappers, and only the scheduler
 sees every graph. It sees it as tasks, though, without their sizes; the expression the
 client sent says them (a dask array's chunks and dtype), and the scheduler reads that
-expression in one place only, ``distributed.scheduler._materialize_graph``. This module
-wraps that function in the scheduler's process (:func:`install_sizes`): it returns the
+expression in one place only, distributed's graph materialization. This module wraps
+it in the scheduler's process (:func:`install_sizes`, through the seam of
+:mod:`~spillway.cluster.upstream`): it returns the
 graph as before, with each key's bytes as one more annotation
 (:data:`~spillway.cluster.memory.graph_bytes.NBYTES`), which distributed hands to
 scheduler plugins with the graph. Where the wrapper cannot read sizes (another
@@ -28,9 +29,12 @@ collection type, another distributed), graphs pass unchecked, as before.
   (dataframes, delayed, futures) is not checked.
 * **when the tiers fill anyway** (a store's write met a full disk: the task that needed
   the room fails with :class:`~.errors.SpillDiskFull`, and the store says so as an event,
-  :data:`DISK_FULL`): every computation still running stops, its outputs done or not
-  failed with that line and released, so their spilled bytes leave the disk; the graphs
-  whose outputs were all in memory before (held arrays) stay.
+  :data:`DISK_FULL`, naming its worker): the newest computation still running whose
+  bytes are on that worker or whose tasks wait to run there stops, its outputs done or
+  not failed with that line and released, so their spilled bytes leave the disk; the
+  other computations (on the shared service, other tenants' jobs) run on, and should the
+  disk fill again the next newest stops. The graphs whose outputs were all in memory
+  before (held arrays) stay.
 
 Keys refused or stopped stay on the scheduler as erred keys without data until their
 client lets them go, so what is built on them fails with the same line (rather than as
@@ -41,13 +45,13 @@ the client holds the first result fails with it too.
 from __future__ import annotations
 
 import ast
-import functools
 import logging
 import time
 from dataclasses import dataclass, field, replace
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from . import upstream
 from .errors import AdmissionError, SpillDiskFull
 from .memory.admission import Capacity, combine
 from .memory.graph_bytes import NBYTES, graph_bytes, peak_bytes
@@ -65,54 +69,31 @@ DISK_FULL = "spillway-disk-full"
 PEAK_TASKS = 500_000
 #: the least fraction of their bytes that compressed values are counted at on disk
 MIN_RATIO = 0.05
+#: seconds after a computation is stopped for a worker's full disk in which another
+#: signal of that disk (the same fill, told by the task's error and the store's event)
+#: stops nothing more
+STOP_QUIET_S = 2.0
 
 
 # --- sizes from the expression, in the scheduler's process
 
 
 def install_sizes() -> bool:
-    """Wrap ``distributed.scheduler._materialize_graph`` (once per process) so that each
-    graph comes with its keys' bytes as the :data:`NBYTES` annotation; False where this
-    distributed has no such function (graphs then pass unchecked)."""
-    import distributed.scheduler as ds
+    """Wrap distributed's graph materialization (once per process,
+    :func:`~.upstream.wrap_graph_materialization`) so that each graph comes with its keys'
+    bytes as the :data:`NBYTES` annotation; False where this distributed materializes
+    graphs otherwise (graphs then pass unchecked, and the log says so once)."""
+    return upstream.wrap_graph_materialization(_add_sizes)
 
-    current = getattr(ds, "_materialize_graph", None)
-    if current is None:
-        logger.warning("the capacity check has no graph sizes on this distributed (%s): graphs "
-                       "run unchecked", getattr(__import__("distributed"), "__version__", "?"))
-        return False
-    if getattr(current, "_spillway_sizes", False):
-        current._spillway_users[0] += 1
-        return True
 
-    @functools.wraps(current)
-    def materialize(*args, **kwargs):
-        dsk, annotations = current(*args, **kwargs)
-        try:
-            expr = kwargs["expr"] if "expr" in kwargs else args[0]
-            sizes = graph_bytes(expr, dsk)
-            if sizes:
-                annotations.setdefault(NBYTES, {}).update(sizes)
-        except Exception:  # sizes are a check's input: the graph runs without them
-            logger.debug("no sizes for a graph", exc_info=True)
-        return dsk, annotations
-
-    materialize._spillway_sizes = True
-    materialize._spillway_users = [1]
-    materialize._spillway_original = current
-    ds._materialize_graph = materialize
-    return True
+def _add_sizes(expr, dsk, annotations: dict) -> None:
+    sizes = graph_bytes(expr, dsk)
+    if sizes:
+        annotations.setdefault(NBYTES, {}).update(sizes)
 
 
 def uninstall_sizes() -> None:
-    import distributed.scheduler as ds
-
-    current = getattr(ds, "_materialize_graph", None)
-    if not getattr(current, "_spillway_sizes", False):
-        return
-    current._spillway_users[0] -= 1
-    if current._spillway_users[0] <= 0:
-        ds._materialize_graph = current._spillway_original
+    upstream.unwrap_graph_materialization()
 
 
 # --- on the workers
@@ -131,11 +112,13 @@ def report_tiers(dask_worker) -> dict:
 
 @dataclass
 class Graph:
-    """A graph admitted and not yet all in memory: its client and its new keys."""
+    """A graph admitted and not yet all in memory: its client, its new keys (outputs) and
+    its new tasks (outputs and intermediates)."""
 
     client: str
     keys: set
-    at: float = field(default_factory=time.time)
+    tasks: set = field(default_factory=set)
+    at: float = field(default_factory=time.monotonic)
 
 
 class CapacityPlugin(SchedulerPlugin):
@@ -150,6 +133,8 @@ class CapacityPlugin(SchedulerPlugin):
         self.refused = 0
         self.stops = 0
         self._sizes = False
+        #: worker (or None: not known) -> when a computation was last stopped for its disk
+        self._stopped_at: dict = {}
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
@@ -193,30 +178,30 @@ class CapacityPlugin(SchedulerPlugin):
         new = [k for k in keys if k in known and known[k].state == "released" and k not in self.pending]
         if not new:
             return
+        run = [k for k in tasks if k in known and known[k].state == "released"]
         sizes = annotations.get(NBYTES) or {}
         capacity = self.capacity() if sizes else None
         if capacity is not None:
-            line = self._over(scheduler, new, tasks, sizes, priority, *capacity)
+            line = self._over(scheduler, new, run, sizes, priority, *capacity)
             if line is not None:
                 self._refuse(scheduler, client, new, line, stimulus_id)
                 return
-        self.graphs.append(Graph(client, set(new)))
+        self.graphs.append(Graph(client, set(new), set(run)))
         for k in new:
             self.pending[k] = sizes.get(k, 0)
 
-    def _over(self, scheduler, new, tasks, sizes, priority, capacity, ratio) -> str | None:
+    def _over(self, scheduler, new, run, sizes, priority, capacity, ratio) -> str | None:
         outputs = sum(sizes.get(k, 0) for k in new)
         held = self.held()
         peak = outputs
-        run = [k for k in tasks if k in scheduler.tasks and scheduler.tasks[k].state == "released"]
+        run = list(run)
         if any(d.state == "erred" for k in run for d in scheduler.tasks[k].dependencies):
             return None  # it fails with what its inputs failed with, not for room
         if len(run) <= PEAK_TASKS:
-            from dask._task_spec import Alias
-
+            alias_type = upstream.task_spec_types()[0]
             run.sort(key=lambda k: priority.get(k, ()))
             tasks_of = scheduler.tasks
-            aliases = {k: tasks_of[k].run_spec.target for k in run if isinstance(tasks_of[k].run_spec, Alias)}
+            aliases = {k: tasks_of[k].run_spec.target for k in run if isinstance(tasks_of[k].run_spec, alias_type)}
             peak = max(outputs, peak_bytes(run, lambda k: (d.key for d in tasks_of[k].dependencies),
                                            sizes, set(new), aliases))
         if held + peak <= capacity.total_bytes:
@@ -238,72 +223,75 @@ class CapacityPlugin(SchedulerPlugin):
         if finish in ("memory", "erred", "forgotten"):
             self.pending.pop(key, None)
         if finish == "erred":
-            line = _disk_full_line(kwargs.get("exception_text"))
+            text, worker = upstream.erred_text(kwargs)
+            line = _disk_full_line(text)
             if line is not None:
-                self.scheduler.loop.add_callback(self.stop, line)
+                self.scheduler.loop.add_callback(self.stop, line, worker)
 
     def log_event(self, topic, msg):
         if topic == DISK_FULL and isinstance(msg, dict) and msg.get("line"):
-            self.scheduler.loop.add_callback(self.stop, msg["line"])
+            self.scheduler.loop.add_callback(self.stop, msg["line"], upstream.event_worker(msg))
 
-    def stop(self, line: str) -> int:
-        """Stop every computation still running: its new keys fail with ``line`` and are
-        released (their bytes leave the workers, and their disks); the graphs all in
-        memory (held arrays) stay. Returns the keys stopped."""
+    def stop(self, line: str, worker: str | None = None) -> int:
+        """A worker's spill disk is full: stop the newest computation still running whose
+        tasks hold bytes on ``worker`` or wait to run there (any worker's where ``worker``
+        is None or none of them is there): its new keys fail with ``line`` and are
+        released, so their bytes leave the workers and their disks. The other
+        computations, other clients' among them, run on; should the disk fill again
+        (after :data:`STOP_QUIET_S`: the first stop's bytes take a moment to leave),
+        the next newest stops. The graphs all in memory (held arrays) stay. Returns the
+        keys stopped."""
         scheduler = self.scheduler
-        stopped, graphs = 0, 0
-        for graph in list(self.graphs):
+        now = time.monotonic()
+        if now - self._stopped_at.get(worker, -STOP_QUIET_S) < STOP_QUIET_S:
+            return 0  # the same fill, told twice (the task's error and the store's event)
+        running = [g for g in self.graphs if g.client in scheduler.clients
+                   and any(k in scheduler.tasks and scheduler.tasks[k].state != "memory" for k in g.keys)]
+        there = self._on(worker)
+        if there:
+            running = [g for g in running if g.tasks & there or g.keys & there] or running
+        if not running:
+            return 0
+        newest = max(running, key=lambda g: g.at)
+        stopped = 0
+        for graph in self._built_on(newest):
             live = [k for k in graph.keys if k in scheduler.tasks]
-            if any(scheduler.tasks[k].state != "memory" for k in live) and graph.client in scheduler.clients:
-                self._fail(graph.client, live, SpillDiskFull(line), f"spillway-disk-full-{time.time()}")
-                stopped += len(live)
-                graphs += 1
-                self.graphs.remove(graph)
-                for k in graph.keys:
-                    self.pending.pop(k, None)
-        if stopped:
-            self.stops += 1
-            scheduler.log_event("spillway-capacity", {"action": "stopped", "keys": stopped, "graphs": graphs,
-                                                      "message": line})
-            logger.info("%s; stopped %d computation%s (%d keys released)", line, graphs,
-                           "s" if graphs != 1 else "", stopped)
+            upstream.fail_keys(scheduler, graph.client, live, SpillDiskFull(line),
+                               f"spillway-disk-full-{time.time()}")
+            self.graphs.remove(graph)
+            for k in graph.keys:
+                self.pending.pop(k, None)
+            stopped += len(live)
+        self._stopped_at[worker] = now
+        self.stops += 1
+        scheduler.log_event("spillway-capacity", {"action": "stopped", "keys": stopped, "client": newest.client,
+                                                  "worker": worker, "message": line})
+        logger.info("%s; stopped the newest computation there (client %s, %d keys released)", line, newest.client,
+                    stopped)
         return stopped
 
+    def _built_on(self, graph: Graph) -> list[Graph]:
+        """``graph`` and the graphs admitted since whose tasks wait for its keys (a
+        ``compute`` of a persisted array), and theirs in turn: one computation."""
+        tasks = self.scheduler.tasks
+        out, keys = [graph], set(graph.keys)
+        while True:
+            waiting = {d.key for k in keys if k in tasks for d in tasks[k].dependents}
+            more = [g for g in self.graphs if g not in out and g.tasks & waiting]
+            if not more:
+                return out
+            out += more
+            keys = set().union(*(g.keys for g in more))
+
+    def _on(self, worker: str | None) -> set:
+        """The keys ``worker`` holds (in memory or on its disk) or runs or will run."""
+        ws = self.scheduler.workers.get(worker) if worker else None
+        if ws is None:
+            return set()
+        return {ts.key for ts in ws.has_what} | {ts.key for ts in ws.processing}
+
     def _fail(self, client: str, keys: list, exception: Exception, stimulus_id: str) -> None:
-        """Fail ``keys`` of ``client`` with ``exception`` and release them (nothing of
-        them runs on, and what they hold leaves the workers); then keep each as an erred
-        key without data, so that what the client builds on them later fails with the
-        same line (not as "lost dependencies") until it lets them go."""
-        from distributed.core import error_message
-
-        scheduler = self.scheduler
-        error = error_message(exception)
-        for key in keys:
-            scheduler.report({"op": "task-erred", "key": key, "exception": error["exception"],
-                              "traceback": None}, client=client)
-        scheduler.client_releases_keys(keys=keys, client=client, stimulus_id=stimulus_id)
-        # after this tick's transitions (update_graph's own still hold recommendations
-        # for these keys, which find them gone)
-        scheduler.loop.add_callback(self._erred_placeholders, client, keys, error, str(exception), stimulus_id)
-
-    def _erred_placeholders(self, client, keys, error, text, stimulus_id) -> None:
-        scheduler = self.scheduler
-        if client not in scheduler.clients:
-            return
-        made = []
-        for key in keys:
-            if key in scheduler.tasks:  # wanted by another client, or sent again since
-                continue
-            ts = scheduler.new_task(key, None, "released")
-            ts.exception = error["exception"]
-            ts.traceback = None
-            ts.exception_text = text
-            ts.traceback_text = ""
-            ts.exception_blame = ts
-            made.append(key)
-        if made:
-            scheduler.transitions({k: "erred" for k in made}, stimulus_id)
-            scheduler.client_desires_keys(keys=made, client=client)
+        upstream.fail_keys(self.scheduler, client, keys, exception, stimulus_id)
 
     def _prune(self) -> None:
         """Forget the graphs whose keys are all in memory (held now) or gone."""

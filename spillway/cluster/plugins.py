@@ -204,17 +204,16 @@ class WorkerSetup(WorkerPlugin):
 
             return callback
 
-        device_buffer = getattr(data, "device_buffer", None)
-        if device_buffer is not None and hasattr(device_buffer, "fast_to_slow_callbacks"):
-            device_buffer.fast_to_slow_callbacks.append(counter("device_to_host"))
-            device_buffer.slow_to_fast_callbacks.append(counter("host_to_device"))
-        host_buffer = getattr(data, "host_buffer", None)
-        if host_buffer is not None and hasattr(host_buffer, "fast_to_slow_callbacks"):
-            host_buffer.fast_to_slow_callbacks.append(counter("host_to_disk"))
-            host_buffer.slow_to_fast_callbacks.append(counter("disk_to_host"))
-        elif hasattr(data, "fast_to_slow_callbacks"):  # SpillBuffer: host -> disk
-            data.fast_to_slow_callbacks.append(counter("host_to_disk"))
-            data.slow_to_fast_callbacks.append(counter("disk_to_host"))
+        from .upstream import spill_callbacks
+
+        device = spill_callbacks(getattr(data, "device_buffer", None))
+        if device is not None:
+            device[0].append(counter("device_to_host"))
+            device[1].append(counter("host_to_device"))
+        host = spill_callbacks(getattr(data, "host_buffer", None)) or spill_callbacks(data)  # or a SpillBuffer
+        if host is not None:
+            host[0].append(counter("host_to_disk"))
+            host[1].append(counter("disk_to_host"))
 
 
 def _say_disk_full(worker, line: str) -> None:

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from spillway.cluster import upstream
 from spillway.cluster.errors import OptionsError
 
 from .bars import advance, progress_bar
@@ -113,7 +114,7 @@ class Cluster:
         from distributed.deploy.spec import SpecCluster
 
         cluster = self._scalable("scale")
-        self._stop_adaptive()
+        upstream.end_adapting(cluster)
         going = entries_to_close(cluster.worker_spec, self._worker_names(), entries)
         if going:
             # as Adaptive scales down: retired by name first, their data handed to the
@@ -122,7 +123,7 @@ class Cluster:
             # then these very entries closed (scale() would pick its own)
             names = [name for entry in going for name in worker_names(entry, cluster.worker_spec[entry])]
             self.client.retire_workers(names=names)
-            cluster.sync(cluster.scale_down, going)
+            upstream.close_spec_workers(cluster, going)
         if len(cluster.worker_spec) < entries:
             # SpecCluster's own: a subclass's scale(n) may count workers, not entries
             SpecCluster.scale(cluster, entries)
@@ -161,16 +162,9 @@ class Cluster:
                                "whoever started it scales it")
         return cluster
 
-    def _stop_adaptive(self) -> None:
-        adaptive = getattr(self.session.cluster, "_adaptive", None)
-        if adaptive is not None:
-            adaptive.stop()
-            self.session.cluster._adaptive = None
-
-    def _adaptive(self):
+    def _adapting(self):
         """The running Adaptive, or None."""
-        adaptive = getattr(self.session.cluster, "_adaptive", None)
-        return adaptive if getattr(adaptive, "state", None) in ("starting", "running") else None
+        return upstream.adaptive_of(self.session.cluster)
 
     def _most_workers(self) -> int | None:
         """The most workers this cluster can have (None: no bound of its own)."""
@@ -187,7 +181,7 @@ class Cluster:
         cluster scaled to none is refused in one line."""
         if self.n_workers:
             return
-        adaptive = self._adaptive()
+        adaptive = self._adapting()
         if adaptive is None:
             raise OptionsError("workers: this cluster has none; scale it up first (cluster.scale(2))")
         want = max(1, int(adaptive.minimum))
@@ -222,7 +216,7 @@ class Cluster:
         from .progress import track
 
         client = self.client
-        if self._adaptive() is None:
+        if self._adapting() is None:
             self._ensure_workers()  # an adaptive cluster scales up for the queued tasks itself
 
         def compute():

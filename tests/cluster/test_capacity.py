@@ -8,6 +8,8 @@ scheduler's capacity plugin, and a plain ``distributed.Client`` calling ``persis
 * a disk that fills anyway (the workers reported room they then did not have) stops the
   computation within seconds with the store's one line; held arrays stay, nothing of the
   stopped computation is left on the disk, and the cluster runs the next computation;
+* two clients (two tenants of the service): the disk that the newer one's persist fills
+  stops that persist alone; the older one's job, running beside it, finishes;
 * what nominally fits completes: a rechunk of a held array, persisted beside it, whose
   values compress on the disk.
 """
@@ -197,3 +199,34 @@ def test_the_same_rechunk_on_a_disk_that_does_not_compress_is_refused_up_front(t
                 yp.compute()
         assert not [t for t in stream.data if "rechunk" in str(t["key"])]
         _intact(x, values)
+
+
+def _slow_block(block, seconds: float = 0.1):
+    time.sleep(seconds)
+    return block + 1
+
+
+@pytest.mark.filterwarnings("ignore:Sending large graph")
+def test_a_full_disk_stops_the_tenant_that_filled_it_and_the_other_tenant_s_job_finishes(tmp_path):
+    # two clients of one cluster, as two tenants of the shared service: the older runs a
+    # light job of small chunks, the newer persists more than the 6 MiB disk holds (it
+    # reports 1 GiB free, so both are admitted); the full disk stops the newer alone
+    with small_cluster(tmp_path, disk=6 * MB, reports=2**30, threads=2) as (client, store), \
+            Client(client.scheduler.address) as other:
+        light = np.arange(64 * 1000, dtype=np.float64).reshape(64, 1000)
+        job = other.compute(da.from_array(light, chunks=(2, 1000)).map_blocks(_slow_block, dtype=np.float64))
+        time.sleep(0.3)  # the light job is admitted first: the older computation
+        y = da.random.default_rng(1).random((3000, 1000), chunks=(250, 1000))
+        yp = client.persist(y)
+        with pytest.raises(SpillDiskFull, match="the spill disk is full"):
+            client.compute(yp).result(timeout=30)
+        assert not job.done()  # stopped while the other tenant's job ran
+        np.testing.assert_array_equal(job.result(timeout=60), light + 1)
+        stops = client.run_on_scheduler(lambda dask_scheduler: [
+            e for _, e in dask_scheduler.get_events("spillway-capacity") if e.get("action") == "stopped"])
+        assert [s["client"] for s in stops] == [client.id]
+        # nothing of the stopped persist is left on the disk
+        deadline = time.monotonic() + 5
+        while any(y.name in str(k) for k in store) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(y.name in str(k) for k in store)

@@ -110,7 +110,7 @@ def original(monkeypatch):
 
 
 def route(keys, worker="ucx://peer:1", who="ucx://me:2"):
-    return asyncio.run(hook.routed_get_data_from_worker(None, keys, worker, who=who))
+    return asyncio.run(hook.routed_fetch(None, keys, worker, who=who))
 
 
 def test_a_gather_goes_over_the_plane_where_both_ends_have_one(original):
@@ -147,10 +147,10 @@ def test_install_and_uninstall_swap_distributeds_function_once(monkeypatch):
     monkeypatch.setattr(hook, "PLANES", {"w": object()})
     hook.install()
     hook.install()
-    assert distributed.worker.get_data_from_worker is hook.routed_get_data_from_worker
+    assert distributed.worker.get_data_from_worker is hook.routed_fetch
     assert hook._original is before
     hook.uninstall()  # a plane is left: stays
-    assert distributed.worker.get_data_from_worker is hook.routed_get_data_from_worker
+    assert distributed.worker.get_data_from_worker is hook.routed_fetch
     hook.PLANES.clear()
     hook.uninstall()
     assert distributed.worker.get_data_from_worker is before
@@ -276,6 +276,247 @@ def test_a_busy_sender_is_retried_then_serves(ucx_cluster):
         client.run(set_limit, 10, workers=[a])
     assert y.result(timeout=60)
     assert client.run(hook.counters, workers=[b])[b]["busy"] >= 1
+
+
+# --- faults short of a lost peer (over UCXX too)
+
+
+def plane_of(dask_worker):
+    return hook.PLANES[dask_worker.address]
+
+
+def held_on(client, worker, n, seed):
+    """A chunk of ``n`` bytes made on ``worker`` (its future)."""
+    from distributed import wait
+
+    x = client.submit(make, n, seed, workers=[worker], pure=False)
+    wait(x)
+    return x
+
+
+def break_serving(dask_worker=None):
+    """The sender fails to describe what it serves (as a serialization error would)."""
+    def fail(*args, **kwargs):
+        raise RuntimeError("cannot serialize this value")
+
+    wire._spillway_describe = wire.describe_reply
+    wire.describe_reply = fail
+
+
+def mend_serving(dask_worker=None):
+    wire.describe_reply = wire._spillway_describe
+
+
+def test_a_sender_that_fails_to_serve_answers_at_once_and_the_gather_goes_over_the_comm(ucx_cluster):
+    client = ucx_cluster
+    a, b, _ = sorted(client.scheduler_info()["workers"])
+    x = held_on(client, a, 1 << 20, 7)
+    before = client.run(hook.counters)
+    failed = client.run(gather_story, workers=[b])[b].count("gather-dep-failed")
+    client.run(break_serving, workers=[a])
+    try:
+        start = time.perf_counter()
+        assert client.submit(same, x, 1 << 20, 7, workers=[b], pure=False).result(timeout=60)
+        took = time.perf_counter() - start
+    finally:
+        client.run(mend_serving, workers=[a])
+    after = client.run(hook.counters)
+    assert took < 10, took  # not the reply's timeout (300 s)
+    assert after[a]["serve_errors"] - before[a]["serve_errors"] == 1
+    assert after[b]["fallbacks"] - before[b]["fallbacks"] == 1
+    assert after[b]["lost"] == before[b]["lost"]
+    assert client.run(gather_story, workers=[b])[b].count("gather-dep-failed") == failed
+
+
+def slow_serving(seconds, dask_worker=None):
+    plane = plane_of(dask_worker)
+    serve = plane._serve
+
+    async def slow(endpoint, request):
+        await asyncio.sleep(seconds)
+        return await serve(endpoint, request)
+
+    plane._spillway_serve = serve
+    plane._serve = slow
+
+
+def quick_serving(dask_worker=None):
+    plane = plane_of(dask_worker)
+    plane._serve = plane._spillway_serve
+
+
+async def two_fetches_one_cancelled(peer, first, second, dask_worker=None):
+    plane = plane_of(dask_worker)
+    await plane.fetch(peer, [first])  # the endpoint is up
+    endpoint = plane._channels[peer].endpoint
+    cancelled = asyncio.ensure_future(plane.fetch(peer, [first]))
+    other = asyncio.ensure_future(plane.fetch(peer, [second]))
+    await asyncio.sleep(0.3)  # both asked, neither answered
+    cancelled.cancel()
+    reply = await other
+    later = await plane.fetch(peer, [second])  # on a new endpoint
+    return (reply["status"], list(reply["data"]), later["status"], endpoint.closed,
+            plane._channels[peer].endpoint is not endpoint)
+
+
+def test_a_fetch_cancelled_does_not_fail_the_others_to_the_same_peer(ucx_cluster):
+    client = ucx_cluster
+    a, b, _ = sorted(client.scheduler_info()["workers"])
+    x, y = held_on(client, a, 1 << 16, 8), held_on(client, a, 1 << 16, 9)
+    before = client.run(hook.counters, workers=[b])[b]
+    client.run(slow_serving, 1.0, workers=[a])
+    try:
+        status, keys, later, old_closed, renewed = client.run(two_fetches_one_cancelled, a, x.key, y.key,
+                                                              workers=[b])[b]
+    finally:
+        client.run(quick_serving, workers=[a])
+    assert status == "OK" and keys == [y.key] and later == "OK"
+    assert old_closed and renewed  # retired, closed after its last fetch; a new one since
+    assert client.run(hook.counters, workers=[b])[b]["lost"] == before["lost"]
+
+
+def endpoints_failing(times, dask_worker=None):
+    """The next ``times`` endpoints this worker opens fail as a first contact that times
+    out does; its endpoint to every peer is retired first."""
+    import ucxx
+
+    plane = plane_of(dask_worker)
+    for peer in list(plane._channels):
+        plane._forget(peer)
+    create = getattr(ucxx, "_spillway_create", ucxx.create_endpoint)
+    ucxx._spillway_create = create
+    left = [times]
+
+    async def flaky(*args, **kwargs):
+        if left[0] > 0:
+            left[0] -= 1
+            raise TimeoutError("exchange_peer_info timed out")
+        return await create(*args, **kwargs)
+
+    ucxx.create_endpoint = flaky
+
+
+def endpoints_back(dask_worker=None):
+    import ucxx
+
+    ucxx.create_endpoint = ucxx._spillway_create
+    plane_of(dask_worker)._unreachable.clear()
+
+
+def test_an_endpoint_that_times_out_once_is_retried_and_the_gather_stays_on_the_plane(ucx_cluster):
+    client = ucx_cluster
+    a, b, _ = sorted(client.scheduler_info()["workers"])
+    x = held_on(client, a, 1 << 20, 10)
+    before = client.run(hook.counters, workers=[b])[b]
+    client.run(endpoints_failing, 1, workers=[b])
+    try:
+        assert client.submit(same, x, 1 << 20, 10, workers=[b], pure=False).result(timeout=60)
+    finally:
+        client.run(endpoints_back, workers=[b])
+    after = client.run(hook.counters, workers=[b])[b]
+    assert after["fetched"] - before["fetched"] == 1
+    assert after["connect_failures"] == before["connect_failures"] and after["lost"] == before["lost"]
+
+
+def test_an_endpoint_that_never_comes_up_sends_the_gather_over_the_comm_not_as_a_lost_peer(ucx_cluster):
+    from spillway.cluster.dataplane import plane
+
+    client = ucx_cluster
+    a, b, _ = sorted(client.scheduler_info()["workers"])
+    x = held_on(client, a, 1 << 20, 11)
+    before = client.run(hook.counters, workers=[b])[b]
+    failed = client.run(gather_story, workers=[b])[b].count("gather-dep-failed")
+    client.run(endpoints_failing, plane.CONNECT_TRIES, workers=[b])
+    try:
+        assert client.submit(same, x, 1 << 20, 11, workers=[b], pure=False).result(timeout=60)
+        after = client.run(hook.counters, workers=[b])[b]
+    finally:
+        client.run(endpoints_back, workers=[b])
+    assert after["connect_failures"] - before["connect_failures"] == 1
+    assert after["fetched"] == before["fetched"] and after["lost"] == before["lost"]
+    assert client.run(gather_story, workers=[b])[b].count("gather-dep-failed") == failed
+    assert any(who == a for who, _ in client.run(incoming, workers=[b])[b])  # over the comm
+
+
+async def warm_again(dask_worker=None):
+    plane = plane_of(dask_worker)
+    for peer in list(plane._channels):
+        plane._forget(peer)
+    opened = await plane.warm()
+    return opened, sorted(plane._channels)
+
+
+def test_a_plane_opens_its_endpoints_to_every_peer_in_the_background(ucx_cluster):
+    client = ucx_cluster
+    workers = sorted(client.scheduler_info()["workers"])
+    opened, peers = client.run(warm_again, workers=[workers[0]])[workers[0]]
+    assert opened == 2 and peers == workers[1:]
+
+
+# --- the plane's bookkeeping of peers, no UCXX
+
+
+class Rpc:
+    def __init__(self, answers):
+        self.answers = answers
+
+    def __call__(self, peer):
+        answers = self.answers
+
+        class Handlers:
+            async def dataplane_contact(self):
+                answer = answers[peer].pop(0)
+                if isinstance(answer, Exception):
+                    raise answer
+                return answer
+
+        return Handlers()
+
+
+def test_a_peer_without_a_plane_is_asked_again_after_a_while(monkeypatch):
+    from types import SimpleNamespace
+
+    from spillway.cluster.dataplane import plane as plane_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(plane_module.time, "monotonic", lambda: clock[0])
+    worker = SimpleNamespace(address="ucx://10.0.0.1:1",
+                             rpc=Rpc({"ucx://10.0.0.2:1": [OSError("no handler"), {"host": "h", "port": 7}]}))
+    plane = plane_module.DataPlane(worker)
+    assert not asyncio.run(plane.reaches("ucx://10.0.0.2:1"))
+    clock[0] += plane_module.UNREACHABLE_RETRY_S / 2
+    assert not asyncio.run(plane.reaches("ucx://10.0.0.2:1"))  # not asked again yet
+    clock[0] += plane_module.UNREACHABLE_RETRY_S
+    assert asyncio.run(plane.reaches("ucx://10.0.0.2:1"))  # asked again: it has one now
+    assert asyncio.run(plane.reaches("ucx://10.0.0.2:1"))  # and remembered
+
+
+def test_a_request_says_who_asks_so_the_sender_applies_distributeds_same_host_limit():
+    from types import SimpleNamespace
+
+    from spillway.cluster.dataplane import plane as plane_module
+
+    sent = []
+
+    class Endpoint:
+        closed = False
+
+        async def send(self, message, tag=None):
+            sent.append(wire.unpack(message) if tag == wire.tag(1, 0) else None)
+
+    worker = SimpleNamespace(address="tcp://10.0.0.1:1", status=SimpleNamespace(name="running"),
+                             transfer_outgoing_count_limit=1, transfer_outgoing_count=1,
+                             transfer_outgoing_count_total=0, transfer_outgoing_bytes=0,
+                             transfer_outgoing_bytes_total=0, transfer_outgoing_log=[], data={}, scheduler_delay=0,
+                             state=SimpleNamespace(tasks={}))
+    plane = plane_module.DataPlane(worker)
+    asyncio.run(plane._serve(Endpoint(), {"id": 1, "keys": ["k"], "who": "tcp://10.0.0.9:1"}))
+    assert sent[-1] == {"status": "busy"}  # another host: at its limit of 1
+    asyncio.run(plane._serve(Endpoint(), {"id": 1, "keys": ["k"], "who": "tcp://10.0.0.1:2"}))
+    assert sent[-1]["status"] == "OK"  # this host: twice the limit
+
+
+# --- last, as it costs the cluster a worker (its nanny brings it back)
 
 
 def test_a_sender_lost_mid_request_fails_the_gather_and_the_key_is_recomputed(ucx_cluster):

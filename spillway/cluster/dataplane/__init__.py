@@ -4,7 +4,7 @@ distributed's own gathers.
 Dask keeps placement, the task graph and every transfer decision (which keys, from which
 peer, when, retries); only the bytes of a gather change path. A worker plugin
 (:mod:`.plugin`) gives each worker a listener on the UCXX context its comm already runs
-and routes ``distributed.worker.get_data_from_worker`` (:mod:`.hook`) to that worker's
+and routes distributed's worker-to-worker gather (:mod:`.hook`) to that worker's
 :class:`~.plane.DataPlane` where both ends have one. The wire is :mod:`.wire`.
 """
 

@@ -9,10 +9,28 @@ and receives them all at once. The completion of the rendezvous is the acknowled
 there is no trailing "OK" as in distributed's gather, and no pooled comm to take and give
 back. Several fetches share one endpoint, each under its own tags.
 
-It keeps distributed's contract of ``get_data_from_worker``: ``{"status": "OK", "data"}``
-(keys the sender no longer holds left out), ``{"status": "busy"}`` when the sender is at
-its limit of transfers, and ``OSError`` when the peer is lost, so that the worker's state
-machine retries, refetches or recomputes exactly as it does over its comm.
+It keeps the contract of distributed's gather function (:mod:`.hook`): ``{"status": "OK",
+"data"}`` (keys the sender no longer holds left out), ``{"status": "busy"}`` when the sender
+is at its limit of transfers (distributed's rule, :func:`~spillway.cluster.upstream.outgoing_at_limit`),
+and ``OSError`` when the peer is lost, so that the worker's state machine retries,
+refetches or recomputes exactly as it does over its comm.
+
+What goes wrong short of a lost peer never reads as one:
+
+* a sender that fails to serve (a restore from disk, serialization) answers at once that
+  the fetcher should go over the comm instead (``fallback``), rather than leave it
+  waiting out :data:`REPLY_TIMEOUT_S`;
+* an endpoint that does not come up (a peer still starting its listener, a slow first
+  contact between workers that all start at once) is tried again with backoff
+  (:data:`CONNECT_TRIES`); where it still fails, the gather goes over the comm and the
+  peer is tried on the plane again after :data:`UNREACHABLE_RETRY_S`;
+* a fetch that fails or is cancelled retires its endpoint (later fetches open a new one)
+  without aborting it: the other fetches on it finish, and it closes after the last;
+* a peer without a plane is asked again after :data:`UNREACHABLE_RETRY_S`.
+
+When a worker's plane starts it opens its endpoints to the peers it knows, a few at a time
+in the background (:meth:`DataPlane.warm`), so that first contact is not paid inside a
+gather.
 """
 
 from __future__ import annotations
@@ -24,6 +42,7 @@ import logging
 import statistics
 import time
 
+from .. import upstream
 from . import wire
 
 logger = logging.getLogger("spillway.dataplane")
@@ -34,6 +53,16 @@ logger = logging.getLogger("spillway.dataplane")
 REPLY_TIMEOUT_S = 300.0
 #: fetches and serves whose phases a plane keeps (the latest), for :meth:`Counters.phases`
 TRACE_LENGTH = 4096
+#: tries to bring up an endpoint to a peer, and the seconds each may take; between them
+#: the wait grows from :data:`CONNECT_BACKOFF_S` fourfold
+CONNECT_TRIES = 3
+CONNECT_TIMEOUT_S = 10.0
+CONNECT_BACKOFF_S = 0.1
+#: seconds before a peer that has no plane, or whose endpoint would not come up, is
+#: tried on the plane again (its gathers go over the comm meanwhile)
+UNREACHABLE_RETRY_S = 30.0
+#: endpoints a starting plane opens at once to the peers it knows
+WARM_CONCURRENCY = 4
 #: seconds the serving side waits for its producer's kernels while spinning the loop; past
 #: it, it checks every :data:`READY_POLL_S`
 READY_SPIN_S = 0.002
@@ -49,9 +78,7 @@ def _device_buffer(nbytes: int):
 def _synchronize_default_stream() -> None:
     # what distributed-ucxx does before a device send and after allocating receive buffers:
     # UCX copies on its own streams and knows nothing of the producer's
-    from ucxx._cuda_context import synchronize_default_stream
-
-    synchronize_default_stream()
+    upstream.synchronize_default_stream()
 
 
 class Counters:
@@ -70,6 +97,11 @@ class Counters:
         self.fetched = self.fetched_bytes = self.served = self.served_bytes = 0
         self.fetch_s = 0.0
         self.busy = self.fallbacks = self.lost = 0
+        #: endpoints that would not come up (after every try), and serves that failed
+        #: (each answered with a fallback to the comm)
+        self.connect_failures = self.serve_errors = 0
+        #: endpoints opened ahead by :meth:`DataPlane.warm`
+        self.warmed = 0
         #: values that went into a receive posted before the request
         self.slotted = 0
         self.fetch_trace: collections.deque = collections.deque(maxlen=TRACE_LENGTH)
@@ -92,16 +124,44 @@ class Counters:
         return out
 
 
+class _Channel:
+    """One endpoint to a peer and the fetches on it. A channel retired (a fetch on it failed
+    or was cancelled: its pending tags are in doubt) takes no new fetch and is closed after
+    its last one ends; the fetches already on it are not failed by it."""
+
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+        self.fetches = 0
+        self.retired = False
+
+    def retire(self) -> None:
+        self.retired = True
+        self._close_if_idle()
+
+    def done(self) -> None:
+        self.fetches -= 1
+        self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        if self.retired and self.fetches <= 0 and not self.endpoint.closed:
+            self.endpoint.abort()
+
+
 class DataPlane:
     def __init__(self, worker):
         self.worker = worker
         self.listener = None
         self.host = None
         self.counters = Counters()
-        self._endpoints: dict[str, object] = {}
+        self._channels: dict[str, _Channel] = {}
+        #: channels retired with fetches still on them (closed after their last, or with the plane)
+        self._retired: set[_Channel] = set()
         self._connecting: dict[str, asyncio.Lock] = {}
-        #: peer -> its contact ({"host", "port"}), or False for a peer without a plane
+        #: peer -> its contact ({"host", "port"}) while it has a plane
         self._contacts: dict[str, object] = {}
+        #: peer -> when (monotonic) it may be tried on the plane again: it has no plane, or
+        #: its endpoint would not come up
+        self._unreachable: dict[str, float] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         #: a GPU worker posts its receives ahead on the device (:meth:`_slots`)
@@ -126,50 +186,145 @@ class DataPlane:
     def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        for endpoint in self._endpoints.values():
-            endpoint.abort()
-        self._endpoints.clear()
+        for channel in [*self._channels.values(), *self._retired]:
+            if not channel.endpoint.closed:
+                channel.endpoint.abort()
+        self._channels.clear()
+        self._retired.clear()
         if self.listener is not None:
             self.listener.close()
             self.listener = None
 
+    @property
+    def _endpoints(self) -> dict:
+        """peer -> its endpoint now in use."""
+        return {peer: channel.endpoint for peer, channel in self._channels.items()}
+
     # --- the receiving side
 
-    async def reaches(self, peer: str) -> bool:
-        """Whether ``peer`` has a plane (asked once, over the worker's rpc)."""
-        found = self._contacts.get(peer)
-        if found is None:
+    async def reaches(self, peer: str, *, remember: bool = True) -> bool:
+        """Whether ``peer`` has a plane (asked over the worker's rpc, once while it answers;
+        a peer that has none, or whose endpoint would not come up, is asked again after
+        :data:`UNREACHABLE_RETRY_S`). ``remember=False``: a peer that does not answer is
+        not marked (a warm-up's look, while peers are still starting)."""
+        if peer in self._contacts:
+            return True
+        if time.monotonic() < self._unreachable.get(peer, 0.0):
+            return False
+        try:
+            found = await self.worker.rpc(peer).dataplane_contact()
+        except Exception:  # noqa: BLE001 (a peer without the handler: the comm path)
+            found = None
+        if isinstance(found, dict) and found.get("port"):
+            self._contacts[peer] = found
+            self._unreachable.pop(peer, None)
+            return True
+        if remember:
+            self._unreachable[peer] = time.monotonic() + UNREACHABLE_RETRY_S
+        return False
+
+    def _mark_unreachable(self, peer: str) -> None:
+        self._contacts.pop(peer, None)
+        self._unreachable[peer] = time.monotonic() + UNREACHABLE_RETRY_S
+
+    async def _channel(self, peer: str) -> _Channel | None:
+        """The channel to ``peer`` (opened where there is none, or only a retired or
+        closed one); None where its endpoint would not come up after
+        :data:`CONNECT_TRIES` tries (the peer is then marked unreachable for a while)."""
+        channel = self._channels.get(peer)
+        if channel is not None and not channel.retired and not channel.endpoint.closed:
+            return channel
+        async with self._connecting.setdefault(peer, asyncio.Lock()):
+            channel = self._channels.get(peer)
+            if channel is not None and not channel.retired and not channel.endpoint.closed:
+                return channel
+            contact = self._contacts.get(peer)
+            if contact is None:
+                return None
+            endpoint = await self._connect(peer, contact)
+            if endpoint is None:
+                self.counters.connect_failures += 1
+                self._mark_unreachable(peer)
+                return None
+            channel = self._channels[peer] = _Channel(endpoint)
+            return channel
+
+    async def _connect(self, peer: str, contact: dict):
+        """An endpoint to ``peer``, tried :data:`CONNECT_TRIES` times with a growing wait
+        between; None where every try failed."""
+        import ucxx
+
+        wait = CONNECT_BACKOFF_S
+        for attempt in range(1, CONNECT_TRIES + 1):
             try:
-                found = await self.worker.rpc(peer).dataplane_contact()
-            except Exception:  # noqa: BLE001 (a peer without the handler: the comm path)
-                found = False
-            self._contacts[peer] = found or False
-        return bool(found)
+                async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                    return await ucxx.create_endpoint(contact["host"], contact["port"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 (a timeout, a refused connection, a UCX error)
+                if attempt == CONNECT_TRIES:
+                    logger.info("data plane: no endpoint to %s after %d tries (%s: %s); its gathers go over "
+                                "the comm for %.0f s", peer, attempt, type(e).__name__, e, UNREACHABLE_RETRY_S)
+                    return None
+                logger.debug("data plane: endpoint to %s, try %d: %s: %s", peer, attempt, type(e).__name__, e)
+            await asyncio.sleep(wait)
+            wait *= 4
+        return None
 
     async def _endpoint(self, peer: str):
-        import ucxx
+        """The endpoint in use to ``peer`` (opened where there is none); raises
+        ``CommClosedError`` where it would not come up."""
         from distributed.comm.core import CommClosedError
 
-        endpoint = self._endpoints.get(peer)
-        if endpoint is not None and not endpoint.closed:
-            return endpoint
-        async with self._connecting.setdefault(peer, asyncio.Lock()):
-            endpoint = self._endpoints.get(peer)
-            if endpoint is None or endpoint.closed:
-                contact = self._contacts[peer]
-                try:
-                    endpoint = await ucxx.create_endpoint(contact["host"], contact["port"])
-                except Exception as e:  # noqa: BLE001
-                    self._contacts.pop(peer, None)
-                    raise CommClosedError(f"data plane: cannot reach {peer}: {type(e).__name__}: {e}") from e
-                self._endpoints[peer] = endpoint
-            return endpoint
+        if peer not in self._contacts and not await self.reaches(peer):
+            raise CommClosedError(f"data plane: {peer} has no plane")
+        channel = await self._channel(peer)
+        if channel is None:
+            raise CommClosedError(f"data plane: cannot reach {peer}")
+        return channel.endpoint
 
     def _forget(self, peer: str) -> None:
-        endpoint = self._endpoints.pop(peer, None)
-        self._contacts.pop(peer, None)
-        if endpoint is not None:
-            endpoint.abort()
+        """Retire the channel to ``peer``: later fetches open a new endpoint; the fetches
+        on this one finish (or fail) on their own."""
+        channel = self._channels.pop(peer, None)
+        if channel is not None:
+            self._retire(peer, channel)
+
+    def warm_soon(self, peers=None) -> asyncio.Task:
+        """:meth:`warm` in the background (the worker's start does not wait for it)."""
+        task = asyncio.ensure_future(self.warm(peers))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def warm(self, peers=None) -> int:
+        """Open an endpoint to each of ``peers`` (default: the workers the scheduler knows
+        now) that has a plane, :data:`WARM_CONCURRENCY` at a time; a peer that is not up
+        yet is left to its first gather. Returns the endpoints opened."""
+        if peers is None:
+            try:
+                identity = await self.worker.scheduler.identity()
+                peers = list((identity or {}).get("workers", {}))
+            except Exception:  # noqa: BLE001 (no scheduler to ask: the first gathers connect)
+                return 0
+        peers = [p for p in peers if p != self.worker.address and p.startswith(("ucx://", "ucxx://"))]
+        limit = asyncio.Semaphore(WARM_CONCURRENCY)
+        opened = 0
+
+        async def one(peer):
+            nonlocal opened
+            async with limit:
+                try:
+                    if peer in self._channels or not await self.reaches(peer, remember=False):
+                        return
+                    if await self._channel(peer) is not None:
+                        opened += 1
+                except Exception:  # noqa: BLE001 (warming is a head start, never a failure)
+                    logger.debug("data plane: warming %s failed", peer, exc_info=True)
+
+        await asyncio.gather(*(one(p) for p in peers))
+        self.counters.warmed += opened
+        return opened
 
     def _slots(self, keys) -> list:
         """The receive to post before asking for a gather of one key whose size this worker
@@ -186,20 +341,28 @@ class DataPlane:
         return [[self.gpu, nbytes] if nbytes > 0 else None]
 
     async def fetch(self, peer: str, keys) -> dict | None:
-        """``keys`` from ``peer``, as ``get_data_from_worker`` returns them; None where the
-        request must go over the comm instead (too many keys for one control message)."""
-        import ucxx
+        """``keys`` from ``peer``, as distributed's gather function returns them; None where
+        the request must go over the comm instead: too many keys for one control message,
+        an endpoint that would not come up, or a sender that failed to serve them."""
         from distributed.comm.core import CommClosedError
 
         keys = list(keys)
         slots = self._slots(keys)
         try:
             request_id = next(self._ids)
-            request = wire.pack({"id": request_id, "keys": [wire.key_out(k) for k in keys], "slots": slots})
+            request = wire.pack({"id": request_id, "keys": [wire.key_out(k) for k in keys], "slots": slots,
+                                 "who": self.worker.address})
         except wire.TooLarge:
             self.counters.fallbacks += 1
             return None
-        endpoint = await self._endpoint(peer)
+        if peer not in self._contacts and not await self.reaches(peer):
+            return None
+        channel = await self._channel(peer)
+        if channel is None:
+            self.counters.fallbacks += 1
+            return None
+        endpoint = channel.endpoint
+        channel.fetches += 1
         started = time.perf_counter()
         pending: list[asyncio.Future] = []
         try:
@@ -224,6 +387,9 @@ class DataPlane:
                         self.counters.busy += 1
                         return {"status": "busy"}
                     self.counters.fallbacks += 1
+                    if reply.get("error"):
+                        logger.info("data plane: %s could not serve %d keys (%s): over the comm instead", peer,
+                                    len(keys), reply["error"])
                     return None
                 described = reply["frames"]
                 frames = [_buffer(device, n) for device, n in described]
@@ -233,15 +399,17 @@ class DataPlane:
                 pending += [asyncio.ensure_future(endpoint.recv(f, tag=wire.frame_tag(request_id, len(slots), i)))
                             for i, (f, (_, n)) in enumerate(zip(frames, described)) if n]
                 await asyncio.gather(*pending)
-        except (ucxx.exceptions.UCXError, TimeoutError) as e:
+        except (upstream.ucx_error(), TimeoutError) as e:
             self.counters.lost += 1
             _cancel(pending)
-            self._forget(peer)
+            self._retire(peer, channel)
             raise CommClosedError(f"data plane: lost {peer}: {type(e).__name__}: {e}") from e
         except BaseException:
             _cancel(pending)
-            self._forget(peer)  # cancelled mid-request: the endpoint's pending tags are in doubt
+            self._retire(peer, channel)  # cancelled mid-request: this endpoint's pending tags are in doubt
             raise
+        finally:
+            channel.done()
         done = time.perf_counter()
         moved = sum(n for _, n in described) + sum(slots[s][1] for s in reply.get("slot", ()) if s >= 0)
         self.counters.fetched += 1
@@ -252,6 +420,14 @@ class DataPlane:
                                           "frames": done - allocated})
         return {"status": "OK", "data": wire.values_of(reply, [_host_frame(f) for f in frames],
                                                        [_host_frame(f) if f is not None else None for f in slotted])}
+
+    def _retire(self, peer: str, channel: _Channel) -> None:
+        """A fetch on ``channel`` failed: new fetches to ``peer`` take a new endpoint, the
+        others on this one go on."""
+        if self._channels.get(peer) is channel:
+            del self._channels[peer]
+        channel.retire()
+        self._retired = {c for c in self._retired | {channel} if not c.endpoint.closed}
 
     # --- the serving side
 
@@ -276,8 +452,6 @@ class DataPlane:
         await _wait_for([self.produced[k] for k in values if k in self.produced])
 
     async def _serve_endpoint(self, endpoint) -> None:
-        import ucxx
-
         try:
             while True:
                 buffer = wire.control_buffer()
@@ -285,41 +459,40 @@ class DataPlane:
                 task = asyncio.ensure_future(self._serve(endpoint, wire.unpack(buffer)))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-        except (ucxx.exceptions.UCXError, asyncio.CancelledError):
+        except (upstream.ucx_error(), asyncio.CancelledError):
             return  # the receiver closed its endpoint, or this worker is closing
 
-    def _at_limit(self) -> bool:
-        # Worker.get_data's rule; the plane serves peers of this host only (CUDA IPC), whose
-        # limit distributed doubles
-        worker = self.worker
-        limit = 1 if worker.status.name == "paused" else 2 * worker.transfer_outgoing_count_limit
-        return worker.transfer_outgoing_count >= limit
+    def _at_limit(self, requester: str | None = None) -> bool:
+        # Worker.get_data's rule: twice the limit for a requester on this worker's host
+        return upstream.outgoing_at_limit(self.worker, requester)
 
     async def _serve(self, endpoint, request: dict) -> None:
-        import ucxx
-
+        """Answer one request. Whatever fails before the reply is sent (reading the values:
+        a restore from disk; describing them: serialization) is answered at once with a
+        ``fallback`` naming the error, so the fetcher goes over the comm (or refetches)
+        rather than wait out its timeout."""
         worker = self.worker
         request_id = request["id"]
         keys = [wire.key_in(k) for k in request["keys"]]
         slots = request.get("slots") or [None] * len(keys)
         reply_tag = wire.tag(request_id, 0)
-        if self._at_limit():
+        if self._at_limit(request.get("who")):
             await self._refuse(endpoint, request_id, slots, "busy")
             return
-        worker.transfer_outgoing_count += 1
-        worker.transfer_outgoing_count_total += 1
+        upstream.outgoing_started(worker)
         total, start = 0, time.time()
         began = time.perf_counter()
+        replied = False
         try:
             values = {k: worker.data[k] for k in keys if k in worker.data}
             read = time.perf_counter()
             total = sum(_nbytes(worker, k) for k in values)
-            worker.transfer_outgoing_bytes += total
-            worker.transfer_outgoing_bytes_total += total
+            upstream.outgoing_bytes(worker, total)
             try:
                 reply, frames, into = wire.describe_reply(values, slots, keys)
                 message = wire.pack(reply)
             except wire.TooLarge:
+                replied = True
                 await self._refuse(endpoint, request_id, slots, "fallback")
                 return
             if any(device for device, _ in reply["frames"]) or any(wire.on_device(f) for f in into.values()):
@@ -328,6 +501,7 @@ class DataPlane:
             # the slots first (their receives are posted: the bytes move at once), then the
             # reply, then what did not fit a slot; the values stay referenced until the
             # receiver has pulled every frame
+            replied = True
             sends = [endpoint.send(into.get(i, wire.FILLER), tag=wire.slot_tag(request_id, i))
                      for i, slot in enumerate(slots) if slot]
             sends.append(endpoint.send(message, tag=reply_tag))
@@ -339,21 +513,33 @@ class DataPlane:
                 wire.frame_bytes(f) for f in into.values())
             self.counters.serve_trace.append({"read": read - began, "produced": ready - read,
                                               "frames": time.perf_counter() - ready})
-        except ucxx.exceptions.UCXError as e:
+        except upstream.ucx_error() as e:
             logger.info("data plane: the receiver of %d keys went away: %s", len(keys), e)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 (answered: the fetcher goes over the comm)
+            self.counters.serve_errors += 1
+            logger.info("data plane: serving %d keys failed (%s: %s); the fetcher goes over the comm", len(keys),
+                        type(e).__name__, e, exc_info=logger.isEnabledFor(logging.DEBUG))
+            if not replied:
+                try:
+                    await self._refuse(endpoint, request_id, slots, "fallback", f"{type(e).__name__}: {e}")
+                except upstream.ucx_error():
+                    pass
         finally:
-            worker.transfer_outgoing_bytes -= total
-            worker.transfer_outgoing_count -= 1
+            upstream.outgoing_bytes(worker, -total)
             stop = time.time()
-            delay = worker.scheduler_delay
-            worker.transfer_outgoing_log.append({
+            delay = getattr(worker, "scheduler_delay", 0.0)
+            upstream.outgoing_finished(worker, {
                 "start": start + delay, "stop": stop + delay, "middle": (start + stop) / 2 + delay,
                 "duration": stop - start, "who": "dataplane", "keys": {k: _nbytes(worker, k) for k in keys},
                 "total": total, "compressed": None, "bandwidth": total / max(stop - start, 1e-6)})
 
-    async def _refuse(self, endpoint, request_id: int, slots: list, status: str) -> None:
-        """Say ``status`` (busy, or fallback: the comm instead), every posted slot filled."""
-        await asyncio.gather(endpoint.send(wire.pack({"status": status}), tag=wire.tag(request_id, 0)),
+    async def _refuse(self, endpoint, request_id: int, slots: list, status: str, error: str | None = None) -> None:
+        """Say ``status`` (busy, or fallback: the comm instead, with the ``error`` that made
+        it where there was one), every posted slot filled."""
+        message = {"status": status} if error is None else {"status": status, "error": error[:1000]}
+        await asyncio.gather(endpoint.send(wire.pack(message), tag=wire.tag(request_id, 0)),
                              *(endpoint.send(wire.FILLER, tag=wire.slot_tag(request_id, i))
                                for i, slot in enumerate(slots) if slot))
 

@@ -26,13 +26,22 @@ class DataPlanePlugin(WorkerPlugin):
 
         if not worker.address.startswith(("ucx://", "ucxx://")) or worker.address in hook.PLANES:
             return  # over TCP the comm is the only path (no CUDA IPC to gain)
-        plane = await DataPlane(worker).start()
+        if not hook.install():
+            return  # this distributed gathers otherwise: the plane is off (the log said why)
+        try:
+            plane = await DataPlane(worker).start()
+        except Exception as e:  # noqa: BLE001 (no listener: the worker runs on its comm)
+            logger.warning("data plane off on %s: no listener (%s: %s)", worker.address, type(e).__name__, e)
+            hook.uninstall()
+            return
         if _gpu_worker():
             plane.gpu = True
             self._plane = plane  # device values: mark where their kernels end
         worker.handlers["dataplane_contact"] = plane.contact
         hook.PLANES[worker.address] = plane
-        hook.install()
+        # endpoints to the peers up now, opened in the background: first contact between
+        # workers that start together is not paid inside a gather
+        plane.warm_soon()
 
     def transition(self, key, start, finish, **kwargs):
         plane = self._plane

@@ -13,6 +13,7 @@ which distributed binds on every interface) is bound on the cluster's host
 
 from __future__ import annotations
 
+from .. import upstream
 from ..options import Options
 
 
@@ -57,13 +58,7 @@ _classes: dict[type, type] = {}
 
 def _without_http(base: type) -> type:
     if base not in _classes:
-        async def _start(self):
-            spec = self.scheduler_spec
-            if spec is not None and self.scheduler is None:
-                self.scheduler_spec = {**spec, "cls": scheduler_without_http()}
-            await base._start(self)
-
-        _classes[base] = type(base.__name__, (base,), {"_start": _start, "__module__": base.__module__})
+        _classes[base] = upstream.with_scheduler_class(base, scheduler_without_http)
     return _classes[base]
 
 

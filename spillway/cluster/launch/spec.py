@@ -55,21 +55,10 @@ def distributed_memory_limit() -> int:
     the machine, its cgroup's limits, ``RLIMIT_RSS``), the one its workers' ``memory_limit``
     is shared out of, read without importing the distributed package: that import (0.9-1.0
     s on the GPU hosts) was most of a run refused before start, which needs only this
-    number. ``distributed/system.py`` imports nothing of distributed, so it is loaded alone
-    from the installed package (the already imported module where there is one)."""
-    import sys
+    number (:func:`~..upstream.system_memory_limit`)."""
+    from .. import upstream
 
-    loaded = sys.modules.get("distributed.system")
-    if loaded is None:
-        import importlib.util
-        from pathlib import Path
-
-        package = importlib.util.find_spec("distributed")  # finds it, imports nothing
-        path = Path(package.origin).with_name("system.py")
-        spec = importlib.util.spec_from_file_location("spillway._distributed_system", path)
-        loaded = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(loaded)
-    return int(loaded.memory_limit())
+    return upstream.system_memory_limit()
 
 
 @dataclass(frozen=True)

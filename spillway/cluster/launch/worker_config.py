@@ -3,6 +3,7 @@ GPU and CPU launchers, a batch script (as ``DASK_`` variables) and MPI ranks."""
 
 from __future__ import annotations
 
+from .. import upstream
 from ..options import DECLARED, Options
 
 
@@ -63,12 +64,13 @@ def carry_in_spec(cluster, config: dict) -> None:
     keys as dask-cuda gives its own), so that a worker scale() or adapt() starts later runs
     with it as the first ones did: a nanny hands its worker the config of the moment it
     is built, and the first ones were built inside ``dask.config.set``."""
-    options = cluster.new_spec["options"]
-    options["config"] = {**(options.get("config") or {}), **config}
+    options = upstream.new_worker_options(cluster)
+    if options is not None:
+        options["config"] = {**(options.get("config") or {}), **config}
 
 
 def follow_offload_config() -> int | bool | None:
-    """Make this process's ``distributed.comm.utils.OFFLOAD_THRESHOLD`` follow its dask
+    """Make this process's offload threshold (:func:`~..upstream.set_offload_threshold`) follow its dask
     config's ``distributed.comm.offload`` (``transfer-offload``); returns the threshold.
 
     distributed reads the key once, when ``distributed.comm.utils`` is imported; a worker
@@ -78,9 +80,6 @@ def follow_offload_config() -> int | bool | None:
     the module's value at each call, so it holds from the next message on. Where the config
     agrees with the module (the option unset), nothing changes."""
     import dask.config
-    from dask.utils import parse_bytes
-    from distributed.comm import utils
 
-    value = dask.config.get("distributed.comm.offload", default=utils.OFFLOAD_THRESHOLD)
-    utils.OFFLOAD_THRESHOLD = parse_bytes(value) if isinstance(value, str) else value
-    return utils.OFFLOAD_THRESHOLD
+    value = dask.config.get("distributed.comm.offload", default=upstream.offload_threshold())
+    return upstream.set_offload_threshold(value)

@@ -2,12 +2,12 @@
 ``spillway worker`` in a batch job, an MPI rank), and the order of the worker's set-up.
 
 distributed builds a worker's ``data`` in ``Worker.__init__``, before the worker opens
-its comms. Over UCX, distributed-ucxx then starts UCX (``init_once``) when the worker
+its comms. Over UCX, distributed-ucxx then starts UCX (once per process) when the worker
 listens: it creates the worker's CUDA context itself, on the worker's GPU, and warns "A
 CUDA context for device N already exists" when one is there already. The tiered store
 makes one (its copy streams, the pinned arena's ``cudaHostAlloc``), so it used to win that
 race on every start. :func:`build_store` starts UCX first, then builds the store; the
-listener's ``init_once`` later finds UCX started and does nothing.
+listener later finds UCX started and does nothing.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ def setup_steps(protocol: str) -> tuple[str, ...]:
 
 
 def start_ucx() -> None:
-    """Start UCX in this worker process as its listener would (distributed-ucxx's
-    ``init_once``, which runs once per process and reads the same dask config)."""
-    from distributed_ucxx.ucxx import init_once
+    """Start UCX in this worker process as its listener would (once per process, reading
+    the same dask config: :func:`~..upstream.start_ucx`)."""
+    from .. import upstream
 
-    init_once()
+    upstream.start_ucx()
 
 
 def tiered_store(**kwargs):

@@ -22,6 +22,8 @@ import math
 import operator
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
+from .. import upstream
+
 #: the annotation that carries a key's bytes from the expression to the scheduler plugin
 NBYTES = "spillway-nbytes"
 
@@ -29,8 +31,10 @@ NBYTES = "spillway-nbytes"
 def chunk_layers(expr) -> dict[str, tuple[tuple, int]]:
     """name -> (chunks, itemsize) for every dask array in ``expr`` (an expression as
     ``Client.persist`` and ``Client.compute`` send it); arrays of object dtype left out."""
-    from dask._expr import Expr, HLGExpr
-
+    types = upstream.expression_types()
+    if types is None:
+        return {}
+    Expr, HLGExpr = types
     out: dict[str, tuple[tuple, int]] = {}
     stack, seen = [expr], set()
     while stack:
@@ -110,8 +114,7 @@ def key_bytes(dsk: Mapping, layers: Mapping[str, tuple[tuple, int]]) -> dict[Has
 
 
 def _is_alias(task) -> bool:
-    from dask._task_spec import Alias
-
+    Alias = upstream.task_spec_types()[0]
     return isinstance(task, Alias) and task.target != task.key
 
 
@@ -146,8 +149,7 @@ def _fused_into(name: str, layers) -> str | None:
 
 def _derived_shape(task, shape_of):
     """A getitem of a chunk: the slice's shape; an alias: its target's."""
-    from dask._task_spec import Alias, Task, TaskRef
-
+    Alias, Task, TaskRef = upstream.task_spec_types()
     if isinstance(task, Alias):
         return shape_of(task.target) if task.target != task.key else None
     if not isinstance(task, Task) or not _is_getitem(task.func) or len(task.args) != 2:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
 
+from .. import upstream
+
 #: worker task states of dependents that will still read their inputs here
 PENDING = frozenset({"waiting", "ready", "constrained", "executing", "long-running"})
 
@@ -48,11 +50,8 @@ def running_inputs(worker) -> Callable[[], set]:
 
 def upcoming_inputs(worker, n_tasks: int = 8) -> Iterator[Hashable]:
     """Inputs of the next ``n_tasks`` tasks to run here, soonest first."""
-    state = worker.state
     seen = set()
-    queued = list(state.ready.peekn(n_tasks)) + list(state.constrained.peekn(n_tasks))
-    queued.sort(key=lambda ts: ts.priority)
-    for ts in queued[:n_tasks]:
+    for ts in upstream.queued_tasks(worker.state, n_tasks):
         for dep in ts.dependencies:
             if dep.key not in seen:
                 seen.add(dep.key)

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from .. import upstream
 from .books import HostBooks
 from .codecs import CupyCodec
 from .disk import DiskTier
@@ -132,11 +133,9 @@ def _near_the_gpu() -> None:
     """Run the growing thread on the cores next to this worker's GPU, so the arena's pages
     land on the GPU's NUMA node. dask-cuda pins the worker's own threads there, but only
     when its plugins run, after the store (and this thread) exist."""
-    from dask_cuda.utils import get_cpu_affinity, nvml_device_index
-
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
-        cores = get_cpu_affinity(nvml_device_index(0, visible))
+        cores = upstream.gpu_cores(visible)
         if cores:
             os.sched_setaffinity(0, cores)
 
@@ -145,10 +144,9 @@ def _worker_closing() -> bool:
     """Whether the worker of this process is closing (the store has no close hook of its
     own in distributed): growth stops instead of pinning memory on the way out."""
     try:
-        from distributed import Worker
         from distributed.core import Status
     except ImportError:
         return False
-    workers = list(Worker._instances)
+    workers = upstream.workers_of_process()
     done = {Status.closing, Status.closed, Status.closing_gracefully, Status.failed}
     return bool(workers) and all(w.status in done for w in workers)

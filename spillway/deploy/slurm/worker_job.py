@@ -10,9 +10,12 @@ workers. Nothing of dask-jobqueue's own header or command is kept: it always wri
 ``--mem`` (a node of little declared memory refuses the job), and its command is dask's
 worker, which knows no tiered store.
 
-dask-jobqueue keeps the job's script in two private attributes (``_command_template`` and
-``_job_script_prologue``): the ``slurm`` extra pins it below 0.10, and
-``tests/deploy/test_slurm_cluster.py`` checks the script as text.
+Only dask-jobqueue's public API is used (the seam module, :mod:`spillway.cluster.upstream`, checks it as
+``jobqueue_script``): the set-up lines go in as ``job_script_prologue=``, and the script is
+this job's own :meth:`SlurmWorkerJob.job_script` (dask-jobqueue's ``Job.job_file`` writes
+what it returns), in the layout of dask-jobqueue's: shebang, header, set-up, command. The
+``slurm`` extra pins dask-jobqueue below 0.10, and ``tests/deploy/test_slurm_cluster.py``
+checks the script as text.
 """
 
 from __future__ import annotations
@@ -58,12 +61,18 @@ class SlurmWorkerJob(SLURMJob):
                  **kwargs):
         system = Slurm()
         layout = system.layout(spillway_options, spillway_job)
-        super().__init__(scheduler=scheduler, name=name, python=spillway_job.python,
-                         job_name=spillway_job.job_name, **kwargs)
-        self.job_header = "\n".join(system.directives(spillway_job, layout))
         command, env = worker_command(spillway_options, spillway_job, address=str(scheduler), name=str(name))
         env.update(lifetime_environment(spillway_job))
-        self._job_script_prologue = [*spillway_job.setup,
-                                     *(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))]
+        #: the set-up lines before the command (also handed to dask-jobqueue, whose own
+        #: script would carry them)
+        self.setup_lines = [*spillway_job.setup, *(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))]
+        super().__init__(scheduler=scheduler, name=name, python=spillway_job.python,
+                         job_name=spillway_job.job_name, **{**kwargs, "job_script_prologue": list(self.setup_lines)})
+        self.job_header = "\n".join(system.directives(spillway_job, layout))
         # exec: scancel's SIGTERM reaches the nannies themselves, which close their workers
-        self._command_template = "exec " + shlex.join(command)
+        self.command_line = "exec " + shlex.join(command)
+
+    def job_script(self) -> str:
+        """The job's script: shebang, the ``#SBATCH`` header, the set-up, the command."""
+        parts = [self.shebang, "", self.job_header, "\n".join(filter(None, self.setup_lines)), self.command_line]
+        return "\n".join(parts) + "\n"

@@ -1,0 +1,843 @@
+"""Every hook spillway has into a part of dask, distributed, dask-cuda, distributed-ucxx,
+ucxx, zict and dask-jobqueue that upstream does not promise to keep, in one place.
+
+Each seam is one small adapter below, registered with :func:`seam`: the upstream name it
+touches, the distribution and the versions it was read against (``pyproject.toml`` bounds
+each of them above at the next minor release not yet read), the feature of spillway that
+stands on it, and a ``check`` that says whether the installed upstream still has the shape
+the adapter expects. ``tests/cluster/test_upstream_contract.py`` runs every check, one test
+per seam, so that a dependency bump fails one named test rather than a user's run.
+
+Where a seam is not there or not of the expected shape, its adapter does without it: the
+feature it serves is off (the capacity check passes graphs unchecked, the data plane leaves
+gathers to distributed's comm, ...), :func:`off` says so once in the log, and no user's
+graph fails for it. A seam is added as one adapter and one :func:`seam` entry; nothing else
+in spillway names the private parts (``grep`` for them finds this module alone).
+
+To add a seam: a ``check`` registered with :func:`seam` (its name, the upstream names, the
+distribution and the releases read, what goes without it) that returns None or why not,
+and beside it the adapter the rest of spillway calls, which starts with
+``if not usable(name): <do without>``. The contract test picks the new seam up by itself.
+
+Nothing here imports spillway: every other module of the cluster may import it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("spillway.upstream")
+
+#: the releases each seam was read against, per distribution
+DASK = ("2026.7.1", "2026.8.0")
+DISTRIBUTED = ("2026.7.1", "2026.8.0")
+DASK_CUDA = ("26.10.0",)
+UCXX = ("0.52.0",)
+ZICT = ("3.0.0",)
+DASK_JOBQUEUE = ("0.9.0",)
+
+
+@dataclass(frozen=True)
+class Seam:
+    #: spillway's name for the seam (the contract test's id)
+    name: str
+    #: the upstream names it touches, dotted
+    upstream: str
+    #: the distribution they come from (its version is what the log names)
+    package: str
+    #: the releases of ``package`` the adapter was read against
+    checked: tuple[str, ...]
+    #: what of spillway goes without it (the log says this is off)
+    serves: str
+    #: None where the installed upstream has the shape the adapter expects, else why not;
+    #: raises ImportError where ``package`` is not installed
+    check: Callable[[], str | None]
+
+
+SEAMS: dict[str, Seam] = {}
+
+
+def seam(name: str, upstream: str, package: str, checked: tuple[str, ...], serves: str):
+    """Register the decorated function as the ``check`` of seam ``name``."""
+
+    def register(check: Callable[[], str | None]) -> Callable[[], str | None]:
+        SEAMS[name] = Seam(name, upstream, package, checked, serves, check)
+        return check
+
+    return register
+
+
+_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def version_of(package: str) -> str:
+    from importlib import metadata
+
+    for name in (package, f"{package}-cu13", f"{package}-cu12"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def off(name: str, why: str) -> bool:
+    """Say once per process that seam ``name`` is not usable and what goes without it.
+    Returns True the first time (False after)."""
+    with _said_lock:
+        if name in _said:
+            return False
+        _said.add(name)
+    s = SEAMS[name]
+    logger.warning("spillway: %s is off: %s of %s %s %s (spillway was checked against %s)", s.serves, s.upstream,
+                   s.package, version_of(s.package), why, ", ".join(s.checked))
+    return True
+
+
+def said_off() -> set[str]:
+    """The seams found unusable in this process so far."""
+    return set(_said)
+
+
+def reset() -> None:
+    """Forget what was found and said (tests that swap an upstream part, and put it back)."""
+    with _said_lock:
+        _said.clear()
+    expression_types.cache_clear()
+    task_spec_types.cache_clear()
+
+
+def usable(name: str) -> bool:
+    """Whether seam ``name`` has the shape its adapter expects here; where not (or its
+    package is missing, or its check fails), :func:`off` says so once and it is False."""
+    try:
+        why = SEAMS[name].check()
+    except ImportError as e:
+        why = f"cannot be imported ({e})"
+    except Exception as e:  # noqa: BLE001
+        why = f"cannot be read ({type(e).__name__}: {e})"
+    if why is None:
+        return True
+    off(name, why)
+    return False
+
+
+def _source(obj) -> str | None:
+    """The source of ``obj``; None where it is not installed with its source (then the
+    checks that read it pass: the shape cannot be told, and the feature stays on)."""
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return None
+
+
+def _reads(obj, text: str) -> bool:
+    """Whether the source of ``obj`` has ``text`` (True where it has no source to read)."""
+    source = _source(obj)
+    return source is None or text in source
+
+
+def _has_parameters(func, names: tuple[str, ...]) -> str | None:
+    try:
+        parameters = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return "has no signature to read"
+    missing = [n for n in names if n not in parameters]
+    return f"has no parameter {', '.join(missing)}" if missing else None
+
+
+# --- dask: graphs and expressions
+
+
+@seam("dask_expressions", "dask._expr.Expr, dask._expr.HLGExpr", "dask", DASK, "the capacity check's graph sizes")
+def _check_expressions() -> str | None:
+    from dask import _expr
+
+    for name in ("Expr", "HLGExpr"):
+        if not isinstance(getattr(_expr, name, None), type):
+            return f"has no class {name}"
+    import dask.array as da
+    from dask.base import collections_to_expr
+
+    expr = collections_to_expr([da.ones(2)], True)
+    if not isinstance(expr, _expr.Expr) or not isinstance(getattr(expr, "operands", None), list):
+        return "a dask array's expression (collections_to_expr) is not an Expr with operands"
+    return None
+
+
+@functools.cache
+def expression_types() -> tuple[type, type] | None:
+    """dask's (Expr, HLGExpr), or None (the capacity check then reads no sizes)."""
+    if not usable("dask_expressions"):
+        return None
+    from dask._expr import Expr, HLGExpr
+
+    return Expr, HLGExpr
+
+
+@seam("dask_task_spec", "dask._task_spec.Alias, Task, TaskRef", "dask", DASK, "the capacity check's graph sizes")
+def _check_task_spec() -> str | None:
+    from dask import _task_spec
+
+    for name in ("Alias", "Task", "TaskRef"):
+        if not isinstance(getattr(_task_spec, name, None), type):
+            return f"has no class {name}"
+    return None
+
+
+class _Never:
+    """Stands for a task class this dask does not have: nothing is an instance of it."""
+
+
+@functools.cache
+def task_spec_types() -> tuple[type, type, type]:
+    """dask's (Alias, Task, TaskRef); where it has no such classes, classes nothing is an
+    instance of (the sizes of slices and aliases are then not told)."""
+    if not usable("dask_task_spec"):
+        return _Never, _Never, _Never
+    from dask._task_spec import Alias, Task, TaskRef
+
+    return Alias, Task, TaskRef
+
+
+# --- distributed's scheduler: the graph as it arrives, and keys failed by a plugin
+
+
+@seam("materialize_graph", "distributed.scheduler._materialize_graph", "distributed", DISTRIBUTED,
+      "the capacity check (graphs run unchecked)")
+def _check_materialize() -> str | None:
+    import distributed.scheduler as ds
+
+    current = getattr(ds, "_materialize_graph", None)
+    if current is None:
+        return "is not there"
+    return _has_parameters(getattr(current, "_spillway_original", current), ("expr", "validate"))
+
+
+def wrap_graph_materialization(add: Callable[[Any, Mapping, dict], None]) -> bool:
+    """Wrap distributed's ``_materialize_graph`` (once per process, counted) so that
+    ``add(expr, dsk, annotations)`` may add annotations to each graph as it arrives. The
+    wrapper hands back what distributed's function returned, whatever it is: where that is
+    not ``(dsk, annotations)``, or ``add`` fails, the graph goes on as it came. False where
+    this distributed has no such function (nothing wrapped)."""
+    import distributed.scheduler as ds
+
+    if not usable("materialize_graph"):
+        return False
+    current = ds._materialize_graph
+    if getattr(current, "_spillway_sizes", False):
+        current._spillway_users[0] += 1
+        return True
+
+    @functools.wraps(current)
+    def materialize(*args, **kwargs):
+        result = current(*args, **kwargs)
+        try:
+            if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Mapping)
+                    and isinstance(result[1], dict)):
+                off("materialize_graph", f"returned {type(result).__name__}, not (dsk, annotations)")
+                return result
+            expr = kwargs["expr"] if "expr" in kwargs else args[0]
+            add(expr, result[0], result[1])
+        except Exception:  # noqa: BLE001 (annotations are a check's input: the graph runs without them)
+            logger.debug("no annotations added to a graph", exc_info=True)
+        return result
+
+    materialize._spillway_sizes = True
+    materialize._spillway_users = [1]
+    materialize._spillway_original = current
+    ds._materialize_graph = materialize
+    return True
+
+
+def unwrap_graph_materialization() -> None:
+    """Undo :func:`wrap_graph_materialization` once its last user is gone."""
+    import distributed.scheduler as ds
+
+    current = getattr(ds, "_materialize_graph", None)
+    if not getattr(current, "_spillway_sizes", False):
+        return
+    current._spillway_users[0] -= 1
+    if current._spillway_users[0] <= 0:
+        ds._materialize_graph = current._spillway_original
+
+
+@seam("scheduler_fail_keys", "Scheduler.report(task-erred), client_releases_keys, new_task, TaskState.exception*, "
+      "client_desires_keys", "distributed", DISTRIBUTED, "erred keys kept after a stop (later graphs on them "
+      "fail as lost dependencies instead)")
+def _check_fail_keys() -> str | None:
+    from distributed.scheduler import Scheduler, TaskState
+
+    for name in ("report", "client_releases_keys", "client_desires_keys", "new_task", "transitions"):
+        if not callable(getattr(Scheduler, name, None)):
+            return f"Scheduler has no {name}"
+    slots = set(getattr(TaskState, "__slots__", ()))
+    if slots:
+        missing = {"exception", "traceback", "exception_text", "traceback_text", "exception_blame"} - slots
+        if missing:
+            return f"TaskState has no {', '.join(sorted(missing))}"
+    return _has_parameters(Scheduler.client_releases_keys, ("keys", "client", "stimulus_id"))
+
+
+def fail_keys(scheduler, client: str, keys: list, exception: Exception, stimulus_id: str) -> None:
+    """Fail ``keys`` of ``client`` with ``exception`` and release them (nothing of them runs
+    on, and what they hold leaves the workers); then keep each as an erred key without data,
+    so that what the client builds on them later fails with the same line (not as "lost
+    dependencies") until it lets them go. Where the scheduler is not of the shape known,
+    the keys are released all the same (their computation stops)."""
+    from distributed.core import error_message
+
+    error = error_message(exception)
+    try:
+        for key in keys:
+            scheduler.report({"op": "task-erred", "key": key, "exception": error["exception"],
+                              "traceback": None}, client=client)
+    except Exception as e:  # noqa: BLE001
+        off("scheduler_fail_keys", f"report failed ({type(e).__name__}: {e})")
+    scheduler.client_releases_keys(keys=keys, client=client, stimulus_id=stimulus_id)
+    # after this tick's transitions (update_graph's own still hold recommendations for
+    # these keys, which find them gone)
+    scheduler.loop.add_callback(_erred_placeholders, scheduler, client, keys, error, str(exception), stimulus_id)
+
+
+def _erred_placeholders(scheduler, client, keys, error, text, stimulus_id) -> None:
+    if client not in scheduler.clients:
+        return
+    try:
+        made = []
+        for key in keys:
+            if key in scheduler.tasks:  # wanted by another client, or sent again since
+                continue
+            ts = scheduler.new_task(key, None, "released")
+            ts.exception = error["exception"]
+            ts.traceback = None
+            ts.exception_text = text
+            ts.traceback_text = ""
+            ts.exception_blame = ts
+            made.append(key)
+        if made:
+            scheduler.transitions({k: "erred" for k in made}, stimulus_id)
+            scheduler.client_desires_keys(keys=made, client=client)
+    except Exception as e:  # noqa: BLE001
+        off("scheduler_fail_keys", f"an erred key could not be made ({type(e).__name__}: {e})")
+
+
+@seam("erred_exception_text", "SchedulerPlugin.transition(..., exception_text=, worker=) to erred", "distributed",
+      DISTRIBUTED, "the disk-full stop on a task's error (the store's event still stops)")
+def _check_exception_text() -> str | None:
+    from distributed.scheduler import SchedulerState
+
+    method = getattr(SchedulerState, "_transition_processing_erred", None)
+    if method is None:
+        return "SchedulerState has no _transition_processing_erred"
+    return _has_parameters(method, ("worker", "exception_text"))
+
+
+def erred_text(transition_kwargs: Mapping) -> tuple[str | None, str | None]:
+    """(the exception's text, the worker's address) of a transition to erred, as
+    distributed hands them to scheduler plugins (either may be None)."""
+    text = transition_kwargs.get("exception_text")
+    worker = transition_kwargs.get("worker")
+    return (text if isinstance(text, str) else None), (worker if isinstance(worker, str) else None)
+
+
+@seam("worker_event", "Scheduler.log_worker_event adds msg['worker']", "distributed", DISTRIBUTED,
+      "naming the worker whose disk filled (a full disk then stops the newest computation anywhere)")
+def _check_worker_event() -> str | None:
+    from distributed.scheduler import Scheduler
+
+    return None if _reads(Scheduler.log_worker_event, 'msg["worker"]') else "no longer names the worker in the event"
+
+
+def event_worker(msg: Any) -> str | None:
+    """The worker a worker's event came from (distributed adds it to a dict message)."""
+    worker = msg.get("worker") if isinstance(msg, dict) else None
+    return worker if isinstance(worker, str) else None
+
+
+# --- distributed's worker: gathers, outgoing transfers, its queue and its instances
+
+
+@seam("get_data_from_worker", "distributed.worker.get_data_from_worker(rpc, keys, worker, *, who, serializers, "
+      "deserializers)", "distributed", DISTRIBUTED, "the data plane (gathers go over distributed's comm)")
+def _check_get_data() -> str | None:
+    import distributed.worker
+
+    current = getattr(distributed.worker, "get_data_from_worker", None)
+    if current is None or not inspect.iscoroutinefunction(current):
+        return "is not there as a coroutine function"
+    why = _has_parameters(current, ("rpc", "keys", "worker", "who", "serializers", "deserializers"))
+    if why is not None:
+        return why
+    if not _reads(distributed.worker.Worker.gather_dep, "get_data_from_worker("):
+        return "is no longer called by Worker.gather_dep"
+    return None
+
+
+def route_gathers(routed) -> Callable | None:
+    """Route distributed's worker-to-worker gather through ``routed`` (same signature);
+    returns distributed's own function, for ``routed`` to fall back on and for
+    :func:`unroute_gathers`. None where this distributed gathers otherwise: the data plane
+    is off and gathers go over the comm."""
+    import distributed.worker
+
+    if not usable("get_data_from_worker"):
+        return None
+    original = distributed.worker.get_data_from_worker
+    distributed.worker.get_data_from_worker = routed
+    return original
+
+
+def unroute_gathers(original) -> None:
+    import distributed.worker
+
+    distributed.worker.get_data_from_worker = original
+
+
+def routed_gather_function():
+    """distributed's gather function as it is now (routed or not)."""
+    import distributed.worker
+
+    return getattr(distributed.worker, "get_data_from_worker", None)
+
+
+OUTGOING = ("transfer_outgoing_count_limit", "transfer_outgoing_count", "transfer_outgoing_count_total",
+            "transfer_outgoing_bytes", "transfer_outgoing_bytes_total", "transfer_outgoing_log")
+
+
+@seam("transfer_outgoing", "Worker." + ", ".join(OUTGOING), "distributed", DISTRIBUTED,
+      "the data plane's send limit and outgoing transfer log (it serves without them)")
+def _check_outgoing() -> str | None:
+    from distributed import Worker
+
+    annotations = inspect.get_annotations(Worker)
+    missing = [n for n in OUTGOING if n not in annotations]
+    if missing:
+        return f"Worker has no {', '.join(missing)}"
+    if not (_reads(Worker.get_data, "get_address_host") and _reads(Worker.get_data, "* 2")):
+        return "Worker.get_data no longer doubles the limit for peers of its host"
+    return None
+
+
+def _outgoing_ready(worker) -> bool:
+    if all(hasattr(worker, n) for n in OUTGOING):
+        return True
+    off("transfer_outgoing", "is not on this worker")
+    return False
+
+
+def outgoing_at_limit(worker, requester: str | None) -> bool:
+    """Worker.get_data's rule: a worker sends to at most ``transfer_outgoing_count_limit``
+    peers at once, twice that many where the requester is on this worker's host, one
+    while it is paused."""
+    if not _outgoing_ready(worker):
+        return False
+    from distributed.comm.addressing import get_address_host
+
+    limit = worker.transfer_outgoing_count_limit
+    try:
+        if requester and get_address_host(requester) == get_address_host(worker.address):
+            limit *= 2
+    except Exception:  # noqa: BLE001 (an address of a scheme not registered here: another host)
+        pass
+    if getattr(getattr(worker, "status", None), "name", None) == "paused":
+        limit = 1
+    return worker.transfer_outgoing_count >= limit
+
+
+def outgoing_started(worker) -> None:
+    if _outgoing_ready(worker):
+        worker.transfer_outgoing_count += 1
+        worker.transfer_outgoing_count_total += 1
+
+
+def outgoing_bytes(worker, nbytes: int) -> None:
+    """``nbytes`` more (or fewer, negative) on their way out of ``worker``."""
+    if _outgoing_ready(worker):
+        worker.transfer_outgoing_bytes += nbytes
+        if nbytes > 0:
+            worker.transfer_outgoing_bytes_total += nbytes
+
+
+def outgoing_finished(worker, entry: dict) -> None:
+    """One send done: counted off, and ``entry`` in the worker's outgoing transfer log."""
+    if _outgoing_ready(worker):
+        worker.transfer_outgoing_count -= 1
+        worker.transfer_outgoing_log.append(entry)
+
+
+def outgoing_log(worker) -> list:
+    """The worker's outgoing transfer log (its entries as distributed writes them)."""
+    return list(getattr(worker, "transfer_outgoing_log", ()))
+
+
+def set_outgoing_limit(worker, n: int) -> None:
+    worker.transfer_outgoing_count_limit = n
+
+
+@seam("worker_queue", "WorkerState.ready.peekn, WorkerState.constrained.peekn", "distributed", DISTRIBUTED,
+      "prefetching the inputs of the next tasks to run")
+def _check_queue() -> str | None:
+    from distributed.worker_state_machine import WorkerState
+
+    state = WorkerState()
+    for name in ("ready", "constrained"):
+        if not callable(getattr(getattr(state, name, None), "peekn", None)):
+            return f"WorkerState.{name} has no peekn"
+    return None
+
+
+def queued_tasks(state, n: int) -> list:
+    """The next ``n`` tasks queued to run on a worker (its ready and constrained ones),
+    soonest first; none where they cannot be read (the worker's loop changed them while
+    they were read: the next look finds them)."""
+    try:
+        queued = list(state.ready.peekn(n)) + list(state.constrained.peekn(n))
+    except RuntimeError:  # changed while iterated, off the event loop
+        return []
+    except AttributeError as e:
+        off("worker_queue", f"cannot be read ({e})")
+        return []
+    queued.sort(key=lambda ts: ts.priority)
+    return queued[:n]
+
+
+@seam("worker_instances", "distributed.Worker._instances", "distributed", DISTRIBUTED,
+      "stopping the pinned arena's growth while its worker closes")
+def _check_instances() -> str | None:
+    import weakref
+
+    from distributed import Worker
+
+    return None if isinstance(getattr(Worker, "_instances", None), weakref.WeakSet) else "is not a WeakSet"
+
+
+def workers_of_process() -> list:
+    """The workers of this process."""
+    from distributed import Worker
+
+    found = getattr(Worker, "_instances", None)
+    if found is None:
+        off("worker_instances", "is not there")
+        return []
+    return list(found)
+
+
+# --- distributed's cluster managers
+
+
+@seam("cluster_adaptive", "Cluster._adaptive", "distributed", DISTRIBUTED,
+      "ending adaptive scaling when a fixed size is asked for")
+def _check_adaptive() -> str | None:
+    from distributed.deploy.cluster import Cluster
+
+    return None if _reads(Cluster.adapt, "self._adaptive") else "Cluster.adapt no longer keeps it"
+
+
+def adaptive_of(cluster):
+    """The cluster's Adaptive while it runs, else None."""
+    adaptive = getattr(cluster, "_adaptive", None)
+    return adaptive if getattr(adaptive, "state", None) in ("starting", "running") else None
+
+
+def end_adapting(cluster) -> None:
+    adaptive = getattr(cluster, "_adaptive", None)
+    if adaptive is not None:
+        adaptive.stop()
+        cluster._adaptive = None
+
+
+@seam("spec_scale_down", "SpecCluster.scale_down(workers), SpecCluster.new_spec", "distributed", DISTRIBUTED,
+      "closing the very workers retired on scale-down (SpecCluster's own choice otherwise), and later workers' config")
+def _check_spec_cluster() -> str | None:
+    from distributed.deploy.spec import SpecCluster
+
+    if not inspect.iscoroutinefunction(getattr(SpecCluster, "scale_down", None)):
+        return "SpecCluster.scale_down is not a coroutine function"
+    if not _reads(SpecCluster.__init__, "self.new_spec"):
+        return "SpecCluster keeps no new_spec"
+    return _has_parameters(SpecCluster.scale_down, ("workers",))
+
+
+def close_spec_workers(cluster, names: list) -> None:
+    """Close these entries of a SpecCluster's worker spec (after their data was handed on);
+    where the cluster has no ``scale_down`` of the shape known, it scales to as many
+    entries fewer and picks them itself."""
+    scale_down = getattr(cluster, "scale_down", None)
+    if scale_down is not None and inspect.iscoroutinefunction(scale_down):
+        cluster.sync(scale_down, names)
+        return
+    off("spec_scale_down", "is not there")
+    cluster.scale(max(0, len(cluster.worker_spec) - len(names)))
+
+
+def new_worker_options(cluster) -> dict | None:
+    """The options each new worker of a SpecCluster is made with (a dict to update), or
+    None where the cluster keeps none."""
+    spec = getattr(cluster, "new_spec", None)
+    options = spec.get("options") if isinstance(spec, dict) else None
+    if not isinstance(options, dict):
+        off("spec_scale_down", "has no new_spec['options']")
+        return None
+    return options
+
+
+@seam("spec_cluster_start", "SpecCluster._start, SpecCluster.scheduler_spec", "distributed", DISTRIBUTED,
+      "a scheduler without an HTTP server where the dashboard is off (it serves one)")
+def _check_spec_start() -> str | None:
+    from distributed.deploy.spec import SpecCluster
+
+    if not inspect.iscoroutinefunction(getattr(SpecCluster, "_start", None)):
+        return "is not a coroutine function"
+    if not _reads(SpecCluster._start, "self.scheduler_spec"):
+        return "SpecCluster._start no longer reads scheduler_spec"
+    return None
+
+
+def with_scheduler_class(base: type, scheduler_class: Callable[[], type]) -> type:
+    """``base`` (a SpecCluster) whose scheduler is made of ``scheduler_class()``; ``base``
+    itself where SpecCluster starts otherwise."""
+    if not usable("spec_cluster_start"):
+        return base
+
+    async def _start(self):
+        spec = self.scheduler_spec
+        if spec is not None and self.scheduler is None:
+            self.scheduler_spec = {**spec, "cls": scheduler_class()}
+        await base._start(self)
+
+    return type(base.__name__, (base,), {"_start": _start, "__module__": base.__module__})
+
+
+# --- distributed's comm and system
+
+
+@seam("offload_threshold", "distributed.comm.utils.OFFLOAD_THRESHOLD", "distributed", DISTRIBUTED,
+      "transfer-offload on workers started by a nanny or MPI (they keep distributed's default)")
+def _check_offload() -> str | None:
+    from distributed.comm import utils
+
+    if not hasattr(utils, "OFFLOAD_THRESHOLD"):
+        return "is not there"
+    return None if _reads(utils.to_frames, "OFFLOAD_THRESHOLD") else "is no longer read by to_frames"
+
+
+def set_offload_threshold(value) -> int | bool | None:
+    """Set this process's offload threshold (bytes, or a size string, or False); returns it."""
+    from dask.utils import parse_bytes
+    from distributed.comm import utils
+
+    if not hasattr(utils, "OFFLOAD_THRESHOLD"):
+        off("offload_threshold", "is not there")
+        return None
+    utils.OFFLOAD_THRESHOLD = parse_bytes(value) if isinstance(value, str) else value
+    return utils.OFFLOAD_THRESHOLD
+
+
+def offload_threshold():
+    from distributed.comm import utils
+
+    return getattr(utils, "OFFLOAD_THRESHOLD", None)
+
+
+@seam("system_module", "distributed/system.py loaded alone (memory_limit)", "distributed", DISTRIBUTED,
+      "a quick refusal before start (distributed is imported instead, about a second)")
+def _check_system() -> str | None:
+    module = _load_system()
+    return None if callable(getattr(module, "memory_limit", None)) else "has no memory_limit"
+
+
+def _load_system():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    loaded = sys.modules.get("distributed.system")
+    if loaded is not None:
+        return loaded
+    package = importlib.util.find_spec("distributed")  # finds it, imports nothing
+    path = Path(package.origin).with_name("system.py")
+    spec = importlib.util.spec_from_file_location("spillway._distributed_system", path)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+def system_memory_limit() -> int:
+    """distributed's reading of this host's memory limit (``distributed.system.memory_limit``:
+    the machine, its cgroup's limits, ``RLIMIT_RSS``), read without importing the
+    distributed package: ``distributed/system.py`` imports nothing of distributed, so it is
+    loaded alone from the installed package (the imported module where there is one).
+    Where that fails, distributed is imported."""
+    try:
+        return int(_load_system().memory_limit())
+    except Exception as e:  # noqa: BLE001
+        off("system_module", f"cannot be loaded alone ({type(e).__name__}: {e})")
+        from distributed.system import memory_limit
+
+        return int(memory_limit())
+
+
+# --- distributed-ucxx and ucxx
+
+
+@seam("ucx_init_once", "distributed_ucxx.ucxx.init_once", "distributed-ucxx", UCXX,
+      "starting UCX before a GPU worker's store (its listener starts it later, with a warning)")
+def _check_init_once() -> str | None:
+    from distributed_ucxx import ucxx as ducxx
+
+    return None if callable(getattr(ducxx, "init_once", None)) else "is not there"
+
+
+def start_ucx() -> None:
+    """Start UCX in this process as distributed-ucxx's listener would (once per process)."""
+    try:
+        from distributed_ucxx.ucxx import init_once
+    except ImportError as e:
+        off("ucx_init_once", f"cannot be imported ({e})")
+        return
+    init_once()
+
+
+@seam("ucxx_default_stream", "ucxx._cuda_context.synchronize_default_stream", "ucxx", UCXX,
+      "ucxx's own default-stream synchronization (CuPy's is used)")
+def _check_default_stream() -> str | None:
+    from ucxx import _cuda_context
+
+    return None if callable(getattr(_cuda_context, "synchronize_default_stream", None)) else "is not there"
+
+
+def synchronize_default_stream() -> None:
+    """Wait for the work queued on the default CUDA stream (what distributed-ucxx does
+    before a device send and after allocating receive buffers)."""
+    try:
+        from ucxx._cuda_context import synchronize_default_stream as synchronize
+    except ImportError as e:
+        off("ucxx_default_stream", f"cannot be imported ({e})")
+        import cupy
+
+        cupy.cuda.Stream.null.synchronize()
+        return
+    synchronize()
+
+
+@seam("ucxx_errors", "ucxx.exceptions.UCXError, ucxx.create_endpoint, ucxx.create_listener", "ucxx", UCXX,
+      "the data plane")
+def _check_ucxx() -> str | None:
+    import ucxx
+
+    for name in ("create_endpoint", "create_listener"):
+        if not callable(getattr(ucxx, name, None)):
+            return f"has no {name}"
+    if not isinstance(getattr(getattr(ucxx, "exceptions", None), "UCXError", None), type):
+        return "has no exceptions.UCXError"
+    return None
+
+
+def ucx_error() -> type:
+    """ucxx's base error (a class nothing raises where there is none)."""
+    try:
+        import ucxx
+
+        return ucxx.exceptions.UCXError
+    except (ImportError, AttributeError) as e:
+        off("ucxx_errors", f"cannot be read ({e})")
+        return _Never
+
+
+# --- dask-cuda (GPU hosts only: these checks skip where it is not installed)
+
+
+@seam("dask_cuda_worker_spec", "LocalCUDACluster.new_worker_spec, .cuda_visible_devices, .worker_spec",
+      "dask-cuda", DASK_CUDA, "several workers on one GPU of a local cluster (workers-per-gpu 1 still runs)")
+def _check_cuda_cluster() -> str | None:
+    from dask_cuda import LocalCUDACluster
+
+    if not callable(getattr(LocalCUDACluster, "new_worker_spec", None)):
+        return "has no new_worker_spec"
+    if not _reads(LocalCUDACluster.__init__, "cuda_visible_devices"):
+        return "LocalCUDACluster keeps no cuda_visible_devices"
+    return None
+
+
+@seam("dask_cuda_nannies", "CUDAWorker.nannies, Nanny.worker_kwargs, Nanny.env", "dask-cuda", DASK_CUDA,
+      "the tiered store and several workers per GPU under `spillway worker` (it says so and stops)")
+def _check_cuda_worker() -> str | None:
+    from dask_cuda import CUDAWorker
+    from distributed import Nanny
+
+    if not _reads(CUDAWorker.__init__, "self.nannies"):
+        return "CUDAWorker keeps no nannies"
+    for name in ("self.worker_kwargs", "self.env"):
+        if not _reads(Nanny.__init__, name):
+            return f"Nanny keeps no {name.split('.')[1]}"
+    return None
+
+
+@seam("dask_cuda_affinity", "dask_cuda.utils.get_cpu_affinity, nvml_device_index", "dask-cuda", DASK_CUDA,
+      "the pinned arena's growth on the cores next to the GPU (it runs on any core)")
+def _check_affinity() -> str | None:
+    from dask_cuda import utils
+
+    for name in ("get_cpu_affinity", "nvml_device_index"):
+        if not callable(getattr(utils, name, None)):
+            return f"has no {name}"
+    return None
+
+
+def gpu_cores(visible: str) -> list[int]:
+    """The cores next to the first GPU of ``visible`` (a CUDA_VISIBLE_DEVICES), as dask-cuda
+    pins its workers' threads; none where dask-cuda cannot say."""
+    try:
+        from dask_cuda.utils import get_cpu_affinity, nvml_device_index
+    except ImportError as e:
+        off("dask_cuda_affinity", f"cannot be imported ({e})")
+        return []
+    return list(get_cpu_affinity(nvml_device_index(0, visible)) or [])
+
+
+# --- zict (the buffers of dask-cuda's and distributed's worker stores)
+
+
+@seam("zict_callbacks", "zict.Buffer.fast_to_slow_callbacks, slow_to_fast_callbacks", "zict", ZICT,
+      "spill counts on dask-cuda's and distributed's stores (they read zero)")
+def _check_zict() -> str | None:
+    import zict
+
+    buffer = zict.Buffer({}, {}, 1)
+    for name in ("fast_to_slow_callbacks", "slow_to_fast_callbacks"):
+        if not isinstance(getattr(buffer, name, None), list):
+            return f"Buffer has no list {name}"
+    return None
+
+
+def spill_callbacks(buffer) -> tuple[list, list] | None:
+    """The (fast-to-slow, slow-to-fast) callback lists of a zict Buffer (dask-cuda's device
+    and host buffers, distributed's SpillBuffer), or None for anything else."""
+    if buffer is None:
+        return None
+    out = getattr(buffer, "fast_to_slow_callbacks", None), getattr(buffer, "slow_to_fast_callbacks", None)
+    return out if isinstance(out[0], list) and isinstance(out[1], list) else None
+
+
+# --- dask-jobqueue: its public API only
+
+
+@seam("jobqueue_script", "dask_jobqueue.core.Job(job_script_prologue=), Job.job_script, Job.job_file",
+      "dask-jobqueue", DASK_JOBQUEUE, "spillway.slurm() (its job scripts)")
+def _check_jobqueue() -> str | None:
+    from dask_jobqueue.core import Job
+
+    why = _has_parameters(Job.__init__, ("job_script_prologue", "python", "job_name"))
+    if why is not None:
+        return why
+    if not _reads(Job.job_file, "self.job_script()"):
+        return "Job.job_file no longer writes Job.job_script()"
+    return None

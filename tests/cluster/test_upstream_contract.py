@@ -1,0 +1,173 @@
+"""The contract with upstream: each seam of spillway/cluster/upstream.py (a part of dask,
+distributed, dask-cuda, distributed-ucxx, ucxx, zict or dask-jobqueue that upstream does
+not promise to keep) still has the shape its adapter expects, in the releases installed.
+
+A dependency bump that changes one fails the test named after that seam here, not a
+user's run. Seams of a distribution that is not installed skip (dask-cuda off the GPU
+hosts, UCXX outside the data plane's venv). Then: the installed releases are those the
+seams were checked against and within pyproject's bounds, nothing outside the seam module
+names the private parts, and each adapter does what spillway relies on with the real
+upstream in place.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from spillway.cluster import upstream
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", sorted(upstream.SEAMS))
+def test_seam_has_the_shape_spillway_expects(name):
+    seam = upstream.SEAMS[name]
+    try:
+        why = seam.check()
+    except ImportError as e:
+        pytest.skip(f"{seam.package} is not installed ({e})")
+    assert why is None, f"{seam.upstream} ({seam.package} {upstream.version_of(seam.package)}): {why}"
+
+
+def _minor(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+
+
+@pytest.mark.parametrize("package", sorted({s.package for s in upstream.SEAMS.values()}))
+def test_the_installed_release_is_one_the_seams_were_checked_against(package):
+    installed = upstream.version_of(package)
+    if installed == "not installed":
+        pytest.skip(f"{package} is not installed")
+    checked = {v for s in upstream.SEAMS.values() if s.package == package for v in s.checked}
+    assert _minor(installed) in {_minor(v) for v in checked}, (
+        f"{package} {installed} was not checked: run this file's seam tests on it and add it to the checked "
+        f"releases in spillway/cluster/upstream.py (checked: {sorted(checked)})")
+
+
+def _requirements() -> list[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    out = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        out += extra
+    return out
+
+
+BOUNDED = ("dask", "distributed", "dask-cuda", "distributed-ucxx", "ucxx", "dask-jobqueue")
+
+
+def test_pyproject_bounds_each_seamed_dependency_above_the_next_unchecked_minor():
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    seen = set()
+    for line in _requirements():
+        requirement = Requirement(line)
+        base = re.sub(r"-cu1[0-9]$", "", requirement.name)
+        if base not in BOUNDED:
+            continue
+        seen.add(base)
+        uppers = [Version(s.version) for s in requirement.specifier if s.operator == "<"]
+        assert uppers, f"{line}: no upper bound"
+        checked = [Version(v) for s in upstream.SEAMS.values() if s.package == base for v in s.checked]
+        if checked:  # the bound lets in no minor release the seams were not checked on
+            newest = max(checked)
+            assert Version(f"{newest.major}.{newest.minor}") < uppers[0], line
+            assert uppers[0] <= Version(f"{newest.major}.{newest.minor + 2}"), (
+                f"{line}: a minor release past the next one was not checked")
+    assert seen == set(BOUNDED)
+
+
+#: the private names of upstream that spillway uses; only the seam module may name them
+PRIVATE = ("_materialize_graph", "get_data_from_worker", "_instances", "transfer_outgoing", "peekn",
+           "_job_script_prologue", "_command_template", "_adaptive", "new_spec", "init_once", "_cuda_context",
+           "dask._expr", "dask._task_spec", "OFFLOAD_THRESHOLD", "fast_to_slow_callbacks")
+
+
+def test_only_the_seam_module_names_upstream_private_parts():
+    seam = ROOT / "spillway" / "cluster" / "upstream.py"
+    found = []
+    for path in sorted((ROOT / "spillway").rglob("*.py")):
+        if path == seam:
+            continue
+        text = path.read_text()
+        found += [f"{path.relative_to(ROOT)}: {name}" for name in PRIVATE if name in text]
+    assert not found, found
+
+
+# --- each adapter against the real upstream
+
+
+def test_the_graph_materialization_wrapper_adds_sizes_and_hands_back_distributeds_result():
+    import dask.array as da
+    import distributed.scheduler as ds
+    from dask.base import collections_to_expr
+
+    from spillway.cluster.capacity import install_sizes, uninstall_sizes
+    from spillway.cluster.memory.graph_bytes import NBYTES
+
+    before = ds._materialize_graph
+    expr = collections_to_expr([da.ones((4, 4), chunks=2)], True).optimize()
+    plain = before(expr=expr, validate=False)
+    assert install_sizes()
+    try:
+        dsk, annotations = ds._materialize_graph(expr=expr, validate=False)
+    finally:
+        uninstall_sizes()
+    assert ds._materialize_graph is before
+    assert set(dsk) == set(plain[0])
+    assert set(annotations[NBYTES].values()) == {32}
+
+
+def test_gathers_are_routed_and_given_back():
+    import distributed.worker
+
+    before = distributed.worker.get_data_from_worker
+
+    async def routed(rpc, keys, worker, *, who=None, serializers=None, deserializers=None):
+        return None
+
+    original = upstream.route_gathers(routed)
+    try:
+        assert original is before and distributed.worker.get_data_from_worker is routed
+    finally:
+        upstream.unroute_gathers(original)
+    assert distributed.worker.get_data_from_worker is before
+
+
+def test_the_worker_queue_reads_soonest_first():
+    from distributed.worker_state_machine import WorkerState
+
+    state = WorkerState()
+    assert upstream.queued_tasks(state, 4) == []
+
+
+def test_the_send_limit_doubles_for_a_requester_on_the_same_host_as_distributed_does():
+    from types import SimpleNamespace
+
+    worker = SimpleNamespace(address="tcp://10.0.0.1:4000", status=SimpleNamespace(name="running"),
+                             transfer_outgoing_count_limit=2, transfer_outgoing_count=3,
+                             transfer_outgoing_count_total=0, transfer_outgoing_bytes=0,
+                             transfer_outgoing_bytes_total=0, transfer_outgoing_log=[])
+    assert upstream.outgoing_at_limit(worker, "tcp://10.0.0.2:4001")  # another host: 2
+    assert not upstream.outgoing_at_limit(worker, "tcp://10.0.0.1:4001")  # this host: 4
+    worker.status.name = "paused"
+    worker.transfer_outgoing_count = 1
+    assert upstream.outgoing_at_limit(worker, "tcp://10.0.0.1:4001")  # paused: 1
+
+
+def test_zict_buffers_give_their_callback_lists():
+    import zict
+
+    buffer = zict.Buffer({}, {}, 1)
+    assert upstream.spill_callbacks(buffer) == (buffer.fast_to_slow_callbacks, buffer.slow_to_fast_callbacks)
+    assert upstream.spill_callbacks({}) is None
+
+
+def test_the_memory_limit_is_read_without_importing_distributed_and_agrees_with_it():
+    from distributed.system import memory_limit
+
+    assert upstream.system_memory_limit() == memory_limit()

@@ -1,0 +1,283 @@
+"""Failing safe: each seam of spillway/cluster/upstream.py replaced with a wrong shape (a
+function of another signature, a result of another type, a class or attribute gone), and
+the graph still runs, without the feature the seam serves, said once in the log.
+
+The seams the scheduler and the workers use on every graph run a real graph on an
+in-process cluster with spillway's scheduler and worker plugins and the tiered store; the
+others show their adapter's fallback directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from types import SimpleNamespace
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+from numpy_codec import NumpyCodec
+
+from spillway.cluster import upstream
+from spillway.cluster.capacity import PLUGIN_NAME, CapacityPlugin
+from spillway.cluster.launch.session import _heartbeat
+from spillway.cluster.memory.store import TieredStore
+from spillway.cluster.plugins import WorkerSetup
+
+MB = 2**20
+pytestmark = pytest.mark.filterwarnings("ignore:Sending large graph")
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    upstream.reset()
+    yield
+    upstream.reset()
+
+
+@contextlib.contextmanager
+def cluster():
+    store = TieredStore(device_limit=4 * MB, host_limit=4 * MB, codec=NumpyCodec())
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None,
+                      data=store) as c, Client(c) as client:
+        client.register_plugin(CapacityPlugin())
+        client.register_plugin(WorkerSetup(prefetch=True))
+        client.run(_heartbeat)
+        yield client
+
+
+def runs(client) -> None:
+    """A graph that spills (12 MiB through 8 MiB of tiers) and a rechunk: right values."""
+    values = np.random.default_rng(0).random((1200, 1200))
+    x = da.from_array(values, chunks=(300, 1200))
+    y = x.rechunk((1200, 300)) + 1
+    total, col = dask.compute(y.sum(), y[:, 5])
+    assert total == pytest.approx(values.sum() + values.size)
+    np.testing.assert_array_equal(col, values[:, 5] + 1)
+
+
+def said(caplog, name: str) -> int:
+    seam = upstream.SEAMS[name]
+    return sum(1 for r in caplog.records if r.name == "spillway.upstream" and seam.serves in r.getMessage())
+
+
+def sized(client) -> bool:
+    """Whether the capacity check saw sizes for the last graph (it counts what it holds)."""
+    return client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins[PLUGIN_NAME]._sizes)
+
+
+# --- on every graph: the capacity check's seams
+
+
+def test_a_materialization_of_another_signature_leaves_graphs_unchecked_and_running(monkeypatch, caplog):
+    import distributed.scheduler as ds
+
+    original = ds._materialize_graph
+
+    def other(*args, **kwargs):  # no parameter named expr
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(ds, "_materialize_graph", other)
+    with caplog.at_level(logging.WARNING, "spillway.upstream"), cluster() as client:
+        assert not sized(client)
+        runs(client)
+        runs(client)
+    assert ds._materialize_graph is other
+    assert said(caplog, "materialize_graph") == 1
+
+
+def test_a_materialization_returning_another_shape_is_handed_back_as_it_came(monkeypatch, caplog):
+    import distributed.scheduler as ds
+
+    original = ds._materialize_graph
+
+    def listed(expr, validate):  # a list where a tuple was: distributed unpacks it all the same
+        return list(original(expr=expr, validate=validate))
+
+    monkeypatch.setattr(ds, "_materialize_graph", listed)
+    with caplog.at_level(logging.WARNING, "spillway.upstream"), cluster() as client:
+        assert sized(client)  # wrapped: the shape is only seen when a graph comes
+        runs(client)
+        runs(client)
+    assert said(caplog, "materialize_graph") == 1
+
+
+def test_sizes_that_cannot_be_read_leave_the_graph_unchecked(monkeypatch):
+    from spillway.cluster import capacity
+
+    def broken(expr, dsk):
+        raise TypeError("an expression of a shape not known")
+
+    monkeypatch.setattr(capacity, "graph_bytes", broken)
+    with cluster() as client:
+        runs(client)
+
+
+@pytest.mark.parametrize("seam", ["dask_expressions", "dask_task_spec"])
+def test_dask_without_its_expression_or_task_classes_runs_unchecked(monkeypatch, caplog, seam):
+    # dask itself imports these classes by name at run time: a dask without them is
+    # stood for by the seam's check finding them missing
+    import dataclasses
+
+    monkeypatch.setitem(upstream.SEAMS, seam, dataclasses.replace(upstream.SEAMS[seam], check=lambda: "has no class"))
+    with caplog.at_level(logging.WARNING, "spillway.upstream"), cluster() as client:
+        runs(client)
+        runs(client)
+    assert said(caplog, seam) == 1
+
+
+def test_sizes_read_with_the_real_dask_are_unchanged_by_the_fallbacks():
+    from dask.base import collections_to_expr
+
+    from spillway.cluster.memory.graph_bytes import chunk_layers
+
+    expr = collections_to_expr([da.ones((4, 4), chunks=2)], True)
+    assert set(chunk_layers(expr).values()) == {(((2, 2), (2, 2)), 8)}
+
+
+# --- on the workers
+
+
+def test_a_worker_queue_without_peekn_prefetches_nothing_and_runs(monkeypatch, caplog):
+    from distributed.collections import HeapSet
+
+    monkeypatch.delattr(HeapSet, "peekn")
+    with caplog.at_level(logging.WARNING, "spillway.upstream"), cluster() as client:
+        runs(client)
+        client.run(lambda dask_worker: upstream.queued_tasks(dask_worker.state, 8))
+    assert said(caplog, "worker_queue") == 1
+
+
+def test_a_queue_changed_while_read_reads_as_empty_for_that_look():
+    class Changing:
+        def peekn(self, n):
+            raise RuntimeError("Set changed size during iteration")
+
+    assert upstream.queued_tasks(SimpleNamespace(ready=Changing(), constrained=Changing()), 8) == []
+    assert not upstream.said_off()  # not a wrong shape: the next look reads it
+
+
+def test_workers_of_the_process_unknown_mean_the_arena_grows_as_before(monkeypatch, caplog):
+    from distributed import Worker
+
+    from spillway.cluster.memory.worker import _worker_closing
+
+    monkeypatch.delattr(Worker, "_instances")
+    with caplog.at_level(logging.WARNING, "spillway.upstream"):
+        assert not _worker_closing()
+    assert said(caplog, "worker_instances") == 1
+
+
+def test_zict_buffers_without_callbacks_count_no_spills_and_fail_nothing():
+    plugin = WorkerSetup()
+    data = SimpleNamespace(device_buffer=SimpleNamespace(fast_to_slow_callbacks=None), host_buffer=object())
+    plugin._count_spills(data)
+    assert plugin.spilled == {"device_to_host": 0, "host_to_disk": 0, "host_to_device": 0, "disk_to_host": 0}
+
+
+def test_an_offload_threshold_gone_leaves_distributeds_default(monkeypatch, caplog):
+    from distributed.comm import utils
+
+    from spillway.cluster.launch.worker_config import follow_offload_config
+
+    monkeypatch.delattr(utils, "OFFLOAD_THRESHOLD")
+    with caplog.at_level(logging.WARNING, "spillway.upstream"):
+        assert follow_offload_config() is None
+    assert said(caplog, "offload_threshold") == 1
+
+
+def test_outgoing_transfer_books_gone_let_the_plane_serve_uncounted(caplog):
+    worker = SimpleNamespace(address="ucx://10.0.0.1:1", status=SimpleNamespace(name="running"))
+    with caplog.at_level(logging.WARNING, "spillway.upstream"):
+        assert not upstream.outgoing_at_limit(worker, "ucx://10.0.0.2:1")
+        upstream.outgoing_started(worker)
+        upstream.outgoing_bytes(worker, 10)
+        upstream.outgoing_finished(worker, {})
+    assert said(caplog, "transfer_outgoing") == 1
+
+
+# --- the data plane's hook
+
+
+def test_a_gather_function_of_another_signature_leaves_the_plane_off(monkeypatch, caplog):
+    import asyncio
+
+    import distributed.worker
+
+    from spillway.cluster.dataplane import hook
+    from spillway.cluster.dataplane.plugin import DataPlanePlugin
+
+    async def other(rpc, keys, worker):  # no who=: the plane could not tell who asks
+        return {"status": "OK", "data": {}}
+
+    monkeypatch.setattr(distributed.worker, "get_data_from_worker", other)
+    monkeypatch.setattr(hook, "_original", None)
+    monkeypatch.setattr(hook, "PLANES", {})
+    worker = SimpleNamespace(address="ucx://10.0.0.1:1", handlers={})
+    with caplog.at_level(logging.WARNING, "spillway.upstream"):
+        asyncio.run(DataPlanePlugin().setup(worker))
+    assert hook.PLANES == {} and "dataplane_contact" not in worker.handlers
+    assert distributed.worker.get_data_from_worker is other  # distributed's gathers as they were
+    assert said(caplog, "get_data_from_worker") == 1
+
+
+# --- the scheduler's erred keys, the cluster managers
+
+
+def test_keys_failed_on_a_scheduler_of_another_shape_are_still_released(caplog):
+    released = []
+
+    def report(*args, **kwargs):
+        raise TypeError("report() takes other arguments")
+
+    scheduler = SimpleNamespace(report=report, clients={}, tasks={},
+                                client_releases_keys=lambda keys, client, stimulus_id: released.append(keys),
+                                loop=SimpleNamespace(add_callback=lambda f, *a: f(*a)))
+    with caplog.at_level(logging.WARNING, "spillway.upstream"):
+        upstream.fail_keys(scheduler, "c", ["k"], ValueError("full"), "s")
+    assert released == [["k"]]
+    assert said(caplog, "scheduler_fail_keys") == 1
+
+
+def test_a_cluster_without_scale_down_scales_by_count(caplog):
+    asked = []
+    cluster = SimpleNamespace(worker_spec={"a": 1, "b": 2, "c": 3}, scale=asked.append)
+    with caplog.at_level(logging.WARNING, "spillway.upstream"):
+        upstream.close_spec_workers(cluster, ["b"])
+    assert asked == [2]
+    assert upstream.new_worker_options(SimpleNamespace()) is None
+    assert upstream.adaptive_of(SimpleNamespace()) is None
+    upstream.end_adapting(SimpleNamespace())
+
+
+def test_a_cluster_class_that_starts_otherwise_keeps_its_dashboard(monkeypatch, caplog):
+    from distributed.deploy.spec import SpecCluster
+
+    def start(self):  # not a coroutine function
+        return None
+
+    monkeypatch.setattr(SpecCluster, "_start", start)
+    with caplog.at_level(logging.WARNING, "spillway.upstream"):
+        assert upstream.with_scheduler_class(SpecCluster, lambda: object) is SpecCluster
+    assert said(caplog, "spec_cluster_start") == 1
+
+
+def test_ucxx_absent_gives_an_error_class_nothing_raises(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ucxx", None)
+    error = upstream.ucx_error()
+    assert not issubclass(ValueError, error) and issubclass(error, object)
+
+
+def test_an_upstream_installed_without_its_source_keeps_its_features_on(monkeypatch):
+    import inspect
+
+    def no_source(obj):
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(inspect, "getsource", no_source)
+    assert upstream.usable("get_data_from_worker") and upstream.usable("spec_cluster_start")
+    assert not upstream.said_off()
