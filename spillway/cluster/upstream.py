@@ -530,6 +530,102 @@ def workers_of_process() -> list:
     return list(found)
 
 
+# --- the collective rechunk (spillway.cluster.collective)
+
+
+@seam("rechunk_p2p", "distributed.shuffle.rechunk_p2p (as dask.array.rechunk calls it)", "distributed",
+      DISTRIBUTED, "users' own rechunks on the collective (they take dask's task-based or P2P method)")
+def _check_rechunk_p2p() -> str | None:
+    import importlib
+
+    import distributed.shuffle
+
+    rechunks = importlib.import_module("dask.array.rechunk")  # dask.array.rechunk is also the function
+
+    current = getattr(distributed.shuffle, "rechunk_p2p", None)
+    if current is None:
+        return "is not there"
+    why = _has_parameters(current, ("x", "chunks", "threshold", "block_size_limit", "balance"))
+    if why is not None:
+        return why
+    if not _reads(rechunks.rechunk, "from distributed.shuffle import rechunk_p2p"):
+        return "dask.array.rechunk no longer looks it up at each call"
+    return None
+
+
+def route_p2p_rechunk(routed) -> Callable | None:
+    """Make ``routed`` the rechunk dask calls for its P2P method; returns distributed's own
+    (for ``routed`` to hand other clusters' rechunks to, and to put back), or None where
+    this dask and distributed do not meet there."""
+    import distributed.shuffle
+
+    if not usable("rechunk_p2p"):
+        return None
+    original = distributed.shuffle.rechunk_p2p
+    distributed.shuffle.rechunk_p2p = routed
+    return original
+
+
+def unroute_p2p_rechunk(original) -> None:
+    import distributed.shuffle
+
+    distributed.shuffle.rechunk_p2p = original
+
+
+TASK_STATE = ("worker_restrictions", "loose_restrictions", "run_spec", "dependents", "dependencies", "priority",
+              "who_has")
+
+
+@seam("task_restrictions", "distributed.scheduler.TaskState." + ", .".join(TASK_STATE), "distributed",
+      DISTRIBUTED, "placing a rechunk's assemblies on the workers their pieces went to (they run where dask "
+      "puts them, and are handed their pieces)")
+def _check_task_state() -> str | None:
+    from distributed.scheduler import TaskState
+
+    names = set(getattr(TaskState, "__slots__", ())) | set(inspect.get_annotations(TaskState))
+    missing = [n for n in TASK_STATE if n not in names]
+    return f"TaskState has no {', '.join(missing)}" if missing else None
+
+
+def restrict_loosely(ts, address: str) -> None:
+    """What ``Scheduler.set_restrictions`` and dask's ``allow_other_workers`` annotation set:
+    ``ts`` runs on ``address`` while it is there, elsewhere once it is not."""
+    if usable("task_restrictions"):
+        ts.worker_restrictions = {address}
+        ts.loose_restrictions = True
+
+
+def fused_keys(ts) -> list:
+    """The keys of the tasks dask fused into ``ts`` (``Task.fuse`` keeps them in its first
+    argument), [] for a task of its own."""
+    try:
+        return list(ts.run_spec.args[0])
+    except (AttributeError, IndexError, TypeError):
+        return []
+
+
+@seam("transfer_incoming_log", "Worker.transfer_incoming_log, Worker.scheduler_delay", "distributed",
+      DISTRIBUTED, "the collective's moves in the workers' incoming transfer log (the bench's bytes moved)")
+def _check_incoming_log() -> str | None:
+    from distributed import Worker
+
+    annotations = inspect.get_annotations(Worker)
+    missing = [n for n in ("transfer_incoming_log", "scheduler_delay") if n not in annotations]
+    return f"Worker has no {', '.join(missing)}" if missing else None
+
+
+def log_incoming(worker, holder: str, sizes: dict, start: float, stop: float) -> None:
+    """A move from ``holder`` in ``worker``'s incoming transfer log, as a gather's entry."""
+    if not usable("transfer_incoming_log"):
+        return
+    total = sum(sizes.values())
+    delay = worker.scheduler_delay
+    worker.transfer_incoming_log.append({
+        "start": start + delay, "stop": stop + delay, "middle": (start + stop) / 2 + delay,
+        "duration": stop - start, "who": holder, "keys": sizes, "total": total, "compressed": None,
+        "bandwidth": total / max(stop - start, 1e-6)})
+
+
 # --- distributed's cluster managers
 
 

@@ -25,6 +25,7 @@ import time
 from collections import defaultdict
 
 from ..errors import SpillwayError
+from ..upstream import log_incoming
 from .layout import Layout, packing, plan_of
 
 logger = logging.getLogger("spillway.collective")
@@ -399,15 +400,9 @@ async def _fetch(worker, holder: str, keys: list) -> dict:
 def _log_incoming(worker, holder: str, data: dict, start: float) -> None:
     """The move in the worker's incoming transfer log, as a gather's (the bench and the
     dashboard read bytes moved there)."""
-    stop = time.time()
     sizes = {k: int(getattr(v, "nbytes", 0)) for k, v in data.items()}
-    total = sum(sizes.values())
-    delay = worker.scheduler_delay
-    PHASES[worker.address].taken_bytes += total
-    worker.transfer_incoming_log.append({
-        "start": start + delay, "stop": stop + delay, "middle": (start + stop) / 2 + delay,
-        "duration": stop - start, "who": holder, "keys": sizes, "total": total, "compressed": None,
-        "bandwidth": total / max(stop - start, 1e-6)})
+    PHASES[worker.address].taken_bytes += sum(sizes.values())
+    log_incoming(worker, holder, sizes, start, time.time())
 
 
 def _drop_later(worker, holder: str, keys: list) -> None:

@@ -2,7 +2,8 @@
 
 dask picks a rechunk's method by itself (``array.rechunk.method``, else the task-based
 method for small graphs and peer-to-peer for large ones once a distributed client is
-about) and then calls ``distributed.shuffle.rechunk_p2p``, looked up at each call. While a
+about) and then calls ``distributed.shuffle.rechunk_p2p``, looked up at each call (the
+seam ``rechunk_p2p`` of :mod:`spillway.cluster.upstream`). While a
 process has a client of a spillway cluster open, that name is :func:`rechunk_p2p` here:
 on the clusters whose schedulers carry the collective's plugin it is the collective
 (dask's P2P sizes its shards with ``memoryview`` and stages them through host memory and
@@ -12,10 +13,9 @@ distributed's own function unchanged.
 
 from __future__ import annotations
 
-import logging
 import threading
 
-logger = logging.getLogger("spillway.collective")
+from ..upstream import route_p2p_rechunk, unroute_p2p_rechunk
 
 #: addresses of the schedulers whose clusters run the collective
 SCHEDULERS: set[str] = set()
@@ -47,17 +47,7 @@ def use_on(scheduler_address: str) -> None:
         SCHEDULERS.add(scheduler_address)
         if _original is not None:
             return
-        try:
-            import distributed.shuffle as shuffle
-        except ImportError:
-            return
-        current = getattr(shuffle, "rechunk_p2p", None)
-        if current is None:
-            logger.warning("this distributed has no distributed.shuffle.rechunk_p2p: users' rechunks take "
-                           "dask's task-based method, not the collective")
-            return
-        _original = current
-        shuffle.rechunk_p2p = rechunk_p2p
+        _original = route_p2p_rechunk(rechunk_p2p)
 
 
 def stop_using(scheduler_address: str) -> None:
@@ -66,7 +56,5 @@ def stop_using(scheduler_address: str) -> None:
         SCHEDULERS.discard(scheduler_address)
         if SCHEDULERS or _original is None:
             return
-        import distributed.shuffle as shuffle
-
-        shuffle.rechunk_p2p = _original
+        unroute_p2p_rechunk(_original)
         _original = None

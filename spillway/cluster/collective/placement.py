@@ -24,6 +24,7 @@ import logging
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from ..upstream import fused_keys, restrict_loosely
 from .exchange import DROP
 from .layout import owner
 
@@ -126,10 +127,7 @@ class CollectivePlacement(SchedulerPlugin):
             unplaced = waiting
         placed.update(spread(unplaced, sorted(running)))
         for dts, address in placed.items():
-            # the attributes ``Scheduler.set_restrictions`` sets, and the loose flag that
-            # dask's ``allow_other_workers`` annotation sets
-            dts.worker_restrictions = {address}
-            dts.loose_restrictions = True
+            restrict_loosely(dts, address)
 
     def _drop(self, key) -> None:
         name = pieces_name(key)
@@ -144,15 +142,11 @@ class CollectivePlacement(SchedulerPlugin):
 
 def output_index(ts, out_name: str, ndim: int) -> tuple | None:
     """The output chunk a task assembles: from its key, or from the keys of the tasks
-    dask fused into it (``Task.fuse`` keeps them in its first argument)."""
+    dask fused into it."""
     key = ts.key
     if type(key) is tuple and key and key[0] == out_name and len(key) == ndim + 1:
         return tuple(key[1:])
-    try:
-        inner = ts.run_spec.args[0]
-        for k in inner:
-            if type(k) is tuple and k and k[0] == out_name and len(k) == ndim + 1:
-                return tuple(k[1:])
-    except (AttributeError, IndexError, TypeError):
-        pass
+    for k in fused_keys(ts):
+        if type(k) is tuple and k and k[0] == out_name and len(k) == ndim + 1:
+            return tuple(k[1:])
     return None
