@@ -176,29 +176,39 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
 
 
 def barrier(name: str, inputs: list, *holders) -> dict:
-    """Every cut of a partial is done: input index -> the worker that holds its pieces."""
+    """Every cut of a partial is done: where each input's pieces are (input index -> its
+    worker), and the layout the cuts packed them by, for the assemblies (a worker's cache
+    of layouts may be another run's of the same exchange)."""
     worker = _worker()
+    layout = None
     if worker is not None:
         ensure_handlers(worker)
-    return dict(zip(inputs, holders))
+        found = _LAYOUTS.get((worker.address, name))
+        layout = None if found is None else [list(found.workers), found.grouped]
+    return {"holders": dict(zip(inputs, holders)), "layout": layout}
 
 
-def assemble(holders: dict, name: str, index: tuple, chunks: tuple, partial: int):
-    """Output chunk ``index`` from its pieces, taken from their ``holders``."""
+def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
+    """Output chunk ``index`` from its pieces, taken from where its barrier (``ended``)
+    says they are."""
     old, new = chunks
     plan = plan_of(old, new)
     shape = plan.output_shape(index)
     parts = plan.parts_of(index)
     worker = _worker()
-    layout = _LAYOUTS.get((worker.address, name)) if worker is not None else None
+    holders = ended["holders"]
+    layout = None
     if worker is not None:
         ensure_handlers(worker)
-        if layout is None:
+        if ended["layout"] is not None:
+            layout = Layout(tuple(ended["layout"][0]), bool(ended["layout"][1]))
+        else:  # the barrier ran where no cut of its exchange did
             layout = _on_loop(worker, _ask_layout, worker, name, 0, tuple(map(len, new)))
     if layout is not None and layout.grouped:
         d = layout.owner(index, tuple(map(len, new)))
         request = {"name": name, "index": list(index), "chunks": [list(map(list, old)), list(map(list, new))],
-                   "partial": partial, "holders": [[list(k), v] for k, v in holders.items()]}
+                   "partial": partial, "holders": [[list(k), v] for k, v in holders.items()],
+                   "layout": [list(layout.workers), layout.grouped]}
         if layout.workers[d] == worker.address:
             pieces = _on_loop(worker, _owned_pieces, worker, request)
         else:  # the owner left, or dask placed this elsewhere: the owner hands them over
@@ -258,7 +268,7 @@ async def _owned_pieces(worker, request: dict) -> dict:
     old, new = (tuple(tuple(a) for a in c) for c in request["chunks"])
     holders = {tuple(k): v for k, v in request["holders"]}
     plan = plan_of(old, new)
-    layout = _LAYOUTS.get((worker.address, name)) or await _ask_layout(worker, name, 0, tuple(map(len, new)))
+    layout = Layout(tuple(request["layout"][0]), bool(request["layout"][1]))
     d = layout.workers.index(worker.address)
     in_grid = tuple(map(len, old))
     inputs = plan.partials[partial].inputs
