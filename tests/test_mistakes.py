@@ -126,6 +126,24 @@ def test_slurm_submit_where_there_is_no_sbatch_makes_nothing(tmp_path, monkeypat
     assert not (tmp_path / "out").exists()
 
 
+def test_a_stale_scheduler_file_is_named_at_once(tmp_path):
+    """A file left by a cluster that ended (up killed): where nothing listens on its address,
+    one line at once rather than the client's 30 s of retries."""
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once it is closed
+    stale = tmp_path / "sched.json"
+    stale.write_text(json.dumps({"type": "Scheduler", "address": f"tcp://127.0.0.1:{port}"}))
+    result = CliRunner().invoke(main, ["run", "transpose-sum", "--scheduler-file", str(stale)])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [
+        f"spillway: error: scheduler-file: {str(stale)!r} names tcp://127.0.0.1:{port}, where nothing listens: the "
+        "file of a cluster that has ended? (start one with `spillway up`, or remove the file)"]
+
+
 def test_slurm_render_says_the_output_dir_is_not_there(tmp_path):
     result = CliRunner().invoke(main, [*SLURM, "--output-dir", str(tmp_path / "out")])
     assert result.exit_code == 0 and result.stdout.startswith("#!/")

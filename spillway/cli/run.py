@@ -3,6 +3,7 @@ others to attach to)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -99,9 +100,11 @@ def up(scheduler_file_out, options_flags):
         raise OptionsError(f"scheduler-file-out: cannot write in {where!r} ([Errno {e.errno}] {e.strerror})") from None
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    written = False
     try:
         with open_cluster(options) as session:
             session.write_scheduler_file(scheduler_file_out)
+            written = True
             click.echo(f"scheduler       {session.scheduler_address}")
             click.echo(f"dashboard       {session.dashboard_link or 'off'}")
             click.echo(f"workers         {session.n_workers} ({session.kind}, {session.plan.protocol})")
@@ -111,5 +114,9 @@ def up(scheduler_file_out, options_flags):
                 pass
             click.echo("shutting down", err=True)
     finally:
+        # the file names a scheduler that is gone now: a later --scheduler-file would wait on it
+        if written:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(scheduler_file_out)
         for s, handler in previous.items():
             signal.signal(s, handler)
