@@ -63,6 +63,11 @@ class Cluster:
         self.options = session.options
         self._stack = stack
         self._closed = False
+        # the scheduler and the nannies of a local cluster log here: a scale-down's retired
+        # workers would print distributed's warnings into the notebook
+        from spillway.cluster.plugins import quiet_retirement
+
+        quiet_retirement()
 
     # --- what is running
 
