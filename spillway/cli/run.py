@@ -26,13 +26,15 @@ from .options import cluster_options, resolve, workflow_params
               help="Zarr v3 store the workers write an array result to, in parallel.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
-@cluster_options
+@cluster_options(brief=True)
 @fail_cleanly
 def run(workflow, params, verify, as_json, output, progress, options_flags):
     """Run WORKFLOW and print its report.
 
     Without --scheduler-address or --scheduler-file, starts the embedded default cluster
     (one worker per visible GPU, or CPU workers where there is none) and stops it after.
+    The workflows and their parameters: `spillway workflows` (`--json` for the schemas).
+    The cluster flags in full: `spillway config --help`.
 
     \b
     Examples:
@@ -74,7 +76,7 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
 @click.command(context_settings=CONTEXT)
 @click.option("--scheduler-file-out", default="spillway-scheduler.json", show_default=True,
               help="Where to write the scheduler file that clients and `run` attach with.")
-@cluster_options
+@cluster_options(brief=True)
 @fail_cleanly
 def up(scheduler_file_out, options_flags):
     """Start a cluster and keep it up until Ctrl-C or SIGTERM.
