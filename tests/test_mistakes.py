@@ -169,7 +169,11 @@ def test_a_disk_that_fills_while_the_run_writes_is_one_line_and_exit_2(tmp_path)
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
                               cwd=tmp_path, env=_env())
         left = list((tmp_path / "disk").iterdir())
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    # a loaded machine may outlast the close's wait for a worker to exit: the nanny then
+    # kills it and says so (two lines of distributed's about the close, not the run)
+    closing = ("WARNING distributed.nanny: Worker process still alive after", "INFO distributed.nanny: Worker process ")
+    lines = [line for line in (done.stdout + done.stderr).splitlines()
+             if line.strip() and not (line.startswith(closing) and ("killing" in line or "killed by signal 9" in line))]
     assert done.returncode == 2, done.stderr
     assert lines == [f"spillway: error: output: writing {tmp_path / 'disk' / 'x.zarr'} failed: "
                      "[Errno 28] No space left on device; the partial store was removed"], lines
