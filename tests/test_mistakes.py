@@ -126,6 +126,24 @@ def test_slurm_submit_where_there_is_no_sbatch_makes_nothing(tmp_path, monkeypat
     assert not (tmp_path / "out").exists()
 
 
+def test_a_stale_scheduler_file_is_named_at_once(tmp_path):
+    """A file left by a cluster that ended (up killed): where nothing listens on its address,
+    one line at once rather than the client's 30 s of retries."""
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once it is closed
+    stale = tmp_path / "sched.json"
+    stale.write_text(json.dumps({"type": "Scheduler", "address": f"tcp://127.0.0.1:{port}"}))
+    result = CliRunner().invoke(main, ["run", "transpose-sum", "--scheduler-file", str(stale)])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [
+        f"spillway: error: scheduler-file: {str(stale)!r} names tcp://127.0.0.1:{port}, where nothing listens: the "
+        "file of a cluster that has ended? (start one with `spillway up`, or remove the file)"]
+
+
 def test_slurm_render_says_the_output_dir_is_not_there(tmp_path):
     result = CliRunner().invoke(main, [*SLURM, "--output-dir", str(tmp_path / "out")])
     assert result.exit_code == 0 and result.stdout.startswith("#!/")
@@ -151,7 +169,11 @@ def test_a_disk_that_fills_while_the_run_writes_is_one_line_and_exit_2(tmp_path)
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
                               cwd=tmp_path, env=_env())
         left = list((tmp_path / "disk").iterdir())
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    # a loaded machine may outlast the close's wait for a worker to exit: the nanny then
+    # kills it and says so (two lines of distributed's about the close, not the run)
+    closing = ("WARNING distributed.nanny: Worker process still alive after", "INFO distributed.nanny: Worker process ")
+    lines = [line for line in (done.stdout + done.stderr).splitlines()
+             if line.strip() and not (line.startswith(closing) and ("killing" in line or "killed by signal 9" in line))]
     assert done.returncode == 2, done.stderr
     assert lines == [f"spillway: error: output: writing {tmp_path / 'disk' / 'x.zarr'} failed: "
                      "[Errno 28] No space left on device; the partial store was removed"], lines

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 
 import click
@@ -34,6 +36,18 @@ def mpi(workflow, params, verify, report_path, options_flags):
     from spillway.run.compute import run_workflow
 
     options = resolve(options_flags)
+    # a worker rank's nanny starts its worker in a process of its own, which sets distributed's
+    # log level from the environment as it imports it: the level this command runs at (its
+    # INFO lines, and the tracebacks of comms closed at shutdown, would bury the report)
+    level = logging.getLevelName(logging.getLogger("distributed").getEffectiveLevel()).lower()
+    loggers = {"distributed": level}
+    if level == "warning":
+        # and a worker whose nanny ends with the cluster logs its end as a death, with a
+        # traceback, from the thread that waited on the nanny (the real deaths of a run reach
+        # rank 0 from the scheduler, which says them in one line)
+        loggers["distributed.nanny"] = "critical"
+    # one variable: dask would nest DASK_LOGGING__DISTRIBUTED.NANNY under the first one's value
+    os.environ.setdefault("DASK_LOGGING", json.dumps(loggers))
     workflows.get(workflow)  # an unknown name fails on every rank before anything starts
     report = launch.run(options, lambda session: run_workflow(session, workflow, params, verify=verify))
     if report is None:  # scheduler-less ranks (the workers) end here

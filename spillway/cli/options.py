@@ -8,15 +8,25 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import click
 
 from spillway.cluster.options import OPTIONS, Options
 
 
-def cluster_options(func):
+def first_sentence(text: str) -> str:
+    """The help's first sentence, for the flags of a command whose own help comes first."""
+    found = re.match(r"(.+?[.])(?:\s|$)", text, re.S)
+    return found.group(1) if found else text
+
+
+def cluster_options(func=None, *, brief: bool = False):
     """Add one flag per option; the command receives them as ``options_flags`` (None
-    where a flag was not given)."""
+    where a flag was not given). ``brief``: each flag's help is its first sentence (the
+    whole of it: ``spillway config --help``, and the README's table)."""
+    if func is None:
+        return functools.partial(cluster_options, brief=brief)
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -24,10 +34,11 @@ def cluster_options(func):
         return func(*args, options_flags=flags, **kwargs)
 
     for o in reversed(OPTIONS):
+        text = first_sentence(o.help) if brief else o.help
         if o.switch:
-            wrapper = click.option(f"{o.flag}/--no-{o.key}", o.name, default=None, help=o.help)(wrapper)
+            wrapper = click.option(f"{o.flag}/--no-{o.key}", o.name, default=None, help=text)(wrapper)
         else:
-            wrapper = click.option(o.flag, o.name, default=None, metavar="VALUE", help=o.help)(wrapper)
+            wrapper = click.option(o.flag, o.name, default=None, metavar="VALUE", help=text)(wrapper)
     return wrapper
 
 

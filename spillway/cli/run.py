@@ -3,6 +3,7 @@ others to attach to)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,13 +26,15 @@ from .options import cluster_options, resolve, workflow_params
               help="Zarr v3 store the workers write an array result to, in parallel.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
-@cluster_options
+@cluster_options(brief=True)
 @fail_cleanly
 def run(workflow, params, verify, as_json, output, progress, options_flags):
     """Run WORKFLOW and print its report.
 
     Without --scheduler-address or --scheduler-file, starts the embedded default cluster
     (one worker per visible GPU, or CPU workers where there is none) and stops it after.
+    The workflows and their parameters: `spillway workflows` (`--json` for the schemas).
+    The cluster flags in full: `spillway config --help`.
 
     \b
     Examples:
@@ -73,7 +76,7 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
 @click.command(context_settings=CONTEXT)
 @click.option("--scheduler-file-out", default="spillway-scheduler.json", show_default=True,
               help="Where to write the scheduler file that clients and `run` attach with.")
-@cluster_options
+@cluster_options(brief=True)
 @fail_cleanly
 def up(scheduler_file_out, options_flags):
     """Start a cluster and keep it up until Ctrl-C or SIGTERM.
@@ -99,9 +102,11 @@ def up(scheduler_file_out, options_flags):
         raise OptionsError(f"scheduler-file-out: cannot write in {where!r} ([Errno {e.errno}] {e.strerror})") from None
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    written = False
     try:
         with open_cluster(options) as session:
             session.write_scheduler_file(scheduler_file_out)
+            written = True
             click.echo(f"scheduler       {session.scheduler_address}")
             click.echo(f"dashboard       {session.dashboard_link or 'off'}")
             click.echo(f"workers         {session.n_workers} ({session.kind}, {session.plan.protocol})")
@@ -111,5 +116,9 @@ def up(scheduler_file_out, options_flags):
                 pass
             click.echo("shutting down", err=True)
     finally:
+        # the file names a scheduler that is gone now: a later --scheduler-file would wait on it
+        if written:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(scheduler_file_out)
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -77,6 +77,59 @@ def quiet_refused_writes() -> None:
         log.addFilter(_not_a_refused_write)
 
 
+#: distributed's lines about a worker that scaling down (scale, adapt) retired, logged in
+#: the process of its scheduler and nanny: the scheduler has forgotten it before its last
+#: heartbeat, and its nanny ends it. Each is the expected end of a retired worker.
+RETIREMENT_LINES = {
+    "distributed.scheduler": ("Received heartbeat from unregistered worker",),
+    "distributed.nanny": ("Worker process still alive after",),
+}
+#: where a leaving worker's own process logs its end (heartbeats and comms that the
+#: scheduler closed first), all left out once the worker is leaving (:func:`quiet_leaving`)
+LEAVING_LOGGERS = ("distributed.worker", "distributed.core", "distributed.batched")
+
+
+def _not_a_retirement_line(record) -> bool:
+    prefixes = RETIREMENT_LINES.get(record.name, ())
+    return not str(record.msg).startswith(prefixes)
+
+
+def quiet_retirement() -> None:
+    """Leave the lines of retired workers (:data:`RETIREMENT_LINES`) out of this process's
+    log: a notebook that adapts would print them at every scale-down (once per process)."""
+    import logging
+
+    for name in RETIREMENT_LINES:
+        log = logging.getLogger(name)
+        if _not_a_retirement_line not in log.filters:
+            log.addFilter(_not_a_retirement_line)
+
+
+class _Leaving:
+    """A log filter of a worker's process: nothing once the worker is leaving (retired or
+    closed), whose comms the scheduler closes under it."""
+
+    def __init__(self, worker):
+        from distributed.core import Status
+
+        self.worker = worker
+        self.leaving = {Status.closing, Status.closing_gracefully, Status.closed}
+
+    def filter(self, record) -> bool:
+        return self.worker.status not in self.leaving
+
+
+def quiet_leaving(worker) -> None:
+    """What ``worker``'s process logs once it is leaving stays out of the log (the lines a
+    scale-down printed into notebooks); its warnings and errors while it runs stay in."""
+    import logging
+
+    for name in LEAVING_LOGGERS:
+        log = logging.getLogger(name)
+        log.filters = [f for f in log.filters if not isinstance(f, _Leaving)]
+        log.addFilter(_Leaving(worker))
+
+
 class WorkerSetup(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
@@ -96,6 +149,7 @@ class WorkerSetup(WorkerPlugin):
 
         follow_offload_config()  # transfer-offload, where the process imported distributed first
         quiet_refused_writes()
+        quiet_leaving(worker)
         self.kind = "gpu" if _is_gpu_worker() else "cpu"
         store = _tiered_store(worker)
         from .capacity import TIERS, report_tiers

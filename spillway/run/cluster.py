@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spillway.cluster import upstream
-from spillway.cluster.errors import OptionsError
+from spillway.cluster.errors import OptionsError, SpillwayError
 
 from .bars import advance, progress_bar
 from .report import Report
@@ -63,11 +63,20 @@ class Cluster:
         self.session = session
         self.options = session.options
         self._stack = stack
+        self._closed = False
+        # the scheduler and the nannies of a local cluster log here: a scale-down's retired
+        # workers would print distributed's warnings into the notebook
+        from spillway.cluster.plugins import quiet_retirement
+
+        quiet_retirement()
 
     # --- what is running
 
     @property
     def client(self):
+        if self._closed:
+            # rather than distributed's "IOLoop is closed" from deep in the first call
+            raise SpillwayError(f"{self.title}: closed; start another (spillway.local(...), spillway.slurm(...))")
         return self.session.client
 
     @property
@@ -281,7 +290,11 @@ class Cluster:
     # --- lifetime
 
     def close(self):
-        self._stack.close()
+        """Stop what this cluster started; a second close does nothing, and any other use
+        after it says in one line that the cluster is closed."""
+        if not self._closed:
+            self._closed = True
+            self._stack.close()
 
     def __enter__(self):
         return self
@@ -291,6 +304,9 @@ class Cluster:
 
     def _repr_html_(self) -> str:
         import html
+
+        if self._closed:
+            return f"<b>{html.escape(self.title)}</b>: closed"
 
         link = self.dashboard_link
         dash = f"<a href='{html.escape(link)}' target='_blank'>{html.escape(link)}</a>" if link else "off"
@@ -302,6 +318,8 @@ class Cluster:
                 f"<tr><th style='text-align:left'>dashboard</th><td>{dash}</td></tr></table>")
 
     def __repr__(self):
+        if self._closed:
+            return f"<{self.title}: closed>"
         return f"<{self.title}: {self.n_workers} {self.kind} workers, dashboard {self.dashboard_link}>"
 
 

@@ -7,6 +7,10 @@ same options object. The cluster offers what ``spillway.local()`` offers (runs, 
 ``open``, dask's Cluster verbs) plus ``scale(jobs=)``, ``adapt(minimum_jobs=,
 maximum_jobs=)`` and ``job_script()``. Waiting for workers watches the jobs, so a job that
 failed or pends for a reason Slurm gives is said in one line rather than timing out.
+
+``scale`` and ``adapt`` first check that Slurm answers here (``sbatch --version``,
+``sinfo``), and ``scale`` waits for sbatch to take its jobs: a missing command, a Slurm
+without its controller or a refused job is one line at once, not a start timeout.
 """
 
 from __future__ import annotations
@@ -108,7 +112,12 @@ class SlurmCluster(Cluster):
             raise OptionsError("scale: give n (workers) or jobs, one of them")
         target = (math.ceil(worker_count(n, "scale") / self.workers_per_job) if n is not None
                   else worker_count(jobs, "jobs"))
+        if target:
+            self.jobs.check_ready()
         self._resize(target)
+        # sbatch has answered for each new job when this returns
+        self.jobs.sync(self.jobs._correct_state)
+        self._raise_refusals()
 
     def adapt(self, minimum_jobs: int = 0, maximum_jobs: int | None = None, **adaptive):
         """Between ``minimum_jobs`` and ``maximum_jobs`` jobs with the work queued (dask's
@@ -119,6 +128,8 @@ class SlurmCluster(Cluster):
         maximum_jobs = worker_count(maximum_jobs, "maximum_jobs")
         if minimum_jobs > maximum_jobs:
             raise OptionsError(f"minimum_jobs: {minimum_jobs} is above maximum_jobs {maximum_jobs}")
+        if maximum_jobs:
+            self.jobs.check_ready()
         return self.jobs.adapt(minimum_jobs=minimum_jobs, maximum_jobs=maximum_jobs, **adaptive)
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
@@ -129,6 +140,7 @@ class SlurmCluster(Cluster):
         timeout = self.jobs.spillway_job.start_timeout if timeout is None else timeout
         deadline = monotonic() + timeout
         while self.n_workers < n:
+            self._raise_refusals()
             states = self.jobs.job_states()
             for status in states.values():
                 if not status.active and status.state != "UNKNOWN":
@@ -139,6 +151,12 @@ class SlurmCluster(Cluster):
                        else f"{len(states)} job(s) submitted, none of them pending")
                 raise ClusterStartError(f"{self.n_workers} of {n} workers joined within {timeout:g} s: {why}")
             sleep(POLL_S)
+
+    def _raise_refusals(self) -> None:
+        refusals = self.jobs.take_refusals()
+        if refusals:
+            more = f" (and {len(refusals) - 1} more job(s) refused)" if len(refusals) > 1 else ""
+            raise ClusterStartError(f"{refusals[0]}{more}")
 
     def _job_said(self, status, what: str) -> str:
         reason = f" ({status.reason})" if status.reason and status.reason not in ("None", "(null)") else ""

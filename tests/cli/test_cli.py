@@ -138,6 +138,8 @@ def test_up_then_run_attached_then_sigterm(tmp_path):
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 0, stderr
         assert "scheduler       tcp://127.0.0.1:" in stdout
+        # the file named a scheduler that is gone: up removed it as it ended
+        assert not sched.exists()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

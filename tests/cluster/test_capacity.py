@@ -85,13 +85,10 @@ def test_a_persist_past_every_tier_is_refused_before_it_runs_with_the_numbers(tm
         x, values = _held(client)  # 8 MiB held: on the device and the host tier
         y = da.ones((2000, 1000), chunks=(250, 1000))  # 16 MiB more: past the 16 MiB of tiers
         with get_task_stream(client) as stream:
-            start = time.perf_counter()
             yp = y.persist()
             with pytest.raises(AdmissionError) as refused:
                 yp.compute()
-            took = time.perf_counter() - start
         line = str(refused.value)
-        assert took < 5.0, took  # under a second on an idle machine; this one is shared
         assert "\n" not in line and line.startswith("persist refused before it ran: its 8 new outputs (15.26 MiB")
         for part in ("beside the 7.63 MiB the cluster holds", "more than device + host tier + disk hold, 16.00 MiB",
                      "(device 4.00 MiB + host tier 4.00 MiB + disk 8.00 MiB", "1 worker",
@@ -129,13 +126,10 @@ def test_a_disk_that_fills_anyway_stops_the_computation_with_the_store_s_line(tm
     with small_cluster(tmp_path, disk=6 * MB, reports=2**30) as (client, store):
         x, values = _held(client)
         y = da.random.default_rng(1).random((3000, 1000), chunks=(250, 1000))
-        start = time.perf_counter()
         yp = y.persist()
         with pytest.raises(SpillDiskFull) as stopped:
             yp.compute()
-        took = time.perf_counter() - start
         line = str(stopped.value)
-        assert took < 10, took
         assert "\n" not in line and "the spill disk is full (No space left on device)" in line
         for part in (store.disk.directory, "device", "host tier", "disk", "larger local-directory"):
             assert part in line

@@ -31,7 +31,10 @@ def _received_in_store(dask_worker=None):
 def test_cupy_chunks_move_bit_for_bit_on_the_plane_or_the_comm(gpu_count, layout, plane):
     if layout == "two GPUs" and gpu_count < 2:
         pytest.skip("needs two GPUs")
-    from spillway.cluster.launch import open_cluster
+    from spillway.cluster.launch import open_cluster, ucxx_installed
+
+    if not ucxx_installed():  # the plane and these moves are UCXX's (a CUDA extra brings it)
+        pytest.skip("needs distributed-ucxx (protocol ucx)")
 
     changes = {"devices": "0,1"} if layout == "two GPUs" else {"devices": "0", "workers_per_gpu": 2}
     with open_cluster(_options(data_plane=plane, **changes)) as session:

@@ -98,9 +98,10 @@ def _run_and_close(close_timeout) -> list[str]:
 def test_closing_after_a_run_waits_for_a_slow_worker_instead_of_killing_it():
     lines = _run_and_close(None)  # spillway's close timeout for CPU workers
     assert not [line for line in lines if "still alive" in line], lines
-    # distributed's own 5 s would have killed the same worker
+    # distributed's own 5 s would have killed the same worker (said as the nanny's timeout
+    # ends, or, on a loaded machine, only as the kill's signal)
     lines = _run_and_close(5)
-    assert any("Worker process still alive after 4.0 seconds, killing" in line for line in lines), lines
+    assert any("still alive after" in line or "was killed by signal 9" in line for line in lines), lines
 
 
 def test_close_timeout_grows_with_what_a_gpu_worker_holds():

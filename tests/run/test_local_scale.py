@@ -124,3 +124,15 @@ def test_an_attached_session_is_not_scaled_from_here():
 def test_values_stay_numpys(cluster):
     x = np.arange(12.0).reshape(3, 4)
     assert float(cluster.compute(da.from_array(x, chunks=2).sum(), progress=False)) == x.sum()
+
+
+def test_a_closed_cluster_says_so_in_one_line():
+    lc = spillway.local(cpu=True, n_workers=1, dashboard_address="")
+    lc.close()
+    for call in (lambda: lc.run("transpose-sum", progress=False), lambda: lc.scale(2), lambda: lc.n_workers):
+        with pytest.raises(spillway.SpillwayError) as closed:
+            call()
+        assert str(closed.value) == ("spillway local cluster: closed; start another (spillway.local(...), "
+                                     "spillway.slurm(...))")
+    assert repr(lc) == "<spillway local cluster: closed>"
+    lc.close()  # a second close does nothing

@@ -48,11 +48,9 @@ def test_a_child_serves_check_after_check_and_a_failed_one_is_replaced(children)
     built, value = _run("transpose-sum", {"size": "300x300", "chunks": "100x100"})
     children(built, value)
     pid = children._idle[0].proc.pid
-    start = time.perf_counter()
     for _ in range(5):
         assert children(built, value)["ok"] is True
-    assert (time.perf_counter() - start) / 5 < 0.25  # no interpreter started per check
-    assert [c.proc.pid for c in children._idle] == [pid]
+    assert [c.proc.pid for c in children._idle] == [pid]  # no interpreter started per check
 
     def broken(_computed):
         raise ValueError("no reference today")

@@ -58,6 +58,11 @@ def test_placed_input_lands_evenly_on_the_workers(cpu_session):
     del placed
 
 
+def _stealing(on: bool, dask_scheduler=None) -> None:
+    callback = dask_scheduler.periodic_callbacks["stealing"]
+    callback.start() if on else callback.stop()
+
+
 def test_runner_keeps_the_placement(cpu_session, monkeypatch):
     """Through run_workflow, each generated chunk runs on the worker it was assigned and
     the result still matches the reference. (The spread policy is GPU-only; here it is
@@ -70,9 +75,15 @@ def test_runner_keeps_the_placement(cpu_session, monkeypatch):
     monkeypatch.setattr(inputs, "spread_workers", lambda target, nbytes: target.workers)
     client = cpu_session.client
     workers = tuple(sorted(client.scheduler_info()["workers"]))
-    with get_task_stream(client) as stream:
-        report = run_workflow(cpu_session, "transpose-sum", {"size": "800x800", "chunks": "100x100", "seed": 21},
-                              verify=True)
+    # the placement is loose (allow_other_workers), so distributed's work stealing may move
+    # chunks off a worker a loaded machine slows down: off for this check of the plan
+    client.run_on_scheduler(_stealing, False)
+    try:
+        with get_task_stream(client) as stream:
+            report = run_workflow(cpu_session, "transpose-sum",
+                                  {"size": "800x800", "chunks": "100x100", "seed": 21}, verify=True)
+    finally:
+        client.run_on_scheduler(_stealing, True)
     assert report["verify"]["ok"]
     planned = report["result"]["input_bytes_per_worker"]
     assert set(planned) == set(workers)

@@ -121,12 +121,10 @@ def test_read_tasks_secede_so_one_worker_thread_has_several_reads_in_flight(pool
     _in_flight.update(now=0, most=0)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
-        start = time.perf_counter()
         assert client.gather(client.map(_read_task, range(8), pure=False)) == list(range(8))
-        wall = time.perf_counter() - start
-    assert _in_flight["most"] >= 3, _in_flight  # one task thread, several reads at once
+    # one task thread, several reads at once (the reads overlap: what a wall time would show)
+    assert _in_flight["most"] >= 3, _in_flight
     assert host_decode.buffer_counts()["reads_in_flight_peak"] >= 3
-    assert wall < 8 * 0.4 * 0.75
 
 
 def test_buffers_for_the_device_come_from_the_stores_arena_while_it_has_room():

@@ -97,6 +97,7 @@ def connect_client(options: Options, cluster=None):
                                "--scheduler-file-out` or a batch job writes one)")
         where, kwargs = f"scheduler-file: the scheduler of {options.scheduler_file!r}", {
             "scheduler_file": options.scheduler_file}
+        _refuse_stale(options.scheduler_file)
     else:
         where, kwargs = f"scheduler-address: {options.scheduler_address!r}", {"address": options.scheduler_address}
     try:
@@ -108,6 +109,32 @@ def connect_client(options: Options, cluster=None):
 
 #: seconds a client waits for a scheduler it attaches to
 ATTACH_TIMEOUT_S = 30
+
+
+def _refuse_stale(path: str) -> None:
+    """A scheduler file whose TCP address nothing listens on (left by a cluster that ended
+    without removing it) is refused at once, rather than after the client's whole timeout of
+    retries. Other protocols, and an address that answers, go on to the client."""
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    try:
+        with open(path) as f:
+            address = json.load(f)["address"]
+        url = urlsplit(address)
+        host, port = url.hostname, url.port
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # distributed says what is wrong with the file itself
+    if url.scheme not in ("tcp", "tls") or not host or not port:
+        return
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except ConnectionRefusedError:
+        raise OptionsError(f"scheduler-file: {path!r} names {address}, where nothing listens: the file of a "
+                           "cluster that has ended? (start one with `spillway up`, or remove the file)") from None
+    except OSError:
+        return  # unreachable or slow: the client's own timeout says it
 
 
 def _first_line(e: BaseException) -> str:

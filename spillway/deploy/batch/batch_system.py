@@ -76,6 +76,9 @@ class BatchSystem:
     #: the states of a job still queued or running
     active_states: frozenset[str] = frozenset()
     cancel_command: tuple[str, ...] = ()
+    #: commands that must exit 0 before a job is submitted: each client answers, and the
+    #: system's controller does (the first such command with no controller fails at once)
+    probe_commands: tuple[tuple[str, ...], ...] = ()
     #: a whole job id, checked before it reaches a command line
     job_id_regexp: str = r"\d+"
     #: the job id's form in words, for the message on a bad one
@@ -222,6 +225,18 @@ class BatchSystem:
         done = self._call(self.cancel_command, job_id=job_id)
         if done.returncode != 0:
             raise self._failed(self.cancel_command[0], done)
+
+    def check_ready(self) -> None:
+        """Before anything is submitted: the submit, status and cancel commands are on the
+        PATH and each of :attr:`probe_commands` exits 0, else one line naming the command
+        and what it said (exit 2: the machine is the user's to change)."""
+        for command in (self.submit_command, self.status_command, self.cancel_command):
+            if command:
+                self.require(command)
+        for command in self.probe_commands:
+            done = self._call(command)
+            if done.returncode != 0:
+                raise self.error(f"{self.name} does not answer here: {self._failed(command[0], done)}", exit_code=2)
 
     def require(self, command: Sequence[str]) -> str:
         """The path of ``command``'s program; where it is not on the PATH, one line saying

@@ -10,6 +10,10 @@ A job is one node: ``scale(jobs=N)`` asks for N nodes, each job's workers named 
 name before it is cancelled. The scheduler listens where the options say (loopback by
 default, which only a Slurm whose nodes are this machine reaches: set ``host`` or
 ``interface`` to the login node's address on the compute nodes' network).
+
+Before its first job, :meth:`SlurmJobCluster.check_ready` asks Slurm's commands whether
+they answer here; a job sbatch refuses is dropped from the spec and said by
+:meth:`SlurmJobCluster.take_refusals`.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ class SlurmJobCluster(SLURMCluster):
         layout = self.system.layout(options, job)
         if layout.protocol == "ucx" and not ucxx_installed():
             raise OptionsError("protocol: the jobs' workers talk ucx, and their scheduler runs in this process, "
-                               "which has no distributed-ucxx: install it here, or set protocol tcp")
+                               "which has no distributed-ucxx: install it here (pip install 'spillway[ucx]', "
+                               "or the cuda12/cuda13 extra), or set protocol tcp")
         # sbatch does not make the directory of the job's output, and a job whose output has
         # nowhere to go ends at once and says nothing
         try:
@@ -61,6 +66,7 @@ class SlurmJobCluster(SLURMCluster):
             raise OptionsError(f"output-dir: cannot make {job.output_dir!r} ([Errno {e.errno}] {e.strerror})") \
                 from None
         self.spillway_options, self.spillway_job, self.layout = options, job, layout
+        self._ready = False
         quiet = {} if options.dashboard_address else {"scheduler_cls": scheduler_without_http()}
         # dask-jobqueue needs cores and memory to build its own header and command, which
         # the job replaces with spillway's; processes makes its worker names the job's
@@ -71,6 +77,23 @@ class SlurmJobCluster(SLURMCluster):
                       layout.workers_per_node * options.threads_per_worker),
             memory="1 GiB", protocol=layout.protocol, security=options.security,
             scheduler_options=scheduler_options(options), death_timeout=DEATH_TIMEOUT_S, **quiet, **kwargs)
+
+    def check_ready(self) -> None:
+        """Slurm's commands are here and answer (once per cluster): else one line naming the
+        command and what it said, before any job is submitted."""
+        if not self._ready:
+            self.system.check_ready()
+            self._ready = True
+
+    def take_refusals(self) -> list[str]:
+        """Why sbatch refused jobs submitted so far, one line each; those jobs leave the spec,
+        so the cluster neither counts nor waits for them."""
+        refused = {name: job.refusal for name, job in self.workers.items() if getattr(job, "refusal", None)}
+        if refused:
+            for name in refused:
+                self.worker_spec.pop(name, None)
+            self.sync(self._correct_state)
+        return list(refused.values())
 
     def job_ids(self) -> dict[str, str]:
         """The Slurm job id of each job submitted, by its name in the worker spec."""

@@ -2,7 +2,8 @@
 ``squeue``, ``sacct``, ``scancel`` on the PATH) as class attributes of
 :class:`spillway.deploy.batch.BatchSystem`, which renders the script and runs them.
 
-``sacct`` is asked only for jobs that have left the queue, and a cluster without
+Before a cluster of Slurm jobs submits one, ``sbatch --version`` and ``sinfo`` must
+answer (:meth:`~spillway.deploy.batch.BatchSystem.check_ready`). ``sacct`` is asked only for jobs that have left the queue, and a cluster without
 accounting answers "finished" for them.
 """
 
@@ -57,6 +58,9 @@ class Slurm(BatchSystem):
     active_states = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
                                "RESIZING", "SIGNALING", "STAGE_OUT"})
     cancel_command = ("scancel", "{job_id}")
+    # sbatch --version answers without a controller; sinfo asks the controller for its
+    # partitions, and fails at once where there is no configuration or no slurmctld
+    probe_commands = (("sbatch", "--version"), ("sinfo", "-h", "-o", "%P"))
     job_id_regexp = r"\d+(?:_\d+)?"
     job_id_form = "digits, or digits_digits for an array task"
     error = SlurmError

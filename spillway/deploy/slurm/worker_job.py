@@ -16,13 +16,20 @@ this job's own :meth:`SlurmWorkerJob.job_script` (dask-jobqueue's ``Job.job_file
 what it returns), in the layout of dask-jobqueue's: shebang, header, set-up, command. The
 ``slurm`` extra pins dask-jobqueue below 0.10, and ``tests/deploy/test_slurm_cluster.py``
 checks the script as text.
+
+A job sbatch refuses does not fail the cluster manager's background task (a traceback
+printed where nobody asked, and a job object left half started that distributed's
+``close()`` then trips on): it is marked failed, with the refusal in one line as
+:attr:`SlurmWorkerJob.refusal`, which the cluster says at once.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from dask_jobqueue.slurm import SLURMJob
+from distributed.core import Status
 
 from spillway.cluster.options import Options
 
@@ -53,6 +60,20 @@ def lifetime_environment(job: JobSettings) -> dict[str, str]:
             "DASK_DISTRIBUTED__WORKER__LIFETIME__STAGGER": f"{stagger}s"}
 
 
+def refusal_line(submit: str, error: BaseException) -> str:
+    """One line of why ``submit`` did not take a job, from what dask-jobqueue raised: its
+    RuntimeError carries the exit code and the command's whole stdout and stderr."""
+    text = str(error)
+    code = re.search(r"Exit code: (-?\d+)", text)
+    if code is None:
+        lines = [line for line in text.splitlines() if line.strip()]
+        return f"{submit} did not take the job: {type(error).__name__}: {lines[0] if lines else 'no message'}"
+    stderr = text.partition("\nstderr:\n")[2]
+    stdout = text.partition("\nstdout:\n")[2].partition("\nstderr:\n")[0]
+    said = [line.strip() for line in (stderr.strip() or stdout.strip()).splitlines() if line.strip()]
+    return f"{submit} refused the job (exit {code.group(1)}): {said[-1] if said else 'no output'}"
+
+
 class SlurmWorkerJob(SLURMJob):
     """One Slurm job, one node's workers of ``spillway_options`` on the node of
     ``spillway_job`` (a job of one node)."""
@@ -71,8 +92,32 @@ class SlurmWorkerJob(SLURMJob):
         self.job_header = "\n".join(system.directives(spillway_job, layout))
         # exec: scancel's SIGTERM reaches the nannies themselves, which close their workers
         self.command_line = "exec " + shlex.join(command)
+        #: why the job was not submitted, in one line (None: submitted, or not yet tried)
+        self.refusal: str | None = None
 
     def job_script(self) -> str:
         """The job's script: shebang, the ``#SBATCH`` header, the set-up, the command."""
         parts = [self.shebang, "", self.job_header, "\n".join(filter(None, self.setup_lines)), self.command_line]
         return "\n".join(parts) + "\n"
+
+    def __await__(self):
+        # as ProcessInterface's, without its assertion that a start always leaves the job
+        # running: a refused job is failed, and the cluster says why
+        async def _():
+            async with self.lock:
+                if self.status == Status.created:
+                    await self.start()
+            return self
+
+        return _().__await__()
+
+    async def start(self):
+        try:
+            await super().start()
+        except Exception as e:
+            self.refusal = refusal_line(self.submit_command.split()[0], e)
+            self.status = Status.failed
+
+    async def close(self):
+        await super().close()  # scancel, where the job was submitted
+        self.status = Status.closed

@@ -361,7 +361,8 @@ def test_spill_seconds_time_the_copy_not_the_wait_for_the_value(tmp_path):
     stats = s.summary()["stats"]
     assert stats["count"]["device_to_host"] == 4
     assert stats["producer_wait_s"] >= 4 * 0.05
-    assert stats["seconds"]["device_to_host"] < 0.05  # four 1 MiB host copies
+    # four 1 MiB host copies, timed apart from the wait: the two are told apart, not summed
+    assert stats["seconds"]["device_to_host"] < stats["producer_wait_s"], stats
     for i in range(6):
         np.testing.assert_array_equal(s[i], chunk(i))
 

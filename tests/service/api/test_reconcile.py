@@ -124,13 +124,11 @@ def test_a_cancelled_run_that_does_not_stop_is_ended_within_the_grace(session, j
         deadline = time.monotonic() + 30
         while jobdb.job(job["id"])["state"] != "running" and time.monotonic() < deadline:
             time.sleep(0.05)
-        start = time.monotonic()
         assert jobdb.request_cancel(job["id"], tenant)["cancel_requested"] is True
         assert sched.request_cancel(job["id"], tenant)["cancel_requested"] is True
-        end = _final(jobdb, job["id"], timeout=10)
-        took = time.monotonic() - start
-        # the run had its grace before it was given up on
-        assert end["state"] == "cancelled" and took >= 1, (end, took)
+        end = _final(jobdb, job["id"], timeout=60)
+        # given up on after its grace, while the run was still stuck (release is set below)
+        assert end["state"] == "cancelled" and not release.is_set(), end
         assert jobdb.logs(job["id"])[-1]["line"].startswith("cancelled: the run did not stop within 1 s")
         with sched._lock:  # the scheduler holds no runner for it any more
             assert job["id"] not in sched._running

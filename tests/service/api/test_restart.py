@@ -6,6 +6,8 @@ process alone, as when it crashes, and the restart finds the same cluster.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from serve_helpers import Server, add_tenant, cpu_cluster, jobs_json, wait_for, wait_state
@@ -14,6 +16,9 @@ from reference_inputs import uniform_numpy
 
 SMALL = {"size": "300x300", "chunks": "100x100"}
 MEDIUM = {"size": "4500x4500", "chunks": "100x100"}  # long enough to be caught running under load
+#: a wait for a job fails only where it makes no progress (no task done, no change of
+#: state) for this long, however long the job itself takes on a loaded machine
+STALL_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +33,27 @@ def submit(client, params, **body):
     return r.json()["id"]
 
 
+def wait_while_it_progresses(client, job_id: str, states: set[str]) -> dict:
+    """The job once it reaches one of ``states``; fails where it stalls for ``STALL_S``."""
+    last, since = None, time.monotonic()
+    while True:
+        job = client.get(f"/jobs/{job_id}").json()
+        if job["state"] in states:
+            return job
+        seen = (job["state"], job.get("attempts"), (job.get("progress") or {}).get("tasks_done"))
+        if seen != last:
+            last, since = seen, time.monotonic()
+        assert time.monotonic() - since < STALL_S, f"job {job_id} made no progress for {STALL_S} s: {job}"
+        time.sleep(0.5)
+
+
 def expected_sum(n: int, seed: int) -> float:
     a = uniform_numpy((n, n), seed=seed, dtype="float64").astype(np.float64)
     return float((a + a.T).sum())
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the waits below follow the jobs' progress, not a fixed time
 def test_sigkill_and_restart_loses_nothing(cluster, db_state):
     tokens = {name: add_tenant(db_state, name, "--max-running", "1") for name in ("t1", "t2")}
     admin_token = add_tenant(db_state, "root", "--admin")
@@ -55,7 +75,7 @@ def test_sigkill_and_restart_loses_nothing(cluster, db_state):
         queued = t1_queued[2:] + t2_queued[:-1]
         with server.client(admin_token) as admin:
             wait_for(lambda: all(admin.get(f"/jobs/{j}").json()["progress"]["tasks_done"] > 0 for j in running),
-                     30, "both medium jobs to be running")
+                     STALL_S, "both medium jobs to be running")
             before = {j["id"]: j for j in jobs_json(admin)}
         assert len(before) == 20
         states = [before[j]["state"] for j in done + running + queued + cancelled]
@@ -81,7 +101,7 @@ def test_sigkill_and_restart_loses_nothing(cluster, db_state):
                 assert after[job_id]["state"] in ("queued", "running", "done")
             # everything that was waiting or running finishes, correctly
             for job_id in running + queued:
-                job = wait_state(admin, job_id, {"done", "failed"}, timeout=120)
+                job = wait_while_it_progresses(admin, job_id, {"done", "failed"})
                 assert job["state"] == "done", job
             for job_id in running:
                 job = admin.get(f"/jobs/{job_id}").json()

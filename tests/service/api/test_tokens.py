@@ -33,8 +33,12 @@ def test_rotation_expiry_and_last_use(service):
     server, state, first = service
     with server.client(first) as c:
         assert c.get("/jobs").status_code == 200
-    # long enough for the commands below (each a Python start on a busy machine)
-    second = _token(state, "--keep-old", "--expires-in", "15s")
+    # long enough for the commands below, each a Python start: timed here, on this machine
+    # as loaded as it is now, rather than a fixed 15 s that a busy one outlasts
+    start = time.monotonic()
+    assert spillway("tenant", "tokens", "ann", *state_args(state)).returncode == 0
+    lifetime = max(15, round(8 * (time.monotonic() - start)))
+    second = _token(state, "--keep-old", "--expires-in", f"{lifetime}s")
     expires = json.loads(spillway("tenant", "tokens", "ann", "--json", *state_args(state)).stdout)[1]["expires"]
     # during the rotation both tokens work
     with server.client(first) as old, server.client(second) as new:
