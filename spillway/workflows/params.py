@@ -296,10 +296,21 @@ class Params(Mapping):
         return len(self.values)
 
     def __getattr__(self, key):
+        # only the parameters' names: never a dunder (pickle asks for __setstate__ on an
+        # instance whose fields are not set yet) nor a field of its own, which would find
+        # Mapping.values, a method, before __post_init__ or __reduce__ set the field
+        values = self.__dict__.get("values")
+        if values is None or key.startswith("__"):
+            raise AttributeError(key)
         try:
-            return self.values[key]
+            return values[key]
         except KeyError:
             raise AttributeError(key) from None
+
+    def __reduce__(self):
+        # rebuilt from plain dicts: a verify job's parameters travel to the reference's child
+        # process, whose plain pickle cannot rebuild a mappingproxy
+        return type(self), (dict(self.values), dict(self.arrays))
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.values.items()}
