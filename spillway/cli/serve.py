@@ -110,7 +110,7 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
 
     if bool(https_cert) != bool(https_key):
         raise click.UsageError("--https-cert and --https-key go together")
-    options = resolve(options_flags)
+    options = _with_security(resolve(options_flags))
     limits = ServiceLimits(**limit_flags)
     fd_soft, _ = raise_fd_limit(limits.max_connections)
     _check_scheduler_private(options)
@@ -125,7 +125,7 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
         tempfile.TemporaryFile(dir=results).close()
     except OSError as e:
         raise OptionsError(f"results-dir: cannot write in {str(results)!r} ([Errno {e.errno}] {e.strerror})") from None
-    with open_cluster(options) as session:
+    with open_cluster(options, tls_dir=Path(state_dir).expanduser() / "tls") as session:
         _write_owner_file(session, Path(state_dir).expanduser())
         queue = JobQueue(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
         queue.start()
@@ -163,12 +163,22 @@ def _notice_old_limits(jobdb) -> None:
                    err=True)
 
 
+def _with_security(options):
+    """The service's own cluster always requires TLS: with the owner's TLS files, else with a
+    certificate made for it at start in STATE_DIR/tls (:mod:`spillway.cluster.launch.tls`),
+    so that no other local user can send its scheduler, nannies or workers code. A cluster
+    attached to keeps its own security (the TLS files, if any)."""
+    if options.attach or options.tls_ca_file or options.security:
+        return options
+    return options.replace(security=True)
+
+
 def _check_scheduler_private(options) -> None:
     """The scheduler runs any code a client sends it: the cluster the service starts
     listens on loopback, or on the network only behind TLS."""
     from spillway.cluster.errors import OptionsError
 
-    if options.attach or options.tls_ca_file:
+    if options.attach or options.tls_ca_file or options.security:
         return
     if options.interface or options.host not in LOOPBACK:
         where = f"interface {options.interface}" if options.interface else f"host {options.host}"
@@ -182,8 +192,12 @@ def _write_owner_file(session, state_dir: Path):
     path = state_dir / "scheduler.json"
     # The scheduler runs anything a client sends it, so only the owner may read where it is.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    options = session.options
+    tls = ({"tls_ca_file": options.tls_ca_file, "tls_cert": options.tls_cert, "tls_key": options.tls_key}
+           if options.tls_ca_file else None)
     with os.fdopen(fd, "w") as f:
-        json.dump({"address": session.scheduler_address, "type": "Scheduler"}, f)
+        # distributed reads the address; spillway's --scheduler-file also the TLS files
+        json.dump({"address": session.scheduler_address, "type": "Scheduler", **({"tls": tls} if tls else {})}, f)
 
 
 @click.group(context_settings=CONTEXT)

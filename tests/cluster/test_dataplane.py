@@ -179,6 +179,41 @@ def incoming(dask_worker=None):
     return [(e["who"], sorted(map(str, e["keys"]))) for e in dask_worker.transfer_incoming_log]
 
 
+def test_a_message_counts_only_with_the_clusters_secret():
+    assert wire.authentic(wire.unpack(wire.pack(wire.signed({"id": 1}, "s3cret"))), "s3cret")
+    assert not wire.authentic({"id": 1}, "s3cret")
+    assert not wire.authentic(wire.signed({"id": 1}, "other"), "s3cret")
+    assert not wire.authentic({"id": 1, wire.SECRET_FIELD: 7}, "s3cret")
+    assert not wire.authentic([1], "s3cret")
+    # a plane without a secret answers nobody
+    assert not wire.authentic(wire.signed({"id": 1}, ""), "")
+
+
+#: a process that is not one of the cluster's workers asks a plane for a key it knows the
+#: name of (a local user finds the port in /proc/net/tcp)
+STRANGER = """
+import asyncio, sys
+import ucxx
+from spillway.cluster.dataplane import wire
+
+async def main(host, port, key):
+    endpoint = await ucxx.create_endpoint(host, int(port))
+    await endpoint.send(wire.pack({"id": 1, "keys": [key], "slots": [None]}))
+    buffer = wire.control_buffer()
+    try:
+        await asyncio.wait_for(endpoint.recv(buffer, tag=wire.tag(1, 0)), 5)
+        print("ANSWERED", wire.unpack(buffer).get("status"))
+    except BaseException as e:
+        print("REFUSED", type(e).__name__)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def plane_contact(dask_worker=None):
+    return hook.PLANES[dask_worker.address].contact()
+
+
 def set_limit(n, dask_worker=None):
     dask_worker.transfer_outgoing_count_limit = n
 
@@ -290,3 +325,27 @@ def test_a_sender_lost_mid_request_fails_the_gather_and_the_key_is_recomputed(uc
     assert client.submit(same, x, 2 << 20, 6, workers=[b], pure=False).result(timeout=120)
     assert "gather-dep-failed" in client.run(gather_story, workers=[b])[b]
     client.wait_for_workers(3, timeout=60)  # the nanny brought the lost worker back
+
+
+def test_a_stranger_without_the_secret_reads_nothing_from_a_plane(ucx_cluster):
+    import subprocess
+    import sys
+
+    from distributed import wait
+
+    client = ucx_cluster
+    a = sorted(client.scheduler_info()["workers"])[0]
+    x = client.submit(make, 1 << 16, 7, workers=[a], pure=False)
+    wait(x)
+    contact = client.run(plane_contact, workers=[a])[a]
+    before = client.run(hook.counters, workers=[a])[a]
+    out = subprocess.run([sys.executable, "-c", STRANGER, contact["host"], str(contact["port"]), x.key],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"})
+    print(out.stdout, out.stderr[-2000:])
+    assert out.stdout.startswith("REFUSED"), out.stdout + out.stderr[-2000:]
+    after = client.run(hook.counters, workers=[a])[a]
+    assert after["refused"] == before["refused"] + 1 and after["served"] == before["served"]
+    # the cluster's own gathers still go over the plane
+    b = sorted(client.scheduler_info()["workers"])[1]
+    assert client.submit(same, x, 1 << 16, 7, workers=[b], pure=False).result(timeout=60)

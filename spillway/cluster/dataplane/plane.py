@@ -70,6 +70,8 @@ class Counters:
         self.fetched = self.fetched_bytes = self.served = self.served_bytes = 0
         self.fetch_s = 0.0
         self.busy = self.fallbacks = self.lost = 0
+        #: requests dropped for lacking the cluster's secret
+        self.refused = 0
         #: values that went into a receive posted before the request
         self.slotted = 0
         self.fetch_trace: collections.deque = collections.deque(maxlen=TRACE_LENGTH)
@@ -93,8 +95,10 @@ class Counters:
 
 
 class DataPlane:
-    def __init__(self, worker):
+    def __init__(self, worker, secret: str = ""):
         self.worker = worker
+        #: the cluster's secret (:func:`.wire.authentic`): a request or reply without it is dropped
+        self.secret = secret
         self.listener = None
         self.host = None
         self.counters = Counters()
@@ -195,7 +199,8 @@ class DataPlane:
         slots = self._slots(keys)
         try:
             request_id = next(self._ids)
-            request = wire.pack({"id": request_id, "keys": [wire.key_out(k) for k in keys], "slots": slots})
+            request = wire.pack(wire.signed({"id": request_id, "keys": [wire.key_out(k) for k in keys],
+                                             "slots": slots}, self.secret))
         except wire.TooLarge:
             self.counters.fallbacks += 1
             return None
@@ -217,6 +222,8 @@ class DataPlane:
                 await endpoint.send(request)
                 await reply_received
                 reply = wire.unpack(reply_buffer)
+                if not wire.authentic(reply, self.secret):
+                    raise CommClosedError(f"data plane: {peer} answered without the cluster's secret")
                 replied = time.perf_counter()
                 if reply["status"] in ("busy", "fallback"):
                     await asyncio.gather(*pending)  # the sender fills every slot first
@@ -282,7 +289,14 @@ class DataPlane:
             while True:
                 buffer = wire.control_buffer()
                 await endpoint.recv(buffer)
-                task = asyncio.ensure_future(self._serve(endpoint, wire.unpack(buffer)))
+                request = wire.unpack(buffer)
+                if not wire.authentic(request, self.secret):
+                    # not one of this cluster's workers: nothing is read, nothing answered
+                    self.counters.refused += 1
+                    logger.warning("data plane: a request without the cluster's secret; endpoint closed")
+                    endpoint.abort()
+                    return
+                task = asyncio.ensure_future(self._serve(endpoint, request))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except (ucxx.exceptions.UCXError, asyncio.CancelledError):
@@ -318,7 +332,7 @@ class DataPlane:
             worker.transfer_outgoing_bytes_total += total
             try:
                 reply, frames, into = wire.describe_reply(values, slots, keys)
-                message = wire.pack(reply)
+                message = wire.pack(wire.signed(reply, self.secret))
             except wire.TooLarge:
                 await self._refuse(endpoint, request_id, slots, "fallback")
                 return
@@ -353,7 +367,8 @@ class DataPlane:
 
     async def _refuse(self, endpoint, request_id: int, slots: list, status: str) -> None:
         """Say ``status`` (busy, or fallback: the comm instead), every posted slot filled."""
-        await asyncio.gather(endpoint.send(wire.pack({"status": status}), tag=wire.tag(request_id, 0)),
+        await asyncio.gather(endpoint.send(wire.pack(wire.signed({"status": status}, self.secret)),
+                                           tag=wire.tag(request_id, 0)),
                              *(endpoint.send(wire.FILLER, tag=wire.slot_tag(request_id, i))
                                for i, slot in enumerate(slots) if slot))
 

@@ -19,14 +19,19 @@ class DataPlanePlugin(WorkerPlugin):
     idempotent = True
 
     def __init__(self):
+        import secrets
+
         self._plane = None
+        #: made where the plugin is made (the client that opens the cluster) and carried to
+        #: every worker with it: the planes of one cluster share it, a stranger lacks it
+        self.secret = secrets.token_hex(32)
 
     async def setup(self, worker):
         from .plane import DataPlane
 
         if not worker.address.startswith(("ucx://", "ucxx://")) or worker.address in hook.PLANES:
             return  # over TCP the comm is the only path (no CUDA IPC to gain)
-        plane = await DataPlane(worker).start()
+        plane = await DataPlane(worker, self.secret).start()
         if _gpu_worker():
             plane.gpu = True
             self._plane = plane  # device values: mark where their kernels end

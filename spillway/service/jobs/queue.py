@@ -102,7 +102,7 @@ class JobQueue:
         from distributed import Client
 
         options = self.session.options
-        return Client(self.session.scheduler_address, security=options.security,
+        return Client(self.session.scheduler_address, security=options.dask_security,
                       set_as_default=False, timeout="30s")
 
     # --- submission helpers

@@ -112,6 +112,21 @@ class Server:
         return ssl.create_default_context(cafile=self.https[0]) if self.https else True
 
 
+def owner_client(state_dir, timeout: str = "20s"):
+    """The owner's trusted client of the service's cluster, through ``STATE_DIR/scheduler.json``
+    (its address and the cluster's TLS files, which `serve` makes at start)."""
+    import json
+
+    from distributed import Client
+
+    from spillway.cluster.options import tls_security
+
+    owner = json.loads((Path(state_dir) / "scheduler.json").read_text())
+    tls = owner.get("tls") or {}
+    return Client(owner["address"], timeout=timeout,
+                  security=tls_security(tls.get("tls_ca_file"), tls.get("tls_cert"), tls.get("tls_key")))
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

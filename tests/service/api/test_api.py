@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_helpers import Server, add_tenant, jobs_json, wait_for, wait_state
+from serve_helpers import Server, add_tenant, jobs_json, owner_client, wait_for, wait_state
 
 from reference_inputs import uniform_numpy
 
@@ -74,7 +74,7 @@ def test_job_runs_end_to_end_and_matches_numpy(service):
     expected = reference_sum(400)
     assert abs(result["summary"]["sum"] - expected) / abs(expected) < 1e-10
     assert result["report"]["verify"]["ok"] is True
-    assert result["report"]["cluster"] == {"kind": "cpu", "n_workers": 2, "protocol": "tcp"}
+    assert result["report"]["cluster"] == {"kind": "cpu", "n_workers": 2, "protocol": "tls"}  # the service's own TLS
     # the report of `spillway run`: peaks per worker (host RSS on CPU workers), moves per tier
     assert all(v > 10_000_000 for v in result["report"]["peak_host_bytes_per_worker"].values())
     assert set(result["report"]["spilled_by_tier"]) == {"device_to_host", "host_to_device", "host_to_disk",
@@ -176,11 +176,9 @@ def test_running_quota_priority_and_cancel(service):
 
     # cancelling stopped the tasks and freed their memory: the scheduler holds none of
     # them (read through the owner's trusted scheduler file)
-    from distributed import Client
-
     owner_file = Path(server.state["state_dir"]) / "scheduler.json"
     assert oct(owner_file.stat().st_mode & 0o777) == "0o600"
-    with Client(json.loads(owner_file.read_text())["address"], timeout="20s") as owner:
+    with owner_client(server.state["state_dir"]) as owner:
         # a lambda travels by value; a module function would need this test module there
         wait_for(lambda: owner.run_on_scheduler(lambda dask_scheduler=None: len(dask_scheduler.tasks)) == 0,
                  20, "the scheduler to drop the cancelled tasks")
