@@ -17,6 +17,7 @@ and a client's connections in number and in the time to send headers before that
 from fastapi import FastAPI
 
 from . import catalogue, errors, health, jobs, log_text, metrics
+from .auth import AuthFailures
 from .connections import ConnectionStats
 from .limits import RequestLimits
 from .settings import ServiceLimits
@@ -37,6 +38,7 @@ def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits |
     app.state.queue = queue
     app.state.limits = limits = limits or ServiceLimits()
     app.state.metrics_registry = metrics.metrics_registry(jobdb, queue, connections)
+    app.state.auth_failures = AuthFailures(limits.max_auth_failures)
     app.add_middleware(RequestLimits, limits=limits)
     errors.install(app)
     log_text.install()

@@ -27,7 +27,7 @@ def param_error(field: str, message: str) -> RequestValidationError:
 def unavailable(health) -> JSONResponse:
     """The 503 of a request that needs the job database while it is down."""
     since = health.as_dict()["down_since"]
-    why = health.error or "no answer"
+    why = health.public_error or "no answer"  # never the driver's text: it names the database's address
     retry = health.retry_after_s()
     return JSONResponse({"detail": f"the job database is unreachable{f' since {since}' if since else ''} "
                                    f"({why}); retry after {retry} s", "retry_after_s": retry},

@@ -192,7 +192,9 @@ def test_catalogue_and_metrics(service):
     names = {w["name"]: w for w in catalogue}
     assert "transpose-sum" in names
     assert set(names["transpose-sum"]["schema"]["properties"]) >= {"size", "chunks", "dtype", "seed"}
-    text = c["anonymous"].get("/metrics").text
+    assert c["anonymous"].get("/metrics").status_code == 401  # worker addresses, every tenant's counts
+    assert c["bob"].get("/metrics").status_code == 403
+    text = c["root"].get("/metrics").text
     metrics = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
