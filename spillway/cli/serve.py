@@ -119,12 +119,18 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
                    "use --https-cert/--https-key or a TLS proxy", err=True)
     jobdb = open_jobdb(state_dir, db)
     _notice_old_limits(jobdb)
+    # what the service and its workers write (results, logs, the TLS files) is the owner's alone
+    os.umask(0o077)
     results = Path(results_dir or Path(state_dir).expanduser() / "results").expanduser()
     try:
         results.mkdir(parents=True, exist_ok=True)
+        # each tenant's results in a 0700 directory of their own; this one may be passed
+        # through, not listed
+        os.chmod(results, 0o711)
         tempfile.TemporaryFile(dir=results).close()
     except OSError as e:
         raise OptionsError(f"results-dir: cannot write in {str(results)!r} ([Errno {e.errno}] {e.strerror})") from None
+    _check_apart(results, data_dirs)
     with open_cluster(options, tls_dir=Path(state_dir).expanduser() / "tls") as session:
         _write_owner_file(session, Path(state_dir).expanduser())
         queue = JobQueue(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
@@ -185,6 +191,19 @@ def _check_scheduler_private(options) -> None:
         raise OptionsError(
             f"host: the service's scheduler would listen on {where} without TLS, where anyone who "
             "reaches it can run code; keep it on 127.0.0.1 or give tls-ca-file, tls-cert and tls-key")
+
+
+def _check_apart(results: Path, data_dirs) -> None:
+    """Tenants name inputs in the data directories: results inside one would let a tenant's
+    job read another tenant's outputs."""
+    from spillway.cluster.errors import OptionsError
+
+    mine = os.path.realpath(results)
+    for d in data_dirs:
+        theirs = os.path.realpath(os.path.expanduser(d))
+        if mine == theirs or mine.startswith(theirs + os.sep) or theirs.startswith(mine + os.sep):
+            raise OptionsError(f"data-dir: {d!r} and the results directory {str(results)!r} overlap: a tenant's job "
+                               "could read another tenant's results; keep them apart")
 
 
 def _write_owner_file(session, state_dir: Path):

@@ -356,3 +356,40 @@ def submit_job(jobdb, tenant, key=None, **kw):
                 idempotency_key=key, footprint_bytes=1000)
     args.update(kw)
     return jobdb.submit(tenant, **args)
+
+
+# --- another local user
+
+
+STRANGER = "spillway-stranger"
+
+
+def stranger():
+    """The ``pwd`` entry of a second local user (``spillway-stranger``, added with
+    ``useradd`` where missing). Switching to it needs root: elsewhere the calling test is
+    skipped saying so."""
+    import pwd
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the attempts run as a second local user, switched to with setuid")
+    try:
+        return pwd.getpwnam(STRANGER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", STRANGER],
+                       check=True, capture_output=True, timeout=60)
+        return pwd.getpwnam(STRANGER)
+
+
+def open_the_way(path: Path) -> None:
+    """Let anyone pass through (not list) ``path`` and the directories above it, up to the
+    temporary directory: a test's own directories are private to root, and what is tried as
+    another user must be kept from it by the service's own modes, not by the test's."""
+    import tempfile
+
+    top = Path(tempfile.gettempdir())
+    for directory in [Path(path), *Path(path).parents]:
+        if directory == top or directory == directory.parent:
+            break
+        os.chmod(directory, os.stat(directory).st_mode | 0o011)

@@ -228,7 +228,8 @@ def test_zarr_output_and_inputs_only_from_data_dirs(service):
     result = c["bob"].get(f"/jobs/{job['id']}/result").json()
     results_dir = Path(server.state["state_dir"]) / "results"
     # relative to the results directory: the server's own paths are not the tenant's business
-    assert result["output"] == f"{job['id']}.zarr" and result["report"]["output"] == result["output"]
+    # in bob's own directory (0700), relative to the results directory
+    assert result["output"] == f"bob/{job['id']}.zarr" and result["report"]["output"] == result["output"]
     assert str(results_dir) not in str(result)
     import zarr
 

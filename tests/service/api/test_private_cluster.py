@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import subprocess
 import sys
 import tempfile
@@ -23,11 +22,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from serve_helpers import Server, add_tenant, free_port, owner_client, wait_state
+from serve_helpers import Server, add_tenant, free_port, open_the_way, owner_client, stranger, wait_state
 
 pytestmark = pytest.mark.slow
-
-STRANGER = "spillway-stranger"
 
 #: what the stranger tries on each port: distributed's protocol over plain TCP, over TLS
 #: without the cluster's certificate (and with one of its own), and a Client that runs code
@@ -120,18 +117,6 @@ print(json.dumps(out))
 NOT_A_REFUSAL = ("ImportError", "ModuleNotFoundError", "PermissionError", "NameError")
 
 
-def stranger() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(STRANGER)
-    except KeyError:
-        pass
-    if os.geteuid() != 0:
-        pytest.skip(f"needs a second local user: run as root (to add {STRANGER!r}) or add it")
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", STRANGER],
-                   check=True, capture_output=True, timeout=60)
-    return pwd.getpwnam(STRANGER)
-
-
 def listening_ports(pid: int) -> dict[int, str]:
     """port -> the command line of the process of ``pid``'s tree that listens on it."""
     root = psutil.Process(pid)
@@ -148,8 +133,6 @@ def listening_ports(pid: int) -> dict[int, str]:
 
 def test_another_local_user_reaches_nothing_but_the_api(tmp_path):
     user = stranger()
-    if os.geteuid() != 0:
-        pytest.skip("switching to another uid needs root")
     state = {"state_dir": str(tmp_path / "state")}
     token = add_tenant(state, "ann")
     dashboard = free_port()
@@ -175,11 +158,7 @@ def test_another_local_user_reaches_nothing_but_the_api(tmp_path):
         assert len(ports) >= 5, ports
         # the stranger may reach the key's directory (a careless owner's world-searchable
         # state directory, made so here): the key's own mode must hold
-        for parent in [tls_dir, *tls_dir.parents]:
-            if parent == Path(tempfile.gettempdir()):
-                break
-            if parent != tls_dir:
-                os.chmod(parent, os.stat(parent).st_mode | 0o011)
+        open_the_way(tls_dir.parent)
         tls = {"ca": str(tls_dir / "ca.pem"), "cert": str(tls_dir / "cert.pem"), "key": str(tls_dir / "key.pem")}
         out = subprocess.run([sys.executable, "-c", ATTEMPTS, json.dumps(sorted(ports)), owner["address"],
                               json.dumps(tls), str(user.pw_uid), str(user.pw_gid)],
