@@ -113,7 +113,6 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     options = _with_security(resolve(options_flags))
     limits = ServiceLimits(**limit_flags)
     fd_soft, _ = raise_fd_limit(limits.max_connections)
-    _check_scheduler_private(options)
     if not https_cert and http_host not in LOOPBACK:
         click.echo(f"spillway: warning: plain HTTP on {http_host}: tokens cross the network in clear; "
                    "use --https-cert/--https-key or a TLS proxy", err=True)
@@ -174,23 +173,14 @@ def _with_security(options):
     certificate made for it at start in STATE_DIR/tls (:mod:`spillway.cluster.launch.tls`),
     so that no other local user can send its scheduler, nannies or workers code. A cluster
     attached to keeps its own security (the TLS files, if any)."""
-    if options.attach or options.tls_ca_file or options.security:
-        return options
-    return options.replace(security=True)
-
-
-def _check_scheduler_private(options) -> None:
-    """The scheduler runs any code a client sends it: the cluster the service starts
-    listens on loopback, or on the network only behind TLS."""
     from spillway.cluster.errors import OptionsError
 
     if options.attach or options.tls_ca_file or options.security:
-        return
-    if options.interface or options.host not in LOOPBACK:
-        where = f"interface {options.interface}" if options.interface else f"host {options.host}"
-        raise OptionsError(
-            f"host: the service's scheduler would listen on {where} without TLS, where anyone who "
-            "reaches it can run code; keep it on 127.0.0.1 or give tls-ca-file, tls-cert and tls-key")
+        return options
+    if options.sources.get("security", "default") != "default":
+        raise OptionsError(f"security: false ({options.sources['security']}) is not for the service: its cluster "
+                           "always requires TLS (a certificate made at start, or tls-ca-file, tls-cert and tls-key)")
+    return options.replace(security=True)
 
 
 def _check_apart(results: Path, data_dirs) -> None:
@@ -474,10 +464,16 @@ def tenant_list(as_json, state_dir, db):
     click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'queued':>8} {'job bytes':>12}  "
                f"{'state':<8} {'tokens':>6}  {'expires':<21} last used")
     for t in rows:
-        click.echo(f"{t['name']:<20} {str(t['admin']).lower():<6} {t['priority']:>8} {t['max_running']:>8} "
+        click.echo(f"{_shown_name(t['name']):<20} {str(t['admin']).lower():<6} {t['priority']:>8} {t['max_running']:>8} "
                    f"{t['max_queued']:>8} {job_limit_text(t['max_job_bytes']):>12}  "
                    f"{'revoked' if t['revoked'] else 'active':<8} "
                    f"{t['tokens']:>6}  {_short(t['expires']) or 'never':<21} {_short(t['last_used']) or '-'}")
+
+
+def _shown_name(name: str) -> str:
+    """A tenant's name for the terminal: as it is, or escaped where it holds control
+    characters (a database written before names were checked)."""
+    return name if name.isprintable() else repr(name)[1:-1]
 
 
 @tenant.command("revoke", context_settings=CONTEXT)

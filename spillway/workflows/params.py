@@ -142,6 +142,10 @@ class Param:
             self._fail(value, "is not a string")
         if "\x00" in value:
             self._fail(value, "contains a NUL character")
+        if any("\ud800" <= c <= "\udfff" for c in value):
+            # JSON may carry a lone surrogate ("\ud800"), which no file name can hold: it
+            # failed later, in the encoding of a path, with a traceback in the service's log
+            self._fail(value, "contains a lone surrogate (not text a path can hold)")
         if len(value) > MAX_TEXT:
             self._fail(value, f"is longer than {MAX_TEXT} characters")
         return value

@@ -313,20 +313,6 @@ def test_a_busy_sender_is_retried_then_serves(ucx_cluster):
     assert client.run(hook.counters, workers=[b])[b]["busy"] >= 1
 
 
-def test_a_sender_lost_mid_request_fails_the_gather_and_the_key_is_recomputed(ucx_cluster):
-    from distributed import wait
-
-    client = ucx_cluster
-    workers = sorted(client.scheduler_info()["workers"])
-    a, b = workers[0], workers[1]
-    x = client.submit(make, 2 << 20, 6, workers=[a], allow_other_workers=True, pure=False)
-    wait(x)
-    client.run(die_when_asked, workers=[a])
-    assert client.submit(same, x, 2 << 20, 6, workers=[b], pure=False).result(timeout=120)
-    assert "gather-dep-failed" in client.run(gather_story, workers=[b])[b]
-    client.wait_for_workers(3, timeout=60)  # the nanny brought the lost worker back
-
-
 def test_a_stranger_without_the_secret_reads_nothing_from_a_plane(ucx_cluster):
     import subprocess
     import sys
@@ -349,3 +335,18 @@ def test_a_stranger_without_the_secret_reads_nothing_from_a_plane(ucx_cluster):
     # the cluster's own gathers still go over the plane
     b = sorted(client.scheduler_info()["workers"])[1]
     assert client.submit(same, x, 1 << 16, 7, workers=[b], pure=False).result(timeout=60)
+
+
+def test_a_sender_lost_mid_request_fails_the_gather_and_the_key_is_recomputed(ucx_cluster):
+    from distributed import wait
+
+    client = ucx_cluster
+    workers = sorted(client.scheduler_info()["workers"])
+    a, b = workers[0], workers[1]
+    x = client.submit(make, 2 << 20, 6, workers=[a], allow_other_workers=True, pure=False)
+    wait(x)
+    client.run(die_when_asked, workers=[a])
+    assert client.submit(same, x, 2 << 20, 6, workers=[b], pure=False).result(timeout=120)
+    assert "gather-dep-failed" in client.run(gather_story, workers=[b])[b]
+    client.wait_for_workers(3, timeout=60)  # the nanny brought the lost worker back
+
