@@ -245,6 +245,7 @@ def ucx_cluster():
         env.setenv("UCX_WARN_UNUSED_ENV_VARS", "n")
         with LocalCluster(n_workers=3, threads_per_worker=1, protocol="ucx", host="127.0.0.1",
                           dashboard_address=None, processes=True) as cluster, Client(cluster) as client:
+            client.wait_for_workers(3, timeout=120)  # a loaded machine starts them slowly
             client.register_plugin(DataPlanePlugin())
             yield client
 

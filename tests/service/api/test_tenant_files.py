@@ -64,14 +64,19 @@ def store(path: Path, seed: int) -> Path:
     return path
 
 
-def test_another_tenant_cannot_read_a_tenants_results_through_the_filesystem(service):
-    server, tokens, _ = service
+def output_of_ann(server, tokens) -> tuple[str, str]:
+    """A job of ann's with an output, done: (its id, its output as the result names it)."""
     with server.client(tokens["ann"]) as ann:
         job = ann.post("/jobs", json={"workflow": "slice", "params": {"size": "300x300", "chunks": "100x100"},
                                       "output": True}).json()
         assert wait_state(ann, job["id"], {"done", "failed"})["state"] == "done"
-        output = ann.get(f"/jobs/{job['id']}/result").json()["output"]
-    assert output == f"ann/{job['id']}.zarr"
+        return job["id"], ann.get(f"/jobs/{job['id']}/result").json()["output"]
+
+
+def test_another_tenant_cannot_read_a_tenants_results_through_the_filesystem(service):
+    server, tokens, _ = service
+    job_id, output = output_of_ann(server, tokens)
+    assert output == f"ann/{job_id}.zarr"
     results = Path(server.state["state_dir"]) / "results"
     stored = results / output
     assert stat.S_IMODE(results.stat().st_mode) == 0o711
@@ -96,11 +101,7 @@ def test_another_tenant_cannot_read_a_tenants_results_through_the_filesystem(ser
 
 def test_an_input_link_swapped_after_submission_is_refused_when_the_job_starts(service):
     server, tokens, data = service
-    with server.client(tokens["ann"]) as ann:
-        job = ann.post("/jobs", json={"workflow": "slice", "params": {"size": "200x200", "chunks": "100x100"},
-                                      "output": True}).json()
-        assert wait_state(ann, job["id"], {"done", "failed"})["state"] == "done"
-        anns = Path(server.state["state_dir"]) / "results" / ann.get(f"/jobs/{job['id']}/result").json()["output"]
+    anns = Path(server.state["state_dir"]) / "results" / output_of_ann(server, tokens)[1]
     own = store(data / "bob-own.zarr", 1)
     link = data / "bob-input.zarr"
     link.symlink_to(own)
