@@ -166,6 +166,7 @@ class GuardMixin:
     _guard_refused = False
     _guard_exempt = False
     _guard_header_bytes = 0  # bytes of the current request's line and headers so far
+    _guard_tail = b""  # the last bytes read while in them
     _guard_body = False  # a request's body is still arriving (evictable meanwhile)
     _guard_write_timer: asyncio.TimerHandle | None = None  # the client has stopped reading
 
@@ -224,7 +225,10 @@ class GuardMixin:
         in_headers = self._guard_timer is not None
         if in_headers:
             self._guard_header_bytes += len(data)
-            if self._guard_header_bytes > self.max_header_bytes and b"\r\n\r\n" not in data:
+            # the end of the headers may straddle two reads
+            ended = b"\r\n\r\n" in self._guard_tail + data[:3] or b"\r\n\r\n" in data
+            self._guard_tail = data[-3:]
+            if self._guard_header_bytes > self.max_header_bytes and not ended:
                 return self._guard_too_large()  # not even parsed: an endless header line costs nothing
         cycle = self.cycle  # type: ignore[attr-defined]
         super().data_received(data)  # type: ignore[misc]
@@ -309,7 +313,7 @@ class GuardMixin:
         return cycle is None or cycle.response_complete
 
     def _guard_arm(self) -> None:
-        self._guard_header_bytes = 0
+        self._guard_header_bytes, self._guard_tail = 0, b""
         self._guard_timer = self.loop.call_later(self.header_timeout, self._guard_expired)  # type: ignore[attr-defined]
         if self._guard_addr is not None:  # counted connections only: exempt ones are never evicted
             self.stats.waiting[self] = None

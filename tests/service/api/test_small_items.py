@@ -118,3 +118,76 @@ def test_the_log_filter_escapes_a_surrogate_in_a_message():
     record = logging.LogRecord("spillway.api", logging.WARNING, __file__, 1, "path %s", ("/jobs/\ud800",), None)
     EscapeControl().filter(record)
     assert record.getMessage() == "path /jobs/\\ud800"
+
+
+@pytest.fixture(scope="module")
+def guarded_server():
+    """uvicorn with the service's connection guard over an app that answers a body's length."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from spillway.service.api.connections import ConnectionStats, guarded_protocol
+    from spillway.service.api.settings import ServiceLimits
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        size, more = 0, True
+        while more:
+            message = await receive()
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = str(size).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stats = ConnectionStats()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="none",
+                                           http=guarded_protocol(ServiceLimits(), stats)))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield port, stats
+    server.should_exit = True
+    thread.join(10)
+
+
+def _exchange(port: int, *parts: bytes) -> bytes:
+    import socket
+    import time
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for part in parts:
+            sock.sendall(part)
+            time.sleep(0.1)  # each part a read of its own
+        data = b""
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+                if b"\r\n\r\n" in data and data.split(b"\r\n\r\n", 1)[1]:
+                    break
+        except ConnectionResetError:
+            pass
+    return data
+
+
+def test_headers_past_the_limit_get_431_and_a_large_body_after_them_does_not(guarded_server):
+    port, stats = guarded_server
+    body = b"x" * 200_000
+    # the end of the headers straddles two reads, the second carrying 200 kB of body
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % len(body)
+    answer = _exchange(port, head + b"\r", b"\n" + body)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"200000"), answer[:200]
+    before = stats.headers_too_large
+    answer = _exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 40_000, b"a" * 40_000)
+    assert stats.headers_too_large == before + 1
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:200]
