@@ -56,3 +56,16 @@ def test_a_local_cluster_with_security_refuses_a_client_without_its_certificate(
         with pytest.raises(Exception):  # noqa: B017
             Client(address, timeout="3s")
     assert not os.path.exists(directory)  # removed when the cluster closed
+
+
+@pytest.mark.slow
+def test_a_scheduler_file_of_a_cluster_with_security_lets_its_owner_attach(tmp_path):
+    import spillway
+    from spillway.cluster.launch import open_cluster
+
+    path = tmp_path / "sched.json"
+    with spillway.local(cpu=True, n_workers=1, security=True, dashboard_address="") as cluster:
+        cluster.session.write_scheduler_file(str(path))
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        with open_cluster(Options.resolve(scheduler_file=str(path))) as attached:
+            assert attached.n_workers == 1 and attached.scheduler_address.startswith("tls://")

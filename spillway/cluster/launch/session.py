@@ -52,7 +52,22 @@ class Session:
             return None
 
     def write_scheduler_file(self, path: str) -> None:
+        """distributed's scheduler file, with the cluster's TLS files beside the address where
+        it has them (``security: true`` makes them where only this session knows): a client
+        attaching with ``--scheduler-file`` reads both. Readable by its owner only then."""
         self.client.write_scheduler_file(path)
+        options = self.options
+        if options.tls_ca_file:
+            import json
+
+            with open(path) as f:
+                info = json.load(f)
+            info["tls"] = {"tls_ca_file": options.tls_ca_file, "tls_cert": options.tls_cert,
+                           "tls_key": options.tls_key}
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(info, f)
 
 
 def start_cluster(options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...] = ()):
