@@ -24,6 +24,8 @@ logger = logging.getLogger("spillway.api")
 
 NOT_FOUND = {404: {"description": "No such job for this tenant"}}
 AUTH = {401: {"description": "Missing, invalid, revoked or expired token"},
+        429: {"description": "Too many wrong, revoked or expired tokens from this address in the last minute "
+                             "(--max-auth-failures); retry after the Retry-After header's seconds"},
         503: {"model": schemas.Unavailable, "description": "The job database is unreachable; retry after "
                                                               "the Retry-After header's seconds"}}
 

@@ -197,6 +197,7 @@ class Cached:
             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
                        401: {"description": "Missing, unknown, revoked or expired token"},
                        403: {"description": "The token is not an admin's"},
+                       429: {"description": "Too many wrong tokens from this address; retry after Retry-After"},
                        503: {"model": schemas.Unavailable, "description": "The job database is unreachable"}})
 def metrics(request: Request, tenant: Tenant):
     """Prometheus metrics, for an admin token (``spillway tenant add NAME --admin``;
