@@ -110,22 +110,27 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
 
     if bool(https_cert) != bool(https_key):
         raise click.UsageError("--https-cert and --https-key go together")
-    options = resolve(options_flags)
+    options = _with_security(resolve(options_flags))
     limits = ServiceLimits(**limit_flags)
     fd_soft, _ = raise_fd_limit(limits.max_connections)
-    _check_scheduler_private(options)
     if not https_cert and http_host not in LOOPBACK:
         click.echo(f"spillway: warning: plain HTTP on {http_host}: tokens cross the network in clear; "
                    "use --https-cert/--https-key or a TLS proxy", err=True)
     jobdb = open_jobdb(state_dir, db)
     _notice_old_limits(jobdb)
+    # what the service and its workers write (results, logs, the TLS files) is the owner's alone
+    os.umask(0o077)
     results = Path(results_dir or Path(state_dir).expanduser() / "results").expanduser()
     try:
         results.mkdir(parents=True, exist_ok=True)
+        # each tenant's results in a 0700 directory of their own; this one may be passed
+        # through, not listed
+        os.chmod(results, 0o711)
         tempfile.TemporaryFile(dir=results).close()
     except OSError as e:
         raise OptionsError(f"results-dir: cannot write in {str(results)!r} ([Errno {e.errno}] {e.strerror})") from None
-    with open_cluster(options) as session:
+    _check_apart(results, data_dirs)
+    with open_cluster(options, tls_dir=Path(state_dir).expanduser() / "tls") as session:
         _write_owner_file(session, Path(state_dir).expanduser())
         queue = JobQueue(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
         queue.start()
@@ -163,18 +168,32 @@ def _notice_old_limits(jobdb) -> None:
                    err=True)
 
 
-def _check_scheduler_private(options) -> None:
-    """The scheduler runs any code a client sends it: the cluster the service starts
-    listens on loopback, or on the network only behind TLS."""
+def _with_security(options):
+    """The service's own cluster always requires TLS: with the owner's TLS files, else with a
+    certificate made for it at start in STATE_DIR/tls (:mod:`spillway.cluster.launch.tls`),
+    so that no other local user can send its scheduler, nannies or workers code. A cluster
+    attached to keeps its own security (the TLS files, if any)."""
     from spillway.cluster.errors import OptionsError
 
-    if options.attach or options.tls_ca_file:
-        return
-    if options.interface or options.host not in LOOPBACK:
-        where = f"interface {options.interface}" if options.interface else f"host {options.host}"
-        raise OptionsError(
-            f"host: the service's scheduler would listen on {where} without TLS, where anyone who "
-            "reaches it can run code; keep it on 127.0.0.1 or give tls-ca-file, tls-cert and tls-key")
+    if options.attach or options.tls_ca_file or options.security:
+        return options
+    if options.sources.get("security", "default") != "default":
+        raise OptionsError(f"security: false ({options.sources['security']}) is not for the service: its cluster "
+                           "always requires TLS (a certificate made at start, or tls-ca-file, tls-cert and tls-key)")
+    return options.replace(security=True)
+
+
+def _check_apart(results: Path, data_dirs) -> None:
+    """Tenants name inputs in the data directories: results inside one would let a tenant's
+    job read another tenant's outputs."""
+    from spillway.cluster.errors import OptionsError
+
+    mine = os.path.realpath(results)
+    for d in data_dirs:
+        theirs = os.path.realpath(os.path.expanduser(d))
+        if mine == theirs or mine.startswith(theirs + os.sep) or theirs.startswith(mine + os.sep):
+            raise OptionsError(f"data-dir: {d!r} and the results directory {str(results)!r} overlap: a tenant's job "
+                               "could read another tenant's results; keep them apart")
 
 
 def _write_owner_file(session, state_dir: Path):
@@ -182,8 +201,12 @@ def _write_owner_file(session, state_dir: Path):
     path = state_dir / "scheduler.json"
     # The scheduler runs anything a client sends it, so only the owner may read where it is.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    options = session.options
+    tls = ({"tls_ca_file": options.tls_ca_file, "tls_cert": options.tls_cert, "tls_key": options.tls_key}
+           if options.tls_ca_file else None)
     with os.fdopen(fd, "w") as f:
-        json.dump({"address": session.scheduler_address, "type": "Scheduler"}, f)
+        # distributed reads the address; spillway's --scheduler-file also the TLS files
+        json.dump({"address": session.scheduler_address, "type": "Scheduler", **({"tls": tls} if tls else {})}, f)
 
 
 @click.group(context_settings=CONTEXT)
@@ -441,10 +464,16 @@ def tenant_list(as_json, state_dir, db):
     click.echo(f"{'name':<20} {'admin':<6} {'priority':>8} {'running':>8} {'queued':>8} {'job bytes':>12}  "
                f"{'state':<8} {'tokens':>6}  {'expires':<21} last used")
     for t in rows:
-        click.echo(f"{t['name']:<20} {str(t['admin']).lower():<6} {t['priority']:>8} {t['max_running']:>8} "
+        click.echo(f"{_shown_name(t['name']):<20} {str(t['admin']).lower():<6} {t['priority']:>8} {t['max_running']:>8} "
                    f"{t['max_queued']:>8} {job_limit_text(t['max_job_bytes']):>12}  "
                    f"{'revoked' if t['revoked'] else 'active':<8} "
                    f"{t['tokens']:>6}  {_short(t['expires']) or 'never':<21} {_short(t['last_used']) or '-'}")
+
+
+def _shown_name(name: str) -> str:
+    """A tenant's name for the terminal: as it is, or escaped where it holds control
+    characters (a database written before names were checked)."""
+    return name if name.isprintable() else repr(name)[1:-1]
 
 
 @tenant.command("revoke", context_settings=CONTEXT)

@@ -34,7 +34,7 @@ def wait_workers(scheduler_file, workers, timeout, tls_ca_file, tls_cert, tls_ke
 
     options = Options.resolve(scheduler_file=scheduler_file, tls_ca_file=tls_ca_file, tls_cert=tls_cert,
                               tls_key=tls_key)
-    with Client(scheduler_file=scheduler_file, security=options.security, timeout=f"{timeout}s") as client:
+    with Client(scheduler_file=scheduler_file, security=options.dask_security, timeout=f"{timeout}s") as client:
         try:
             client.wait_for_workers(workers, timeout=timeout)
         except TimeoutError:

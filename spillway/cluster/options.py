@@ -368,7 +368,7 @@ class RmmAndTls:
         return self.pool_size is not None or self.rmm_managed_memory or self.rmm_async
 
     @property
-    def security(self):
+    def dask_security(self):
         """distributed ``Security`` for the TLS files, or None."""
         return tls_security(self.tls_ca_file, self.tls_cert, self.tls_key)
 
@@ -541,6 +541,12 @@ class Options(RmmAndTls):
     tls_key: str | None = option(
         None, _optional(_existing_file), worker=True,
         help="Private key for TLS.")
+    security: bool = option(
+        False, _bool,
+        help="TLS between scheduler, workers and clients with a CA and certificate made for this "
+             "cluster when it starts (files readable by its owner only, removed when it closes): "
+             "a process without them cannot connect. `spillway serve` always does this unless the "
+             "TLS files are given. Local clusters only; a Slurm or MPI cluster takes the TLS files.")
     scheduler_address: str | None = option(
         None, _optional(_str),
         help="Attach to this running scheduler instead of starting a cluster.")
@@ -600,6 +606,9 @@ class Options(RmmAndTls):
         tls = [self.tls_ca_file, self.tls_cert, self.tls_key]
         if any(tls) and not all(tls):
             raise OptionsError("tls-ca-file, tls-cert, tls-key: give all three TLS files or none")
+        if self.security and self.tls_ca_file:
+            raise OptionsError("security: true makes a certificate for the cluster; it does not go with "
+                               "tls-ca-file, tls-cert and tls-key (which are already one)")
         if self.scheduler_address and self.scheduler_file:
             raise OptionsError(
                 f"scheduler-address: {self.scheduler_address!r} and scheduler-file "

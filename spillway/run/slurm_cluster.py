@@ -83,7 +83,7 @@ class SlurmCluster(Cluster):
         try:
             jobs = SlurmJobCluster(options, job)
             stack.callback(jobs.close)
-            client = Client(jobs, security=options.security)
+            client = Client(jobs, security=options.dask_security)
             stack.callback(client.close)
             # registered with no worker yet: the scheduler hands them to every worker that joins
             register_plugins(client, options)

@@ -142,6 +142,10 @@ class Param:
             self._fail(value, "is not a string")
         if "\x00" in value:
             self._fail(value, "contains a NUL character")
+        if any("\ud800" <= c <= "\udfff" for c in value):
+            # JSON may carry a lone surrogate ("\ud800"), which no file name can hold: it
+            # failed later, in the encoding of a path, with a traceback in the service's log
+            self._fail(value, "contains a lone surrogate (not text a path can hold)")
         if len(value) > MAX_TEXT:
             self._fail(value, f"is longer than {MAX_TEXT} characters")
         return value
@@ -296,10 +300,21 @@ class Params(Mapping):
         return len(self.values)
 
     def __getattr__(self, key):
+        # only the parameters' names: never a dunder (pickle asks for __setstate__ on an
+        # instance whose fields are not set yet) nor a field of its own, which would find
+        # Mapping.values, a method, before __post_init__ or __reduce__ set the field
+        values = self.__dict__.get("values")
+        if values is None or key.startswith("__"):
+            raise AttributeError(key)
         try:
-            return self.values[key]
+            return values[key]
         except KeyError:
             raise AttributeError(key) from None
+
+    def __reduce__(self):
+        # rebuilt from plain dicts: a verify job's parameters travel to the reference's child
+        # process, whose plain pickle cannot rebuild a mappingproxy
+        return type(self), (dict(self.values), dict(self.arrays))
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.values.items()}

@@ -179,6 +179,41 @@ def incoming(dask_worker=None):
     return [(e["who"], sorted(map(str, e["keys"]))) for e in dask_worker.transfer_incoming_log]
 
 
+def test_a_message_counts_only_with_the_clusters_secret():
+    assert wire.authentic(wire.unpack(wire.pack(wire.signed({"id": 1}, "s3cret"))), "s3cret")
+    assert not wire.authentic({"id": 1}, "s3cret")
+    assert not wire.authentic(wire.signed({"id": 1}, "other"), "s3cret")
+    assert not wire.authentic({"id": 1, wire.SECRET_FIELD: 7}, "s3cret")
+    assert not wire.authentic([1], "s3cret")
+    # a plane without a secret answers nobody
+    assert not wire.authentic(wire.signed({"id": 1}, ""), "")
+
+
+#: a process that is not one of the cluster's workers asks a plane for a key it knows the
+#: name of (a local user finds the port in /proc/net/tcp)
+STRANGER = """
+import asyncio, sys
+import ucxx
+from spillway.cluster.dataplane import wire
+
+async def main(host, port, key):
+    endpoint = await ucxx.create_endpoint(host, int(port))
+    await endpoint.send(wire.pack({"id": 1, "keys": [key], "slots": [None]}))
+    buffer = wire.control_buffer()
+    try:
+        await asyncio.wait_for(endpoint.recv(buffer, tag=wire.tag(1, 0)), 5)
+        print("ANSWERED", wire.unpack(buffer).get("status"))
+    except BaseException as e:
+        print("REFUSED", type(e).__name__)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def plane_contact(dask_worker=None):
+    return hook.PLANES[dask_worker.address].contact()
+
+
 def set_limit(n, dask_worker=None):
     dask_worker.transfer_outgoing_count_limit = n
 
@@ -198,20 +233,12 @@ def die_when_asked(dask_worker=None):
 
 @pytest.fixture(scope="module")
 def ucx_cluster():
-    pytest.importorskip("ucxx")
-    pytest.importorskip("distributed_ucxx")
-    from distributed import Client, LocalCluster
+    from ucx_workers import ucx_workers
 
     from spillway.cluster.dataplane import DataPlanePlugin
 
-    with pytest.MonkeyPatch.context() as env:
-        # the worker processes start from this environment
-        env.setenv("UCX_TLS", "tcp")
-        env.setenv("UCX_WARN_UNUSED_ENV_VARS", "n")
-        with LocalCluster(n_workers=3, threads_per_worker=1, protocol="ucx", host="127.0.0.1",
-                          dashboard_address=None, processes=True) as cluster, Client(cluster) as client:
-            client.register_plugin(DataPlanePlugin())
-            yield client
+    with ucx_workers(DataPlanePlugin()) as client:
+        yield client
 
 
 def test_chunks_move_over_the_plane_bit_for_bit(ucx_cluster):
@@ -511,9 +538,33 @@ def test_a_request_says_who_asks_so_the_sender_applies_distributeds_same_host_li
                              state=SimpleNamespace(tasks={}))
     plane = plane_module.DataPlane(worker)
     asyncio.run(plane._serve(Endpoint(), {"id": 1, "keys": ["k"], "who": "tcp://10.0.0.9:1"}))
-    assert sent[-1] == {"status": "busy"}  # another host: at its limit of 1
+    assert sent[-1]["status"] == "busy"  # another host: at its limit of 1
     asyncio.run(plane._serve(Endpoint(), {"id": 1, "keys": ["k"], "who": "tcp://10.0.0.1:2"}))
     assert sent[-1]["status"] == "OK"  # this host: twice the limit
+
+
+def test_a_stranger_without_the_secret_reads_nothing_from_a_plane(ucx_cluster):
+    import subprocess
+    import sys
+
+    from distributed import wait
+
+    client = ucx_cluster
+    a = sorted(client.scheduler_info()["workers"])[0]
+    x = client.submit(make, 1 << 16, 7, workers=[a], pure=False)
+    wait(x)
+    contact = client.run(plane_contact, workers=[a])[a]
+    before = client.run(hook.counters, workers=[a])[a]
+    out = subprocess.run([sys.executable, "-c", STRANGER, contact["host"], str(contact["port"]), x.key],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"})
+    print(out.stdout, out.stderr[-2000:])
+    assert out.stdout.startswith("REFUSED"), out.stdout + out.stderr[-2000:]
+    after = client.run(hook.counters, workers=[a])[a]
+    assert after["refused"] == before["refused"] + 1 and after["served"] == before["served"]
+    # the cluster's own gathers still go over the plane
+    b = sorted(client.scheduler_info()["workers"])[1]
+    assert client.submit(same, x, 1 << 16, 7, workers=[b], pure=False).result(timeout=60)
 
 
 # --- last, as it costs the cluster a worker (its nanny brings it back)
@@ -531,3 +582,4 @@ def test_a_sender_lost_mid_request_fails_the_gather_and_the_key_is_recomputed(uc
     assert client.submit(same, x, 2 << 20, 6, workers=[b], pure=False).result(timeout=120)
     assert "gather-dep-failed" in client.run(gather_story, workers=[b])[b]
     client.wait_for_workers(3, timeout=60)  # the nanny brought the lost worker back
+

@@ -26,6 +26,9 @@ def _run(name, params):
     ("transpose-sum", {"size": "600x600", "chunks": "200x200"}),
     ("rechunk", {"size": "400x400", "chunks": "100x100"}),
     ("matmul", {"size": "300x300", "chunks": "100x100"}),
+    # its reference holds the parameters, which the child unpickled through Params.__getattr__
+    # ("'method' object is not subscriptable": every reduction verify job on the service failed)
+    ("reduction", {"size": "400x400", "chunks": "100x100"}),
 ])
 def test_the_child_gives_the_same_answer(name, params, children):
     built, value = _run(name, params)

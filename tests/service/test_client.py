@@ -126,7 +126,7 @@ def test_array_result_is_a_lazy_dask_array_over_the_zarr_output(alice, tmp_path)
     job = alice.submit("slice", {"size": "900x300", "chunks": "100x100", "step": 4}, output=True)
     result = job.result(timeout=60)
     # named relative to the results directory, never by the server's own path
-    assert result.output == f"{job.id}.zarr" and result.report["output"] == result.output
+    assert result.output == f"alice/{job.id}.zarr" and result.report["output"] == result.output
     rows = result.array
     assert dask.is_dask_collection(rows) and rows.shape == (225, 300)
     assert type(rows._meta).__module__ == "numpy"  # no GPU on this machine
@@ -135,10 +135,10 @@ def test_array_result_is_a_lazy_dask_array_over_the_zarr_output(alice, tmp_path)
 
     # the results directory seen elsewhere (a mount): paths are mapped by job
     mount = tmp_path / "mounted-results"
-    mount.symlink_to(Path(result.path).parent)
+    mount.symlink_to(Path(result.path).parent.parent)
     moved = JobResult({"id": job.id, "state": "done", "summary": result.summary, "output": result.output,
                        "report": dict(result.report)}, results_dir=str(mount))
-    assert moved.path == str(mount / f"{job.id}.zarr")
+    assert moved.path == str(mount / "alice" / f"{job.id}.zarr")
     assert rel_error(moved.array.compute(scheduler="threads"), expected) <= 1e-12
     nowhere = JobResult({"id": job.id, "state": "done", "summary": {}, "report": {}, "output": result.output},
                         results_dir=str(tmp_path / "not-mounted"))

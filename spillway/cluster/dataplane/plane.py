@@ -102,6 +102,8 @@ class Counters:
         self.connect_failures = self.serve_errors = 0
         #: endpoints opened ahead by :meth:`DataPlane.warm`
         self.warmed = 0
+        #: requests dropped for lacking the cluster's secret
+        self.refused = 0
         #: values that went into a receive posted before the request
         self.slotted = 0
         self.fetch_trace: collections.deque = collections.deque(maxlen=TRACE_LENGTH)
@@ -148,8 +150,10 @@ class _Channel:
 
 
 class DataPlane:
-    def __init__(self, worker):
+    def __init__(self, worker, secret: str = ""):
         self.worker = worker
+        #: the cluster's secret (:func:`.wire.authentic`): a request or reply without it is dropped
+        self.secret = secret
         self.listener = None
         self.host = None
         self.counters = Counters()
@@ -350,8 +354,8 @@ class DataPlane:
         slots = self._slots(keys)
         try:
             request_id = next(self._ids)
-            request = wire.pack({"id": request_id, "keys": [wire.key_out(k) for k in keys], "slots": slots,
-                                 "who": self.worker.address})
+            request = wire.pack(wire.signed({"id": request_id, "keys": [wire.key_out(k) for k in keys],
+                                             "slots": slots, "who": self.worker.address}, self.secret))
         except wire.TooLarge:
             self.counters.fallbacks += 1
             return None
@@ -380,6 +384,8 @@ class DataPlane:
                 await endpoint.send(request)
                 await reply_received
                 reply = wire.unpack(reply_buffer)
+                if not wire.authentic(reply, self.secret):
+                    raise CommClosedError(f"data plane: {peer} answered without the cluster's secret")
                 replied = time.perf_counter()
                 if reply["status"] in ("busy", "fallback"):
                     await asyncio.gather(*pending)  # the sender fills every slot first
@@ -456,7 +462,14 @@ class DataPlane:
             while True:
                 buffer = wire.control_buffer()
                 await endpoint.recv(buffer)
-                task = asyncio.ensure_future(self._serve(endpoint, wire.unpack(buffer)))
+                request = wire.unpack(buffer)
+                if not wire.authentic(request, self.secret):
+                    # not one of this cluster's workers: nothing is read, nothing answered
+                    self.counters.refused += 1
+                    logger.warning("data plane: a request without the cluster's secret; endpoint closed")
+                    endpoint.abort()
+                    return
+                task = asyncio.ensure_future(self._serve(endpoint, request))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except (upstream.ucx_error(), asyncio.CancelledError):
@@ -490,7 +503,7 @@ class DataPlane:
             upstream.outgoing_bytes(worker, total)
             try:
                 reply, frames, into = wire.describe_reply(values, slots, keys)
-                message = wire.pack(reply)
+                message = wire.pack(wire.signed(reply, self.secret))
             except wire.TooLarge:
                 replied = True
                 await self._refuse(endpoint, request_id, slots, "fallback")
@@ -539,7 +552,8 @@ class DataPlane:
         """Say ``status`` (busy, or fallback: the comm instead, with the ``error`` that made
         it where there was one), every posted slot filled."""
         message = {"status": status} if error is None else {"status": status, "error": error[:1000]}
-        await asyncio.gather(endpoint.send(wire.pack(message), tag=wire.tag(request_id, 0)),
+        await asyncio.gather(endpoint.send(wire.pack(wire.signed(message, self.secret)),
+                                           tag=wire.tag(request_id, 0)),
                              *(endpoint.send(wire.FILLER, tag=wire.slot_tag(request_id, i))
                                for i, slot in enumerate(slots) if slot))
 

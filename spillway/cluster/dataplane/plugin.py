@@ -19,7 +19,12 @@ class DataPlanePlugin(WorkerPlugin):
     idempotent = True
 
     def __init__(self):
+        import secrets
+
         self._plane = None
+        #: made where the plugin is made (the client that opens the cluster) and carried to
+        #: every worker with it: the planes of one cluster share it, a stranger lacks it
+        self.secret = secrets.token_hex(32)
 
     async def setup(self, worker):
         from .plane import DataPlane
@@ -29,7 +34,7 @@ class DataPlanePlugin(WorkerPlugin):
         if not hook.install():
             return  # this distributed gathers otherwise: the plane is off (the log said why)
         try:
-            plane = await DataPlane(worker).start()
+            plane = await DataPlane(worker, self.secret).start()
         except Exception as e:  # noqa: BLE001 (no listener: the worker runs on its comm)
             logger.warning("data plane off on %s: no listener (%s: %s)", worker.address, type(e).__name__, e)
             hook.uninstall()

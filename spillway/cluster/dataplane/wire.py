@@ -60,6 +60,27 @@ def unpack(buffer: np.ndarray):
                            use_list=True)
 
 
+#: the field of a request and of its reply that carries the cluster's secret
+SECRET_FIELD = "auth"
+
+
+def signed(message: dict, secret: str) -> dict:
+    """``message`` carrying the plane's per-cluster ``secret`` (:func:`authentic` checks it)."""
+    return {**message, SECRET_FIELD: secret}
+
+
+def authentic(message, secret: str) -> bool:
+    """Whether a control message (msgpack, never pickle) carries the per-cluster ``secret``:
+    checked before a request is served and before a reply's frames are unpickled, so a
+    process that reaches a plane's UCX port without the secret reads no array and has
+    nothing of its own unpickled. The secret reaches the workers with the plugin, over the
+    cluster's own comms (TLS where the cluster has it)."""
+    import hmac
+
+    given = message.get(SECRET_FIELD) if isinstance(message, dict) else None
+    return isinstance(given, str) and bool(secret) and hmac.compare_digest(given.encode(), secret.encode())
+
+
 def control_buffer() -> np.ndarray:
     return np.empty(CONTROL_BYTES, dtype=np.uint8)
 

@@ -22,7 +22,7 @@ def cluster_kwargs(options: Options, plan: LaunchPlan) -> dict:
         host=options.host,
         scheduler_port=options.scheduler_port,
         **dashboard_kwargs(options),
-        security=options.security,
+        security=options.dask_security,
         silence_logs=logging.WARNING,
     )
     if options.interface is not None:

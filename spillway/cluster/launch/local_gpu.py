@@ -52,7 +52,7 @@ def specs_kwargs(options: Options, specs: tuple[WorkerSpec, ...]) -> dict:
         host=options.host,
         scheduler_port=options.scheduler_port,
         **dashboard_kwargs(options),
-        security=spec.security,
+        security=spec.dask_security,
         silence_logs=False,
         **dask_cuda_kwargs(spec),
     )

@@ -132,7 +132,7 @@ def plan(options: Options, inventory: Inventory, host: HostProbe) -> LaunchPlan:
         cores = host.cpu_count
         n = options.n_workers or max(1, min(4, cores // options.threads_per_worker))
         protocol, _ = choose_protocol(options.protocol, gpu=False, n_workers=n, have_ucxx=have_ucxx)
-        return LaunchPlan(kind="cpu", n_workers=n, protocol=protocol, notes=tuple(notes))
+        return LaunchPlan(kind="cpu", n_workers=n, protocol=_over_tls(options, protocol, notes), notes=tuple(notes))
 
     if options.devices is None:
         devices = tuple(g.index for g in inventory.gpus)
@@ -159,10 +159,27 @@ def plan(options: Options, inventory: Inventory, host: HostProbe) -> LaunchPlan:
         note = SHARED_GPU_TCP_NOTE.format(per_gpu=per_gpu)
     if note:
         notes.append(note)
+    protocol = _over_tls(options, protocol, notes)
     return LaunchPlan(kind="gpu", devices=devices, n_workers=n, protocol=protocol, notes=tuple(notes),
                       host_memory=host_memory, workers_per_gpu=per_gpu,
                       device_memory=tuple(inventory.find(d).memory_total // per_gpu for d in devices))
 
+
+def _over_tls(options: Options, protocol: str, notes: list[str]) -> str:
+    """``tls`` wherever the cluster has TLS (its files, or ``security: true``): distributed's
+    comms then refuse a peer without the cluster's certificate. UCX carries no TLS, so a
+    cluster that asks for both talks TLS over TCP (chunks staged through host memory) and
+    says so; without security a UCX cluster's comms, like TCP's, take any local process."""
+    if not (options.tls_ca_file or options.security):
+        return protocol
+    if protocol == "ucx":
+        notes.append(TLS_NOT_UCX_NOTE)
+    return "tls"
+
+
+TLS_NOT_UCX_NOTE = ("protocol: TLS over TCP rather than UCX, because the cluster requires TLS (security or "
+                    "the TLS files) and UCX carries none: chunks between GPU workers are staged through host "
+                    "memory, without NVLink or the data plane")
 
 #: why the workers of one GPU talk TCP
 SHARED_GPU_TCP_NOTE = ("protocol: TCP between the {per_gpu} workers of each GPU because distributed-ucxx is not "

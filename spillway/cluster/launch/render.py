@@ -39,7 +39,7 @@ def dask_cuda_kwargs(spec: WorkerSpec) -> dict:
 def cuda_worker_kwargs(spec: WorkerSpec) -> dict:
     """spillway's ``TieredCUDAWorker`` keywords (dask-cuda's ``CUDAWorker``'s, the
     workers of each GPU and the tiered store's ``data``), the scheduler aside."""
-    kwargs = dict(nthreads=spec.threads, interface=spec.interface, security=spec.security,
+    kwargs = dict(nthreads=spec.threads, interface=spec.interface, security=spec.dask_security,
                   workers_per_gpu=spec.workers_per_gpu, **dask_cuda_kwargs(spec))
     if spec.tiered:
         kwargs["data"] = store_data(spec)

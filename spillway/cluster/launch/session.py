@@ -20,6 +20,7 @@ from .closing import close_cluster, close_timeout_s
 from .main_guard import check_main_guard
 from .plan import HostProbe, LaunchPlan, plan
 from .spec import WorkerSpec, worker_specs
+from .tls import temporary_tls
 from .ucx_env import quiet_ucx
 
 logger = logging.getLogger("spillway")
@@ -51,7 +52,22 @@ class Session:
             return None
 
     def write_scheduler_file(self, path: str) -> None:
+        """distributed's scheduler file, with the cluster's TLS files beside the address where
+        it has them (``security: true`` makes them where only this session knows): a client
+        attaching with ``--scheduler-file`` reads both. Readable by its owner only then."""
         self.client.write_scheduler_file(path)
+        options = self.options
+        if options.tls_ca_file:
+            import json
+
+            with open(path) as f:
+                info = json.load(f)
+            info["tls"] = {"tls_ca_file": options.tls_ca_file, "tls_cert": options.tls_cert,
+                           "tls_key": options.tls_key}
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(info, f)
 
 
 def start_cluster(options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...] = ()):
@@ -90,7 +106,7 @@ def connect_client(options: Options, cluster=None):
     from distributed import Client
 
     if cluster is not None:
-        return Client(cluster, security=options.security)
+        return Client(cluster, security=options.dask_security)
     if options.scheduler_file:
         if not os.path.isfile(options.scheduler_file):
             raise OptionsError(f"scheduler-file: {options.scheduler_file!r} does not exist (`spillway up "
@@ -101,10 +117,27 @@ def connect_client(options: Options, cluster=None):
     else:
         where, kwargs = f"scheduler-address: {options.scheduler_address!r}", {"address": options.scheduler_address}
     try:
-        return Client(**kwargs, security=options.security, timeout=f"{ATTACH_TIMEOUT_S}s")
+        return Client(**kwargs, security=_attach_security(options), timeout=f"{ATTACH_TIMEOUT_S}s")
     except OSError as e:
         # the timeout's text is distributed's: "Timed out trying to connect to ... after 30 s"
         raise OptionsError(f"{where} did not answer: {_first_line(e)}") from None
+
+
+def _attach_security(options: Options):
+    """The TLS of a client attaching: the options' files, else those a scheduler file names
+    (``spillway serve`` writes its cluster's, readable by its owner only, beside the address)."""
+    if options.tls_ca_file or not options.scheduler_file:
+        return options.dask_security
+    import json
+
+    from ..options import tls_security
+
+    try:
+        with open(options.scheduler_file) as f:
+            tls = json.load(f).get("tls") or {}
+    except (OSError, ValueError, AttributeError):
+        return None  # distributed's own reading of the file says what is wrong with it
+    return tls_security(tls.get("tls_ca_file"), tls.get("tls_cert"), tls.get("tls_key"))
 
 
 #: seconds a client waits for a scheduler it attaches to
@@ -232,7 +265,11 @@ def _worker_kind(dask_worker):
 
 
 @contextlib.contextmanager
-def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Iterator[Session]:
+def open_cluster(options: Options, *, inventory: Inventory | None = None,
+                 tls_dir: str | os.PathLike | None = None) -> Iterator[Session]:
+    """The session of a new cluster from ``options`` (or of the scheduler they name).
+    With ``security: true`` its TLS files are made first (:mod:`.tls`), in ``tls_dir``
+    where given (the service's state directory), and the session's options name them."""
     # distributed (the worker plugins, the nannies' death relay) loads here and not with the
     # package: a run refused before it starts is refused before distributed's import, which
     # took 0.9-1.0 s of a 1.5 s refusal on the GPU hosts
@@ -249,6 +286,7 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None) -> Ite
     if launch.kind == "attach" or launch.protocol == "ucx":
         quiet_ucx()  # this process and the workers it starts inherit it
     with contextlib.ExitStack() as stack:
+        options = stack.enter_context(temporary_tls(options, tls_dir))
         deaths = stack.enter_context(watch_worker_deaths())
         specs = worker_specs(options, launch) if launch.kind == "gpu" else ()
         cluster = start_cluster(options, launch, specs)

@@ -18,3 +18,8 @@ def refuse_options(options: Options, *, starter: str, where: str, gpus_from: str
         raise OptionsError(f"devices: {','.join(map(str, options.devices))} cannot be chosen {where}; {gpus_from}")
     if no_tls is not None and options.tls_ca_file:
         raise OptionsError(f"tls-ca-file: {no_tls}")
+    if options.security:
+        # a certificate made on one host would have to reach every node's processes; the
+        # owner's own files on the shared filesystem, readable by the owner only, do that
+        raise OptionsError(f"security: a certificate made at start is for local clusters; {starter} takes "
+                           "tls-ca-file, tls-cert and tls-key on a shared filesystem, readable by you only")

@@ -75,7 +75,7 @@ class SlurmJobCluster(SLURMCluster):
             processes=layout.workers_per_node,
             cores=max(layout.workers_per_node, (layout.cpus_per_task or 0),
                       layout.workers_per_node * options.threads_per_worker),
-            memory="1 GiB", protocol=layout.protocol, security=options.security,
+            memory="1 GiB", protocol=layout.protocol, security=options.dask_security,
             scheduler_options=scheduler_options(options), death_timeout=DEATH_TIMEOUT_S, **quiet, **kwargs)
 
     def check_ready(self) -> None:

@@ -17,6 +17,7 @@ and a client's connections in number and in the time to send headers before that
 from fastapi import FastAPI
 
 from . import catalogue, errors, health, jobs, log_text, metrics
+from .auth import AuthFailures
 from .connections import ConnectionStats
 from .limits import RequestLimits
 from .settings import ServiceLimits
@@ -31,12 +32,14 @@ def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits |
     :mod:`.health`, :mod:`.metrics` and :mod:`.web`; the answers to errors in :mod:`.errors`.
     ``connections``: the counts of the server's connection guard (:mod:`.connections`), for
     ``/metrics``."""
-    app = FastAPI(title=title, version="1", description=__doc__,
+    app = FastAPI(title=title, version="1", description=__doc__, docs_url=None, redoc_url=None,
                   openapi_tags=[{"name": "jobs"}, {"name": "catalogue"}, {"name": "service"}])
+    _local_docs(app)
     app.state.jobdb = jobdb
     app.state.queue = queue
     app.state.limits = limits = limits or ServiceLimits()
     app.state.metrics_registry = metrics.metrics_registry(jobdb, queue, connections)
+    app.state.auth_failures = AuthFailures(limits.max_auth_failures)
     app.add_middleware(RequestLimits, limits=limits)
     errors.install(app)
     log_text.install()
@@ -44,3 +47,25 @@ def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits |
         app.include_router(module.router)
     app.include_router(web_router)
     return app
+
+
+def _local_docs(app: FastAPI) -> None:
+    """``/docs`` from Swagger UI's files as the service's own (the ``swagger-ui-bundle``
+    package), never from a CDN: a page that loads scripts from elsewhere runs them with the
+    token a tenant types in. Without the package there is no ``/docs``; ``/openapi.json``
+    stays."""
+    try:
+        from swagger_ui_bundle import swagger_ui_path
+    except ImportError:
+        return
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount("/docs-assets", StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs():
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} API",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs-assets/favicon-32x32.png")

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import resource
+import socket
 from typing import Any
 
 from spillway.cluster.errors import OptionsError
@@ -51,6 +52,15 @@ def _response(status: bytes, text: bytes, extra: bytes = b"") -> bytes:
 REFUSED = _response(b"503 Service Unavailable", b"too many connections from this address or in all; retry later\n",
                     b"retry-after: 1\r\n")
 HEADER_TIMEOUT = _response(b"408 Request Timeout", b"request headers not received within the service's deadline\n")
+#: bytes of answers the service buffers for one connection before it waits for the client
+WRITE_HIGH_WATER = 16 * 2**10
+#: the kernel's send buffer of a connection (Linux doubles it): 64 KiB a round trip is
+#: enough for the API's JSON answers, and a slow reader pins no more of the kernel's memory
+SEND_BUFFER = 32 * 2**10
+#: requests one connection may send ahead of their answers (HTTP/1.1 pipelining)
+MAX_PIPELINED = 32
+HEADERS_TOO_LARGE = _response(b"431 Request Header Fields Too Large",
+                              b"request line and headers longer than the service's limit\n")
 
 
 class ConnectionStats:
@@ -59,7 +69,7 @@ class ConnectionStats:
     for their headers, oldest first; and what was refused, evicted or timed out."""
 
     __slots__ = ("total", "exempt", "by_addr", "waiting", "refused_client", "refused_total", "evicted",
-                 "timed_out")
+                 "timed_out", "headers_too_large", "write_timeouts", "pipelined", "_trim")
 
     def __init__(self) -> None:
         self.total = 0
@@ -70,12 +80,40 @@ class ConnectionStats:
         self.refused_total = 0
         self.evicted = 0
         self.timed_out = 0
+        self.headers_too_large = 0
+        self.write_timeouts = 0
+        self.pipelined = 0
+        self._trim: asyncio.TimerHandle | None = None
 
     def as_dict(self) -> dict[str, int]:
-        return {"open": self.total, "open_exempt": self.exempt, "waiting_for_headers": len(self.waiting),
+        return {"open": self.total, "open_exempt": self.exempt, "waiting_for_client": len(self.waiting),
                 "clients": len(self.by_addr), "refused_client_cap": self.refused_client,
                 "refused_total_cap": self.refused_total, "evicted": self.evicted,
-                "header_timeouts": self.timed_out}
+                "header_timeouts": self.timed_out, "headers_too_large": self.headers_too_large,
+                "write_timeouts": self.write_timeouts, "pipelined_dropped": self.pipelined}
+
+    def trim_soon(self, loop) -> None:
+        """Hand freed heap back to the system a moment after dropped connections freed their
+        buffers (once for a burst of them): glibc keeps freed small blocks in its arenas,
+        which is how 1,088 slow readers left the API at 913 MiB after they were gone."""
+        if self._trim is None:
+            self._trim = loop.call_later(1.0, self._trim_now)
+
+    def _trim_now(self) -> None:
+        self._trim = None
+        malloc_trim()
+
+
+def malloc_trim() -> None:
+    """glibc's ``malloc_trim(0)``; nothing elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class Exempt:
@@ -118,6 +156,8 @@ class GuardMixin:
     header_timeout: float = 10.0
     max_per_client: int = 64
     max_total: int = 1024
+    write_timeout: float = 30.0
+    max_header_bytes: int = 32 * 2**10
     exempt: Exempt = Exempt()
     stats: ConnectionStats
 
@@ -125,6 +165,10 @@ class GuardMixin:
     _guard_addr: str | None = None  # the address this connection is counted under
     _guard_refused = False
     _guard_exempt = False
+    _guard_header_bytes = 0  # bytes of the current request's line and headers so far
+    _guard_tail = b""  # the last bytes read while in them
+    _guard_body = False  # a request's body is still arriving (evictable meanwhile)
+    _guard_write_timer: asyncio.TimerHandle | None = None  # the client has stopped reading
 
     # -- connection life
 
@@ -147,6 +191,17 @@ class GuardMixin:
             stats.total += 1
             self._guard_addr = addr
         super().connection_made(transport)  # type: ignore[misc]
+        # a client that stops reading holds at most this much of its answers in the service
+        # (past it the answer waits, on the write deadline); asyncio's default is 64 KiB
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # and at most this much in the kernel: loopback's autotuning grants megabytes a
+            # connection, which a thousand slow readers would hold
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+            except (OSError, AttributeError):
+                pass
         self._guard_arm()
 
     def _guard_refuse(self, transport) -> None:
@@ -158,6 +213,7 @@ class GuardMixin:
         if self._guard_refused:
             return  # never started: uvicorn's state for it was never set up
         self._guard_cancel()
+        self._guard_unpause()
         self._guard_release()
         super().connection_lost(exc)  # type: ignore[misc]
 
@@ -166,10 +222,83 @@ class GuardMixin:
             return
         if self._guard_timer is None and self._guard_idle():
             self._guard_arm()  # the first byte of the next request starts its deadline
+        in_headers = self._guard_timer is not None
+        if in_headers:
+            self._guard_header_bytes += len(data)
+            # the end of the headers may straddle two reads
+            ended = b"\r\n\r\n" in self._guard_tail + data[:3] or b"\r\n\r\n" in data
+            self._guard_tail = data[-3:]
+            if self._guard_header_bytes > self.max_header_bytes and not ended:
+                return self._guard_too_large()  # not even parsed: an endless header line costs nothing
         cycle = self.cycle  # type: ignore[attr-defined]
         super().data_received(data)  # type: ignore[misc]
         if self.cycle is not cycle:  # type: ignore[attr-defined]
             self._guard_cancel()  # a request's headers are complete
+        elif in_headers and self._guard_header_bytes > self.max_header_bytes and self._guard_timer is not None:
+            return self._guard_too_large()
+        if len(getattr(self, "pipeline", ())) > MAX_PIPELINED:
+            # requests sent ahead of their answers, each a request held in memory: a client
+            # that sends hundreds and reads none is not a client to keep
+            self.stats.pipelined += 1
+            return self._guard_drop()
+        self._guard_body_state()
+
+    def _guard_too_large(self) -> None:
+        self.stats.headers_too_large += 1
+        self._guard_close(HEADERS_TOO_LARGE)
+
+    def _guard_body_state(self) -> None:
+        """A request whose body is still arriving waits on its client as one sending headers
+        does: the body has its own deadline (:mod:`.limits`), and meanwhile the connection may
+        be evicted at the total cap, so slow bodies (read before any token is checked) cannot
+        hold every slot and refuse everyone else."""
+        cycle = self.cycle  # type: ignore[attr-defined]
+        receiving = (cycle is not None and getattr(cycle, "more_body", False)
+                     and not getattr(cycle, "response_complete", True) and not getattr(cycle, "disconnected", False))
+        if receiving and not self._guard_body and self._guard_addr is not None:
+            self._guard_body = True
+            self.stats.waiting[self] = None
+        elif not receiving and self._guard_body:
+            self._guard_body = False
+            if self._guard_timer is None and self._guard_write_timer is None:
+                self.stats.waiting.pop(self, None)
+
+    # -- the write deadline
+
+    def pause_writing(self) -> None:
+        """The transport's buffer passed its high-water mark: the client is not reading. It
+        has ``write_timeout`` seconds to read it down below the low-water mark; meanwhile the
+        connection may be evicted at the total cap."""
+        super().pause_writing()  # type: ignore[misc]
+        if self._guard_write_timer is None and not self._guard_refused:
+            self._guard_write_timer = self.loop.call_later(  # type: ignore[attr-defined]
+                self.write_timeout, self._guard_write_expired)
+            if self._guard_addr is not None:
+                self.stats.waiting[self] = None
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        self._guard_unpause()
+
+    def _guard_unpause(self) -> None:
+        if self._guard_write_timer is not None:
+            self._guard_write_timer.cancel()
+            self._guard_write_timer = None
+            if self._guard_timer is None and not self._guard_body:
+                self.stats.waiting.pop(self, None)
+
+    def _guard_write_expired(self) -> None:
+        self._guard_write_timer = None
+        self.stats.waiting.pop(self, None)
+        self.stats.write_timeouts += 1
+        self._guard_drop()
+
+    def _guard_drop(self) -> None:
+        """Close without a word (an answer is half sent) and free what waits in the buffer."""
+        transport = self.transport  # type: ignore[attr-defined]
+        if transport is not None and not transport.is_closing():
+            transport.abort()
+        self.stats.trim_soon(self.loop)  # type: ignore[attr-defined]
 
     def handle_websocket_upgrade(self, *args):
         # the connection moves to the WebSocket protocol, whose connection_lost is not ours
@@ -184,6 +313,7 @@ class GuardMixin:
         return cycle is None or cycle.response_complete
 
     def _guard_arm(self) -> None:
+        self._guard_header_bytes, self._guard_tail = 0, b""
         self._guard_timer = self.loop.call_later(self.header_timeout, self._guard_expired)  # type: ignore[attr-defined]
         if self._guard_addr is not None:  # counted connections only: exempt ones are never evicted
             self.stats.waiting[self] = None
@@ -192,7 +322,8 @@ class GuardMixin:
         if self._guard_timer is not None:
             self._guard_timer.cancel()
             self._guard_timer = None
-            self.stats.waiting.pop(self, None)
+            if not self._guard_body and self._guard_write_timer is None:
+                self.stats.waiting.pop(self, None)
 
     def _guard_expired(self) -> None:
         self._guard_timer = None
@@ -210,7 +341,10 @@ class GuardMixin:
 
     def _guard_close(self, response: bytes) -> None:
         transport = self.transport  # type: ignore[attr-defined]
+        if self._guard_write_timer is not None:
+            return self._guard_drop()  # an answer is half sent: no other may follow it
         self._guard_cancel()
+        self._guard_body = False
         if not transport.is_closing():
             transport.write(response)
             transport.close()
@@ -265,7 +399,9 @@ def guarded_protocol(limits, stats: ConnectionStats, base: type | None = None) -
     base = base or base_protocol()
     return type(f"Guarded{base.__name__}", (GuardMixin, base), {
         "header_timeout": float(limits.header_timeout_s), "max_per_client": int(limits.max_connections_per_client),
-        "max_total": int(limits.max_connections), "exempt": Exempt(limits.trusted_proxies), "stats": stats})
+        "max_total": int(limits.max_connections), "write_timeout": float(limits.write_timeout_s),
+        "max_header_bytes": int(limits.max_header_bytes), "exempt": Exempt(limits.trusted_proxies),
+        "stats": stats})
 
 
 def raise_fd_limit(max_connections: int) -> tuple[int, int]:

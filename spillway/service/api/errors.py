@@ -7,8 +7,10 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy.exc import DBAPIError, TimeoutError as PoolTimeout
 
 from ..jobdb import is_unavailable
@@ -27,7 +29,7 @@ def param_error(field: str, message: str) -> RequestValidationError:
 def unavailable(health) -> JSONResponse:
     """The 503 of a request that needs the job database while it is down."""
     since = health.as_dict()["down_since"]
-    why = health.error or "no answer"
+    why = health.public_error or "no answer"  # never the driver's text: it names the database's address
     retry = health.retry_after_s()
     return JSONResponse({"detail": f"the job database is unreachable{f' since {since}' if since else ''} "
                                    f"({why}); retry after {retry} s", "retry_after_s": retry},
@@ -74,8 +76,35 @@ async def validation_error(request: Request, exc: RequestValidationError):
     return JSONResponse({"detail": [named(e) for e in exc.errors()]}, status_code=422)
 
 
+def allowed_methods(app, scope) -> set[str]:
+    """Every method some route of ``app`` answers on the request's path (a path has a route
+    per method: Starlette names only the first one's in ``Allow``, so ``OPTIONS /jobs`` said
+    POST alone), asked of the routes themselves, included routers too."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        asked = {**scope, "method": method}
+        if any(route.matches(asked)[0] == Match.FULL for route in app.router.routes):
+            methods.add(method)
+    return methods
+
+
+async def method_not_allowed(request: Request, exc: StarletteHTTPException):
+    """405 naming every method of the path; OPTIONS itself answered 204 with that ``Allow``."""
+    if exc.status_code != 405:
+        return await http_exception_handler(request, exc)
+    methods = allowed_methods(request.app, request.scope)
+    methods |= {"OPTIONS"} | ({"HEAD"} if "GET" in methods else set())
+    allow = ", ".join(sorted(methods))
+    if request.method == "OPTIONS":
+        return Response(status_code=204, headers={"Allow": allow})
+    return JSONResponse({"detail": exc.detail}, status_code=405, headers={"Allow": allow})
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers on ``app``."""
+    app.add_exception_handler(StarletteHTTPException, method_not_allowed)
     app.add_exception_handler(Unavailable, database_down)
     app.add_exception_handler(DBAPIError, database_error)
     app.add_exception_handler(PoolTimeout, database_error)

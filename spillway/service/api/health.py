@@ -33,6 +33,7 @@ async def healthz(request: Request):
     body = {"status": "degraded" if down else "ok", "down": down, "kind": queue.session.kind,
             "workers": queue.session.n_workers,
             "queued": counts["queued"] if counts else None, "running": counts["running"] if counts else None,
+            # the backend's name but not its address: the error is its kind alone
             "database": {**health.as_dict(), "backend": jobdb.engine.dialect.name},
             "cluster": {"ok": "cluster" not in down, "status": str(client_status)}}
     if down:

@@ -24,6 +24,8 @@ logger = logging.getLogger("spillway.api")
 
 NOT_FOUND = {404: {"description": "No such job for this tenant"}}
 AUTH = {401: {"description": "Missing, invalid, revoked or expired token"},
+        429: {"description": "Too many wrong, revoked or expired tokens from this address in the last minute "
+                             "(--max-auth-failures); retry after the Retry-After header's seconds"},
         503: {"model": schemas.Unavailable, "description": "The job database is unreachable; retry after "
                                                               "the Retry-After header's seconds"}}
 
@@ -49,6 +51,16 @@ def _job(jobdb, job_id: str, tenant: dict) -> dict:
     return job
 
 
+#: what a 429 past the queue quota tells clients to wait: a queued job of a small tenant
+#: starts within seconds of its turn, and a flood retried sooner only costs a count each
+QUOTA_RETRY_AFTER_S = 10
+
+
+def quota_refusal(e: Exception) -> HTTPException:
+    """The 429 of a submission past its tenant's queue quota, with ``Retry-After``."""
+    return HTTPException(429, str(e), headers={"Retry-After": str(QUOTA_RETRY_AFTER_S)})
+
+
 @router.post("/jobs", response_model=schemas.Job, status_code=201,
              responses={**AUTH, 400: {"description": "The body is not valid JSON"},
                         409: {"description": "The idempotency key names a job submitted with other values"},
@@ -62,7 +74,7 @@ def submit(body: JobRequest, tenant: Tenant, response: Response, jobdb: JobDB, q
     try:
         jobdb.check_queue_quota(tenant, key)  # before the work of validating it
     except QuotaExceeded as e:
-        raise HTTPException(429, str(e)) from None
+        raise quota_refusal(e) from None
     try:
         footprint = queue.footprint(body.workflow, body.params, output=body.output)
     except AdmissionError as e:
@@ -82,7 +94,7 @@ def submit(body: JobRequest, tenant: Tenant, response: Response, jobdb: JobDB, q
                                     priority=body.priority, idempotency_key=key, footprint_bytes=footprint,
                                     output=body.output)
     except QuotaExceeded as e:
-        raise HTTPException(429, str(e)) from None
+        raise quota_refusal(e) from None
     if created:
         queue.wake()
         return shown(queue, job)

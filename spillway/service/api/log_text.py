@@ -6,13 +6,15 @@ from __future__ import annotations
 import logging
 import re
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 #: a traceback keeps its own line breaks
-_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+_CONTROL_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def _escape(m: re.Match) -> str:
-    return f"\\x{ord(m.group()):02x}"
+    # a lone surrogate too (a request's JSON may carry one): the log's encoder cannot write it
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(text: object) -> str:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -13,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from spillway.cluster.plugins import worker_snapshot
 from ..jobdb.health import Unavailable
 from . import schemas
+from .deps import Tenant
 from .limits import OffLoopJSONRoute
 
 router = APIRouter(tags=["service"], route_class=OffLoopJSONRoute)
@@ -131,7 +133,9 @@ class ConnectionCollector:
                                 value=s.total)
         yield GaugeMetricFamily("spillway_http_connections_exempt", "Open HTTP connections of trusted proxies",
                                 value=s.exempt)
-        yield GaugeMetricFamily("spillway_http_connections_waiting", "Connections still sending their headers",
+        yield GaugeMetricFamily("spillway_http_connections_waiting",
+                                "Connections waiting on their client (sending headers or a body, or not "
+                                "reading an answer): the ones evicted first at the total cap",
                                 value=len(s.waiting))
         yield GaugeMetricFamily("spillway_http_clients", "Client addresses holding connections",
                                 value=len(s.by_addr))
@@ -145,11 +149,17 @@ class ConnectionCollector:
                                   "total cap", value=s.evicted)
         yield CounterMetricFamily("spillway_http_header_timeouts",
                                   "Connections closed (408) for not sending their headers in time", value=s.timed_out)
+        yield CounterMetricFamily("spillway_http_headers_too_large",
+                                  "Connections closed (431) for headers past --max-header-bytes",
+                                  value=s.headers_too_large)
+        yield CounterMetricFamily("spillway_http_write_timeouts",
+                                  "Connections dropped for not reading an answer within --write-timeout",
+                                  value=s.write_timeouts)
 
 
 def metrics_registry(jobdb, queue, connections=None) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(ServiceCollector(jobdb, queue))
+    registry.register(Cached(ServiceCollector(jobdb, queue)))
     if connections is not None:
         registry.register(ConnectionCollector(connections))
     return registry
@@ -159,12 +169,44 @@ def metrics_response(registry: CollectorRegistry) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
+#: seconds the database's and the workers' readings are served again before they are read anew
+METRICS_CACHE_S = 5.0
+
+
+class Cached:
+    """A collector whose families are made at most once every ``max_age_s``, whatever the
+    number of scrapers (each scrape read the database and every worker before, issue 53);
+    the connection guard's counts, read from memory, stay live beside it."""
+
+    def __init__(self, collector, max_age_s: float = METRICS_CACHE_S):
+        self.collector = collector
+        self.max_age_s = max_age_s
+        self._made: tuple[float, list] = (-math.inf, [])
+        self._lock = threading.Lock()
+
+    def collect(self):
+        with self._lock:  # one scrape reads, the others wait and share what it read
+            made, families = self._made
+            if time.monotonic() - made > self.max_age_s:
+                families = list(self.collector.collect())
+                self._made = (time.monotonic(), families)
+        return iter(families)
+
+
 @router.get("/metrics", response_class=Response,
             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+                       401: {"description": "Missing, unknown, revoked or expired token"},
+                       403: {"description": "The token is not an admin's"},
+                       429: {"description": "Too many wrong tokens from this address; retry after Retry-After"},
                        503: {"model": schemas.Unavailable, "description": "The job database is unreachable"}})
-def metrics(request: Request):
-    """Prometheus metrics: queue depth, jobs by state, worker memory, bytes each tier holds
-    (device, host, disk), spilled bytes."""
+def metrics(request: Request, tenant: Tenant):
+    """Prometheus metrics, for an admin token (``spillway tenant add NAME --admin``;
+    Prometheus' ``authorization`` with ``credentials_file``): queue depth, jobs by state,
+    worker memory, bytes each tier holds (device, host, disk), spilled bytes. They name the
+    workers' addresses and count every tenant's jobs, so tenants do not see them. Made at
+    most every 5 s, however often scraped."""
+    if not tenant.get("admin"):
+        raise HTTPException(403, "metrics: an admin token only (spillway tenant add NAME --admin)")
     health = request.app.state.jobdb.health
     if health.down and health.probing:
         raise Unavailable(health)

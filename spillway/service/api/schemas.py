@@ -115,7 +115,8 @@ class Workflow(BaseModel):
 class DatabaseHealth(BaseModel):
     ok: bool
     backend: str
-    error: str | None = Field(description="The driver's last error while it is down.")
+    error: str | None = Field(description="What kind of failure while it is down (never the driver's text, "
+                                          "which names the database's address: the service's log has that).")
     down_since: str | None
     checked: str | None = Field(description="When the service last probed it.")
 

@@ -1,7 +1,8 @@
 """The service's limits on requests and connections, each declared once with the
 ``spillway serve`` flag that sets it (the CLI makes its options from these fields): the
-body's size and time (enforced by :mod:`.limits`), the header deadline and the
-connection caps (enforced by :mod:`.connections`).
+body's size and time (enforced by :mod:`.limits`), the header deadline and size, the write
+deadline and the connection caps (enforced by :mod:`.connections`), failed authentication
+per address (:mod:`.auth`).
 
 Imports nothing of the web framework, so the CLI can read the flags cheaply.
 """
@@ -20,6 +21,9 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 64
+DEFAULT_WRITE_TIMEOUT_S = 30.0
+DEFAULT_MAX_HEADER_BYTES = 32 * 2**10
+DEFAULT_AUTH_FAILURES = 30
 
 
 def _setting(default, *, flag: str, help: str, shown=None, type=None, multiple: bool = False):
@@ -57,6 +61,17 @@ class ServiceLimits:
     max_connections_per_client: int = _setting(
         DEFAULT_MAX_CONNECTIONS_PER_CLIENT, flag="--max-connections-per-client", type=int,
         help="Connections one client address may hold at once; more get 503 and are closed.")
+    write_timeout_s: float = _setting(
+        DEFAULT_WRITE_TIMEOUT_S, flag="--write-timeout", type=float,
+        help="Seconds a client that stops reading may leave an answer unread (the service's send "
+             "buffer full); past it the connection is dropped and its buffer freed.")
+    max_header_bytes: int = _setting(
+        DEFAULT_MAX_HEADER_BYTES, flag="--max-header-bytes", type=int,
+        help="Largest request line and headers together, in bytes; more get 431 and are closed.")
+    max_auth_failures: int = _setting(
+        DEFAULT_AUTH_FAILURES, flag="--max-auth-failures", type=int,
+        help="Requests with a wrong, revoked or expired token one client address may make in a "
+             "minute; past it 429 with Retry-After, before the token is looked up.")
     trusted_proxies: tuple[str, ...] = _setting(
         (), flag="--trusted-proxy", multiple=True, shown=None,
         help="Address or network of a reverse proxy in front of the service (repeatable): its "
@@ -72,7 +87,8 @@ class ServiceLimits:
         if isinstance(size, bool) or not isinstance(size, int) or not 1024 <= size <= 2**30:
             raise OptionsError(f"max-request-bytes: {self.max_request_bytes!r} must be from 1KiB to 1GiB")
         object.__setattr__(self, "max_request_bytes", size)
-        for name, flag in (("body_timeout_s", "body-timeout"), ("header_timeout_s", "header-timeout")):
+        for name, flag in (("body_timeout_s", "body-timeout"), ("header_timeout_s", "header-timeout"),
+                           ("write_timeout_s", "write-timeout")):
             value = getattr(self, name)
             try:
                 timeout = float(value)
@@ -83,7 +99,9 @@ class ServiceLimits:
             object.__setattr__(self, name, timeout)
         for name, flag, low, high in (("max_connections", "max-connections", 1, 10**6),
                                       ("max_connections_per_client", "max-connections-per-client", 1,
-                                       self.max_connections)):
+                                       self.max_connections),
+                                      ("max_header_bytes", "max-header-bytes", 1024, 2**20),
+                                      ("max_auth_failures", "max-auth-failures", 1, 10**6)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise OptionsError(f"{flag}: {value!r} must be a whole number from {low} to {high}")

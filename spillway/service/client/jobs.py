@@ -156,7 +156,11 @@ class JobResult:
             raise ServiceError(f"output: the service names it relative to its results directory "
                                f"({self.output}); pass results_dir= to spillway.connect (or set "
                                "SPILLWAY_RESULTS_DIR) where this machine sees that directory")
-        return os.path.join(os.path.expanduser(self.results_dir), os.path.basename(self.output.rstrip("/")))
+        if os.path.isabs(self.output):  # an older service's own path: the store's name alone
+            return os.path.join(os.path.expanduser(self.results_dir), os.path.basename(self.output.rstrip("/")))
+        # the tenant's directory and the store, never a way out of results_dir
+        parts = [p for p in self.output.split("/") if p not in ("", ".", "..")]
+        return os.path.join(os.path.expanduser(self.results_dir), *parts)
 
     @property
     def array(self):

@@ -93,6 +93,9 @@ class JobDB(TokensMixin):
         name = name.strip()
         if not name or len(name) > 64:
             raise JobDBError(f"name: {name!r} must be 1 to 64 characters")
+        if not name.isprintable():
+            # an escape sequence in a name would reach the owner's terminal with `tenant list`
+            raise JobDBError(f"name: {name!r} holds control characters; use printable text")
         _check_limits(max_running, max_job_bytes, max_queued)
         token = new_token()
         with self._session() as s:

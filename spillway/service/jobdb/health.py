@@ -48,6 +48,9 @@ class DatabaseHealth:
         self._lock = threading.Lock()
         self.down_since: float | None = None  # time.time() of the first failure
         self.error: str | None = None
+        #: what the API may say of the error: its kind only (the driver's text names the
+        #: database's host, port and user, which are the service's own business: the log has it)
+        self.public_error: str | None = None
         self.checked: float | None = None
         #: the last counts the probe read (None until the first probe)
         self.counts: dict[str, int] | None = None
@@ -66,11 +69,13 @@ class DatabaseHealth:
 
     def failed(self, e: BaseException | str):
         message = e if isinstance(e, str) else one_line(e)
+        kind = "unreachable" if isinstance(e, str) else type(getattr(e, "orig", None) or e).__name__
         with self._lock:
             first = self.down_since is None
             if first:
                 self.down_since = time.time()
             self.error = message
+            self.public_error = f"no answer ({kind})"
         if first:
             logger.warning("job database unreachable: %s; running jobs go on and their ends are "
                            "recorded when it answers again", message)
@@ -78,7 +83,7 @@ class DatabaseHealth:
 
     def ok(self):
         with self._lock:
-            since, self.down_since, self.error = self.down_since, None, None
+            since, self.down_since, self.error, self.public_error = self.down_since, None, None, None
         if since is not None:
             logger.warning("job database answers again after %.1f s", time.time() - since)
 
@@ -88,7 +93,7 @@ class DatabaseHealth:
 
     def as_dict(self) -> dict:
         iso = (lambda t: None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat())
-        return {"ok": not self.down, "error": self.error, "down_since": iso(self.down_since),
+        return {"ok": not self.down, "error": self.public_error, "down_since": iso(self.down_since),
                 "checked": iso(self.checked)}
 
     # --- the probe thread

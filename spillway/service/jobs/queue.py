@@ -51,6 +51,25 @@ class _Running:
             self.cancelled, self.cancel_at = True, time.monotonic()
 
 
+def tenant_results_dir(results_dir: str, tenant: str) -> str:
+    """``RESULTS_DIR/<tenant>``, made 0700 if missing (the results directory itself 0711: a
+    tenant given its own directory by the owner may reach it, none may list the others)."""
+    directory = os.path.join(results_dir, tenant_dir_name(tenant))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    return directory
+
+
+def tenant_dir_name(tenant: str) -> str:
+    """A tenant's name as a directory name: itself where it is a plain word, else a digest."""
+    import hashlib
+    import re
+
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", tenant or ""):
+        return tenant
+    return "tenant-" + hashlib.sha256((tenant or "").encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 class JobQueue:
     """Runs the queue kept in ``jobdb`` on ``session`` (a :class:`spillway.cluster.launch.Session`)."""
 
@@ -102,7 +121,7 @@ class JobQueue:
         from distributed import Client
 
         options = self.session.options
-        return Client(self.session.scheduler_address, security=options.security,
+        return Client(self.session.scheduler_address, security=options.dask_security,
                       set_as_default=False, timeout="30s")
 
     # --- submission helpers
@@ -130,18 +149,56 @@ class JobQueue:
         admit(workflow, built.footprint, self.tiers)
         return int(built.footprint.total_bytes)
 
-    def _check_input(self, name: str, value) -> None:
+    def _check_input(self, name: str, value) -> str | None:
         """Tenants read Zarr inputs only inside the service's data directories, so a job
-        cannot read another tenant's results or any other file the service can."""
+        cannot read another tenant's results or any other file the service can. The path
+        resolved (links followed), or None for a value that is not a path."""
         if not isinstance(value, str) or "\x00" in value:
-            return  # not a path at all: the parameter's own check refuses it with its reason
+            return None  # not a path at all: the parameter's own check refuses it with its reason
         path = os.path.realpath(os.path.expanduser(value))
-        if not any(path == root or path.startswith(root + os.sep) for root in self.input_roots):
+        if not self._inside(path):
             where = ", ".join(self.input_roots) if self.input_roots else "none are configured (--data-dir)"
             raise ParamError(f"{name}: {value!r} is outside the service's data directories ({where})")
+        return path
 
-    def output_path(self, job_id: str) -> str:
-        return os.path.join(self.results_dir, f"{job_id}.zarr")
+    def _inside(self, path: str) -> bool:
+        return any(path == root or path.startswith(root + os.sep) for root in self.input_roots)
+
+    def resolved_inputs(self, workflow: str, params: dict) -> dict:
+        """``params`` with each Zarr input resolved and checked again, when the job starts
+        (it was checked at submission, but a link in a data directory may have been swapped
+        since): the path the job reads is the resolved one, inside a data directory, and
+        nothing in the store may be a link out of them. ParamError otherwise."""
+        from spillway import workflows
+        from spillway.workflows.inputs import RANDOM
+
+        spec = workflows.get(workflow)
+        out = dict(params)
+        for p in spec.params:
+            value = params.get(p.name)
+            if p.default == RANDOM and value not in (None, RANDOM):
+                path = self._check_input(p.name, value)
+                if path is not None:
+                    self._check_links(p.name, value, path)
+                    out[p.name] = path
+        return out
+
+    def _check_links(self, name: str, value: str, store: str) -> None:
+        """No entry of the store at ``store`` is a link that leads out of the data directories."""
+        for directory, dirs, files in os.walk(store):
+            for entry in dirs + files:
+                full = os.path.join(directory, entry)
+                if os.path.islink(full) and not self._inside(os.path.realpath(full)):
+                    raise ParamError(f"{name}: {value!r} holds a link out of the service's data directories "
+                                     f"({os.path.relpath(full, store)})")
+
+    def output_path(self, job_id: str, tenant: str | None = None) -> str:
+        """Where job ``job_id`` of ``tenant`` (looked up where not given) writes its store:
+        ``RESULTS_DIR/<tenant's directory>/<job id>.zarr``, the tenant's directory made 0700
+        (:func:`tenant_results_dir`)."""
+        if tenant is None:
+            tenant = (self.jobdb.job(job_id) or {}).get("tenant") or ""
+        return os.path.join(tenant_results_dir(self.results_dir, tenant), f"{job_id}.zarr")
 
     def relative_output(self, path: str | None) -> str | None:
         """An output's path as tenants are told it: relative to the results directory
@@ -323,8 +380,11 @@ class JobQueue:
         watcher.start()
         try:
             session = dataclasses.replace(self.session, client=client)
-            output = self.output_path(job_id) if job["output"] else None
-            report = run_workflow(session, job["workflow"], job["params"], verify=job["verify"], output=output,
+            output = self.output_path(job_id, job.get("tenant")) if job["output"] else None
+            # inputs are checked again as the job opens them: a path (or a link on it) changed
+            # since the submission is resolved now, and the job reads what was checked
+            params = self.resolved_inputs(job["workflow"], job["params"])
+            report = run_workflow(session, job["workflow"], params, verify=job["verify"], output=output,
                                   verify_with=self.reference)
         except BaseException as e:  # noqa: BLE001 (every outcome is recorded)
             done.set()

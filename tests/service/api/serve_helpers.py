@@ -112,6 +112,21 @@ class Server:
         return ssl.create_default_context(cafile=self.https[0]) if self.https else True
 
 
+def owner_client(state_dir, timeout: str = "20s"):
+    """The owner's trusted client of the service's cluster, through ``STATE_DIR/scheduler.json``
+    (its address and the cluster's TLS files, which `serve` makes at start)."""
+    import json
+
+    from distributed import Client
+
+    from spillway.cluster.options import tls_security
+
+    owner = json.loads((Path(state_dir) / "scheduler.json").read_text())
+    tls = owner.get("tls") or {}
+    return Client(owner["address"], timeout=timeout,
+                  security=tls_security(tls.get("tls_ca_file"), tls.get("tls_cert"), tls.get("tls_key")))
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -241,11 +256,18 @@ def postgres_if_installed(request, state: dict) -> dict:
     return state
 
 
-async def slow_clients(port: int, sources: list[str], n: int, interval: float, duration: float) -> list[dict]:
-    """``n`` connections from ``sources`` (round robin, connected 200 at a time), each
-    sending the start of a request and then one byte of header lines every ``interval`` s,
-    never ending the headers, for ``duration`` s. Per connection: when it opened, when the
-    server closed it, its answer (or the connect's error)."""
+async def slow_clients(port: int, sources: list[str], n: int, interval: float, duration: float, *,
+                       first: bytes = b"GET /healthz HTTP/1.1\r\nHost: x\r\n", drip: bytes = b"X-a: b\r\n",
+                       reading: bool = True, batch: int = 200, pace_s: float = 0.0) -> list[dict]:
+    """``n`` connections from ``sources`` (round robin, connected ``batch`` at a time), each
+    sending ``first`` (the start of a request) and then one byte of ``drip`` (header lines,
+    never ending the headers; or a body) every ``interval`` s, for ``duration`` s; with
+    ``reading`` false, sending ``first`` alone and reading nothing (a slow reader: its
+    receive buffer is made small) until the end, when what the server did is read. Per
+    connection: when it opened, when the server closed it, its answer (or the connect's
+    error)."""
+    import socket as socket_module
+
     loop = asyncio.get_running_loop()
     records: list[dict] = []
 
@@ -256,38 +278,56 @@ async def slow_clients(port: int, sources: list[str], n: int, interval: float, d
         def connection_made(self, transport):
             self.transport = transport
             self.rec["opened"] = time.monotonic()
-            transport.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            if not reading:
+                transport.pause_reading()
+            transport.write(first)
 
         def data_received(self, data):
             self.rec.setdefault("answer", data.split(b"\r\n", 1)[0].decode("latin1"))
 
         def connection_lost(self, exc):
             self.rec["closed"] = time.monotonic()
+            if exc is not None:
+                self.rec["lost"] = type(exc).__name__
 
         def drip(self):
-            if "closed" not in self.rec and not self.transport.is_closing():
-                self.transport.write(b"X-a: b\r\n"[self.i % 8:self.i % 8 + 1])
+            if reading and drip and "closed" not in self.rec and not self.transport.is_closing():
+                self.transport.write(drip[self.i % len(drip):self.i % len(drip) + 1])
                 self.i += 1
 
     async def one(k):
         rec = {"source": sources[k % len(sources)]}
         records.append(rec)
         try:
-            _, proto = await asyncio.wait_for(loop.create_connection(
-                lambda: Slow(rec), "127.0.0.1", port, local_addr=(rec["source"], 0)), 10)
+            if reading:
+                _, proto = await asyncio.wait_for(loop.create_connection(
+                    lambda: Slow(rec), "127.0.0.1", port, local_addr=(rec["source"], 0)), 10)
+            else:  # the receive buffer made small before the connect, when its window is set
+                sock = socket_module.socket()
+                sock.setsockopt(socket_module.SOL_SOCKET, socket_module.SO_RCVBUF, 4096)
+                sock.bind((rec["source"], 0))
+                sock.setblocking(False)
+                await asyncio.wait_for(loop.sock_connect(sock, ("127.0.0.1", port)), 10)
+                _, proto = await loop.create_connection(lambda: Slow(rec), sock=sock)
         except (OSError, asyncio.TimeoutError) as e:
             rec["error"] = type(e).__name__
             return None
         return proto
 
     protos = []
-    for start in range(0, n, 200):  # batches of 200 connects
-        protos += [p for p in await asyncio.gather(*(one(k) for k in range(start, min(n, start + 200)))) if p]
+    for start in range(0, n, batch):  # batches of connects, ``pace_s`` apart
+        protos += [p for p in await asyncio.gather(*(one(k) for k in range(start, min(n, start + batch)))) if p]
+        await asyncio.sleep(pace_s)
     end = time.monotonic() + duration
     while time.monotonic() < end and any("closed" not in r for r in records if "error" not in r):
         for p in protos:
             p.drip()
         await asyncio.sleep(interval)
+    if not reading:  # what the server did meanwhile: a reset, or the answers it sent
+        for p in protos:
+            if not p.transport.is_closing():
+                p.transport.resume_reading()
+        await asyncio.sleep(1.0)
     for p in protos:
         if "closed" not in p.rec:
             p.transport.abort()
@@ -316,3 +356,40 @@ def submit_job(jobdb, tenant, key=None, **kw):
                 idempotency_key=key, footprint_bytes=1000)
     args.update(kw)
     return jobdb.submit(tenant, **args)
+
+
+# --- another local user
+
+
+STRANGER = "spillway-stranger"
+
+
+def stranger():
+    """The ``pwd`` entry of a second local user (``spillway-stranger``, added with
+    ``useradd`` where missing). Switching to it needs root: elsewhere the calling test is
+    skipped saying so."""
+    import pwd
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the attempts run as a second local user, switched to with setuid")
+    try:
+        return pwd.getpwnam(STRANGER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", STRANGER],
+                       check=True, capture_output=True, timeout=60)
+        return pwd.getpwnam(STRANGER)
+
+
+def open_the_way(path: Path) -> None:
+    """Let anyone pass through (not list) ``path`` and the directories above it, up to the
+    temporary directory: a test's own directories are private to root, and what is tried as
+    another user must be kept from it by the service's own modes, not by the test's."""
+    import tempfile
+
+    top = Path(tempfile.gettempdir())
+    for directory in [Path(path), *Path(path).parents]:
+        if directory == top or directory == directory.parent:
+            break
+        os.chmod(directory, os.stat(directory).st_mode | 0o011)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_helpers import Server, add_tenant, jobs_json, wait_for, wait_state
+from serve_helpers import Server, add_tenant, jobs_json, owner_client, wait_for, wait_state
 
 from reference_inputs import uniform_numpy
 
@@ -74,7 +74,7 @@ def test_job_runs_end_to_end_and_matches_numpy(service):
     expected = reference_sum(400)
     assert abs(result["summary"]["sum"] - expected) / abs(expected) < 1e-10
     assert result["report"]["verify"]["ok"] is True
-    assert result["report"]["cluster"] == {"kind": "cpu", "n_workers": 2, "protocol": "tcp"}
+    assert result["report"]["cluster"] == {"kind": "cpu", "n_workers": 2, "protocol": "tls"}  # the service's own TLS
     # the report of `spillway run`: peaks per worker (host RSS on CPU workers), moves per tier
     assert all(v > 10_000_000 for v in result["report"]["peak_host_bytes_per_worker"].values())
     assert set(result["report"]["spilled_by_tier"]) == {"device_to_host", "host_to_device", "host_to_disk",
@@ -176,11 +176,9 @@ def test_running_quota_priority_and_cancel(service):
 
     # cancelling stopped the tasks and freed their memory: the scheduler holds none of
     # them (read through the owner's trusted scheduler file)
-    from distributed import Client
-
     owner_file = Path(server.state["state_dir"]) / "scheduler.json"
     assert oct(owner_file.stat().st_mode & 0o777) == "0o600"
-    with Client(json.loads(owner_file.read_text())["address"], timeout="20s") as owner:
+    with owner_client(server.state["state_dir"]) as owner:
         # a lambda travels by value; a module function would need this test module there
         wait_for(lambda: owner.run_on_scheduler(lambda dask_scheduler=None: len(dask_scheduler.tasks)) == 0,
                  20, "the scheduler to drop the cancelled tasks")
@@ -194,7 +192,9 @@ def test_catalogue_and_metrics(service):
     names = {w["name"]: w for w in catalogue}
     assert "transpose-sum" in names
     assert set(names["transpose-sum"]["schema"]["properties"]) >= {"size", "chunks", "dtype", "seed"}
-    text = c["anonymous"].get("/metrics").text
+    assert c["anonymous"].get("/metrics").status_code == 401  # worker addresses, every tenant's counts
+    assert c["bob"].get("/metrics").status_code == 403
+    text = c["root"].get("/metrics").text
     metrics = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -228,7 +228,8 @@ def test_zarr_output_and_inputs_only_from_data_dirs(service):
     result = c["bob"].get(f"/jobs/{job['id']}/result").json()
     results_dir = Path(server.state["state_dir"]) / "results"
     # relative to the results directory: the server's own paths are not the tenant's business
-    assert result["output"] == f"{job['id']}.zarr" and result["report"]["output"] == result["output"]
+    # in bob's own directory (0700), relative to the results directory
+    assert result["output"] == f"bob/{job['id']}.zarr" and result["report"]["output"] == result["output"]
     assert str(results_dir) not in str(result)
     import zarr
 

@@ -32,6 +32,7 @@ PROXY = "127.0.0.10"
 def service(tmp_path_factory):
     state = {"state_dir": str(tmp_path_factory.mktemp("connections") / "state")}
     token = add_tenant(state, "ann")
+    state["admin"] = add_tenant(state, "ops", "--admin")  # /metrics
     server = Server(state, "--cpu", "--n-workers", "1", "--header-timeout", str(HEADER_TIMEOUT_S),
                     "--max-connections", str(MAX_CONNECTIONS), "--max-connections-per-client", str(PER_CLIENT),
                     "--trusted-proxy", PROXY).start()
@@ -45,7 +46,8 @@ def service(tmp_path_factory):
 
 
 def _metrics(server) -> dict[str, float]:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
+    text = httpx.get(server.url + "/metrics", timeout=10,
+                     headers={"Authorization": f"Bearer {server.state['admin']}"}).text
     out = {}
     for line in text.splitlines():
         if line.startswith("spillway_http"):

@@ -16,6 +16,7 @@ def test_two_tenants_share_two_gpus(tmp_path, gpu_count):
         pytest.skip(f"needs 2 GPUs, found {gpu_count}")
     state = {"state_dir": str(tmp_path / "state")}
     tokens = {name: add_tenant(state, name, "--max-running", "2") for name in ("lab-a", "lab-b")}
+    admin = add_tenant(state, "ops", "--admin")  # /metrics
     server = Server(state, "--devices", "0,1").start()
     try:
         clients = {name: server.client(token) for name, token in tokens.items()}
@@ -45,7 +46,7 @@ def test_two_tenants_share_two_gpus(tmp_path, gpu_count):
         overlap = any(x["timings"]["started"] < y["timings"]["finished"] and
                       y["timings"]["started"] < x["timings"]["finished"] for x in a for y in b)
         assert overlap, [(j["timings"]["started"], j["timings"]["finished"]) for j in a + b]
-        with server.client() as anon:
+        with server.client(admin) as anon:
             metrics = anon.get("/metrics").text
         assert metrics.count("spillway_gpu_memory_total_bytes{") == 2
         print("two tenants on 2 GPUs:", {j: (e["tenant"], e["timings"]["started"], e["timings"]["finished"],

@@ -26,6 +26,7 @@ SHAPE, SEED = (20000, 20000), 3
 def test_a_job_through_the_service_on_one_gpu_reports_its_memory(tmp_path):
     state = {"state_dir": str(tmp_path / "state")}
     token = add_tenant(state, "one")
+    admin = add_tenant(state, "ops", "--admin")  # /metrics
     server = Server(state, "--devices", "0").start()
     try:
         with spillway.connect(server.url, token) as service:
@@ -53,7 +54,7 @@ def test_a_job_through_the_service_on_one_gpu_reports_its_memory(tmp_path):
         assert report["spill"] is not None and len(report["spill"]) == 1
         assert "transport" in report and report["wall_s"] > 0
         assert "peak host" in str(result.report)  # the text form shows both peaks
-        with server.client() as anon:
+        with server.client(admin) as anon:
             metrics = anon.get("/metrics").text
         for tier in ("device", "host", "disk"):
             assert re.search(rf'^spillway_tier_bytes{{tier="{tier}"}} \d', metrics, re.M), tier

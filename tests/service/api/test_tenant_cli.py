@@ -49,10 +49,13 @@ def test_serve_refuses_bad_options_before_starting(tmp_path):
     state = ["--state-dir", str(tmp_path)]
     bad = spillway("serve", "--cpu", "--n-workers", "0", *state, timeout=60)
     assert bad.returncode == 2 and "n-workers: 0 must be >= 1" in bad.stderr
-    # the scheduler the service starts stays private: loopback, or TLS
-    exposed = spillway("serve", "--cpu", *state, timeout=60, env={**os.environ, "DASK_SPILLWAY__HOST": "0.0.0.0"})
-    assert exposed.returncode == 2 and "host: the service's scheduler would listen on host 0.0.0.0 without TLS" \
+    # the scheduler the service starts always requires TLS (a certificate made at start)
+    exposed = spillway("serve", "--cpu", *state, timeout=60, env={**os.environ, "DASK_SPILLWAY__SECURITY": "false"})
+    assert exposed.returncode == 2 and "security: false (env DASK_SPILLWAY__SECURITY) is not for the service" \
         in exposed.stderr
+    # a tenant's name is printable text: an escape sequence would reach the owner's terminal
+    escape = spillway("tenant", "add", "eve\x1b[2J", *state)
+    assert escape.returncode == 2 and "holds control characters" in escape.stderr
     cert = tmp_path / "cert.pem"
     cert.write_text("x")
     half = spillway("serve", "--cpu", "--https-cert", str(cert), *state, timeout=60)

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 from distributed import Client
-from serve_helpers import Server, add_tenant, wait_for, wait_state
+from serve_helpers import Server, add_tenant, owner_client, wait_for, wait_state
 
 
 PARAMS = {"size": "3000x3000", "chunks": "100x100", "seed": 3}
@@ -38,8 +38,7 @@ def _start(tmp_path) -> tuple[Server, str]:
 def _run_and_kill(tmp_path, n_kill: int):
     server, token = _start(tmp_path)
     try:
-        scheduler_file = str(Path(server.state["state_dir"]) / "scheduler.json")
-        with server.client(token) as c, Client(scheduler_file=scheduler_file, timeout="20s") as owner:
+        with server.client(token) as c, owner_client(server.state["state_dir"]) as owner:
             job = c.post("/jobs", json={"workflow": "transpose-sum", "params": PARAMS, "verify": True}).json()
             wait_for(lambda: c.get(f"/jobs/{job['id']}").json()["progress"]["tasks_done"] > 50, 90,
                      "the job to be under way")

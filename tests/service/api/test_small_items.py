@@ -1,0 +1,193 @@
+"""Issue 53's smaller items, on the app and its parts without a cluster: every method of a
+path in ``Allow``; ``/docs`` served from the service's own files; a lone surrogate in a
+path refused as a parameter (no traceback in the log); tenant names of printable text;
+health and 503 answers without the database's address; guessed tokens counted per
+address; ``/metrics``' database and worker readings shared between scrapes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from unittest import mock
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from spillway.cluster.errors import ParamError
+from spillway.service.api.auth import AuthFailures
+from spillway.service.api.errors import unavailable
+from spillway.service.api.log_text import printable
+from spillway.service.api.metrics import Cached
+from spillway.service.jobdb import JobDB
+from spillway.service.jobdb.errors import JobDBError
+from spillway.service.jobdb.health import DatabaseHealth
+from spillway.workflows.params import Param
+
+
+@pytest.fixture(scope="module")
+def client():
+    from fastapi.testclient import TestClient
+
+    from spillway.service.api import create_app
+
+    return TestClient(create_app(mock.MagicMock(), mock.MagicMock()))
+
+
+def test_every_method_of_a_path_is_allowed(client):
+    r = client.options("/jobs")
+    assert r.status_code == 204 and r.headers["allow"] == "GET, HEAD, OPTIONS, POST"  # was "POST"
+    r = client.request("DELETE", "/jobs")
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD, OPTIONS, POST"
+    assert client.options("/jobs/" + "a" * 32).headers["allow"] == "GET, HEAD, OPTIONS"
+    assert client.options("/nowhere").status_code == 404
+
+
+def test_docs_load_nothing_from_elsewhere(client):
+    r = client.get("/docs")
+    assert r.status_code == 200
+    urls = re.findall(r'(?:src|href|url)\s*[=:]\s*["\']([^"\']+)["\']', r.text)
+    assert urls and all(u.startswith("/") for u in urls), urls  # no CDN
+    for url in urls:
+        assert client.get(url).status_code == 200, url
+    assert client.get("/redoc").status_code == 404  # ReDoc loads from a CDN: not offered
+
+
+def test_a_lone_surrogate_in_a_path_is_a_parameter_error(caplog):
+    with pytest.raises(ParamError, match="input: .* contains a lone surrogate"):
+        Param("input", "path", "x")._parse_path("/data/\ud800.zarr")
+    # and the log writes one escaped, never failing to encode it
+    assert printable("a\ud800b\x1b") == "a\\ud800b\\x1b"
+    assert printable("a\ud800b").encode("utf-8")
+
+
+def test_tenant_names_are_printable(tmp_path):
+    jobdb = JobDB.open(str(tmp_path))
+    try:
+        with pytest.raises(JobDBError, match="control characters"):
+            jobdb.add_tenant("eve\x1b[2J")
+        assert jobdb.add_tenant("ève-2")[0]["name"] == "ève-2"
+    finally:
+        jobdb.close()
+
+
+def test_health_says_the_kind_of_failure_not_the_database_address():
+    health = DatabaseHealth()
+    driver = Exception('connection failed: connection to server at "10.1.2.3", port 5433 failed: refused')
+    health.failed(OperationalError("SELECT 1", {}, driver))
+    assert "10.1.2.3" in health.error  # the service's log has it
+    shown = json.dumps(health.as_dict()) + unavailable(health).body.decode()
+    assert "10.1.2.3" not in shown and "5433" not in shown
+    assert health.as_dict()["error"] == "no answer (Exception)"
+
+
+def test_failed_tokens_are_counted_per_address():
+    failures = AuthFailures(limit=3, window_s=60)
+    for _ in range(3):
+        assert failures.retry_after_s("10.0.0.1") is None
+        failures.failed("10.0.0.1")
+    wait = failures.retry_after_s("10.0.0.1")
+    assert wait is not None and 1 <= wait <= 60
+    assert failures.retry_after_s("10.0.0.2") is None
+    bounded = AuthFailures(limit=1, max_addresses=10)
+    for i in range(100):
+        bounded.failed(f"10.0.1.{i}")
+    assert len(bounded._failures) == 10
+
+
+def test_metrics_readings_are_shared_between_scrapes():
+    calls = []
+
+    class Counting:
+        def collect(self):
+            calls.append(1)
+            yield from ()
+
+    cached = Cached(Counting(), max_age_s=60)
+    for _ in range(5):
+        list(cached.collect())
+    assert len(calls) == 1
+    cached.max_age_s = 0
+    list(cached.collect())
+    assert len(calls) == 2
+
+
+def test_the_log_filter_escapes_a_surrogate_in_a_message():
+    from spillway.service.api.log_text import EscapeControl
+
+    record = logging.LogRecord("spillway.api", logging.WARNING, __file__, 1, "path %s", ("/jobs/\ud800",), None)
+    EscapeControl().filter(record)
+    assert record.getMessage() == "path /jobs/\\ud800"
+
+
+@pytest.fixture(scope="module")
+def guarded_server():
+    """uvicorn with the service's connection guard over an app that answers a body's length."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from spillway.service.api.connections import ConnectionStats, guarded_protocol
+    from spillway.service.api.settings import ServiceLimits
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        size, more = 0, True
+        while more:
+            message = await receive()
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = str(size).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stats = ConnectionStats()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="none",
+                                           http=guarded_protocol(ServiceLimits(), stats)))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield port, stats
+    server.should_exit = True
+    thread.join(10)
+
+
+def _exchange(port: int, *parts: bytes) -> bytes:
+    import socket
+    import time
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for part in parts:
+            sock.sendall(part)
+            time.sleep(0.1)  # each part a read of its own
+        data = b""
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+                if b"\r\n\r\n" in data and data.split(b"\r\n\r\n", 1)[1]:
+                    break
+        except ConnectionResetError:
+            pass
+    return data
+
+
+def test_headers_past_the_limit_get_431_and_a_large_body_after_them_does_not(guarded_server):
+    port, stats = guarded_server
+    body = b"x" * 200_000
+    # the end of the headers straddles two reads, the second carrying 200 kB of body
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % len(body)
+    answer = _exchange(port, head + b"\r", b"\n" + body)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"200000"), answer[:200]
+    before = stats.headers_too_large
+    answer = _exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 40_000, b"a" * 40_000)
+    assert stats.headers_too_large == before + 1
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:200]
