@@ -61,17 +61,15 @@ def build(params: Params, target: Target):
     return array_run(y, probe=y[probe], reference=reference, footprint=fp, source=source)
 
 
-#: bytes of the client's graph for each piece a collective's task names (its slices)
-BYTES_PER_PIECE = 160
-
-
 def graph(workflow, params: Params, target: Target) -> GraphSize:
     """All-to-all: every row panel meets every column panel. The collective makes a task of
-    each panel, in and out, but its tasks name every piece they cut or assemble."""
+    each panel, in and out, but cuts and writes every piece on the workers, each for about
+    what a task of dask's rechunk cost them: pieces are counted as tasks here, so that a
+    rechunk of a million pieces is refused as dask's would be."""
     shape, (rows, _), (_, cols) = _panels(params, target)
     p, q = -(-shape[0] // rows), -(-shape[1] // cols)
-    tasks = 4 * (p + q) + 1
-    return GraphSize(tasks=tasks, client_bytes=tasks * BYTES_PER_TASK + 2 * p * q * BYTES_PER_PIECE,
+    tasks = 4 * (p + q) + 2 * p * q
+    return GraphSize(tasks=tasks, client_bytes=(4 * (p + q) + 1) * BYTES_PER_TASK,
                      why=f"{p:,} row panels to {q:,} column panels")
 
 

@@ -4,6 +4,8 @@ pieces from every worker in bulk (over the data plane between GPUs, device to de
 A few tasks a chunk, not one a piece.
 
 - :mod:`.plan`: which piece of which input goes where, from the chunk grids alone;
+- :mod:`.layout`: where the outputs are assembled and how a cut packs for each worker;
+- :mod:`.names`: the names of the collective's keys;
 - :mod:`.graph`: the dask array (cut, barrier, assemble) of a rechunk;
 - :mod:`.exchange`: those tasks as they run on the workers;
 - :mod:`.placement`: the scheduler plugin that spreads the assemblies and drops leftovers;
@@ -12,8 +14,20 @@ A few tasks a chunk, not one a piece.
 
 from .exchange import CollectiveLost
 from .graph import rechunk, tasks_of
-from .method import use_on
-from .placement import PLUGIN_NAME, CollectivePlacement
 from .plan import Plan
 
 __all__ = ["PLUGIN_NAME", "CollectiveLost", "CollectivePlacement", "Plan", "rechunk", "tasks_of", "use_on"]
+
+
+def __getattr__(name):
+    # the scheduler's plugin and the routing of dask's rechunks load distributed: the
+    # workflows build their graphs (and a refusal is said) without it
+    if name in ("PLUGIN_NAME", "CollectivePlacement"):
+        from . import placement
+
+        return getattr(placement, name)
+    if name == "use_on":
+        from .method import use_on
+
+        return use_on
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

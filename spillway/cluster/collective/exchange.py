@@ -10,7 +10,11 @@
 - :func:`assemble` (one task per output chunk) takes its pieces from every worker that
   holds some, in one request per worker, all at once (the data plane where both ends have
   it: device to device, received into the RMM pool; the worker's comm otherwise), and
-  writes them into the output chunk on the device. A piece taken is gone from its holder.
+  writes them into the output chunk on the device. Pieces stay where they are (a grouped
+  exchange's buffers: on the worker they were moved to) until the exchange's barrier is
+  released, as the barrier's result stands for them: dask may run an assembly again while
+  it holds the barrier (an output lost, or asked for again by another graph). Then the
+  scheduler's plugin tells the workers to drop them.
 
 A worker lost once the cuts are done takes pieces with it that nothing can make again
 without the whole exchange: the assembly that needs them fails with
@@ -39,11 +43,8 @@ BUSY_PATIENCE_S = 120.0
 PIECES = "spillway_collective_pieces"
 #: pieces of collectives run without a distributed worker (dask's local schedulers)
 _LOCAL: dict = {}
-#: (worker address, exchange) -> its layout; (worker address, buffer key) -> pieces not yet
-#: taken from a buffer this worker took or kept; (worker address, exchange) -> the lock of
-#: its first assembly here
+#: (worker address, exchange) -> its layout, and the lock of its first assembly here
 _LAYOUTS: dict = {}
-_REMAINING: dict = {}
 _LOCKS: dict = {}
 
 
@@ -175,6 +176,14 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
     return worker.address
 
 
+def direct(blocks: list, places: list, shape: tuple):
+    """An output chunk of a partial that only splits or merges: ``blocks[k][src]`` at
+    ``dst`` for each ``(src, dst)`` of ``places``."""
+    if len(blocks) == 1 and tuple(s.stop - s.start for s in places[0][0]) == tuple(shape):
+        return blocks[0][places[0][0]]
+    return _joined([b[src] for b, (src, _) in zip(blocks, places)], [dst for _, dst in places], shape)
+
+
 def barrier(name: str, inputs: list, *holders) -> dict:
     """Every cut of a partial is done: where each input's pieces are (input index -> its
     worker), and the layout the cuts packed them by, for the assemblies (a worker's cache
@@ -224,7 +233,9 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
             by_holder: dict = defaultdict(list)
             for (i, _), key in zip(parts, keys):
                 by_holder[holders[i]].append(key)
-            taken = _on_loop(worker, _take_all, worker, dict(by_holder))
+            # the holders keep them until the exchange ends: dask may run an assembly again
+            # (an output lost, or asked for again while the barrier is held)
+            taken = _on_loop(worker, _take_all, worker, dict(by_holder), False)
             values = [taken[k] for k in keys]
     if len(parts) == 1 and tuple(values[0].shape) == tuple(shape):
         return values[0]  # the whole output chunk in one piece: no copy
@@ -279,27 +290,17 @@ async def _owned_pieces(worker, request: dict) -> dict:
     async with _LOCKS.setdefault((worker.address, name), asyncio.Lock()):
         missing: dict = defaultdict(list)
         for i, key in keys.items():
-            if key not in worker.data and (worker.address, key) not in _REMAINING:
+            if key not in worker.data:
                 missing[holders[i]].append(key)
         if missing:
-            taken = await _take_all(worker, dict(missing))
+            # moved here: this worker is where dask runs every assembly of them again
+            taken = await _take_all(worker, dict(missing), True)
             for key, value in taken.items():
                 worker.data[key] = value
-        for i, key in keys.items():
-            if (worker.address, key) not in _REMAINING:
-                _REMAINING[(worker.address, key)] = len(packing(old, new, i, workers)[d][1])
     out = {}
     for i, _ in plan.parts_of(index):
-        key = keys[i]
         offset, shape, _src = packing(old, new, i, workers)[d][1][index]
-        buffer = worker.data[key]
-        out[i] = buffer[offset: offset + _count(shape)].reshape(shape)
-        left = _REMAINING[(worker.address, key)] - 1
-        # the count stays at 0 once the buffer is gone: it is never asked for again
-        _REMAINING[(worker.address, key)] = left
-        if left == 0:
-            del worker.data[key]
-            _forget_made(worker, key)
+        out[i] = worker.data[keys[i]][offset: offset + _count(shape)].reshape(shape)
     return out
 
 
@@ -356,10 +357,11 @@ async def _store(worker, pieces: dict) -> None:
         worker.data[key] = value
 
 
-async def _take_all(worker, by_holder: dict) -> dict:
-    """Every piece of ``by_holder`` (address -> keys), from all holders at once."""
+async def _take_all(worker, by_holder: dict, move: bool) -> dict:
+    """Every piece of ``by_holder`` (address -> keys), from all holders at once; ``move``:
+    the holders drop what they sent (else they keep it until the exchange ends)."""
     began = time.perf_counter()
-    results = await asyncio.gather(*(_take(worker, holder, keys) for holder, keys in by_holder.items()))
+    results = await asyncio.gather(*(_take(worker, holder, keys, move) for holder, keys in by_holder.items()))
     PHASES[worker.address].add("take", time.perf_counter() - began)
     values: dict = {}
     for found in results:
@@ -367,15 +369,15 @@ async def _take_all(worker, by_holder: dict) -> dict:
     return values
 
 
-async def _take(worker, holder: str, keys: list) -> dict:
+async def _take(worker, holder: str, keys: list, move: bool) -> dict:
     if holder == worker.address:
-        return _pop(worker, keys, holder)
+        return _here(worker, keys, holder, move)
     deadline = time.monotonic() + BUSY_PATIENCE_S
     delay = 0.001
     while True:
         start = time.time()
         try:
-            response = await _fetch(worker, holder, keys)
+            response = await _fetch(worker, holder, keys, move)
         except OSError as e:  # distributed's CommClosedError is one: the holder is gone
             raise CollectiveLost(_lost_line(keys, holder, f"the worker is gone ({type(e).__name__})")) from None
         if response.get("status") == "OK":
@@ -392,19 +394,19 @@ async def _take(worker, holder: str, keys: list) -> dict:
         delay = min(delay * 2, 0.1)
 
 
-async def _fetch(worker, holder: str, keys: list) -> dict:
-    """The data plane where both ends have one (then the holder drops what it sent), the
-    worker's comm otherwise (the holder's handler pops what it sends)."""
+async def _fetch(worker, holder: str, keys: list, move: bool) -> dict:
+    """The data plane where both ends have one (then, moving, the holder is told to drop
+    what it sent), the worker's comm otherwise."""
     from ..dataplane.hook import PLANES
 
     plane = PLANES.get(worker.address)
     if plane is not None and await plane.reaches(holder):
         response = await plane.fetch(holder, keys)
         if response is not None:
-            if response.get("status") == "OK":
+            if move and response.get("status") == "OK":
                 _drop_later(worker, holder, keys)
             return response
-    return await worker.rpc(holder).spillway_collective_take(keys=keys)
+    return await worker.rpc(holder).spillway_collective_take(keys=keys, keep=not move)
 
 
 def _log_incoming(worker, holder: str, data: dict, start: float) -> None:
@@ -430,11 +432,11 @@ def _drop_later(worker, holder: str, keys: list) -> None:
 _PENDING: set = set()
 
 
-def _pop(worker, keys: list, holder: str) -> dict:
+def _here(worker, keys: list, holder: str, move: bool) -> dict:
     missing = [k for k in keys if k not in worker.data]
     if missing:
         raise CollectiveLost(_lost_line(missing, holder, "its pieces are gone (the exchange was stopped)"))
-    return {k: _pop_value(worker.data, k, worker) for k in keys}
+    return {k: _pop_value(worker.data, k, worker) if move else worker.data[k] for k in keys}
 
 
 def _pop_value(data, key, worker=None):
@@ -468,7 +470,7 @@ def ensure_handlers(worker) -> None:
 
 
 def _take_handler(worker):
-    async def take(keys=(), send=True):
+    async def take(keys=(), send=True, keep=False):
         from distributed.protocol import to_serialize
 
         keys = [tuple(k) if isinstance(k, list) else k for k in keys]
@@ -478,7 +480,8 @@ def _take_handler(worker):
                     del worker.data[k]
                 _forget_made(worker, k)
             return None
-        data = {k: _pop_value(worker.data, k, worker) for k in keys if k in worker.data}
+        present = [k for k in keys if k in worker.data]
+        data = {k: worker.data[k] if keep else _pop_value(worker.data, k, worker) for k in present}
         return {"status": "OK", "data": {k: to_serialize(v) for k, v in data.items()}}
 
     return take
@@ -504,8 +507,6 @@ def _drop_handler(worker):
             _forget_made(worker, key)
         for registry in (_LAYOUTS, _LOCKS):
             registry.pop((worker.address, name), None)
-        for entry in [e for e in _REMAINING if e[0] == worker.address and e[1][0] == name]:
-            del _REMAINING[entry]
         if left:
             logger.info("dropped %d piece(s) an exchange left on %s", len(left), worker.address)
 

@@ -4,12 +4,10 @@ the chunks, not with chunks x chunks as dask's task-based rechunk does."""
 
 from __future__ import annotations
 
-from .exchange import assemble, barrier, cut
+from .exchange import assemble, barrier, cut, direct
 from .layout import plan_of
-from .placement import BARRIER_PREFIX, OUTPUT_PREFIX, pieces_name
+from .names import BARRIER_PREFIX, CUT_PREFIX, OUTPUT_PREFIX, pieces_name
 from .plan import Plan
-
-CUT_PREFIX = "spillway-cut-"
 
 
 def rechunk(x, chunks, *, plan: Plan | None = None):
@@ -32,6 +30,18 @@ def rechunk(x, chunks, *, plan: Plan | None = None):
     spec = (x.chunks, chunks)
     cuts, barriers, outputs = {}, {}, {}
     for p, partial in enumerate(plan.partials):
+        if not partial.exchanges:
+            # a split or a merge: each output chunk from its inputs as they are (a cut, a
+            # barrier and an assembly alone would be fused into one task by dask, and
+            # leave its pieces behind with no barrier to end them)
+            for index in partial.outputs:
+                inputs, places = [], []
+                for i, dst in plan.parts_of(index):
+                    src = next(src for j, src in plan.pieces_of(i) if j == index)
+                    inputs.append((x.name, *i))
+                    places.append((src, dst))
+                outputs[(out_name, *index)] = (direct, inputs, places, plan.output_shape(index))
+            continue
         pieces = pieces_name((barrier_name, p))
         for index in partial.inputs:
             cuts[(cut_name, *index)] = (cut, (x.name, *index), pieces, index, spec, p)
@@ -47,7 +57,8 @@ def rechunk(x, chunks, *, plan: Plan | None = None):
         barrier_name: MaterializedLayer(barriers),
         out_name: MaterializedLayer(outputs),
     }
-    dependencies = {cut_name: set(x.__dask_layers__()), barrier_name: {cut_name}, out_name: {barrier_name}}
+    dependencies = {cut_name: set(x.__dask_layers__()), barrier_name: {cut_name},
+                    out_name: {barrier_name, *x.__dask_layers__()}}
     graph = HighLevelGraph.merge(x.dask, HighLevelGraph(layers, dependencies))
     return da.Array(graph, out_name, chunks, meta=x._meta)
 

@@ -15,7 +15,9 @@ The restriction is loose: a worker that leaves hands its assemblies to the other
 then find the pieces it held gone and fail the computation with one line.
 
 When a barrier is released or forgotten (its assemblies done, or the computation stopped,
-failed or cancelled), the workers that cut for it drop whatever pieces are left.
+failed or cancelled), the workers that cut or assembled for it drop what is left of it,
+told on the scheduler's stream to each worker: after everything sent before, before
+anything of a later run of the same exchange.
 """
 
 from __future__ import annotations
@@ -27,25 +29,12 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from ..upstream import fused_keys, restrict_loosely
 from .exchange import DROP
 from .layout import owner
+from .names import BARRIER_PREFIX, OUTPUT_PREFIX, is_barrier, pieces_name
 
 logger = logging.getLogger("spillway.collective")
 
 PLUGIN_NAME = "spillway-collective"
-#: key names of the collective's tasks
-BARRIER_PREFIX = "spillway-barrier-"
-PIECES_PREFIX = "spillway-pieces-"
-OUTPUT_PREFIX = "rechunk-exchange-"
 LAYOUT = "spillway_collective_layout"
-
-
-def pieces_name(barrier_key) -> str:
-    """The name of the pieces of the partial whose barrier is ``barrier_key``."""
-    name, partial = barrier_key
-    return f"{PIECES_PREFIX}{name.removeprefix(BARRIER_PREFIX)}-{partial}"
-
-
-def is_barrier(key) -> bool:
-    return type(key) is tuple and bool(key) and isinstance(key[0], str) and key[0].startswith(BARRIER_PREFIX)
 
 
 def spread(dependents: list, workers: list[str]) -> dict:
@@ -67,8 +56,12 @@ class CollectivePlacement(SchedulerPlugin):
 
         self.scheduler = None
         self.fit_fraction = Options().collective_group_fraction if fit_fraction is None else fit_fraction
-        #: barrier key -> the workers that cut for it
+        #: barrier key -> the workers that hold its pieces: those that cut for it, and those
+        #: that ran its assemblies (the workers told to drop what is left when it ends:
+        #: each has the handler, having run a task of the exchange)
         self._holders: dict = {}
+        #: assembly key -> its barrier's key
+        self._assemblies: dict = {}
         #: pieces name -> the layout its cuts were given ({"workers", "grouped", "grid"})
         self._layouts: dict = {}
 
@@ -96,7 +89,17 @@ class CollectivePlacement(SchedulerPlugin):
         return min(known) if known else float("inf")
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
-        if not is_barrier(key) or self.scheduler is None:
+        if self.scheduler is None:
+            return
+        if finish == "memory" and key in self._assemblies:
+            # where an assembly ran holds what it took for good (a grouped exchange's
+            # buffers) until the exchange ends
+            ts = self.scheduler.tasks.get(key)
+            held = self._holders.get(self._assemblies[key])
+            if ts is not None and held is not None:
+                held.update(ws.address for ws in (ts.who_has or ()))
+            return
+        if not is_barrier(key):
             return
         if finish == "memory":
             self._place(key)
@@ -111,6 +114,7 @@ class CollectivePlacement(SchedulerPlugin):
         running = {ws.address for ws in self.scheduler.running}
         waiting = sorted((d for d in ts.dependents if d.state in ("waiting", "released")),
                          key=lambda d: d.priority or ())
+        self._assemblies.update((d.key, key) for d in waiting)
         layout = self._layouts.get(pieces_name(key))
         placed, unplaced = {}, []
         if layout is not None and layout["grid"]:
@@ -132,6 +136,8 @@ class CollectivePlacement(SchedulerPlugin):
     def _drop(self, key) -> None:
         name = pieces_name(key)
         self._layouts.pop(name, None)
+        for done in [k for k, barrier in self._assemblies.items() if barrier == key]:
+            del self._assemblies[done]
         holders = self._holders.pop(key, None)
         if not holders:
             return
