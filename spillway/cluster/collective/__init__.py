@@ -13,10 +13,10 @@ A few tasks a chunk, not one a piece.
 """
 
 from .exchange import CollectiveLost
-from .graph import rechunk, tasks_of
+from .graph import rechunk
 from .plan import Plan
 
-__all__ = ["PLUGIN_NAME", "CollectiveLost", "CollectivePlacement", "Plan", "rechunk", "tasks_of", "use_on"]
+__all__ = ["PLUGIN_NAME", "CollectiveLost", "CollectivePlacement", "Plan", "rechunk", "use_on"]
 
 
 def __getattr__(name):

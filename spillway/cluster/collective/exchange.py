@@ -511,8 +511,3 @@ def _drop_handler(worker):
             logger.info("dropped %d piece(s) an exchange left on %s", len(left), worker.address)
 
     return drop
-
-
-def local_pieces() -> int:
-    """Pieces held in this process for dask's local schedulers (tests)."""
-    return len(_LOCAL)

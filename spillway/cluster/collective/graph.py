@@ -70,9 +70,3 @@ def _normalized(x, chunks):
         chunks = tuple(chunks.get(d, chunks.get(d - x.ndim, x.chunks[d])) for d in range(x.ndim))
     chunks = tuple(x.chunks[d] if c is None else c for d, c in enumerate(chunks))
     return normalize_chunks(chunks, x.shape, dtype=x.dtype, previous_chunks=x.chunks)
-
-
-def tasks_of(x, chunks) -> int:
-    """How many tasks the collective makes of ``x.rechunk(chunks)`` (the bench prints it
-    beside the tasks method's)."""
-    return Plan(x.chunks, _normalized(x, chunks)).tasks()
