@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import defaultdict
 
 from ..errors import SpillwayError
 from ..upstream import log_incoming
-from .layout import Layout, packing, plan_of
+from .layout import Layout, flat_index, packing, plan_of
 
 logger = logging.getLogger("spillway.collective")
 
@@ -132,13 +133,6 @@ def _contiguous(array):
     return numpy.ascontiguousarray(array)
 
 
-def _flat(index: tuple, grid: tuple) -> int:
-    flat = 0
-    for i, g in zip(index, grid):
-        flat = flat * g + i
-    return flat
-
-
 def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | None:
     """Cut input chunk ``index`` of the rechunk ``chunks`` (old, new) into the pieces its
     partial's outputs need and keep them here: packed one buffer a worker where the
@@ -146,7 +140,7 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
     old, new = chunks
     plan = plan_of(old, new)
     in_grid, out_grid = tuple(map(len, old)), tuple(map(len, new))
-    i = _flat(index, in_grid)
+    i = flat_index(index, in_grid)
     worker = _worker()
     began = time.perf_counter()
     layout = _layout(worker, name, plan, partial, block, out_grid) if worker is not None else None
@@ -157,10 +151,10 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
         for d, (total, pieces) in packing(old, new, index, len(layout.workers)).items():
             buffer = xp.empty(total, dtype=block.dtype)
             for offset, shape, src in pieces.values():
-                buffer[offset: offset + _count(shape)].reshape(shape)[...] = block[src]
+                buffer[offset: offset + math.prod(shape)].reshape(shape)[...] = block[src]
             kept[(name, "g", i, d)] = buffer
     else:
-        kept = {(name, i, _flat(j, out_grid)): _contiguous(block[src]) for j, src in plan.pieces_of(index)}
+        kept = {(name, i, flat_index(j, out_grid)): _contiguous(block[src]) for j, src in plan.pieces_of(index)}
     if worker is None:
         _LOCAL.update(kept)
         return None
@@ -225,8 +219,8 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
         values = [pieces[i] for i, _ in parts]
     else:
         in_grid, out_grid = tuple(map(len, old)), tuple(map(len, new))
-        j = _flat(index, out_grid)
-        keys = [(name, _flat(i, in_grid), j) for i, _ in parts]
+        j = flat_index(index, out_grid)
+        keys = [(name, flat_index(i, in_grid), j) for i, _ in parts]
         if worker is None:
             values = [_LOCAL.pop(k) for k in keys]
         else:
@@ -253,7 +247,7 @@ def _layout(worker, name: str, plan, partial: int, block, grid: tuple):
     found = _LAYOUTS.get((worker.address, name))
     if found is not None:
         return found
-    nbytes = sum(_count(plan.input_shape(i)) for i in plan.partials[partial].inputs) * block.dtype.itemsize
+    nbytes = sum(math.prod(plan.input_shape(i)) for i in plan.partials[partial].inputs) * block.dtype.itemsize
     return _on_loop(worker, _ask_layout, worker, name, nbytes, grid)
 
 
@@ -286,7 +280,7 @@ async def _owned_pieces(worker, request: dict) -> dict:
     workers = len(layout.workers)
     # the inputs that packed a buffer for this worker (an input none of whose pieces go
     # to this worker's outputs packed none)
-    keys = {i: (name, "g", _flat(i, in_grid), d) for i in inputs if d in packing(old, new, i, workers)}
+    keys = {i: (name, "g", flat_index(i, in_grid), d) for i in inputs if d in packing(old, new, i, workers)}
     async with _LOCKS.setdefault((worker.address, name), asyncio.Lock()):
         missing: dict = defaultdict(list)
         for i, key in keys.items():
@@ -300,7 +294,7 @@ async def _owned_pieces(worker, request: dict) -> dict:
     out = {}
     for i, _ in plan.parts_of(index):
         offset, shape, _src = packing(old, new, i, workers)[d][1][index]
-        out[i] = worker.data[keys[i]][offset: offset + _count(shape)].reshape(shape)
+        out[i] = worker.data[keys[i]][offset: offset + math.prod(shape)].reshape(shape)
     return out
 
 
@@ -311,13 +305,6 @@ async def _pieces_from_owner(worker, owner: str, request: dict) -> dict:
         raise CollectiveLost(_lost_line([(request["name"], None, request["index"])], owner,
                                         f"the worker is gone ({type(e).__name__})")) from None
     return {tuple(k): v for k, v in response}
-
-
-def _count(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _joined(pieces: list, places: list, shape: tuple):

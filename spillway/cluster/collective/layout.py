@@ -31,11 +31,16 @@ class Layout:
         return owner(index, grid, len(self.workers))
 
 
-def owner(index: tuple, grid: tuple, workers: int) -> int:
-    flat, n = 0, 1
+def flat_index(index: tuple, grid: tuple) -> int:
+    """The C-order position of chunk ``index`` in a grid of ``grid`` chunks."""
+    flat = 0
     for i, g in zip(index, grid):
-        flat, n = flat * g + i, n * g
-    return flat * workers // n
+        flat = flat * g + i
+    return flat
+
+
+def owner(index: tuple, grid: tuple, workers: int) -> int:
+    return flat_index(index, grid) * workers // math.prod(grid)
 
 
 @functools.lru_cache(maxsize=64)

@@ -60,8 +60,9 @@ class CollectivePlacement(SchedulerPlugin):
         #: that ran its assemblies (the workers told to drop what is left when it ends:
         #: each has the handler, having run a task of the exchange)
         self._holders: dict = {}
-        #: assembly key -> its barrier's key
+        #: assembly key -> its barrier's key, and barrier key -> its assemblies' keys
         self._assemblies: dict = {}
+        self._members: dict = {}
         #: pieces name -> the layout its cuts were given ({"workers", "grouped", "grid"})
         self._layouts: dict = {}
 
@@ -115,6 +116,7 @@ class CollectivePlacement(SchedulerPlugin):
         waiting = sorted((d for d in ts.dependents if d.state in ("waiting", "released")),
                          key=lambda d: d.priority or ())
         self._assemblies.update((d.key, key) for d in waiting)
+        self._members.setdefault(key, set()).update(d.key for d in waiting)
         layout = self._layouts.get(pieces_name(key))
         placed, unplaced = {}, []
         if layout is not None and layout["grid"]:
@@ -136,8 +138,8 @@ class CollectivePlacement(SchedulerPlugin):
     def _drop(self, key) -> None:
         name = pieces_name(key)
         self._layouts.pop(name, None)
-        for done in [k for k, barrier in self._assemblies.items() if barrier == key]:
-            del self._assemblies[done]
+        for done in self._members.pop(key, ()):
+            self._assemblies.pop(done, None)
         holders = self._holders.pop(key, None)
         if not holders:
             return
