@@ -229,8 +229,8 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
 
 def collective_phases(client) -> str | None:
     """The collective's phases on each worker (ms summed over every run of the workload
-    so far, and counts: :class:`spillway.cluster.collective.exchange.Phases`), None where no
-    worker ran one."""
+    so far, counts, and the median of one in ms:
+    :class:`spillway.cluster.collective.exchange.Phases`), None where no worker ran one."""
     from spillway.cluster.collective.exchange import phases
 
     found = [p for p in client.run(phases).values() if p]
@@ -238,7 +238,9 @@ def collective_phases(client) -> str | None:
         return None
     parts = []
     for p in found:
+        median = p.get("median", {})
         parts.append(" ".join(f"{name} {p['seconds'][name] * 1e3:.0f} ms/{p['counts'][name]}"
+                              f" (median {median.get(name, 0) * 1e3:.2f})"
                               for name in sorted(p["seconds"])) + f" taken {p['taken_bytes'] / 1e9:.1f} GB")
     return " | ".join(parts)
 

@@ -247,3 +247,39 @@ def test_the_capacity_check_counts_each_cut_as_its_input_chunk():
     # the pieces a cut keeps are its input chunk's bytes; each output chunk its own
     assert len(cuts) == 8 and set(cuts.values()) == {50 * 300 * 8}
     assert len(outputs) == 10 and set(outputs.values()) == {400 * 30 * 8}
+
+
+def test_assemblies_after_the_first_read_their_buffers_off_the_event_loop():
+    """Once a grouped exchange's buffers are in the owner's tiered store, an assembly reads
+    its pieces there from its own thread (no trip through the event loop); a buffer not
+    there yet, or a store of another kind, sends it back to the loop's path."""
+    from types import SimpleNamespace
+
+    from numpy_codec import NumpyCodec
+
+    from spillway.cluster.collective.copies import view_of
+    from spillway.cluster.collective.exchange import _owned_on_device
+    from spillway.cluster.collective.layout import Layout, flat_index, packing, plan_of
+    from spillway.cluster.memory.store import TieredStore
+
+    old, new = ((2, 2, 2), (6,)), ((6,), (3, 3))
+    plan = plan_of(old, new)
+    x = np.arange(36.0).reshape(6, 6)
+    store = TieredStore(device_limit=1 << 20, host_limit=1 << 20, codec=NumpyCodec())
+    worker = SimpleNamespace(address="b", data=store)
+    layout = Layout(("a", "b"), True)
+    for i in plan.partials[0].inputs:
+        block = x[2 * i[0]: 2 * i[0] + 2]
+        total, pieces = packing(old, new, i, 2)[1]
+        buffer = np.empty(total)
+        for offset, shape, src in pieces.values():
+            buffer[offset: offset + int(np.prod(shape))] = block[src].ravel()
+        store[("n", "g", flat_index(i, (3, 1)), 1)] = buffer
+    found = _owned_on_device(worker, "n", (0, 1), old, new, layout)
+    got = np.empty((6, 3))
+    for i, place in plan.parts_of((0, 1)):
+        got[place] = view_of(*found[i])
+    np.testing.assert_array_equal(got, x[:, 3:])
+    del store[("n", "g", 2, 1)]
+    assert _owned_on_device(worker, "n", (0, 1), old, new, layout) is None
+    assert _owned_on_device(SimpleNamespace(address="b", data={}), "n", (0, 1), old, new, layout) is None

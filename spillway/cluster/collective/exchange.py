@@ -24,13 +24,16 @@ without the whole exchange: the assembly that needs them fails with
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import statistics
 import math
 import time
 from collections import defaultdict
 
 from ..errors import SpillwayError
 from ..upstream import log_incoming
+from .copies import Batch, Flat, view_of
 from .layout import Layout, flat_index, packing, plan_of
 
 logger = logging.getLogger("spillway.collective")
@@ -50,23 +53,33 @@ _LOCKS: dict = {}
 
 
 class Phases:
-    """Where a worker's collective tasks spent their time since it started, summed
-    (seconds) with their counts: ``cut_copy`` (the pieces cut on the device, and the wait
-    for it), ``cut_store`` (kept in the store), ``layout`` (asked of the scheduler),
-    ``take`` (pieces or buffers from other workers, bytes in ``taken_bytes``), ``join``
-    (the output chunk written). The bench prints them beside the data plane's."""
+    """Where a worker's collective tasks spent their time since it started: per phase the
+    seconds summed, the count, and the median of the latest :data:`KEPT` (the first run
+    of an exchange pays for compiling the copy kernel and opening endpoints: the median
+    is what a run costs after). A cut is ``layout`` (asked of the scheduler), ``cut_plan``
+    (its buffers taken and its copies listed), ``cut_launch`` (the copies' one launch) and
+    ``cut_store`` (kept in the store, on the event loop); an assembly is ``pieces`` (on the
+    event loop: ``take``, from other workers, bytes in ``taken_bytes``, each request to
+    one holder as ``take_plane`` or ``take_comm``; ``owned_store``, a grouped exchange's
+    buffers kept here) and ``join`` (the output chunk's one launch). The bench prints them
+    beside the data plane's."""
+
+    KEPT = 1024
 
     def __init__(self):
         self.seconds: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
+        self.latest: dict[str, collections.deque] = defaultdict(lambda: collections.deque(maxlen=self.KEPT))
         self.taken_bytes = 0
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
         self.counts[phase] += 1
+        self.latest[phase].append(seconds)
 
     def as_dict(self) -> dict:
-        return {"seconds": dict(self.seconds), "counts": dict(self.counts), "taken_bytes": self.taken_bytes}
+        return {"seconds": dict(self.seconds), "counts": dict(self.counts), "taken_bytes": self.taken_bytes,
+                "median": {k: statistics.median(v) for k, v in self.latest.items() if v}}
 
 
 #: worker address -> its :class:`Phases`
@@ -123,16 +136,6 @@ def _forget_made(worker, key) -> None:
         plane.released(key)
 
 
-def _contiguous(array):
-    if type(array).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy.ascontiguousarray(array)
-    import numpy
-
-    return numpy.ascontiguousarray(array)
-
-
 def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | None:
     """Cut input chunk ``index`` of the rechunk ``chunks`` (old, new) into the pieces its
     partial's outputs need and keep them here: packed one buffer a worker where the
@@ -145,16 +148,23 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
     began = time.perf_counter()
     layout = _layout(worker, name, plan, partial, block, out_grid) if worker is not None else None
     asked = time.perf_counter()
-    if layout is not None and layout.grouped:
-        xp = _module(block)
-        kept = {}
+    xp = _module(block)
+    grouped = layout is not None and layout.grouped
+    # what fixes every copy of this cut: the next run of the same rechunk reuses them
+    batch = Batch(block.dtype.itemsize, key=("cut", old, new, index, len(layout.workers) if grouped else 0,
+                                            block.strides, block.dtype.itemsize))
+    kept = {}
+    if grouped:
         for d, (total, pieces) in packing(old, new, index, len(layout.workers)).items():
-            buffer = xp.empty(total, dtype=block.dtype)
+            buffer = kept[(name, "g", i, d)] = xp.empty(total, dtype=block.dtype)
             for offset, shape, src in pieces.values():
-                buffer[offset: offset + math.prod(shape)].reshape(shape)[...] = block[src]
-            kept[(name, "g", i, d)] = buffer
+                batch.add(block, src, buffer, Flat(offset, shape))
     else:
-        kept = {(name, i, flat_index(j, out_grid)): _contiguous(block[src]) for j, src in plan.pieces_of(index)}
+        for j, src in plan.pieces_of(index):
+            piece = kept[(name, i, flat_index(j, out_grid))] = xp.empty(_extent(src), dtype=block.dtype)
+            batch.add(block, src, piece, _whole(piece))
+    planned = time.perf_counter()
+    batch.run()
     if worker is None:
         _LOCAL.update(kept)
         return None
@@ -162,10 +172,17 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
         _mark_made(worker, kept)
     cut_at = time.perf_counter()
     ensure_handlers(worker)
-    _on_loop(worker, _store, worker, kept)
+    if hasattr(worker.data, "tier_of"):
+        # spillway's tiered store takes values from any thread (it spills under its own
+        # lock): no trip through the event loop, which serves the peers meanwhile
+        for key, value in kept.items():
+            worker.data[key] = value
+    else:
+        _on_loop(worker, _store, worker, kept)
     stats = PHASES[worker.address]
     stats.add("layout", asked - began)
-    stats.add("cut_copy", cut_at - asked)
+    stats.add("cut_plan", planned - asked)
+    stats.add("cut_launch", cut_at - planned)
     stats.add("cut_store", time.perf_counter() - cut_at)
     return worker.address
 
@@ -173,9 +190,9 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
 def direct(blocks: list, places: list, shape: tuple):
     """An output chunk of a partial that only splits or merges: ``blocks[k][src]`` at
     ``dst`` for each ``(src, dst)`` of ``places``."""
-    if len(blocks) == 1 and tuple(s.stop - s.start for s in places[0][0]) == tuple(shape):
+    if len(blocks) == 1 and _extent(places[0][0]) == tuple(shape):
         return blocks[0][places[0][0]]
-    return _joined([b[src] for b, (src, _) in zip(blocks, places)], [dst for _, dst in places], shape)
+    return _joined([(b, src) for b, (src, _) in zip(blocks, places)], [dst for _, dst in places], shape)
 
 
 def barrier(name: str, inputs: list, *holders) -> dict:
@@ -207,16 +224,26 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
             layout = Layout(tuple(ended["layout"][0]), bool(ended["layout"][1]))
         else:  # the barrier ran where no cut of its exchange did
             layout = _on_loop(worker, _ask_layout, worker, name, 0, tuple(map(len, new)))
+    gathering = time.perf_counter()
     if layout is not None and layout.grouped:
         d = layout.owner(index, tuple(map(len, new)))
-        request = {"name": name, "index": list(index), "chunks": [list(map(list, old)), list(map(list, new))],
-                   "partial": partial, "holders": [[list(k), v] for k, v in holders.items()],
-                   "layout": [list(layout.workers), layout.grouped]}
+
+        def request() -> dict:
+            return {"name": name, "index": list(index), "chunks": [list(map(list, old)), list(map(list, new))],
+                    "partial": partial, "holders": [[list(k), v] for k, v in holders.items()],
+                    "layout": [list(layout.workers), layout.grouped]}
+
         if layout.workers[d] == worker.address:
-            pieces = _on_loop(worker, _owned_pieces, worker, request)
+            pieces = _owned_on_device(worker, name, index, old, new, layout)
+            if pieces is None:  # the first assembly here takes the buffers (on the loop)
+                pieces = _on_loop(worker, _owned_pieces, worker, request())
         else:  # the owner left, or dask placed this elsewhere: the owner hands them over
-            pieces = _on_loop(worker, _pieces_from_owner, worker, layout.workers[d], request)
-        values = [pieces[i] for i, _ in parts]
+            pieces = _on_loop(worker, _pieces_from_owner, worker, layout.workers[d], request())
+        sources = [pieces[i] for i, _ in parts]
+        # views of the buffers packed for this worker, or whole arrays handed over
+        owned = layout.workers[d] == worker.address
+        key = ("join", old, new, index, len(layout.workers) if owned else tuple(a.strides for a, _ in sources),
+               str(sources[0][0].dtype))
     else:
         in_grid, out_grid = tuple(map(len, old)), tuple(map(len, new))
         j = flat_index(index, out_grid)
@@ -231,13 +258,30 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
             # (an output lost, or asked for again while the barrier is held)
             taken = _on_loop(worker, _take_all, worker, dict(by_holder), False)
             values = [taken[k] for k in keys]
-    if len(parts) == 1 and tuple(values[0].shape) == tuple(shape):
-        return values[0]  # the whole output chunk in one piece: no copy
+        sources = [(v, _whole(v)) for v in values]
+        key = ("join", old, new, index, tuple(v.strides for v in values), str(values[0].dtype))
+    if len(parts) == 1 and _extent_of(sources[0]) == tuple(shape):
+        return view_of(*sources[0])  # the whole output chunk in one piece: no copy
     joined_at = time.perf_counter()
-    out = _joined(values, [dst for _, dst in parts], shape)
-    if worker is not None:  # the kernels' launches: they run on while the next task starts
-        PHASES[worker.address].add("join", time.perf_counter() - joined_at)
+    out = _joined(sources, [dst for _, dst in parts], shape, key)
+    if worker is not None:  # the kernel's launch: it runs on while the next task starts
+        stats = PHASES[worker.address]
+        stats.add("pieces", joined_at - gathering)
+        stats.add("join", time.perf_counter() - joined_at)
     return out
+
+
+def _extent(index: tuple) -> tuple:
+    return tuple(s.stop - s.start for s in index)
+
+
+def _extent_of(source) -> tuple:
+    array, at = source
+    return tuple(at.shape) if isinstance(at, Flat) else _extent(at)
+
+
+def _whole(array) -> tuple:
+    return tuple(slice(0, n) for n in array.shape)
 
 
 # --- grouped exchanges: the owner's buffers
@@ -261,6 +305,33 @@ async def _ask_layout(worker, name: str, nbytes: int, grid: tuple):
     layout = Layout(tuple(answer["workers"]), bool(answer["grouped"])) if answer else Layout((), False)
     _LAYOUTS[(worker.address, name)] = layout
     return layout
+
+
+def _owned_on_device(worker, name: str, index: tuple, old: tuple, new: tuple, layout: Layout) -> dict | None:
+    """:func:`_owned_pieces` without the event loop, where every buffer it needs is on this
+    worker's device (or held as it is) already, as for each assembly after the first:
+    read from the tiered store,
+    which is safe from any thread; None where one is not (another store, another tier,
+    not taken yet), for the loop to take or restore it."""
+    data = worker.data
+    tier_of = getattr(data, "tier_of", None)
+    if tier_of is None:
+        return None
+    plan = plan_of(old, new)
+    workers = len(layout.workers)
+    d = layout.workers.index(worker.address)
+    in_grid = tuple(map(len, old))
+    out = {}
+    try:
+        for i, _ in plan.parts_of(index):
+            key = (name, "g", flat_index(i, in_grid), d)
+            if tier_of(key) not in ("device", "plain"):  # "plain": a CPU worker's, held as it is
+                return None
+            offset, shape, _src = packing(old, new, i, workers)[d][1][index]
+            out[i] = (data[key], Flat(offset, shape))
+    except KeyError:  # dropped meanwhile: the loop's path says why
+        return None
+    return out
 
 
 async def _owned_pieces(worker, request: dict) -> dict:
@@ -289,12 +360,14 @@ async def _owned_pieces(worker, request: dict) -> dict:
         if missing:
             # moved here: this worker is where dask runs every assembly of them again
             taken = await _take_all(worker, dict(missing), True)
+            stored = time.perf_counter()
             for key, value in taken.items():
                 worker.data[key] = value
+            PHASES[worker.address].add("owned_store", time.perf_counter() - stored)
     out = {}
     for i, _ in plan.parts_of(index):
         offset, shape, _src = packing(old, new, i, workers)[d][1][index]
-        out[i] = worker.data[keys[i]][offset: offset + math.prod(shape)].reshape(shape)
+        out[i] = (worker.data[keys[i]], Flat(offset, shape))
     return out
 
 
@@ -304,19 +377,20 @@ async def _pieces_from_owner(worker, owner: str, request: dict) -> dict:
     except OSError as e:
         raise CollectiveLost(_lost_line([(request["name"], None, request["index"])], owner,
                                         f"the worker is gone ({type(e).__name__})")) from None
-    return {tuple(k): v for k, v in response}
+    return {tuple(k): (v, _whole(v)) for k, v in response}
 
 
-def _joined(pieces: list, places: list, shape: tuple):
-    """The output chunk of ``shape`` from ``pieces`` written at ``places`` (slices), one
-    copy a piece into one allocation. On two H200s the 200 GB panel rechunk took 8.4 s
-    joined so, and 11.8-15.2 s in the runs that joined with a ``concatenate`` an axis
-    (other changes came with it: benchmarks/NOTES.md); one launch a chunk for the whole
-    join is the next step."""
-    xp = _module(pieces[0])
-    out = xp.empty(shape, dtype=pieces[0].dtype)
-    for piece, place in zip(pieces, places):
-        out[place] = piece
+def _joined(sources: list, places: list, shape: tuple, key=None):
+    """The output chunk of ``shape`` from ``sources`` (each an array and the part of it
+    that is the piece: slices or :class:`~.copies.Flat`) written at ``places`` (slices),
+    into one allocation with one launch (:mod:`.copies`; ``key``: what fixes the copies,
+    as a :class:`~.copies.Batch` takes it)."""
+    first = sources[0][0]
+    out = _module(first).empty(shape, dtype=first.dtype)
+    batch = Batch(first.dtype.itemsize, key=key)
+    for (array, at), place in zip(sources, places):
+        batch.add(array, at, out, place)
+    batch.run()
     return out
 
 
@@ -387,13 +461,18 @@ async def _fetch(worker, holder: str, keys: list, move: bool) -> dict:
     from ..dataplane.hook import PLANES
 
     plane = PLANES.get(worker.address)
+    stats = PHASES[worker.address]
+    began = time.perf_counter()
     if plane is not None and await plane.reaches(holder):
         response = await plane.fetch(holder, keys)
         if response is not None:
             if move and response.get("status") == "OK":
                 _drop_later(worker, holder, keys)
+            stats.add("take_plane", time.perf_counter() - began)
             return response
-    return await worker.rpc(holder).spillway_collective_take(keys=keys, keep=not move)
+    response = await worker.rpc(holder).spillway_collective_take(keys=keys, keep=not move)
+    stats.add("take_comm", time.perf_counter() - began)
+    return response
 
 
 def _log_incoming(worker, holder: str, data: dict, start: float) -> None:
@@ -479,7 +558,7 @@ def _pieces_handler(worker):
         from distributed.protocol import to_serialize
 
         found = await _owned_pieces(worker, request)
-        return [[list(i), to_serialize(v)] for i, v in found.items()]
+        return [[list(i), to_serialize(view_of(*v))] for i, v in found.items()]
 
     return pieces
 

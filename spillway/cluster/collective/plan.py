@@ -88,6 +88,7 @@ class Plan:
         self.old = tuple(tuple(int(c) for c in axis) for axis in old)
         self.new = tuple(tuple(int(c) for c in axis) for axis in new)
         self._overlaps = [axis_overlaps(o, n) for o, n in zip(self.old, self.new)]
+        self._parts: dict = {}
         runs = [axis_runs(o, n) for o, n in zip(self.old, self.new)]
         self.partials: tuple[Partial, ...] = tuple(
             Partial(inputs=tuple(itertools.product(*(r[0] for r in combo))),
@@ -111,7 +112,13 @@ class Plan:
 
     def parts_of(self, index: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[slice, ...]]]:
         """What output chunk ``index`` is made of: (input index, where its piece goes in the
-        output chunk)."""
+        output chunk); worked out once an output chunk (every assembly of it asks)."""
+        found = self._parts.get(index)
+        if found is None:
+            found = self._parts[index] = self._parts_of(index)
+        return found
+
+    def _parts_of(self, index: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[slice, ...]]]:
         per_axis = []
         for d, j in enumerate(index):
             per_axis.append([(a, dst) for a, overlaps in enumerate(self._overlaps[d])
