@@ -23,6 +23,7 @@ from spillway.cluster.gpus import Inventory
 from spillway.cluster.launch import LaunchPlan
 from spillway.cluster.options import Options
 
+from . import pauses
 from .clusters import baseline_cluster, spillway_cluster
 from .measure import SideResult, timed_run_recorded, wait_released
 from .workloads import Workload
@@ -58,7 +59,7 @@ class BenchRun:
     baseline: bool = True
     #: a short name of this run, kept in the JSON and the file names
     label: str | None = None
-    #: record each workload's first timed run per worker (``--timeline``)
+    #: record each workload's slowest timed run per worker (``--timeline``)
     timeline: bool = False
 
 
@@ -174,8 +175,12 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
                  kind: str, log: Callable[[str], None], label: str, timeline: bool = False) -> SideResult:
     """One warm-up (where the workload has one) and ``runs`` timed runs of ``workload``,
     each on fresh inputs; the last is checked against the workload's reference. With
-    ``timeline`` the first timed run's timeline is recorded (:func:`timed_run_recorded`)."""
+    ``timeline`` every timed run's timeline is recorded (:func:`timed_run_recorded`) and
+    the slowest one's kept."""
     result = SideResult()
+    pauses.watch()
+    client.run(pauses.watch)
+    pauses.line(client)  # from here on
     if not workload.warmup:
         result.notes.append("no warm-up run (its inputs alone take minutes to persist)")
     capped = workload.timed_runs(scale, runs)
@@ -190,8 +195,9 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
             result.notes.append(built.note)
         check = workload.reference is not None and i == runs
         measure, recorded = timed_run_recorded(client, built.result, kind=kind, timeout=timeout,
-                                               keep_value=check, record=timeline and i == 1)
-        if recorded is not None:
+                                               keep_value=check, record=timeline and i >= 1)
+        # the slowest timed run's: where a stall shows, it is the one to explain
+        if recorded is not None and measure.seconds >= max(result.runs_s, default=0.0):
             result.timeline = recorded
         del built
         if not wait_released(client):
@@ -218,6 +224,9 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
             if not result.verify["ok"]:
                 result.error = (f"result check failed: relative error {result.verify['rel_error']:.3e} "
                                 f"above {workload.tolerance:.0e}")
+    paused = pauses.line(client)
+    if paused:
+        log(f"{workload.name} {label:<8} gc pauses: {paused}")
     plane = plane_phases(client)
     if plane:
         log(f"{workload.name} {label:<8} data plane: {plane}")
@@ -246,7 +255,7 @@ def collective_phases(client) -> str | None:
 
 
 def plane_phases(client) -> str | None:
-    """The data plane's phases on the workers (median ms of the latest fetches and serves:
+    """The data plane's phases on the workers (median and max ms of the latest fetches and serves:
     :class:`spillway.cluster.dataplane.plane.Counters`), None where no worker has a plane."""
     from .transfers import plane_counters
 
@@ -257,8 +266,9 @@ def plane_phases(client) -> str | None:
     parts = []
     for c in counters:
         phases = c.get("phases") or {}
-        parts.append(" ".join(f"{name} {v['median_s'] * 1e3:.2f}" for name, v in phases.items()))
-    return f"{fetched} fetches; median ms per worker: " + " | ".join(parts)
+        parts.append(" ".join(f"{name} {v['median_s'] * 1e3:.2f}/{v.get('max_s', 0) * 1e3:.1f}"
+                              for name, v in phases.items()))
+    return f"{fetched} fetches; median/max ms per worker: " + " | ".join(parts)
 
 
 #: references already computed in this process, by (workload, scale, seed)

@@ -147,7 +147,7 @@ class SideResult:
     skipped: str | None = None
     #: the known failure this side's ``error`` is (B5's baseline): recorded, not a failed bench
     expected_failure: str | None = None
-    #: where the first timed run's time went per worker (``--timeline``)
+    #: where the slowest timed run's time went per worker (``--timeline``)
     timeline: dict | None = None
 
     @property

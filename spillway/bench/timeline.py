@@ -1,6 +1,7 @@
 """Where a timed run's time goes on each worker: compute, incoming transfers, and waiting.
 
-With ``--timeline`` the bench records the first timed run of every workload on each side:
+With ``--timeline`` the bench records every timed run of every workload on each side and
+keeps the slowest (a stall is what a timeline is read for):
 the scheduler's task stream (each task's compute interval on its worker) and the workers'
 incoming-transfer logs, cut to the run's clock. Per worker the run's wall time splits
 into ``compute_s`` (some task running), ``transfer_s`` (a chunk arriving while no task
@@ -206,7 +207,7 @@ class Recording:
         try:
             self._report = self.client.sync(
                 self.client.scheduler.performance_report, start=self.started,
-                last_count=self.monitor_count, code="spillway bench: the workload's first timed run")
+                last_count=self.monitor_count, code="spillway bench: a timed run of the workload")
         except Exception as e:  # the timeline must not fail the benchmark
             self.report_note = f"not written: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
@@ -291,7 +292,7 @@ def markdown_section(results: dict) -> list[str]:
     runs = captured(results)
     if not runs:
         return []
-    lines = ["", "## Timeline of the first timed run", "",
+    lines = ["", "## Timeline of the slowest timed run", "",
              "Per worker: compute (a task running), transfer (a chunk arriving while no task runs), other "
              "(disk reads and such alone), idle (waiting); they add up to the wall time. First task: from the "
              "clock's start to the first task on any worker; tail: from the last task's end to the stop.", "",

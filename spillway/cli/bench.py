@@ -38,7 +38,7 @@ from .options import cluster_options, resolve
               help="A short name for this run ([A-Za-z0-9_.-], at most 40), kept in the JSON and added to "
                    "the file names, so several runs in one session keep their own files.")
 @click.option("--timeline", is_flag=True,
-              help="Record each workload's first timed run on each side: per worker, seconds of compute, "
+              help="Record each workload's slowest timed run on each side: per worker, seconds of compute, "
                    "transfer and waiting in the JSON and markdown, <name>-timeline.png (a row per worker), and "
                    "distributed's performance reports in <name>-timeline.html where bokeh is installed.")
 @click.option("--link-sweep", is_flag=True,

@@ -49,7 +49,7 @@ def bench_scaling():
               show_default=True, help="Directory for <machine>-<date>-<mode>-n<N>.{json,md,png,log}.")
 @click.option("--no-ceilings", is_flag=True, help="Skip measuring the hardware ceilings.")
 @click.option("--timeline", is_flag=True,
-              help="Record each workload's first timed run: per worker, seconds of compute, transfer and "
+              help="Record each workload's slowest timed run: per worker, seconds of compute, transfer and "
                    "waiting in the JSON and markdown, and <name>-timeline.png / .html beside the results "
                    "(as in spillway bench --timeline).")
 @cluster_options

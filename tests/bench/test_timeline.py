@@ -104,7 +104,7 @@ def test_performance_report_is_asked_of_the_scheduler_after_the_run(cpu_client, 
                                              timeout=60, record=True)
     assert tl[timeline.REPORT_KEY] == "<html>report</html>" and tl["performance_report"] == "included"
     (start, count, code), = asked
-    assert start <= measure.window[0] and isinstance(count, int) and "first timed run" in code
+    assert start <= measure.window[0] and isinstance(count, int) and "timed run" in code
 
 
 # --- files
@@ -181,9 +181,9 @@ def test_bench_timeline_on_cpu_workers(tmp_path):
     (w,) = data["workloads"]
     for side in ("spillway", "baseline"):
         tl = w[side]["timeline"]
-        _adds_up(tl, w[side]["runs_s"][0])  # the first timed run is the one recorded
+        _adds_up(tl, max(w[side]["runs_s"]))  # the slowest timed run is the one kept
     md = (tmp_path / f"{stem}.md").read_text()
-    assert "## Timeline of the first timed run" in md and "| W2 | baseline |" in md
+    assert "## Timeline of the slowest timed run" in md and "| W2 | baseline |" in md
     assert f"wrote {tmp_path / stem}-timeline.png" in result.output
 
 
@@ -198,7 +198,7 @@ def test_bench_scaling_timeline_keeps_every_part_in_one_png(tmp_path):
     data = json.loads(f.read_text())
     assert [w["name"] for w in data["workloads"]] == ["W1", "B2"]  # two parts, one file
     for w in data["workloads"]:
-        _adds_up(w["spillway"]["timeline"], w["spillway"]["runs_s"][0])
+        _adds_up(w["spillway"]["timeline"], max(w["spillway"]["runs_s"]))
         assert "timeline" not in (w.get("baseline") or {}) or not w["baseline"].get("timeline")
     assert (tmp_path / f"{f.stem}-timeline.png").stat().st_size > 10_000
     assert len(list(tmp_path.iterdir())) <= 8

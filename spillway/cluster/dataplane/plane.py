@@ -110,14 +110,15 @@ class Counters:
         self.serve_trace: collections.deque = collections.deque(maxlen=TRACE_LENGTH)
 
     def phases(self) -> dict:
-        """Median and total seconds of each phase over the kept fetches and serves."""
+        """Median, total and longest seconds of each phase over the kept fetches and serves."""
         out = {}
         for side, trace in (("fetch", self.fetch_trace), ("serve", self.serve_trace)):
             if not trace:
                 continue
             for name in trace[0]:
                 values = [t[name] for t in trace]
-                out[f"{side}_{name}"] = {"median_s": statistics.median(values), "total_s": sum(values)}
+                out[f"{side}_{name}"] = {"median_s": statistics.median(values), "total_s": sum(values),
+                                         "max_s": max(values)}
         return out
 
     def as_dict(self) -> dict:
