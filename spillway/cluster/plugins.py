@@ -31,6 +31,8 @@ import time
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from . import upstream
+
 PLUGIN_NAME = "spillway-setup"
 
 #: clean-ups :meth:`WorkerSetup.teardown` runs on a GPU worker while its CUDA context is
@@ -130,6 +132,11 @@ def quiet_leaving(worker) -> None:
         log.addFilter(_Leaving(worker))
 
 
+#: seconds without UCX progress after which ucxx's blocking progress mode progresses UCX
+#: anyway (ucxx's own: 1 s; :func:`~spillway.cluster.upstream.tighten_progress_net`)
+PROGRESS_NET_S = 0.005
+
+
 class WorkerSetup(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
@@ -148,6 +155,7 @@ class WorkerSetup(WorkerPlugin):
         from .launch.worker_config import follow_offload_config
 
         follow_offload_config()  # transfer-offload, where the process imported distributed first
+        upstream.tighten_progress_net(PROGRESS_NET_S)
         quiet_refused_writes()
         quiet_leaving(worker)
         self.kind = "gpu" if _is_gpu_worker() else "cpu"

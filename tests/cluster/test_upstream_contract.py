@@ -84,7 +84,8 @@ def test_pyproject_bounds_each_seamed_dependency_above_the_next_unchecked_minor(
 #: the private names of upstream that spillway uses; only the seam module may name them
 PRIVATE = ("_materialize_graph", "get_data_from_worker", "_instances", "transfer_outgoing", "peekn",
            "_job_script_prologue", "_command_template", "_adaptive", "new_spec", "init_once", "_cuda_context",
-           "dask._expr", "dask._task_spec", "OFFLOAD_THRESHOLD", "fast_to_slow_callbacks")
+           "dask._expr", "dask._task_spec", "OFFLOAD_THRESHOLD", "fast_to_slow_callbacks", "ProgressTasks",
+           "_progress_timeout")
 
 
 def test_only_the_seam_module_names_upstream_private_parts():
@@ -171,3 +172,27 @@ def test_the_memory_limit_is_read_without_importing_distributed_and_agrees_with_
     from distributed.system import memory_limit
 
     assert upstream.system_memory_limit() == memory_limit()
+
+
+def test_the_progress_net_is_tightened_on_every_loop_ucxx_progresses():
+    """ucxx's blocking progress mode, as distributed-ucxx starts it in a worker, with its
+    safety net brought from 1 s to the setting given, on the loop a listener started."""
+    ucxx = pytest.importorskip("ucxx")
+    pytest.importorskip("distributed_ucxx")
+    import asyncio
+
+    from ucxx._lib_async import application_context
+
+    upstream.start_ucx()  # as a worker's comm does, once a process
+
+    async def listen():
+        listener = ucxx.create_listener(lambda ep: None, port=0)
+        try:
+            found = upstream.tighten_progress_net(0.004)
+            task = application_context.ProgressTasks.get(asyncio.get_running_loop())
+            return found, getattr(task, "_progress_timeout", None)
+        finally:
+            listener.close()
+
+    found, timeout = asyncio.run(listen())
+    assert found >= 1 and timeout == 0.004

@@ -190,6 +190,20 @@ def register_plugins(client, options: Options) -> None:
         client.register_plugin(DataPlanePlugin())
     _relay_deaths(client)
     _exchange_in_bulk(client, options)
+    _tighten_progress_net(client)
+
+
+def _tighten_progress_net(client) -> None:
+    """ucxx's safety net for missed wake-ups at a few milliseconds in this process and the
+    scheduler's, as :class:`~..plugins.WorkerSetup` sets it on the workers."""
+    from .. import upstream
+    from ..plugins import PROGRESS_NET_S
+
+    upstream.tighten_progress_net(PROGRESS_NET_S)
+    try:
+        client.run_on_scheduler(upstream.tighten_progress_net, PROGRESS_NET_S)
+    except Exception as e:  # noqa: BLE001 (a scheduler without spillway keeps ucxx's 1 s)
+        logger.debug("the scheduler keeps ucxx's progress net: %s: %s", type(e).__name__, e)
 
 
 def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
