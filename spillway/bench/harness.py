@@ -205,7 +205,8 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
         what = "warm-up" if i == 0 else f"run {i}/{runs}"
         log(f"{workload.name} {label:<8} {what:<9} {measure.seconds:9.3f} s  "
             f"moved {measure.bytes_moved / 1e9:8.2f} GB  spilled {measure.bytes_spilled / 1e9:7.2f} GB  "
-            f"(inputs persisted in {measure.persist_s:.2f} s)")
+            f"(inputs persisted in {measure.persist_s:.2f} s; waited {_seconds(measure.waited_s)}, "
+            f"device sync {_seconds(measure.synchronized_s)})")
         if i == 0:
             result.warmup_s = measure.seconds
             continue
@@ -234,6 +235,10 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
     if exchange:
         log(f"{workload.name} {label:<8} collective: {exchange}")
     return result
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"
 
 
 def collective_phases(client) -> str | None:

@@ -59,6 +59,11 @@ class RunMeasure:
     window: tuple[float, float] | None = None
     #: tasks the scheduler ran for the timed part (after dask's optimisation)
     tasks: int | None = None
+    #: of ``seconds``: until the client knew every future finished (submission, the
+    #: tasks, the scheduler's word back), and the devices' synchronisation after (the
+    #: kernels still queued when the last task returned, and the round trip to ask)
+    waited_s: float | None = None
+    synchronized_s: float | None = None
 
 
 def spill_moves(before: dict, after: dict) -> dict:
@@ -247,6 +252,7 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
     persisted = client.persist(op)
     futures = futures_of(persisted)
     wait(futures, timeout=timeout)
+    waited_s = time.perf_counter() - start
     if kind == "gpu":
         client.run(synchronize_device)
     seconds = time.perf_counter() - start
@@ -275,7 +281,8 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
     return RunMeasure(seconds=seconds, transfers=transfers, bytes_moved=moved, bytes_spilled=spilled,
                       persist_s=persist_s, spill=spill_moves(before, after),
                       persist_spill=spill_moves(start_persist, before), resident=resident_bytes(before),
-                      value=value, window=window, tasks=tasks)
+                      value=value, window=window, tasks=tasks, waited_s=waited_s,
+                      synchronized_s=seconds - waited_s)
 
 
 def timed_run_recorded(client, collection, *, record: bool, **kwargs) -> tuple[RunMeasure, dict | None]:
