@@ -802,28 +802,6 @@ def start_ucx() -> None:
     init_once()
 
 
-@seam("ucxx_default_stream", "ucxx._cuda_context.synchronize_default_stream", "ucxx", UCXX,
-      "ucxx's own default-stream synchronization (CuPy's is used)")
-def _check_default_stream() -> str | None:
-    from ucxx import _cuda_context
-
-    return None if callable(getattr(_cuda_context, "synchronize_default_stream", None)) else "is not there"
-
-
-def synchronize_default_stream() -> None:
-    """Wait for the work queued on the default CUDA stream (what distributed-ucxx does
-    before a device send and after allocating receive buffers)."""
-    try:
-        from ucxx._cuda_context import synchronize_default_stream as synchronize
-    except ImportError as e:
-        off("ucxx_default_stream", f"cannot be imported ({e})")
-        import cupy
-
-        cupy.cuda.Stream.null.synchronize()
-        return
-    synchronize()
-
-
 @seam("ucxx_progress_net", "ucxx._lib_async.application_context.ProgressTasks, BlockingMode._progress_timeout",
       "ucxx", UCXX, "a UCX wake-up that ucxx's blocking progress misses costing up to 1 s, not a few ms")
 def _check_progress_net() -> str | None:
