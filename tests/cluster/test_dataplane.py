@@ -475,9 +475,37 @@ async def warm_again(dask_worker=None):
 
 def test_a_plane_opens_its_endpoints_to_every_peer_in_the_background(ucx_cluster):
     client = ucx_cluster
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(client.run(os.getpid))  # the workers that answer now, not a cached identity
     opened, peers = client.run(warm_again, workers=[workers[0]])[workers[0]]
     assert opened == 2 and peers == workers[1:]
+
+
+async def warm_transfer(peer, dask_worker=None):
+    plane = plane_of(dask_worker)
+    before = plane.counters.fetched_bytes
+    answer = await plane.fetch(peer, [], warm=4096)
+    return answer, plane.counters.fetched_bytes - before
+
+
+def channels_to(dask_worker=None):
+    return sorted(plane_of(dask_worker)._channels)
+
+
+def test_a_warm_up_takes_bytes_from_the_peer_and_the_peer_warms_back(ucx_cluster):
+    """A GPU plane's warm-up moves a buffer of the peer's pool (here, on CPU workers, a host
+    one): the reply is an answer with no keys, the bytes counted as fetched, and the peer,
+    which had no endpoint to the asker, opens one in turn."""
+    client = ucx_cluster
+    a, b = sorted(client.run(os.getpid))[:2]
+    client.run(warm_again, workers=[b])  # b's channels closed, then reopened: forget them
+    client.run(lambda dask_worker=None: [plane_of(dask_worker)._forget(p)
+                                         for p in list(plane_of(dask_worker)._channels)], workers=[b])
+    answer, moved = client.run(warm_transfer, b, workers=[a])[a]
+    assert answer == {"status": "OK", "data": {}} and moved == 4096
+    deadline = time.monotonic() + 30
+    while a not in client.run(channels_to, workers=[b])[b] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert a in client.run(channels_to, workers=[b])[b]
 
 
 # --- the plane's bookkeeping of peers, no UCXX
