@@ -84,19 +84,21 @@ def test_keys_sized_lately_are_looked_up_and_only_the_others_sized(monkeypatch):
     from spillway.cluster.memory import graph_bytes as module
 
     module._known.clear()
-    sized = []
-    real = module.key_bytes
+    sized, read = [], []
+    real, real_layers = module.key_bytes, module.chunk_layers
     monkeypatch.setattr(module, "key_bytes",
-                        lambda dsk, layers, keys=None: sized.append(list(dsk if keys is None else keys))
-                        or real(dsk, layers, keys))
+                        lambda dsk, layers, keys=None, shapes=None: sized.append(list(dsk if keys is None else keys))
+                        or real(dsk, layers, keys, shapes))
+    monkeypatch.setattr(module, "chunk_layers", lambda expr: read.append(expr) or real_layers(expr))
     x = da.ones((400, 400), chunks=(100, 100))
     _, dsk, first = _sized([(x + x.T).sum()], compute=True)
-    assert first and sized == [list(dsk)]
+    assert first and sized == [list(dsk)] and len(read) == 1
     # the same compute again (as a user runs it in a loop): compute's finalize is named
-    # afresh each time, and only its keys are sized
+    # afresh each time, and only its keys are sized, from the shapes of what they gather,
+    # without reading the expression
     expr, again_dsk, again = _sized([(x + x.T).sum()], compute=True)
     fresh = set(again_dsk) - set(dsk)
-    assert fresh and set(sized[1]) == fresh
+    assert fresh and set(sized[1]) == fresh and len(read) == 1
     # and the sizes are those worked out from nothing
     module._known.clear()
     assert again == module.graph_bytes(expr, again_dsk)
