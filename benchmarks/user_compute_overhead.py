@@ -30,7 +30,10 @@ switch for it):
 * ``no-worker-setup``: spillway's worker plugin torn down and its heartbeat metric removed;
 * ``no-session-config``: this process's dask config as before ``spillway.local`` (the
   peer-to-peer rechunk method, and dask's own rechunk function);
-* ``dashboard``: spillway's default dashboard on (the other variants have it off).
+* ``dashboard``: spillway's default dashboard on (the other variants have it off);
+* on GPU workers, spillway's own options: ``dask-cuda-store`` (``memory_store="dask-cuda"``,
+  not the tiered store), ``no-prefetch``, ``no-spill-on-demand``, ``no-data-plane``,
+  ``no-pinned-pool`` (``pinned_pool_size=0``).
 
 ``--profile``: after the timed pairings, one more pairing of the defaults a size, with
 cProfile in each side's process over runs 2..N, on the thread of the client's and
@@ -55,8 +58,13 @@ import statistics
 import sys
 import time
 
+#: variants that are spillway's own options, for GPU workers (what they turn off is not on
+#: CPU workers): the keywords given to ``spillway.local``
+OPTION_VARIANTS = {"dask-cuda-store": {"memory_store": "dask-cuda"}, "no-prefetch": {"prefetch": False},
+                   "no-spill-on-demand": {"spill_on_demand": False}, "no-data-plane": {"data_plane": False},
+                   "no-pinned-pool": {"pinned_pool_size": 0}}
 VARIANTS = ("defaults", "no-capacity", "no-sizes", "no-collective", "no-worker-setup", "no-session-config",
-            "dashboard")
+            "dashboard", *OPTION_VARIANTS)
 SEED = 5500
 
 
@@ -143,7 +151,8 @@ class Side:
     capacity check wraps, and so the baseline would pay for spillway's sizing too).
     Commands go as JSON lines on its stdin, answers come back on its stdout."""
 
-    def __init__(self, name: str, variant: str, args, *, profile: bool = False, tree: str | None = None):
+    def __init__(self, name: str, variant: str, args, *, profile: bool = False, hooks: bool = False,
+                 tree: str | None = None):
         """``tree``: a checkout whose ``spillway`` this side imports instead (the code
         before a change, measured in the same pairings as the code after it)."""
         import subprocess
@@ -155,6 +164,8 @@ class Side:
             argv.append("--cpu")
         if profile:
             argv.append("--profile")
+        if hooks:
+            argv.append("--hooks")
         env = dict(os.environ)
         if tree:
             env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(tree), *filter(None, [env.get("PYTHONPATH")])])
@@ -194,12 +205,13 @@ class Side:
 
 
 @contextlib.contextmanager
-def pairing(variant: str, args, *, profile: bool = False):
+def pairing(variant: str, args, *, profile: bool = False, hooks: bool = False):
     """The sides, fresh, started at once: spillway, spillway before a change where
     ``--before`` names its checkout, and the baseline."""
-    sides = {"spillway": Side("spillway", variant, args, profile=profile)}
+    sides = {"spillway": Side("spillway", variant, args, profile=profile, hooks=hooks)}
     if args.before:
-        sides["spillway-before"] = Side("spillway-before", variant, args, profile=profile, tree=args.before)
+        sides["spillway-before"] = Side("spillway-before", variant, args, profile=profile, hooks=hooks,
+                                        tree=args.before)
     sides["baseline"] = Side("baseline", variant, args, profile=profile)
     try:
         for side in sides.values():
@@ -241,6 +253,7 @@ def serve(side: str, variant: str, args) -> int:
     sys.stdout = sys.stderr  # whatever else prints stays off the answers' pipe
     with cluster_of(side, variant, args) as (client, described):
         profile = Profile(client) if args.profile else None
+        hooks = Hooks(client) if args.hooks and side == "spillway" else None
         held = None
         out.write(json.dumps(described) + "\n")
         out.flush()
@@ -261,10 +274,15 @@ def serve(side: str, variant: str, args) -> int:
                     timed = profile.running() if profile is not None and command["profile"] else (
                         contextlib.nullcontext())
                     workers = client.run(_cpu_seconds)
+                    if hooks is not None:
+                        hooks.on = command["profile"]
+                        hooks.computes += command["profile"]
                     with timed:
                         cpu, t = time.process_time(), time.perf_counter()
                         value = client.compute((held + held.T).sum(), sync=True)
                         seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
+                    if hooks is not None:
+                        hooks.on = False
                     workers = sum(client.run(_cpu_seconds).values()) - sum(workers.values())
                     answer = {"seconds": seconds, "value": float(value), "cpu_s": cpu, "workers_cpu_s": workers}
                 elif op == "release":
@@ -272,6 +290,8 @@ def serve(side: str, variant: str, args) -> int:
                     answer = {"graphs": _update_graph_metrics(client, command["computes"])}
                 elif op == "profile":
                     answer = profile.summary() if profile is not None else {}
+                elif op == "hooks":
+                    answer = hooks.summary() if hooks is not None else {}
                 else:
                     answer = {"error": f"unknown command {op!r}"}
             except Exception as e:  # noqa: BLE001 (said to the parent, which stops)
@@ -291,6 +311,7 @@ def cluster_of(side: str, variant: str, args):
     if args.cpu:
         keywords.update(cpu=True, n_workers=args.workers)
     if side == "spillway":
+        keywords.update(OPTION_VARIANTS.get(variant, {}))
         import spillway
 
         with spillway.local(**keywords) as cluster, turned_off(variant, cluster):
@@ -336,6 +357,66 @@ def _array(n: int, chunk: int, seed: int, gpu: bool = False):
 
         x = x.map_blocks(cupy.asarray)
     return x
+
+
+# --- spillway's hooks, timed where they run
+
+
+class Hooks:
+    """CPU seconds of the threads that run them (``time.thread_time``, which a
+    neighbour's load hurts far less than wall time) inside each scheduler plugin's
+    ``update_graph`` and ``transition``, inside spillway's sizing of each graph and
+    inside the graph's materialization with it, over the computes run while ``on``.
+    A no-op plugin's hooks are timed the same way: its seconds a call (the timing's own
+    cost) are taken off every hook's."""
+
+    NO_OP = "probe-no-op"
+
+    def __init__(self, client):
+        import distributed.scheduler as ds
+        from distributed.diagnostics.plugin import SchedulerPlugin
+
+        from spillway.cluster import capacity
+
+        self.on = False
+        self.computes = 0
+        self.totals: dict = {}
+        scheduler = client.cluster.scheduler
+        scheduler.add_plugin(SchedulerPlugin(), name=self.NO_OP)
+        for name, plugin in scheduler.plugins.items():
+            name = "WorkStealing" if name.startswith("WorkStealing") else name  # named afresh each start
+            for hook in ("update_graph", "transition"):
+                self._wrap(plugin, hook, f"{name}.{hook}")
+        self._wrap(capacity, "graph_bytes", "sizing (graph_bytes)")
+        self._wrap(ds, "_materialize_graph", "materialization with the sizing")
+
+    def _wrap(self, owner, attr: str, name: str) -> None:
+        inner = getattr(owner, attr)
+        totals = self.totals
+
+        def timed(*args, **kwargs):
+            if not self.on:
+                return inner(*args, **kwargs)
+            start = time.thread_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                entry = totals.setdefault(name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.thread_time() - start
+
+        setattr(owner, attr, timed)
+
+    def summary(self) -> dict:
+        n = max(1, self.computes)
+        calls, seconds = self.totals.get(f"{self.NO_OP}.transition", [0, 0.0])
+        cost = seconds / calls if calls else 0.0
+        out = {"computes": self.computes, "timing_us_a_call": round(1e6 * cost, 3)}
+        for name, (calls, seconds) in sorted(self.totals.items()):
+            if name.startswith(self.NO_OP):
+                continue
+            out[name] = {"calls": round(calls / n, 1), "ms": round(1e3 * max(0.0, seconds - calls * cost) / n, 3)}
+        return out
 
 
 # --- profiles
@@ -494,6 +575,20 @@ def render_md(result: dict) -> str:
         lines.append(f"| {e['variant']} | {e['size']} | {e['tasks']} | {e['side']} | {_ms(e['first_med'])} | "
                      f"{_ms(e['median_med'])} | {e['ratio_med']:.2f}x ({', '.join(f'{r:.2f}' for r in e['ratio'])}) | "
                      f"{_ms(e['cpu_med'])} | {_ms(e['workers_cpu_med'])} | {_ms(e['graph_med'])} |")
+    if result.get("hooks"):
+        lines += ["", "## spillway's hooks, CPU ms a compute (runs 2-N of the defaults)", "",
+                  "Each hook's thread CPU time where it runs (the scheduler's event loop; the sizing and the "
+                  "materialization on distributed's offload thread), less the timing's own cost (a no-op "
+                  "plugin's hook timed alike); calls a compute in brackets.", ""]
+        names = sorted({k for h in result["hooks"].values() for k in h if isinstance(h[k], dict)})
+        sides = list(result["hooks"])
+        lines += ["| hook | " + " | ".join(sides) + " |", "| --- |" + " --- |" * len(sides)]
+        for name in names:
+            cells = []
+            for side in sides:
+                got = result["hooks"][side].get(name)
+                cells.append("-" if not got else f"{got['ms']:.3f} ({got['calls']:g})")
+            lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     if result.get("profile"):
         lines += ["", "## Profile (cProfile over runs 2-N of the defaults), ms per compute", "",
                   "Profiled, so inflated; spillway's functions and distributed's graph steps, on the thread of "
@@ -559,6 +654,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--hooks", action="store_true",
+                        help="a pairing a size more, the CPU time of spillway's hooks measured where they run")
     parser.add_argument("--before", metavar="TREE",
                         help="a checkout of spillway before a change: a third side, its code, in every pairing")
     parser.add_argument("--label", default="run")
@@ -576,6 +673,8 @@ def main() -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    if args.cpu and set(variants) & set(OPTION_VARIANTS):
+        parser.error(f"{', '.join(sorted(set(variants) & set(OPTION_VARIANTS)))}: options of GPU workers")
     rows, described = [], {}
     started = time.time()
     for repeat in range(args.repeats):
@@ -607,6 +706,16 @@ def main() -> int:
                 measure_size(sides, n, chunk, args.runs, SEED - 1)
                 for name, side in sides.items():
                     profile[f"{name} {n}:{chunk}"] = side.ask("profile")
+    hooks = None
+    if args.hooks:
+        hooks = {}
+        for n, chunk in sizes:
+            with pairing("defaults", args, hooks=True) as sides:
+                measure_size(sides, n, chunk, args.runs, SEED - 2)
+                for name, side in sides.items():
+                    if name != "baseline":
+                        hooks[f"{name} {n}:{chunk}"] = side.ask("hooks")
+                        print(f"hooks {name} {n}:{chunk}: {hooks[f'{name} {n}:{chunk}']}", flush=True)
     info = machine(gpu)
     result = {"label": args.label, "machine": info["name"], "machine_detail": info,
               "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -615,7 +724,7 @@ def main() -> int:
               "before": args.before,
               "seconds": round(time.time() - started, 1),
               "command": " ".join(["python3 benchmarks/" + os.path.basename(sys.argv[0]), *sys.argv[1:]]),
-              "rows": rows, "summary": summarize(rows), "profile": profile}
+              "rows": rows, "summary": summarize(rows), "profile": profile, "hooks": hooks}
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"{info['name']}-{datetime.date.today().isoformat()}-user-overhead-{args.label}")
     with open(stem + ".json", "w") as f:
