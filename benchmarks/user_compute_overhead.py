@@ -204,15 +204,18 @@ class Side:
                 self.proc.kill()
 
 
+def side_names(args) -> list[str]:
+    return ["spillway", *(["spillway-before"] if args.before else []), "baseline"]
+
+
 @contextlib.contextmanager
-def pairing(variant: str, args, *, profile: bool = False, hooks: bool = False):
-    """The sides, fresh, started at once: spillway, spillway before a change where
-    ``--before`` names its checkout, and the baseline."""
-    sides = {"spillway": Side("spillway", variant, args, profile=profile, hooks=hooks)}
-    if args.before:
-        sides["spillway-before"] = Side("spillway-before", variant, args, profile=profile, hooks=hooks,
-                                        tree=args.before)
-    sides["baseline"] = Side("baseline", variant, args, profile=profile)
+def pairing(variant: str, args, *, profile: bool = False, hooks: bool = False, only: str | None = None):
+    """The sides, fresh, started at once (or the side ``only``): spillway, spillway
+    before a change where ``--before`` names its checkout, and the baseline."""
+    sides = {}
+    for name in side_names(args) if only is None else [only]:
+        sides[name] = Side(name, variant, args, profile=profile, hooks=hooks and name != "baseline",
+                           tree=args.before if name == "spillway-before" else None)
     try:
         for side in sides.values():
             side.ready()
@@ -238,7 +241,8 @@ def measure_size(sides: dict, n: int, chunk: int, runs: int, seed: int) -> dict:
     out = {"values_agree": agree}
     for name, gs in got.items():
         rest = gs[1:] or gs
-        out[name] = {"first_s": gs[0]["seconds"], "median_rest_s": statistics.median(g["seconds"] for g in rest),
+        out[name] = {"value": gs[0]["value"], "first_s": gs[0]["seconds"],
+                     "median_rest_s": statistics.median(g["seconds"] for g in rest),
                      "cpu_rest_s": statistics.median(g["cpu_s"] for g in rest),
                      "workers_cpu_rest_s": statistics.median(g["workers_cpu_s"] for g in rest),
                      "runs_s": [round(g["seconds"], 5) for g in gs], "update_graph": graphs[name]}
@@ -645,6 +649,30 @@ def plot(result: dict, path: str) -> None:
     plt.close(fig)
 
 
+def measured(variant: str, args, sizes, repeat: int, described: dict):
+    """(N, chunk, figures, side names) a size: the sides of a pairing alternating run by
+    run, or with ``--sequential`` each side started, measured and closed in turn."""
+    if not args.sequential:
+        with pairing(variant, args) as sides:
+            described.update((name, side.described["cluster"]) for name, side in sides.items())
+            for n, chunk in sizes:
+                figures = measure_size(sides, n, chunk, args.runs, SEED + 100 * repeat + n // chunk)
+                yield n, chunk, figures, list(sides)
+        return
+    names = side_names(args)
+    got: dict = {}
+    for name in names:
+        with pairing(variant, args, only=name) as sides:
+            described[name] = sides[name].described["cluster"]
+            for n, chunk in sizes:
+                got.setdefault((n, chunk), {}).update(
+                    measure_size(sides, n, chunk, args.runs, SEED + 100 * repeat + n // chunk))
+    for (n, chunk), figures in got.items():
+        values = [figures[name]["value"] for name in names]
+        figures["values_agree"] = all(abs(v - values[0]) <= 1e-9 * abs(values[0]) for v in values)
+        yield n, chunk, figures, names
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cpu", action="store_true", help="CPU workers (the default where no GPU is seen)")
@@ -654,6 +682,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sequential", action="store_true",
+                        help="each side started, measured and closed in turn, not alternating: on GPUs, "
+                             "where one side's RMM pool takes the memory another would need")
     parser.add_argument("--hooks", action="store_true",
                         help="a pairing a size more, the CPU time of spillway's hooks measured where they run")
     parser.add_argument("--before", metavar="TREE",
@@ -676,46 +707,46 @@ def main() -> int:
     if args.cpu and set(variants) & set(OPTION_VARIANTS):
         parser.error(f"{', '.join(sorted(set(variants) & set(OPTION_VARIANTS)))}: options of GPU workers")
     rows, described = [], {}
+    if gpu and not args.sequential:
+        print("GPUs: the sides alternate run by run, all started at once; where their pools cannot share the GPUs, "
+              "pass --sequential", flush=True)
     started = time.time()
     for repeat in range(args.repeats):
         # the variants' order turns each repeat, so none always follows the same one
         turn = variants[repeat % len(variants):] + variants[:repeat % len(variants)]
         for variant in turn:
-            with pairing(variant, args) as sides:
-                described = {name: side.described["cluster"] for name, side in sides.items()}
-                for n, chunk in sizes:
-                    seed = SEED + 100 * repeat + n // chunk
-                    got = measure_size(sides, n, chunk, args.runs, seed)
-                    size = f"{n}:{chunk}"
-                    tasks = got["spillway"]["update_graph"].get("tasks")
-                    rows.append({"variant": variant, "repeat": repeat, "size": size, "tasks": tasks,
-                                 "sides": list(sides), **got})
-                    base = got["baseline"]["median_rest_s"]
-                    print(f"{variant:<18} r{repeat} {size:<10} " + " | ".join(
-                        f"{name} first {g['first_s']:.3f} s, runs 2-N {g['median_rest_s']:.4f} s "
-                        f"({g['median_rest_s'] / base:.2f}x), cpu {_ms(g['cpu_rest_s'])} ms, workers "
-                        f"{_ms(g['workers_cpu_rest_s'])} ms, graph {_ms(g['update_graph'].get('duration_s'))} ms"
-                        for name, g in got.items() if name != "values_agree")
-                        + ("" if got["values_agree"] else " VALUES DIFFER"), flush=True)
+            for n, chunk, got, names in measured(variant, args, sizes, repeat, described):
+                size = f"{n}:{chunk}"
+                tasks = got["spillway"]["update_graph"].get("tasks")
+                rows.append({"variant": variant, "repeat": repeat, "size": size, "tasks": tasks,
+                             "sides": names, **got})
+                base = got["baseline"]["median_rest_s"]
+                print(f"{variant:<18} r{repeat} {size:<10} " + " | ".join(
+                    f"{name} first {g['first_s']:.3f} s, runs 2-N {g['median_rest_s']:.4f} s "
+                    f"({g['median_rest_s'] / base:.2f}x), cpu {_ms(g['cpu_rest_s'])} ms, workers "
+                    f"{_ms(g['workers_cpu_rest_s'])} ms, graph {_ms(g['update_graph'].get('duration_s'))} ms"
+                    for name, g in got.items() if name != "values_agree")
+                    + ("" if got["values_agree"] else " VALUES DIFFER"), flush=True)
     profile = None
     if args.profile:
         profile = {}
         for n, chunk in sizes:
-            with pairing("defaults", args, profile=True) as sides:
-                described = {name: side.described["cluster"] for name, side in sides.items()}
-                measure_size(sides, n, chunk, args.runs, SEED - 1)
-                for name, side in sides.items():
-                    profile[f"{name} {n}:{chunk}"] = side.ask("profile")
+            for only in side_names(args) if args.sequential else [None]:
+                with pairing("defaults", args, profile=True, only=only) as sides:
+                    measure_size(sides, n, chunk, args.runs, SEED - 1)
+                    for name, side in sides.items():
+                        profile[f"{name} {n}:{chunk}"] = side.ask("profile")
     hooks = None
     if args.hooks:
         hooks = {}
         for n, chunk in sizes:
-            with pairing("defaults", args, hooks=True) as sides:
-                measure_size(sides, n, chunk, args.runs, SEED - 2)
-                for name, side in sides.items():
-                    if name != "baseline":
-                        hooks[f"{name} {n}:{chunk}"] = side.ask("hooks")
-                        print(f"hooks {name} {n}:{chunk}: {hooks[f'{name} {n}:{chunk}']}", flush=True)
+            for only in [name for name in side_names(args) if name != "baseline"] if args.sequential else [None]:
+                with pairing("defaults", args, hooks=True, only=only) as sides:
+                    measure_size(sides, n, chunk, args.runs, SEED - 2)
+                    for name, side in sides.items():
+                        if name != "baseline":
+                            hooks[f"{name} {n}:{chunk}"] = side.ask("hooks")
+                            print(f"hooks {name} {n}:{chunk}: {hooks[f'{name} {n}:{chunk}']}", flush=True)
     info = machine(gpu)
     result = {"label": args.label, "machine": info["name"], "machine_detail": info,
               "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
