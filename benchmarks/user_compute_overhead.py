@@ -609,6 +609,11 @@ def render_md(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: the hooks the figure shows: spillway's, and one of distributed's own plugins beside them
+HOOKS_SHOWN = ("sizing (graph_bytes)", "spillway-capacity.update_graph", "spillway-capacity.transition",
+               "spillway-collective.transition", "WorkStealing.transition")
+
+
 def plot(result: dict, path: str) -> None:
     """Per size: each variant's runs 2..N (wall) and CPU of the client and scheduler's
     process per compute, for each side."""
@@ -619,7 +624,9 @@ def plot(result: dict, path: str) -> None:
 
     sizes = list(dict.fromkeys(e["size"] for e in result["summary"]))
     sides = list(dict.fromkeys(e["side"] for e in result["summary"]))
-    fig, axes = plt.subplots(2, len(sizes), figsize=(5.5 * len(sizes), 7.5), squeeze=False)
+    hooks = result.get("hooks") or {}
+    rows = 3 if hooks else 2
+    fig, axes = plt.subplots(rows, len(sizes), figsize=(5.5 * len(sizes), 3.8 * rows), squeeze=False)
     width = 0.8 / len(sides)
     for col, size in enumerate(sizes):
         entries = [e for e in result["summary"] if e["size"] == size]
@@ -643,6 +650,19 @@ def plot(result: dict, path: str) -> None:
             if row == 0:
                 ax.set_title(f"{size} ({entries[0]['tasks']} tasks a compute)", fontsize=9)
             ax.legend(fontsize=7)
+    for col, size in enumerate(sizes if hooks else ()):
+        ax = axes[2][col]
+        measured = {name.rsplit(" ", 1)[0]: h for name, h in hooks.items() if name.endswith(f" {size}")}
+        names = [n for n in HOOKS_SHOWN if any(n in h for h in measured.values())]
+        width = 0.8 / max(1, len(measured))
+        for i, (side, h) in enumerate(measured.items()):
+            xs = [v + (i - (len(measured) - 1) / 2) * width for v in range(len(names))]
+            ax.bar(xs, [(h.get(n) or {}).get("ms", 0) for n in names], width=width, label=side)
+        ax.set_xticks(range(len(names)), [n.replace("spillway-", "").replace(" (graph_bytes)", "") for n in names],
+                      rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("thread CPU a compute (ms)", fontsize=8)
+        ax.set_title(f"scheduler hooks, {size} (WorkStealing: distributed's own)", fontsize=9)
+        ax.legend(fontsize=7)
     fig.suptitle(f"(x + x.T).sum() on a persisted array, {result['label']}: {result['machine']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -691,10 +711,20 @@ def main() -> int:
                         help="a checkout of spillway before a change: a third side, its code, in every pairing")
     parser.add_argument("--label", default="run")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--render", metavar="JSON", help="write the .md and .png of an earlier run's JSON again")
     parser.add_argument("--serve", choices=("spillway", "baseline"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         return serve(args.serve, args.variants, args)
+    if args.render:
+        with open(args.render) as f:
+            result = json.load(f)
+        stem = args.render.removesuffix(".json")
+        with open(stem + ".md", "w") as f:
+            f.write(render_md(result))
+        plot(result, stem + ".png")
+        print(f"wrote {stem}.md, .png")
+        return 0
     from spillway.cluster.gpus import discover
 
     gpu = not args.cpu and bool(discover().gpus)
