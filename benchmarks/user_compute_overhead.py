@@ -700,7 +700,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="2000:500,4000:250,8000:2000", help="N:chunk, comma-separated")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", help="comma-separated (default: all, less the GPU workers' options on CPU)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sequential", action="store_true",
                         help="each side started, measured and closed in turn, not alternating: on GPUs, "
@@ -730,7 +730,8 @@ def main() -> int:
     gpu = not args.cpu and bool(discover().gpus)
     args.cpu = not gpu
     sizes = [tuple(int(p) for p in s.split(":")) for s in args.sizes.split(",")]
-    variants = args.variants.split(",")
+    variants = args.variants.split(",") if args.variants else [
+        v for v in VARIANTS if not (args.cpu and v in OPTION_VARIANTS)]
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
