@@ -23,7 +23,9 @@ collection type, another distributed), graphs pass unchecked, as before.
   in dask's order: :func:`~spillway.cluster.memory.graph_bytes.peak_bytes`), against
   device + host tier + spill disk as the workers report them on each heartbeat
   (:data:`TIERS`; the disk counted in values at the ratio its compressed values have
-  now). A graph past them is refused: its new keys fail at once with
+  now). A graph whose keys all held at once fit is admitted without that run (a user's
+  compute far below the tiers pays a sum of its sizes, not a pass over its tasks). A
+  graph past them is refused: its new keys fail at once with
   :class:`~.errors.AdmissionError`, one line with the numbers and what to do, and are
   released; nothing of it runs, and what the cluster held stays. A graph with no sizes
   (dataframes, delayed, futures) is not checked.
@@ -193,6 +195,12 @@ class CapacityPlugin(SchedulerPlugin):
     def _over(self, scheduler, new, run, sizes, priority, capacity, ratio) -> str | None:
         outputs = sum(sizes.get(k, 0) for k in new)
         held = self.held()
+        if held + sum(sizes.values()) <= capacity.total_bytes:
+            # all its keys held at once (its outputs among them) are at least what it holds
+            # at its most: it fits, and its tasks need not be run in dask's order (a pass
+            # over every task and its dependencies) to say so. Most graphs are far below
+            # the tiers
+            return None
         peak = outputs
         run = list(run)
         if any(d.state == "erred" for k in run for d in scheduler.tasks[k].dependencies):
@@ -220,13 +228,16 @@ class CapacityPlugin(SchedulerPlugin):
     # --- keys finish
 
     def transition(self, key, start, finish, *args, **kwargs):
-        if finish in ("memory", "erred", "forgotten"):
-            self.pending.pop(key, None)
-        if finish == "erred":
-            text, worker = upstream.erred_text(kwargs)
-            line = _disk_full_line(text)
-            if line is not None:
-                self.scheduler.loop.add_callback(self.stop, line, worker)
+        # called for every transition of every task, of every client's graphs
+        if finish != "erred":
+            if self.pending and (finish == "memory" or finish == "forgotten"):
+                self.pending.pop(key, None)
+            return
+        self.pending.pop(key, None)
+        text, worker = upstream.erred_text(kwargs)
+        line = _disk_full_line(text)
+        if line is not None:
+            self.scheduler.loop.add_callback(self.stop, line, worker)
 
     def log_event(self, topic, msg):
         if topic == DISK_FULL and isinstance(msg, dict) and msg.get("line"):

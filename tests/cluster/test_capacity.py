@@ -224,3 +224,22 @@ def test_a_full_disk_stops_the_tenant_that_filled_it_and_the_other_tenant_s_job_
         while any(y.name in str(k) for k in store) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(y.name in str(k) for k in store)
+
+
+def test_a_graph_whose_keys_all_fit_at_once_is_admitted_without_running_it_in_dask_s_order(tmp_path,
+                                                                                            monkeypatch):
+    from spillway.cluster import capacity
+
+    ran = []
+    real = capacity.peak_bytes
+    monkeypatch.setattr(capacity, "peak_bytes", lambda *a, **kw: ran.append(a[0]) or real(*a, **kw))
+    with small_cluster(tmp_path) as (client, _):
+        x, values = _held(client)  # 8 MiB of the 16
+        for _ in range(3):  # a user's compute, again and again: its keys are 2 MiB all told
+            assert float((x[:250] * 2).sum().compute()) == pytest.approx(2 * values[:250].sum())
+        assert ran == []
+        # all its keys at once are past the tiers, but not what it holds at its most: run
+        # in dask's order, and admitted
+        y = (x + x.T).sum()
+        assert float(y.compute()) == pytest.approx(2 * values.sum())
+        assert len(ran) == 1 and len(ran[0]) > 8

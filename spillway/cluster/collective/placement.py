@@ -35,6 +35,8 @@ logger = logging.getLogger("spillway.collective")
 
 PLUGIN_NAME = "spillway-collective"
 LAYOUT = "spillway_collective_layout"
+#: the states whose transitions the plugin acts on (an assembly's result, a barrier's end)
+_ENDS = frozenset({"memory", "released", "forgotten", "erred"})
 
 
 def spread(dependents: list, workers: list[str]) -> dict:
@@ -90,7 +92,9 @@ class CollectivePlacement(SchedulerPlugin):
         return min(known) if known else float("inf")
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
-        if self.scheduler is None:
+        # called for every transition of every task: those to waiting, queued or processing
+        # are never an assembly's or a barrier's end, and leave before the key is looked at
+        if finish not in _ENDS or self.scheduler is None:
             return
         if finish == "memory" and key in self._assemblies:
             # where an assembly ran holds what it took for good (a grouped exchange's

@@ -14,18 +14,29 @@ Keys of anything else (dataframes, delayed) have no size here: they count as not
 thread would) and keeps count of what is held: every output from its task on, every
 intermediate until its last dependent has run. The largest count is what the graph needs
 beside what the cluster already holds, at the least.
+
+A user computes the same collection again and again (``(x + x.T).sum().compute()`` in a
+loop, a notebook cell run again): its graph comes with the same keys each time but the
+last few (``compute``'s ``finalize`` is named afresh each time), and a key names one value
+(dask's contract), so :func:`graph_bytes` sizes only the keys it has not sized lately
+(:class:`_Known`), from the shapes of those it has where it can (the expression is then
+not read), and looks the others up.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from .. import upstream
 
 #: the annotation that carries a key's bytes from the expression to the scheduler plugin
 NBYTES = "spillway-nbytes"
+#: keys whose bytes are kept in each of the two generations of :class:`_Known` (an
+#: entry holds its key: a graph of more keys than this is sized every time, keeping none)
+KNOWN_KEYS = 200_000
 
 
 def chunk_layers(expr) -> dict[str, tuple[tuple, int]]:
@@ -77,13 +88,124 @@ def _add(out: dict, name, chunks, dtype) -> None:
 
 def graph_bytes(expr, dsk: Mapping) -> dict[Hashable, int]:
     """The bytes of the keys of ``dsk`` (the materialized ``expr``) that can be told."""
-    return key_bytes(dsk, chunk_layers(expr))
+    if len(dsk) > KNOWN_KEYS:
+        return key_bytes(dsk, chunk_layers(expr))
+    known = _known.lookup(dsk)
+    sizes = {k: entry[0] for k, entry in known.items() if entry[0]}
+    if len(known) < len(dsk):
+        missing = [k for k in dsk if k not in known]
+        shapes = _Shapes(known)
+        # the expression is read only where a key's shape is not known already: a compute
+        # run again sizes its finalize keys from the shapes of the chunks they gather
+        found = key_bytes(dsk, _Layers(expr), missing, shapes)
+        _known.add({k: (found.get(k, 0), shapes.own(k)) for k in missing})
+        sizes.update(found)
+    return sizes
 
 
-def key_bytes(dsk: Mapping, layers: Mapping[str, tuple[tuple, int]]) -> dict[Hashable, int]:
-    """Bytes of each key of ``dsk`` (a materialized graph: key -> task) that
-    ``layers`` (from :func:`chunk_layers`) or its task can say."""
-    shapes: dict = {}  # key -> (shape, itemsize) or None
+class _Layers(Mapping):
+    """:func:`chunk_layers` of an expression, read at the first look."""
+
+    def __init__(self, expr):
+        self._expr = expr
+        self._layers: dict | None = None
+
+    def _read(self) -> dict:
+        if self._layers is None:
+            self._layers = chunk_layers(self._expr)
+        return self._layers
+
+    def __getitem__(self, name):
+        return self._read()[name]
+
+    def __contains__(self, name) -> bool:
+        return name in self._read()
+
+    def __iter__(self):
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+
+class _Shapes(dict):
+    """The shapes :func:`key_bytes` works out, over those of the keys known already
+    (``known``: key -> (bytes, shape))."""
+
+    def __init__(self, known: Mapping):
+        super().__init__()
+        self._known = known
+
+    def __contains__(self, key) -> bool:
+        return dict.__contains__(self, key) or key in self._known
+
+    def __getitem__(self, key):
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        return self._known[key][1]
+
+    def own(self, key):
+        return dict.get(self, key)
+
+
+class _Known:
+    """The bytes and shapes of the keys sized lately (bytes 0: a key with no size here;
+    shape None: none of its own, as ``compute``'s finalize), in two
+    generations: keys are added to the newer one, and looked up in both (one found in the
+    older moves to the newer); once the newer holds :data:`KNOWN_KEYS` keys it becomes the
+    older, and the older is dropped. So what a user computes again stays, what is not
+    asked for again goes within two generations, and a lookup costs a dict's get a key.
+    Graphs are materialized off the scheduler's event loop (distributed's offload
+    thread): the generations change under a lock."""
+
+    def __init__(self):
+        self._newer: dict = {}
+        self._older: dict = {}
+        self._lock = threading.Lock()
+
+    def lookup(self, keys: Iterable[Hashable]) -> dict[Hashable, tuple]:
+        with self._lock:
+            newer, older = self._newer, self._older
+            out = {}
+            for k in keys:
+                n = newer.get(k)
+                if n is None:
+                    n = older.get(k)
+                    if n is None:
+                        continue
+                    newer[k] = n
+                out[k] = n
+            self._turn()
+            return out
+
+    def add(self, entries: Mapping[Hashable, tuple]) -> None:
+        with self._lock:
+            self._newer.update(entries)
+            self._turn()
+
+    def _turn(self) -> None:
+        if len(self._newer) >= KNOWN_KEYS:
+            self._older, self._newer = self._newer, {}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._newer, self._older = {}, {}
+
+    def __contains__(self, key) -> bool:
+        with self._lock:
+            return key in self._newer or key in self._older
+
+
+_known = _Known()
+
+
+def key_bytes(dsk: Mapping, layers: Mapping[str, tuple[tuple, int]],
+              keys: Iterable[Hashable] | None = None, shapes: dict | None = None) -> dict[Hashable, int]:
+    """Bytes of each key of ``dsk`` (a materialized graph: key -> task), or of ``keys``
+    among them, that ``layers`` (from :func:`chunk_layers`) or its task can say.
+    ``shapes``: key -> (shape, itemsize) or None, those known already; it is given the
+    shapes worked out."""
+    shapes = {} if shapes is None else shapes
 
     def shape_of(key, depth=0):
         if key in shapes:
@@ -106,7 +228,7 @@ def key_bytes(dsk: Mapping, layers: Mapping[str, tuple[tuple, int]]) -> dict[Has
         return gathered
 
     sizes: dict = {}
-    for key in dsk:
+    for key in dsk if keys is None else keys:
         n = size_of(key)
         if n:
             sizes[key] = n

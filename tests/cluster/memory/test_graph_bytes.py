@@ -78,3 +78,47 @@ def test_peak_counts_outputs_from_their_task_on_and_intermediates_until_their_la
     # an alias kept keeps what it names, and adds nothing
     deps = {"t": (), "alias": ("t",)}
     assert peak_bytes(["t", "alias"], deps.__getitem__, {"t": 8, "alias": 8}, {"alias"}, {"alias": "t"}) == 8
+
+
+def test_keys_sized_lately_are_looked_up_and_only_the_others_sized(monkeypatch):
+    from spillway.cluster.memory import graph_bytes as module
+
+    module._known.clear()
+    sized, read = [], []
+    real, real_layers = module.key_bytes, module.chunk_layers
+    monkeypatch.setattr(module, "key_bytes",
+                        lambda dsk, layers, keys=None, shapes=None: sized.append(list(dsk if keys is None else keys))
+                        or real(dsk, layers, keys, shapes))
+    monkeypatch.setattr(module, "chunk_layers", lambda expr: read.append(expr) or real_layers(expr))
+    x = da.ones((400, 400), chunks=(100, 100))
+    _, dsk, first = _sized([(x + x.T).sum()], compute=True)
+    assert first and sized == [list(dsk)] and len(read) == 1
+    # the same compute again (as a user runs it in a loop): compute's finalize is named
+    # afresh each time, and only its keys are sized, from the shapes of what they gather,
+    # without reading the expression
+    expr, again_dsk, again = _sized([(x + x.T).sum()], compute=True)
+    fresh = set(again_dsk) - set(dsk)
+    assert fresh and set(sized[1]) == fresh and len(read) == 1
+    # and the sizes are those worked out from nothing
+    module._known.clear()
+    assert again == module.graph_bytes(expr, again_dsk)
+    assert sorted(again.values()) == sorted(first.values())
+
+
+def test_the_keys_kept_are_bounded_those_not_asked_for_again_dropped(monkeypatch):
+    from spillway.cluster.memory import graph_bytes as module
+
+    module._known.clear()
+    monkeypatch.setattr(module, "KNOWN_KEYS", 40)
+    x = da.ones((400, 400), chunks=(100, 100))  # 16 keys a graph
+    first, second, third = (set(_sized([x + i])[1]) for i in (1, 2, 3))  # a generation of 48 turns
+    assert all(k in module._known for k in first | second | third)
+    again = set(_sized([x + 1])[1])  # the first asked for again: looked up, kept
+    assert again == first
+    fourth, fifth = (set(_sized([x + i])[1]) for i in (4, 5))  # the next generation turns
+    assert all(k in module._known for k in first | fourth | fifth)
+    assert not any(k in module._known for k in second | third)  # not asked for again: dropped
+    # a graph of more keys than a generation holds is sized, and keeps nothing
+    module._known.clear()
+    _, big, sizes = _sized([da.ones((700, 700), chunks=(100, 100)) + 1])
+    assert len(big) > 40 and sizes and not any(k in module._known for k in big)
