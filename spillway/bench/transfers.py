@@ -55,7 +55,9 @@ def incoming_entry(entry: dict) -> dict:
 
 
 def two_workers(client) -> tuple[str, str]:
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    from spillway.cluster.launch import scheduler_workers
+
+    workers = sorted(scheduler_workers(client))
     if len(workers) < 2:
         raise RuntimeError(f"moving a chunk needs two workers, the cluster has {len(workers)}")
     return workers[0], workers[1]

@@ -38,7 +38,9 @@ def wait_workers(scheduler_file, workers, timeout, tls_ca_file, tls_cert, tls_ke
         try:
             client.wait_for_workers(workers, timeout=timeout)
         except TimeoutError:
-            have = len(client.scheduler_info(n_workers=-1)["workers"])
+            from spillway.cluster.launch import scheduler_workers
+
+            have = len(scheduler_workers(client))
             click.echo(f"spillway: error: {have} of {workers} workers after {timeout}s", err=True)
             sys.exit(1)
         click.echo(f"{workers} workers up at {client.scheduler.address}")

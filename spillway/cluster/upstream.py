@@ -24,10 +24,12 @@ Nothing here imports spillway: every other module of the cluster may import it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -710,6 +712,42 @@ def with_scheduler_class(base: type, scheduler_class: Callable[[], type]) -> typ
         await base._start(self)
 
     return type(base.__name__, (base,), {"_start": _start, "__module__": base.__module__})
+
+
+@seam("process_interface_start", "ProcessInterface.lock, ProcessInterface.__await__", "distributed", DISTRIBUTED,
+      "starting a cluster's job under distributed's own lock (under a lock of spillway's instead)")
+def _check_process_interface() -> str | None:
+    from distributed.deploy.spec import ProcessInterface
+
+    if not _reads(ProcessInterface.__init__, "self.lock = asyncio.Lock()"):
+        return "ProcessInterface keeps no asyncio lock as lock"
+    if not _reads(ProcessInterface.__await__, "async with self.lock"):
+        return "ProcessInterface.__await__ no longer starts it under self.lock"
+    return None
+
+
+_start_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def start_once(process):
+    """``await process`` for a ProcessInterface (a cluster's job) whose start may leave it
+    failed: started once while created, under the lock distributed's ``__await__`` takes
+    (so the two never start it twice), but without its assertion that the start left it
+    running. Returns the awaitable that SpecCluster awaits."""
+    from distributed.core import Status
+
+    lock = getattr(process, "lock", None) if usable("process_interface_start") else None
+    if not isinstance(lock, asyncio.Lock):
+        off("process_interface_start", "has no asyncio lock on this job")
+        lock = _start_locks.setdefault(process, asyncio.Lock())
+
+    async def start():
+        async with lock:
+            if process.status == Status.created:
+                await process.start()
+        return process
+
+    return start().__await__()
 
 
 # --- distributed's comm and system

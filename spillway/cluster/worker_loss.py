@@ -177,6 +177,12 @@ class LossWatch:
             self._pending = bool(set(self._known) - set(seen["workers"]) - self._seen
                                  or {d.get("address") for d in seen["deaths"]} - self._seen - {None})
             self._known = sorted(set(self._known) | set(seen["workers"]))
+            # a nanny's report of the death may land after the scheduler's record of the
+            # removal (a loaded machine): the reason of a loss already seen comes with it
+            for entry in self.harmless:
+                death = self._death(seen, entry["address"]) if entry["reason"] is None else None
+                if death and death.get("reason"):
+                    entry.update(reason=describe(death["reason"]), pid=entry["pid"] or death.get("pid"))
             for loss in seen["losses"]:
                 if loss["address"] in self._seen:
                     continue

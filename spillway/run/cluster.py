@@ -91,7 +91,9 @@ class Cluster:
     @property
     def n_workers(self) -> int:
         """Workers up now (scale and adapt change it)."""
-        return len(self.client.scheduler_info(n_workers=-1)["workers"])
+        from spillway.cluster.launch import scheduler_workers
+
+        return len(scheduler_workers(self.client))
 
     @property
     def worker_bytes(self) -> int:
@@ -138,7 +140,9 @@ class Cluster:
             SpecCluster.scale(cluster, entries)
 
     def _worker_names(self) -> set:
-        return {w.get("name") for w in self.client.scheduler_info(n_workers=-1)["workers"].values()}
+        from spillway.cluster.launch import scheduler_workers
+
+        return {w.get("name") for w in scheduler_workers(self.client).values()}
 
     def adapt(self, minimum: int = 0, maximum: int | None = None, **adaptive):
         """Scale between ``minimum`` and ``maximum`` workers with the work queued (dask's

@@ -35,9 +35,10 @@ def slurm(*, jobs: int = 0, gpus_per_node: int | None = None, time: str = "01:00
           directives: tuple[str, ...] = (), setup: tuple[str, ...] = (), python: str | None = None,
           start_timeout: int = 300, **option_keywords) -> SlurmCluster:
     """A cluster of Slurm jobs: ``slurm(gpus_per_node=4, time="02:00:00", partition="gpu",
-    jobs=2)``, or ``slurm(cpu=True, n_workers=2, ...)`` for jobs of CPU workers (``n_workers``
-    per job). The job settings are those of ``spillway slurm render`` (one node per job);
-    every other keyword is a cluster option, as for ``spillway.local``. Bad settings raise
+    jobs=2)`` (``gpus_per_node`` 1 unless given), or ``slurm(cpu=True, n_workers=2, ...)``
+    for jobs of CPU workers (``n_workers`` per job). The job settings are those of
+    ``spillway slurm render`` (one node per job); every other keyword is a cluster option,
+    as for ``spillway.local``. Bad settings raise
     :class:`~spillway.cluster.errors.OptionsError` before anything is submitted."""
     import sys
 
@@ -45,9 +46,10 @@ def slurm(*, jobs: int = 0, gpus_per_node: int | None = None, time: str = "01:00
 
     options = Options.resolve(**option_keywords)
     if gpus_per_node is None:
-        if not options.cpu:
-            raise OptionsError("gpus-per-node: give the GPUs of each job's node (or cpu=True for CPU workers)")
-        gpus_per_node = 0
+        # one GPU, the smallest GPU job, which Slurm fits on any node with a GPU free; a
+        # default rather than a refusal, so that where Slurm is missing the first line a
+        # user reads (at scale) names it, the cause, and not a setting
+        gpus_per_node = 0 if options.cpu else 1
     job = JobSettings(nodes=1, gpus_per_node=gpus_per_node, time=time, partition=partition, account=account, qos=qos,
                       # one name for all the cluster's jobs, its own: `squeue --name` finds them
                       job_name=job_name or f"spillway-{uuid.uuid4().hex[:8]}", cpus_per_task=cpus_per_task,

@@ -11,7 +11,9 @@ from spillway.cluster.transfer import worker_gpu
 
 def target_of(session) -> Target:
     """The workflow target of a running cluster: worker kind, count and memory each."""
-    info = session.client.scheduler_info(n_workers=-1)["workers"]
+    from spillway.cluster.launch import scheduler_workers
+
+    info = scheduler_workers(session.client)
     limits = [w.get("memory_limit") or 0 for w in info.values()]
     if session.kind == "gpu":
         device = session.client.run(_device_limit)

@@ -86,8 +86,13 @@ def test_open_cluster_turns_a_start_timeout_into_the_nannies_story(monkeypatch):
             logging.getLogger("distributed.nanny").info("Worker process 42 was killed by signal 9")
             raise TimeoutError(f"Only 0/{n} workers arrived after {timeout}")
 
-        def scheduler_info(self, n_workers=-1):
-            return {"workers": {}}
+        class scheduler:  # noqa: N801 (the client's rpc to its scheduler)
+            @staticmethod
+            def identity(n_workers=0):
+                return {"workers": {}}
+
+        def sync(self, func, *args, **kwargs):
+            return func(*args, **kwargs)
 
         def close(self):
             self.closed = True

@@ -85,7 +85,7 @@ def test_pyproject_bounds_each_seamed_dependency_above_the_next_unchecked_minor(
 PRIVATE = ("_materialize_graph", "get_data_from_worker", "_instances", "transfer_outgoing", "peekn",
            "_job_script_prologue", "_command_template", "_adaptive", "new_spec", "init_once", "_cuda_context",
            "dask._expr", "dask._task_spec", "OFFLOAD_THRESHOLD", "fast_to_slow_callbacks", "ProgressTasks",
-           "_progress_timeout")
+           "_progress_timeout", ".lock")
 
 
 def test_only_the_seam_module_names_upstream_private_parts():
@@ -196,3 +196,53 @@ def test_the_progress_net_is_tightened_on_every_loop_ucxx_progresses():
 
     found, timeout = asyncio.run(listen())
     assert found >= 1 and timeout == 0.004
+
+
+def _jobs(fails: bool):
+    """A ProcessInterface whose start counts itself and leaves it failed or running."""
+    import asyncio
+
+    from distributed.core import Status
+    from distributed.deploy.spec import ProcessInterface
+
+    class Job(ProcessInterface):
+        starts = 0
+
+        async def start(self):
+            Job.starts += 1
+            await asyncio.sleep(0.01)  # both awaits below are inside the lock's section at once
+            self.status = Status.failed if fails else Status.running
+
+        def __await__(self):
+            return upstream.start_once(self)
+
+    return Job
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["started", "refused"])
+def test_a_job_awaited_twice_starts_once_under_distributeds_lock_and_may_end_failed(fails):
+    import asyncio
+
+    from distributed.core import Status
+
+    Job = _jobs(fails)
+
+    async def main():
+        job = Job()
+        held = asyncio.Event()
+
+        async def hold():  # distributed's lock is the one taken: while held, no start
+            async with job.lock:
+                held.set()
+                await asyncio.sleep(0.05)
+                assert Job.starts == 0
+
+        holder = asyncio.create_task(hold())
+        await held.wait()
+        first, second = await asyncio.gather(job, job)
+        await holder
+        return job, first, second
+
+    job, first, second = asyncio.run(main())
+    assert first is job and second is job and Job.starts == 1
+    assert job.status == (Status.failed if fails else Status.running)

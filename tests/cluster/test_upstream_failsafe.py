@@ -281,3 +281,33 @@ def test_an_upstream_installed_without_its_source_keeps_its_features_on(monkeypa
     monkeypatch.setattr(inspect, "getsource", no_source)
     assert upstream.usable("get_data_from_worker") and upstream.usable("spec_cluster_start")
     assert not upstream.said_off()
+
+
+def test_a_job_without_distributeds_lock_still_starts_once(caplog):
+    import asyncio
+
+    from distributed.core import Status
+    from distributed.deploy.spec import ProcessInterface
+
+    class Job(ProcessInterface):
+        starts = 0
+
+        def __init__(self):
+            super().__init__()
+            del self.lock  # a distributed that keeps none
+
+        async def start(self):
+            Job.starts += 1
+            await asyncio.sleep(0.01)
+            self.status = Status.failed
+
+        def __await__(self):
+            return upstream.start_once(self)
+
+    async def main():
+        job = Job()
+        return job, await asyncio.gather(job, job)
+
+    job, awaited = asyncio.run(main())
+    assert awaited == [job, job] and Job.starts == 1 and job.status == Status.failed
+    assert said(caplog, "process_interface_start") == 1

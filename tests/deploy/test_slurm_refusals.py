@@ -65,6 +65,24 @@ def test_without_sbatch_scale_says_so_in_one_line_and_close_returns(tmp_path, mo
         spillway.slurm(cpu=True, protocol="tcp", dashboard_address=None, output_dir=str(tmp_path / "out"), jobs=1)
 
 
+def test_without_sbatch_a_cluster_of_default_gpu_jobs_names_sbatch_first(tmp_path, monkeypatch):
+    """No gpus_per_node and no cpu: the missing batch system is the cause, and scale() says
+    it, rather than the cluster stopping on a job setting before Slurm is ever asked."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    c = spillway.slurm(protocol="tcp", dashboard_address=None, output_dir=str(tmp_path / "out"))
+    try:
+        assert "#SBATCH --gpus-per-node=1" in c.job_script() and c.workers_per_job == 1
+        with pytest.raises(SlurmError) as refused:
+            c.scale(jobs=1)
+        assert one_line(refused.value) == "sbatch: not found on the PATH; run this on a Slurm login node"
+        assert c.jobs.worker_spec == {} and c.jobs.workers == {}
+    finally:
+        c.close()
+    assert c.jobs.status.name == "closed"
+    with pytest.raises(SlurmError, match="^sbatch: not found"):
+        spillway.slurm(protocol="tcp", dashboard_address=None, output_dir=str(tmp_path / "out"), jobs=1)
+
+
 def test_a_slurm_client_without_its_controller_is_said_at_scale(tmp_path, path_of):
     stand_ins(path_of, sbatch='[ "$1" = --version ] && { echo "slurm 23.11.4"; exit 0; }\n'
                               f'echo "{NO_CONTROLLER}" >&2; exit 1',

@@ -16,6 +16,7 @@ import spillway
 from spillway import OptionsError, ParamError
 from spillway.run.report import Report
 from spillway.run.local import Local
+from spillway.cluster.launch import scheduler_workers
 from spillway.workflows import random
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "service" / "api"))
@@ -43,7 +44,7 @@ def test_options_come_from_the_one_options_object(cluster, monkeypatch):
     assert isinstance(cluster, Local)
     assert cluster.options.sources["n_workers"] == "keyword" and cluster.options.n_workers == 2
     assert cluster.kind == "cpu" and cluster.n_workers == 2
-    assert len(cluster.client.scheduler_info()["workers"]) == 2
+    assert len(scheduler_workers(cluster.client)) == 2
     assert cluster.dashboard_link.startswith("http://127.0.0.1:")
     assert cluster.worker_bytes > 0
     html = cluster._repr_html_()

@@ -21,7 +21,7 @@ from .plan import HostProbe, LaunchPlan, cuda_stack_installed, plan, ucxx_instal
 from .protocol import choose_protocol
 from .render import dask_cuda_kwargs, dask_cuda_worker_flags, flag_value, store_data, tls_flags
 from .http_server import scheduler_without_http
-from .session import Session, open_cluster, plan_when_free, register_plugins
+from .session import Session, open_cluster, plan_when_free, register_plugins, scheduler_workers
 from .spec import WorkerSpec, off_node_spec, one_for_all, worker_specs
 from .ucx_env import QUIET_UCX, quiet_ucx
 from .worker_config import worker_config
@@ -29,6 +29,7 @@ from .worker_config import worker_config
 __all__ = [
     # a cluster from the options, and its parts
     "Session", "open_cluster", "close_cluster", "close_timeout_s", "register_plugins", "plan_when_free",
+    "scheduler_workers",
     # the plan, the workers' specs and the backends that start them
     "plan", "HostProbe", "LaunchPlan", "uses_tiered_store", "node_plan", "WorkerSpec", "worker_specs",
     "off_node_spec", "one_for_all", "Backend", "backend_for", "choose_protocol",

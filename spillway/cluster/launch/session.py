@@ -261,9 +261,17 @@ def _exchange_in_bulk(client, options: Options) -> None:
     use_on(client.scheduler.address)
 
 
+def scheduler_workers(client) -> dict[str, dict]:
+    """The workers the scheduler has now, by address, asked of it. Not
+    ``client.scheduler_info(n_workers=-1)``, which fills the client's cached identity and
+    then reads it back: the client's periodic refresh asks for no workers, and where its
+    answer lands in between (a loaded machine widens the gap) the cluster reads empty."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def _arrived(client) -> int | None:
     try:
-        return len(client.scheduler_info(n_workers=-1)["workers"])
+        return len(scheduler_workers(client))
     except Exception:  # the scheduler may be gone too
         return None
 

@@ -20,7 +20,9 @@ checks the script as text.
 A job sbatch refuses does not fail the cluster manager's background task (a traceback
 printed where nobody asked, and a job object left half started that distributed's
 ``close()`` then trips on): it is marked failed, with the refusal in one line as
-:attr:`SlurmWorkerJob.refusal`, which the cluster says at once.
+:attr:`SlurmWorkerJob.refusal`, which the cluster says at once. Awaiting a job starts it
+through the seam module's ``start_once`` (seam ``process_interface_start``: distributed's
+own ``__await__`` asserts that a start leaves the job running).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import shlex
 from dask_jobqueue.slurm import SLURMJob
 from distributed.core import Status
 
+from spillway.cluster import upstream
 from spillway.cluster.options import Options
 
 from .. import commands
@@ -101,15 +104,9 @@ class SlurmWorkerJob(SLURMJob):
         return "\n".join(parts) + "\n"
 
     def __await__(self):
-        # as ProcessInterface's, without its assertion that a start always leaves the job
-        # running: a refused job is failed, and the cluster says why
-        async def _():
-            async with self.lock:
-                if self.status == Status.created:
-                    await self.start()
-            return self
-
-        return _().__await__()
+        # a refused job is failed, not running, and the cluster says why: distributed's own
+        # __await__ asserts that every start leaves it running
+        return upstream.start_once(self)
 
     async def start(self):
         try:
