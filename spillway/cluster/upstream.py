@@ -28,6 +28,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -866,6 +867,8 @@ def tighten_progress_net(seconds: float) -> int:
     transfer of the process waiting for the net: on two H200s the collective's timed runs
     stalled 0.5-0.7 s in 2 of 5 (a data-plane reply took 0.72 s while its sender served in
     3 ms). Returns the event loops' progress tasks set (0 where UCX has not started here)."""
+    if "ucxx" not in sys.modules:
+        return 0  # UCX never started in this process: nothing to set, nothing to say
     if not usable("ucxx_progress_net"):
         return 0
     from ucxx._lib_async import application_context
