@@ -26,15 +26,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import statistics
 import math
+import statistics
 import time
 from collections import defaultdict
 
 from ..errors import SpillwayError
 from ..upstream import log_incoming
 from .copies import Batch, Flat, view_of
-from .layout import Layout, flat_index, packing, plan_of
+from .layout import Layout, flat_index, owned_parts, packing, plan_of
 
 logger = logging.getLogger("spillway.collective")
 
@@ -58,10 +58,11 @@ class Phases:
     of an exchange pays for compiling the copy kernel and opening endpoints: the median
     is what a run costs after). A cut is ``layout`` (asked of the scheduler), ``cut_plan``
     (its buffers taken and its copies listed), ``cut_launch`` (the copies' one launch) and
-    ``cut_store`` (kept in the store, on the event loop); an assembly is ``pieces`` (on the
-    event loop: ``take``, from other workers, bytes in ``taken_bytes``, each request to
-    one holder as ``take_plane`` or ``take_comm``; ``owned_store``, a grouped exchange's
-    buffers kept here) and ``join`` (the output chunk's one launch). The bench prints them
+    ``cut_store`` (kept in the store); an assembly is ``pieces`` (read where they are
+    held here, else on the event loop: ``take``, from other workers, bytes in
+    ``taken_bytes``, each request to one holder as ``take_plane`` or ``take_comm``;
+    ``owned_store``, a grouped exchange's buffers kept here) and ``join`` (the output
+    chunk's one launch). The bench prints them
     beside the data plane's."""
 
     KEPT = 1024
@@ -310,35 +311,37 @@ async def _ask_layout(worker, name: str, nbytes: int, grid: tuple):
 def _owned_on_device(worker, name: str, index: tuple, old: tuple, new: tuple, layout: Layout) -> dict | None:
     """:func:`_owned_pieces` without the event loop, where every buffer it needs is on this
     worker's device (or held as it is) already, as for each assembly after the first:
-    read from the tiered store,
-    which is safe from any thread; None where one is not (another store, another tier,
-    not taken yet), for the loop to take or restore it."""
-    data = worker.data
-    tier_of = getattr(data, "tier_of", None)
+    read from the tiered store, which is safe from any thread; None where one is not
+    (another store, another tier, not taken yet), for the loop to take or restore it."""
+    tier_of = getattr(worker.data, "tier_of", None)
     if tier_of is None:
         return None
-    plan = plan_of(old, new)
-    workers = len(layout.workers)
-    d = layout.workers.index(worker.address)
-    in_grid = tuple(map(len, old))
-    out = {}
     try:
-        for i, _ in plan.parts_of(index):
-            key = (name, "g", flat_index(i, in_grid), d)
-            if tier_of(key) not in ("device", "plain"):  # "plain": a CPU worker's, held as it is
-                return None
-            offset, shape, _src = packing(old, new, i, workers)[d][1][index]
-            out[i] = (data[key], Flat(offset, shape))
+        return _owned_views(worker, name, index, old, new, layout,
+                            held=lambda key: tier_of(key) in ("device", "plain"))  # "plain": a CPU worker's
     except KeyError:  # dropped meanwhile: the loop's path says why
         return None
+
+
+def _owned_views(worker, name: str, index: tuple, old: tuple, new: tuple, layout: Layout,
+                 held=None) -> dict | None:
+    """Input index -> (the buffer packed for this worker, where its piece of output chunk
+    ``index`` lies in it); None where ``held`` says a buffer is not at hand."""
+    d = layout.workers.index(worker.address)
+    out = {}
+    for i, flat, offset, shape in owned_parts(old, new, index, len(layout.workers), d):
+        key = (name, "g", flat, d)
+        if held is not None and not held(key):
+            return None
+        out[i] = (worker.data[key], Flat(offset, shape))
     return out
 
 
 async def _owned_pieces(worker, request: dict) -> dict:
     """The pieces of one output chunk that this worker assembles, as views of the
     buffers packed for it (the first assembly of an exchange here takes every buffer
-    packed for this worker from its holder: one request per holder); each buffer is
-    dropped once its last piece is taken."""
+    packed for this worker from its holder: one request per holder); the buffers stay
+    until the exchange ends."""
     name, partial = request["name"], request["partial"]
     index = tuple(request["index"])
     old, new = (tuple(tuple(a) for a in c) for c in request["chunks"])
@@ -364,11 +367,7 @@ async def _owned_pieces(worker, request: dict) -> dict:
             for key, value in taken.items():
                 worker.data[key] = value
             PHASES[worker.address].add("owned_store", time.perf_counter() - stored)
-    out = {}
-    for i, _ in plan.parts_of(index):
-        offset, shape, _src = packing(old, new, i, workers)[d][1][index]
-        out[i] = (worker.data[keys[i]], Flat(offset, shape))
-    return out
+    return _owned_views(worker, name, index, old, new, layout)
 
 
 async def _pieces_from_owner(worker, owner: str, request: dict) -> dict:

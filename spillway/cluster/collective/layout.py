@@ -63,3 +63,14 @@ def packing(old: tuple, new: tuple, index: tuple, workers: int) -> dict:
         pieces[j] = (total, shape, src)
         out[d][0] = total + math.prod(shape)
     return {d: (total, pieces) for d, (total, pieces) in out.items()}
+
+
+@functools.lru_cache(maxsize=4096)
+def owned_parts(old: tuple, new: tuple, index: tuple, workers: int, d: int) -> tuple:
+    """Where worker ``d`` finds each piece of output chunk ``index`` in the buffers packed
+    for it: ``(input index, its flat index, offset, shape)`` in the plan's order (every
+    assembly of the chunk asks, from the first run of the rechunk on)."""
+    plan = plan_of(old, new)
+    in_grid = tuple(map(len, old))
+    return tuple((i, flat_index(i, in_grid), *packing(old, new, i, workers)[d][1][index][:2])
+                 for i, _ in plan.parts_of(index))
