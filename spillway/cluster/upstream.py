@@ -715,6 +715,84 @@ def with_scheduler_class(base: type, scheduler_class: Callable[[], type]) -> typ
     return type(base.__name__, (base,), {"_start": _start, "__module__": base.__module__})
 
 
+@seam("spec_cluster_lost_worker", "SpecCluster._update_worker_status, SpecCluster._futures, "
+      "Cluster._update_worker_status", "distributed", DISTRIBUTED,
+      "a local worker kept while its nanny brings it back past distributed.deploy.lost-worker-timeout "
+      "(its nanny is closed then, and the cluster left a worker short)")
+def _check_lost_worker() -> str | None:
+    from distributed.deploy.cluster import Cluster
+    from distributed.deploy.spec import SpecCluster
+
+    method = SpecCluster._update_worker_status
+    why = _has_parameters(method, ("op", "msg")) or _has_parameters(Cluster._update_worker_status, ("op", "msg"))
+    if why:
+        return why
+    for text in ("lost-worker-timeout", "self._futures.add", "del self.workers[name]",
+                 'self.scheduler_info["workers"][msg]["name"]', "super()._update_worker_status(op, msg)"):
+        if not _reads(method, text):
+            return f"SpecCluster._update_worker_status no longer reads {text}"
+    return None
+
+
+_keeping: dict[type, type] = {}
+
+
+def keeping_restarted_workers(base: type) -> type:
+    """``base`` (a SpecCluster of nannies) that keeps a worker's nanny while the nanny is
+    bringing its worker back: distributed closes the nanny of a worker that has not come
+    back within ``distributed.deploy.lost-worker-timeout`` (15 s, meant for batch jobs
+    that are gone), so a restart slower than that on a loaded machine leaves the cluster a
+    worker short for good. A nanny that is not starting or running its worker then is
+    closed as distributed does; one that is, is looked at again after as long. ``base``
+    itself where SpecCluster handles lost workers otherwise."""
+    if base in _keeping:
+        return _keeping[base]
+    from distributed.deploy.cluster import Cluster
+    from distributed.deploy.spec import SpecCluster
+
+    if not usable("spec_cluster_lost_worker"):
+        return base
+    if base._update_worker_status is not SpecCluster._update_worker_status:
+        off("spec_cluster_lost_worker", f"{base.__name__} handles lost workers itself")
+        return base
+
+    def _update_worker_status(self, op, msg):
+        if op != "remove":
+            return SpecCluster._update_worker_status(self, op, msg)
+        import dask.config
+        from dask.utils import parse_timedelta
+
+        name = self.scheduler_info["workers"][msg]["name"]
+        delay = parse_timedelta(dask.config.get("distributed.deploy.lost-worker-timeout"))
+        loop = asyncio.get_running_loop()
+
+        def look():
+            if name not in self.workers or any(d["name"] == name for d in self.scheduler_info["workers"].values()):
+                return
+            if bringing_back(self.workers[name]) and self.status.name == "running":
+                loop.call_later(delay, look)
+                return
+            self._futures.add(asyncio.ensure_future(self.workers[name].close()))
+            del self.workers[name]
+
+        loop.call_later(delay, look)
+        Cluster._update_worker_status(self, op, msg)
+
+    _keeping[base] = type(base.__name__, (base,), {"_update_worker_status": _update_worker_status,
+                                                   "__module__": base.__module__})
+    return _keeping[base]
+
+
+def bringing_back(nanny) -> bool:
+    """Whether ``nanny`` (distributed's Nanny) is running and starting or running its
+    worker's process: a worker it lost is on its way back."""
+    from distributed.core import Status
+
+    process = getattr(nanny, "process", None)
+    return (getattr(nanny, "status", None) == Status.running and process is not None
+            and getattr(process, "status", None) in (Status.starting, Status.running))
+
+
 @seam("process_interface_start", "ProcessInterface.lock, ProcessInterface.__await__", "distributed", DISTRIBUTED,
       "starting a cluster's job under distributed's own lock (under a lock of spillway's instead)")
 def _check_process_interface() -> str | None:

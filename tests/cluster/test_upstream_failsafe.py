@@ -277,6 +277,67 @@ def test_a_cluster_class_that_starts_otherwise_keeps_its_dashboard(monkeypatch, 
     assert said(caplog, "spec_cluster_start") == 1
 
 
+def test_a_spec_cluster_that_handles_lost_workers_otherwise_is_left_as_it_is(monkeypatch, caplog):
+    from distributed.deploy.spec import SpecCluster
+
+    def other(self, op, msg):  # reads no lost-worker-timeout
+        return None
+
+    monkeypatch.setattr(SpecCluster, "_update_worker_status", other)
+    upstream._keeping.clear()
+    with caplog.at_level(logging.WARNING, "spillway.upstream"):
+        assert upstream.keeping_restarted_workers(SpecCluster) is SpecCluster
+    assert said(caplog, "spec_cluster_lost_worker") == 1
+    upstream._keeping.clear()
+
+
+def _lost(nanny_status, process_status):
+    """A worker of a cluster kept by :func:`upstream.keeping_restarted_workers` removed by
+    the scheduler, its nanny in the states given; what is left of the cluster's workers
+    once three of distributed's lost-worker-timeouts have passed."""
+    import asyncio
+
+    import dask.config
+    from distributed.core import Status
+    from distributed.deploy.spec import SpecCluster
+
+    closed = []
+
+    class Nanny:
+        status = nanny_status
+        process = None if process_status is None else SimpleNamespace(status=process_status)
+
+        async def close(self):
+            closed.append(self)
+
+    cls = upstream.keeping_restarted_workers(SpecCluster)
+    cluster = cls.__new__(cls)  # the method reads these of a SpecCluster only
+    cluster.workers = {"a": Nanny()}
+    cluster.scheduler_info = {"workers": {"tcp://127.0.0.1:1": {"name": "a"}}}
+    cluster._futures = set()
+    cluster.status = Status.running
+
+    async def main():
+        cluster._update_worker_status("remove", "tcp://127.0.0.1:1")
+        await asyncio.sleep(0.15)
+        await asyncio.gather(*cluster._futures)
+
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "0.04s"}):
+        asyncio.run(main())
+    assert cluster.scheduler_info["workers"] == {}
+    return set(cluster.workers), len(closed)
+
+
+def test_a_nanny_bringing_its_worker_back_is_kept_and_one_that_gave_up_is_closed():
+    from distributed.core import Status
+
+    assert _lost(Status.running, Status.starting) == ({"a"}, 0)
+    assert _lost(Status.running, Status.running) == ({"a"}, 0)
+    assert _lost(Status.running, Status.failed) == (set(), 1)  # its restart failed
+    assert _lost(Status.running, None) == (set(), 1)  # no process: nothing coming back
+    assert _lost(Status.closed, Status.stopped) == (set(), 1)
+
+
 def test_ucxx_absent_gives_an_error_class_nothing_raises(monkeypatch):
     import sys
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from .. import upstream
 from ..options import Options
 from .http_server import cluster_class, dashboard_kwargs
 from .plan import LaunchPlan
@@ -44,6 +45,6 @@ class LocalCPU:
         # each nanny hands the config of the moment it is built to its worker process
         with dask.config.set(config):
             kwargs = cluster_kwargs(options, launch)
-            cluster = cluster_class(LocalCluster, kwargs)(**kwargs)
+            cluster = upstream.keeping_restarted_workers(cluster_class(LocalCluster, kwargs))(**kwargs)
         carry_in_spec(cluster, config)
         return cluster

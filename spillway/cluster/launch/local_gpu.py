@@ -14,6 +14,7 @@ hosts; the subclass has not yet run on one.
 
 from __future__ import annotations
 
+from .. import upstream
 from ..options import Options
 from .http_server import cluster_class, dashboard_kwargs
 from .plan import LaunchPlan
@@ -133,6 +134,6 @@ class LocalGPU:
             from dask_cuda import LocalCUDACluster as base
         config = worker_config(options, tiered_store=specs[0].tiered)
         with dask.config.set(config):
-            cluster = cluster_class(base, kwargs)(**kwargs)
+            cluster = upstream.keeping_restarted_workers(cluster_class(base, kwargs))(**kwargs)
         carry_in_spec(cluster, config)
         return cluster
