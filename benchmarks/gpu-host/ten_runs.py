@@ -47,17 +47,28 @@ def main() -> None:
     x = da.random.RandomState(1, RandomState=cupy.random.RandomState).random_sample((n, n), chunks=(c, c))
     x = x.persist()
     wait(x)
-    runs = []
+    runs, windows = [], []
     for _ in range(args.runs):
-        t = time.perf_counter()
+        t, began = time.perf_counter(), time.time()
         got = float((x + x.T).sum().compute())
         runs.append(time.perf_counter() - t)
+        windows.append((began, time.time()))
+    # where the workers grow a pinned arena: the seconds of each run its pins took (a pin
+    # holds the driver's locks against every CUDA call on the node)
+    pins = None
+    if args.rig == "spillway":
+        from spillway.bench.measure import arena_pin_overlap
+        from spillway.cluster.plugins import worker_snapshot
+
+        snapshots = client.run(worker_snapshot)
+        pins = [arena_pin_overlap(snapshots, w) for w in windows]
     want = 2 * float(x.sum().compute())  # after: the first run is the cluster's first exchange
     later = runs[1:]
     print(json.dumps({"rig": args.rig, "devices": args.devices, "workers_per_gpu": args.workers_per_gpu,
                       "workers": len(client.scheduler_info()["workers"]), "start_s": started, "first_s": runs[0],
                       "later_median_s": statistics.median(later), "later_max_s": max(later),
                       "later_over_median": max(later) / statistics.median(later), "runs_s": runs,
+                      "arena_pin_s": pins,
                       "rel_error": abs(got - want) / abs(want)}), flush=True)
     client.close()
     cluster.close()

@@ -206,11 +206,13 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
         log(f"{workload.name} {label:<8} {what:<9} {measure.seconds:9.3f} s  "
             f"moved {measure.bytes_moved / 1e9:8.2f} GB  spilled {measure.bytes_spilled / 1e9:7.2f} GB  "
             f"(inputs persisted in {measure.persist_s:.2f} s; waited {_seconds(measure.waited_s)}, "
-            f"device sync {_seconds(measure.synchronized_s)})")
+            f"device sync {_seconds(measure.synchronized_s)}"
+            + (f"; arena pinning {measure.arena_pin_s:.2f} s" if measure.arena_pin_s else "") + ")")
         if i == 0:
             result.warmup_s = measure.seconds
             continue
         result.runs_s.append(measure.seconds)
+        result.arena_pin_s.append(measure.arena_pin_s)
         result.transfers.extend(measure.transfers)
         result.bytes_moved.append(measure.bytes_moved)
         result.bytes_spilled.append(measure.bytes_spilled)

@@ -64,6 +64,10 @@ class RunMeasure:
     #: kernels still queued when the last task returned, and the round trip to ask)
     waited_s: float | None = None
     synchronized_s: float | None = None
+    #: seconds of the run during which a worker was pinning a segment of its arena (the
+    #: driver's locks held against every CUDA call on the node), summed over the workers;
+    #: None where no worker grows an arena
+    arena_pin_s: float | None = None
 
 
 def spill_moves(before: dict, after: dict) -> dict:
@@ -92,6 +96,20 @@ def spill_moves(before: dict, after: dict) -> dict:
             v["seconds"] = None
     return {"moves": moves, "restore_wait_s": wait if timed else None,
             "spill_producer_wait_s": producer if timed else None, "workers": len(after)}
+
+
+def arena_pin_overlap(snapshots: dict, window: tuple[float, float]) -> float | None:
+    """Seconds of ``window`` (wall clock) that the workers' arena pins took, summed over
+    the workers; None where no worker keeps its pins' times."""
+    total, seen = 0.0, False
+    for snap in snapshots.values():
+        pins = ((snap.get("store") or {}).get("host") or {}).get("arena_pins")
+        if pins is None:
+            continue
+        seen = True
+        for pin in pins:
+            total += max(0.0, min(pin["stop"], window[1]) - max(pin["start"], window[0]))
+    return total if seen else None
 
 
 def _median_of(runs: list[dict], key: str) -> float | None:
@@ -154,6 +172,8 @@ class SideResult:
     expected_failure: str | None = None
     #: where the slowest timed run's time went per worker (``--timeline``)
     timeline: dict | None = None
+    #: seconds of each timed run that arena pins took (:attr:`RunMeasure.arena_pin_s`)
+    arena_pin_s: list[float | None] = field(default_factory=list)
 
     @property
     def median_s(self) -> float | None:
@@ -198,6 +218,7 @@ class SideResult:
             "spill_producer_wait_s": _median_of(self.spill, "spill_producer_wait_s"),
             "persist_spill_moves": summarize_spills(self.persist_spill),
             "verify": self.verify,
+            "arena_pin_s": self.arena_pin_s,
             "timeline": self.timeline,
         }
 
@@ -282,7 +303,7 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
                       persist_s=persist_s, spill=spill_moves(before, after),
                       persist_spill=spill_moves(start_persist, before), resident=resident_bytes(before),
                       value=value, window=window, tasks=tasks, waited_s=waited_s,
-                      synchronized_s=seconds - waited_s)
+                      synchronized_s=seconds - waited_s, arena_pin_s=arena_pin_overlap(after, window))
 
 
 def timed_run_recorded(client, collection, *, record: bool, **kwargs) -> tuple[RunMeasure, dict | None]:

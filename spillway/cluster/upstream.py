@@ -436,6 +436,11 @@ def _outgoing_ready(worker) -> bool:
     return False
 
 
+def sending(worker) -> bool:
+    """Whether ``worker`` is sending data to a peer now (False where it cannot say)."""
+    return bool(getattr(worker, "transfer_outgoing_count", 0)) if _outgoing_ready(worker) else False
+
+
 def outgoing_at_limit(worker, requester: str | None) -> bool:
     """Worker.get_data's rule: a worker sends to at most ``transfer_outgoing_count_limit``
     peers at once, twice that many where the requester is on this worker's host, one

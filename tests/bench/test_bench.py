@@ -648,6 +648,23 @@ def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
     assert "| B2 | spill throughput >= 70% of the pinned ceiling | 60% | no |" in md
 
 
+def test_a_run_counts_the_seconds_arena_pins_took_inside_its_window():
+    def snap(pins):
+        return {"store": {"host": {"arena_pins": pins}}}
+
+    window = (100.0, 101.0)
+    snapshots = {
+        "a": snap([{"start": 99.0, "stop": 99.5, "bytes": 1},     # before the run
+                   {"start": 99.8, "stop": 100.3, "bytes": 1},    # 0.3 s of it inside
+                   {"start": 100.5, "stop": 100.6, "bytes": 1}]),  # 0.1 s
+        "b": snap([{"start": 100.9, "stop": 102.0, "bytes": 1}]),  # 0.1 s, on the other worker
+        "c": {"store": None},                                      # no tiered store
+    }
+    assert measure.arena_pin_overlap(snapshots, window) == pytest.approx(0.5)
+    assert measure.arena_pin_overlap({"c": {"store": None}}, window) is None
+    assert measure.arena_pin_overlap({"a": snap([])}, window) == 0.0
+
+
 def _tiered(worker_local_directory=None, **kwargs):
     from numpy_codec import NumpyCodec
     from spillway.cluster.memory.disk import DiskTier

@@ -7,6 +7,18 @@ made them run at 1.3-1.5 GB/s. So one thread, at the lowest CPU priority, takes 
 in segments from the moment the worker is built, and each segment serves spills as soon as
 it is in; until then, spills take :class:`~spillway.cluster.memory.host.HostBuffers`' on-demand path.
 
+Pinning is taken apart from touching, and waits for a quiet device. Page-locking host
+memory (cudaHostRegister, as cudaHostAlloc) holds locks of the NVIDIA driver that the CUDA
+calls of the process, and of the node's other processes, wait on for as long as it runs
+(reported at about 0.1 s a GB on H200 hosts; the bench and the ten-run probe time each pin
+beside each run here), so pinning a 4 GiB segment while a worker computes would hold its
+kernels, copies and transfers, and its neighbours', for a few tenths of a second: the
+size of the stalls the bench's timed runs showed. So a touched segment is pinned
+only once the worker has had no task and no transfer for :data:`QUIET_S`, or at once when
+the host tier wants room the arena does not have yet (the first spill that misses it: the
+work is then waiting on host memory anyway). Touching needs no CUDA call and goes on
+meanwhile.
+
 The thread never makes the worker die for memory: each segment is reserved against the
 worker's pinned limit before it is taken (beside on-demand buffers), it waits while the
 host has less than a headroom of memory available beyond the segment, and a failed pin
@@ -15,6 +27,7 @@ stops the growth (logged once), keeping the segments already taken.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -43,12 +56,22 @@ VALUES_PER_SEGMENT = 4
 MAX_SEGMENT_BYTES = 16 * GiB
 #: nice value of the growing thread: it yields the CPU to the worker's own threads
 NICE = 19
+#: seconds without a task or a transfer on the worker before a segment is pinned (while
+#: no spill is waiting for the arena): longer than the gaps between the tasks of a graph
+#: and between the graphs a client sends in a row, so pins land where no one waits
+QUIET_S = 1.0
+#: seconds between two looks at whether the worker is at work, while a pin waits
+BUSY_POLL_S = 0.02
+#: pins a growth keeps the times of (the latest), for :meth:`ArenaGrowth.summary`
+PINS_KEPT = 64
 
 
 class ArenaGrowth(threading.Thread):
     """Takes ``target`` bytes of pinned memory for ``host``'s arena, one segment at a time.
 
-    ``take(nbytes)`` returns a 1-D uint8 buffer of pinned (and touched) memory, and
+    ``take(nbytes)`` returns a 1-D uint8 buffer of touched memory, pinned unless ``pin``
+    is given: then ``pin(buffer)`` pins it, once the worker is quiet (``busy()`` false
+    for :data:`QUIET_S`) or the host tier wants room (``host.wanted``).
     ``give_back(buffer)`` unpins one taken while the growth was being stopped. Optional:
     ``trim()`` gives back pinned memory cached by the on-demand allocator before a segment
     is reserved (cached blocks are pinned too but not counted as in use); ``prepare()``
@@ -72,6 +95,9 @@ class ArenaGrowth(threading.Thread):
         available: Callable[[], int] | None = None,
         headroom: int = 0,
         retry_s: float = 1.0,
+        pin: Callable[[np.ndarray], None] | None = None,
+        busy: Callable[[], bool] | None = None,
+        quiet_s: float = QUIET_S,
     ):
         super().__init__(name="spillway-pinned-arena", daemon=True)
         self.host = host
@@ -86,6 +112,9 @@ class ArenaGrowth(threading.Thread):
         self.available = available
         self.headroom = int(headroom)
         self.retry_s = retry_s
+        self.pin = pin
+        self.busy = busy
+        self.quiet_s = float(quiet_s)
         #: bytes this thread added to the arena
         self.taken = 0
         #: "growing", "waiting for host memory", "waiting for the pinned limit", "ready",
@@ -97,6 +126,14 @@ class ArenaGrowth(threading.Thread):
         self.ready_s: float | None = None
         #: seconds spent inside ``take`` (the cost of pinning and first touch)
         self.take_s = 0.0
+        #: seconds spent inside ``pin`` (where given), and waiting for a quiet worker
+        self.pin_s = 0.0
+        self.quiet_wait_s = 0.0
+        #: the latest pins, wall-clock start and stop and bytes: what a run beside them waited on
+        self.pins: collections.deque = collections.deque(maxlen=PINS_KEPT)
+        #: segments touched and reserved, waiting to be pinned (oldest first)
+        self._touched: collections.deque = collections.deque()
+        self._quiet_since = time.monotonic()
         self._closing = threading.Event()
         self._said: set[str] = set()
 
@@ -120,6 +157,9 @@ class ArenaGrowth(threading.Thread):
             "arena_ready_s": self.ready_s,
             "arena_ready_at": None if self.ready_s is None else self.started_at + self.ready_s,
             "arena_take_s": self.take_s,
+            "arena_pin_s": self.pin_s,
+            "arena_quiet_wait_s": self.quiet_wait_s,
+            "arena_pins": list(self.pins),
         }
 
     # --- the thread
@@ -138,6 +178,15 @@ class ArenaGrowth(threading.Thread):
                 self.prepare()
             except Exception:
                 logger.debug("pinned arena: prepare failed", exc_info=True)
+        try:
+            self._grow()
+        finally:
+            # touched segments never pinned hold only their reservation
+            while self._touched:
+                _, size = self._touched.popleft()
+                self.host.cancel_segment(size)
+
+    def _grow(self) -> None:
         while True:
             if self._closing.is_set():
                 self._stopped("closed")
@@ -145,12 +194,22 @@ class ArenaGrowth(threading.Thread):
             if self.should_stop is not None and self.should_stop():
                 self._stopped("worker closing")
                 return
-            remaining = self.target - self.taken
+            if self._touched and self._may_pin():
+                if not self._pin_oldest():
+                    return
+                continue
+            remaining = self.target - self.taken - sum(size for _, size in self._touched)
             if remaining <= 0:
+                if self._touched:  # all touched: the rest waits for a quiet worker
+                    self._look_for_quiet()
+                    continue
                 self._ready()
                 return
             size = self._next_size(remaining)
             if self.available is not None and self.available() - size < self.headroom:
+                if self._touched:
+                    self._look_for_quiet()
+                    continue
                 self._wait("waiting for host memory",
                            "pinned arena: waiting for host memory (%d bytes available, keeping %d "
                            "free beside the next %d-byte segment)", self.available(), self.headroom, size)
@@ -161,6 +220,9 @@ class ArenaGrowth(threading.Thread):
                 except Exception:
                     logger.debug("pinned arena: trimming the on-demand pool failed", exc_info=True)
             if not self.host.reserve_segment(size):
+                if self._touched:
+                    self._look_for_quiet()
+                    continue
                 self._wait("waiting for the pinned limit",
                            "pinned arena: buffers pinned on demand hold the rest of the pinned limit "
                            "(%d bytes); growing again as they are released", self.host.pinned_limit)
@@ -171,27 +233,83 @@ class ArenaGrowth(threading.Thread):
                 buffer = self.take(size)
             except Exception as e:
                 self.host.cancel_segment(size)
-                self._stopped(f"pinning {size} bytes failed: {type(e).__name__}: {e}")
-                logger.warning("pinned arena: could not pin %d more bytes (%s: %s); keeping the %d bytes "
-                               "taken, past them spills use buffers pinned on demand",
-                               size, type(e).__name__, e, self.taken)
+                self._failed(size, e)
                 return
             self.take_s += time.monotonic() - start
-            if self._closing.is_set():
-                # closed while this segment was being taken: it is not used
-                self.host.cancel_segment(size)
-                if self.give_back is not None:
-                    try:
-                        self.give_back(buffer)
-                    except Exception:
-                        logger.debug("pinned arena: giving back a segment failed", exc_info=True)
-                del buffer
-                self._stopped("closed")
+            if self.pin is not None:
+                # touched, not pinned: it waits for a quiet worker (what the worker did
+                # while this thread touched is not known: the quiet spell starts now)
+                self._touched.append((buffer, size))
+                self._quiet_since = time.monotonic()
+                continue
+            if not self._add(buffer, size):
                 return
-            self.host.add_segment(buffer, size)
-            self.taken += size
-            if self.first_segment_s is None:
-                self.first_segment_s = time.monotonic() - self._t0
+
+    def _add(self, buffer: np.ndarray, size: int) -> bool:
+        """Hand a pinned segment to the arena; False where the growth was closed while it
+        was taken (it is given back, not used)."""
+        if self._closing.is_set():
+            self.host.cancel_segment(size)
+            if self.give_back is not None:
+                try:
+                    self.give_back(buffer)
+                except Exception:
+                    logger.debug("pinned arena: giving back a segment failed", exc_info=True)
+            del buffer
+            self._stopped("closed")
+            return False
+        self.host.add_segment(buffer, size)
+        self.taken += size
+        if self.first_segment_s is None:
+            self.first_segment_s = time.monotonic() - self._t0
+        return True
+
+    def _failed(self, size: int, e: Exception) -> None:
+        self._stopped(f"pinning {size} bytes failed: {type(e).__name__}: {e}")
+        logger.warning("pinned arena: could not pin %d more bytes (%s: %s); keeping the %d bytes "
+                       "taken, past them spills use buffers pinned on demand",
+                       size, type(e).__name__, e, self.taken)
+
+    # --- pins: when the worker is quiet, or the host tier wants the arena
+
+    def _may_pin(self) -> bool:
+        wanted = getattr(self.host, "wanted", None)
+        if self.busy is None or (wanted is not None and wanted.is_set()):
+            return True
+        now = time.monotonic()
+        try:
+            at_work = self.busy()
+        except Exception:  # noqa: BLE001 (a worker that cannot say is taken as quiet)
+            at_work = False
+        if at_work:
+            self._quiet_since = now
+            return False
+        return now - self._quiet_since >= self.quiet_s
+
+    def _look_for_quiet(self) -> None:
+        """Wait one look (:data:`BUSY_POLL_S`), woken early by the host tier wanting room."""
+        self.state = "waiting for a quiet worker"
+        began = time.monotonic()
+        wanted = getattr(self.host, "wanted", None)
+        (wanted if wanted is not None else self._closing).wait(BUSY_POLL_S)
+        self.quiet_wait_s += time.monotonic() - began
+
+    def _pin_oldest(self) -> bool:
+        """Pin the segment touched first and hand it to the arena; False where the growth
+        stops (the pin failed, or it was closed meanwhile)."""
+        buffer, size = self._touched.popleft()
+        self.state = "growing"
+        started, start = time.time(), time.monotonic()
+        try:
+            self.pin(buffer)
+        except Exception as e:
+            self.host.cancel_segment(size)
+            self._failed(size, e)
+            return False
+        took = time.monotonic() - start
+        self.pin_s += took
+        self.pins.append({"start": started, "stop": started + took, "bytes": int(size)})
+        return self._add(buffer, size)
 
     def _next_size(self, remaining: int) -> int:
         size = max(self.segment_bytes, VALUES_PER_SEGMENT * self.host.largest_request)

@@ -55,6 +55,9 @@ class HostBuffers:
         self.largest_request = 0
         #: the background thread growing the arena, if any
         self.growth = None
+        #: set by the first buffer the arena could not give: from then on the growth pins
+        #: its segments without waiting for a quiet worker (the host tier is in use)
+        self.wanted = threading.Event()
         self._arena_reserved = 0  # segments being taken, not yet in the arena
         self._on_demand: dict[int, int] = {}
         self._pageable: dict[int, int] = {}
@@ -66,6 +69,8 @@ class HostBuffers:
         view = self._from_arena(nbytes)
         if view is not None:
             return view
+        if not self.wanted.is_set():
+            self.wanted.set()
         if self.before_new is not None:
             self.before_new(nbytes)
             # what it wrote to disk may have freed arena slices

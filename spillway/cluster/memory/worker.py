@@ -30,21 +30,26 @@ _TOUCH_THREADS = max(1, min(4, (os.cpu_count() or 2) // 4))
 
 
 def take_segment(nbytes: int) -> np.ndarray:
-    """One arena segment: host memory touched page by page, then pinned.
+    """One arena segment: host memory touched page by page (:func:`touch_segment`), then
+    pinned (:func:`pin_segment`)."""
+    return pin_segment(touch_segment(nbytes))
+
+
+def touch_segment(nbytes: int) -> np.ndarray:
+    """Host memory for one arena segment, page aligned, touched page by page; not pinned.
 
     The two costs are taken apart on purpose. Touching (the host handing its RAM to the
     machine, about 2.3 GiB/s a thread on the GPU host) runs as plain memsets that release
-    the GIL and involve no CUDA call; pinning the pages already there (cudaHostRegister)
-    is then short. Allocating pinned memory is one of the calls that CUDA serializes with
-    the work of every stream of the context, so a cudaHostAlloc that also touched gigabytes
-    would hold spills and kernels of the running worker for seconds. A few threads touch
+    the GIL and involve no CUDA call; pinning the pages already there (cudaHostRegister,
+    :func:`pin_segment`) is then shorter, and the growth does it when the worker is quiet.
+    Pinning is one of the calls that hold the driver's locks against every CUDA call, so a
+    cudaHostAlloc that also touched gigabytes would hold spills and kernels of the running
+    worker for seconds. A few threads touch
     it: a fresh host's first spills wait for the arena (huge pages, asked for with
     madvise, were slower on a loaded 2-core machine: direct compaction; measure them with
     ``benchmarks/gpu-host/first-touch.py`` before taking them). Segments are kept for the
     worker's life (see :func:`give_back_segment` for one that is not used)."""
     import ctypes
-
-    import cupy
 
     raw = np.empty(nbytes + _PAGE, dtype=np.uint8)
     offset = -raw.ctypes.data % _PAGE
@@ -59,7 +64,16 @@ def take_segment(nbytes: int) -> np.ndarray:
     else:
         for start, length in steps:
             ctypes.memset(start, 0, length)
-    cupy.cuda.runtime.hostRegister(ptr, nbytes, _REGISTER_PORTABLE)
+    return buf
+
+
+def pin_segment(buf: np.ndarray) -> np.ndarray:
+    """Page-lock a segment made by :func:`touch_segment` (its pages are there already, so
+    this is the pinning alone; it holds the driver's locks while it runs: see
+    :mod:`spillway.cluster.memory.growth`)."""
+    import cupy
+
+    cupy.cuda.runtime.hostRegister(buf.ctypes.data, buf.nbytes, _REGISTER_PORTABLE)
     return buf
 
 
@@ -105,7 +119,9 @@ def start_arena(host: HostBuffers, nbytes: int):
     segment as soon as it is in. Taking it here, before the worker opens its comms, took
     about 35 s for 80 GB on the GPU host and held the worker's start as long."""
     return host.grow_arena(
-        nbytes, take_segment,
+        nbytes, touch_segment,
+        pin=pin_segment,
+        busy=_worker_busy,
         give_back=give_back_segment,
         trim=_trim_pinned_pool,
         prepare=_near_the_gpu,
@@ -138,6 +154,19 @@ def _near_the_gpu() -> None:
         cores = upstream.gpu_cores(visible)
         if cores:
             os.sched_setaffinity(0, cores)
+
+
+def _worker_busy() -> bool:
+    """Whether a worker of this process is running a task or moving data: a pin now would
+    hold its CUDA calls (read from the growth thread: a counter read a moment stale only
+    moves a pin by one look)."""
+    for w in upstream.workers_of_process():
+        state = getattr(w, "state", None)
+        if state is None:
+            continue
+        if state.executing_count or state.long_running or state.transfer_incoming_count or upstream.sending(w):
+            return True
+    return False
 
 
 def _worker_closing() -> bool:

@@ -359,6 +359,113 @@ def test_growth_runs_at_the_lowest_priority():
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # this thread untouched
 
 
+# --- pins wait for a quiet worker
+
+
+def test_segments_are_touched_ahead_and_pinned_only_once_the_worker_has_been_quiet():
+    # pinning holds the driver's locks against every CUDA call: touched segments wait for
+    # a worker at no work for quiet_s (touching needs no CUDA call and goes on meanwhile)
+    pins = Pins()
+    pinned = []
+    busy = threading.Event()
+    busy.set()
+    host = host_with(pins, limit=1 << 40)
+    growth = grow(host, 2 * SEG, pins, pin=pinned.append, busy=busy.is_set, quiet_s=0.2)
+    wait_for(lambda: pins.segments == 2 and growth.state == "waiting for a quiet worker")
+    time.sleep(0.3)
+    assert pinned == [] and host.arena is None  # touched, not pinned, not handed out
+    assert pinned_held(host) == 2 * SEG  # reserved all the while
+    busy.clear()
+    growth.join(5)
+    assert growth.ready and [b.nbytes for b in pinned] == [SEG, SEG] and host.arena.capacity == 2 * SEG
+    summary = growth.summary()
+    assert [p["bytes"] for p in summary["arena_pins"]] == [SEG, SEG]
+    assert all(p["start"] <= p["stop"] for p in summary["arena_pins"])
+    assert summary["arena_quiet_wait_s"] >= 0.3  # the busy spell at least
+
+
+def test_a_busy_spell_starts_the_quiet_wait_again():
+    pins = Pins()
+    pinned = []
+    busy = threading.Event()
+    host = host_with(pins, limit=1 << 40)
+    growth = grow(host, SEG, pins, pin=pinned.append, busy=busy.is_set, quiet_s=0.5)
+    wait_for(lambda: pins.segments == 1)
+    for _ in range(4):  # quiet for less than quiet_s at a time
+        time.sleep(0.25)
+        busy.set()
+        time.sleep(0.05)
+        busy.clear()
+    assert pinned == []
+    growth.join(5)
+    assert pinned and growth.ready
+
+
+def test_a_spill_that_misses_the_arena_has_segments_pinned_while_the_worker_works():
+    pins = Pins()
+    pinned = []
+    host = host_with(pins, limit=1 << 40)
+    growth = grow(host, 2 * SEG, pins, pin=pinned.append, busy=lambda: True, quiet_s=60)
+    wait_for(lambda: growth.state == "waiting for a quiet worker")
+    assert pinned == []
+    buf = host.alloc(MB)  # no arena yet: on demand, and the arena is wanted from now on
+    assert host.wanted.is_set()
+    growth.join(5)
+    assert growth.ready and len(pinned) == 2
+    host.release(buf)
+    assert host.alloc(MB) is not None and host.arena.used_bytes >= MB  # the arena serves now
+
+
+def test_closing_while_a_segment_waits_to_be_pinned_pins_nothing_and_keeps_no_reservation():
+    pins = Pins()
+    pinned, given_back = [], []
+    host = host_with(pins, limit=1 << 40)
+    growth = grow(host, 2 * SEG, pins, pin=pinned.append, busy=lambda: True, give_back=given_back.append)
+    wait_for(lambda: growth.state == "waiting for a quiet worker")
+    host.close()
+    assert not growth.is_alive() and growth.state == "stopped: closed"
+    assert pinned == [] and given_back == [] and host.arena is None and pinned_held(host) == 0
+
+
+def test_a_pin_that_fails_stops_growth_keeping_the_segments_pinned_before(caplog):
+    pins = Pins()
+    calls = []
+
+    def pin(buf):
+        calls.append(buf.nbytes)
+        if len(calls) == 2:
+            raise RuntimeError("cudaErrorHostMemoryAlreadyRegistered")
+
+    host = host_with(pins, limit=1 << 40)
+    with caplog.at_level(logging.WARNING, "spillway.memory"):
+        growth = grow(host, 3 * SEG, pins, pin=pin, busy=lambda: False, quiet_s=0.0)
+        growth.join(5)
+    assert growth.state.startswith("stopped: pinning") and host.arena.capacity == SEG
+    assert pinned_held(host) == SEG and "could not pin" in caplog.text
+
+
+def test_the_worker_is_busy_while_it_runs_a_task_or_moves_data(monkeypatch):
+    from types import SimpleNamespace
+
+    from distributed import Worker
+
+    from spillway.cluster.memory.worker import _worker_busy
+
+    from spillway.cluster import upstream
+
+    state = SimpleNamespace(executing_count=0, long_running=set(), transfer_incoming_count=0)
+    worker = SimpleNamespace(state=state, **{name: 0 for name in upstream.OUTGOING})
+    monkeypatch.setattr(Worker, "_instances", [worker])
+    assert not _worker_busy()
+    for name, value in (("executing_count", 1), ("long_running", {"a seceded task"}),
+                        ("transfer_incoming_count", 2)):
+        setattr(state, name, value)
+        assert _worker_busy(), name
+        setattr(state, name, type(value)())
+    worker.transfer_outgoing_count = 1
+    assert _worker_busy()
+
+
 # --- the worker's segments: touched first, then pinned
 
 
