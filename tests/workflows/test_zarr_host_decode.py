@@ -135,14 +135,27 @@ def test_buffers_for_the_device_come_from_the_stores_arena_while_it_has_room():
     buffers = host_decode.BufferSet(2**22, pinned=host)
     a = buffers.take(600_000, pinned=True)
     assert host.arena.owns(a) and host.arena.used_bytes >= 600_000  # the store counts it
-    b = buffers.take(600_000, pinned=True)  # the arena is full: an ordinary buffer
     c = buffers.take(1000)  # a file's bytes: never the arena
+    assert not host.wanted.is_set()
+    b = buffers.take(600_000, pinned=True)  # the arena is full: an ordinary buffer
+    assert host.wanted.is_set()  # and the arena's growth pins its segments without waiting
     assert not host.arena.owns(b) and not host.arena.owns(c)
     assert buffers.counts()["arena_taken"] == 600_000 and buffers.in_use == 600_000 + 10 * U + U
     for buffer in (a, b, c):
         buffers.give(buffer)
     assert host.arena.used_bytes == 0 and buffers.in_use == 0
     assert buffers.kept == 10 * U + U  # the arena slice went back to the store, not kept here
+
+
+def test_reads_for_the_device_before_the_arena_is_in_want_it_pinned():
+    from spillway.cluster.memory.host import HostBuffers
+
+    host = HostBuffers(None)  # its arena still growing: no segment pinned yet
+    buffers = host_decode.BufferSet(2**22, pinned=host)
+    buffers.give(buffers.take(1000))
+    assert not host.wanted.is_set()
+    buffers.give(buffers.take(1000, pinned=True))
+    assert host.wanted.is_set()
 
 
 def test_a_budget_of_about_one_read_serialises_the_reads_without_deadlock(monkeypatch, tmp_path):
