@@ -44,9 +44,12 @@ def test_pieces_cross_the_plane_and_the_values_hold(ucx_client, new, fit):
     got = client.compute(rechunk(x, new)).result(timeout=120)
     assert np.array_equal(got, want)
     after = client.run(hook.counters)
-    fetched = sum(after[w]["fetched"] - before[w]["fetched"] for w in after)
+    # the workers that answered both times (on a loaded machine a worker's stream to the
+    # scheduler can break and the worker register again, missing from one of the two)
+    both = [w for w in after if w in before]
+    fetched = sum(after[w]["fetched"] - before[w]["fetched"] for w in both)
     assert fetched > 0  # the pieces went over the plane, one request per holder and output
-    assert all(after[w]["lost"] == before[w]["lost"] for w in after)
+    assert all(after[w]["lost"] == before[w]["lost"] for w in both)
     deadline = time.monotonic() + 10
     while sum(client.run(_pieces_left).values()) and time.monotonic() < deadline:
         time.sleep(0.05)

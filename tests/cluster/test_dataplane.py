@@ -478,6 +478,33 @@ def test_a_plane_opens_its_endpoints_to_every_peer_in_the_background(ucx_cluster
     assert opened == 2 and peers == workers[1:]
 
 
+async def ready_after_forgetting(dask_worker=None):
+    from spillway.cluster.dataplane.plugin import plane_ready
+
+    plane = plane_of(dask_worker)
+    for peer in list(plane._channels):
+        plane._forget(peer)  # as if its peers' listeners were not up when it warmed
+    return await plane_ready(dask_worker, timeout=60), sorted(plane._channels)
+
+
+def test_a_plane_is_ready_once_it_has_an_endpoint_to_every_peer(ucx_cluster):
+    # what a new cluster waits for before it says it is ready (session._planes_ready)
+    client = ucx_cluster
+    workers = sorted(client.run(os.getpid))
+    peers, channels = client.run(ready_after_forgetting, workers=[workers[0]])[workers[0]]
+    assert peers == len(workers) - 1 and channels == workers[1:]
+
+
+def test_a_new_cluster_waits_for_its_planes(ucx_cluster, caplog):
+    import logging
+
+    from spillway.cluster.launch.session import _planes_ready
+
+    with caplog.at_level(logging.INFO, "spillway"):
+        _planes_ready(ucx_cluster)
+    assert "reach fewer than all their peers" not in caplog.text
+
+
 async def warm_transfer(peer, dask_worker=None):
     plane = plane_of(dask_worker)
     before = plane.counters.fetched_bytes

@@ -183,6 +183,7 @@ class DataPlane:
         self._unreachable: dict[str, float] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
+        self._warming: asyncio.Task | None = None
         #: a GPU worker posts its receives ahead on the device (:meth:`_slots`)
         self.gpu = False
         #: key -> a CUDA event recorded on the default stream when the key's task finished
@@ -314,7 +315,22 @@ class DataPlane:
         task = asyncio.ensure_future(self.warm(peers))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        self._warming = task
         return task
+
+    async def ready(self, timeout: float) -> int:
+        """Wait, at most ``timeout`` seconds, for the warm-up started with the worker, then
+        warm once more the peers it found not up yet (planes that start together race
+        for each other's listeners). Returns the peers this plane has an endpoint to."""
+        try:
+            async with asyncio.timeout(timeout):
+                if self._warming is not None:
+                    await asyncio.shield(self._warming)
+                await self.warm()
+        except TimeoutError:
+            logger.info("data plane: %s not warmed within %.0f s; the rest connect at their first gather",
+                        self.worker.address, timeout)
+        return sum(1 for c in self._channels.values() if not c.retired)
 
     async def warm(self, peers=None) -> int:
         """Open an endpoint to each of ``peers`` (default: the workers the scheduler knows

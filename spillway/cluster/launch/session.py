@@ -215,6 +215,8 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     # each worker's tiers reach the scheduler now, not at its next heartbeat: a graph sent
     # at once is checked against them
     client.run(_heartbeat, on_error="ignore")
+    if options.data_plane:
+        _planes_ready(client)
     kinds = client.run(_worker_kind)
     if not kinds:
         raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")
@@ -222,6 +224,20 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     if len(values) > 1:
         raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
     return values.pop(), len(kinds)
+
+
+def _planes_ready(client) -> None:
+    """Return once every worker's data plane has its endpoints to the others and, on GPUs,
+    each peer's pool mapped: a cluster is ready when it says it is, and its first exchange
+    does not pay first contact (each plane bounds its wait:
+    :data:`~..dataplane.plugin.READY_TIMEOUT_S`)."""
+    from ..dataplane.plugin import plane_ready
+
+    peers = {a: n for a, n in client.run(plane_ready, on_error="return").items() if isinstance(n, int)}
+    short = {a: n for a, n in peers.items() if n < len(peers) - 1}
+    if short:
+        logger.info("data plane: %d of %d workers reach fewer than all their peers yet (%s); those connect at "
+                    "their first gather", len(short), len(peers), ", ".join(f"{a}: {n}" for a, n in sorted(short.items())))
 
 
 def _hold_to_the_tiers(client, plugin_class) -> None:
