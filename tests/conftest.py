@@ -54,3 +54,22 @@ def no_cluster(monkeypatch):
         raise AssertionError("a cluster started")
 
     monkeypatch.setattr(launch, "open_cluster", started)
+
+
+@pytest.fixture(autouse=True)
+def _no_distributed_scheduler_without_a_client():
+    """No test starts with dask's config naming the distributed scheduler while no client
+    is there to be it. distributed sets ``scheduler: dask.distributed`` when a client
+    becomes the default and restores what it found when that client closes: clients of
+    one process closed in another order than they were made (an earlier file's, in this
+    xdist process) leave it set with none open, and a plain ``dask.compute`` then fails."""
+    import dask
+
+    if dask.config.get("scheduler", None) in ("dask.distributed", "distributed"):
+        try:
+            from distributed import Client
+
+            Client.current(allow_global=True)
+        except ValueError:
+            dask.config.config.pop("scheduler", None)
+    yield
