@@ -183,7 +183,9 @@ class DataPlane:
         self._unreachable: dict[str, float] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
-        self._warming: asyncio.Task | None = None
+        #: warm-ups in flight (the one started with the worker, and those a peer's
+        #: warm-up request started back, :meth:`_warm_frame`)
+        self._warms: set[asyncio.Task] = set()
         #: a GPU worker posts its receives ahead on the device (:meth:`_slots`)
         self.gpu = False
         #: key -> a CUDA event recorded on the default stream when the key's task finished
@@ -313,19 +315,20 @@ class DataPlane:
     def warm_soon(self, peers=None) -> asyncio.Task:
         """:meth:`warm` in the background (the worker's start does not wait for it)."""
         task = asyncio.ensure_future(self.warm(peers))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        self._warming = task
+        for tasks in (self._tasks, self._warms):
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
         return task
 
     async def ready(self, timeout: float) -> int:
-        """Wait, at most ``timeout`` seconds, for the warm-up started with the worker, then
-        warm once more the peers it found not up yet (planes that start together race
+        """Wait, at most ``timeout`` seconds, for the warm-ups in flight (a peer's pool is
+        mapped only once its warm-up's transfer is done, after its endpoint is up), then
+        warm once more the peers they found not up yet (planes that start together race
         for each other's listeners). Returns the peers this plane has an endpoint to."""
         try:
             async with asyncio.timeout(timeout):
-                if self._warming is not None:
-                    await asyncio.shield(self._warming)
+                if self._warms:
+                    await asyncio.shield(asyncio.gather(*self._warms, return_exceptions=True))
                 await self.warm()
         except TimeoutError:
             logger.info("data plane: %s not warmed within %.0f s; the rest connect at their first gather",

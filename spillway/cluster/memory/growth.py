@@ -207,9 +207,6 @@ class ArenaGrowth(threading.Thread):
                 return
             size = self._next_size(remaining)
             if self.available is not None and self.available() - size < self.headroom:
-                if self._touched:
-                    self._look_for_quiet()
-                    continue
                 self._wait("waiting for host memory",
                            "pinned arena: waiting for host memory (%d bytes available, keeping %d "
                            "free beside the next %d-byte segment)", self.available(), self.headroom, size)
@@ -220,9 +217,6 @@ class ArenaGrowth(threading.Thread):
                 except Exception:
                     logger.debug("pinned arena: trimming the on-demand pool failed", exc_info=True)
             if not self.host.reserve_segment(size):
-                if self._touched:
-                    self._look_for_quiet()
-                    continue
                 self._wait("waiting for the pinned limit",
                            "pinned arena: buffers pinned on demand hold the rest of the pinned limit "
                            "(%d bytes); growing again as they are released", self.host.pinned_limit)
@@ -273,8 +267,7 @@ class ArenaGrowth(threading.Thread):
     # --- pins: when the worker is quiet, or the host tier wants the arena
 
     def _may_pin(self) -> bool:
-        wanted = getattr(self.host, "wanted", None)
-        if self.busy is None or (wanted is not None and wanted.is_set()):
+        if self.busy is None or self.host.wanted.is_set():
             return True
         now = time.monotonic()
         try:
@@ -290,8 +283,7 @@ class ArenaGrowth(threading.Thread):
         """Wait one look (:data:`BUSY_POLL_S`), woken early by the host tier wanting room."""
         self.state = "waiting for a quiet worker"
         began = time.monotonic()
-        wanted = getattr(self.host, "wanted", None)
-        (wanted if wanted is not None else self._closing).wait(BUSY_POLL_S)
+        self.host.wanted.wait(BUSY_POLL_S)
         self.quiet_wait_s += time.monotonic() - began
 
     def _pin_oldest(self) -> bool:
@@ -328,6 +320,10 @@ class ArenaGrowth(threading.Thread):
         self.state = f"stopped: {why}"
 
     def _wait(self, state: str, message: str, *args) -> None:
+        if self._touched:
+            # segments wait to be pinned: look for a quiet worker instead of sleeping
+            self._look_for_quiet()
+            return
         self.state = state
         if state not in self._said:
             self._said.add(state)

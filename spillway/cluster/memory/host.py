@@ -69,8 +69,7 @@ class HostBuffers:
         view = self._from_arena(nbytes)
         if view is not None:
             return view
-        if not self.wanted.is_set():
-            self.wanted.set()
+        self.missed_arena()
         if self.before_new is not None:
             self.before_new(nbytes)
             # what it wrote to disk may have freed arena slices
@@ -98,6 +97,12 @@ class HostBuffers:
             self.pageable_bytes += nbytes
             self._pageable[_address(buffer)] = nbytes
         return buffer
+
+    def missed_arena(self) -> None:
+        """A buffer that should have been pinned found no arena slice: the arena's growth
+        pins its segments from now on without waiting for a quiet worker (:attr:`wanted`)."""
+        if not self.wanted.is_set():
+            self.wanted.set()
 
     def _from_arena(self, nbytes: int) -> np.ndarray | None:
         arena = self.arena

@@ -151,11 +151,8 @@ class BufferSet:
                     self.arena_taken += nbytes
                     self.peak = max(self.peak, self.held)
                 return view
-        wanted = getattr(self.pinned, "wanted", None) if pinned else None
-        if wanted is not None and not wanted.is_set():
-            # reads to the device want pinned buffers: the arena's growth pins its
-            # segments from now on without waiting for a quiet worker
-            wanted.set()
+        if pinned and self.pinned is not None:
+            self.pinned.missed_arena()  # reads to the device want pinned buffers
         size = size_class(nbytes)
         with self._cond:
             while True:
