@@ -95,7 +95,7 @@ def refuse_before_start(options, workflow: str, params: dict, output: str | None
     from spillway import workflows
     from spillway.workflows.outputs import check_path, check_space
 
-    from spillway.cluster.errors import GpusBusy, ParamError
+    from spillway.cluster.errors import ParamError
     from spillway.cluster.gpus import discover
     from spillway.cluster.launch import HostProbe, plan, worker_specs
     from spillway.cluster.memory.growth import host_total
@@ -107,10 +107,8 @@ def refuse_before_start(options, workflow: str, params: dict, output: str | None
     if options.attach:
         return output
     host = HostProbe.here()
-    try:
-        launch = plan(options, discover(), host)
-    except GpusBusy:
-        return output  # open_cluster waits for them to be free, and plans again
+    # sized on the GPUs' totals: whether they are free now is open_cluster's to wait for
+    launch = plan(options, discover(), host, gpus_free=False)
     fits = capacity = None
     if launch.kind == "gpu" and launch.device_memory:
         specs = worker_specs(options, launch)

@@ -70,6 +70,20 @@ def test_a_run_past_every_tier_is_refused_before_the_cluster_starts(one_h200, tm
     assert "svd: projected footprint" in line and "exceeds the cluster's device + host + disk capacity" in line
 
 
+def test_a_run_past_every_tier_is_refused_while_another_process_holds_the_gpu(one_h200, monkeypatch, tmp_path):
+    # on the H200 host a cluster closing before this run held 49.9 GB of GPU 0: the run was
+    # told to free the GPU, not that it could never fit
+    import spillway.cluster.gpus as gpus
+
+    held = h200_host(1)
+    held = dataclasses.replace(held, gpus=(dataclasses.replace(held.gpus[0], memory_free=90 * GB),))
+    monkeypatch.setattr(gpus, "discover", lambda: held)
+    result = CliRunner().invoke(main, ["run", "svd", "--param", "size=190000000x500",
+                                       "--local-directory", str(tmp_path)])
+    assert result.exit_code == 3, result.output
+    assert "exceeds the cluster's device + host + disk capacity" in result.output.strip().splitlines()[-1]
+
+
 def test_a_run_that_fits_is_not_refused(one_h200, tmp_path):
     options = Options.resolve(local_directory=str(tmp_path))
     preflight.refuse_before_start(options, "svd", {"size": "1000000x500"})  # 4 GB: nothing raised

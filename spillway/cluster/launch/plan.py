@@ -90,9 +90,11 @@ class HostProbe:
                    have_uvloop=importlib.util.find_spec("uvloop") is not None)
 
 
-def plan(options: Options, inventory: Inventory, host: HostProbe) -> LaunchPlan:
+def plan(options: Options, inventory: Inventory, host: HostProbe, *, gpus_free: bool = True) -> LaunchPlan:
     """What to start on the machine of ``inventory`` and ``host`` (``HostProbe.here()``
-    for this one)."""
+    for this one). ``gpus_free=False`` plans on the GPUs' totals without refusing a GPU
+    another process holds now: what a run's admission sizes against, so that a run that
+    fits nowhere is told so even while a closing cluster still holds its pool."""
     if options.attach:
         return LaunchPlan(kind="attach")
     have_ucxx, have_cuda_stack = host.have_ucxx, host.have_cuda_stack
@@ -152,7 +154,8 @@ def plan(options: Options, inventory: Inventory, host: HostProbe) -> LaunchPlan:
     devices = tuple(d for d in devices[:n // per_gpu] for _ in range(per_gpu))
     host_memory = host.host_memory
     _check_pinned(options, n, host_memory)
-    _check_gpus_free(options, inventory, devices, per_gpu)
+    if gpus_free:
+        _check_gpus_free(options, inventory, devices, per_gpu)
 
     protocol, note = choose_protocol(options.protocol, gpu=True, n_workers=n, have_ucxx=have_ucxx)
     if note and per_gpu > 1:
