@@ -29,12 +29,18 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=40000)
     parser.add_argument("--chunk", type=int, default=10000)
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a spillway option for spillway.local (repeatable; values parse as YAML)")
     args = parser.parse_args()
     began = time.perf_counter()
     if args.rig == "spillway":
         import spillway
 
-        cluster = spillway.local(devices=args.devices, workers_per_gpu=args.workers_per_gpu, dashboard_address="")
+        import yaml
+
+        chosen = {k.replace("-", "_"): yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.option)}
+        cluster = spillway.local(devices=args.devices, workers_per_gpu=args.workers_per_gpu, dashboard_address="",
+                                 **chosen)
         client = cluster.client
     else:
         from dask_cuda import LocalCUDACluster
@@ -64,7 +70,7 @@ def main() -> None:
         pins = [arena_pin_overlap(snapshots, w) for w in windows]
     want = 2 * float(x.sum().compute())  # after: the first run is the cluster's first exchange
     later = runs[1:]
-    print(json.dumps({"rig": args.rig, "devices": args.devices, "workers_per_gpu": args.workers_per_gpu,
+    print(json.dumps({"rig": args.rig, "options": args.option, "devices": args.devices, "workers_per_gpu": args.workers_per_gpu,
                       "workers": len(client.scheduler_info()["workers"]), "start_s": started, "first_s": runs[0],
                       "later_median_s": statistics.median(later), "later_max_s": max(later),
                       "later_over_median": max(later) / statistics.median(later), "runs_s": runs,

@@ -141,10 +141,12 @@ class WorkerSetup(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, track_allocations: bool = True, prefetch: bool = True, spill_on_demand: bool = True):
+    def __init__(self, track_allocations: bool = True, prefetch: bool = True, spill_on_demand: bool = True,
+                 gc_freeze: bool = True):
         self.track_allocations = track_allocations
         self.prefetch = prefetch
         self.spill_on_demand = spill_on_demand
+        self.gc_freeze = gc_freeze
         self.window_base = 0
         self.kind = "cpu"
         self.spilled = {"device_to_host": 0, "host_to_disk": 0, "host_to_device": 0, "disk_to_host": 0}
@@ -163,6 +165,10 @@ class WorkerSetup(WorkerPlugin):
         from .capacity import TIERS, report_tiers
 
         worker.metrics[TIERS] = report_tiers
+        if self.gc_freeze:
+            from .collector import start_settling, worker_busy
+
+            start_settling(worker, lambda: worker_busy(worker))
         if self.kind == "gpu":
             self._setup_gpu(store)
         if store is not None:

@@ -183,7 +183,10 @@ def register_plugins(client, options: Options) -> None:
     from ..plugins import WorkerSetup
 
     _hold_to_the_tiers(client, CapacityPlugin)
-    client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand))
+    client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand,
+                                       gc_freeze=options.gc_freeze))
+    if options.gc_freeze:
+        _settle_the_scheduler(client)
     if options.data_plane:
         from ..dataplane import DataPlanePlugin
 
@@ -217,6 +220,8 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     client.run(_heartbeat, on_error="ignore")
     if options.data_plane:
         _planes_ready(client)
+    if options.gc_freeze:
+        _settle(client)
     kinds = client.run(_worker_kind)
     if not kinds:
         raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")
@@ -238,6 +243,30 @@ def _planes_ready(client) -> None:
     if short:
         logger.info("data plane: %d of %d workers reach fewer than all their peers yet (%s); those connect at "
                     "their first gather", len(short), len(peers), ", ".join(f"{a}: {n}" for a, n in sorted(short.items())))
+
+
+def _settle(client) -> None:
+    """Every process of the cluster settled once it is ready, its modules and warm-ups
+    frozen out of later full collections (:mod:`..collector`); before the first run,
+    not at its first quiet moment after a run that paid a full collection."""
+    from ..collector import settle_server
+
+    took = client.run(settle_server, on_error="return")
+    try:
+        took["scheduler"] = client.run_on_scheduler(settle_server)
+    except Exception as e:  # noqa: BLE001 (a scheduler without spillway collects as Python does)
+        logger.debug("the scheduler is not settled: %s: %s", type(e).__name__, e)
+    logger.debug("settled: %s", {k: v for k, v in took.items() if isinstance(v, dict)})
+
+
+def _settle_the_scheduler(client) -> None:
+    """The scheduler's process settled at its quiet moments (:mod:`..collector`)."""
+    from ..collector import scheduler_settle
+
+    try:
+        client.register_plugin(scheduler_settle())
+    except Exception as e:  # noqa: BLE001 (a scheduler without spillway collects as Python does)
+        logger.debug("the scheduler will not be settled: %s: %s", type(e).__name__, e)
 
 
 def _hold_to_the_tiers(client, plugin_class) -> None:

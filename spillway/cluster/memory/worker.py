@@ -160,13 +160,9 @@ def _worker_busy() -> bool:
     """Whether a worker of this process is running a task or moving data: a pin now would
     hold its CUDA calls (read from the growth thread: a counter read a moment stale only
     moves a pin by one look)."""
-    for w in upstream.workers_of_process():
-        state = getattr(w, "state", None)
-        if state is None:
-            continue
-        if state.executing_count or state.long_running or state.transfer_incoming_count or upstream.sending(w):
-            return True
-    return False
+    from ..collector import worker_busy
+
+    return any(worker_busy(w) for w in upstream.workers_of_process())
 
 
 def _worker_closing() -> bool:
