@@ -16,8 +16,15 @@ kernels, copies and transfers, and its neighbours', for a few tenths of a second
 size of the stalls the bench's timed runs showed. So a touched segment is pinned
 only once the worker has had no task and no transfer for :data:`QUIET_S`, or at once when
 the host tier wants room the arena does not have yet (the first spill that misses it: the
-work is then waiting on host memory anyway). Touching needs no CUDA call and goes on
-meanwhile.
+work is then waiting on host memory anyway).
+
+Touching yields to work the same way, between steps of :data:`TOUCH_STEP` bytes. It needs
+no CUDA call, but on the H200 host a fresh cluster's ten-run probe (`(x + x.T).sum()` on a
+persisted array) took 1.1-2.4 s for its first run and 0.54-0.75 s for its second while
+both workers touched their arenas, against 0.76 s and 0.05 s with no arena (dask-cuda:
+1.06 s and 0.06 s): the time went to the scheduler's way to the first task and the result's
+way back to the client, not to the tasks (``benchmarks/gpu-host/probes.sh``, 2026-11-27).
+Page faults by the gigabyte on a virtual machine are what slowed them down.
 
 The thread never makes the worker die for memory: each segment is reserved against the
 worker's pinned limit before it is taken (beside on-demand buffers), it waits while the
@@ -62,6 +69,13 @@ NICE = 19
 QUIET_S = 1.0
 #: seconds between two looks at whether the worker is at work, while a pin waits
 BUSY_POLL_S = 0.02
+#: bytes a touching thread touches between two looks at whether the worker is at work
+#: (about 0.1 s of a thread's first-touch rate on the GPU host)
+TOUCH_STEP = 256 << 20
+
+
+class GrowthClosed(Exception):
+    """The growth was stopped while a segment was being touched."""
 #: pins a growth keeps the times of (the latest), for :meth:`ArenaGrowth.summary`
 PINS_KEPT = 64
 
@@ -71,7 +85,10 @@ class ArenaGrowth(threading.Thread):
 
     ``take(nbytes)`` returns a 1-D uint8 buffer of touched memory, pinned unless ``pin``
     is given: then ``pin(buffer)`` pins it, once the worker is quiet (``busy()`` false
-    for :data:`QUIET_S`) or the host tier wants room (``host.wanted``).
+    for :data:`QUIET_S`) or the host tier wants room (``host.wanted``), and where ``busy``
+    is given too ``take(nbytes, between)`` calls ``between()`` before each step it
+    touches: it returns once the worker is quiet or the host tier wants room (it raises
+    :class:`GrowthClosed` where the growth is stopped meanwhile).
     ``give_back(buffer)`` unpins one taken while the growth was being stopped. Optional:
     ``trim()`` gives back pinned memory cached by the on-demand allocator before a segment
     is reserved (cached blocks are pinned too but not counted as in use); ``prepare()``
@@ -129,6 +146,9 @@ class ArenaGrowth(threading.Thread):
         #: seconds spent inside ``pin`` (where given), and waiting for a quiet worker
         self.pin_s = 0.0
         self.quiet_wait_s = 0.0
+        #: seconds the touching threads waited for a quiet worker (summed over threads)
+        self.touch_wait_s = 0.0
+        self._lock = threading.Lock()
         #: the latest pins, wall-clock start and stop and bytes: what a run beside them waited on
         self.pins: collections.deque = collections.deque(maxlen=PINS_KEPT)
         #: segments touched and reserved, waiting to be pinned (oldest first)
@@ -159,6 +179,7 @@ class ArenaGrowth(threading.Thread):
             "arena_take_s": self.take_s,
             "arena_pin_s": self.pin_s,
             "arena_quiet_wait_s": self.quiet_wait_s,
+            "arena_touch_wait_s": self.touch_wait_s,
             "arena_pins": list(self.pins),
         }
 
@@ -224,7 +245,11 @@ class ArenaGrowth(threading.Thread):
             self.state = "growing"
             start = time.monotonic()
             try:
-                buffer = self.take(size)
+                buffer = self.take(size, self._yield_to_work) if self._yields else self.take(size)
+            except GrowthClosed:
+                self.host.cancel_segment(size)
+                self._stopped("closed")
+                return
             except Exception as e:
                 self.host.cancel_segment(size)
                 self._failed(size, e)
@@ -264,7 +289,29 @@ class ArenaGrowth(threading.Thread):
                        "taken, past them spills use buffers pinned on demand",
                        size, type(e).__name__, e, self.taken)
 
-    # --- pins: when the worker is quiet, or the host tier wants the arena
+    # --- touches and pins: when the worker is quiet, or the host tier wants the arena
+
+    @property
+    def _yields(self) -> bool:
+        return self.pin is not None and self.busy is not None
+
+    def _yield_to_work(self) -> None:
+        """Called by the touching threads before each step: return once the worker is
+        quiet or the host tier wants room; raise :class:`GrowthClosed` once stopped."""
+        waited = None
+        while not self._may_pin():
+            if self._closing.is_set() or (self.should_stop is not None and self.should_stop()):
+                raise GrowthClosed
+            if waited is None:
+                waited = time.monotonic()
+                self.state = "touching: waiting for a quiet worker"
+            self.host.wanted.wait(BUSY_POLL_S)
+        if self._closing.is_set():
+            raise GrowthClosed
+        if waited is not None:
+            with self._lock:
+                self.touch_wait_s += time.monotonic() - waited
+            self.state = "growing"
 
     def _may_pin(self) -> bool:
         if self.busy is None or self.host.wanted.is_set():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -13,7 +14,7 @@ from .. import upstream
 from .books import HostBooks
 from .codecs import CupyCodec
 from .disk import DiskTier
-from .growth import headroom_for, host_available, host_total
+from .growth import TOUCH_STEP, headroom_for, host_available, host_total
 from .host import HostBuffers
 from .store import TieredStore
 
@@ -21,8 +22,8 @@ from .store import TieredStore
 #: cudaHostRegisterPortable: pinned for every CUDA context of the process
 _REGISTER_PORTABLE = 1
 _PAGE = 4096
-#: bytes touched per call, each with the GIL released (ctypes.memset)
-_TOUCH_STEP = 256 << 20
+#: bytes touched per call, each with the GIL released (ctypes.memset), the growth's step
+_TOUCH_STEP = TOUCH_STEP
 #: threads touching one segment: the first touch is page faults (the kernel zeroing and
 #: mapping each page, and on a virtual machine the host backing it), which one thread
 #: does at about 2.3 GiB/s on the GPU host; they run at the growth thread's nice value
@@ -35,7 +36,7 @@ def take_segment(nbytes: int) -> np.ndarray:
     return pin_segment(touch_segment(nbytes))
 
 
-def touch_segment(nbytes: int) -> np.ndarray:
+def touch_segment(nbytes: int, between: Callable[[], None] | None = None) -> np.ndarray:
     """Host memory for one arena segment, page aligned, touched page by page; not pinned.
 
     The two costs are taken apart on purpose. Touching (the host handing its RAM to the
@@ -48,7 +49,9 @@ def touch_segment(nbytes: int) -> np.ndarray:
     it: a fresh host's first spills wait for the arena (huge pages, asked for with
     madvise, were slower on a loaded 2-core machine: direct compaction; measure them with
     ``benchmarks/gpu-host/first-touch.py`` before taking them). Segments are kept for the
-    worker's life (see :func:`give_back_segment` for one that is not used)."""
+    worker's life (see :func:`give_back_segment` for one that is not used). ``between()``,
+    where given, is called before each step is touched (the growth waits there for a quiet
+    worker, and raises to stop)."""
     import ctypes
 
     raw = np.empty(nbytes + _PAGE, dtype=np.uint8)
@@ -56,14 +59,19 @@ def touch_segment(nbytes: int) -> np.ndarray:
     buf = raw[offset : offset + nbytes]
     ptr = buf.ctypes.data
     steps = [(ptr + start, min(_TOUCH_STEP, nbytes - start)) for start in range(0, nbytes, _TOUCH_STEP)]
+    def touch(step):
+        if between is not None:
+            between()
+        ctypes.memset(step[0], 0, step[1])
+
     if _TOUCH_THREADS > 1 and len(steps) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(min(_TOUCH_THREADS, len(steps)), thread_name_prefix="spillway-touch") as pool:
-            list(pool.map(lambda step: ctypes.memset(step[0], 0, step[1]), steps))
+            list(pool.map(touch, steps))  # the first step's exception is raised here
     else:
-        for start, length in steps:
-            ctypes.memset(start, 0, length)
+        for step in steps:
+            touch(step)
     return buf
 
 

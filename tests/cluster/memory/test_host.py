@@ -38,6 +38,7 @@ class Pins:
         self.fail_on = fail_on  # the segment (1-based) whose pin fails
         self.gate = gate
         self.segments = 0
+        self.steps = 0
         self.calls_after_close = 0
         self.closed = False
         self.live = 0
@@ -50,13 +51,20 @@ class Pins:
             self.live += n
             self.peak = max(self.peak, self.live)
 
-    def take(self, n: int) -> np.ndarray:
+    #: steps a segment is touched in, each after a call to ``between`` where given
+    STEPS = 4
+
+    def take(self, n: int, between=None) -> np.ndarray:
         """The arena's segment allocator."""
         if self.closed:
             self.calls_after_close += 1
         self.segments += 1
         if self.fail_on is not None and self.segments >= self.fail_on:
             raise RuntimeError("cudaErrorMemoryAllocation: out of memory")
+        for _ in range(self.STEPS):
+            if between is not None:
+                between()
+            self.steps += 1
         self._add(n)
         if self.gate is not None:
             self.gate.wait()
@@ -362,26 +370,52 @@ def test_growth_runs_at_the_lowest_priority():
 # --- pins wait for a quiet worker
 
 
-def test_segments_are_touched_ahead_and_pinned_only_once_the_worker_has_been_quiet():
-    # pinning holds the driver's locks against every CUDA call: touched segments wait for
-    # a worker at no work for quiet_s (touching needs no CUDA call and goes on meanwhile)
+def test_segments_are_touched_and_pinned_only_once_the_worker_has_been_quiet():
+    # pinning holds the driver's locks against every CUDA call, and touching by the
+    # gigabyte slowed a fresh cluster's first runs: both wait for a worker at no work
     pins = Pins()
     pinned = []
     busy = threading.Event()
     busy.set()
     host = host_with(pins, limit=1 << 40)
     growth = grow(host, 2 * SEG, pins, pin=pinned.append, busy=busy.is_set, quiet_s=0.2)
-    wait_for(lambda: pins.segments == 2 and growth.state == "waiting for a quiet worker")
+    wait_for(lambda: growth.state == "touching: waiting for a quiet worker")
     time.sleep(0.3)
-    assert pinned == [] and host.arena is None  # touched, not pinned, not handed out
-    assert pinned_held(host) == 2 * SEG  # reserved all the while
+    assert pins.steps == 0 and pinned == [] and host.arena is None  # not a step touched
+    assert pinned_held(host) == SEG  # the segment being touched is reserved
     busy.clear()
     growth.join(5)
     assert growth.ready and [b.nbytes for b in pinned] == [SEG, SEG] and host.arena.capacity == 2 * SEG
+    assert pins.steps == 2 * Pins.STEPS
     summary = growth.summary()
     assert [p["bytes"] for p in summary["arena_pins"]] == [SEG, SEG]
     assert all(p["start"] <= p["stop"] for p in summary["arena_pins"])
-    assert summary["arena_quiet_wait_s"] >= 0.3  # the busy spell at least
+    assert summary["arena_touch_wait_s"] >= 0.3  # the busy spell at least
+
+
+def test_work_arriving_mid_segment_stops_the_touching_at_the_next_step():
+    pins = Pins()
+    pinned = []
+    busy = threading.Event()
+    host = host_with(pins, limit=1 << 40)
+    real_take = pins.take
+
+    def take(n, between=None):
+        def step():
+            between()
+            if pins.steps == 0:  # a task arrives while the first step is touched
+                busy.set()
+
+        return real_take(n, step)
+
+    growth = host.grow_arena(SEG, take, segment_bytes=SEG, retry_s=0.01, pin=pinned.append, busy=busy.is_set,
+                             quiet_s=0.1)
+    wait_for(lambda: busy.is_set() and growth.state == "touching: waiting for a quiet worker")
+    time.sleep(0.2)
+    assert pins.steps == 1 and pinned == []
+    busy.clear()
+    growth.join(5)
+    assert growth.ready and pins.steps == Pins.STEPS and len(pinned) == 1
 
 
 def test_a_busy_spell_starts_the_quiet_wait_again():
@@ -406,7 +440,7 @@ def test_a_spill_that_misses_the_arena_has_segments_pinned_while_the_worker_work
     pinned = []
     host = host_with(pins, limit=1 << 40)
     growth = grow(host, 2 * SEG, pins, pin=pinned.append, busy=lambda: True, quiet_s=60)
-    wait_for(lambda: growth.state == "waiting for a quiet worker")
+    wait_for(lambda: "waiting for a quiet worker" in growth.state)
     assert pinned == []
     buf = host.alloc(MB)  # no arena yet: on demand, and the arena is wanted from now on
     assert host.wanted.is_set()
@@ -421,7 +455,7 @@ def test_closing_while_a_segment_waits_to_be_pinned_pins_nothing_and_keeps_no_re
     pinned, given_back = [], []
     host = host_with(pins, limit=1 << 40)
     growth = grow(host, 2 * SEG, pins, pin=pinned.append, busy=lambda: True, give_back=given_back.append)
-    wait_for(lambda: growth.state == "waiting for a quiet worker")
+    wait_for(lambda: "waiting for a quiet worker" in growth.state)
     host.close()
     assert not growth.is_alive() and growth.state == "stopped: closed"
     assert pinned == [] and given_back == [] and host.arena is None and pinned_held(host) == 0
@@ -507,6 +541,18 @@ def test_segments_are_touched_then_registered_page_aligned(monkeypatch):
         assert calls[-1] == ("pin", ptr, n, 1) and len(calls) == 5
         worker.give_back_segment(buf)
         assert calls[-1] == ("unpin", ptr)
+        # the growth's look before each step, and its stop raised out of the touch
+        looks = []
+        assert worker.touch_segment(n, between=lambda: looks.append(1)).nbytes == n and len(looks) == 4
+        from spillway.cluster.memory.growth import GrowthClosed
+
+        def closed():
+            raise GrowthClosed
+
+        calls.clear()
+        with pytest.raises(GrowthClosed):
+            worker.touch_segment(n, between=closed)
+        assert not [c for c in calls if c[0] == "touch"]
 
 
 def test_growth_sees_the_worker_of_its_process_closing(monkeypatch):
