@@ -62,6 +62,9 @@ class QuietSettler:
         self.full_collections = full_collections
         self.settle_now = settle_now
         self.quiet_since: float | None = None
+        #: the latest task transition (:meth:`touch`): a look every TICK_MS alone would
+        #: miss the runs a client sends back to back, each shorter than a look's interval
+        self.active_at = -math.inf
         self.settled_at = -math.inf
         self.seen = full_collections()
         self.settles: list[dict] = []
@@ -74,6 +77,10 @@ class QuietSettler:
             self.settles.append(result)
             del self.settles[:-16]
 
+    def touch(self) -> None:
+        """A task changed state here (called from the plugins' transition hooks)."""
+        self.active_at = self.clock()
+
     def tick(self) -> bool:
         now = self.clock()
         if self.busy():
@@ -81,7 +88,8 @@ class QuietSettler:
             return False
         if self.quiet_since is None:
             self.quiet_since = now
-        if now - self.quiet_since < self.quiet_s or now - self.settled_at < self.gap_s:
+        quiet_for = now - max(self.quiet_since, self.active_at)
+        if quiet_for < self.quiet_s or now - self.settled_at < self.gap_s:
             return False
         if self.full_collections() == self.seen:
             return False
@@ -140,8 +148,14 @@ def _scheduler_plugin_class():
         name = "spillway-gc-settle"
         idempotent = True
 
+        settler: QuietSettler | None = None
+
         async def start(self, scheduler):
-            start_settling(scheduler, lambda: scheduler_busy(scheduler))
+            self.settler = start_settling(scheduler, lambda: scheduler_busy(scheduler))
+
+        def transition(self, key, start, finish, *args, **kwargs):
+            if self.settler is not None:
+                self.settler.touch()
 
     return SchedulerSettle
 

@@ -168,7 +168,7 @@ class WorkerSetup(WorkerPlugin):
         if self.gc_freeze:
             from .collector import start_settling, worker_busy
 
-            start_settling(worker, lambda: worker_busy(worker))
+            self._settler = start_settling(worker, lambda: worker_busy(worker))
         if self.kind == "gpu":
             self._setup_gpu(store)
         if store is not None:
@@ -250,6 +250,11 @@ class WorkerSetup(WorkerPlugin):
                 self._prefetching = False
 
         self._prefetch_pool.submit(run)
+
+    def transition(self, key, start, finish, **kwargs):
+        settler = getattr(self, "_settler", None)
+        if settler is not None:
+            settler.touch()
 
     def teardown(self, worker):
         pool = getattr(self, "_prefetch_pool", None)

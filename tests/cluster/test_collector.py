@@ -68,6 +68,20 @@ def test_busy_spells_restart_the_quiet_wait_and_settles_keep_their_gap():
     assert not s.tick()  # no full collection since
 
 
+def test_runs_sent_back_to_back_keep_a_process_from_settling_between_its_looks():
+    # each run shorter than a look's interval: the looks alone would see a quiet process
+    busy, full, clock, calls = [False], [1], Clock(), []
+    s = settler(busy, full, clock, calls)
+    full[0] = 2  # the runs paid a full collection
+    for k in range(40):
+        clock.now = k * 0.5
+        s.touch()  # a task's transition between two looks
+        clock.now = k * 0.5 + 0.45
+        assert not s.tick()
+    clock.now += 1.1  # the client stopped sending
+    assert s.tick() and len(calls) == 1
+
+
 def test_settle_freezes_what_is_alive_and_the_next_finds_a_frozen_cycle_dropped_since():
     import weakref
 
