@@ -445,7 +445,8 @@ class Options(RmmAndTls):
     pinned_pool_size: int | str = option(
         "auto", _bytes_limit("auto"), worker=True, gpu=True,
         help="Pinned host memory each GPU worker takes and touches for spilled chunks, on a "
-             "background thread from its start (spills use it as it grows), `auto` (the worker's "
+             "background thread from its start while the worker is idle (spills use it as it "
+             "grows; a spill that finds it short makes it grow at once), `auto` (the worker's "
              "share of half the host's memory, at most its memory-limit), a size, or 0 (pinned "
              "buffers taken on demand). The workers of one host may pin at most half its memory "
              "between them; a larger size is refused before anything starts.")
