@@ -82,27 +82,36 @@ def test_runs_sent_back_to_back_keep_a_process_from_settling_between_its_looks()
     assert s.tick() and len(calls) == 1
 
 
+_SETTLE_PROBE = """
+import gc, weakref
+from spillway.cluster import collector
+
+class Cycle:
+    pass
+
+dead, alive = Cycle(), Cycle()
+dead.me, alive.me = dead, alive
+dead_ref, alive_ref = weakref.ref(dead), weakref.ref(alive)
+del dead
+result = collector.settle()
+assert dead_ref() is None, "garbage at the settle: collected, not frozen"
+assert result["frozen"] > 0 and gc.get_freeze_count() > 0
+del alive
+gc.collect()
+assert alive_ref() is not None, "frozen: a collection during a run does not walk it"
+collector.settle()
+assert alive_ref() is None, "the next settle unfreezes first and finds it"
+print("ok")
+"""
+
+
 def test_settle_freezes_what_is_alive_and_the_next_finds_a_frozen_cycle_dropped_since():
-    import weakref
+    # in a process of its own: a cluster's settler in this one could settle meanwhile
+    import subprocess
+    import sys
 
-    class Cycle:
-        pass
-
-    try:
-        dead, alive = Cycle(), Cycle()
-        dead.me, alive.me = dead, alive
-        dead_ref, alive_ref = weakref.ref(dead), weakref.ref(alive)
-        del dead
-        result = collector.settle()
-        assert dead_ref() is None  # garbage at the settle: collected, not frozen
-        assert result["frozen"] == gc.get_freeze_count() > 0
-        del alive
-        gc.collect()
-        assert alive_ref() is not None  # frozen: a collection during a run does not walk it
-        collector.settle()
-        assert alive_ref() is None  # the next settle unfreezes first and finds it
-    finally:
-        gc.unfreeze()
+    done = subprocess.run([sys.executable, "-c", _SETTLE_PROBE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 def test_the_scheduler_is_busy_while_a_task_is_queued_or_processing():
