@@ -4,8 +4,8 @@
 #   VARIANTS="default pinned0:pinned-pool-size=0 noplane:data-plane=false default dask-cuda"
 #   bash benchmarks/gpu-host/probes.sh
 # A variant is NAME or NAME:KEY=VALUE[,KEY=VALUE] (spillway.local options); "dask-cuda" is
-# the baseline. Each probe's JSON has its runs and each run's anatomy (first task, last
-# task's end, tail, longest compute and transfer, largest gap on a worker). Then, with
+# the baseline. Each probe's JSON has its runs and each run's anatomy (the bench's timeline
+# of it: first task, tail after the last task, each worker's compute, transfer, idle). Then, with
 # BENCH=1, spillway bench --sizes full on both GPUs (W1-W5, dask-cuda beside it).
 # Under $OUT: probes.tar.gz; the table last.
 set -uo pipefail

@@ -53,16 +53,16 @@ def main() -> None:
     x = da.random.RandomState(1, RandomState=cupy.random.RandomState).random_sample((n, n), chunks=(c, c))
     x = x.persist()
     wait(x)
-    from distributed import get_task_stream
+    from spillway.bench import timeline
 
+    client.get_task_stream(start=0, stop=0)  # installs the scheduler's task-stream plugin
     runs, windows, anatomy = [], [], []
     for _ in range(args.runs):
-        with get_task_stream(client) as stream:
-            t, began = time.perf_counter(), time.time()
-            got = float((x + x.T).sum().compute())
-            runs.append(time.perf_counter() - t)
-            windows.append((began, time.time()))
-        anatomy.append(_anatomy(stream.data, *windows[-1]))
+        t, began = time.perf_counter(), time.time()
+        got = float((x + x.T).sum().compute())
+        runs.append(time.perf_counter() - t)
+        windows.append((began, time.time()))
+        anatomy.append(_anatomy(timeline.Recording(client).result(windows[-1])))
     # where the workers grow a pinned arena: the seconds of each run its pins took (a pin
     # holds the driver's locks against every CUDA call on the node)
     pins = None
@@ -84,31 +84,14 @@ def main() -> None:
     cluster.close()
 
 
-def _anatomy(records: list, began: float, ended: float) -> dict:
-    """Where one run's wall time went, from the scheduler's task stream: the first task's
-    start and the last task's end after the run began, the longest compute and transfer,
-    and the largest gap between tasks on one worker (seconds, rounded to the millisecond)."""
-    spans: dict = {}
-    longest = {"compute": 0.0, "transfer": 0.0}
-    for record in records:
-        for part in record.get("startstops", ()):
-            action, start, stop = part["action"], part["start"], part["stop"]
-            if action in longest:
-                longest[action] = max(longest[action], stop - start)
-            if action == "compute":
-                spans.setdefault(record.get("worker"), []).append((start, stop))
-    starts = [a for s in spans.values() for a, _ in s]
-    stops = [b for s in spans.values() for _, b in s]
-    gap = 0.0
-    for s in spans.values():
-        s.sort()
-        for (_, b), (a, _) in zip(s, s[1:]):
-            gap = max(gap, a - b)
+def _anatomy(run: dict) -> dict:
+    """Where one run's wall time went (the bench's timeline of it, :mod:`spillway.bench.timeline`):
+    the first task's start and the tail after the last task, and per worker its compute,
+    transfer and idle seconds, rounded to the millisecond."""
     r = lambda v: None if v is None else round(v, 3)  # noqa: E731
-    return {"tasks": len(records), "first_task_s": r(min(starts) - began) if starts else None,
-            "last_task_end_s": r(max(stops) - began) if stops else None, "tail_s": r(ended - max(stops)) if stops else None,
-            "longest_compute_s": r(longest["compute"]), "longest_transfer_s": r(longest["transfer"]),
-            "largest_gap_s": r(gap)}
+    return {"first_task_s": r(run["first_task_s"]), "tail_s": r(run["tail_s"]),
+            "workers": {run["names"][w]: {k: r(v) if isinstance(v, float) else v for k, v in entry.items()}
+                        for w, entry in run["workers"].items()}}
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import math
 import time
 from typing import Callable
 
+from distributed.diagnostics.plugin import SchedulerPlugin
+
 #: how long a process has had nothing to do before it is settled again
 QUIET_S = 1.0
 #: the least time between two settles of one process (each is a full collection)
@@ -31,9 +33,9 @@ GAP_S = 30.0
 TICK_MS = 500
 
 
-def settle(dask_worker=None, dask_scheduler=None) -> dict:
-    """Collect everything, then freeze what is alive (``client.run`` and
-    ``run_on_scheduler`` take it): the seconds it took and the objects now frozen."""
+def settle() -> dict:
+    """Collect everything, then freeze what is alive: the seconds it took and the objects
+    now frozen."""
     began = time.perf_counter()
     gc.unfreeze()
     gc.collect()
@@ -97,17 +99,6 @@ class QuietSettler:
         return True
 
 
-def worker_busy(worker) -> bool:
-    """Whether ``worker`` is running a task (executing or seceded) or moving data."""
-    from . import upstream
-
-    state = getattr(worker, "state", None)
-    if state is None:
-        return False
-    return bool(state.executing_count or state.long_running or state.transfer_incoming_count
-                or upstream.sending(worker))
-
-
 def scheduler_busy(scheduler) -> bool:
     """Whether ``scheduler`` has a task queued or running on a worker."""
     if getattr(scheduler, "queued", None) or getattr(scheduler, "unrunnable", None):
@@ -138,28 +129,18 @@ def settle_server(dask_worker=None, dask_scheduler=None) -> dict:
     return result
 
 
-def _scheduler_plugin_class():
-    from distributed.diagnostics.plugin import SchedulerPlugin
+class SchedulerSettle(SchedulerPlugin):
+    """The scheduler's process settled at its quiet moments (for ``spillway.local()`` that
+    is the notebook's own process, where the local scheduler runs)."""
 
-    class SchedulerSettle(SchedulerPlugin):
-        """The scheduler's process settled at its quiet moments (for ``spillway.local()``
-        that is the notebook's own process, where the local scheduler runs)."""
+    name = "spillway-gc-settle"
+    idempotent = True
 
-        name = "spillway-gc-settle"
-        idempotent = True
+    settler: QuietSettler | None = None
 
-        settler: QuietSettler | None = None
+    async def start(self, scheduler):
+        self.settler = start_settling(scheduler, lambda: scheduler_busy(scheduler))
 
-        async def start(self, scheduler):
-            self.settler = start_settling(scheduler, lambda: scheduler_busy(scheduler))
-
-        def transition(self, key, start, finish, *args, **kwargs):
-            if self.settler is not None:
-                self.settler.touch()
-
-    return SchedulerSettle
-
-
-def scheduler_settle():
-    """A scheduler plugin that settles the scheduler's process at its quiet moments."""
-    return _scheduler_plugin_class()()
+    def transition(self, key, start, finish, *args, **kwargs):
+        if self.settler is not None:
+            self.settler.touch()

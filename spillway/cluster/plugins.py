@@ -147,6 +147,7 @@ class WorkerSetup(WorkerPlugin):
         self.prefetch = prefetch
         self.spill_on_demand = spill_on_demand
         self.gc_freeze = gc_freeze
+        self._settler = None
         self.window_base = 0
         self.kind = "cpu"
         self.spilled = {"device_to_host": 0, "host_to_disk": 0, "host_to_device": 0, "disk_to_host": 0}
@@ -166,9 +167,9 @@ class WorkerSetup(WorkerPlugin):
 
         worker.metrics[TIERS] = report_tiers
         if self.gc_freeze:
-            from .collector import start_settling, worker_busy
+            from .collector import start_settling
 
-            self._settler = start_settling(worker, lambda: worker_busy(worker))
+            self._settler = start_settling(worker, lambda: upstream.at_work(worker))
         if self.kind == "gpu":
             self._setup_gpu(store)
         if store is not None:
@@ -252,9 +253,8 @@ class WorkerSetup(WorkerPlugin):
         self._prefetch_pool.submit(run)
 
     def transition(self, key, start, finish, **kwargs):
-        settler = getattr(self, "_settler", None)
-        if settler is not None:
-            settler.touch()
+        if self._settler is not None:
+            self._settler.touch()
 
     def teardown(self, worker):
         pool = getattr(self, "_prefetch_pool", None)

@@ -441,6 +441,14 @@ def sending(worker) -> bool:
     return bool(getattr(worker, "transfer_outgoing_count", 0)) if _outgoing_ready(worker) else False
 
 
+def at_work(worker) -> bool:
+    """Whether ``worker`` is running a task (executing or seceded) or moving data in or out."""
+    state = getattr(worker, "state", None)
+    if state is None:
+        return False
+    return bool(state.executing_count or state.long_running or state.transfer_incoming_count or sending(worker))
+
+
 def outgoing_at_limit(worker, requester: str | None) -> bool:
     """Worker.get_data's rule: a worker sends to at most ``transfer_outgoing_count_limit``
     peers at once, twice that many where the requester is on this worker's host, one

@@ -261,10 +261,10 @@ def _settle(client) -> None:
 
 def _settle_the_scheduler(client) -> None:
     """The scheduler's process settled at its quiet moments (:mod:`..collector`)."""
-    from ..collector import scheduler_settle
+    from ..collector import SchedulerSettle
 
     try:
-        client.register_plugin(scheduler_settle())
+        client.register_plugin(SchedulerSettle())
     except Exception as e:  # noqa: BLE001 (a scheduler without spillway collects as Python does)
         logger.debug("the scheduler will not be settled: %s: %s", type(e).__name__, e)
 

@@ -72,12 +72,12 @@ BUSY_POLL_S = 0.02
 #: bytes a touching thread touches between two looks at whether the worker is at work
 #: (about 0.1 s of a thread's first-touch rate on the GPU host)
 TOUCH_STEP = 256 << 20
+#: pins a growth keeps the times of (the latest), for :meth:`ArenaGrowth.summary`
+PINS_KEPT = 64
 
 
 class GrowthClosed(Exception):
     """The growth was stopped while a segment was being touched."""
-#: pins a growth keeps the times of (the latest), for :meth:`ArenaGrowth.summary`
-PINS_KEPT = 64
 
 
 class ArenaGrowth(threading.Thread):

@@ -168,9 +168,7 @@ def _worker_busy() -> bool:
     """Whether a worker of this process is running a task or moving data: a pin now would
     hold its CUDA calls (read from the growth thread: a counter read a moment stale only
     moves a pin by one look)."""
-    from ..collector import worker_busy
-
-    return any(worker_busy(w) for w in upstream.workers_of_process())
+    return any(upstream.at_work(w) for w in upstream.workers_of_process())
 
 
 def _worker_closing() -> bool:
