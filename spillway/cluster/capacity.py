@@ -66,6 +66,9 @@ PLUGIN_NAME = "spillway-capacity"
 TIERS = "spillway-tiers"
 #: the event a worker's store logs when its spill disk is full
 DISK_FULL = "spillway-disk-full"
+#: told to every worker as a graph that will spill past the devices is admitted: their
+#: pinned arenas grow from then on at full speed instead of waiting for a quiet worker
+HOST_WANTED = "spillway-host-wanted"
 #: graphs with more tasks than this are checked on their outputs alone (the run in
 #: dask's order takes about a second per million tasks on the scheduler's event loop)
 PEAK_TASKS = 500_000
@@ -137,6 +140,8 @@ class CapacityPlugin(SchedulerPlugin):
         self._sizes = False
         #: worker (or None: not known) -> when a computation was last stopped for its disk
         self._stopped_at: dict = {}
+        #: workers told that spills are coming
+        self._told: set = set()
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
@@ -188,9 +193,31 @@ class CapacityPlugin(SchedulerPlugin):
             if line is not None:
                 self._refuse(scheduler, client, new, line, stimulus_id)
                 return
+        spills = capacity is not None and self._past_devices(capacity[0], sizes)
         self.graphs.append(Graph(client, set(new), set(run)))
         for k in new:
             self.pending[k] = sizes.get(k, 0)
+        if spills:
+            self.want_host(scheduler)
+
+    def _past_devices(self, capacity, sizes) -> bool:
+        """Whether the cluster's bytes and all of this graph's keys at once pass the
+        devices: it may spill. No run in dask's order: a graph that holds less at its most
+        only has the arena grown a little early, and a user's compute on a cluster past its
+        devices already must not pay a pass over its tasks."""
+        return self.held() + sum(sizes.values()) > capacity.device_bytes
+
+    def want_host(self, scheduler) -> None:
+        """Tell each worker, once, that spills are coming (:data:`HOST_WANTED`). A fresh
+        worker's arena grows only while it is idle (its page faults slowed a user's first
+        small computations), so without the word a fresh cluster's first spills would
+        find it short and take their host buffers at the rate the host first hands out
+        memory; with it, the arena grows while the graph's first tasks run."""
+        for address, ws in list(scheduler.workers.items()):
+            # a worker reports its tiers once spillway's plugin is on it, which takes the word
+            if address not in self._told and isinstance(ws.metrics.get(TIERS), dict):
+                self._told.add(address)
+                scheduler.worker_send(address, {"op": HOST_WANTED})
 
     def _over(self, scheduler, new, run, sizes, priority, capacity, ratio) -> str | None:
         outputs = sum(sizes.get(k, 0) for k in new)

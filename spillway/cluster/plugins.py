@@ -132,6 +132,20 @@ def quiet_leaving(worker) -> None:
         log.addFilter(_Leaving(worker))
 
 
+def quiet_retried_allocations() -> None:
+    """RMM's pool logs each allocation it cannot serve at error level, on the process's
+    stderr, before it raises; where spill on demand wraps the pool, that failure is a
+    step of the allocation (the store spills, the allocation is retried and succeeds), so
+    those lines reached users' output as errors of runs that completed. An allocation that
+    fails after the retry still raises its MemoryError with RMM's message, which dask
+    reports: only RMM's own log is lowered, to its critical level."""
+    import rmm
+
+    level = getattr(getattr(rmm, "level_enum", None), "critical", None)
+    if level is not None:  # an RMM without its logger's levels keeps its own
+        rmm.set_logging_level(level)
+
+
 #: seconds without UCX progress after which ucxx's blocking progress mode progresses UCX
 #: anyway (ucxx's own: 1 s; :func:`~spillway.cluster.upstream.tighten_progress_net`)
 PROGRESS_NET_S = 0.005
@@ -163,9 +177,13 @@ class WorkerSetup(WorkerPlugin):
         quiet_leaving(worker)
         self.kind = "gpu" if _is_gpu_worker() else "cpu"
         store = _tiered_store(worker)
-        from .capacity import TIERS, report_tiers
+        from .capacity import HOST_WANTED, TIERS, report_tiers
 
         worker.metrics[TIERS] = report_tiers
+        # the scheduler admitted a graph that spills: the arena grows without waiting (a
+        # worker of another store has none, and takes the word all the same)
+        host = getattr(store, "host", None)
+        worker.stream_handlers[HOST_WANTED] = lambda **_: host.missed_arena() if host is not None else None
         if self.gc_freeze:
             from .collector import start_settling
 
@@ -187,6 +205,7 @@ class WorkerSetup(WorkerPlugin):
             # a failed allocation first spills what no running task holds, then retries
             current = rmm.mr.FailureCallbackResourceAdaptor(current, lambda nbytes: store.evict_for(nbytes) > 0)
             rmm.mr.set_current_device_resource(current)
+            quiet_retried_allocations()
         if self.track_allocations:
             if not isinstance(current, rmm.mr.StatisticsResourceAdaptor):
                 current = rmm.mr.StatisticsResourceAdaptor(current)

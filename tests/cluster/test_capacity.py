@@ -243,3 +243,37 @@ def test_a_graph_whose_keys_all_fit_at_once_is_admitted_without_running_it_in_da
         y = (x + x.T).sum()
         assert float(y.compute()) == pytest.approx(2 * values.sum())
         assert len(ran) == 1 and len(ran[0]) > 8
+
+
+def test_a_graph_that_will_spill_tells_the_workers_to_grow_their_host_tier_first(tmp_path):
+    """The arena of a fresh worker grows only while it is idle; a graph admitted past the
+    devices says spills are coming, so it grows while the graph's first tasks run. A graph
+    that fits the devices says nothing."""
+    with small_cluster(tmp_path, device=8 * MB, host=8 * MB, disk=16 * MB) as (client, store):
+        x, values = _held(client, n=700)  # 3.9 MB held, on the device
+        assert float((x + 1).sum().compute()) == pytest.approx(values.sum() + 700 * 700)  # 7.8 MB at most
+        time.sleep(0.2)  # a word sent would have arrived
+        assert not store.host.wanted.is_set()
+        # with its intermediates past the 8 MB device; its first tasks wait for the test's
+        # word, so nothing has spilled (which says it too) when the word is looked for
+        go = tmp_path / "go"
+        y = x.map_blocks(_after, str(go), meta=np.empty((0, 0))).rechunk((700, 175)).persist()
+        deadline = time.monotonic() + 5
+        while not store.host.wanted.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        told = store.host.wanted.is_set()
+        go.touch()
+        wait(y)
+        assert told
+        np.testing.assert_array_equal(y.compute(), values + 1)
+
+
+def _after(block, go: str):
+    """``block + 1`` once the file ``go`` exists (the tasks' function reaches the worker
+    pickled: a file is the word both sides see)."""
+    import os
+
+    deadline = time.monotonic() + 30
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return block + 1

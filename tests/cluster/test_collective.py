@@ -154,6 +154,62 @@ def test_a_grouped_exchange_moves_one_buffer_an_input_and_worker(client):
     assert lengths == {4}, lengths  # (pieces, "g", input, worker)
 
 
+@pytest.fixture
+def batched(client):
+    """The scheduler's plugin told that a batch takes at most a few tens of KB a worker:
+    what an exchange past the devices' memory does (here in batches of a few outputs)."""
+    from spillway.cluster.collective import PLUGIN_NAME
+
+    limit = min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
+    client.unregister_scheduler_plugin(PLUGIN_NAME)
+    client.register_plugin(CollectivePlacement(fit_fraction=60_000 / limit))
+    yield client
+    client.unregister_scheduler_plugin(PLUGIN_NAME)
+    client.register_plugin(CollectivePlacement())
+
+
+def _group_keys(dask_worker=None) -> set:
+    return {k[3] for e in dask_worker.transfer_incoming_log for k in e["keys"]
+            if type(k) is tuple and len(k) == 4 and str(k[0]).startswith("spillway-pieces-")}
+
+
+@pytest.mark.parametrize("shape, chunks, new", [((300, 300), (25, 300), (300, 25)), *GRIDS[:3]])
+def test_an_exchange_past_the_fastest_tier_moves_batches_with_the_same_bits(batched, shape, chunks, new):
+    client = batched
+    client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
+    x = _array(shape, chunks, seed=8).persist()
+    want = x.rechunk(new, method="tasks").compute()
+    assert np.array_equal(client.compute(rechunk(x, new)).result(timeout=60), want)
+    if shape == (300, 300):
+        # 720 KB over 3 workers in batches of at most 60 KB a worker: 4 a worker, 12 groups,
+        # each taken whole by its owner (keys (pieces, "g", input, group))
+        groups = set().union(*client.run(_group_keys).values())
+        assert len(groups) > 3 and max(groups) < 12, groups
+    deadline = time.monotonic() + 10
+    while sum(client.run(_pieces_left).values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum(client.run(_pieces_left).values()) == 0
+
+
+def test_a_batched_layout_keeps_each_worker_s_outputs_contiguous():
+    from spillway.cluster.collective.layout import Layout, batches_for, group_size, owner
+
+    grid = (7, 5)
+    one, four = Layout(("a", "b", "c"), True), Layout(("a", "b", "c"), True, batches=4)
+    indices = [(i, j) for i in range(7) for j in range(5)]
+    for index in indices:
+        # batches only split a worker's outputs into groups: the worker stays the same
+        assert one.owner(index, grid) == four.owner(index, grid) == owner(index, grid, 3)
+        assert four.group(index, grid) // 4 == four.owner(index, grid)
+    # groups run in the outputs' order, each a contiguous run
+    groups = [four.group(index, grid) for index in indices]
+    assert groups == sorted(groups) and set(groups) == set(range(12))
+    assert Layout.from_list(four.as_list()) == four and Layout.from_list([["a"], True]).batches == 1
+    assert batches_for(100, 2, 50) == 1 and batches_for(101, 2, 50) == 2 and batches_for(1000, 2, 0) == 1
+    old, new = ((10,) * 4, (40,)), ((40,), (4,) * 10)
+    assert sum(group_size(old, new, 0, 6, g) for g in range(6)) == 10
+
+
 def test_assemblies_are_spread_over_the_workers(client):
     from distributed import futures_of, wait
 

@@ -21,13 +21,16 @@ from .store import TieredStore
 
 #: cudaHostRegisterPortable: pinned for every CUDA context of the process
 _REGISTER_PORTABLE = 1
-_PAGE = 4096
 #: bytes touched per call, each with the GIL released (ctypes.memset), the growth's step
 _TOUCH_STEP = TOUCH_STEP
 #: threads touching one segment: the first touch is page faults (the kernel zeroing and
 #: mapping each page, and on a virtual machine the host backing it), which one thread
-#: does at about 2.3 GiB/s on the GPU host; they run at the growth thread's nice value
-_TOUCH_THREADS = max(1, min(4, (os.cpu_count() or 2) // 4))
+#: does at 1.1 (4 KiB pages) to 3.0 GiB/s (2 MiB pages) on the GPU host, 8 threads at 8.0
+#: and 11.0 GiB/s (benchmarks/results/*-s4-first-touch.txt); they run at the growth
+#: thread's nice value, and wait for a quiet worker unless a spill wants the arena
+_TOUCH_THREADS = max(1, min(8, (os.cpu_count() or 2) // 4))
+#: madvise(MADV_HUGEPAGE): 2 MiB pages for a segment, where the kernel grants them
+_MADV_HUGEPAGE = 14
 
 
 def take_segment(nbytes: int) -> np.ndarray:
@@ -40,23 +43,31 @@ def touch_segment(nbytes: int, between: Callable[[], None] | None = None) -> np.
     """Host memory for one arena segment, page aligned, touched page by page; not pinned.
 
     The two costs are taken apart on purpose. Touching (the host handing its RAM to the
-    machine, about 2.3 GiB/s a thread on the GPU host) runs as plain memsets that release
-    the GIL and involve no CUDA call; pinning the pages already there (cudaHostRegister,
-    :func:`pin_segment`) is then shorter, and the growth does it when the worker is quiet.
-    Pinning is one of the calls that hold the driver's locks against every CUDA call, so a
-    cudaHostAlloc that also touched gigabytes would hold spills and kernels of the running
-    worker for seconds. A few threads touch
-    it: a fresh host's first spills wait for the arena (huge pages, asked for with
-    madvise, were slower on a loaded 2-core machine: direct compaction; measure them with
-    ``benchmarks/gpu-host/first-touch.py`` before taking them). Segments are kept for the
-    worker's life (see :func:`give_back_segment` for one that is not used). ``between()``,
-    where given, is called before each step is touched (the growth waits there for a quiet
-    worker, and raises to stop)."""
-    import ctypes
+    machine) runs as plain memsets that release the GIL and involve no CUDA call; pinning
+    the pages already there (cudaHostRegister, :func:`pin_segment`) is then shorter, and
+    the growth does it when the worker is quiet or a spill waits. Pinning is one of the
+    calls that hold the driver's locks against every CUDA call, so a cudaHostAlloc that
+    also touched gigabytes would hold spills and kernels of the running worker for seconds.
 
-    raw = np.empty(nbytes + _PAGE, dtype=np.uint8)
-    offset = -raw.ctypes.data % _PAGE
-    buf = raw[offset : offset + nbytes]
+    A fresh host's first spills wait for the arena, so it is taken as fast as the host
+    hands memory out: a few threads touch it, in 2 MiB pages where the kernel's
+    transparent huge pages allow them (asked for with madvise; on the H100 host 2.2x the
+    touching rate of 4 KiB pages with 4 threads, and 3.9x the pinning rate: 26 against
+    6.6 GiB/s, a 512th of the page faults and of the pages to lock). Segments are kept for
+    the worker's life (see :func:`give_back_segment` for one that is not used).
+    ``between()``, where given, is called before each step is touched (the growth waits
+    there for a quiet worker, and raises to stop)."""
+    import ctypes
+    import mmap
+
+    # an anonymous mapping of its own: page aligned, and its pages go back to the host
+    # whole once the segment is dropped (a heap block may not)
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.madvise(_MADV_HUGEPAGE)
+    except (OSError, ValueError, AttributeError):
+        pass  # no transparent huge pages here: 4 KiB pages, slower to take
+    buf = np.frombuffer(region, dtype=np.uint8)
     ptr = buf.ctypes.data
     steps = [(ptr + start, min(_TOUCH_STEP, nbytes - start)) for start in range(0, nbytes, _TOUCH_STEP)]
     def touch(step):

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Issue 60 on one host, in one device call: a user's FFT-rechunk-FFT past the GPUs' memory
+# (benchmarks/gpu-host/user_fft.py) in several variants, each on a fresh cluster, the
+# host's memory watched, RMM's error lines and OOM kills counted, a table last.
+#   usage: benchmarks/gpu-host/user-fft.sh
+#   env:   N=100000 PANEL=1000 IDLE=60 VARIANTS="touch spillway tasks dask-cuda"
+#          (touch: the host's first-touch rates, benchmarks/gpu-host/first-touch.py, first)
+# Assumes the wheels are installed and PYTHONPATH=/tmp/site:$PWD. Writes under $OUT:
+#   user-fft-<variant>.json/.log, host-<variant>.log, user-fft.md (the table)
+set -uo pipefail
+out=${OUT:-/tmp/user-fft-out}
+mkdir -p "$out"
+here=$(dirname "$0")
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+n=${N:-100000}; panel=${PANEL:-1000}; idle=${IDLE:-60}
+table="$out/user-fft.md"
+{ echo "# user FFT-rechunk-FFT, ${n}^2 float64 field, panels of $panel ($(date -u +%FT%TZ))"
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c
+  free -g | head -2
+  echo
+  echo "| variant | start | persist | fresh run | after idle | rel err | D->H GB | H->D GB | to disk GB | RMM error lines | host min avail MiB | OOM |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"; } > "$table"
+for v in ${VARIANTS:-touch spillway tasks dask-cuda}; do
+  case $v in
+    touch) timeout 120 python3 "$here/first-touch.py" 2 2>&1 | tee "$out/first-touch.txt"; continue ;;
+    spillway) args=(--side spillway --idle "$idle") ;;
+    tasks) args=(--side spillway --method tasks) ;;
+    dask-cuda) args=(--side dask-cuda) ;;
+    *) echo "unknown variant $v"; continue ;;
+  esac
+  bash "$here/watch-host.sh" start "$out/host-$v.log" 1
+  timeout -k 10 "${LIMIT:-300}" python3 "$here/user_fft.py" "${args[@]}" --n "$n" --panel "$panel" \
+    --out "$out/user-fft-$v.json" > "$out/user-fft-$v.log" 2>&1
+  rc=$?
+  grep "^user-fft" "$out/user-fft-$v.log"
+  watch=$(bash "$here/watch-host.sh" stop "$out/host-$v.log")
+  echo "$watch"
+  errors=$(grep -ci "maximum pool size exceeded" "$out/user-fft-$v.log")
+  minavail=$(awk '{for(i=1;i<=NF;i++) if($i ~ /^avail=/){split($i,a,"="); if(m==""||a[2]<m) m=a[2]}} END{print m}' "$out/host-$v.log")
+  oom=$(echo "$watch" | sed -n "s/^OOM kills since start: \([0-9]*\).*/\1/p")
+  python3 - "$out/user-fft-$v.json" "$v" "$rc" "$errors" "$minavail" "${oom:-0}" >> "$table" <<'PY'
+import json, sys
+path, v, rc, errors, minavail, oom = sys.argv[1:]
+try:
+    r = json.load(open(path))
+except Exception:
+    print(f"| {v} | exit {rc}: no result | | | | | | | | {errors} | {minavail} | {oom} |")
+    sys.exit()
+runs = {x["run"]: x for x in r["runs"]}
+f, i = runs.get("fresh", {}), runs.get("idle", {})
+sp = f.get("spilled") or {}
+chk = f.get("check") or {}
+g = lambda k: f"{sp.get(k, 0) / 1e9:.1f}" if sp else "-"
+s = lambda x: f"{x['seconds']:.2f} s" if x else "-"
+print(f"| {v} | {r.get('start_s', 0):.1f} s | {r.get('persist_s', 0):.1f} s | {s(f)} | {s(i)} | "
+      f"{chk.get('rel_err', float('nan')):.1e} | {g('device_to_host')} | {g('host_to_device')} | {g('host_to_disk')} | "
+      f"{errors} | {minavail} | {oom} |")
+PY
+done
+cat "$table"
