@@ -3,7 +3,7 @@
 # (benchmarks/gpu-host/user_fft.py) in several variants, each on a fresh cluster, the
 # host's memory watched, RMM's error lines and OOM kills counted, a table last.
 #   usage: benchmarks/gpu-host/user-fft.sh
-#   env:   N=100000 PANEL=1000 IDLE=60 VARIANTS="touch spillway tasks dask-cuda"
+#   env:   N (100000 on 2 x H200) PANEL=1000 IDLE=60 VARIANTS="touch spillway tasks dask-cuda"
 #          (touch: the host's first-touch rates, benchmarks/gpu-host/first-touch.py, first)
 # Assumes the wheels are installed and PYTHONPATH=/tmp/site:$PWD. Writes under $OUT:
 #   user-fft-<variant>.json/.log, host-<variant>.log, user-fft.md (the table)
@@ -12,7 +12,11 @@ out=${OUT:-/tmp/user-fft-out}
 mkdir -p "$out"
 here=$(dirname "$0")
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-n=${N:-100000}; panel=${PANEL:-1000}; idle=${IDLE:-60}
+# the issue's size on 2 x H200: a 100000^2 field (80 GB, 0.28x the GPUs' 287 GB; the peak
+# about 1.4x them); elsewhere the same share of the GPUs' memory
+total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{s+=$1} END{print s}')
+n=${N:-$(python3 -c "import math; print(min(100000, int(math.sqrt(0.278 * $total_mib * 2**20 / 8) // 1000 * 1000)))")}
+panel=${PANEL:-1000}; idle=${IDLE:-60}
 table="$out/user-fft.md"
 { echo "# user FFT-rechunk-FFT, ${n}^2 float64 field, panels of $panel ($(date -u +%FT%TZ))"
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c
