@@ -5,11 +5,15 @@
 #   usage: benchmarks/gpu-host/user-fft.sh
 #   env:   N (100000 on 2 x H200) PANEL=1000 IDLE=60 VARIANTS="touch spillway tasks dask-cuda"
 #          (touch: the host's first-touch rates, benchmarks/gpu-host/first-touch.py, first)
+#          variants also: probe-spillway, probe-dask-cuda (the ten-run probe of an in-memory
+#          (x + x.T).sum(): a fresh cluster's first run), rechunk200 (the 200 GB panel
+#          rechunk workflow, verified)
 # Assumes the wheels are installed and PYTHONPATH=/tmp/site:$PWD. Writes under $OUT:
-#   user-fft-<variant>.json/.log, host-<variant>.log, user-fft.md (the table)
+#   user-fft.md (the table) and user-fft.tar.gz (each variant's JSON, log, host samples)
 set -uo pipefail
-out=${OUT:-/tmp/user-fft-out}
-mkdir -p "$out"
+final=${OUT:-/tmp/user-fft-out}
+out=$(mktemp -d /tmp/user-fft.XXXXXX)
+mkdir -p "$final"
 here=$(dirname "$0")
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 # the issue's size on 2 x H200: a 100000^2 field (80 GB, 0.28x the GPUs' 287 GB; the peak
@@ -27,6 +31,16 @@ table="$out/user-fft.md"
 for v in ${VARIANTS:-touch spillway tasks dask-cuda}; do
   case $v in
     touch) timeout 120 python3 "$here/first-touch.py" 2 2>&1 | tee "$out/first-touch.txt"; continue ;;
+    probe-spillway|probe-dask-cuda)
+      timeout -k 10 150 python3 "$here/ten_runs.py" --rig "${v#probe-}" --devices "${DEVICES:-0,1}" \
+        > "$out/$v.json" 2> "$out/$v.log"
+      echo "$v rc=$?"; tail -c 600 "$out/$v.json"; echo; continue ;;
+    rechunk200)
+      bash "$here/watch-host.sh" start "$out/host-$v.log" 1
+      /usr/bin/time -v timeout -k 10 240 python3 -m spillway run rechunk --param size=158113x158113 \
+        --param chunks=1000 --devices "${DEVICES:-0,1}" --verify > "$out/$v.log" 2>&1
+      echo "$v rc=$?"; grep -iE "verif|seconds|elapsed|spill|error" "$out/$v.log" | tail -12
+      bash "$here/watch-host.sh" stop "$out/host-$v.log"; continue ;;
     spillway) args=(--side spillway --idle "$idle") ;;
     tasks) args=(--side spillway --method tasks) ;;
     dask-cuda) args=(--side dask-cuda) ;;
@@ -37,6 +51,7 @@ for v in ${VARIANTS:-touch spillway tasks dask-cuda}; do
     --out "$out/user-fft-$v.json" > "$out/user-fft-$v.log" 2>&1
   rc=$?
   grep "^user-fft" "$out/user-fft-$v.log"
+  [ -s "$out/user-fft-$v.json" ] || grep -vE "^\s" "$out/user-fft-$v.log" | grep -iE "error|exception" | tail -4
   watch=$(bash "$here/watch-host.sh" stop "$out/host-$v.log")
   echo "$watch"
   errors=$(grep -ci "maximum pool size exceeded" "$out/user-fft-$v.log")
@@ -61,4 +76,6 @@ print(f"| {v} | {r.get('start_s', 0):.1f} s | {r.get('persist_s', 0):.1f} s | {s
       f"{errors} | {minavail} | {oom} |")
 PY
 done
+cp "$table" "$final/"
+tar czf "$final/user-fft.tar.gz" -C "$out" .
 cat "$table"

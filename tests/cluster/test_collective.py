@@ -210,6 +210,27 @@ def test_a_batched_layout_keeps_each_worker_s_outputs_contiguous():
     assert sum(group_size(old, new, 0, 6, g) for g in range(6)) == 10
 
 
+def test_a_rechunk_that_would_not_fit_the_fastest_tier_takes_dask_s_task_method(client):
+    from spillway.cluster.collective.way import COLLECTIVE, TASKS, cluster_room, way
+
+    assert way(100, None) == COLLECTIVE and way(100, {"held": 0, "fastest": 0}) == COLLECTIVE
+    assert way(100, {"held": 50, "fastest": 150}) == COLLECTIVE
+    assert way(101, {"held": 50, "fastest": 150}) == TASKS
+    from distributed import wait
+
+    x = _array((300, 200), (25, 200), seed=12).persist()
+    wait(x)
+    room = cluster_room()  # the plugin's answer: what the workers hold, their memory limits
+    limits = sum(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
+    assert room["fastest"] == limits and room["held"] >= x.nbytes and room["workers"] == 3
+    fits = rechunk(x, (300, 20))
+    assert any(name.startswith("spillway-cut-") for name in fits.dask.layers)
+    # the exchange's 480 KB beside what the cluster holds pass a fastest tier of 600 KB
+    past = rechunk(x, (300, 20), room={"held": room["held"], "fastest": 600_000})
+    assert not any(name.startswith("spillway-") for name in past.dask.layers)
+    assert np.array_equal(past.compute(), x.compute()) and np.array_equal(fits.compute(), x.compute())
+
+
 def test_assemblies_are_spread_over_the_workers(client):
     from distributed import futures_of, wait
 

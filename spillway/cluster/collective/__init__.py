@@ -7,6 +7,8 @@ A few tasks a chunk, not one a piece.
 - :mod:`.layout`: where the outputs are assembled and how a cut packs for each worker;
 - :mod:`.names`: the names of the collective's keys;
 - :mod:`.graph`: the dask array (cut, barrier, assemble) of a rechunk;
+- :mod:`.way`: whether a rechunk takes the collective or dask's task method (it would not
+  fit the workers' fastest tier);
 - :mod:`.exchange`: those tasks as they run on the workers;
 - :mod:`.placement`: the scheduler plugin that spreads the assemblies and drops leftovers;
 - :mod:`.method`: users' ``x.rechunk(...)`` routed here on spillway's clusters.

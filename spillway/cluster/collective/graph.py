@@ -4,16 +4,21 @@ the chunks, not with chunks x chunks as dask's task-based rechunk does."""
 
 from __future__ import annotations
 
+import math
+
 from .exchange import assemble, barrier, cut, direct
 from .layout import plan_of
 from .names import BARRIER_PREFIX, CUT_PREFIX, OUTPUT_PREFIX, pieces_name
 from .plan import Plan
+from .way import TASKS, cluster_room, way
 
 
-def rechunk(x, chunks, *, plan: Plan | None = None):
+def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
     """``x`` rechunked to ``chunks`` (anything ``dask.array.rechunk`` takes), through the
-    collective where pieces of several inputs meet in several outputs; a rechunk that only
-    splits or only merges chunks is dask's own (it moves no piece twice)."""
+    collective where pieces of several inputs meet in several outputs and they fit the
+    workers' fastest tier beside what the cluster holds (``room``, asked of the default
+    client's scheduler where not given: :mod:`.way`); a rechunk that only splits or only
+    merges chunks, or would not fit, is dask's own."""
     import dask.array as da
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
@@ -23,6 +28,10 @@ def rechunk(x, chunks, *, plan: Plan | None = None):
         return x
     plan = plan or plan_of(x.chunks, chunks)
     if not plan.exchanges:
+        return x.rechunk(chunks, method="tasks")
+    exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
+                    for i in p.inputs) * x.dtype.itemsize
+    if way(exchanged, room if room is not None else cluster_room()) == TASKS:
         return x.rechunk(chunks, method="tasks")
     token = tokenize(x, chunks)
     out_name = OUTPUT_PREFIX + token

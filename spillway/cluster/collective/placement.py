@@ -37,6 +37,7 @@ logger = logging.getLogger("spillway.collective")
 
 PLUGIN_NAME = "spillway-collective"
 LAYOUT = "spillway_collective_layout"
+ROOM = "spillway_collective_room"
 #: the states whose transitions the plugin acts on (an assembly's result, a barrier's end)
 _ENDS = frozenset({"memory", "released", "forgotten", "erred"})
 
@@ -73,6 +74,13 @@ class CollectivePlacement(SchedulerPlugin):
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         scheduler.handlers[LAYOUT] = self.layout
+        scheduler.handlers[ROOM] = self.room
+
+    def room(self) -> dict:
+        """What a client weighs a rechunk against before it builds one (:mod:`.way`): the
+        bytes the workers hold, and their fastest tiers' bytes together."""
+        return {"held": sum(ws.nbytes for ws in self.scheduler.workers.values()),
+                "fastest": sum(self._tiers()), "workers": len(self.scheduler.running)}
 
     def layout(self, name=None, nbytes=0, grid=()) -> dict:
         found = self._layouts.get(name)
@@ -90,14 +98,18 @@ class CollectivePlacement(SchedulerPlugin):
         return found
 
     def _fastest_tier(self) -> float:
+        known = [s for s in self._tiers() if s]
+        return min(known) if known else float("inf")
+
+    def _tiers(self) -> list[int]:
+        """Each running worker's fastest tier: its device tier, else its host tier."""
         from ..capacity import TIERS
 
         sizes = []
         for ws in self.scheduler.running:
             tiers = (ws.metrics or {}).get(TIERS) or {}
-            sizes.append(tiers.get("device") or tiers.get("host") or ws.memory_limit or 0)
-        known = [s for s in sizes if s]
-        return min(known) if known else float("inf")
+            sizes.append(int(tiers.get("device") or tiers.get("host") or ws.memory_limit or 0))
+        return sizes
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         # called for every transition of every task: those to waiting, queued or processing
