@@ -481,12 +481,11 @@ class Options(RmmAndTls):
     collective_group_fraction: float = option(
         0.25, _fraction,
         help="Rechunks run as one collective (a cut a input chunk, an assembly a output chunk). "
-             "Each cut packs what each group of output chunks needs into one buffer, and the worker "
-             "that assembles a group takes its buffers in one request per peer. A group's buffers "
-             "take at most this fraction of the smallest worker's fastest tier (device, else host): "
-             "an exchange whose bytes over the workers are larger is assembled in as many batches "
-             "a worker, each spilled, restored and moved in bulk. 0 never groups (each piece a "
-             "value of its own).")
+             "An exchange whose bytes over the workers are at most this fraction of the smallest "
+             "worker's fastest tier (device, else host) is grouped: each cut packs what each worker "
+             "assembles into one buffer and every worker takes its buffers in one request per peer; "
+             "a larger one keeps each piece a value of its own, which the tiered store spills and "
+             "restores one by one. 0 never groups.")
     transfer_connections: int | None = option(
         None, _optional(_int(1)), worker=True,
         help="Transfers each worker keeps open at once, to fetch chunks and to serve them "

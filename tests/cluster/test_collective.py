@@ -154,68 +154,16 @@ def test_a_grouped_exchange_moves_one_buffer_an_input_and_worker(client):
     assert lengths == {4}, lengths  # (pieces, "g", input, worker)
 
 
-@pytest.fixture
-def batched(client):
-    """The scheduler's plugin told that a batch takes at most a few tens of KB a worker:
-    what an exchange past the devices' memory does (here in batches of a few outputs)."""
-    from spillway.cluster.collective import PLUGIN_NAME
-
-    limit = min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
-    client.unregister_scheduler_plugin(PLUGIN_NAME)
-    client.register_plugin(CollectivePlacement(fit_fraction=60_000 / limit))
-    yield client
-    client.unregister_scheduler_plugin(PLUGIN_NAME)
-    client.register_plugin(CollectivePlacement())
-
-
-def _group_keys(dask_worker=None) -> set:
-    return {k[3] for e in dask_worker.transfer_incoming_log for k in e["keys"]
-            if type(k) is tuple and len(k) == 4 and str(k[0]).startswith("spillway-pieces-")}
-
-
-@pytest.mark.parametrize("shape, chunks, new", [((300, 300), (25, 300), (300, 25)), *GRIDS[:3]])
-def test_an_exchange_past_the_fastest_tier_moves_batches_with_the_same_bits(batched, shape, chunks, new):
-    client = batched
-    client.run(lambda dask_worker: dask_worker.transfer_incoming_log.clear())
-    x = _array(shape, chunks, seed=8).persist()
-    want = x.rechunk(new, method="tasks").compute()
-    assert np.array_equal(client.compute(rechunk(x, new)).result(timeout=60), want)
-    if shape == (300, 300):
-        # 720 KB over 3 workers in batches of at most 60 KB a worker: 4 a worker, 12 groups,
-        # each taken whole by its owner (keys (pieces, "g", input, group))
-        groups = set().union(*client.run(_group_keys).values())
-        assert len(groups) > 3 and max(groups) < 12, groups
-    deadline = time.monotonic() + 10
-    while sum(client.run(_pieces_left).values()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert sum(client.run(_pieces_left).values()) == 0
-
-
-def test_a_batched_layout_keeps_each_worker_s_outputs_contiguous():
-    from spillway.cluster.collective.layout import Layout, batches_for, group_size, owner
-
-    grid = (7, 5)
-    one, four = Layout(("a", "b", "c"), True), Layout(("a", "b", "c"), True, batches=4)
-    indices = [(i, j) for i in range(7) for j in range(5)]
-    for index in indices:
-        # batches only split a worker's outputs into groups: the worker stays the same
-        assert one.owner(index, grid) == four.owner(index, grid) == owner(index, grid, 3)
-        assert four.group(index, grid) // 4 == four.owner(index, grid)
-    # groups run in the outputs' order, each a contiguous run
-    groups = [four.group(index, grid) for index in indices]
-    assert groups == sorted(groups) and set(groups) == set(range(12))
-    assert Layout.from_list(four.as_list()) == four and Layout.from_list([["a"], True]).batches == 1
-    assert batches_for(100, 2, 50) == 1 and batches_for(101, 2, 50) == 2 and batches_for(1000, 2, 0) == 1
-    old, new = ((10,) * 4, (40,)), ((40,), (4,) * 10)
-    assert sum(group_size(old, new, 0, 6, g) for g in range(6)) == 10
-
-
 def test_a_rechunk_that_would_not_fit_the_fastest_tier_takes_dask_s_task_method(client):
     from spillway.cluster.collective.way import COLLECTIVE, TASKS, cluster_room, way
 
     assert way(100, None) == COLLECTIVE and way(100, {"held": 0, "fastest": 0}) == COLLECTIVE
-    assert way(100, {"held": 50, "fastest": 150}) == COLLECTIVE
-    assert way(101, {"held": 50, "fastest": 150}) == TASKS
+    assert way(130, {"held": 50, "fastest": 200}) == COLLECTIVE
+    assert way(131, {"held": 50, "fastest": 200}) == TASKS
+    # two H200s' device tiers (241.2 GB): the 200 GB rechunk alone takes the collective; the
+    # user's FFT's 160 GB exchange beside its 80 GB field does not
+    assert way(200e9, {"held": 0, "fastest": 241.2e9}) == COLLECTIVE
+    assert way(160e9, {"held": 80e9, "fastest": 241.2e9}) == TASKS
     from distributed import wait
 
     x = _array((300, 200), (25, 200), seed=12).persist()
@@ -225,8 +173,8 @@ def test_a_rechunk_that_would_not_fit_the_fastest_tier_takes_dask_s_task_method(
     assert room["fastest"] == limits and room["held"] >= x.nbytes and room["workers"] == 3
     fits = rechunk(x, (300, 20))
     assert any(name.startswith("spillway-cut-") for name in fits.dask.layers)
-    # the exchange's 480 KB beside what the cluster holds pass a fastest tier of 600 KB
-    past = rechunk(x, (300, 20), room={"held": room["held"], "fastest": 600_000})
+    # the exchange's 480 KB beside what the cluster holds pass 9/10 of a fastest tier of 1 MB
+    past = rechunk(x, (300, 20), room={"held": room["held"], "fastest": 1_000_000})
     assert not any(name.startswith("spillway-") for name in past.dask.layers)
     assert np.array_equal(past.compute(), x.compute()) and np.array_equal(fits.compute(), x.compute())
 

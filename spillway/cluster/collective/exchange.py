@@ -28,14 +28,13 @@ import collections
 import logging
 import math
 import statistics
-import threading
 import time
 from collections import defaultdict
 
 from ..errors import SpillwayError
 from ..upstream import log_incoming
 from .copies import Batch, Flat, view_of
-from .layout import Layout, flat_index, group_size, owned_parts, packing, plan_of
+from .layout import Layout, flat_index, owned_parts, packing, plan_of
 
 logger = logging.getLogger("spillway.collective")
 
@@ -153,12 +152,12 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
     xp = _module(block)
     grouped = layout is not None and layout.grouped
     # what fixes every copy of this cut: the next run of the same rechunk reuses them
-    batch = Batch(block.dtype.itemsize, key=("cut", old, new, index, layout.groups if grouped else 0,
+    batch = Batch(block.dtype.itemsize, key=("cut", old, new, index, len(layout.workers) if grouped else 0,
                                             block.strides, block.dtype.itemsize))
     kept = {}
     if grouped:
-        for g, (total, pieces) in packing(old, new, index, layout.groups).items():
-            buffer = kept[(name, "g", i, g)] = xp.empty(total, dtype=block.dtype)
+        for d, (total, pieces) in packing(old, new, index, len(layout.workers)).items():
+            buffer = kept[(name, "g", i, d)] = xp.empty(total, dtype=block.dtype)
             for offset, shape, src in pieces.values():
                 batch.add(block, src, buffer, Flat(offset, shape))
     else:
@@ -206,7 +205,7 @@ def barrier(name: str, inputs: list, *holders) -> dict:
     if worker is not None:
         ensure_handlers(worker)
         found = _LAYOUTS.get((worker.address, name))
-        layout = None if found is None else found.as_list()
+        layout = None if found is None else [list(found.workers), found.grouped]
     return {"holders": dict(zip(inputs, holders)), "layout": layout}
 
 
@@ -223,7 +222,7 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
     if worker is not None:
         ensure_handlers(worker)
         if ended["layout"] is not None:
-            layout = Layout.from_list(ended["layout"])
+            layout = Layout(tuple(ended["layout"][0]), bool(ended["layout"][1]))
         else:  # the barrier ran where no cut of its exchange did
             layout = _on_loop(worker, _ask_layout, worker, name, 0, tuple(map(len, new)))
     gathering = time.perf_counter()
@@ -233,7 +232,7 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
         def request() -> dict:
             return {"name": name, "index": list(index), "chunks": [list(map(list, old)), list(map(list, new))],
                     "partial": partial, "holders": [[list(k), v] for k, v in holders.items()],
-                    "layout": layout.as_list()}
+                    "layout": [list(layout.workers), layout.grouped]}
 
         if layout.workers[d] == worker.address:
             pieces = _owned_on_device(worker, name, index, old, new, layout)
@@ -244,7 +243,7 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
         sources = [pieces[i] for i, _ in parts]
         # views of the buffers packed for this worker, or whole arrays handed over
         owned = layout.workers[d] == worker.address
-        key = ("join", old, new, index, layout.groups if owned else tuple(a.strides for a, _ in sources),
+        key = ("join", old, new, index, len(layout.workers) if owned else tuple(a.strides for a, _ in sources),
                str(sources[0][0].dtype))
     else:
         in_grid, out_grid = tuple(map(len, old)), tuple(map(len, new))
@@ -263,16 +262,13 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
         sources = [(v, _whole(v)) for v in values]
         key = ("join", old, new, index, tuple(v.strides for v in values), str(values[0].dtype))
     if len(parts) == 1 and _extent_of(sources[0]) == tuple(shape):
-        out = view_of(*sources[0])  # the whole output chunk in one piece: no copy
-    else:
-        joined_at = time.perf_counter()
-        out = _joined(sources, [dst for _, dst in parts], shape, key)
-        if worker is not None:  # the kernel's launch: it runs on while the next task starts
-            stats = PHASES[worker.address]
-            stats.add("pieces", joined_at - gathering)
-            stats.add("join", time.perf_counter() - joined_at)
-    if layout is not None and layout.grouped and layout.batches > 1 and owned:
-        _assembled(worker, name, index, old, new, partial, layout, type(out).__module__.startswith("cupy"))
+        return view_of(*sources[0])  # the whole output chunk in one piece: no copy
+    joined_at = time.perf_counter()
+    out = _joined(sources, [dst for _, dst in parts], shape, key)
+    if worker is not None:  # the kernel's launch: it runs on while the next task starts
+        stats = PHASES[worker.address]
+        stats.add("pieces", joined_at - gathering)
+        stats.add("join", time.perf_counter() - joined_at)
     return out
 
 
@@ -307,8 +303,7 @@ async def _ask_layout(worker, name: str, nbytes: int, grid: tuple):
         answer = await worker.scheduler.spillway_collective_layout(name=name, nbytes=nbytes, grid=list(grid))
     except Exception:  # noqa: BLE001 (no plugin on this scheduler: pieces, not groups)
         answer = None
-    layout = (Layout(tuple(answer["workers"]), bool(answer["grouped"]), int(answer.get("batches", 1)))
-              if answer else Layout((), False))
+    layout = Layout(tuple(answer["workers"]), bool(answer["grouped"])) if answer else Layout((), False)
     _LAYOUTS[(worker.address, name)] = layout
     return layout
 
@@ -330,12 +325,12 @@ def _owned_on_device(worker, name: str, index: tuple, old: tuple, new: tuple, la
 
 def _owned_views(worker, name: str, index: tuple, old: tuple, new: tuple, layout: Layout,
                  held=None) -> dict | None:
-    """Input index -> (the buffer packed for this output chunk's group, where its piece of
-    output chunk ``index`` lies in it); None where ``held`` says a buffer is not at hand."""
-    g = layout.group(index, tuple(map(len, new)))
+    """Input index -> (the buffer packed for this worker, where its piece of output chunk
+    ``index`` lies in it); None where ``held`` says a buffer is not at hand."""
+    d = layout.workers.index(worker.address)
     out = {}
-    for i, flat, offset, shape in owned_parts(old, new, index, layout.groups, g):
-        key = (name, "g", flat, g)
+    for i, flat, offset, shape in owned_parts(old, new, index, len(layout.workers), d):
+        key = (name, "g", flat, d)
         if held is not None and not held(key):
             return None
         out[i] = (worker.data[key], Flat(offset, shape))
@@ -344,22 +339,23 @@ def _owned_views(worker, name: str, index: tuple, old: tuple, new: tuple, layout
 
 async def _owned_pieces(worker, request: dict) -> dict:
     """The pieces of one output chunk that this worker assembles, as views of the
-    buffers packed for its group (the first assembly of a group here takes every buffer
-    packed for the group from its holder: one request per holder); the buffers stay
-    until the exchange ends, or, batched, until the group's outputs are assembled."""
+    buffers packed for it (the first assembly of an exchange here takes every buffer
+    packed for this worker from its holder: one request per holder); the buffers stay
+    until the exchange ends."""
     name, partial = request["name"], request["partial"]
     index = tuple(request["index"])
     old, new = (tuple(tuple(a) for a in c) for c in request["chunks"])
     holders = {tuple(k): v for k, v in request["holders"]}
     plan = plan_of(old, new)
-    layout = Layout.from_list(request["layout"])
-    g = layout.group(index, tuple(map(len, new)))
+    layout = Layout(tuple(request["layout"][0]), bool(request["layout"][1]))
+    d = layout.workers.index(worker.address)
     in_grid = tuple(map(len, old))
     inputs = plan.partials[partial].inputs
-    # the inputs that packed a buffer for this group (an input none of whose pieces go
-    # to the group's outputs packed none)
-    keys = {i: (name, "g", flat_index(i, in_grid), g) for i in inputs if g in packing(old, new, i, layout.groups)}
-    async with _LOCKS.setdefault((worker.address, name, g), asyncio.Lock()):
+    workers = len(layout.workers)
+    # the inputs that packed a buffer for this worker (an input none of whose pieces go
+    # to this worker's outputs packed none)
+    keys = {i: (name, "g", flat_index(i, in_grid), d) for i in inputs if d in packing(old, new, i, workers)}
+    async with _LOCKS.setdefault((worker.address, name), asyncio.Lock()):
         missing: dict = defaultdict(list)
         for i, key in keys.items():
             if key not in worker.data:
@@ -372,41 +368,6 @@ async def _owned_pieces(worker, request: dict) -> dict:
                 worker.data[key] = value
             PHASES[worker.address].add("owned_store", time.perf_counter() - stored)
     return _owned_views(worker, name, index, old, new, layout)
-
-
-def _assembled(worker, name: str, index: tuple, old: tuple, new: tuple, partial: int, layout: Layout,
-               on_device: bool) -> None:
-    """One more output of a batched exchange's group assembled here: once all are, the
-    group's buffers go. Past the fastest tier they would otherwise stay until the exchange
-    ends, and the store would spill them (bytes no assembly reads again) to make room for
-    the next batch. An assembly run again after that (its output lost while the exchange
-    still runs) finds them gone and fails with :class:`CollectiveLost`."""
-    g = layout.group(index, tuple(map(len, new)))
-    with _ASSEMBLED_LOCK:
-        seen = _ASSEMBLED.setdefault((worker.address, name, g), set())
-        seen.add(index)
-        done = len(seen) >= group_size(old, new, partial, layout.groups, g)
-    if not done:
-        return
-    in_grid = tuple(map(len, old))
-    keys = [(name, "g", flat_index(i, in_grid), g) for i in plan_of(old, new).partials[partial].inputs]
-    if on_device:
-        import cupy
-
-        # the joins that read them are still queued on this thread's stream, and a
-        # buffer received over the data plane goes back to the pool on the plane's own
-        cupy.cuda.get_current_stream().synchronize()
-    for key in keys:
-        try:
-            del worker.data[key]
-        except KeyError:
-            continue
-        _forget_made(worker, key)
-
-
-#: (worker address, exchange, group) -> the outputs of the group assembled there
-_ASSEMBLED: dict = {}
-_ASSEMBLED_LOCK = threading.Lock()
 
 
 async def _pieces_from_owner(worker, owner: str, request: dict) -> dict:
@@ -609,11 +570,8 @@ def _drop_handler(worker):
             if key in worker.data:
                 del worker.data[key]
             _forget_made(worker, key)
-        _LAYOUTS.pop((worker.address, name), None)
-        for key in [k for k in _LOCKS if k[:2] == (worker.address, name)]:
-            _LOCKS.pop(key, None)
-        for key in [k for k in _ASSEMBLED if k[:2] == (worker.address, name)]:
-            _ASSEMBLED.pop(key, None)
+        for registry in (_LAYOUTS, _LOCKS):
+            registry.pop((worker.address, name), None)
         if left:
             logger.info("dropped %d piece(s) an exchange left on %s", len(left), worker.address)
 

@@ -2,19 +2,13 @@
 each of them: pure arithmetic on the plan, the same on every worker.
 
 The scheduler fixes an exchange's *layout* once, at its first cut: the running workers in
-order, whether it is *grouped*, and in how many *batches* each worker assembles its
-outputs. The rechunk's ``n`` output chunks fall in ``G = workers x batches`` contiguous
-*groups*: output chunk ``j`` (its flat index) is in group ``j * G // n``, which worker
-``group // batches`` assembles. Grouped, each cut packs the pieces of every group into one
-buffer for that group (pieces in plan order, each contiguous): the owner of a group then
-takes its buffers in one request per holder, instead of one value per piece.
-
-One batch a worker is an exchange that fits the workers' fastest tier a few times over:
-the first assembly on a worker takes all its buffers at once. An exchange past that is
-cut into more batches, each of a size the device holds beside its work: the buffers of a
-batch are spilled, restored and moved together, and a worker assembles its batches one
-after another, so that what it restores is assembled soon and then dropped. Ungrouped
-(no scheduler plugin, or a group fraction of 0), each piece is a value of its own.
+order, and whether it is *grouped*. Output chunk ``j`` (its flat index among the
+rechunk's ``n`` output chunks) is assembled on worker ``j * W // n`` (contiguous runs). Grouped, each cut
+packs the pieces every worker will assemble into one buffer for that worker (pieces in
+plan order, each contiguous): the workers then move one buffer per (input, worker),
+all of it in one request per holder, instead of one value per piece. Where the exchange
+would not fit the workers' fastest tier, it is not grouped: each piece is a value of its
+own, so that the tiered store spills and restores exactly the pieces an assembly needs.
 """
 
 from __future__ import annotations
@@ -30,28 +24,11 @@ from .plan import Plan
 class Layout:
     workers: tuple[str, ...]
     grouped: bool
-    #: groups of outputs a worker assembles one after another (1: all at once)
-    batches: int = 1
-
-    @property
-    def groups(self) -> int:
-        return len(self.workers) * self.batches
-
-    def group(self, index: tuple, grid: tuple) -> int:
-        """The group of output chunk ``index`` of an output grid of ``grid`` chunks."""
-        return owner(index, grid, self.groups)
 
     def owner(self, index: tuple, grid: tuple) -> int:
-        """The worker (its index in ``workers``) that assembles output chunk ``index``."""
-        return self.group(index, grid) // self.batches
-
-    def as_list(self) -> list:
-        """The layout as it travels in messages and task results."""
-        return [list(self.workers), self.grouped, self.batches]
-
-    @classmethod
-    def from_list(cls, found) -> "Layout":
-        return cls(tuple(found[0]), bool(found[1]), int(found[2]) if len(found) > 2 else 1)
+        """The worker (its index in ``workers``) that assembles output chunk ``index`` of
+        an output grid of ``grid`` chunks."""
+        return owner(index, grid, len(self.workers))
 
 
 def flat_index(index: tuple, grid: tuple) -> int:
@@ -62,18 +39,8 @@ def flat_index(index: tuple, grid: tuple) -> int:
     return flat
 
 
-def owner(index: tuple, grid: tuple, parts: int) -> int:
-    """Which of ``parts`` contiguous runs of a grid's chunks (workers, or groups) chunk
-    ``index`` falls in."""
-    return flat_index(index, grid) * parts // math.prod(grid)
-
-
-def batches_for(nbytes: float, workers: int, room: float) -> int:
-    """Batches a worker assembles an exchange of ``nbytes`` in, so that one batch's
-    buffers take at most ``room`` bytes on a worker."""
-    if workers <= 0 or room <= 0 or room == math.inf:
-        return 1
-    return max(1, math.ceil(nbytes / workers / room))
+def owner(index: tuple, grid: tuple, workers: int) -> int:
+    return flat_index(index, grid) * workers // math.prod(grid)
 
 
 @functools.lru_cache(maxsize=64)
@@ -83,15 +50,14 @@ def plan_of(old: tuple, new: tuple) -> Plan:
 
 
 @functools.lru_cache(maxsize=4096)
-def packing(old: tuple, new: tuple, index: tuple, groups: int) -> dict:
-    """How input chunk ``index`` packs its pieces: group -> ``(elements, {output index:
-    (offset, shape, slices in the input chunk)})`` (one batch a worker: the groups are
-    the workers)."""
+def packing(old: tuple, new: tuple, index: tuple, workers: int) -> dict:
+    """How input chunk ``index`` packs its pieces: worker -> ``(elements, {output index:
+    (offset, shape, slices in the input chunk)})``."""
     plan = plan_of(old, new)
     grid = tuple(map(len, new))
     out: dict = {}
     for j, src in plan.pieces_of(index):
-        d = owner(j, grid, groups)
+        d = owner(j, grid, workers)
         total, pieces = out.setdefault(d, [0, {}])
         shape = tuple(s.stop - s.start for s in src)
         pieces[j] = (total, shape, src)
@@ -100,18 +66,11 @@ def packing(old: tuple, new: tuple, index: tuple, groups: int) -> dict:
 
 
 @functools.lru_cache(maxsize=4096)
-def owned_parts(old: tuple, new: tuple, index: tuple, groups: int, g: int) -> tuple:
-    """Where group ``g``'s owner finds each piece of output chunk ``index`` in the buffers
-    packed for the group: ``(input index, its flat index, offset, shape)`` in the plan's
-    order (every assembly of the chunk asks, from the first run of the rechunk on)."""
+def owned_parts(old: tuple, new: tuple, index: tuple, workers: int, d: int) -> tuple:
+    """Where worker ``d`` finds each piece of output chunk ``index`` in the buffers packed
+    for it: ``(input index, its flat index, offset, shape)`` in the plan's order (every
+    assembly of the chunk asks, from the first run of the rechunk on)."""
     plan = plan_of(old, new)
     in_grid = tuple(map(len, old))
-    return tuple((i, flat_index(i, in_grid), *packing(old, new, i, groups)[g][1][index][:2])
+    return tuple((i, flat_index(i, in_grid), *packing(old, new, i, workers)[d][1][index][:2])
                  for i, _ in plan.parts_of(index))
-
-
-@functools.lru_cache(maxsize=4096)
-def group_size(old: tuple, new: tuple, partial: int, groups: int, g: int) -> int:
-    """Output chunks of one partial of the rechunk that fall in group ``g``."""
-    grid = tuple(map(len, new))
-    return sum(1 for j in plan_of(old, new).partials[partial].outputs if owner(j, grid, groups) == g)

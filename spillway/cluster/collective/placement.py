@@ -2,10 +2,10 @@
 chunks are assembled, and the leftovers of an exchange that ended.
 
 The first cut of an exchange asks for its layout (:mod:`.layout`): the running workers,
-whether the exchange is grouped, and in how many batches a worker assembles its outputs
-(one where the exchange fits the workers' fastest tier a few times over; past that, as
-many as keep one batch's buffers within that share of the tier). Every later ask gets the
-same answer.
+and whether the exchange is grouped (it fits the workers' fastest tier a few times over).
+Every later ask gets the same answer. A client asks what the workers hold and their
+fastest tiers (:meth:`CollectivePlacement.room`) before it builds a rechunk: one that
+would not fit is dask's task method (:mod:`.way`).
 
 An assembly depends on its barrier alone, whose small result sits on one worker: left to
 itself, dask would run every assembly there. As a barrier ends, before its dependents are
@@ -30,7 +30,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..upstream import fused_keys, restrict_loosely
 from .exchange import DROP
-from .layout import batches_for, owner
+from .layout import owner
 from .names import BARRIER_PREFIX, OUTPUT_PREFIX, is_barrier, pieces_name
 
 logger = logging.getLogger("spillway.collective")
@@ -54,9 +54,9 @@ class CollectivePlacement(SchedulerPlugin):
 
     def __init__(self, fit_fraction: float | None = None):
         """``fit_fraction``: the option ``collective-group-fraction`` (its default where
-        None): the largest share of the smallest fastest tier that one batch of a grouped
-        exchange takes on a worker (its packed buffers, the buffers an owner takes and
-        the outputs then sit there together); 0: no exchange is grouped."""
+        None): the largest share of the smallest fastest tier that a grouped exchange's
+        bytes over the workers take (its packed buffers, the buffers an owner takes and
+        the outputs then sit there together)."""
         from ..options import Options
 
         self.scheduler = None
@@ -86,15 +86,9 @@ class CollectivePlacement(SchedulerPlugin):
         found = self._layouts.get(name)
         if found is None:
             workers = sorted(ws.address for ws in self.scheduler.running)
-            grouped = bool(workers) and self.fit_fraction > 0
-            room = self.fit_fraction * self._fastest_tier()
-            found = {"workers": workers, "grid": list(grid), "grouped": grouped,
-                     "batches": batches_for(nbytes, len(workers), room) if grouped else 1}
+            found = {"workers": workers, "grid": list(grid),
+                     "grouped": bool(workers) and nbytes / len(workers) <= self.fit_fraction * self._fastest_tier()}
             self._layouts[name] = found
-            if found["batches"] > 1:
-                logger.info("rechunk exchange %s: %.1f GB over %d workers in %d batches a worker (a batch at "
-                            "most %.1f GB on a worker)", name, nbytes / 1e9, len(workers), found["batches"],
-                            room / 1e9)
         return found
 
     def _fastest_tier(self) -> float:

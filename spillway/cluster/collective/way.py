@@ -2,14 +2,16 @@
 
 The collective cuts every input chunk into pieces that are copies (its assemblies then
 take them in bulk), and its barrier holds them all before the first assembly: the pieces
-of a whole exchange sit in the workers' stores at once, beside what the cluster holds.
-Where that fits the workers' fastest tier, it moves the fewest messages there is (on two
-H200s, W3 7x and W4 2.8x dask-cuda's task method). Where it does not, those copies are
-spilled and restored, and dask's task method, whose pieces are views of their inputs and
-whose outputs are joined as their pieces come, is what runs faster: a user's
-FFT-rechunk-FFT at 1.4x two H200s' memory took 50.8 s on a fresh cluster (20.4 s after a
-minute idle) through the collective in batches, 11.2 s through the task method
-(benchmarks/NOTES.md, "Out of core first"). So a rechunk that would not fit goes to dask.
+of a whole exchange sit in the workers' stores at once, beside what the cluster holds and
+what the rechunk's outputs feed. Where that fits the devices, it moves the fewest messages
+there is (two H200s: W3 7x and W4 2.8x dask-cuda's task method; a 200 GB panel rechunk in
+7.5 s). Where it does not, those copies are spilled and restored, and dask's task method,
+whose pieces are views of their inputs, runs several times faster: a user's
+FFT-rechunk-FFT of a held 80 GB field (a 160 GB exchange) on two H200s spilled 191 GB and
+took 38.4 s on a fresh cluster through the collective, 34 GB and 8.2 s through the task
+method (benchmarks/NOTES.md, "Out of core first"). So a rechunk goes to the collective
+only where the cluster's bytes and the exchange's take at most :data:`SHARE` of the
+workers' fastest tiers together.
 
 A client asks the scheduler's collective plugin once per rechunk it builds (one round
 trip of the scheduler's comm); without a spillway scheduler (dask's local schedulers, a
@@ -20,6 +22,13 @@ from __future__ import annotations
 
 COLLECTIVE = "collective"
 TASKS = "tasks"
+#: the share of the workers' fastest tiers that what they hold and an exchange may take
+#: together for the collective. Two H200s' device tiers (80% of 150.8 GB each) hold
+#: 241.2 GB: the 200 GB panel rechunk alone (0.83 of them, in memory through the
+#: collective) takes it; the FFT's 160 GB exchange beside its 80 GB field (1.00) does not.
+#: Set from those two measured cases; the rule sees the cluster and the exchange, not what
+#: the graph does with the rechunk's outputs after
+SHARE = 0.9
 
 
 def way(exchanged: int, room: dict | None) -> str:
@@ -28,7 +37,7 @@ def way(exchanged: int, room: dict | None) -> str:
     fastest tiers (None: not known)."""
     if not room or not room.get("fastest"):
         return COLLECTIVE
-    return COLLECTIVE if room.get("held", 0) + exchanged <= room["fastest"] else TASKS
+    return COLLECTIVE if room.get("held", 0) + exchanged <= SHARE * room["fastest"] else TASKS
 
 
 def cluster_room() -> dict | None:
