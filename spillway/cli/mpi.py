@@ -49,7 +49,11 @@ def mpi(workflow, params, verify, report_path, options_flags):
     # one variable: dask would nest DASK_LOGGING__DISTRIBUTED.NANNY under the first one's value
     os.environ.setdefault("DASK_LOGGING", json.dumps(loggers))
     workflows.get(workflow)  # an unknown name fails on every rank before anything starts
-    report = launch.run(options, lambda session: run_workflow(session, workflow, params, verify=verify))
+    from spillway.run.progress import line_writer
+
+    # the scheduler's line on a run past device + host goes to stderr: stdout is the report's
+    say = line_writer(sys.stderr)
+    report = launch.run(options, lambda session: run_workflow(session, workflow, params, verify=verify, say=say))
     if report is None:  # scheduler-less ranks (the workers) end here
         return
     text = json.dumps(report, default=str)

@@ -52,22 +52,27 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
     # cluster starts, and before distributed is imported (the progress bar, the run):
     # most of a refusal's second
     output = refuse_before_start(options, workflow, params, output)
-    from spillway.run.progress import default_stream
+    from spillway.run.progress import default_stream, line_writer
     from spillway.run.compute import run_workflow
     from spillway.run.text import format_report
 
     stream = default_stream() if progress is None else (sys.stderr if progress else None)
+    # the scheduler's line on a run past device + host (its disk traffic, how long) goes
+    # where the progress goes, bar or not: stdout holds the report alone
+    say = line_writer(sys.stderr)
     if as_json:
         from .stdout import JsonStdout
 
         # the cluster's processes and UCX's C code print to fd 1 too: only the report may
         with JsonStdout(restore=False) as out:
             with open_cluster(options) as session, said_before_close():
-                report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output)
+                report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output,
+                                      say=say)
             out.emit(json.dumps(report, default=str))
     else:
         with open_cluster(options) as session, said_before_close():
-            report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output)
+            report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output,
+                                  say=say)
         click.echo(format_report(report))
     if verify and report["verify"] and report["verify"]["ok"] is False:
         sys.exit(1)

@@ -23,12 +23,23 @@ collection type, another distributed), graphs pass unchecked, as before.
   in dask's order: :func:`~spillway.cluster.memory.graph_bytes.peak_bytes`), against
   device + host tier + spill disk as the workers report them on each heartbeat
   (:data:`TIERS`; the disk counted in values at the ratio its compressed values have
-  now). A graph whose keys all held at once fit is admitted without that run (a user's
-  compute far below the tiers pays a sum of its sizes, not a pass over its tasks). A
-  graph past them is refused: its new keys fail at once with
+  now). A graph whose keys all held at once fit device + host tier is admitted without
+  that run (a user's compute far below the tiers pays a sum of its sizes, not a pass over
+  its tasks). A graph past them is refused: its new keys fail at once with
   :class:`~.errors.AdmissionError`, one line with the numbers and what to do, and are
   released; nothing of it runs, and what the cluster held stays. A graph with no sizes
   (dataframes, delayed, futures) is not checked.
+* **a graph admitted past device + host tier** (what the cluster holds plus its peak):
+  its client alone (on the shared service other tenants use the same scheduler) is told
+  in one printed line what it writes to the spill disks and how long that takes at
+  their rates (:func:`disk_line`, :func:`~.memory.admission.disk_traffic`: the bytes
+  of its peak past device + host beside what the cluster holds, written once and read
+  back once, the workers' even shares at the slowest worker's rates, which each
+  worker's disk tier measures from its spills, and before any from a probe at its
+  start); the scheduler logs it too, and records it as an event. ``spillway run``
+  writes it beside its progress (:func:`disk_lines`). Traffic under :data:`QUIET_S` at
+  those rates is not told: once the cluster holds more than device + host, every small
+  compute of a held array passes them too.
 * **when the tiers fill anyway** (a store's write met a full disk: the task that needed
   the room fails with :class:`~.errors.SpillDiskFull`, and the store says so as an event,
   :data:`DISK_FULL`, naming its worker): the newest computation still running whose
@@ -47,15 +58,17 @@ the client holds the first result fails with it too.
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from . import upstream
 from .errors import AdmissionError, SpillDiskFull
-from .memory.admission import Capacity, combine
+from .memory.admission import Capacity, DiskTraffic, combine, disk_traffic
 from .memory.graph_bytes import NBYTES, graph_bytes, peak_bytes
 from .sizes import format_bytes
 
@@ -69,6 +82,13 @@ DISK_FULL = "spillway-disk-full"
 #: told to every worker as a graph that will spill past the devices is admitted: their
 #: pinned arenas grow from then on at full speed instead of waiting for a quiet worker
 HOST_WANTED = "spillway-host-wanted"
+#: the mark of the disk-traffic line printed at a client (:func:`disk_lines` takes it)
+DISK_LINE = "spillway-disk-traffic"
+#: a graph whose disk traffic takes less than this at the disks' rates is not told (the
+#: scheduler's debug log has it); where no worker knows its rates yet, one that puts less
+#: than QUIET_BYTES on the disk
+QUIET_S = 1.0
+QUIET_BYTES = 2**30
 #: graphs with more tasks than this are checked on their outputs alone (the run in
 #: dask's order takes about a second per million tasks on the scheduler's event loop)
 PEAK_TASKS = 500_000
@@ -137,6 +157,8 @@ class CapacityPlugin(SchedulerPlugin):
         self.pending: dict = {}
         self.refused = 0
         self.stops = 0
+        #: graphs admitted past device + host whose disk traffic was said
+        self.told = 0
         self._sizes = False
         #: worker (or None: not known) -> when a computation was last stopped for its disk
         self._stopped_at: dict = {}
@@ -159,8 +181,7 @@ class CapacityPlugin(SchedulerPlugin):
         reported), and the fraction of their bytes that values on the disks take there
         (1.0 where nothing compressed): a disk whose values compress to a quarter holds
         four times its room of values like them."""
-        reports = {ws.address: ws.metrics.get(TIERS) for ws in self.scheduler.workers.values()}
-        reports = {a: r for a, r in reports.items() if isinstance(r, dict)}
+        reports = self._reports()
         if not reports:
             return None
         capacity = combine(reports, with_stored=True)
@@ -170,6 +191,11 @@ class CapacityPlugin(SchedulerPlugin):
         if ratio < 1.0:
             capacity = replace(capacity, disk_bytes=int(capacity.disk_bytes / ratio))
         return capacity, ratio
+
+    def _reports(self) -> dict:
+        """Each worker's last :data:`TIERS` report, by address (those that sent one)."""
+        reports = {ws.address: ws.metrics.get(TIERS) for ws in self.scheduler.workers.values()}
+        return {a: r for a, r in reports.items() if isinstance(r, dict)}
 
     def held(self) -> int:
         """Bytes of the values the cluster holds: keys in memory, and admitted outputs
@@ -188,24 +214,25 @@ class CapacityPlugin(SchedulerPlugin):
         run = [k for k in tasks if k in known and known[k].state == "released"]
         sizes = annotations.get(NBYTES) or {}
         capacity = self.capacity() if sizes else None
+        held = peak = None
         if capacity is not None:
-            line = self._over(scheduler, new, run, sizes, priority, *capacity)
+            held = self.held()
+            peak = self._peak(scheduler, new, run, sizes, priority, held, capacity[0])
+            line = self._over(new, sizes, held, peak, *capacity)
             if line is not None:
                 self._refuse(scheduler, client, new, line, stimulus_id)
                 return
-        spills = capacity is not None and self._past_devices(capacity[0], sizes)
+        spills = capacity is not None and held + sum(sizes.values()) > capacity[0].device_bytes
         self.graphs.append(Graph(client, set(new), set(run)))
         for k in new:
             self.pending[k] = sizes.get(k, 0)
         if spills:
+            # all its keys at once beside what the cluster holds pass the devices: it may
+            # spill (no run in dask's order for this: a graph that holds less at its most
+            # only has the arenas grown a little early)
             self.want_host(scheduler)
-
-    def _past_devices(self, capacity, sizes) -> bool:
-        """Whether the cluster's bytes and all of this graph's keys at once pass the
-        devices: it may spill. No run in dask's order: a graph that holds less at its most
-        only has the arena grown a little early, and a user's compute on a cluster past its
-        devices already must not pay a pass over its tasks."""
-        return self.held() + sum(sizes.values()) > capacity.device_bytes
+        if peak is not None:
+            self._tell_disk(scheduler, client, new, held, peak, capacity[0])
 
     def want_host(self, scheduler) -> None:
         """Tell each worker, once, that spills are coming (:data:`HOST_WANTED`). A fresh
@@ -219,31 +246,61 @@ class CapacityPlugin(SchedulerPlugin):
                 self._told.add(address)
                 scheduler.worker_send(address, {"op": HOST_WANTED})
 
-    def _over(self, scheduler, new, run, sizes, priority, capacity, ratio) -> str | None:
-        outputs = sum(sizes.get(k, 0) for k in new)
-        held = self.held()
-        if held + sum(sizes.values()) <= capacity.total_bytes:
+    def _peak(self, scheduler, new, run, sizes, priority, held: int, capacity: Capacity) -> int | None:
+        """Bytes the graph holds at its most (its new outputs, and its intermediates while
+        they live, its tasks in dask's order; its outputs alone past :data:`PEAK_TASKS`
+        tasks); None where all its keys held at once beside what the cluster holds fit
+        device + host, or its inputs failed."""
+        if held + sum(sizes.values()) <= capacity.device_bytes + capacity.host_bytes:
             # all its keys held at once (its outputs among them) are at least what it holds
-            # at its most: it fits, and its tasks need not be run in dask's order (a pass
-            # over every task and its dependencies) to say so. Most graphs are far below
-            # the tiers
+            # at its most: it fits in memory, and its tasks need not be run in dask's order
+            # (a pass over every task and its dependencies) to say so. Most graphs are far
+            # below the tiers
             return None
-        peak = outputs
         run = list(run)
         if any(d.state == "erred" for k in run for d in scheduler.tasks[k].dependencies):
             return None  # it fails with what its inputs failed with, not for room
-        if len(run) <= PEAK_TASKS:
-            alias_type = upstream.task_spec_types()[0]
-            run.sort(key=lambda k: priority.get(k, ()))
-            tasks_of = scheduler.tasks
-            aliases = {k: tasks_of[k].run_spec.target for k in run if isinstance(tasks_of[k].run_spec, alias_type)}
-            peak = max(outputs, peak_bytes(run, lambda k: (d.key for d in tasks_of[k].dependencies),
-                                           sizes, set(new), aliases))
-        if held + peak <= capacity.total_bytes:
+        outputs = sum(sizes.get(k, 0) for k in new)
+        if len(run) > PEAK_TASKS:
+            return outputs
+        alias_type = upstream.task_spec_types()[0]
+        run.sort(key=lambda k: priority.get(k, ()))
+        tasks_of = scheduler.tasks
+        aliases = {k: tasks_of[k].run_spec.target for k in run if isinstance(tasks_of[k].run_spec, alias_type)}
+        return max(outputs, peak_bytes(run, lambda k: (d.key for d in tasks_of[k].dependencies),
+                                       sizes, set(new), aliases))
+
+    def _over(self, new, sizes, held: int, peak: int | None, capacity: Capacity, ratio: float) -> str | None:
+        """The refusal line of a graph whose peak beside what the cluster holds is past
+        device + host tier + disk; None where it fits."""
+        if peak is None or held + peak <= capacity.total_bytes:
             return None
         self.refused += 1
+        outputs = sum(sizes.get(k, 0) for k in new)
         return refusal_line(_what(new), len(new), outputs, peak - outputs, held, capacity, self._directories(),
                             ratio)
+
+    def _tell_disk(self, scheduler, client: str, new, held: int, peak: int, capacity: Capacity) -> None:
+        """An admitted graph whose peak beside what the cluster holds is past device + host
+        tier: say at its client alone (other tenants share the scheduler), in the
+        scheduler's log and as an event, what it writes to disk and for how long."""
+        memory = capacity.device_bytes + capacity.host_bytes
+        # what the cluster held past memory before this graph is on disk already (or
+        # counted for the graph that put it there): this graph's own part goes after it
+        to_disk = min(peak, held + peak - memory)
+        if to_disk <= 0:
+            return
+        traffic = disk_traffic(to_disk, self._reports())
+        line = disk_line(_what(new), traffic, peak, held, capacity)
+        if _quiet(traffic):
+            logger.debug("client %s: %s", client, line)
+            return
+        self.told += 1
+        told = upstream.print_at_client(scheduler, client, line, DISK_LINE)
+        scheduler.log_event("spillway-capacity", {"action": "to-disk", "client": client, "keys": len(new),
+                                                  "bytes": traffic.nbytes, "seconds": traffic.seconds,
+                                                  "told": told, "message": line})
+        logger.info("client %s: %s", client, line)
 
     def _refuse(self, scheduler, client, new, line, stimulus_id) -> None:
         self._fail(client, new, AdmissionError(line), f"spillway-refused-{stimulus_id}")
@@ -372,6 +429,59 @@ def refusal_line(what: str, n_keys: int, outputs: int, intermediates: int, held:
             f"(device {format_bytes(capacity.device_bytes)} + host tier {format_bytes(capacity.host_bytes)} + "
             f"{disk}, {capacity.n_workers} worker{'s' if capacity.n_workers != 1 else ''}); release held arrays "
             f"(del them, or client.cancel) or give the workers a larger local-directory{where}")
+
+
+def disk_line(what: str, traffic: DiskTraffic, peak: int, held: int, capacity: Capacity) -> str:
+    """The one line of a graph admitted past device + host tier: its bytes that go to disk,
+    the traffic they make, and the time at the slowest worker's disk rates."""
+    n = traffic.n_workers
+    workers = f"{n} worker{'s' if n != 1 else ''}"
+    head = (f"{what} past device + host tier: {format_bytes(traffic.nbytes)} of the {format_bytes(peak)} it holds "
+            f"at its most go to the spill disk, beside the {format_bytes(held)} the cluster holds (device "
+            f"{format_bytes(capacity.device_bytes)} + host tier {format_bytes(capacity.host_bytes)}), written once "
+            f"and read back at least once: {format_bytes(2 * traffic.nbytes)} of disk traffic")
+    if traffic.seconds is None:
+        return f"{head}; how long is not known: no worker has measured its spill disk's rate ({workers})"
+    return (f"{head}, about {format_seconds(traffic.seconds)} at the disks' rates (the slowest of {workers}: "
+            f"{format_bytes(traffic.share)} at {format_bytes(int(traffic.write_rate))}/s write and "
+            f"{format_bytes(int(traffic.read_rate))}/s read{_measured(traffic.rates_from)})")
+
+
+def _quiet(traffic: DiskTraffic) -> bool:
+    """Whether the disk traffic is too short to tell the client: once the cluster holds
+    more than device + host, every compute of a held array goes past them too, by a few
+    bytes of sums, and a line for each would bury the one that matters."""
+    if traffic.seconds is None:
+        return traffic.nbytes < QUIET_BYTES
+    return traffic.seconds < QUIET_S
+
+
+def _measured(source: str | None) -> str:
+    return {"spills": ", measured from its spills", "probe": ", measured by its probe at start",
+            "probe and spills": ", measured from its spills and its probe"}.get(source or "", "")
+
+
+def format_seconds(seconds: float) -> str:
+    """Seconds as people read them: 0.04 s, 3.2 s, 95 s (1.6 min), 2.1 h."""
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds:.0f} s ({seconds / 60:.1f} min)"
+    return f"{seconds / 3600:.1f} h"
+
+
+@contextlib.contextmanager
+def disk_lines(client, take: Callable[[str], bool]):
+    """Within the block, the disk-traffic lines the scheduler prints at ``client`` go to
+    ``take`` first (a command's progress stream, a run's report); those it returns False
+    for, and every other print, print as before."""
+    routed = upstream.route_prints(client, DISK_LINE, take)
+    try:
+        yield
+    finally:
+        upstream.unroute_prints(client, routed)
 
 
 def _disk_full_line(text) -> str | None:

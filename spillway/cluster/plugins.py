@@ -17,8 +17,9 @@ whichever launcher started it, and adds what spillway needs:
 * a worker log without the "Compute Failed" traceback of an output chunk the OS refused
   (:class:`~spillway.cluster.errors.StoreWriteError`: a full disk, a read-only directory),
   which the run says in one line on the client;
-* the worker's tiers on each heartbeat, and its spill disk filling as an event, for the
-  scheduler's capacity check (:mod:`spillway.cluster.capacity`).
+* the worker's tiers on each heartbeat (with its spill disk's rates, probed once when the
+  worker starts), and its spill disk filling as an event, for the scheduler's capacity
+  check (:mod:`spillway.cluster.capacity`).
 
 :func:`worker_snapshot` reads those back; the run report diffs two snapshots.
 """
@@ -226,6 +227,9 @@ class WorkerSetup(WorkerPlugin):
         store.name = f"worker {worker.name} ({worker.address})"
         store.on_disk_full = functools.partial(_say_disk_full, worker)
         store.start()
+        if store.disk is not None:
+            # its rate before any spill, for the scheduler's word on a graph past memory
+            store.disk.start_probe()
         if self.statistics is not None:
             stats = self.statistics
             store.device_usage = lambda: self.window_base + stats.allocation_counts.current_bytes

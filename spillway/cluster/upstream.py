@@ -365,6 +365,84 @@ def event_worker(msg: Any) -> str | None:
     return worker if isinstance(worker, str) else None
 
 
+@seam("client_print", "Scheduler.client_send({'op': 'event', 'topic': 'print'}), Client._event_handlers['print'], "
+      "distributed.client._handle_print", "distributed", DISTRIBUTED,
+      "the disk-traffic line at the client that sent a graph (the scheduler's log and event still say it)")
+def _check_client_print() -> str | None:
+    import distributed.client
+    from distributed import Client
+    from distributed.scheduler import Scheduler
+
+    if not callable(getattr(Scheduler, "client_send", None)):
+        return "Scheduler has no client_send"
+    printer = getattr(distributed.client, "_handle_print", None)
+    if printer is None or getattr(Client, "_default_event_handlers", {}).get("print") is not printer:
+        return "a Client no longer prints its 'print' events with _handle_print"
+    if not _reads(printer, 'msg.get("args")') or not _reads(Client._handle_event, "self._event_handlers[topic]"):
+        return "a Client's 'print' event no longer reads the shape spillway sends"
+    return None
+
+
+def print_at_client(scheduler, client: str, line: str, tag: str) -> bool:
+    """Print ``line`` at ``client`` alone, as distributed's ``print`` from a task prints at
+    every client (a "print" event, sent to that client's comm rather than published to
+    the topic's subscribers); ``tag`` marks it for :func:`route_prints`. False where this
+    distributed cannot (or the client is gone)."""
+    if not usable("client_print") or client not in scheduler.clients:
+        return False
+    import time
+
+    message = {"args": (line,), "sep": " ", "end": "\n", "flush": True, "spillway": tag}
+    try:
+        scheduler.client_send(client, {"op": "event", "topic": "print", "event": (time.time(), message)})
+    except Exception as e:  # noqa: BLE001
+        off("client_print", f"client_send failed ({type(e).__name__}: {e})")
+        return False
+    return True
+
+
+def route_prints(client, tag: str, take: Callable[[str], bool]):
+    """Hand the lines printed at ``client`` under ``tag`` (:func:`print_at_client`) to
+    ``take`` first; those it returns False for, and every other print, print as before.
+    Returns what :func:`unroute_prints` puts back (None where nothing was routed)."""
+    if not usable("client_print"):
+        return None
+    handlers = getattr(client, "_event_handlers", None)
+    if not isinstance(handlers, dict):
+        off("client_print", "a Client has no _event_handlers")
+        return None
+    previous = handlers.get("print")
+    printer = previous
+    if printer is None:
+        import distributed.client
+
+        printer = distributed.client._handle_print
+
+    def handle(event):
+        msg = event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else None
+        if isinstance(msg, dict) and msg.get("spillway") == tag and msg.get("args"):
+            if take(str(msg["args"][0])):
+                return None
+        return printer(event)
+
+    # the client is subscribed to "print" from its start: its handler is swapped, no
+    # message goes to the scheduler
+    handlers["print"] = handle
+    return (handle, previous)
+
+
+def unroute_prints(client, routed) -> None:
+    if routed is None:
+        return
+    handle, previous = routed
+    handlers = client._event_handlers
+    if handlers.get("print") is handle:
+        if previous is None:
+            handlers.pop("print", None)
+        else:
+            handlers["print"] = previous
+
+
 # --- distributed's worker: gathers, outgoing transfers, its queue and its instances
 
 

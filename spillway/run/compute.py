@@ -5,6 +5,7 @@ The report is one JSON-able dict; :func:`~.text.format_report` renders it for pe
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from typing import Any
@@ -13,6 +14,7 @@ from spillway import workflows
 from spillway.workflows.outputs import remove_output, stored_bytes
 
 from spillway.cluster.errors import OutputError, WorkerLost
+from spillway.cluster.capacity import disk_lines
 from spillway.cluster.memory.admission import admit, cluster_capacity
 from spillway.cluster.plugins import reset_peak, worker_snapshot
 from .progress import track, wait_with_bar
@@ -35,6 +37,7 @@ def run_workflow(
     output: str | None = None,
     arrays: dict[str, Any] | None = None,
     verify_with=None,
+    say=None,
 ) -> dict:
     """Run workflow ``name`` with raw ``params`` on ``session``; returns the report.
 
@@ -42,7 +45,10 @@ def run_workflow(
     the path of a Zarr v3 store the workers write an array result to. ``arrays`` hands
     Python arrays to the workflow's array inputs (notebooks). ``verify_with(built, value)``
     makes the reference check (default :func:`~.verify.check`, in this process; a service
-    passes a :class:`~.verify.ChildReference`).
+    passes a :class:`~.verify.ChildReference`). ``say(line)`` takes the line the scheduler
+    sends when the run's graph goes past device + host tier (its disk traffic and time:
+    :mod:`spillway.cluster.capacity`); None prints it as any print at the client. The
+    report keeps it too (``disk_traffic``).
     """
     from spillway.workflows import outputs
 
@@ -71,9 +77,11 @@ def run_workflow(
 
     # a worker the run depends on that dies fails it at once, naming the worker and why
     watch = LossWatch(client)
+    said: list[str] = []
     try:
-        value, counts, wall, before, after, written, readback = _compute(
-            client, name, built, collections, output, progress, watch)
+        with disk_lines(client, functools.partial(_heard, said, say)):
+            value, counts, wall, before, after, written, readback = _compute(
+                client, name, built, collections, output, progress, watch)
     except BaseException:
         if output is not None:
             remove_output(output)  # a partial store is never left to look like a result
@@ -105,6 +113,7 @@ def run_workflow(
         "output": output,
         "output_check": readback if output is not None else None,
         "workers_lost": lost,
+        "disk_traffic": said,
     }
     report.update(transfer_stats(before, after, start_wall=time.time() - wall))
     # read on the workers: which UCX transports they really run with, not what was asked
@@ -112,6 +121,16 @@ def run_workflow(
     if verify:
         report["verify"] = (verify_with or check)(built, value)
     return report
+
+
+def _heard(said: list, say, line: str) -> bool:
+    """Keep the scheduler's disk-traffic line for the report; True where ``say`` took it
+    (else the client prints it)."""
+    said.append(line)
+    if say is None:
+        return False
+    say(line)
+    return True
 
 
 def _compute(client, name, built, collections, output, progress, watch):

@@ -164,6 +164,18 @@ def wait_with_bar(future, tracker: Tracker, *, label: str, stream=None, interval
     return last
 
 
+def line_writer(stream):
+    """``say(line)``: ``line`` on ``stream``, above a progress bar drawn there (tqdm moves
+    the bar below it rather than writing over it)."""
+
+    def say(line: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(line, file=stream)
+
+    return say
+
+
 def default_stream():
     """stderr when it is a terminal, else None (logs and pipes get no bar)."""
     return sys.stderr if sys.stderr.isatty() else None

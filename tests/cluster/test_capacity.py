@@ -11,12 +11,16 @@ scheduler's capacity plugin, and a plain ``distributed.Client`` calling ``persis
 * two clients (two tenants of the service): the disk that the newer one's persist fills
   stops that persist alone; the older one's job, running beside it, finishes;
 * what nominally fits completes: a rechunk of a held array, persisted beside it, whose
-  values compress on the disk.
+  values compress on the disk;
+* the disk tier's rates, probed when the worker starts, reach the scheduler; a graph
+  admitted past device + host tier prints one line at its own client with its bytes to
+  disk, the disk's rates and the seconds, and nothing at another client.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import dask
@@ -27,12 +31,14 @@ from distributed import Client, LocalCluster, get_task_stream, wait
 from numpy_codec import NumpyCodec
 from small_disk import SmallDisk
 
-from spillway.cluster.capacity import PLUGIN_NAME, CapacityPlugin
+from spillway.cluster import capacity
+from spillway.cluster.capacity import PLUGIN_NAME, TIERS, CapacityPlugin, format_seconds
 from spillway.cluster.errors import AdmissionError, SpillDiskFull
 from spillway.cluster.launch.session import _heartbeat
 from spillway.cluster.memory import admission
 from spillway.cluster.memory.store import TieredStore
 from spillway.cluster.plugins import WorkerSetup
+from spillway.cluster.sizes import format_bytes
 
 MB = 2**20
 
@@ -228,18 +234,17 @@ def test_a_full_disk_stops_the_tenant_that_filled_it_and_the_other_tenant_s_job_
 
 def test_a_graph_whose_keys_all_fit_at_once_is_admitted_without_running_it_in_dask_s_order(tmp_path,
                                                                                             monkeypatch):
-    from spillway.cluster import capacity
-
     ran = []
     real = capacity.peak_bytes
     monkeypatch.setattr(capacity, "peak_bytes", lambda *a, **kw: ran.append(a[0]) or real(*a, **kw))
     with small_cluster(tmp_path) as (client, _):
-        x, values = _held(client)  # 8 MiB of the 16
-        for _ in range(3):  # a user's compute, again and again: its keys are 2 MiB all told
-            assert float((x[:250] * 2).sum().compute()) == pytest.approx(2 * values[:250].sum())
+        x, values = _held(client, n=700)  # 3.7 MiB of the 8 of device + host tier
+        for _ in range(3):  # a user's compute, again and again: its keys are 1 MiB all told
+            assert float((x[:175] * 2).sum().compute()) == pytest.approx(2 * values[:175].sum())
         assert ran == []
-        # all its keys at once are past the tiers, but not what it holds at its most: run
-        # in dask's order, and admitted
+        # all its keys at once are past device + host (whether it goes to disk, and how
+        # much, is what it holds at its most), and within the tiers: run in dask's order,
+        # and admitted
         y = (x + x.T).sum()
         assert float(y.compute()) == pytest.approx(2 * values.sum())
         assert len(ran) == 1 and len(ran[0]) > 8
@@ -277,3 +282,72 @@ def _after(block, go: str):
     while not os.path.exists(go) and time.monotonic() < deadline:
         time.sleep(0.01)
     return block + 1
+
+
+def _probed(client, store) -> dict:
+    """The worker's :data:`TIERS` report once its disk tier's probe is done and the
+    scheduler has heard of it."""
+    deadline = time.monotonic() + 20
+    while store.disk.probed is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert store.disk.probed is not None, "the disk tier was not probed when the worker started"
+    client.run(_heartbeat)
+    reports = client.run_on_scheduler(
+        lambda dask_scheduler: [ws.metrics.get(TIERS) for ws in dask_scheduler.workers.values()])
+    assert len(reports) == 1
+    return reports[0]
+
+
+def test_the_worker_probes_its_spill_disk_at_start_and_reports_its_rates_leaving_no_file(tmp_path):
+    with small_cluster(tmp_path) as (client, store):
+        report = _probed(client, store)
+        assert report["disk_write_rate"] > 0 and report["disk_read_rate"] > 0
+        assert report["disk_write_from"] == report["disk_read_from"] == "probe"
+        # the probe wrote beside the tier's directory, and took its file away
+        assert os.listdir(tmp_path) == [os.path.basename(store.disk.directory)]
+        assert store.disk.files() == [] and store.disk.nbytes == 0
+
+
+def _disk_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "go to the spill disk" in line]
+
+
+def test_a_graph_past_device_and_host_tells_its_own_client_alone_its_disk_traffic_and_time(tmp_path, monkeypatch,
+                                                                                       capsys):
+    monkeypatch.setattr(capacity, "QUIET_S", 0.0)  # a few megabytes take milliseconds
+    with small_cluster(tmp_path, disk=24 * MB) as (client, store), Client(client.scheduler.address) as other:
+        report = _probed(client, store)
+        heard = []  # every print at the other client (a tenant of the same scheduler)
+        other.subscribe_topic("print", heard.append)
+        x, values = _held(client)  # 8 MB of the 8 MiB of device + host tier: fits, no line
+        assert float(other.compute(da.ones(100, chunks=50).sum()).result()) == 100  # fits too
+        assert _disk_lines(capsys.readouterr().out) == []
+        y = da.random.default_rng(1).random((1000, 1000), chunks=(250, 1000))
+        yp = client.persist(y)  # 8 MB more: what passes 8 MiB goes to disk
+        wait(yp)
+        deadline = time.monotonic() + 5
+        out = ""
+        while not _disk_lines(out) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            out += capsys.readouterr().out
+        time.sleep(0.2)  # a second line, or one at the other client, would be in by now
+        out += capsys.readouterr().out
+        lines = _disk_lines(out)
+        assert len(lines) == 1, out
+        line = lines[0]
+        to_disk = 2 * 8_000_000 - 8 * MB
+        seconds = to_disk / report["disk_write_rate"] + to_disk / report["disk_read_rate"]
+        assert line.startswith(f"persist past device + host tier: {format_bytes(to_disk)} of the 7.63 MiB it "
+                               "holds at its most go to the spill disk, beside the 7.63 MiB the cluster holds")
+        for part in ("written once and read back at least once", f"{format_bytes(2 * to_disk)} of disk traffic",
+                     f"about {format_seconds(seconds)} at the disks' rates",
+                     f"{format_bytes(int(report['disk_write_rate']))}/s write",
+                     f"{format_bytes(int(report['disk_read_rate']))}/s read", "measured by its probe at start"):
+            assert part in line, (part, line)
+        assert heard == []
+        events = client.run_on_scheduler(lambda dask_scheduler: [
+            e for _, e in dask_scheduler.get_events("spillway-capacity") if e.get("action") == "to-disk"])
+        assert [(e["client"], e["bytes"], e["message"]) for e in events] == [(client.id, to_disk, line)]
+        assert events[0]["seconds"] == pytest.approx(seconds)
+        np.testing.assert_array_equal(yp.compute(), y.compute(scheduler="sync"))
+        _intact(x, values)

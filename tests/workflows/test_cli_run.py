@@ -47,3 +47,27 @@ def test_run_without_verify_has_null_verify():
     report = json.loads(result.output.strip().splitlines()[-1])
     assert report["verify"] is None
     assert 0.4 < report["result"]["mean"] < 0.6
+
+
+def test_a_run_past_device_and_host_says_its_disk_traffic_on_stderr_and_in_the_report(monkeypatch):
+    # CPU workers of 3 GB run a graph of a few megabytes: the scheduler is told their
+    # memory is 1 MiB (its process is this one), so the run goes past it; their stores
+    # (distributed's) measure no disk rate, and the line says so
+    from spillway.cluster import capacity
+    from spillway.cluster.memory.admission import Capacity
+
+    monkeypatch.setattr(capacity.CapacityPlugin, "capacity",
+                        lambda self: (Capacity(0, 2**20, 2**40, 1), 1.0))
+    monkeypatch.setattr(capacity, "QUIET_BYTES", 0)
+    result = CliRunner().invoke(main, [
+        "run", "transpose-sum", "--cpu", "--n-workers", "1", "--dashboard-address", "", "--json", "--no-progress",
+        "--param", "size=600x600", "--param", "chunks=200x200",
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    said = [line for line in result.stderr.splitlines() if "go to the spill disk" in line]
+    assert len(said) == 1 and said == report["disk_traffic"], result.stderr
+    assert said[0].startswith("compute past device + host tier: ")
+    assert "how long is not known: no worker has measured its spill disk's rate (1 worker)" in said[0]
+    # stdout holds the report alone
+    assert not [line for line in result.stdout.splitlines()[:-1] if "go to the spill disk" in line]

@@ -12,7 +12,7 @@ it starts, in one line naming the footprint, each tier's bytes and their sum, th
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import AdmissionError
 from ..sizes import format_bytes
@@ -75,7 +75,10 @@ def spill_directory(dask_worker) -> str:
 def worker_capacity(dask_worker) -> dict:
     """One worker's tiers in bytes, and the filesystem it spills to (runs on the worker);
     with the tiered store, also what its disk tier holds (``disk_stored``: the files'
-    bytes, ``disk_raw``: the values' own, more where they were compressed)."""
+    bytes, ``disk_raw``: the values' own, more where they were compressed) and the rates
+    it writes and reads values at (``disk_write_rate``, ``disk_read_rate``: bytes per
+    second, 0.0 while not known; ``disk_write_from``, ``disk_read_from``: "spills" or
+    "probe", :meth:`~.disk.DiskTier.rates`)."""
     import os
 
     from .store import TieredStore
@@ -100,10 +103,13 @@ def worker_capacity(dask_worker) -> dict:
         reserve, filesystem = disk_reserve(total), os.stat(directory).st_dev
     except OSError:
         free, reserve, filesystem = 0, 0, None
+    rates = disk.rates() if disk is not None else {}
     return {"device": int(device), "host": int(host), "disk": max(0, int(free) - reserve), "disk_free": int(free),
             "disk_reserve": int(reserve), "disk_directory": directory, "filesystem": filesystem,
             "disk_stored": int(disk.nbytes) if disk is not None else 0,
-            "disk_raw": int(disk.raw_nbytes) if disk is not None else 0}
+            "disk_raw": int(disk.raw_nbytes) if disk is not None else 0,
+            "disk_write_rate": float(rates.get("write", 0.0)), "disk_read_rate": float(rates.get("read", 0.0)),
+            "disk_write_from": rates.get("write_from"), "disk_read_from": rates.get("read_from")}
 
 
 _GPU_MEMORY: list = []
@@ -147,6 +153,49 @@ def combine(per_worker: dict, *, with_stored: bool = False) -> Capacity:
         disk_reserve_bytes=reserve,
         disk_stored_bytes=stored,
     )
+
+
+@dataclass(frozen=True)
+class DiskTraffic:
+    """What a graph past device + host spends on the spill disks: its bytes written there
+    once and read back once, shared evenly by the workers, which write and read at once
+    (each its own disk, or its share of one); the time is the slowest worker's."""
+
+    #: bytes of values that go to disk (each written once and read back at least once)
+    nbytes: int
+    n_workers: int
+    #: the slowest worker's seconds for its share, its rates and where they come from;
+    #: seconds None where no worker knows its rates yet
+    seconds: float | None = None
+    write_rate: float = 0.0
+    read_rate: float = 0.0
+    rates_from: str | None = None
+
+    @property
+    def share(self) -> int:
+        return -(-self.nbytes // max(1, self.n_workers))
+
+
+def disk_traffic(nbytes: int, per_worker: dict) -> DiskTraffic:
+    """The disk traffic of ``nbytes`` past device + host on the workers of
+    :func:`worker_capacity` reports (by address). Each worker takes an even share; a
+    worker that has no rates (no disk tier, its probe not done) is left out of the time,
+    not of the share. Workers of one machine spilling to one filesystem each measured
+    their rate while the others spilled too (or probed, all starting at once), so each
+    one's share over its own rate is the time of the filesystem's whole part."""
+    traffic = DiskTraffic(int(max(0, nbytes)), len(per_worker))
+    slowest = None
+    for report in per_worker.values():
+        write, read = float(report.get("disk_write_rate") or 0), float(report.get("disk_read_rate") or 0)
+        if write <= 0 or read <= 0:
+            continue
+        seconds = traffic.share / write + traffic.share / read
+        if slowest is None or seconds > slowest[0]:
+            sources = {report.get("disk_write_from"), report.get("disk_read_from")} - {None}
+            slowest = (seconds, write, read, " and ".join(sorted(sources)) or None)
+    if slowest is None:
+        return traffic
+    return replace(traffic, seconds=slowest[0], write_rate=slowest[1], read_rate=slowest[2], rates_from=slowest[3])
 
 
 def admit(workflow: str, footprint, capacity: Capacity) -> Decision:

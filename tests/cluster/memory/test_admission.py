@@ -125,3 +125,20 @@ def test_a_real_cluster_counts_the_disk_of_its_local_directory(tmp_path):
     last = [line for line in result.output.splitlines() if line.strip()][-1]
     assert re.search(r"host tier [\d.]+ \w+ \+ disk [\d.]+ \w+ \([\d.]+ \w+ free less a reserve of "
                      + re.escape(format_bytes(disk_reserve(usage.total))) + r"\), 1 worker\)$", last), last
+
+
+def test_disk_traffic_is_an_even_share_at_the_slowest_worker_s_rates():
+    from spillway.cluster.memory.admission import disk_traffic
+
+    def worker(write, read, source="probe"):
+        return {"disk_write_rate": write, "disk_read_rate": read, "disk_write_from": source,
+                "disk_read_from": source}
+
+    reports = {"tcp://a:1": worker(2 * GB, 4 * GB), "tcp://a:2": worker(GB, 2 * GB, "spills"),
+               "tcp://b:1": worker(0.0, 0.0, None)}  # no rates yet: its share, not its time
+    traffic = disk_traffic(30 * GB, reports)
+    assert traffic.share == 10 * GB and traffic.n_workers == 3
+    assert traffic.seconds == pytest.approx(10 + 5)  # the second: 10 GB at 1 GB/s, 10 GB at 2 GB/s
+    assert (traffic.write_rate, traffic.read_rate, traffic.rates_from) == (GB, 2 * GB, "spills")
+    unknown = disk_traffic(GB, {"tcp://b:1": worker(0.0, 0.0, None)})
+    assert unknown.seconds is None and unknown.nbytes == GB

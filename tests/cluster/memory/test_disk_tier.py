@@ -147,3 +147,45 @@ def test_spill_on_demand_stops_at_a_full_disk_and_says_so(tmp_path):
     assert s.evict_for(10 * MB) < 10 * MB
     assert s.evict_met_full_disk and "the spill disk is full" in s.disk_full
     s.close()
+
+
+# --- its rates
+
+
+def test_the_probe_measures_both_rates_and_leaves_no_file(tmp_path):
+    before = sorted(tmp_path.iterdir())
+    write, read = disk_module.probe_rates(str(tmp_path), nbytes=2 * MB, piece=MB // 2)
+    assert write > 0 and read > 0
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_probe_that_fails_leaves_no_file_and_the_tier_measures_from_spills_alone(tmp_path, monkeypatch, caplog):
+    disk = DiskTier(str(tmp_path))
+
+    def no_room(fd, view, offset):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(disk_module, "_write_all", no_room)
+    with caplog.at_level("INFO", logger="spillway.memory"):
+        disk.start_probe().join(10)
+    assert disk.probed is None and "was not probed" in caplog.text and "No space left" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [disk_module.os.path.basename(disk.directory)]
+    assert disk.rates() == {"write": 0.0, "write_from": None, "read": 0.0, "read_from": None}
+    assert disk.start_probe() is None  # once
+    disk.close()
+
+
+def test_the_spills_rate_replaces_the_probe_s_once_they_have_moved_enough(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk_module, "SPILLS_SAY", 2 * MB)
+    disk = DiskTier(str(tmp_path), compress=False)
+    disk.probed = (1.0, 2.0)  # bytes per second: far below any real disk
+    disk.write("a", _copy(uniform(1)))
+    assert disk.rates() == {"write": 1.0, "write_from": "probe", "read": 2.0, "read_from": "probe"}
+    disk.write("b", _copy(uniform(2)))
+    for key in ("a", "b"):
+        disk.read(key, _alloc)
+    rates = disk.rates()
+    assert rates["write_from"] == rates["read_from"] == "spills"
+    assert rates["write"] == pytest.approx(2 * MB / disk.writes.seconds) and rates["write"] > 1000
+    assert rates["read"] == pytest.approx(2 * MB / disk.reads.seconds) and rates["read"] > 1000
+    disk.close()
