@@ -5,7 +5,10 @@
 #   usage: benchmarks/gpu-host/user-fft.sh
 #   env:   N (100000 on 2 x H200) PANEL=1000 IDLE=60 VARIANTS="touch spillway tasks dask-cuda"
 #          (touch: the host's first-touch rates, benchmarks/gpu-host/first-touch.py, first)
-#          variants also: probe-spillway, probe-dask-cuda (the ten-run probe of an in-memory
+#          variants also: rechunk-spillway, rechunk-tasks (a user's x.rechunk of a persisted
+#          RECHUNK_N^2 field, 150000 by default: 180 GB, row panels to column panels,
+#          persisted beside it), bench (spillway bench --sizes full of BENCH_ONLY, W1-W5 by
+#          default, dask-cuda beside it), probe-spillway, probe-dask-cuda (the ten-run probe of an in-memory
 #          (x + x.T).sum(): a fresh cluster's first run), rechunk200 (the 200 GB panel
 #          rechunk workflow, verified)
 # Assumes the wheels are installed and PYTHONPATH=/tmp/site:$PWD. Writes under $OUT:
@@ -35,6 +38,11 @@ for v in ${VARIANTS:-touch spillway tasks dask-cuda}; do
       timeout -k 10 150 python3 "$here/ten_runs.py" --rig "${v#probe-}" --devices "${DEVICES:-0,1}" \
         > "$out/$v.json" 2> "$out/$v.log"
       echo "$v rc=$?"; tail -c 600 "$out/$v.json"; echo; continue ;;
+    bench)
+      timeout -k 10 "${BENCH_S:-330}" python3 -m spillway bench --sizes full --devices "${DEVICES:-0,1}" \
+        --only "${BENCH_ONLY:-W1,W2,W3,W4,W5}" --label "${LABEL:-user-fft}" --out "$out/bench" > "$out/bench.log" 2>&1
+      echo "bench rc=$?"; grep -E "^\| W|^\| O|x dask|slower" "$out"/bench/*.md 2>/dev/null | head -20
+      tail -3 "$out/bench.log"; continue ;;
     rechunk200)
       bash "$here/watch-host.sh" start "$out/host-$v.log" 1
       /usr/bin/time -v timeout -k 10 240 python3 -m spillway run rechunk --param size=158113x158113 \
@@ -43,11 +51,13 @@ for v in ${VARIANTS:-touch spillway tasks dask-cuda}; do
       bash "$here/watch-host.sh" stop "$out/host-$v.log"; continue ;;
     spillway) args=(--side spillway --idle "$idle") ;;
     tasks) args=(--side spillway --method tasks) ;;
+    rechunk-spillway) args=(--side spillway --workload rechunk --n "${RECHUNK_N:-150000}") ;;
+    rechunk-tasks) args=(--side spillway --workload rechunk --method tasks --n "${RECHUNK_N:-150000}") ;;
     dask-cuda) args=(--side dask-cuda) ;;
     *) echo "unknown variant $v"; continue ;;
   esac
   bash "$here/watch-host.sh" start "$out/host-$v.log" 1
-  timeout -k 10 "${LIMIT:-300}" python3 "$here/user_fft.py" "${args[@]}" --n "$n" --panel "$panel" \
+  timeout -k 10 "${LIMIT:-300}" python3 "$here/user_fft.py" --n "$n" "${args[@]}" --panel "$panel" \
     --out "$out/user-fft-$v.json" > "$out/user-fft-$v.log" 2>&1
   rc=$?
   grep "^user-fft" "$out/user-fft-$v.log"
