@@ -124,7 +124,8 @@ def out_of_core_rows(workloads: list[dict]) -> list[tuple[str, ...]]:
             bound = (f"{_tiers_bound_text(d.get('first_bound_s'), detail.get('first_tiers_bound'))} / "
                      f"{_tiers_bound_text(d.get('bound_s'), detail.get('tiers_bound'))}")
             rows.append((w["name"], side, d.get("rechunk_method") or "—", *time, bound,
-                         fmt_value(d.get("first_over_bound"), "{:.1f}x"), fmt_value(d.get("time_over_bound"), "{:.1f}x"),
+                         fmt_value(d.get("first_over_bound"), "{:.1f}x"),
+                         fmt_value(d.get("time_over_bound"), "{:.1f}x"),
                          versus))
     return rows
 

@@ -78,7 +78,9 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, previous
           link_sweep, sweep_sizes, zarr_io, matrix_slice, matrix_merge, budget, options_flags):
     """Run each workload on spillway's cluster and on plain LocalCUDACluster(protocol="ucx")
     (plain LocalCluster on CPU), and report times, speedups, transfer bandwidth against the
-    hardware ceilings, bytes moved and spilled.
+    hardware ceilings, bytes moved and spilled. O3 and O4 also run on spillway's cluster with
+    dask's task-based rechunk, each side on a fresh cluster whose first run is reported.
+    Rows more than 10% slower than in the previous result of this machine are printed last.
 
     The cluster flags configure spillway's side; where they leave a value unset, the bench
     uses an RMM pool (so CUDA IPC handles stay cached) and no dashboard.

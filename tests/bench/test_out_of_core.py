@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from reference_inputs import uniform_numpy
 from spillway.bench import harness, prepare, report, workloads
 from spillway.bench.sides import SIDES
-from spillway.bench.workloads import out_of_core
 from spillway.cli import main
 from spillway.cluster.gpus import Inventory
 from spillway.cluster.options import Options
@@ -52,7 +51,7 @@ def test_full_size_footprint_is_2_5x_one_gpu_and_1_5x_several(name, gpus, per_gp
     # input and output held together
     assert w.footprint_bytes("full") == 2 * n * n * itemsize
     # at least the factor, and no more than the rounding of the side to 1000 adds
-    assert factor * total <= w.footprint_bytes("full") < factor * total * ((n + 0) / (n - 1000)) ** 2
+    assert factor * total <= w.footprint_bytes("full") < factor * total * (n / (n - 1000)) ** 2
     assert w.sized_from == total and w.sized_for_gpus == gpus
     assert f"(footprint {w.footprint_bytes('full') / total:.2f}x the GPUs' " in w.describe("full")
     if name == "O3":
