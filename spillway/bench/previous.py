@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from .sides import NAMES as SIDES
@@ -55,10 +55,12 @@ def tracked(directory: Path) -> set[Path] | None:
 def _when(data: dict, path: Path) -> datetime:
     for key in ("finished", "started"):
         try:
-            return datetime.fromisoformat(data[key])
+            when = datetime.fromisoformat(data[key])
         except (KeyError, TypeError, ValueError):
             continue
-    return datetime.fromtimestamp(path.stat().st_mtime).astimezone()
+        # the bench writes UTC; a time without its zone is read as UTC, so all compare
+        return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
 
 
 def earlier_results(where: Path, machine: str, *, exclude: tuple[Path, ...] = ()) -> tuple[list, bool]:

@@ -141,3 +141,28 @@ def test_the_report_lists_the_slower_rows_and_the_new_ones(tmp_path):
     section = "\n".join(render.previous_section(now))
     assert "| W3 spillway | 1.500 | 1.000 | +50% | `before.json` |" in section
     assert "New rows: O3 spillway, O3 spillway first run." in section
+
+
+def test_a_previous_file_named_by_hand_must_be_a_bench_result_of_this_machine(tmp_path):
+    from spillway.bench import prepare
+    from spillway.cluster.errors import ParamError
+    from spillway.cluster.gpus import Inventory
+    from spillway.cluster.options import Options
+
+    options = Options.resolve(cpu=True, n_workers=2)
+    here = report_machine()
+    other = _write(tmp_path, "other.json", _results([_row("W1", {"spillway": 1.0})], machine="1x-other"))
+    with pytest.raises(ParamError, match=f"previous: .* holds 1x-other; this run is {here}"):
+        prepare(options, only="W1", sizes="tiny", inventory=Inventory(reason="t"), previous=other)
+    link = tmp_path / "link.json"
+    link.write_text(json.dumps({"machine": {"name": here}, "sweep": []}))
+    with pytest.raises(ParamError, match="is not a spillway bench results file"):
+        prepare(options, only="W1", sizes="tiny", inventory=Inventory(reason="t"), previous=link)
+    mine = _write(tmp_path, "mine.json", _results([_row("W1", {"spillway": 1.0})], machine=here))
+    assert prepare(options, only="W1", sizes="tiny", inventory=Inventory(reason="t"), previous=mine).previous == mine
+
+
+def report_machine() -> str:
+    from spillway.bench import report
+
+    return report.describe_machine(None, "cpu")["name"]
