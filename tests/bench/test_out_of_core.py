@@ -241,7 +241,9 @@ def test_tiny_o3_o4_on_cpu_clusters_three_sides_checked_and_compared_with_before
         assert log.count(f"starting the {side} cluster") == 2
         for w in data["workloads"]:
             assert f"{w['name']} {side:<8} first run " in log
-            assert w[side]["first_s"] == w[side]["warmup_s"] and w[side]["first_bytes_moved"] > 0
+            # the first run measured as the timed ones are (where the inputs landed decides
+            # how much moved: nothing at all is possible)
+            assert w[side]["first_s"] == w[side]["warmup_s"] and w[side]["first_bytes_moved"] >= 0
     last = result.stderr.strip().splitlines()
     assert any(line.startswith("slower: O3 spillway first run: ") for line in last[-3:])
     assert "failed workloads" not in result.output
