@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# B2, B4 and B5 against plain dask-cuda on the GPU host, at full size and spillway's
-# defaults (no memory flags): B4's operands and B5's array at 1.3x the GPUs' memory.
-#   usage: benchmarks/gpu-host/ooc-bench.sh PART      PART: b2, b4, b5 (one device call each)
-#                                                      or b2b4 (B2 then B4 in one command)
+# B2, B4, B5, O3 and O4 against plain dask-cuda on the GPU host, at full size and spillway's
+# defaults (no memory flags): B4's operands and B5's array at 1.3x the GPUs' memory; O3's
+# and O4's footprint at 1.5x the GPUs' memory (2.5x on one GPU), three sides each on a
+# fresh cluster (spillway, tasks_method, baseline).
+#   usage: benchmarks/gpu-host/ooc-bench.sh PART      PART: b2, b4, b5, o3, o4 (one device
+#                                                      call each) or b2b4 (B2 then B4)
+# Each run is compared with the newest committed result of the machine under
+# benchmarks/results (PREVIOUS: another file or directory); slower rows are printed last.
 # Estimates on one H100 80 GB (NOTES.md, "B4, B5 and the out-of-core matrix"): b2 about
 # 5 min, b4 about 5 min, b5 about 6-8 min; b2b4 about 10 min, over one call's limit on
 # one H100 (the script still cuts it at 9.5 min): run b2, b4 and b5 as three calls there.
@@ -22,19 +26,23 @@ case "$part" in
   # B5: the baseline's P2P failure is bounded by the timeout
   b5)   only=B5;    timeout=200 ;;
   b2b4) only=B2,B4; timeout=200 ;;
-  *) echo "ooc-bench.sh: unknown part '$part' (b2, b4, b5 or b2b4)" >&2; exit 2 ;;
+  # O3, O4: a first run and three timed runs on each side's own cluster, then the check
+  o3)   only=O3;    timeout=240 ;;
+  o4)   only=O4;    timeout=240 ;;
+  *) echo "ooc-bench.sh: unknown part '$part' (b2, b4, b5, o3, o4 or b2b4)" >&2; exit 2 ;;
 esac
 # the command's limit: a device call's 600 s less the margin; a queue.sh step, which runs on
 # between calls, may set a longer one (on one H200, 1.3x its memory: LIMIT=900)
 limit=${LIMIT:-570}
 # SIZES and BENCH_FLAGS only for trying the script on CPU workers (SIZES=tiny BENCH_FLAGS=--cpu)
 timeout -k 10 "$limit" python3 -m spillway bench --sizes "${SIZES:-full}" ${BENCH_FLAGS:-} --only "$only" --label "$part" --timeout "$timeout" \
-  --out "$out" >"$out/ooc-$part.txt" 2>&1
+  --out "$out" --previous "${PREVIOUS:-benchmarks/results}" >"$out/ooc-$part.txt" 2>&1
 rc=$?
 [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && echo "ooc-bench.sh: $part cut off after $limit s" | tee -a "$out/ooc-$part.txt"
-grep -E "^(B[0-9] +(spillway|baseline) |ceiling )" "$out/ooc-$part.txt" | tail -25
+grep -E "^([BO][0-9] +(spillway|tasks_method|baseline) +(first run|warm-up|run |result|check|FAILED)|ceiling )" \
+  "$out/ooc-$part.txt" | tail -40
 echo "exit $rc"
-sed -n '/^workload /,$p' "$out/ooc-$part.txt" | grep -vE "^(target |wrote |spillway: )"
+sed -n '/^workload /,$p' "$out/ooc-$part.txt" | grep -vE "^(target |wrote |spillway: |previous result|slower: )"
 python3 - "$out" <<'PY'
 import glob, json, sys
 
@@ -57,7 +65,15 @@ for w in data["workloads"]:
         parts.append(f"speedup {speedup:.2f}x" + (f" (target {goal:g}x)" if goal else ""))
     if w.get("time_over_copy_bound"):
         parts.append(f"copy bound {w['copy_bound_s']:.2f} s ({w['time_over_copy_bound']:.1f}x)")
-    if w["name"] == "B2":
+    if w.get("out_of_core"):  # O3, O4: each side's first run and median against its tiers' bound
+        for side, d in w["out_of_core"]["sides"].items():
+            if d.get("first_s") is None:
+                print(f"{w['name']} {side}: {d.get('error') or d.get('skipped')}")
+                continue
+            bounds = " / ".join("—" if b is None else f"{b:.2f}" for b in (d.get("first_bound_s"), d.get("bound_s")))
+            print(f"{w['name']} {side}: first {d['first_s']:.2f} s, median {d['median_s']:.2f} s, bound {bounds} s")
+        met = completed
+    elif w["name"] == "B2":
         met = fast
     elif w["name"] == "B4":  # faster, or completes where the baseline fails
         met = completed and (fast or bool(base.get("error")))
@@ -65,3 +81,5 @@ for w in data["workloads"]:
         met = completed
     print(f"target {w['name']}: {'met' if met else 'NOT met'}: " + "; ".join(parts))
 PY
+# last: the rows slower than in the previous result of this machine
+grep -E "^(previous result|slower: )" "$out/ooc-$part.txt"

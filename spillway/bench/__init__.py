@@ -2,8 +2,10 @@
 
 :func:`prepare` fixes everything before memory is taken (workloads, sizes, the launch
 plan, whether the inputs fit); :func:`run_bench` measures the ceilings, runs every
-workload on both clusters (spillway's alone without the baseline) and writes the JSON,
-markdown and PNG next to a full log. :mod:`spillway.bench.link` is the link sweep.
+workload on each of its sides' clusters (spillway's alone without the baseline; O3 and O4
+add ``tasks_method`` and a fresh cluster per side, :mod:`.sides`), compares the rows with
+the previous result of the machine (:mod:`.previous`) and writes the JSON, markdown and
+PNG next to a full log. :mod:`spillway.bench.link` is the link sweep.
 """
 
 from .clusters import bench_options

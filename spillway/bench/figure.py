@@ -1,9 +1,12 @@
-"""The benchmark's results in one figure for a notebook: time per workload (spillway and
-the baseline) and worker-to-worker bandwidth against the peer-copy ceiling."""
+"""The benchmark's results in one figure for a notebook: time per workload (spillway, the
+out-of-core rows' ``tasks_method`` side and the baseline, with those rows' first runs and
+tiers' bounds marked) and worker-to-worker bandwidth against the peer-copy ceiling."""
 
 from __future__ import annotations
 
 from spillway.run.figures import load, new_figure
+
+from .render import bars, first_marks
 
 
 def plot(source, *, figsize=None):
@@ -22,8 +25,10 @@ def _bench_figure(results: dict, figsize):
     ws = results["workloads"]
     names = [w["name"] for w in ws]
     x = np.arange(len(ws))
-    for offset, side in ((-0.2, "spillway"), (0.2, "baseline")):
-        ax_t.bar(x + offset, [w.get(f"{side}_s") or 0 for w in ws], width=0.4, label=side)
+    drawn, width = bars(ws)
+    for offset, side in drawn:
+        ax_t.bar(x + offset, [w.get(f"{side}_s") or 0 for w in ws], width=width, label=side)
+    first_marks(ax_t, ws, drawn)
     for i, w in enumerate(ws):
         if w.get("speedup"):
             top = max(w.get("spillway_s") or 0, w.get("baseline_s") or 0)
@@ -32,8 +37,8 @@ def _bench_figure(results: dict, figsize):
     ax_t.set_ylabel("wall time, median (s)")
     ax_t.set_title("time per workload (lower is better)")
     ax_t.legend(fontsize=8)
-    for offset, side in ((-0.2, "spillway"), (0.2, "baseline")):
-        ax_b.bar(x + offset, [(w.get(side) or {}).get("transfer_gbps_median") or 0 for w in ws], width=0.4,
+    for offset, side in drawn:
+        ax_b.bar(x + offset, [(w.get(side) or {}).get("transfer_gbps_median") or 0 for w in ws], width=width,
                  label=side)
     peer = (results.get("ceilings") or {}).get("peer_copy")
     if peer:

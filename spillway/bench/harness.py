@@ -6,6 +6,11 @@ new seed, so new keys). After each run the outputs and inputs are released and t
 harness waits until the workers hold nothing, so one run's memory never slows the next.
 A bench run without the baseline (``--no-baseline``) records each workload's baseline as
 skipped and starts no baseline cluster.
+
+Workloads that share cluster settings share a cluster per side. A workload with
+``fresh_cluster`` (O3, O4) gets a cluster of its own on each of its sides (:mod:`.sides`:
+``tasks_method`` starts a spillway cluster too), and its first run there, in place of the
+warm-up, is recorded as ``first_s``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from spillway.cluster.options import Options
 from . import pauses
 from .clusters import baseline_cluster, spillway_cluster
 from .measure import SideResult, timed_run_recorded, wait_released
+from .sides import SIDES
 from .workloads import Workload
+from .workloads.expressions import rechunk_method
 
 #: seeds of the warm-up and timed runs: run i uses SEED_BASE + i
 SEED_BASE = 1000
@@ -61,6 +68,9 @@ class BenchRun:
     label: str | None = None
     #: record each workload's slowest timed run per worker (``--timeline``)
     timeline: bool = False
+    #: the results file or directory to compare with (:mod:`.previous`); None: where the
+    #: results are written
+    previous: Any = None
 
 
 def check_fits(workloads: list[Workload], scale: str, kind: str, budget_bytes: int) -> None:
@@ -87,16 +97,18 @@ def worker_bytes(bench_run: BenchRun) -> int:
 
 
 def groups(bench_run: BenchRun) -> list[tuple[dict[str, dict], list[Workload]]]:
-    """Workloads that share cluster settings, in order, with each side's options changes
-    (``{"spillway": ..., "baseline": ...}``); B2's device limit and B3's tiers are their own."""
+    """Workloads that share cluster settings, in order, with each of their sides' options
+    changes (``{"spillway": ..., "baseline": ...}``); B2's device limit and B3's tiers are
+    their own, and a ``fresh_cluster`` workload (O3, O4) is always alone."""
     out: list[tuple[dict[str, dict], list[Workload]]] = []
+    alone = False
     for w in bench_run.workloads:
-        changes = {side: w.cluster_changes(bench_run.scale, bench_run.launch.kind, side)
-                   for side in ("spillway", "baseline")}
-        if out and out[-1][0] == changes:
+        changes = {side: w.cluster_changes(bench_run.scale, bench_run.launch.kind, side) for side in w.sides}
+        if out and out[-1][0] == changes and not alone and not w.fresh_cluster:
             out[-1][1].append(w)
         else:
             out.append((changes, [w]))
+        alone = w.fresh_cluster
     return out
 
 
@@ -112,9 +124,9 @@ def run(bench_run: BenchRun, *, log: Callable[[str], None],
     clusters: dict[str, dict] = {}
     with dask.config.set({"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}):
         for changes, members in groups(bench_run):
-            for side in ("spillway", "baseline"):
+            for side in changes:
                 mine = changes[side]
-                if side == "spillway":
+                if SIDES[side].cluster == "spillway":
                     opener = lambda: spillway(  # noqa: E731
                         bench_run.options.replace(**mine) if mine else bench_run.options, bench_run.inventory)
                 else:
@@ -176,33 +188,40 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
     """One warm-up (where the workload has one) and ``runs`` timed runs of ``workload``,
     each on fresh inputs; the last is checked against the workload's reference. With
     ``timeline`` every timed run's timeline is recorded (:func:`timed_run_recorded`) and
-    the slowest one's kept."""
+    the slowest one's kept. A ``fresh_cluster`` workload's warm-up is its first run on
+    the side's own new cluster, recorded as ``first_s`` (:meth:`SideResult.record_first`)."""
     result = SideResult()
     pauses.watch()
     client.run(pauses.watch)
     pauses.line(client)  # from here on
     if not workload.warmup:
         result.notes.append("no warm-up run (its inputs alone take minutes to persist)")
+    if workload.fresh_cluster:
+        result.notes.append("a cluster of its own; its first run (no warm-up before it) is first_s")
     capped = workload.timed_runs(scale, runs)
     if capped < runs:
         runs = capped
         result.notes.append(f"{runs} timed run at {scale} size (one run takes minutes)")
     for i in range(0 if workload.warmup else 1, runs + 1):
         seed = SEED_BASE + i
-        built = workload.build(scale, target, seed, side=label)
+        settings = SIDES[label].build_config(dask.config.config) if workload.user_code and label in SIDES else {}
+        with dask.config.set(settings):
+            built = workload.build(scale, target, seed, side=label)
         result.source = built.source
+        if workload.user_code:
+            result.rechunk_method = rechunk_method(built.result)
         if built.note and built.note not in result.notes:
             result.notes.append(built.note)
         check = workload.reference is not None and i == runs
         measure, recorded = timed_run_recorded(client, built.result, kind=kind, timeout=timeout,
-                                               keep_value=check, record=timeline and i >= 1)
+                                               keep_value=check, check=workload.check, record=timeline and i >= 1)
         # the slowest timed run's: where a stall shows, it is the one to explain
         if recorded is not None and measure.seconds >= max(result.runs_s, default=0.0):
             result.timeline = recorded
         del built
         if not wait_released(client):
             result.notes.append("workers still held data 120 s after a run")
-        what = "warm-up" if i == 0 else f"run {i}/{runs}"
+        what = ("first run" if workload.fresh_cluster else "warm-up") if i == 0 else f"run {i}/{runs}"
         log(f"{workload.name} {label:<8} {what:<9} {measure.seconds:9.3f} s  "
             f"moved {measure.bytes_moved / 1e9:8.2f} GB  spilled {measure.bytes_spilled / 1e9:7.2f} GB  "
             f"(inputs persisted in {measure.persist_s:.2f} s; waited {_seconds(measure.waited_s)}, "
@@ -210,6 +229,8 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
             + (f"; arena pinning {measure.arena_pin_s:.2f} s" if measure.arena_pin_s else "") + ")")
         if i == 0:
             result.warmup_s = measure.seconds
+            if workload.fresh_cluster:
+                result.record_first(measure)
             continue
         result.runs_s.append(measure.seconds)
         result.arena_pin_s.append(measure.arena_pin_s)
@@ -283,24 +304,45 @@ _REFERENCES: dict[tuple, Any] = {}
 
 
 def verify(workload: Workload, scale: str, seed: int, value, *, log, label: str) -> dict:
-    """``value`` (one run's result) against the workload's NumPy float64 reference."""
+    """``value`` (one run's result) against the workload's NumPy float64 reference: a
+    scalar, or where the workload has a ``check``, each of its parts (the largest
+    relative error counts; the JSON keeps each part's norm, not the arrays)."""
     import numpy as np
 
+    from spillway.workflows.backend import to_numpy
     from spillway.workflows.workflow import relative_error
 
-    computed = float(value.get() if hasattr(value, "get") else value)  # a CuPy scalar comes back as 0-d
+    parts = isinstance(value, tuple)
+    if parts:
+        computed = tuple(np.asarray(to_numpy(v)) for v in value)
+        shown = "norms " + ", ".join(f"{np.linalg.norm(c.ravel()):.17g}" for c in computed)
+    else:
+        computed = float(value.get() if hasattr(value, "get") else value)  # a CuPy scalar comes back as 0-d
+        shown = repr(computed)
     # logged before the reference, which takes minutes at full sizes
-    log(f"{workload.name} {label:<8} result    {computed!r} (seed {seed}); computing the NumPy reference")
+    log(f"{workload.name} {label:<8} result    {shown} (seed {seed}); computing the NumPy reference")
     t0 = time.perf_counter()
     key = (workload.name, scale, seed)
-    if key not in _REFERENCES:  # both sides check the same seed: B4's and B5's take a minute at full size
+    if key not in _REFERENCES:  # every side checks the same seed: B4's, B5's, O3's and O4's take a minute at full size
         _REFERENCES[key] = workload.reference(workload.params(scale), seed)
     expected = _REFERENCES[key]
     reference_s = time.perf_counter() - t0
-    err = float(relative_error(np.float64(computed), np.float64(expected)))
+    if parts:
+        errors = [float(relative_error(c, r)) for c, r in zip(computed, expected, strict=True)]
+        err = max(errors)
+        computed_json = [float(np.linalg.norm(c.ravel())) for c in computed]
+        expected_json = [float(np.linalg.norm(np.asarray(r).ravel())) for r in expected]
+        expected_shown = "norms " + ", ".join(f"{v:.17g}" for v in expected_json)
+    else:
+        err = float(relative_error(np.float64(computed), np.float64(expected)))
+        errors, computed_json, expected_json, expected_shown = None, computed, expected, repr(expected)
     ok = bool(err <= workload.tolerance)
-    log(f"{workload.name} {label:<8} check     {'OK' if ok else 'FAILED'}: {computed!r} against "
-        f"{expected!r}, relative error {err:.3e} (reference in {reference_s:.1f} s)")
-    return {"seed": seed, "value": computed, "reference": expected, "rel_error": err,
-            "tolerance": workload.tolerance, "ok": ok, "reference_s": reference_s,
-            "how": "NumPy float64 on the host CPUs, from the seed"}
+    log(f"{workload.name} {label:<8} check     {'OK' if ok else 'FAILED'}: {shown} against "
+        f"{expected_shown}, relative error {err:.3e} (reference in {reference_s:.1f} s)")
+    out = {"seed": seed, "value": computed_json, "reference": expected_json, "rel_error": err,
+           "tolerance": workload.tolerance, "ok": ok, "reference_s": reference_s,
+           "how": "NumPy float64 on the host CPUs, from the seed"}
+    if parts:
+        out["rel_errors"] = errors
+        out["how"] += "; each part of the workload's check (value and reference: their norms)"
+    return out

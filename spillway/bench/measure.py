@@ -174,6 +174,17 @@ class SideResult:
     timeline: dict | None = None
     #: seconds of each timed run that arena pins took (:attr:`RunMeasure.arena_pin_s`)
     arena_pin_s: list[float | None] = field(default_factory=list)
+    #: the first run on a cluster started for this side alone, in place of a warm-up
+    #: (O3, O4): its seconds, and its bytes moved and spilled (:meth:`record_first`)
+    first_s: float | None = None
+    first: dict | None = None
+    #: how the graph's rechunk was built on this side ("collective", "p2p", "tasks")
+    rechunk_method: str | None = None
+
+    def record_first(self, measure: "RunMeasure") -> None:
+        self.first_s = measure.seconds
+        self.first = {"bytes_moved": measure.bytes_moved, "bytes_spilled": measure.bytes_spilled,
+                      "spill": measure.spill, "persist_s": measure.persist_s, "tasks": measure.tasks}
 
     @property
     def median_s(self) -> float | None:
@@ -220,6 +231,12 @@ class SideResult:
             "verify": self.verify,
             "arena_pin_s": self.arena_pin_s,
             "timeline": self.timeline,
+            "rechunk_method": self.rechunk_method,
+            "first_s": self.first_s if self.error is None else None,
+            "first_bytes_moved": (self.first or {}).get("bytes_moved"),
+            "first_bytes_spilled": (self.first or {}).get("bytes_spilled"),
+            "first_spill_moves": summarize_spills([(self.first or {}).get("spill")]),
+            "first_persist_s": (self.first or {}).get("persist_s"),
         }
 
 
@@ -260,7 +277,13 @@ def wait_released(client, timeout: float = 120) -> bool:
     return False
 
 
-def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool = False) -> RunMeasure:
+def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool = False,
+              check=None) -> RunMeasure:
+    """One run of ``collection``: its inputs persisted, then the clock over persisting the
+    rest. With ``keep_value`` the result comes back as :attr:`RunMeasure.value`: the first
+    output chunk gathered (a scalar result), or where ``check`` is given, ``check(result)``
+    (small lazy arrays) computed on the cluster from the persisted result after the clock
+    stopped, for a result too large to gather."""
     from distributed import futures_of, wait
 
     start_persist = client.run(worker_snapshot)
@@ -285,7 +308,11 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
     # the scheduler still knows every task of the timed part (its results are held), and
     # the persisted inputs beside them
     tasks = client.run_on_scheduler(_scheduler_tasks) - len(inputs)
-    value = client.gather(futures[0]) if keep_value else None
+    value = None
+    if keep_value and check is not None:
+        value = tuple(client.gather(client.compute(list(check(persisted)))))
+    elif keep_value:
+        value = client.gather(futures[0])
     del persisted, futures, inputs, op
 
     transfers, moved = [], 0

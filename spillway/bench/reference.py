@@ -33,7 +33,7 @@ import numpy as np
 PANEL_BYTES = 256 * 2**20
 
 #: what a panel can be reduced to
-STATS = ("sum", "sumsq", "colsum", "rowsum", "gram", "xtb")
+STATS = ("sum", "sumsq", "colsum", "colsumsq", "rowsum", "gram", "xtb")
 
 
 def default_processes() -> int:
@@ -54,6 +54,8 @@ def _panel(args) -> dict:
         out["sumsq"] = float(np.square(block).sum())
     if "colsum" in wanted:
         out["colsum"] = block.reshape(block.shape[0], -1).sum(axis=0)
+    if "colsumsq" in wanted:
+        out["colsumsq"] = np.square(block).reshape(block.shape[0], -1).sum(axis=0)
     if "rowsum" in wanted:
         out["rowsum"] = block.reshape(block.shape[0], -1).sum(axis=1)
     if "gram" in wanted:
@@ -67,7 +69,8 @@ def _panel(args) -> dict:
 def panel_stats(shape: tuple[int, ...], seed: int, *, stream: int = 0, dtype: str = "float64",
                 wanted: Iterable[str] = ("sum",), b_stream: int = 1, processes: int | None = None) -> dict:
     """Statistics of the seeded array (``stream``) of ``shape`` in float64, panel by panel:
-    ``sum``, ``sumsq`` (scalars), ``colsum`` (per trailing element), ``rowsum`` (per row),
+    ``sum``, ``sumsq`` (scalars), ``colsum`` and ``colsumsq`` (sums and sums of squares per
+    trailing element), ``rowsum`` (per row),
     ``gram`` (``x.T @ x`` of a 2-D array) and ``xtb`` (``x.T @ b`` with ``b`` the seeded
     vector of ``b_stream`` and ``shape[0]`` elements)."""
     wanted = tuple(wanted)
@@ -90,7 +93,7 @@ def panel_stats(shape: tuple[int, ...], seed: int, *, stream: int = 0, dtype: st
     for name in ("sum", "sumsq"):
         if name in wanted:
             out[name] = math.fsum(p[name] for p in parts)
-    for name in ("colsum", "gram", "xtb"):
+    for name in ("colsum", "colsumsq", "gram", "xtb"):
         if name in wanted:
             out[name] = np.sum([p[name] for p in parts], axis=0)
     if "rowsum" in wanted:
@@ -118,6 +121,29 @@ def matmul_sum(shape: tuple[int, int], seed: int, dtype: str = "float64", *,
     rowsum = panel_stats(tuple(shape)[::-1], seed, stream=1, dtype=dtype, wanted=("rowsum",),
                          processes=processes)["rowsum"]
     return math.fsum(colsum * rowsum)
+
+
+def column_and_row_sums(shape: tuple[int, int], seed: int, dtype: str = "float64", *,
+                        processes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The column sums and row sums of the seeded ``x`` (stream 0) in float64: a rechunk
+    moves values and changes none, so its result has the same; a value put in the wrong
+    row or column changes both."""
+    s = panel_stats(shape, seed, dtype=dtype, wanted=("colsum", "rowsum"), processes=processes)
+    return s["colsum"], s["rowsum"]
+
+
+def fft_axis0_checks(shape: tuple[int, int], seed: int, *, processes: int | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """For ``X = fft(x, axis=0)`` of the seeded complex ``x`` (real part stream 0,
+    imaginary part stream 1, float64 each): ``X[0, :]``, which is the column sums of x,
+    and each column's energy ``sum_k |X[k, j]|^2``, which is ``n * sum_i |x[i, j]|^2``
+    (Parseval). The first checks the phases of one frequency, the second the magnitudes
+    of all, without forming X."""
+    wanted = ("colsum", "colsumsq")
+    real = panel_stats(shape, seed, stream=0, wanted=wanted, processes=processes)
+    imag = panel_stats(shape, seed, stream=1, wanted=wanted, processes=processes)
+    n = shape[0]
+    return real["colsum"] + 1j * imag["colsum"], n * (real["colsumsq"] + imag["colsumsq"])
 
 
 def gram(shape: tuple[int, int], seed: int, dtype: str = "float64", *, stream: int = 0,

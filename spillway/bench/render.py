@@ -8,10 +8,9 @@ from pathlib import Path
 from spillway.cluster.info import topology_lines
 from spillway.cluster.sizes import format_bytes
 
-from . import timeline
+from . import previous, timeline
 from .formatting import columns, fmt_bytes, fmt_percent, fmt_value, gpu_list, stack_line
-
-SIDES = ("spillway", "baseline")
+from .sides import NAMES as SIDES
 
 #: the ceiling each move between device and host is read against (the 70% target's)
 SPILL_CEILINGS = {"device_to_host": "d2h_pinned", "host_to_device": "h2d_pinned"}
@@ -73,11 +72,13 @@ def markdown(results: dict) -> str:
             f"| {fmt_value(w['baseline_transfer_gbps_median'], '{:.1f}')} | {fmt_bytes(w['bytes_moved'])} "
             f"| {fmt_bytes(w['bytes_spilled'])} / {fmt_bytes(w['baseline_bytes_spilled'])} |"
         )
+    lines += out_of_core_section(results["workloads"])
     lines += _spill_section(results["workloads"])
     lines += _bound_section(results["workloads"])
     lines += bounds_section(results)
     lines += _tiers_section(results["workloads"])
     lines += timeline.markdown_section(results)
+    lines += previous_section(results)
     if results.get("targets"):
         lines += ["", "## Targets", "", "| workload | target | value | met |", "| --- | --- | ---: | --- |"]
         for t in results["targets"]:
@@ -98,6 +99,98 @@ def markdown(results: dict) -> str:
     if notes:
         lines += ["", "## Notes", ""] + notes
     return "\n".join(lines) + "\n"
+
+
+def out_of_core_rows(workloads: list[dict]) -> list[tuple[str, ...]]:
+    """Per out-of-core row and side: first run, median, the tiers' bound of each, time
+    over bound, and spillway over ``tasks_method`` (on spillway's line)."""
+    rows = []
+    for w in workloads:
+        ooc = w.get("out_of_core")
+        if not ooc:
+            continue
+        for side, d in ooc["sides"].items():
+            if d.get("skipped"):
+                time = ("skipped", "—")
+            elif d.get("error"):
+                time = ("failed" + (" (expected)" if d.get("expected_failure") else ""), "—")
+            else:
+                time = (fmt_value(d.get("first_s")), fmt_value(d.get("median_s")))
+            versus = "—"
+            if side == "spillway":
+                versus = (f"{fmt_value(ooc.get('first_spillway_over_tasks_method'), '{:.2f}x')} / "
+                          f"{fmt_value(ooc.get('spillway_over_tasks_method'), '{:.2f}x')}")
+            detail = w.get(side) or {}
+            bound = (f"{_tiers_bound_text(d.get('first_bound_s'), detail.get('first_tiers_bound'))} / "
+                     f"{_tiers_bound_text(d.get('bound_s'), detail.get('tiers_bound'))}")
+            rows.append((w["name"], side, d.get("rechunk_method") or "—", *time, bound,
+                         fmt_value(d.get("first_over_bound"), "{:.1f}x"),
+                         fmt_value(d.get("time_over_bound"), "{:.1f}x"),
+                         versus))
+    return rows
+
+
+def _tiers_bound_text(bound_s, tiers: dict | None) -> str:
+    """Seconds, or which ceiling is missing for a move that happened (``no peer_copy``)."""
+    if bound_s is None and tiers and tiers.get("missing"):
+        return "no " + ", ".join(tiers["missing"])
+    return fmt_value(bound_s)
+
+
+OUT_OF_CORE_HEAD = ("workload", "side", "rechunk", "first run s", "median s", "bound s (first / median)",
+                    "first / bound", "median / bound", "spillway / tasks_method (first / median)")
+
+
+def out_of_core_section(workloads: list[dict]) -> list[str]:
+    rows = out_of_core_rows(workloads)
+    if not rows:
+        return []
+    described = [f"- {w['name']}: footprint {fmt_bytes(w['out_of_core']['footprint_bytes'])}"
+                 + (f", {w['out_of_core']['footprint_over_gpus']:.2f}x the GPUs' memory"
+                    if w["out_of_core"].get("footprint_over_gpus") else "")
+                 for w in workloads if w.get("out_of_core")]
+    return ["", "## Out of core, fresh clusters", "",
+            "Each side on a cluster started for it alone: the first run (no warm-up before it) is what a user "
+            "meets, then the median of the timed runs. `spillway`: spillway's defaults (user code as "
+            "`spillway.local()` runs it); `tasks_method`: the same cluster, the graph built under "
+            "`array.rechunk.method: tasks`; `baseline`: plain dask-cuda, the same code (its failure is its result). "
+            "The bound is the tiers' (`spillway/bench/tiersbound.py`): bytes spilled and restored over the pinned "
+            "copies, bytes between workers over the peer copy, each divided by the GPUs, plus disk writes and "
+            "reads over the disk's rates, at the ceilings of this run. The rechunk column is how dask built it "
+            "(collective: spillway's, routed from P2P).", "", *described, "",
+            "| " + " | ".join(OUT_OF_CORE_HEAD) + " |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def previous_section(results: dict) -> list[str]:
+    """The rows slower than in the previous result of this machine, and the new ones."""
+    prev = results.get("previous")
+    if prev is None:
+        return []
+    out = ["", "## Against the previous result", ""]
+    if not prev.get("file"):
+        return out + [f"No earlier result of this machine in `{prev.get('searched')}`"
+                      + (" (files git tracks)" if prev.get("committed_only") else "") + ": every row is new."]
+    out.append(f"Previous: `{prev['file']}` (started {prev.get('started')}"
+               + (f", label `{prev['label']}`" if prev.get("label") else "") + "); each row against the newest "
+               f"earlier file holding it at these sizes ({prev.get('rows_compared', 0)} rows compared"
+               + (", files git tracks" if prev.get("committed_only") else "") + f"). Listed: more than "
+               f"{100 * prev.get('threshold', previous.THRESHOLD):.0f}% slower, or failed where it had a time.")
+    slower = results.get("slower") or []
+    if slower:
+        out += ["", "| row | now s | before s | change | compared with |", "| --- | ---: | ---: | ---: | --- |"]
+        for r in slower:
+            now = "failed" if r["seconds"] is None else fmt_value(r["seconds"])
+            change = "—" if r["ratio"] is None else f"{100 * (r['ratio'] - 1):+.0f}%"
+            out.append(f"| {previous.describe(r)} | {now} | {fmt_value(r['previous_s'])} | {change} "
+                       f"| `{Path(r['file']).name}` |")
+    else:
+        out += ["", "No row is slower."]
+    new = results.get("new") or []
+    if new:
+        out += ["", "New rows: " + ", ".join(previous.describe(r) for r in new) + "."]
+    return out
 
 
 def _target_value(t: dict) -> str:
@@ -250,7 +343,11 @@ def short_table(results: dict) -> str:
             _bound_text(w.get("bound")),
             fmt_value((w.get("bound") or {}).get("ratio") or w.get("time_over_copy_bound"), "{:.1f}x"),
         ))
-    return columns(rows)
+    table = columns(rows)
+    ooc = out_of_core_rows(results["workloads"])
+    if ooc:
+        table += "\n\nout of core, a fresh cluster per side:\n" + columns([OUT_OF_CORE_HEAD, *ooc], left=(0, 1, 2))
+    return table
 
 
 def _bound_text(bound: dict | None) -> str:
@@ -273,16 +370,16 @@ def plot(results: dict, path: Path) -> None:
     names = [w["name"] for w in ws]
     x = np.arange(len(ws))
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    # a run without the baseline (--no-baseline) draws no empty baseline bars
-    drawn = [(offset, side) for offset, side in ((-0.2, "spillway"), (0.2, "baseline"))
-             if side == "spillway" or any(w["baseline_s"] for w in ws)]
+    drawn, width = bars(ws)
     for offset, side in drawn:
-        values = [w[f"{side}_s"] or 0 for w in ws]
-        ax_t.bar(x + offset, values, width=0.4, label=side)
-    bounded = [(i, w["copy_bound_s"]) for i, w in enumerate(ws) if w.get("copy_bound_s")]
+        values = [w.get(f"{side}_s") or 0 for w in ws]
+        ax_t.bar(x + offset, values, width=width, label=side)
+    sp_offset = drawn[0][0]
+    bounded = [(i, w["copy_bound_s"]) for i, w in enumerate(ws) if w.get("copy_bound_s") and not w.get("out_of_core")]
     if bounded:
-        ax_t.scatter([i - 0.2 for i, _ in bounded], [b for _, b in bounded], marker="_", s=250, color="black",
+        ax_t.scatter([i + sp_offset for i, _ in bounded], [b for _, b in bounded], marker="_", s=250, color="black",
                      zorder=3, label="spillway's copy bound")
+    first_marks(ax_t, ws, drawn)
     for i, w in enumerate(ws):
         if w["speedup"]:
             top = max(w["spillway_s"] or 0, w["baseline_s"] or 0)
@@ -298,7 +395,7 @@ def plot(results: dict, path: Path) -> None:
         med = np.array([(w.get(side) or {}).get("transfer_gbps_median") or 0 for w in ws])
         lo = np.array([(w.get(side) or {}).get("transfer_gbps_p25") or 0 for w in ws])
         hi = np.array([(w.get(side) or {}).get("transfer_gbps_p75") or 0 for w in ws])
-        ax_b.bar(x + offset, med, width=0.4, label=side,
+        ax_b.bar(x + offset, med, width=width, label=side,
                  yerr=np.vstack([np.maximum(med - lo, 0), np.maximum(hi - med, 0)]), capsize=3)
     peer = results["ceilings"].get("peer_copy")
     if peer:
@@ -312,3 +409,35 @@ def plot(results: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def bars(ws: list[dict]) -> tuple[list[tuple[float, str]], float]:
+    """``([(offset, side), ...], width)`` of the bars per workload: spillway, then
+    ``tasks_method`` where an out-of-core row ran it, then the baseline where it ran (a run
+    with --no-baseline draws no empty baseline bars)."""
+    sides = ["spillway"]
+    if any(w.get("tasks_method_s") or (w.get("out_of_core") or {}).get("sides", {}).get("tasks_method") for w in ws):
+        sides.append("tasks_method")
+    if any(w.get("baseline_s") for w in ws):
+        sides.append("baseline")
+    width = 0.8 / len(sides)
+    return [((i - (len(sides) - 1) / 2) * width, side) for i, side in enumerate(sides)], width
+
+
+def first_marks(ax, ws: list[dict], drawn) -> None:
+    """On the out-of-core rows: each side's first run on its fresh cluster (a ring) and the
+    tiers' bound of its median run (a bar)."""
+    firsts, limits = [], []
+    for i, w in enumerate(ws):
+        sides = (w.get("out_of_core") or {}).get("sides") or {}
+        for offset, side in drawn:
+            d = sides.get(side) or {}
+            if d.get("first_s"):
+                firsts.append((i + offset, d["first_s"]))
+            if d.get("bound_s"):
+                limits.append((i + offset, d["bound_s"]))
+    if firsts:
+        ax.scatter(*zip(*firsts), marker="o", facecolors="none", edgecolors="black", zorder=3,
+                   label="first run, fresh cluster")
+    if limits:
+        ax.scatter(*zip(*limits), marker="_", s=150, color="dimgray", zorder=3, label="tiers' bound (median run)")

@@ -10,6 +10,13 @@ tiers: bytes, seconds, GB/s per worker and, for device <-> host, the ratio to th
 copy ceiling of the same run), ``restore_wait_s``, ``copy_bound`` (bytes each way over the
 pinned and disk rates of the same run, :mod:`.copybound`) with ``copy_bound_s`` and
 ``time_over_copy_bound``, and each side's details.
+
+The out-of-core rows (O3, O4) add ``tasks_method_s`` and ``out_of_core``: per side its
+first run on a fresh cluster (``first_s``), the median, the tiers' bound of each
+(:mod:`.tiersbound`) and time over bound, and spillway over ``tasks_method``; each side's
+details carry the same bound fields. Every result names the previous result of its
+machine and the rows slower than there (``previous``, ``slower``, ``new``:
+:mod:`.previous`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 from spillway.cluster.errors import ParamError
 from . import timeline
 from .render import SIDES, SPILL_CEILINGS, markdown, plot, short_table, spills, target_lines  # noqa: F401
+from .previous import lines as previous_lines  # noqa: F401
 
 
 def describe_machine(inventory, kind: str) -> dict:
@@ -141,8 +149,9 @@ def workload_bound(workload, scale: str, side: dict, spill_bound_s, ceilings, n_
                         n_workers, side.get("median_s"))
 
 
-def workload_entry(workload, scale: str, sides: dict, ceilings, n_workers: int = 1) -> dict:
-    """The JSON object of one workload."""
+def workload_entry(workload, scale: str, sides: dict, ceilings, n_workers: int = 1, links: int | None = None) -> dict:
+    """The JSON object of one workload; ``links``: the GPUs whose host links and links in
+    the workers share (the workers where None)."""
     detail = {side: sides[side].to_json() for side in SIDES if side in sides}
     sp, base = detail.get("spillway", {}), detail.get("baseline", {})
     peer = ceilings.peer_copy
@@ -190,8 +199,42 @@ def workload_entry(workload, scale: str, sides: dict, ceilings, n_workers: int =
     entry["time_over_copy_bound"] = (entry["copy_bound"] or {}).get("ratio")
     entry["baseline_copy_bound"] = bound_of(base, ceilings, n_workers) if base and not base.get("skipped") else None
     entry["bound"] = workload_bound(workload, scale, sp, entry["copy_bound_s"], ceilings, n_workers)
+    if getattr(workload, "fresh_cluster", False):
+        entry.update(out_of_core_entry(workload, scale, detail, ceilings, links or n_workers))
     entry.update(detail)
     return entry
+
+
+def out_of_core_entry(workload, scale: str, detail: dict, ceilings, links: int) -> dict:
+    """An out-of-core row's own fields (O3, O4): each side's details get their tiers'
+    bounds (:func:`.tiersbound.side_bounds`), and ``out_of_core`` sums them up per side
+    with spillway over ``tasks_method``, first runs and medians."""
+    from . import tiersbound
+
+    per_side = {}
+    for side in workload.sides:
+        d = detail.get(side)
+        if d is None:
+            continue
+        d.update(tiersbound.side_bounds(d, ceilings.gbps, links))
+        per_side[side] = {k: d.get(k) for k in ("first_s", "median_s", "bound_s", "first_bound_s", "time_over_bound",
+                                                "first_over_bound", "rechunk_method", "error", "expected_failure",
+                                                "skipped")}
+    sp, tm = per_side.get("spillway", {}), per_side.get("tasks_method", {})
+    footprint = workload.footprint_bytes(scale)
+    sized = getattr(workload, "sized_from", None) if scale == "full" else None
+    return {
+        "tasks_method_s": tm.get("median_s"),
+        "out_of_core": {
+            "footprint_bytes": footprint,
+            "footprint_over_gpus": footprint / sized if sized else None,
+            "gpus": getattr(workload, "sized_for_gpus", None) if sized else None,
+            "links": links,
+            "sides": per_side,
+            "spillway_over_tasks_method": _ratio(sp.get("median_s"), tm.get("median_s")),
+            "first_spillway_over_tasks_method": _ratio(sp.get("first_s"), tm.get("first_s")),
+        },
+    }
 
 
 #: the issue's targets: transfers of 256 MiB or more at this share of the peer copy, and
@@ -243,8 +286,15 @@ def targets(workloads: list[dict], kind: str) -> list[dict]:
     return out
 
 
+def links_of(launch) -> int:
+    """The GPUs of a run (each with its host link and link in), or its workers on CPU."""
+    gpus = len(getattr(launch, "gpus", ()) or ()) if launch.kind == "gpu" else 0
+    return gpus or max(1, launch.n_workers)
+
+
 def build_results(*, machine, ceilings, bench_run, outcome, started, finished) -> dict:
-    entries = [workload_entry(w, bench_run.scale, outcome["results"][w.name], ceilings, bench_run.launch.n_workers)
+    entries = [workload_entry(w, bench_run.scale, outcome["results"][w.name], ceilings, bench_run.launch.n_workers,
+                              links=links_of(bench_run.launch))
                for w in bench_run.workloads]
     return {
         "machine": machine,

@@ -1,6 +1,7 @@
 """The bench's one entry: :func:`prepare` fixes everything before memory is taken
 (workloads, sizes, the launch plan, whether the inputs fit); :func:`run_bench` measures the
-ceilings, runs every workload on both clusters and writes the results."""
+ceilings, runs every workload on its sides' clusters, compares the results with the
+previous result of the machine (:mod:`.previous`) and writes them."""
 
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from spillway.cluster.launch import HostProbe
 from spillway.cluster.launch import plan as launch_plan
 from spillway.cluster.launch import plan_when_free
 from spillway.cluster.options import Options
-from . import ceilings, report
+from . import ceilings, previous, report
 from .clusters import bench_options
 from .harness import BenchRun, check_fits, run
 from .workloads import SCALES, WORKLOADS, select
@@ -27,29 +28,53 @@ INPUT_SHARE = {"cpu": 0.4, "gpu": 1.5}
 
 def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", runs: int = 3,
             timeout: float = 900, inventory: Inventory | None = None,
-            merge_into: str | Path | None = None, baseline: bool = True, label: str | None = None) -> BenchRun:
+            merge_into: str | Path | None = None, baseline: bool = True, label: str | None = None,
+            previous: str | Path | None = None) -> BenchRun:
     """Check the request and fix the run; raises one-line errors before anything starts.
 
     ``options`` are the user's; the bench's own settings for speed are added here where
     the user left a value unset (:func:`~spillway.bench.clusters.bench_options`).
     ``baseline=False`` measures spillway's side alone; ``label`` names the run in its
-    results and file names.
+    results and file names; ``previous``: the results file, or directory, the run is
+    compared with (:mod:`.previous`; the output directory where None).
     """
     label, inventory, launch, options, scale = checked_launch(
         options, sizes=sizes, runs=runs, label=label, inventory=inventory,
         no_attach="bench starts its own clusters")
     gpu_workers = launch.n_workers if launch.kind == "gpu" else 0
-    # B4 and B5 are sized at full size from the memory of the run's GPUs (none on CPU workers)
-    workloads = [w.for_machine(sum(launch.device_memory) or None, gpu_workers) for w in select(only)]
+    # B4, B5, O3 and O4 are sized at full size from the memory of the run's GPUs and how
+    # many there are (none on CPU workers)
+    gpus = len(launch.gpus) if launch.kind == "gpu" else 0
+    workloads = [w.for_machine(sum(launch.device_memory) or None, gpu_workers, gpus) for w in select(only)]
     check_fits(workloads, scale, launch.kind, budget(launch))
+    machine = report.describe_machine(inventory, launch.kind)["name"]
     earlier = None
     if merge_into is not None:
-        earlier = _earlier(Path(merge_into), report.describe_machine(inventory, launch.kind)["name"],
-                           scale, runs)
+        earlier = _earlier(Path(merge_into), machine, scale, runs)
+    if previous is not None:
+        _check_previous(Path(previous), machine)
     return BenchRun(options=options, launch=launch, inventory=inventory, workloads=workloads,
                 scale=scale, runs=runs, timeout=timeout, merge_into=earlier,
                 merge_path=Path(merge_into) if merge_into is not None else None,
-                baseline=baseline, label=label)
+                baseline=baseline, label=label, previous=Path(previous) if previous is not None else None)
+
+
+def _check_previous(path: Path, machine: str) -> None:
+    """A ``previous`` named by hand: a directory, or a bench results file of this machine."""
+    import json
+
+    from .previous import is_bench_result
+
+    if path.is_dir():
+        return
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ParamError(f"previous: {str(path)!r} is neither a directory nor a results file ({e})") from None
+    if not is_bench_result(data):
+        raise ParamError(f"previous: {str(path)!r} is not a spillway bench results file")
+    if data["machine"]["name"] != machine:
+        raise ParamError(f"previous: {str(path)!r} holds {data['machine']['name']}; this run is {machine}")
 
 
 def checked_launch(options: Options, *, sizes: str, runs: int, label: str | None,
@@ -91,6 +116,13 @@ def _earlier(path: Path, machine: str, scale: str, runs: int) -> dict:
             f"this run is {machine} at {scale} sizes with {runs} runs"
         )
     return data
+
+
+def against_previous(results: dict, where: Path, *, exclude: tuple[Path, ...] = ()) -> dict:
+    """``previous``, ``slower`` and ``new`` of ``results`` against the earlier results of
+    its machine in ``where`` (:mod:`.previous`)."""
+    earlier, committed = previous.earlier_results(where, results["machine"]["name"], exclude=exclude)
+    return previous.compare(results, earlier, committed_only=committed, where=where)
 
 
 def budget(launch) -> int:
@@ -154,9 +186,14 @@ def run_bench(bench_run: BenchRun, out_dir: Path, *, stream=sys.stderr,
         if bench_run.merge_into is not None:
             results = report.merge(bench_run.merge_into, results, kind=bench_run.launch.kind,
                                    order=list(WORKLOADS))
-            paths = report.write(results, bench_run.merge_path.parent, bench_run.merge_path.stem)
+            target = (bench_run.merge_path.parent, bench_run.merge_path.stem)
         else:
-            paths = report.write(results, out_dir, name)
+            target = (out_dir, name)
+        results.update(against_previous(results, bench_run.previous or target[0],
+                                        exclude=(target[0] / f"{target[1]}.json",)))
+        for line in previous.lines(results):
+            progress.info(line)  # the log file's; the command prints them last
+        paths = report.write(results, *target)
         paths["log"] = log_path
         for kind, path in paths.items():
             log(f"wrote {path}")

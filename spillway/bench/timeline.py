@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .formatting import fmt_value
+from .sides import NAMES as SIDES
 
 #: classes of activity, highest first: an instant counts for the first one active
 CLASSES = ("compute", "transfer", "other")
@@ -231,7 +232,7 @@ def captured(results: dict) -> list[tuple[str, str, dict]]:
     if not isinstance(workloads, list):  # the scaling report holds rows per workload
         return []
     return [(w["name"], side, (w.get(side) or {})["timeline"]) for w in workloads
-            for side in ("spillway", "baseline") if (w.get(side) or {}).get("timeline")]
+            for side in SIDES if (w.get(side) or {}).get("timeline")]
 
 
 def write_files(results: dict, out_dir: Path, name: str) -> dict[str, Path]:

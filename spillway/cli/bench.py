@@ -15,14 +15,17 @@ from .options import cluster_options, resolve
 
 @click.command(context_settings=CONTEXT)
 @click.option("--only", default=None, metavar="W1,B2",
-              help="Comma-separated workloads to run (W1 ... W5, B1 ... B5); default all but B3, B4 and B5 "
-                   "(out of core and checked against NumPy, minutes at full size: name them to run them).")
+              help="Comma-separated workloads to run (W1 ... W5, O3, O4, B1 ... B5); default all but B3, B4 and B5 "
+                   "(out of core and checked against NumPy, minutes at full size: name them to run them). "
+                   "O3 and O4 (a user's rechunk and FFT past the GPUs' memory) run each side on a fresh cluster: "
+                   "spillway, spillway with dask's task-based rechunk, and the baseline.")
 @click.option("--sizes", type=click.Choice(["auto", "tiny", "small", "full"]), default="auto",
               show_default=True,
               help="full: the issue's sizes; small: minutes on two GPUs; tiny: the CPU smoke run. "
                    "auto is small on GPUs, tiny on CPU workers.")
 @click.option("--runs", type=click.IntRange(min=3), default=3, show_default=True,
-              help="Timed runs per workload and side, after one warm-up; the median is reported.")
+              help="Timed runs per workload and side, after one warm-up (O3, O4: after the first run on "
+                   "the side's fresh cluster, reported as first_s); the median is reported.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="benchmarks/results",
               show_default=True, help="Directory for <machine>-<date>[-<label>].{json,md,png,log}.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
@@ -31,6 +34,10 @@ from .options import cluster_options, resolve
 @click.option("--merge-into", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="Add these workloads to an earlier results JSON of this machine (same sizes and "
                    "runs), rewriting its JSON, markdown and plot; its ceilings are used.")
+@click.option("--previous", type=click.Path(exists=True), default=None, metavar="PATH",
+              help="Results file, or directory of them, to compare this run with: the newest results of this "
+                   "machine there (files git tracks, in a git work tree) and every row more than 10% slower "
+                   "are recorded and printed last. Default: the --out directory.")
 @click.option("--no-baseline", is_flag=True,
               help="Run spillway's side only (the results record the baseline as skipped), to compare "
                    "one transfer-path step with the previous step's results file.")
@@ -67,18 +74,21 @@ from .options import cluster_options, resolve
                    "slice ends inside a device call's limit.")
 @cluster_options
 @fail_cleanly
-def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_baseline, label, timeline,
+def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, previous, no_baseline, label, timeline,
           link_sweep, sweep_sizes, zarr_io, matrix_slice, matrix_merge, budget, options_flags):
     """Run each workload on spillway's cluster and on plain LocalCUDACluster(protocol="ucx")
     (plain LocalCluster on CPU), and report times, speedups, transfer bandwidth against the
-    hardware ceilings, bytes moved and spilled.
+    hardware ceilings, bytes moved and spilled. O3 and O4 also run on spillway's cluster with
+    dask's task-based rechunk, each side on a fresh cluster whose first run is reported.
+    Rows more than 10% slower than in the previous result of this machine are printed last.
 
     The cluster flags configure spillway's side; where they leave a value unset, the bench
     uses an RMM pool (so CUDA IPC handles stay cached) and no dashboard.
 
     \b
     Examples:
-      spillway bench                                  # all workloads, small sizes on GPUs
+      spillway bench                                  # W1-W5, O3, O4, B1, B2; small sizes on GPUs
+      spillway bench --sizes full --only O3,O4        # a user's rechunk and FFT past the GPUs' memory
       spillway bench --sizes full --out benchmarks/results
       spillway bench --only W1,B2 --runs 5
       spillway bench --sizes full --only B3           # 423 GB over device, host and disk
@@ -94,31 +104,34 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, no_basel
     if matrix_slice is not None or matrix_merge is not None:
         return _matrix(options_flags, out_dir, matrix_slice, matrix_merge, budget, timeout,
                        only=only, merge_into=merge_into, no_baseline=no_baseline, timeline=timeline,
-                       link_sweep=link_sweep, zarr=zarr_io, label=label)
+                       link_sweep=link_sweep, zarr=zarr_io, label=label, previous=previous)
     if budget is not None:
         raise ParamError("budget: only used with --matrix")
     if zarr_io:
         return _zarr_bench(resolve(options_flags), out_dir, sizes, runs, timeout, label, no_ceilings,
                            only=only, merge_into=merge_into, no_baseline=no_baseline, timeline=timeline,
-                           link_sweep=link_sweep, sweep_sizes=sweep_sizes)
+                           link_sweep=link_sweep, sweep_sizes=sweep_sizes, previous=previous)
     if link_sweep:
         return _link_sweep(resolve(options_flags), out_dir, sweep_sizes, label, only=only, merge_into=merge_into,
-                           no_baseline=no_baseline, no_ceilings=no_ceilings, timeline=timeline)
+                           no_baseline=no_baseline, no_ceilings=no_ceilings, timeline=timeline, previous=previous)
     if sweep_sizes is not None:
         raise ParamError(f"sweep-sizes: {sweep_sizes!r} is only used with --link-sweep")
 
     from spillway.bench import prepare, run_bench
     from spillway.bench.ceilings import not_measured
-    from spillway.bench.report import failed_workloads, short_table, target_lines
+    from spillway.bench.report import failed_workloads, previous_lines, short_table, target_lines
 
     bench_run = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout,
-                        merge_into=merge_into, baseline=not no_baseline, label=label)
+                        merge_into=merge_into, baseline=not no_baseline, label=label, previous=previous)
     bench_run.timeline = timeline
     extra = {"measure_ceilings": not_measured} if no_ceilings else {}
     results, _ = run_bench(bench_run, Path(out_dir), stream=sys.stderr, **extra)
     for line in target_lines(results):
         click.echo(line, err=True)
     click.echo(short_table(results))
+    # last, so a row slower than before is the last thing the run says
+    for line in previous_lines(results):
+        click.echo(line, err=True)
     # a baseline's known failure (B5's) is its result, not a failed bench
     failed = failed_workloads(results)
     if failed:

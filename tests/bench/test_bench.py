@@ -20,6 +20,9 @@ from spillway.workflows import random
 from spillway.workflows.params import Target
 
 NAMES = ["W1", "W2", "W3", "W4", "W5", "B1", "B2"]
+#: a plain ``spillway bench``: the in-memory rows, the out-of-core rows O3 and O4
+#: (tests/bench/test_out_of_core.py), then B1 and B2
+DEFAULT = ["W1", "W2", "W3", "W4", "W5", "O3", "O4", "B1", "B2"]
 
 
 def rel_error(computed, reference) -> float:
@@ -78,7 +81,7 @@ def test_registered_workflow_is_used_and_marked():
 
 def test_select_and_sizes():
     assert [w.name for w in workloads.select("b2, w1")] == ["W1", "B2"]
-    assert [w.name for w in workloads.select(None)] == NAMES
+    assert [w.name for w in workloads.select(None)] == DEFAULT
     full = workloads.WORKLOADS
     assert full["W1"].params("full")["shape"] == (40000, 40000)
     assert full["W1"].params("full")["chunks"] == (10000, 10000)
@@ -96,7 +99,7 @@ def test_select_and_sizes():
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--only", "W9"], "only: 'W9' is not a workload (known: W1, W2, W3, W4, W5, B1, B2, B3, B4, B5)"),
+    (["--only", "W9"], "only: 'W9' is not a workload (known: W1, W2, W3, W4, W5, O3, O4, B1, B2, B3, B4, B5)"),
     (["--runs", "2"], "2 is not in the range x>=3"),
     (["--only", "B1", "--sizes", "full"], "sizes: B1 at full needs 190.73 GiB of input, more than"),
     (["--scheduler-address", "tcp://127.0.0.1:1"], "bench starts its own clusters"),
@@ -238,7 +241,7 @@ SCHEMA = {
                              "peer_copy_gbps", "transfer_ratio_to_peer_copy", "bytes_moved",
                              "bytes_spilled", "spillway", "baseline"],
                 "properties": {
-                    "name": {"enum": NAMES},
+                    "name": {"enum": DEFAULT},
                     "spillway_s": {"type": "number", "exclusiveMinimum": 0},
                     "baseline_s": {"type": "number", "exclusiveMinimum": 0},
                     "speedup": {"type": "number", "exclusiveMinimum": 0},
@@ -267,7 +270,7 @@ def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
     (stem,) = stems
     data = json.loads((tmp_path / f"{stem}.json").read_text())
     jsonschema.validate(data, SCHEMA)
-    assert [w["name"] for w in data["workloads"]] == NAMES
+    assert [w["name"] for w in data["workloads"]] == DEFAULT
     assert data["sizes"] == "tiny" and data["runs"] == 3
     assert data["ceilings"]["host_copy"] > 0
     assert "peer_copy" in data["ceilings_skipped"]
@@ -276,14 +279,20 @@ def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
     assert data["clusters"]["spillway"]["transport"] == data["clusters"]["baseline"]["transport"] == "tcp"
     for w in data["workloads"]:
         assert w["speedup"] == pytest.approx(w["baseline_s"] / w["spillway_s"])
-        for side in ("spillway", "baseline"):
+        out_of_core = w["name"] in ("O3", "O4")
+        for side in ("spillway", "tasks_method", "baseline") if out_of_core else ("spillway", "baseline"):
             assert len(w[side]["runs_s"]) == 3 and w[side]["warmup_s"] > 0
             assert w[side]["median_s"] == pytest.approx(sorted(w[side]["runs_s"])[1])
             assert w[side]["error"] is None
+            # the out-of-core rows' warm-up is the first run on the side's own cluster
+            assert w[side]["first_s"] == (w[side]["warmup_s"] if out_of_core else None)
         assert w["peer_copy_gbps"] is None and w["transfer_ratio_to_peer_copy"] is None
         # CPU workers have no tiered store: spills are counted, not timed
         assert w["spill_throughput"] is None and w["baseline_spill_throughput"].startswith("not measured")
-        assert w["persist_s"] > 0 and w["verify"] is None
+        # the out-of-core rows check their result against NumPy
+        assert w["persist_s"] > 0 and (w["verify"]["ok"] if out_of_core else w["verify"] is None)
+    # the run names its previous result: none in an empty directory
+    assert data["previous"]["file"] is None and data["slower"] == [] and len(data["new"]) > len(DEFAULT)
     w1 = data["workloads"][0]
     # half of x crosses between the two workers for x.T
     assert w1["bytes_moved"] > 0 and w1["baseline_bytes_moved"] > 0
@@ -293,9 +302,10 @@ def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
     md = (tmp_path / f"{stem}.md").read_text()
     assert "| workload | spillway s | baseline s | speedup |" in md
     assert "- spillway: 2 cpu workers over tcp;" in md
-    for name in NAMES:
+    for name in DEFAULT:
         assert f"| {name}: " in md
     assert "| peer_copy | skipped: CPU workers" in md
+    assert "## Out of core, fresh clusters" in md and "## Against the previous result" in md
 
     png = tmp_path / f"{stem}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -305,9 +315,12 @@ def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
     log = (tmp_path / f"{stem}.log").read_text()
     assert "W1 spillway run 3/3" in log and "B2 baseline run 3/3" in log
 
-    table = result.stdout.strip().splitlines()[-8:]
-    assert table[0].split()[:4] == ["workload", "spillway", "s", "baseline"]
-    assert [row.split()[0] for row in table[1:]] == NAMES
+    out = result.stdout.strip().splitlines()
+    start = next(i for i, row in enumerate(out) if row.split()[:4] == ["workload", "spillway", "s", "baseline"])
+    assert [row.split()[0] for row in out[start + 1:start + 1 + len(DEFAULT)]] == DEFAULT
+    assert out[start + len(DEFAULT) + 2] == "out of core, a fresh cluster per side:"
+    assert [row.split()[:2] for row in out[-6:]] == [[n, s] for n in ("O3", "O4")
+                                                     for s in ("spillway", "tasks_method", "baseline")]
 
 
 # --- on the GPU host
@@ -935,7 +948,7 @@ def test_b4_and_b5_sizes_and_targets():
     assert b4.speedup_target == 1.5 and workloads.WORKLOADS["B2"].speedup_target == 5.0
     assert b5.baseline_expected_failure and "out of device memory" in b4.baseline_expected_failure
     assert b4.timed_runs("full", 3) == b5.timed_runs("full", 3) == 1 and b4.timed_runs("small", 3) == 3
-    assert [w.name for w in workloads.select(None)] == NAMES  # named with --only, like B3
+    assert [w.name for w in workloads.select(None)] == DEFAULT  # named with --only, like B3
     # small and tiny stay fixed for tests and CI
     assert b4.for_machine(85 * 10**9).params("tiny") == b4.params("tiny")
     assert b5.for_machine(85 * 10**9).params("small") == b5.params("small")

@@ -1,4 +1,4 @@
-"""The benchmark workloads W1 ... W5 and B1 ... B5, at three scales.
+"""The benchmark workloads W1 ... W5, O3, O4 and B1 ... B5, at three scales.
 
 A workload runs its registered workflow where one is registered and accepts the
 workload's parameters; otherwise it builds the same dask expression here, and says so
@@ -8,6 +8,12 @@ persists those before the clock starts.
 
 Scales: ``full`` is the issue's definition (GPU host), ``small`` the same shapes scaled
 down to minutes on two GPUs, ``tiny`` the CPU smoke run that CI executes.
+
+O3 and O4 (:mod:`.out_of_core`, in the default set) are W3's rechunk and W4's FFT as a
+user writes them, past the GPUs' memory at ``full`` (a footprint of 1.5x the GPUs' memory
+with two or more, 2.5x on one), on three sides (spillway, spillway with dask's
+task-based rechunk, the baseline), each on a fresh cluster whose first run is the
+headline.
 
 B3 (out of core: inputs at 1.5 times the GPUs' memory, persisted over device, pinned host
 and disk) runs only when named (``--only B3``), on spillway's side only, with its own
@@ -29,13 +35,17 @@ from __future__ import annotations
 from spillway.cluster.errors import ParamError
 
 from .checked import CHECKED
+from .out_of_core import OUT_OF_CORE
 from .standard import STANDARD
 from .workload import SCALES, Built, Workload, data_bytes
 
 __all__ = ["SCALES", "WORKLOADS", "Built", "Workload", "data_bytes", "select"]
 
-#: every workload by name, in catalogue order
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (*STANDARD, *CHECKED)}
+#: every workload by name, in catalogue order: the in-memory rows, the out-of-core rows
+#: of the default set, then the B rows
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    *(w for w in STANDARD if w.name.startswith("W")), *OUT_OF_CORE,
+    *(w for w in STANDARD if not w.name.startswith("W")), *CHECKED)}
 
 
 def select(only: str | None) -> list[Workload]:

@@ -27,11 +27,11 @@ OUT_OF_CORE_FACTOR = 1.3
 SIDE_STEP = 1000
 
 
-def side_for(nbytes: float, arrays: int = 1, itemsize: int = 8) -> int:
+def side_for(nbytes: float, arrays: int = 1, itemsize: int = 8, step: int = SIDE_STEP) -> int:
     """The side of ``arrays`` square arrays holding at least ``nbytes`` together, rounded
-    up to a multiple of :data:`SIDE_STEP`."""
+    up to a multiple of ``step``."""
     side = math.sqrt(nbytes / (arrays * itemsize))
-    return max(SIDE_STEP, math.ceil(side / SIDE_STEP) * SIDE_STEP)
+    return max(step, math.ceil(side / step) * step)
 
 
 #: B3 small's input per GPU worker: past the worker's 30 GB device limit and 20 GB host
@@ -85,8 +85,9 @@ def _matmul_square(shape, chunks):
     return square(shape, chunks, inputs=2, array_shape=shape)
 
 
-def b4_full(device_bytes: int) -> dict:
-    """x and y square float64 holding 1.3x the GPUs' memory together, chunks 10000^2."""
+def b4_full(device_bytes: int, gpus: int = 1) -> dict:
+    """x and y square float64 holding 1.3x the GPUs' memory together, chunks 10000^2
+    (however many GPUs hold it)."""
     n = side_for(OUT_OF_CORE_FACTOR * device_bytes, arrays=2)
     return _matmul_square((n, n), (min(n, 10000),) * 2)
 
@@ -124,8 +125,9 @@ def _panels_square(n, rows):
     return square((n, n), (rows, n), array_shape=(n, n), to_chunks=(n, rows), out_chunks=(n, rows))
 
 
-def b5_full(device_bytes: int) -> dict:
-    """A square float64 array of 1.3x the GPUs' memory, 1000-row panels to 1000-column panels."""
+def b5_full(device_bytes: int, gpus: int = 1) -> dict:
+    """A square float64 array of 1.3x the GPUs' memory, 1000-row panels to 1000-column panels
+    (however many GPUs hold it)."""
     return _panels_square(side_for(OUT_OF_CORE_FACTOR * device_bytes), 1000)
 
 

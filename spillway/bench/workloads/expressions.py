@@ -101,3 +101,33 @@ def rechunk_sum_user(p, backend, seed):
     for an all-to-all of this many panels whenever a distributed client is up."""
     x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
     return x.rechunk(p["to_chunks"]).sum()
+
+
+def rechunk_user(p, backend, seed):
+    """O3 as a user writes it: no method, so dask's settings pick it (on a spillway
+    cluster a P2P rechunk is routed to the collective)."""
+    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
+    return x.rechunk(p["to_chunks"])
+
+
+def fft_user(p, backend, seed):
+    """O4 as a user writes it: the transformed axis gathered by a rechunk with no method."""
+    import dask.array as da
+
+    x = complex_uniform(p["shape"], p["chunks"], seed=seed, backend=backend)
+    return da.fft.fft(x.rechunk({0: -1, 1: p["panel"]}), axis=0)
+
+
+#: the first layer-name prefix found names the rechunk method a graph was built with
+RECHUNK_LAYERS = (("rechunk-exchange-", "collective"), ("rechunk-p2p-", "p2p"), ("rechunk-merge-", "tasks"),
+                  ("rechunk-split-", "tasks"))
+
+
+def rechunk_method(collection) -> str | None:
+    """How the rechunk in ``collection`` was built ("collective", "p2p" or "tasks"), read
+    off its graph's layer names; None where it has no rechunk."""
+    names = list(collection.__dask_graph__().layers)
+    for prefix, method in RECHUNK_LAYERS:
+        if any(str(n).startswith(prefix) for n in names):
+            return method
+    return None

@@ -72,11 +72,30 @@ class Workload:
     baseline_expected_failure: str | None = None
     #: the issue's speedup target over the baseline, where the workload has one
     speedup_target: float | None = None
-    #: ``full`` sized from the machine: (total bytes of the GPUs) -> the scale's parameters
-    #: (B4, B5: 1.3x the GPUs' memory, whatever the host)
-    machine_sized: Callable[[int], Mapping[str, Any]] | None = None
+    #: ``full`` sized from the machine: (total bytes of the GPUs, number of GPUs) -> the
+    #: scale's parameters (B4, B5: 1.3x the GPUs' memory whatever the host; O3, O4: a
+    #: footprint past the GPUs' memory by a factor that depends on how many there are)
+    machine_sized: Callable[[int, int], Mapping[str, Any]] | None = None
     #: the GPUs' total bytes ``full`` was sized from (:meth:`for_machine`), else None
     sized_from: int | None = None
+    #: how many GPUs ``full`` was sized for (:meth:`for_machine`), else None
+    sized_for_gpus: int | None = None
+    #: arrays of the input's size the run holds at its peak: 2 where the output is held
+    #: beside the input (O3, O4), so the footprint is twice :meth:`input_bytes`
+    footprint: int = 1
+    #: the sides the workload runs on, in order (:mod:`spillway.bench.sides`)
+    sides: tuple[str, ...] = ("spillway", "baseline")
+    #: the same user code on every side, built under each side's dask settings
+    #: (:attr:`spillway.bench.sides.Side.build_config`: spillway's side as
+    #: ``spillway.local()`` sets them, ``tasks_method`` with dask's task-based rechunk)
+    user_code: bool = False
+    #: each side on a freshly started cluster of its own, its first run (no warm-up before
+    #: it) recorded as ``first_s`` ahead of the timed runs: what users meet (O3, O4)
+    fresh_cluster: bool = False
+    #: what is checked against :attr:`reference` where the result is too large to gather:
+    #: (the persisted result) -> a tuple of small lazy arrays, computed on the cluster
+    #: after the clock stops; None gathers the result (a scalar) itself
+    check: Callable[[Any], tuple] | None = None
     #: scale -> (GPU workers) -> the scale's parameters, for a scale whose memory options
     #: are per worker (B3 small: each worker's device, host and disk take the same share)
     worker_sized: Mapping[str, Callable[[int], Mapping[str, Any]]] = field(default_factory=dict)
@@ -84,27 +103,30 @@ class Workload:
     #: bound (:mod:`spillway.bench.bounds`); None where none is declared
     work: Callable[[Mapping[str, Any]], Mapping[str, int]] | None = None
 
-    def for_machine(self, device_bytes: int | None, gpu_workers: int = 0) -> "Workload":
-        """This workload with ``full`` sized for GPUs of ``device_bytes`` in all, where its
-        full size follows the machine (None, on CPU workers: the nominal full size), and
-        the scales sized per worker for ``gpu_workers`` (0: CPU workers, nominal sizes)."""
+    def for_machine(self, device_bytes: int | None, gpu_workers: int = 0, gpus: int | None = None) -> "Workload":
+        """This workload with ``full`` sized for ``gpus`` GPUs of ``device_bytes`` in all,
+        where its full size follows the machine (None, on CPU workers: the nominal full
+        size), and the scales sized per worker for ``gpu_workers`` (0: CPU workers,
+        nominal sizes). ``gpus`` defaults to one per GPU worker (at least one)."""
         sizes = dict(self.sizes)
         if gpu_workers:
             sizes.update({scale: size(gpu_workers) for scale, size in self.worker_sized.items()})
         if self.machine_sized is None or not device_bytes:
             return replace(self, sizes=sizes) if sizes != self.sizes else self
-        return replace(self, sizes={**sizes, "full": self.machine_sized(device_bytes)},
-                       sized_from=int(device_bytes))
+        gpus = max(1, gpus or gpu_workers or 1)
+        return replace(self, sizes={**sizes, "full": self.machine_sized(int(device_bytes), gpus)},
+                       sized_from=int(device_bytes), sized_for_gpus=gpus)
 
     def timed_runs(self, scale: str, runs: int) -> int:
         return min(runs, self.max_runs.get(scale, runs))
 
     def cluster_changes(self, scale: str, kind: str, side: str) -> dict:
-        """Options changes for one side's cluster at ``scale`` on ``kind`` workers."""
+        """Options changes for one side's cluster at ``scale`` on ``kind`` workers (a side
+        on spillway's cluster, such as ``tasks_method``, gets spillway's)."""
         if kind != "gpu":
             return {}
         changes = dict(self.gpu_cluster)
-        if side == "spillway":
+        if side != "baseline":
             changes.update(self.spillway_cluster.get(scale, {}))
         return changes
 
@@ -120,13 +142,19 @@ class Workload:
         p = self.params(scale)
         return math.prod(p["chunks"]) * np.dtype(p["dtype"]).itemsize
 
+    def footprint_bytes(self, scale: str) -> int:
+        """Bytes the run holds at its peak (input and output together where both are)."""
+        return self.footprint * self.input_bytes(scale)
+
     def describe(self, scale: str) -> str:
         p = self.params(scale)
         shape = "x".join(map(str, p["shape"]))
         chunks = "x".join(map(str, p["chunks"]))
         sized = ""
         if scale == "full" and self.sized_from:
-            sized = f" ({data_bytes(p) / self.sized_from:.2f}x the GPUs' {self.sized_from / 1e9:.1f} GB)"
+            what = "" if self.footprint == 1 else "footprint "
+            sized = (f" ({what}{self.footprint_bytes(scale) / self.sized_from:.2f}x the GPUs' "
+                     f"{self.sized_from / 1e9:.1f} GB)")
         return f"{self.title} {shape} {p['dtype']}, chunks {chunks}{sized}"
 
     def build(self, scale: str, target: Target, seed: int, side: str = "spillway") -> Built:

@@ -1,0 +1,249 @@
+"""O3 and O4, the out-of-core rows of ``spillway bench``: their sizes past the GPUs'
+memory, the user code they run and its checks against NumPy float64, the three sides on
+clusters of their own with the first run recorded, and a tiny run on CPU clusters."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from reference_inputs import uniform_numpy
+from spillway.bench import harness, prepare, report, workloads
+from spillway.bench.sides import SIDES
+from spillway.cli import main
+from spillway.cluster.gpus import Inventory
+from spillway.cluster.options import Options
+from spillway.workflows import random
+from spillway.workflows.params import Target
+
+O_ROWS = ("O3", "O4")
+
+# --- sizes: the footprint, input and output together, past the GPUs' memory
+
+
+#: the side of the square array at full size, by row, GPUs and bytes of each GPU: the
+#: footprint (2 x n^2 x 8 bytes for O3, 2 x n^2 x 16 for O4) at 2.5x one GPU's memory or
+#: 1.5x the memory of several, the side rounded up to the next 1000
+SIDE = {
+    ("O3", 1, 80 * 10**9): 112000, ("O3", 2, 80 * 10**9): 123000, ("O3", 4, 80 * 10**9): 174000,
+    ("O3", 1, 141 * 10**9): 149000, ("O3", 2, 141 * 10**9): 163000, ("O3", 4, 141 * 10**9): 230000,
+    ("O4", 1, 80 * 10**9): 80000, ("O4", 2, 80 * 10**9): 87000, ("O4", 4, 80 * 10**9): 123000,
+    ("O4", 1, 141 * 10**9): 105000, ("O4", 2, 141 * 10**9): 115000, ("O4", 4, 141 * 10**9): 163000,
+}
+
+
+@pytest.mark.parametrize("name", O_ROWS)
+@pytest.mark.parametrize("gpus", [1, 2, 4])
+@pytest.mark.parametrize("per_gpu", [80 * 10**9, 141 * 10**9])
+def test_full_size_footprint_is_2_5x_one_gpu_and_1_5x_several(name, gpus, per_gpu):
+    total = gpus * per_gpu
+    w = workloads.WORKLOADS[name].for_machine(total, gpus, gpus)
+    factor = 2.5 if gpus == 1 else 1.5
+    p = w.params("full")
+    n = p["shape"][0]
+    assert p["shape"] == (n, n) and n == SIDE[(name, gpus, per_gpu)]
+    itemsize = 8 if name == "O3" else 16
+    assert w.input_bytes("full") == n * n * itemsize
+    # input and output held together
+    assert w.footprint_bytes("full") == 2 * n * n * itemsize
+    # at least the factor, and no more than the rounding of the side to 1000 adds
+    assert factor * total <= w.footprint_bytes("full") < factor * total * (n / (n - 1000)) ** 2
+    assert w.sized_from == total and w.sized_for_gpus == gpus
+    assert f"(footprint {w.footprint_bytes('full') / total:.2f}x the GPUs' " in w.describe("full")
+    if name == "O3":
+        assert p["chunks"] == (1000, n) and p["to_chunks"] == (n, 1000) and p["dtype"] == "float64"
+    else:
+        assert p["chunks"] == (5000, 5000) and p["panel"] == 1000 and p["dtype"] == "complex128"
+    # small and tiny stay as defined, whatever the machine
+    for scale in ("small", "tiny"):
+        assert w.params(scale) == workloads.WORKLOADS[name].params(scale)
+
+
+def test_prepare_sizes_the_o_rows_from_the_gpus_of_the_run(monkeypatch):
+    import spillway.bench.suite
+    from spillway.cluster.launch.plan import plan as launch_plan
+    from tests.helpers.stand_ins import h200_host
+
+    monkeypatch.setattr(spillway.bench.suite, "launch_plan",
+                        lambda options, inventory, host: launch_plan(
+                            options, inventory, dataclasses.replace(host, have_cuda_stack=True, have_ucxx=False)))
+    one = prepare(Options.resolve(), only="O3,O4", sizes="full", inventory=h200_host(1))
+    # two workers of one GPU: still one GPU's memory, 2.5x of it
+    shared = prepare(Options.resolve(workers_per_gpu=2), only="O3", sizes="full", inventory=h200_host(1))
+    two = prepare(Options.resolve(), only="O3,O4", sizes="full", inventory=h200_host(2))
+    assert [w.params("full")["shape"][0] for w in one.workloads] == [149000, 105000]
+    assert shared.workloads[0].params("full")["shape"][0] == 149000 and shared.launch.n_workers == 2
+    assert [w.params("full")["shape"][0] for w in two.workloads] == [163000, 115000]
+    assert [w.sized_for_gpus for w in two.workloads] == [2, 2]
+    cpu = prepare(Options.resolve(cpu=True, n_workers=2), only="O3", sizes="tiny", inventory=Inventory(reason="t"))
+    assert cpu.workloads[0].sized_from is None
+
+
+def test_o_rows_are_in_the_default_set_after_the_in_memory_rows():
+    assert [w.name for w in workloads.select(None)] == ["W1", "W2", "W3", "W4", "W5", "O3", "O4", "B1", "B2"]
+    for name in O_ROWS:
+        w = workloads.WORKLOADS[name]
+        assert w.sides == ("spillway", "tasks_method", "baseline") and w.fresh_cluster and w.user_code
+        assert w.baseline_expected_failure and w.baseline_direct is None and w.check is not None
+
+
+# --- the user code and its checks against NumPy float64
+
+
+def _complex(shape, seed):
+    loc = tuple((0, s) for s in shape)
+    return (random.uniform_block(seed, 0, shape, loc, "float64", "numpy")
+            + 1j * random.uniform_block(seed, 1, shape, loc, "float64", "numpy"))
+
+
+def test_o3_is_the_users_rechunk_and_its_check_matches_numpy():
+    import dask
+
+    w = workloads.WORKLOADS["O3"]
+    p = w.params("tiny")
+    y = w.build("tiny", Target(kind="cpu", n_workers=2), 7).result
+    assert y.chunks[0] == (p["shape"][0],) and set(y.chunks[1]) == {p["panel"]}
+    x = uniform_numpy(p["shape"], seed=7)
+    np.testing.assert_array_equal(y.compute(scheduler="sync"), x)
+    colsum, rowsum = w.reference(p, 7)
+    assert np.abs(colsum - x.sum(axis=0)).max() <= 1e-12 * np.abs(colsum).max()
+    assert np.abs(rowsum - x.sum(axis=1)).max() <= 1e-12 * np.abs(rowsum).max()
+    computed = dask.compute(*w.check(y), scheduler="sync")
+    for c, r in zip(computed, (colsum, rowsum)):
+        assert np.linalg.norm(c - r) / np.linalg.norm(r) <= 1e-13
+    # a value in the wrong column changes the column sums: the check would see it
+    swapped = x.copy()
+    swapped[:, [0, 1]] = swapped[:, [1, 0]]
+    assert np.linalg.norm(swapped.sum(axis=0) - colsum) / np.linalg.norm(colsum) > 1e-6
+
+
+def test_o4_is_the_users_fft_and_its_check_matches_numpy():
+    import dask
+
+    w = workloads.WORKLOADS["O4"]
+    p = w.params("tiny")
+    big = w.build("tiny", Target(kind="cpu", n_workers=2), 9).result
+    assert big.chunks[0] == (p["shape"][0],) and set(big.chunks[1]) == {p["panel"]}
+    expected = np.fft.fft(_complex(p["shape"], 9), axis=0)
+    got = big.compute(scheduler="sync")
+    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) <= 1e-12
+    row0, energy = w.reference(p, 9)
+    # row 0 is the column sums of x; each column's energy is n times x's (Parseval)
+    assert np.linalg.norm(row0 - expected[0, :]) / np.linalg.norm(row0) <= 1e-13
+    np.testing.assert_allclose(energy, (np.abs(expected) ** 2).sum(axis=0), rtol=1e-12)
+    computed = dask.compute(*w.check(big), scheduler="sync")
+    for c, r in zip(computed, (row0, energy)):
+        assert np.linalg.norm(c - r) / np.linalg.norm(r) <= 1e-13
+
+
+def test_each_side_builds_the_same_code_under_its_own_rechunk_method():
+    import dask
+
+    w = workloads.WORKLOADS["O3"]
+    target = Target(kind="cpu", n_workers=2)
+    methods = {}
+    for side in w.sides:
+        with dask.config.set(SIDES[side].build_config(dask.config.config)):
+            built = w.build("tiny", target, 3, side=side)
+        methods[side] = workloads.expressions.rechunk_method(built.result)
+    # spillway's side takes P2P whatever the graph's size (routed to the collective on its
+    # cluster), tasks_method the task-based method; the baseline leaves it to dask (which
+    # picks P2P here only where a client an earlier test left is still the default)
+    assert methods["spillway"] == "p2p" and methods["tasks_method"] == "tasks"
+    assert SIDES["baseline"].build_config(dask.config.config) == {} and methods["baseline"] in ("tasks", "p2p")
+    # a method the user chose is kept on spillway's side
+    with dask.config.set({"array.rechunk.method": "tasks"}):
+        assert SIDES["spillway"].build_config(dask.config.config) == {}
+
+
+# --- the harness: a cluster per side, the first run recorded
+
+
+def test_each_o_row_gets_its_own_cluster_on_each_of_its_three_sides():
+    from spillway.cluster.launch import LaunchPlan
+
+    gpu = LaunchPlan(kind="gpu", devices=(0, 1), n_workers=2, protocol="ucx")
+    plan = harness.BenchRun(options=Options.resolve(), launch=gpu, inventory=None,
+                            workloads=workloads.select("W1,W3,O3,O4,B1,B2"), scale="small", runs=3, timeout=60)
+    split = [(list(changes), [w.name for w in ws]) for changes, ws in harness.groups(plan)]
+    two, three = ["spillway", "baseline"], ["spillway", "tasks_method", "baseline"]
+    assert split == [(two, ["W1", "W3"]), (three, ["O3"]), (three, ["O4"]), (two, ["B1"]), (two, ["B2"])]
+    # tasks_method is spillway's cluster: it gets spillway's options changes
+    b2_like = dataclasses.replace(workloads.WORKLOADS["O3"], gpu_cluster={"device_memory_limit": "12GB"},
+                                  spillway_cluster={"small": {"pinned_pool_size": "1GB"}})
+    assert b2_like.cluster_changes("small", "gpu", "tasks_method") == b2_like.cluster_changes("small", "gpu",
+                                                                                              "spillway")
+    assert b2_like.cluster_changes("small", "gpu", "baseline") == {"device_memory_limit": "12GB"}
+
+
+# --- the command on CPU clusters: the CI's tiny run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tiny_o3_o4_on_cpu_clusters_three_sides_checked_and_compared_with_before(tmp_path):
+    from matplotlib import image
+
+    machine = report.describe_machine(None, "cpu")["name"]
+    o3 = workloads.WORKLOADS["O3"]
+    # an earlier result of this machine: O3's spillway side 1000x faster, O4 never ran
+    earlier = {"machine": {"name": machine}, "sizes": "tiny", "runs": 3, "started": "2026-01-01T00:00:00+00:00",
+               "finished": "2026-01-01T00:01:00+00:00", "label": None,
+               "workloads": [{"name": "O3", "spillway_s": 1e-4, "input_bytes": o3.input_bytes("tiny"),
+                              "chunk_bytes": o3.chunk_bytes("tiny"),
+                              "spillway": {"median_s": 1e-4, "first_s": 1e-4}}]}
+    (tmp_path / f"{machine}-2026-01-01T000000Z.json").write_text(json.dumps(earlier))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["bench", "--cpu", "--n-workers", "2", "--only", "O3,O4", "--sizes", "tiny",
+                                       "--no-ceilings", "--out", str(out), "--previous", str(tmp_path)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (path,) = out.glob("*.json")
+    data = json.loads(path.read_text())
+    assert [w["name"] for w in data["workloads"]] == ["O3", "O4"]
+    assert set(data["clusters"]) == {"spillway", "tasks_method", "baseline"}
+    for w in data["workloads"]:
+        fields = {s: set(w[s]) for s in ("spillway", "tasks_method", "baseline")}
+        assert fields["spillway"] == fields["tasks_method"] == fields["baseline"]
+        for side in ("spillway", "tasks_method", "baseline"):
+            d = w[side]
+            assert d["error"] is None and d["first_s"] > 0 and len(d["runs_s"]) == 3
+            assert d["verify"]["ok"] and max(d["verify"]["rel_errors"]) <= 1e-10
+            # no rate between CPU workers: the bound names what it misses
+            assert d["bound_s"] is None and d["tiers_bound"]["missing"] == ["peer_copy"]
+            assert w["out_of_core"]["sides"][side]["first_s"] == d["first_s"]
+        assert w["tasks_method"]["rechunk_method"] == "tasks"
+        assert w["spillway"]["rechunk_method"] == "collective"  # spillway's cluster took it
+        assert w["tasks_method_s"] == w["tasks_method"]["median_s"]
+        assert w["out_of_core"]["spillway_over_tasks_method"] == pytest.approx(
+            w["spillway"]["median_s"] / w["tasks_method"]["median_s"])
+        assert w["out_of_core"]["first_spillway_over_tasks_method"] == pytest.approx(
+            w["spillway"]["first_s"] / w["tasks_method"]["first_s"])
+    # against the earlier file: O3 slower on spillway's side, the rest of O3 and all of O4 new
+    assert data["previous"]["file"].endswith(f"{machine}-2026-01-01T000000Z.json")
+    assert {(r["name"], r["side"], r["metric"]) for r in data["slower"]} == {
+        ("O3", "spillway", "median_s"), ("O3", "spillway", "first_s")}
+    new = {(r["name"], r["side"], r["metric"]) for r in data["new"]}
+    assert ("O4", "baseline", "first_s") in new and ("O3", "tasks_method", "median_s") in new
+    assert ("O3", "spillway", "median_s") not in new
+    md = path.with_suffix(".md").read_text()
+    assert "## Out of core, fresh clusters" in md and "| O4 | tasks_method | tasks |" in md
+    assert "## Against the previous result" in md and "| O3 spillway first run |" in md
+    assert image.imread(path.with_suffix(".png")).std() > 0.01
+    assert "out of core, a fresh cluster per side:" in result.stdout
+    # a cluster started for each side of each row, and the first run on it recorded
+    log = path.with_suffix(".log").read_text()
+    for side in ("spillway", "tasks_method", "baseline"):
+        assert log.count(f"starting the {side} cluster") == 2
+        for w in data["workloads"]:
+            assert f"{w['name']} {side:<8} first run " in log
+            # the first run measured as the timed ones are (where the inputs landed decides
+            # how much moved: nothing at all is possible)
+            assert w[side]["first_s"] == w[side]["warmup_s"] and w[side]["first_bytes_moved"] >= 0
+    last = result.stderr.strip().splitlines()
+    assert any(line.startswith("slower: O3 spillway first run: ") for line in last[-3:])
+    assert "failed workloads" not in result.output
