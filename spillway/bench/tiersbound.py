@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .copybound import MOVE_CEILINGS, PER_GPU
+from .copybound import PER_GPU, copy_bound
 
 #: the bytes between workers and the ceiling they are read against
 BETWEEN = "between_workers"
@@ -42,23 +42,19 @@ def tiers_bound(moves: Mapping[str, int] | None, bytes_moved: int | None, gbps: 
     names it), 0 where nothing moved."""
     gbps = gbps or {}
     links = max(1, int(links))
-    wanted = [(move, name, move in PER_GPU) for move, name in MOVE_CEILINGS.items()]
-    amounts = {move: int((moves or {}).get(move) or 0) for move, _, _ in wanted}
-    peer = next((n for n in PEER_CEILINGS if gbps.get(n)), PEER_CEILINGS[0])
-    wanted.append((BETWEEN, peer, True))
-    amounts[BETWEEN] = int(bytes_moved or 0)
-    terms, missing = {}, []
-    for move, name, per_gpu in wanted:
-        nbytes = amounts[move]
-        if nbytes <= 0:
-            continue
-        divided = links if per_gpu else 1
+    # the moves between tiers are the copy bound's (:func:`.copybound.copy_bound`); the
+    # moves between workers are added here, over the link each GPU has in from the others
+    tiers = copy_bound(moves, gbps, links)
+    terms = {move: {**t, "divided_by": links if move in PER_GPU else 1} for move, t in tiers["moves"].items()}
+    missing = list(tiers["missing"])
+    nbytes = int(bytes_moved or 0)
+    if nbytes > 0:
+        name = next((n for n in PEER_CEILINGS if gbps.get(n)), PEER_CEILINGS[0])
         rate = gbps.get(name)
-        seconds = nbytes / (rate * 1e9 * divided) if rate else None
         if not rate:
             missing.append(name)
-        terms[move] = {"bytes": nbytes, "ceiling": name, "ceiling_gbps": rate, "divided_by": divided,
-                       "seconds": seconds}
+        terms[BETWEEN] = {"bytes": nbytes, "ceiling": name, "ceiling_gbps": rate, "divided_by": links,
+                          "seconds": nbytes / (rate * 1e9 * links) if rate else None}
     bound = None if missing else sum(t["seconds"] for t in terms.values())
     return {"bound_s": bound, "terms": terms, "missing": missing, "links": links}
 

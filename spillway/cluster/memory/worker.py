@@ -25,12 +25,10 @@ _REGISTER_PORTABLE = 1
 _TOUCH_STEP = TOUCH_STEP
 #: threads touching one segment: the first touch is page faults (the kernel zeroing and
 #: mapping each page, and on a virtual machine the host backing it), which one thread
-#: does at 1.1 (4 KiB pages) to 3.0 GiB/s (2 MiB pages) on the GPU host, 8 threads at 8.0
-#: and 11.0 GiB/s (benchmarks/results/*-s4-first-touch.txt); they run at the growth
-#: thread's nice value, and wait for a quiet worker unless a spill wants the arena
+#: does at 1.1-1.6 GiB/s on the GPU hosts and eight at 4.9-11 GiB/s
+#: (benchmarks/results/*-first-touch.txt); they run at the growth thread's nice value,
+#: and wait for a quiet worker unless a spill wants the arena
 _TOUCH_THREADS = max(1, min(8, (os.cpu_count() or 2) // 4))
-#: madvise(MADV_HUGEPAGE): 2 MiB pages for a segment, where the kernel grants them
-_MADV_HUGEPAGE = 14
 
 
 def take_segment(nbytes: int) -> np.ndarray:
@@ -51,9 +49,11 @@ def touch_segment(nbytes: int, between: Callable[[], None] | None = None) -> np.
 
     A fresh host's first spills wait for the arena, so it is taken as fast as the host
     hands memory out: a few threads touch it, in 2 MiB pages where the kernel's
-    transparent huge pages allow them (asked for with madvise; on the H100 host 2.2x the
-    touching rate of 4 KiB pages with 4 threads, and 3.9x the pinning rate: 26 against
-    6.6 GiB/s, a 512th of the page faults and of the pages to lock). Segments are kept for
+    transparent huge pages allow them (asked for with madvise). Touched and pinned, they
+    come faster: pinning them ran at 26 against 6.6 GiB/s for 4 KiB pages on the H100 host
+    and 18.3 against 2.7 on the 2 x H200 host, where touching them was slower (4.9 against
+    8.5 GiB/s, eight threads) and the two together still gained (3.6 GiB/s a segment
+    against about 2 for 4 KiB pages). Segments are kept for
     the worker's life (see :func:`give_back_segment` for one that is not used).
     ``between()``, where given, is called before each step is touched (the growth waits
     there for a quiet worker, and raises to stop)."""
@@ -64,7 +64,7 @@ def touch_segment(nbytes: int, between: Callable[[], None] | None = None) -> np.
     # whole once the segment is dropped (a heap block may not)
     region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
-        region.madvise(_MADV_HUGEPAGE)
+        region.madvise(mmap.MADV_HUGEPAGE)
     except (OSError, ValueError, AttributeError):
         pass  # no transparent huge pages here: 4 KiB pages, slower to take
     buf = np.frombuffer(region, dtype=np.uint8)
