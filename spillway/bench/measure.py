@@ -277,6 +277,14 @@ def wait_released(client, timeout: float = 120) -> bool:
     return False
 
 
+def in_window(transfer: dict, window: tuple[float, float]) -> bool:
+    """Whether a worker's logged transfer belongs to the timed window: it overlaps it. The
+    bench's byte count and the timeline's both take this one rule, so a transfer that ended
+    just before the clock started (or began after it stopped) is in neither or in both."""
+    lo, hi = window
+    return transfer["stop"] > lo and transfer["start"] < hi
+
+
 def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool = False,
               check=None) -> RunMeasure:
     """One run of ``collection``: its inputs persisted, then the clock over persisting the
@@ -318,7 +326,7 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
     transfers, moved = [], 0
     for snap in after.values():
         for t in snap["transfers"]:
-            if t["start"] >= window_start - 1e-3:
+            if in_window(t, window):
                 moved += t["bytes"]
                 transfers.append((t["bytes"], max(1e-9, t["stop"] - t["start"])))
     spilled = 0

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .formatting import fmt_value
+from .measure import in_window
 from .sides import NAMES as SIDES
 
 #: classes of activity, highest first: an instant counts for the first one active
@@ -170,7 +171,7 @@ def from_records(window: tuple[float, float], tasks: list[dict], transfers: dict
         if worker not in activity:
             continue
         for t in log:
-            if t["stop"] > lo and t["start"] < hi:
+            if in_window(t, window):
                 activity[worker]["transfer"].append((t["start"], t["stop"]))
                 counts[worker]["transfers"] += 1
                 counts[worker]["bytes_in"] += int(t["bytes"])

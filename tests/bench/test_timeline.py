@@ -202,3 +202,18 @@ def test_bench_scaling_timeline_keeps_every_part_in_one_png(tmp_path):
         assert "timeline" not in (w.get("baseline") or {}) or not w["baseline"].get("timeline")
     assert (tmp_path / f"{f.stem}-timeline.png").stat().st_size > 10_000
     assert len(list(tmp_path.iterdir())) <= 8
+
+
+def test_bench_and_timeline_count_the_same_transfers_at_the_window_edges():
+    from spillway.bench.measure import in_window
+
+    window = (100.0, 110.0)
+    log = [{"start": 99.9995, "stop": 99.9999, "bytes": 320000, "who": "a"},   # ended before the clock
+           {"start": 99.5, "stop": 100.2, "bytes": 1, "who": "a"},             # straddles the start
+           {"start": 105.0, "stop": 105.1, "bytes": 10, "who": "a"},
+           {"start": 109.9, "stop": 110.3, "bytes": 100, "who": "a"},          # straddles the end
+           {"start": 110.0, "stop": 110.1, "bytes": 320000, "who": "a"}]       # began after it
+    counted = [t["bytes"] for t in log if in_window(t, window)]
+    assert counted == [1, 10, 100]
+    tl = timeline.from_records(window, [], {"w": log}, ["w"])
+    assert tl["workers"]["w"]["bytes_in"] == sum(counted) and tl["workers"]["w"]["transfers"] == 3
