@@ -17,8 +17,8 @@ from typing import Any
 def _spillway_session(config: Mapping) -> dict:
     """What ``spillway.local()`` sets for the user's code while its cluster is open: a
     rechunk whose method the user left unset takes P2P, which spillway's clusters route to
-    their collective (:func:`spillway.run.local.session_config`)."""
-    from spillway.run.local import session_config
+    their collective (:func:`spillway.run.cluster.session_config`)."""
+    from spillway.run.cluster import session_config
 
     return session_config(config)
 

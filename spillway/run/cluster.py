@@ -51,6 +51,19 @@ def entries_to_close(spec: Mapping, running: set, keep: int) -> list:
     return (waiting + started)[:len(entries) - keep]
 
 
+def session_config(config: Mapping) -> dict:
+    """Dask settings for the user's own code while a spillway cluster is open (local, attached or of Slurm jobs: the same
+    code takes the same path on each): rechunks take
+    the peer-to-peer path, which on spillway's clusters is the collective
+    (:mod:`spillway.cluster.collective`: pieces cut once, moved in bulk device to device,
+    a few tasks a chunk) whatever the graph's size; dask alone would pick its task-based
+    method below its threshold. A method the user chose is kept."""
+    chosen = config.get("array", {}).get("rechunk", {}).get("method")
+    if chosen is not None:
+        return {}
+    return {"array.rechunk.method": "p2p"}
+
+
 class Cluster:
     """A running cluster: ``client`` is its Dask client, ``dashboard_link`` the Dask
     dashboard, ``kind`` "gpu" or "cpu". ``session`` is the
@@ -69,6 +82,9 @@ class Cluster:
         from spillway.cluster.plugins import quiet_retirement
 
         quiet_retirement()
+        import dask.config
+
+        stack.enter_context(dask.config.set(session_config(dask.config.config)))
 
     # --- what is running
 

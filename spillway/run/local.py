@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Mapping
 
 from spillway.cluster.errors import MainGuardMissing
 from spillway.cluster.options import Options
@@ -28,18 +27,6 @@ def local(**option_keywords) -> Local:
     n_workers=2)``. Bad options raise :class:`~spillway.cluster.errors.OptionsError` before
     anything starts. Use as a context manager, or call ``close()``."""
     return Local(Options.resolve(**option_keywords))
-
-
-def session_config(config: Mapping) -> dict:
-    """Dask settings for the user's own code while a local cluster is open: rechunks take
-    the peer-to-peer path, which on spillway's clusters is the collective
-    (:mod:`spillway.cluster.collective`: pieces cut once, moved in bulk device to device,
-    a few tasks a chunk) whatever the graph's size; dask alone would pick its task-based
-    method below its threshold. A method the user chose is kept."""
-    chosen = config.get("array", {}).get("rechunk", {}).get("method")
-    if chosen is not None:
-        return {}
-    return {"array.rechunk.method": "p2p"}
 
 
 class Local(Cluster):
@@ -61,9 +48,6 @@ class Local(Cluster):
             print(f"spillway: error: {e}", file=sys.stderr)
             raise SystemExit(e.exit_code) from None
         super().__init__(session, stack)
-        import dask.config
-
-        stack.enter_context(dask.config.set(session_config(dask.config.config)))
 
     def _most_workers(self) -> int | None:
         """GPU workers: the planned GPUs' (dask-cuda starts one per visible GPU, and the

@@ -160,10 +160,34 @@ def test_local_on_gpus_runs_cupy_chunks(tmp_path, gpu_count):
 
 
 def test_sessions_rechunk_through_the_collective_unless_the_user_chose():
-    from spillway.run.local import session_config
+    from spillway.run.cluster import session_config
 
     assert session_config({"array": {"rechunk": {"method": None}}}) == {"array.rechunk.method": "p2p"}
     assert session_config({"array": {"rechunk": {"method": "tasks"}}}) == {}
+
+
+def test_every_kind_of_cluster_takes_the_collective_while_open_and_gives_the_setting_back():
+    # the base class sets it, so spillway.slurm() and an attached cluster take the same
+    # path as spillway.local(); a stand-in session, as Slurm's needs sbatch
+    import contextlib
+    import types
+
+    import dask.config
+
+    from spillway.run.cluster import Cluster
+
+    with dask.config.set({"array.rechunk.method": None}):
+        stack = contextlib.ExitStack()
+        cluster = Cluster(types.SimpleNamespace(options=None), stack)
+        assert dask.config.get("array.rechunk.method") == "p2p"
+        stack.close()
+        assert dask.config.get("array.rechunk.method") is None
+        with dask.config.set({"array.rechunk.method": "tasks"}):
+            stack = contextlib.ExitStack()
+            Cluster(types.SimpleNamespace(options=None), stack)
+            assert dask.config.get("array.rechunk.method") == "tasks"
+            stack.close()
+    del cluster
 
 
 def test_a_cpu_session_rechunks_through_the_collective():
