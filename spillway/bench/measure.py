@@ -20,6 +20,8 @@ from typing import Any
 from spillway.cluster.memory.store import MOVES
 from spillway.cluster.plugins import worker_snapshot
 
+from .timeline import in_window
+
 #: transfers smaller than this are left out of bandwidth percentiles (headers, scalars)
 MIN_TRANSFER_BYTES = 1_000_000
 #: the chunk size from which the issue's 80%-of-peer-copy target applies
@@ -275,14 +277,6 @@ def wait_released(client, timeout: float = 120) -> bool:
             return True
         time.sleep(0.05)
     return False
-
-
-def in_window(transfer: dict, window: tuple[float, float]) -> bool:
-    """Whether a worker's logged transfer belongs to the timed window: it overlaps it. The
-    bench's byte count and the timeline's both take this one rule, so a transfer that ended
-    just before the clock started (or began after it stopped) is in neither or in both."""
-    lo, hi = window
-    return transfer["stop"] > lo and transfer["start"] < hi
 
 
 def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool = False,

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from .formatting import fmt_value
-from .measure import in_window
 from .sides import NAMES as SIDES
 
 #: classes of activity, highest first: an instant counts for the first one active
@@ -145,6 +144,14 @@ def _transfer_log(dask_worker=None) -> list[dict]:
 
 def _monitor_count(dask_scheduler=None) -> int:
     return dask_scheduler.monitor.count
+
+
+def in_window(transfer: dict, window: tuple[float, float]) -> bool:
+    """Whether a worker's logged transfer belongs to the timed window: it overlaps it. The
+    bench's byte count and the timeline's both take this one rule, so a transfer that ended
+    just before the clock started (or began after it stopped) is in neither or in both."""
+    lo, hi = window
+    return transfer["stop"] > lo and transfer["start"] < hi
 
 
 def from_records(window: tuple[float, float], tasks: list[dict], transfers: dict[str, list[dict]],

@@ -205,7 +205,7 @@ def test_bench_scaling_timeline_keeps_every_part_in_one_png(tmp_path):
 
 
 def test_bench_and_timeline_count_the_same_transfers_at_the_window_edges():
-    from spillway.bench.measure import in_window
+    from spillway.bench.timeline import in_window
 
     window = (100.0, 110.0)
     log = [{"start": 99.9995, "stop": 99.9999, "bytes": 320000, "who": "a"},   # ended before the clock
