@@ -5,7 +5,7 @@ are refused before validation while /healthz keeps answering; 2,000 bad tokens f
 address leave a tenant at that address served.
 
 No latency is asserted (liveness only, with generous bounds); the /healthz figures are
-printed, and ``benchmarks/service/shared_service.py`` measures them."""
+printed (``-s``)."""
 
 from __future__ import annotations
 
