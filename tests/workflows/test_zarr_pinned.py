@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 
 import dask.array as da
 import numpy as np
@@ -81,7 +82,7 @@ def test_one_chunk_swapped_for_a_link_is_refused_on_both_paths(two, which):
     mine, theirs = two
     pinned = pin_store(mine)
     lazy = read.open_array(pinned, "numpy")
-    files = read.replace(chunk_files_of(open_pinned(pinned.pin)), pin=pinned.pin)
+    files = replace(chunk_files_of(open_pinned(pinned.pin)), pin=pinned.pin)
     if which == "chunk":
         _swap_for_link(os.path.join(mine, "c", "1", "0"), os.path.join(theirs, "c", "1", "0"))
     else:
