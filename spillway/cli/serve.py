@@ -14,6 +14,7 @@ from .errors import fail_cleanly
 from .group import CONTEXT
 from .options import cluster_options, resolve
 from spillway.service.jobdb.models import DEFAULT_MAX_QUEUED, DEFAULT_MAX_RUNNING
+from spillway.service.jobdb.private import private_directory
 
 DEFAULT_STATE_DIR = os.path.join(os.environ.get("XDG_STATE_HOME", "~/.local/state"), "spillway")
 
@@ -91,6 +92,8 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     Starts the cluster from the same options as `spillway up`, or attaches to one with
     --scheduler-file / --scheduler-address. The scheduler file for the owner's trusted
     direct access is written to STATE_DIR/scheduler.json (readable by the owner only).
+    The cluster opens no HTTP port (no dashboard unless --dashboard-address is given) and
+    its workers' scratch is STATE_DIR/scratch (0700) unless --local-directory is given.
 
     \b
     Examples:
@@ -110,7 +113,8 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
 
     if bool(https_cert) != bool(https_key):
         raise click.UsageError("--https-cert and --https-key go together")
-    options = _with_security(resolve(options_flags))
+    state = private_directory(state_dir)
+    options = _private_cluster(_with_security(resolve(options_flags)), state)
     limits = ServiceLimits(**limit_flags)
     fd_soft, _ = raise_fd_limit(limits.max_connections)
     if not https_cert and http_host not in LOOPBACK:
@@ -181,6 +185,28 @@ def _with_security(options):
         raise OptionsError(f"security: false ({options.sources['security']}) is not for the service: its cluster "
                            "always requires TLS (a certificate made at start, or tls-ca-file, tls-cert and tls-key)")
     return options.replace(security=True)
+
+
+def _private_cluster(options, state: Path):
+    """The service's own cluster opens no HTTP port and keeps no file where another local
+    user reaches it: the dashboard off unless the owner asks for one (it shows every
+    tenant's tasks, keys and worker logs to whoever connects; with it off the workers
+    start no HTTP server either: :mod:`spillway.cluster.launch.http_server`), and the
+    workers' scratch (spill files, among them tenants' chunks) in STATE_DIR/scratch, made
+    0700, rather than dask's shared temporary directory, which another user can make first.
+    A cluster attached to keeps its own."""
+    if options.attach:
+        return options
+    changes = {}
+    if options.sources.get("dashboard_address", "default") == "default":
+        changes["dashboard_address"] = None
+    elif options.dashboard_address:
+        click.echo(f"spillway: warning: the dashboard ({options.dashboard_address}, "
+                   f"{options.sources['dashboard_address']}) and the workers' HTTP ports answer every local user "
+                   "with every tenant's task keys and worker logs; leave it off on a shared machine", err=True)
+    if options.sources.get("local_directory", "default") == "default":
+        changes["local_directory"] = str(private_directory(state / "scratch"))
+    return options.replace(**changes) if changes else options
 
 
 def _check_apart(results: Path, data_dirs) -> None:

@@ -791,9 +791,12 @@ def _check_spec_start() -> str | None:
     return None
 
 
-def with_scheduler_class(base: type, scheduler_class: Callable[[], type]) -> type:
-    """``base`` (a SpecCluster) whose scheduler is made of ``scheduler_class()``; ``base``
-    itself where SpecCluster starts otherwise."""
+def with_scheduler_class(base: type, scheduler_class: Callable[[], type],
+                         worker_class: Callable[[], type] | None = None) -> type:
+    """``base`` (a SpecCluster) whose scheduler is made of ``scheduler_class()`` and, where
+    ``worker_class`` is given, whose nannies start their worker processes as
+    ``worker_class()`` (Nanny's own ``worker_class``); ``base`` itself where SpecCluster
+    starts otherwise."""
     if not usable("spec_cluster_start"):
         return base
 
@@ -801,6 +804,15 @@ def with_scheduler_class(base: type, scheduler_class: Callable[[], type]) -> typ
         spec = self.scheduler_spec
         if spec is not None and self.scheduler is None:
             self.scheduler_spec = {**spec, "cls": scheduler_class()}
+        if worker_class is not None:
+            # before the first workers are made (SpecCluster makes them after _start), and
+            # in the spec of later ones
+            from distributed import Nanny
+
+            for worker in [*self.worker_spec.values(), getattr(self, "new_spec", None)]:
+                cls = worker.get("cls") if isinstance(worker, dict) else None
+                if isinstance(cls, type) and issubclass(cls, Nanny) and isinstance(worker.get("options"), dict):
+                    worker["options"]["worker_class"] = worker_class()
         await base._start(self)
 
     return type(base.__name__, (base,), {"_start": _start, "__module__": base.__module__})

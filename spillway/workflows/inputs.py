@@ -207,12 +207,14 @@ def open_source(params: Params, target: Target, chunks, *, name: str = "x", stre
 
 
 def _zarr_meta(path: str, input_name: str):
-    import zarr
+    """The zarr array at ``path``, read through the store as pinned (:mod:`.zarr.pinned`)."""
+    from .zarr.pinned import open_pinned, pin_of
 
-    if not os.path.exists(path):
-        raise ParamError(f"{input_name}: {path!r} does not exist (give random or the path of a Zarr v3 array)")
+    pin = pin_of(path, input_name)
     try:
-        array = zarr.open_array(path, mode="r")
+        array = open_pinned(pin)
+    except ParamError:
+        raise
     except Exception as e:  # zarr raises several types for "not an array here"
         raise ParamError(f"{input_name}: {path!r} is not a Zarr array ({type(e).__name__})") from None
     if array.metadata.zarr_format != 3:
@@ -221,17 +223,20 @@ def _zarr_meta(path: str, input_name: str):
 
 
 def _from_zarr(path: str, chunks, backend: str, input_name: str) -> Source:
+    from .zarr.pinned import open_pinned, pin_store
     from .zarr.read import open_array
 
+    # pinned once, here or when the service checked it: the graph, the reference and the
+    # metadata all read the directory named now, whatever is put at its name later
+    path = pin_store(path, input_name)
     meta = _zarr_meta(path, input_name)
     # on GPU workers each stored chunk is read into device memory (zarr.read), then rechunked there
     stored = open_array(path, backend)
     array = stored.rechunk(chunks) if stored.chunksize != tuple(chunks) else stored
+    pin = path.pin
 
     def region(slices):
-        import zarr
-
-        return np.asarray(zarr.open_array(path, mode="r")[slices], dtype=np.float64)
+        return np.asarray(open_pinned(pin)[slices], dtype=np.float64)
 
     nbytes = int(np.prod(meta.shape, dtype=object)) * meta.dtype.itemsize
     return Source(array=array, kind="zarr", region=region, bytes_read=nbytes)

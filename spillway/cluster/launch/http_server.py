@@ -1,5 +1,5 @@
-"""The scheduler's HTTP server: off when no dashboard is asked for, on the cluster's host
-when one is.
+"""The scheduler's and the workers' HTTP servers: off when no dashboard is asked for, on
+the cluster's host when one is.
 
 distributed's scheduler starts its HTTP server (dashboard, ``/health``, Prometheus
 metrics) whatever ``dashboard_address`` says: with ``None`` it listens on port 8787, or on
@@ -9,6 +9,12 @@ clusters here start a scheduler that builds the server's routes but never listen
 dashboard is off (:func:`cluster_class`), and an address given as a port alone (``:8787``,
 which distributed binds on every interface) is bound on the cluster's host
 (:func:`dashboard_kwargs`).
+
+Each worker, too, starts an HTTP server whatever it is told (``/metrics``, ``/health``, on
+a port of its own: ``distributed.worker.http.routes`` empty still listens); where the
+dashboard is off its nanny starts :class:`QuietWorker` instead, which listens on nothing
+but its comm. Without a dashboard nothing reads those pages, and on a shared machine they
+answer every local user (the service's cluster: issue 63).
 """
 
 from __future__ import annotations
@@ -58,7 +64,8 @@ _classes: dict[type, type] = {}
 
 def _without_http(base: type) -> type:
     if base not in _classes:
-        _classes[base] = upstream.with_scheduler_class(base, scheduler_without_http)
+        _classes[base] = upstream.with_scheduler_class(base, scheduler_without_http,
+                                                       lambda: __getattr__("QuietWorker"))
     return _classes[base]
 
 
@@ -81,3 +88,31 @@ def scheduler_without_http() -> type:
 
         _scheduler = QuietScheduler
     return _scheduler
+
+
+def _quiet_worker() -> type:
+    from distributed import Worker
+    from distributed.http.routing import RoutingApplication
+
+    class QuietWorker(Worker):
+        """distributed's Worker with the HTTP server's routes built but nothing listening."""
+
+        def start_http_server(self, routes, dashboard_address, default_port=0, ssl_options=None):
+            self.http_application = RoutingApplication(routes)
+            self.http_server = None
+
+    QuietWorker.__module__, QuietWorker.__qualname__ = __name__, "QuietWorker"
+    return QuietWorker
+
+
+_workers: dict[str, type] = {}
+
+
+def __getattr__(name: str):
+    # built on first use, so importing this module imports no distributed; a nanny names the
+    # class by its import path to the worker process it starts
+    if name == "QuietWorker":
+        if name not in _workers:
+            _workers[name] = _quiet_worker()
+        return _workers[name]
+    raise AttributeError(name)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 
 import anyio
-from fastapi import Request
+from fastapi import HTTPException, Request
 from fastapi.routing import APIRoute
 
 from spillway.cluster.sizes import format_bytes
@@ -97,22 +97,43 @@ async def _refuse(send, status: int, detail: str):
 
 
 class OffLoopRequest(Request):
-    """A request whose JSON body is parsed in a worker thread, not on the event loop."""
+    """A request whose JSON body is parsed in a worker thread, not on the event loop, and
+    checked there by ``checks`` (each takes the document and raises :func:`refusal`)
+    before any validation sees it."""
+
+    checks: tuple = ()
 
     async def json(self):
         if not hasattr(self, "_json"):
             body = await self.body()
-            self._json = await anyio.to_thread.run_sync(json.loads, body)
+            self._json = await anyio.to_thread.run_sync(self._parsed, body)
         return self._json
+
+    def _parsed(self, body: bytes):
+        document = json.loads(body)
+        for check in self.checks:
+            check(document)
+        return document
 
 
 class OffLoopJSONRoute(APIRoute):
-    """The app's routes: FastAPI's handler with :class:`OffLoopRequest`."""
+    """The app's routes: FastAPI's handler with :class:`OffLoopRequest`; a subclass names
+    the ``body_checks`` of its routes' documents."""
+
+    body_checks: tuple = ()
 
     def get_route_handler(self):
         handler = super().get_route_handler()
+        request_class = (type("CheckedRequest", (OffLoopRequest,), {"checks": tuple(self.body_checks)})
+                         if self.body_checks else OffLoopRequest)
 
         async def off_loop(request: Request):
-            return await handler(OffLoopRequest(request.scope, request.receive))
+            return await handler(request_class(request.scope, request.receive))
 
         return off_loop
+
+
+def refusal(field: str, message: str) -> HTTPException:
+    """A 422 in FastAPI's validation shape (as :func:`.errors.param_error`), raised where a
+    validation error would be turned into a 400 (while the body is parsed)."""
+    return HTTPException(422, [{"loc": ["body", *field.split(".")], "msg": message, "type": "value_error"}])

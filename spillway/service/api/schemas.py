@@ -16,17 +16,30 @@ JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 State = Literal["queued", "running", "done", "failed", "cancelled"]
 
 
-def job_request_model(workflow_names: list[str]) -> type[BaseModel]:
+def job_request_model(workflow_names: list[str], param_names: dict[str, list[str]] | None = None) -> type[BaseModel]:
     """The body of ``POST /jobs``; ``workflow`` is an enum of the registered names so the
     spec (and clients generated from it) know the catalogue. Strict: a boolean is ``true``
-    or ``false`` (not ``"yes"``, ``"true"`` or ``0``), a priority a JSON integer."""
+    or ``false`` (not ``"yes"``, ``"true"`` or ``0``), a priority a JSON integer.
+
+    ``params`` is published as the API enforces it (``param_names``: each workflow's
+    parameter names): for each workflow, an object of at most its parameters, keyed by
+    their names; each value's schema is the workflow's (GET /workflows)."""
     names = tuple(workflow_names) or ("",)
+    param_names = param_names or {}
+    everything = sorted(set().union(*param_names.values())) if param_names else []
+    per_workflow = [{"if": {"properties": {"workflow": {"const": name}}, "required": ["workflow"]},
+                     "then": {"properties": {"params": {"propertyNames": {"enum": list(keys)},
+                                                        "maxProperties": len(keys)}}}}
+                    for name, keys in param_names.items()]
+    params_schema = {"propertyNames": {"enum": everything}} if everything else {}
     return create_model(
         "JobRequest",
-        __config__=ConfigDict(extra="forbid", strict=True),
+        __config__=ConfigDict(extra="forbid", strict=True,
+                              json_schema_extra={"allOf": per_workflow} if per_workflow else None),
         workflow=(Literal[names], Field(description="A registered workflow's name (GET /workflows).")),
-        params=(dict[str, Any], Field(default_factory=dict,
-                                      description="Parameters, validated against the workflow's schema.")),
+        params=(dict[str, Any], Field(default_factory=dict, json_schema_extra=params_schema,
+                                      description="Parameters, validated against the workflow's schema "
+                                                  "(GET /workflows): its parameters' names only.")),
         priority=(int, Field(0, ge=-10, le=10, description="Added to the tenant's priority; higher runs first.")),
         verify=(bool, Field(False, description="Check the result against a NumPy float64 reference.")),
         output=(bool, Field(False, description="Write the array result as a Zarr v3 store on the service's "

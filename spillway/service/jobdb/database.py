@@ -20,6 +20,7 @@ from .errors import JobDBError, QuotaExceeded
 from .health import DatabaseHealth
 from .models import (CLUSTER_JOB_BYTES, DEFAULT_MAX_JOB_BYTES, DEFAULT_MAX_QUEUED, DEFAULT_MAX_RUNNING, FINAL_STATES,
                      STATES, Job, LogLine, Tenant, Token)
+from .private import private_database, private_directory
 from .rows import _iso, hash_token, job_dict, now, tenant_dict
 from .schema import migrate
 from .tokens import TokensMixin, new_token
@@ -38,10 +39,11 @@ def database_url(state_dir: str | Path | None, db: str | None) -> str:
         raise JobDBError("state-dir: give a state directory or --db URL")
     path = Path(state_dir).expanduser()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        private_directory(path)
         # SQLite writes beside its file (the journal): a directory that cannot take a new
         # entry is refused here, in one line, not by the first query
         tempfile.TemporaryFile(dir=path).close()
+        private_database(path / DB_FILE)
     except OSError as e:
         raise JobDBError(f"state-dir: cannot write in {str(path)!r} ([Errno {e.errno}] {e.strerror})") from None
     return f"sqlite:///{path / DB_FILE}"

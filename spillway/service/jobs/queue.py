@@ -134,11 +134,12 @@ class JobQueue:
         from spillway.workflows.inputs import RANDOM
 
         spec = workflows.get(workflow)
-        # before planning, which opens the inputs it names
+        params = dict(params)
+        # before planning, which opens the inputs it names (the pinned ones, no other)
         for p in spec.params:
             value = params.get(p.name)
             if p.default == RANDOM and value not in (None, RANDOM):
-                self._check_input(p.name, value)
+                params[p.name] = self._check_input(p.name, value) or value
         # a size the cluster cannot hold is refused for that, in bytes, before any other
         # check of the parameters
         # sized on NumPy metas: the same graph, and the service process touches no GPU to size it
@@ -152,14 +153,25 @@ class JobQueue:
     def _check_input(self, name: str, value) -> str | None:
         """Tenants read Zarr inputs only inside the service's data directories, so a job
         cannot read another tenant's results or any other file the service can. The path
-        resolved (links followed), or None for a value that is not a path."""
+        resolved (links followed) and pinned (:mod:`spillway.workflows.zarr.pinned`): what
+        the job reads is the directory that was inside when checked, whatever is put at its
+        name later. None for a value that is not a path."""
+        from spillway.workflows.zarr.pinned import pin_store
+
         if not isinstance(value, str) or "\x00" in value:
             return None  # not a path at all: the parameter's own check refuses it with its reason
         path = os.path.realpath(os.path.expanduser(value))
+        # checked before anything is opened: a path outside says so, whether or not it exists
+        self._refuse_outside(name, value, path)
+        pinned = pin_store(path, name)
+        # the pin walked its own resolution without following links: inside as it is named
+        self._refuse_outside(name, value, pinned)
+        return pinned
+
+    def _refuse_outside(self, name: str, value: str, path: str) -> None:
         if not self._inside(path):
             where = ", ".join(self.input_roots) if self.input_roots else "none are configured (--data-dir)"
             raise ParamError(f"{name}: {value!r} is outside the service's data directories ({where})")
-        return path
 
     def _inside(self, path: str) -> bool:
         return any(path == root or path.startswith(root + os.sep) for root in self.input_roots)

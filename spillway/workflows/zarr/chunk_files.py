@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .pinned import Pin, open_key
+
 #: chunk encodings the GPU path reads without zarr: "raw" (the bytes codec alone), "zstd"
 #: (bytes + zstd without checksum) and "sharded" (a shard of raw or zstd inner chunks);
 #: anything else is "codecs"
@@ -46,6 +48,9 @@ class ChunkFiles:
     inner_shape: tuple[int, ...] | None = None
     inner_encoding: str | None = None
     index_at_end: bool = True
+    #: the store as checked: chunk files are then opened through it (:mod:`.pinned`),
+    #: never by name, so a link swapped in reads nothing; None for stores spillway writes
+    pin: Pin | None = None
 
     @property
     def inner_grid(self) -> tuple[int, ...]:
@@ -71,14 +76,26 @@ class ChunkFiles:
     def chunk_bytes(self) -> int:
         return math.prod(self.chunk_shape) * np.dtype(self.dtype).itemsize
 
-    def chunk_path(self, coords: tuple[int, ...]) -> str:
-        """The file of the chunk at grid position ``coords``."""
+    def chunk_key(self, coords: tuple[int, ...]) -> str:
+        """The store key of the chunk at grid position ``coords`` (``c/0/1``)."""
         parts = [str(int(c)) for c in coords]
         if self.key_encoding == "default":
-            key = self.separator.join(["c", *parts])
-        else:
-            key = self.separator.join(parts) if parts else "0"
-        return os.path.join(self.root, *key.split("/"))
+            return self.separator.join(["c", *parts])
+        return self.separator.join(parts) if parts else "0"
+
+    def chunk_path(self, coords: tuple[int, ...]) -> str:
+        """The file of the chunk at grid position ``coords``."""
+        return os.path.join(self.root, *self.chunk_key(coords).split("/"))
+
+    def open_chunk(self, coords: tuple[int, ...]) -> int | None:
+        """A read-only descriptor of the chunk's file, or None where it has none (the fill
+        value): through the pinned store where there is one, else by name."""
+        if self.pin is not None:
+            return open_key(self.pin, self.chunk_key(coords))
+        try:
+            return os.open(self.chunk_path(coords), os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
 
     def dask_chunks(self) -> tuple[tuple[int, ...], ...]:
         """One dask block per stored chunk (edge blocks cut to the array)."""
@@ -112,7 +129,7 @@ def _local_root(array) -> str | None:
     """The directory of a local store, else None (other stores go through zarr)."""
     store = array.store
     root = getattr(store, "root", None)
-    if root is None or type(store).__name__ not in ("LocalStore", "GDSStore"):
+    if root is None or type(store).__name__ not in ("LocalStore", "GDSStore", "PinnedStore"):
         return None
     path = getattr(array, "path", "") or ""
     root = os.path.abspath(str(root))

@@ -439,15 +439,22 @@ def bytes_to_read(files, coords, to_device: bool = False) -> int:
     from .chunk_files import ZSTD
     from .stream_decode import need, window_of
 
-    path = files.chunk_path(coords)
+    from .pinned import fd_path
+
     try:
-        size = os.path.getsize(path)
-    except OSError:
-        size = 0
-    if size and to_device and files.encoding == ZSTD and decoder().streams:
-        window = window_of(path)
-        if window is not None:
-            return need(size, files.chunk_bytes, window)
+        fd = files.open_chunk(coords)
+    except (OSError, ValueError):
+        fd = None  # the read itself says why
+    if fd is None:
+        return files.chunk_bytes
+    try:
+        size = os.fstat(fd).st_size
+        if size and to_device and files.encoding == ZSTD and decoder().streams:
+            window = window_of(fd_path(fd))
+            if window is not None:
+                return need(size, files.chunk_bytes, window)
+    finally:
+        os.close(fd)
     return size + files.chunk_bytes
 
 

@@ -14,36 +14,36 @@ import numpy as np
 from ..backend import module_of
 from . import device_io, fallback, host_decode
 from .chunk_files import CODECS, RAW, SHARDED, ZSTD, ChunkFiles, chunk_files_of
+from .pinned import Pin, fd_path, open_key, open_pinned, pin_store
 from .shards import read_shard
 
 
 def open_array(path: str, backend: str):
-    """A lazy dask array over the Zarr v3 array at ``path``: NumPy chunks through
-    ``da.from_zarr`` for ``backend="numpy"``; for ``"cupy"``, one block per stored chunk,
-    each read on the worker into device memory (see the package docstring)."""
+    """A lazy dask array over the Zarr v3 array at ``path``, pinned (:mod:`.pinned`): the
+    array read is the directory ``path`` named now (or when it was checked, for a
+    :class:`~.pinned.PinnedPath`), whatever is put at that name later. NumPy chunks
+    through ``da.from_zarr`` for ``backend="numpy"``; for ``"cupy"``, one block per stored
+    chunk, each read on the worker into device memory (see the package docstring)."""
     import dask.array as da
-
-    if backend == "numpy":
-        import zarr
-
-        shards = getattr(zarr.open_array(path, mode="r"), "shards", None)
-        # a block per shard: dask's default (a block per inner chunk) rereads a shard's
-        # index for each of its inner chunks and makes hundreds of tasks per shard
-        return da.from_zarr(path, chunks=shards) if shards else da.from_zarr(path)
-    if backend != "cupy":
-        raise ValueError(f"backend: {backend!r} is not one of numpy, cupy")
-    import zarr
     from dask.base import tokenize
 
+    if backend not in ("numpy", "cupy"):
+        raise ValueError(f"backend: {backend!r} is not one of numpy, cupy")
+    pin = pin_store(path).pin
+    stored = open_pinned(pin)
+    if backend == "numpy":
+        # a block per shard: dask's default (a block per inner chunk) rereads a shard's
+        # index for each of its inner chunks and makes hundreds of tasks per shard
+        chunks = getattr(stored, "shards", None) or stored.chunks
+        # the keys name the directory read, so two jobs share them only for the same one
+        return da.from_zarr(stored, chunks=chunks, name="from-zarr-" + tokenize(pin, _version_stamp(pin), chunks))
     from ..backend import device_meta
 
-    path = os.path.abspath(os.path.expanduser(path))
-    stored = zarr.open_array(path, mode="r")
-    files = chunk_files_of(stored)
+    files = replace(chunk_files_of(stored), pin=pin)
     if files.root is None:
-        files = replace(files, root=os.path.abspath(path), encoding=CODECS)
+        files = replace(files, root=pin.root, encoding=CODECS)
     return chunk_reads(files, device_meta(np.dtype(files.dtype), len(files.shape)),
-                       "zarr-read-" + tokenize(files, _version_stamp(path)))
+                       "zarr-read-" + tokenize(files, _version_stamp(pin)))
 
 
 def chunk_reads(files: ChunkFiles, meta, name: str):
@@ -54,13 +54,16 @@ def chunk_reads(files: ChunkFiles, meta, name: str):
                          name=name, files=files)
 
 
-def _version_stamp(path: str) -> tuple:
+def _version_stamp(pin: Pin) -> tuple:
     """Changes when the store is rewritten, so dask does not reuse an older read's keys."""
-    try:
-        st = os.stat(os.path.join(path, "zarr.json"))
-        return (st.st_mtime_ns, st.st_size)
-    except OSError:
+    fd = open_key(pin, "zarr.json")
+    if fd is None:
         return ()
+    try:
+        st = os.fstat(fd)
+        return (st.st_mtime_ns, st.st_size)
+    finally:
+        os.close(fd)
 
 
 def read_chunk(files: ChunkFiles, block_info=None):
@@ -92,13 +95,20 @@ def read_direct(files: ChunkFiles, coords, shape, io):
     """Read the chunk at ``coords`` without zarr: the whole file into a buffer of ``io``
     (device memory with KvikIO; host memory in the CPU tests of this logic), viewed as
     the chunk (decoded first if zstd; assembled from its inner chunks if a shard) and cut
-    to ``shape`` at the array's edge. A missing file is the fill value, as in zarr."""
-    path = files.chunk_path(coords)
+    to ``shape`` at the array's edge. A missing file is the fill value, as in zarr. The file
+    is opened once (through the pinned store: :meth:`ChunkFiles.open_chunk`) and read
+    through that descriptor's name, never the chunk's."""
     dtype = np.dtype(files.dtype)
-    try:
-        size = os.path.getsize(path)
-    except FileNotFoundError:
+    fd = files.open_chunk(coords)
+    if fd is None:
         return io.xp.full(shape, files.fill_value, dtype=dtype)
+    try:
+        return _read_open(files, fd_path(fd), os.fstat(fd).st_size, shape, dtype, io)
+    finally:
+        os.close(fd)
+
+
+def _read_open(files: ChunkFiles, path: str, size: int, shape, dtype, io):
     if files.encoding == SHARDED:
         chunk = read_shard(files, path, size, io)
     elif files.encoding == RAW:
@@ -120,7 +130,8 @@ def _read_with_zarr(files: ChunkFiles, location):
     import zarr
 
     region = tuple(slice(int(a), int(b)) for a, b in location)
-    return zarr.open_array(files.root, mode="r")[region]
+    array = open_pinned(files.pin) if files.pin is not None else zarr.open_array(files.root, mode="r")
+    return array[region]
 
 
 def _to_device(block):

@@ -50,8 +50,11 @@ def state_args(state: dict) -> list[str]:
 class Server:
     """One `spillway serve` process."""
 
-    def __init__(self, state: dict, *cluster_args: str, https: tuple[str, str] | None = None):
+    def __init__(self, state: dict, *cluster_args: str, https: tuple[str, str] | None = None,
+                 dashboard_off: bool = True):
         self.state = state
+        #: pass --dashboard-address "" (False: serve's own default)
+        self.dashboard_off = dashboard_off
         self.cluster_args = cluster_args
         self.https = https
         self.port = free_port()
@@ -62,7 +65,7 @@ class Server:
 
     def start(self):
         args = [sys.executable, "-m", "spillway", "serve", "--port", str(self.port), *state_args(self.state),
-                "--dashboard-address", "", *self.cluster_args]
+                *(("--dashboard-address", "") if self.dashboard_off else ()), *self.cluster_args]
         if self.https:
             args += ["--https-cert", self.https[0], "--https-key", self.https[1]]
         self.log.parent.mkdir(parents=True, exist_ok=True)

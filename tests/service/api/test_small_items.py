@@ -89,10 +89,25 @@ def test_failed_tokens_are_counted_per_address():
     wait = failures.retry_after_s("10.0.0.1")
     assert wait is not None and 1 <= wait <= 60
     assert failures.retry_after_s("10.0.0.2") is None
-    bounded = AuthFailures(limit=1, max_addresses=10)
+    bounded = AuthFailures(limit=1, max_keys=10)
     for i in range(100):
         bounded.failed(f"10.0.1.{i}")
-    assert len(bounded._failures) == 10
+    assert len(bounded._failures) == 20
+
+
+def test_a_token_that_authenticated_is_looked_up_from_an_address_held_back():
+    """issue 63: one bad client at a shared address locked out every tenant behind it."""
+    failures = AuthFailures(limit=3, window_s=60)
+    good, stuck = "spw_" + "g" * 40, "spw_" + "s" * 40
+    failures.succeeded(good)
+    for i in range(2000):
+        failures.failed("10.0.0.1", stuck if i % 2 else f"spw_{i:040d}")
+    assert failures.held_back("10.0.0.1", f"spw_{'n' * 40}")[1] == "address"  # an unknown token waits
+    assert failures.held_back("10.0.0.1", stuck)[1] == "token"
+    assert failures.held_back("10.0.0.1", good) is None
+    for _ in range(3):  # a good prefix that then fails is held back by its own count
+        failures.failed("10.0.0.1", good)
+    assert failures.held_back("10.0.0.1", good)[1] == "token"
 
 
 def test_metrics_readings_are_shared_between_scrapes():

@@ -43,7 +43,8 @@ def service(request, tmp_path_factory):
                                                     hard))
     state = {"state_dir": str(tmp_path_factory.mktemp("stalls") / "state")}
     postgres_if_installed(request, state)
-    tokens = {"ann": add_tenant(state, "ann"), "ops": add_tenant(state, "ops", "--admin")}
+    tokens = {"ann": add_tenant(state, "ann"), "ops": add_tenant(state, "ops", "--admin"),
+              "never": add_tenant(state, "never")}
     server = Server(state, "--cpu", "--n-workers", "2", "--header-timeout", str(HEADER_TIMEOUT_S),
                     "--body-timeout", str(BODY_TIMEOUT_S), "--write-timeout", str(WRITE_TIMEOUT_S)).start()
     try:
@@ -249,9 +250,12 @@ def test_guessed_tokens_are_limited_per_address_with_retry_after(service):
             statuses.append(r.status_code)
             if r.status_code == 429:
                 retry.append(int(r.headers["retry-after"]))
-        # the address is held back before any token is looked up, a right one too
-        r = c.get("/jobs", headers={"Authorization": f"Bearer {tokens['ann']}"})
+        # the address is held back before any token is looked up, a right one that never
+        # authenticated too; one that did is served (issue 63: a shared address)
+        r = c.get("/jobs", headers={"Authorization": f"Bearer {tokens['never']}"})
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text
+        r = c.get("/jobs", headers={"Authorization": f"Bearer {tokens['ann']}"})
+        assert r.status_code == 200, r.text
     assert statuses[:30] == [401] * 30 and statuses[30:] == [429] * 10, statuses
     assert all(1 <= s <= 60 for s in retry), retry
     # another address is not

@@ -64,3 +64,27 @@ def test_serve_refuses_bad_options_before_starting(tmp_path):
     helptext = spillway("serve", "--help").stdout
     assert "--host TEXT" in helptext and "Address the HTTP API listens on" in helptext
     assert "--scheduler-port" in helptext and "--rmm-pool-size" in helptext
+
+
+def test_tenant_add_on_a_fresh_state_directory_keeps_it_private(tmp_path):
+    """issue 63: `tenant add` before `serve` (the README's order) left the directory 0755
+    and the database, which holds every tenant's token digests and jobs, 0644 with its
+    -wal and -shm; whichever command makes them, they are the owner's alone."""
+    import stat
+
+    state = tmp_path / "fresh" / "state"
+    old = os.umask(0o022)  # the common umask, which made them readable to all
+    try:
+        assert spillway("tenant", "add", "alice", "--state-dir", str(state)).returncode == 0
+        assert spillway("tenant", "list", "--state-dir", str(state)).returncode == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    files = [p for p in state.iterdir() if p.name.startswith("spillway.db")]
+    assert any(p.name == "spillway.db" for p in files), files
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    # a database made open by an older version is closed up when next opened
+    os.chmod(state / "spillway.db", 0o644)
+    assert spillway("tenant", "list", "--state-dir", str(state)).returncode == 0
+    assert stat.S_IMODE((state / "spillway.db").stat().st_mode) == 0o600
