@@ -78,6 +78,15 @@ def build(params: Params, target: Target):
                        extra={"shape": list(source.shape), "input_dtype": source.dtype})
 
 
+def project(params: Params, target: Target):
+    """The footprint :func:`build` makes, from the parameters alone (no graph)."""
+    shape, dtype = inputs.describe(params)
+    chunks = resolve_chunks(params.chunks, shape, dtype, target)
+    itemsize = np.dtype(dtype).itemsize
+    return footprint(int(np.prod(shape)) * itemsize, 0, int(np.prod(chunks)) * itemsize, target.n_workers,
+                     temporaries=4)
+
+
 WORKFLOW = Workflow(
     name="elementwise",
     description="(sqrt(exp(-x)*sin(3x) + x**2 + 1) / (1 + x)).sum(): an elementwise chain ending in a sum",
@@ -85,4 +94,6 @@ WORKFLOW = Workflow(
     build=build,
     check=check,
     array_inputs=("x",),
+    project=project,
+    array_result=False,
 )

@@ -62,6 +62,15 @@ def build(params: Params, target: Target):
     return array_run(y, probe=y[:, cols], reference=reference, footprint=fp, source=source)
 
 
+def project(params: Params, target: Target):
+    """The footprint :func:`build` makes, from the parameters alone (no graph)."""
+    shape, _, panels = _chunks(params, target)
+    dtype = inputs.describe(params)[1]
+    itemsize = np.dtype(np.result_type(dtype, np.complex64)).itemsize
+    return footprint(shape[0] * shape[1] * np.dtype(dtype).itemsize, shape[0] * shape[1] * itemsize,
+                     panels[0] * panels[1] * itemsize, target.n_workers, temporaries=4)
+
+
 WORKFLOW = Workflow(
     name="fft",
     description="FFT along axis 0 of a seeded random array chunked along that axis (rechunk, then cuFFT)",
@@ -69,4 +78,5 @@ WORKFLOW = Workflow(
     build=build,
     check=check,
     array_inputs=("x",),
+    project=project,
 )

@@ -12,7 +12,7 @@ import numpy as np
 from . import inputs
 from .chunking import resolve_chunks
 from .params import Param, Params, Target
-from .workflow import BYTES_PER_TASK, GraphSize, Workflow, input_chunks
+from .workflow import BYTES_PER_TASK, Footprint, GraphSize, Workflow, input_chunks
 from .results import FULL_CHECK_BYTES, array_run, footprint
 
 COMMON = (*inputs.size_params((4000, 4000), (50000, 50000)), inputs.input_param())
@@ -66,6 +66,24 @@ def _built_run(source, result, rows: np.ndarray, target: Target, what: str):
     return array_run(result, probe=probe, reference=reference, footprint=fp, source=source)
 
 
+def _project(params: Params, target: Target, out_rows) -> Footprint:
+    """The footprint :func:`_built_run` makes, from the parameters alone (no graph):
+    ``out_rows(n_rows)`` is the number of rows of the result."""
+    shape, dtype = inputs.describe(params)
+    chunks = resolve_chunks(params.chunks, shape, dtype, target)
+    itemsize = np.dtype(dtype).itemsize
+    return footprint(shape[0] * shape[1] * itemsize, out_rows(shape[0]) * shape[1] * itemsize,
+                     chunks[0] * chunks[1] * itemsize, target.n_workers, temporaries=3)
+
+
+def slice_project(params: Params, target: Target) -> Footprint:
+    return _project(params, target, lambda n: len(range(0, n, params.step)))
+
+
+def gather_project(params: Params, target: Target) -> Footprint:
+    return _project(params, target, lambda n: params.count or n)
+
+
 def slice_build(params: Params, target: Target):
     source = inputs.open_source(params, target, _chunks(params, target))
     result = source.array[:: params.step]
@@ -87,6 +105,7 @@ SLICE = Workflow(
     build=slice_build,
     check=check,
     array_inputs=("x",),
+    project=slice_project,
 )
 
 def gather_graph(workflow, params: Params, target: Target) -> GraphSize | None:
@@ -113,4 +132,5 @@ GATHER = Workflow(
     check=check,
     array_inputs=("x",),
     graph=gather_graph,
+    project=gather_project,
 )

@@ -98,6 +98,15 @@ def matmul_graph(workflow, params: Params, target: Target):
                      why=f"{rows * rows * inner:,} chunk products of {rows}x{inner} chunks")
 
 
+def matmul_project(params: Params, target: Target):
+    """The footprint :func:`matmul_build` makes, from the parameters alone (no graph)."""
+    xshape, yshape, xchunks, ychunks = _matmul_shapes(params, target)
+    itemsize = np.dtype(inputs.describe(params)[1]).itemsize
+    n, k, m = xshape[0], xshape[1], yshape[1]
+    return footprint((n * k + k * m) * itemsize, n * m * itemsize, xchunks[0] * ychunks[1] * itemsize,
+                     target.n_workers, temporaries=4)
+
+
 MATMUL = Workflow(
     name="matmul",
     description="x @ y of seeded random matrices (y has x's transposed shape); chunks cross between workers",
@@ -106,6 +115,7 @@ MATMUL = Workflow(
     check=matmul_check,
     array_inputs=("x", "y"),
     graph=matmul_graph,
+    project=matmul_project,
 )
 
 # --- tall-skinny QR and SVD

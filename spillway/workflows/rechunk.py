@@ -12,6 +12,7 @@ hold exactly the same values at the same positions.
 
 from __future__ import annotations
 
+import numpy as np
 
 from spillway.cluster.collective import rechunk
 
@@ -73,6 +74,14 @@ def graph(workflow, params: Params, target: Target) -> GraphSize:
                      why=f"{p:,} row panels to {q:,} column panels")
 
 
+def project(params: Params, target: Target):
+    """The footprint :func:`build` makes, from the parameters alone (no graph)."""
+    shape, row_panels, _ = _panels(params, target)
+    itemsize = np.dtype(inputs.describe(params)[1]).itemsize
+    nbytes = shape[0] * shape[1] * itemsize
+    return footprint(nbytes, nbytes, row_panels[0] * row_panels[1] * itemsize, target.n_workers, temporaries=3)
+
+
 WORKFLOW = Workflow(
     name="rechunk",
     description="Rechunk a seeded random array from row panels to column panels (all-to-all)",
@@ -81,4 +90,5 @@ WORKFLOW = Workflow(
     check=check,
     array_inputs=("x",),
     graph=graph,
+    project=project,
 )

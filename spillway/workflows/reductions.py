@@ -128,6 +128,15 @@ def build(params: Params, target: Target):
                        extra={"input_shape": list(source.shape), "input_dtype": source.dtype})
 
 
+def project(params: Params, target: Target):
+    """The footprint :func:`build` makes, from the parameters alone (no graph)."""
+    shape, dtype = inputs.describe(params)
+    chunks = resolve_chunks(params.chunks, shape, dtype, target)
+    itemsize = np.dtype(dtype).itemsize
+    return footprint(int(np.prod(shape)) * itemsize, 0, int(np.prod(chunks)) * itemsize, target.n_workers,
+                     temporaries=2)
+
+
 WORKFLOW = Workflow(
     name="reduction",
     description="sum, mean, std or histogram of a seeded random array (all elements or one axis)",
@@ -135,4 +144,6 @@ WORKFLOW = Workflow(
     build=build,
     check=check,
     array_inputs=("x",),
+    project=project,
+    array_result=False,
 )

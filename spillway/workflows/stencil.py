@@ -93,6 +93,15 @@ def build(params: Params, target: Target):
     return array_run(y, probe=y[rows], reference=reference, footprint=fp, source=source)
 
 
+def project(params: Params, target: Target):
+    """The footprint :func:`build` makes, from the parameters alone (no graph)."""
+    shape, chunks = _shape_chunks(params, target)
+    itemsize = np.dtype(inputs.describe(params, ndim=params.ndim)[1]).itemsize
+    nbytes = int(np.prod(shape)) * itemsize
+    halo_chunk = int(np.prod([c + 2 * params.depth for c in chunks])) * itemsize
+    return footprint(nbytes, nbytes, halo_chunk, target.n_workers, temporaries=4)
+
+
 WORKFLOW = Workflow(
     name="stencil",
     description="Periodic Laplacian of radius depth on a 2-D or 3-D seeded random array (map_overlap halos)",
@@ -100,4 +109,5 @@ WORKFLOW = Workflow(
     build=build,
     check=check,
     array_inputs=("x",),
+    project=project,
 )

@@ -57,6 +57,14 @@ def build(params: Params, target: Target):
                        extra={"shape": list(shape), "chunks": list(chunks), "dtype": source.dtype})
 
 
+def project(params: Params, target: Target):
+    """The footprint :func:`build` makes, from the parameters alone (no graph)."""
+    shape, chunks = _shape_chunks(params, target)
+    itemsize = np.dtype(inputs.describe(params)[1]).itemsize
+    return footprint(shape[0] * shape[1] * itemsize, 0, chunks[0] * chunks[1] * itemsize, target.n_workers,
+                     temporaries=2)
+
+
 WORKFLOW = Workflow(
     name="transpose-sum",
     description="(x + x.T).sum() of a seeded random square array; all-to-all chunk transfers",
@@ -64,4 +72,6 @@ WORKFLOW = Workflow(
     build=build,
     check=check,
     array_inputs=("x",),
+    project=project,
+    array_result=False,
 )

@@ -172,9 +172,13 @@ class Workflow:
     #: any graph is built
     graph: Callable[["Workflow", Params, Target], GraphSize | None] = graph_size
     #: (params, target) -> the built run's :class:`Footprint` without building its graph,
-    #: where the workflow can say it from its parameters (the same function its build
-    #: uses); None: :meth:`projected` builds the graph
+    #: where the workflow can say it from its parameters (the same arithmetic its build
+    #: does); None: :meth:`projected` builds the graph. The service sizes a submission
+    #: with it, so that a job's graph is built once, when it runs
     project: Callable[[Params, Target], Footprint] | None = None
+    #: whether the built run's result is an array (:attr:`BuiltRun.array`) that an output
+    #: store can take, known before the graph is built; False for a summary (a sum)
+    array_result: bool = True
 
     def param(self, name: str) -> Param:
         for p in self.params:

@@ -151,8 +151,8 @@ def test_the_service_sizes_a_submission_on_a_gpu_cluster_without_cupy(monkeypatc
     from spillway.workflows.params import Target
 
     queue = object.__new__(JobQueue)  # the sizing alone: no database, no cluster
-    queue.target = Target(kind="gpu", n_workers=1, worker_bytes=100 * GB)
-    queue.tiers = Capacity(device_bytes=100 * GB, host_bytes=100 * GB, disk_bytes=50 * GB, n_workers=1)
+    queue.target = lambda: Target(kind="gpu", n_workers=1, worker_bytes=100 * GB)
+    queue.tiers = lambda: Capacity(device_bytes=100 * GB, host_bytes=100 * GB, disk_bytes=50 * GB, n_workers=1)
     queue.input_roots = ()
     monkeypatch.setitem(sys.modules, "cupy", _Untouchable("cupy"))
     assert queue.footprint("svd", {"size": "20000000x500"}) > 80 * GB

@@ -19,4 +19,4 @@ router = APIRouter(tags=["catalogue"], route_class=OffLoopJSONRoute)
 @router.get("/workflows", response_model=list[schemas.Workflow], responses=AUTH)
 def catalogue(tenant: Tenant, queue: Queue) -> list[dict[str, Any]]:
     """The workflow catalogue with each workflow's parameter schema (defaults for this cluster)."""
-    return workflows.catalogue(queue.target)
+    return workflows.catalogue(queue.target())

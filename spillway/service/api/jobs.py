@@ -10,6 +10,7 @@ import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Response
+from fastapi.responses import JSONResponse
 
 from spillway import workflows
 from spillway.cluster.errors import AdmissionError, ParamError
@@ -21,6 +22,9 @@ from .errors import param_error
 from .limits import OffLoopJSONRoute, refusal
 
 logger = logging.getLogger("spillway.api")
+
+#: seconds a submission refused for an unreachable cluster is told to wait before trying again
+CLUSTER_RETRY_AFTER_S = 5
 
 NOT_FOUND = {404: {"description": "No such job for this tenant"}}
 AUTH = {401: {"description": "Missing, invalid, revoked or expired token"},
@@ -104,6 +108,9 @@ def quota_refusal(e: Exception) -> HTTPException:
              responses={**AUTH, 400: {"description": "The body is not valid JSON"},
                         409: {"description": "The idempotency key names a job submitted with other values"},
                         429: {"description": "The tenant has its quota of jobs queued (max-queued)"},
+                        503: {"model": schemas.Unavailable,
+                              "description": "The job database, or the cluster a job is sized on, is "
+                                             "unreachable; retry after the Retry-After header's seconds"},
                         200: {"model": schemas.Job, "description": "An earlier job with the same idempotency key"}})
 def submit(body: JobRequest, tenant: Tenant, response: Response, jobdb: JobDB, queue: Queue,
            idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128,
@@ -115,7 +122,17 @@ def submit(body: JobRequest, tenant: Tenant, response: Response, jobdb: JobDB, q
     except QuotaExceeded as e:
         raise quota_refusal(e) from None
     try:
-        footprint = queue.footprint(body.workflow, body.params, output=body.output)
+        # asked now, once for the submission: the workers up now, not those of the start
+        tiers = queue.tiers()
+    except Exception as e:  # noqa: BLE001 (the cluster, not the request, is at fault)
+        logger.warning("sizing a %s job: cannot ask the cluster for its capacity: %s", body.workflow, e)
+        # the text names no address of the cluster: tenants are not told where it runs
+        return JSONResponse({"detail": f"the cluster cannot be asked for its capacity to size the job "
+                                       f"({type(e).__name__}); retry after {CLUSTER_RETRY_AFTER_S} s",
+                             "retry_after_s": CLUSTER_RETRY_AFTER_S}, status_code=503,
+                            headers={"Retry-After": str(CLUSTER_RETRY_AFTER_S)})
+    try:
+        footprint = queue.footprint(body.workflow, body.params, output=body.output, tiers=tiers)
     except AdmissionError as e:
         raise param_error("params", str(e)) from None
     except ParamError as e:
@@ -127,7 +144,7 @@ def submit(body: JobRequest, tenant: Tenant, response: Response, jobdb: JobDB, q
         logger.exception("validating a %s job", body.workflow)
         raise param_error("params", f"params: cannot be validated ({type(e).__name__}: "
                                     f"{str(e)[:200]})") from None
-    _check_job_bytes(tenant, footprint, queue)
+    _check_job_bytes(tenant, footprint, tiers)
     try:
         job, created = jobdb.submit(tenant, workflow=body.workflow, params=body.params, verify=body.verify,
                                     priority=body.priority, idempotency_key=key, footprint_bytes=footprint,
@@ -146,23 +163,24 @@ def submit(body: JobRequest, tenant: Tenant, response: Response, jobdb: JobDB, q
     return shown(queue, job)
 
 
-def _check_job_bytes(tenant: dict, footprint: int, queue) -> None:
+def _check_job_bytes(tenant: dict, footprint: int, tiers) -> None:
     """A 422 for a job past its tenant's per-job limit: a size, the cluster's memory (the
     default: device + host tier) or, for ``cluster``, nothing beyond what admission
     accepted (a job past the whole cluster was refused with the cluster's numbers)."""
     limit = tenant["max_job_bytes"]
     if limit == CLUSTER_JOB_BYTES:
         return
+    memory = tiers.device_bytes + tiers.host_bytes
     if limit is None:
-        if footprint > queue.memory_bytes:
+        if footprint > memory:
             raise param_error("params", f"projected footprint {format_bytes(footprint)} exceeds this tenant's "
-                                        f"limit of {format_bytes(queue.memory_bytes)} per job, the cluster's memory "
+                                        f"limit of {format_bytes(memory)} per job, the cluster's memory "
                                         f"(device + host tier: the default; with its spill disk the cluster "
-                                        f"admits {format_bytes(queue.tiers.total_bytes)} where the owner allows it)")
+                                        f"admits {format_bytes(tiers.total_bytes)} where the owner allows it)")
     elif footprint > limit:
         raise param_error("params", f"projected footprint {format_bytes(footprint)} exceeds this "
                                     f"tenant's limit of {format_bytes(limit)} per job (the cluster admits "
-                                    f"{format_bytes(queue.tiers.total_bytes)})")
+                                    f"{format_bytes(tiers.total_bytes)})")
 
 
 @router.get("/jobs", response_model=schemas.JobList, responses=AUTH)

@@ -66,8 +66,14 @@ class ServiceCollector:
         for state, n in counts.items():
             jobs.add_metric([state], n)
         yield jobs
-        yield GaugeMetricFamily("spillway_capacity_bytes", "Memory the job queue admits jobs against",
-                                value=self.queue.capacity_bytes)
+        try:
+            # the workers up now (an adaptive or Slurm cluster grows and shrinks)
+            capacity = self.queue.worker_memory()
+        except Exception:  # noqa: BLE001 (a scrape while the cluster is away leaves the gauge out)
+            capacity = None
+        if capacity is not None:
+            yield GaugeMetricFamily("spillway_capacity_bytes", "Memory the job queue admits jobs against",
+                                    value=capacity)
         yield CounterMetricFamily("spillway_job_spilled_bytes", "Bytes spilled by finished jobs",
                                   value=self.jobdb.spilled_total())
         snaps, devices = self._workers()

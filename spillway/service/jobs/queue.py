@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable
 
 from spillway.cluster.errors import ParamError
-from spillway.cluster.memory.admission import admit, cluster_capacity
+from spillway.cluster.memory.admission import Capacity, admit, cluster_capacity
 from spillway.run.progress import client_progress
 from spillway.run.compute import run_workflow
 from spillway.run.target import target_of
+from spillway.workflows.params import Target
 from spillway.run.verify import ChildReference
 from ..jobdb import JobDB, is_unavailable
 from .order import behind_reason, next_job, waiting_reasons
@@ -98,13 +99,9 @@ class JobQueue:
         self.results_dir = results_dir
         #: directories tenants may name Zarr inputs in; none means generated inputs only
         self.input_roots = tuple(os.path.realpath(os.path.expanduser(r)) for r in input_roots)
-        self.target = target_of(session)
-        #: what the queue admits running jobs against: every worker's memory limit
-        self.capacity_bytes = self.target.worker_bytes * self.target.n_workers
-        #: device + host + disk of the cluster: a job beyond it is refused when submitted
-        self.tiers = cluster_capacity(session.client)
-        #: device + host tier of the cluster: a tenant's per-job limit unless set
-        self.memory_bytes = self.tiers.device_bytes + self.tiers.host_bytes
+        # the cluster's workers, their memory and their tiers are asked when needed, never
+        # kept from the start: workers join and leave (an adaptive or Slurm cluster)
+        self._unreachable = False
         self._running: dict[str, _Running] = {}
         #: why each tenant's next job waits, as of the loop's last pass (job id -> words)
         self._waiting: dict[str, str] = {}
@@ -124,12 +121,34 @@ class JobQueue:
         return Client(self.session.scheduler_address, security=options.dask_security,
                       set_as_default=False, timeout="30s")
 
+    # --- the cluster now
+
+    def target(self) -> Target:
+        """The workflow target of the workers up now (their kind, count and memory each)."""
+        return target_of(self.session)
+
+    def tiers(self) -> Capacity:
+        """Device + host tier + disk of the workers up now: what a job is admitted against."""
+        return cluster_capacity(self.session.client)
+
+    def worker_memory(self) -> int:
+        """Every worker's memory limit, of the workers up now: the room running jobs share
+        (a job waits until its footprint fits beside theirs)."""
+        target = self.target()
+        return target.worker_bytes * target.n_workers
+
     # --- submission helpers
 
-    def footprint(self, workflow: str, params: dict, *, output: bool = False) -> int:
+    def footprint(self, workflow: str, params: dict, *, output: bool = False,
+                  tiers: Capacity | None = None) -> int:
         """Validate a submission against the workflow on this cluster; the projected
         bytes. Raises :class:`~spillway.cluster.errors.ParamError` (or AdmissionError) with the bad
-        value and the limit, before anything is queued."""
+        value and the limit, before anything is queued. ``tiers``: the cluster's, where
+        the caller asked them already (:meth:`tiers` otherwise).
+
+        No graph is built here: the footprint comes from the parameters (the workflow's
+        ``project``), and the job's graph is built once, when it runs, on the workers'
+        own chunk backend."""
         from spillway import workflows
         from spillway.workflows.inputs import RANDOM
 
@@ -140,15 +159,17 @@ class JobQueue:
             value = params.get(p.name)
             if p.default == RANDOM and value not in (None, RANDOM):
                 params[p.name] = self._check_input(p.name, value) or value
+        tiers = tiers if tiers is not None else self.tiers()
+        # NumPy metas: a workflow without ``project`` is built here to be sized, and the
+        # service process touches no GPU for it
+        sizing = dataclasses.replace(self.target(), chunk_backend="numpy")
         # a size the cluster cannot hold is refused for that, in bytes, before any other
-        # check of the parameters
-        # sized on NumPy metas: the same graph, and the service process touches no GPU to size it
-        sizing = dataclasses.replace(self.target, chunk_backend="numpy")
-        _, built = spec.build_run(params, sizing, fits=lambda floor: admit(workflow, floor, self.tiers))
-        if output and built.array is None:
+        # check of the parameters (admit: the one decision, here and at run time)
+        projected = spec.projected(params, sizing, fits=lambda floor: admit(workflow, floor, tiers))
+        if output and not spec.array_result:
             raise ParamError(f"output: {workflow} has no array result to write (its result is a summary)")
-        admit(workflow, built.footprint, self.tiers)
-        return int(built.footprint.total_bytes)
+        admit(workflow, projected, tiers)
+        return int(projected.total_bytes)
 
     def _check_input(self, name: str, value) -> str | None:
         """Tenants read Zarr inputs only inside the service's data directories, so a job
@@ -360,9 +381,12 @@ class JobQueue:
                 ours = set(self._running)
             running = [j for j in self.jobdb.running() if j["id"] in ours]
             queued = self.jobdb.queued()  # each tenant's next job only
-            job = next_job(queued, running, self.capacity_bytes, self._last_started)
+            capacity = self._room(queued, running)
+            if capacity is None:
+                return  # the workers cannot be asked now: what fits is not known, and no job starts beside others
+            job = next_job(queued, running, capacity, self._last_started)
             if job is None:
-                self._waiting = waiting_reasons(queued, running, self.capacity_bytes, self._last_started)
+                self._waiting = waiting_reasons(queued, running, capacity, self._last_started)
                 self._heads = {j["tenant"]: j["id"] for j in queued}
                 return
             if not self.jobdb.start(job["id"], f"started (attempt {job['attempts'] + 1}) on "
@@ -374,6 +398,24 @@ class JobQueue:
             with self._lock:
                 self._running[job["id"]] = _Running(thread=thread, job=job)
             thread.start()
+
+    def _room(self, queued: list[dict], running: list[dict]) -> int | None:
+        """The workers' memory for this pass, asked of the cluster now; 0 where no job
+        waits beside running ones (with nothing running, the next job starts whatever
+        its size, and the room is not read), None where the cluster does not answer."""
+        if not (queued and running):
+            return 0
+        try:
+            capacity = self.worker_memory()
+        except Exception as e:  # noqa: BLE001 (the loop goes on; the next pass asks again)
+            if not self._unreachable:
+                logger.warning("the job queue cannot ask the cluster for its workers' memory: %s", e)
+            self._unreachable = True
+            return None
+        if self._unreachable:
+            logger.warning("the job queue reaches the cluster again")
+        self._unreachable = False
+        return capacity
 
     # --- one job
 

@@ -63,7 +63,7 @@ def test_a_job_past_the_workers_memory_runs_alone_and_the_next_waits(session, tm
     params = {"size": "3000x3000", "chunks": "100x100"}
     footprint = sched.footprint("transpose-sum", params)
     # the workers hold less than one job: each runs alone, the other waits for memory
-    sched.capacity_bytes = footprint - 1
+    sched.worker_memory = lambda: footprint - 1
     ids = []
     for name in ("ann", "ben"):
         tenant, _ = jobdb.add_tenant(name)
