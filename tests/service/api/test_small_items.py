@@ -206,3 +206,23 @@ def test_headers_past_the_limit_get_431_and_a_large_body_after_them_does_not(gua
     answer = _exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 40_000, b"a" * 40_000)
     assert stats.headers_too_large == before + 1
     assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:200]
+
+
+def test_a_submission_the_cluster_cannot_size_is_told_to_retry_and_nothing_is_queued(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from spillway.service.api import create_app
+
+    jobdb = JobDB(f"sqlite:///{tmp_path / 'jobs.db'}")
+    _, token = jobdb.add_tenant("ann")
+    queue = mock.MagicMock()
+    queue.tiers.side_effect = OSError("Timed out trying to connect to tls://10.0.0.7:8786")
+    client = TestClient(create_app(jobdb, queue))
+    r = client.post("/jobs", json={"workflow": "reduction", "params": {"size": "1000x1000"}},
+                    headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 503, r.text
+    assert int(r.headers["Retry-After"]) > 0 and r.json()["retry_after_s"] == int(r.headers["Retry-After"])
+    # the cluster's address stays the service's own
+    assert "10.0.0.7" not in r.text and "OSError" in r.json()["detail"]
+    queue.footprint.assert_not_called()
+    assert jobdb.jobs() == []
