@@ -71,9 +71,8 @@ def build(params: Params, target: Target):
         return (sum(s for _, _, s in source.panels(then=chain_sum)),
                 "numpy float64 chain(x).sum(), by row panels")
 
-    x = source.array
-    chunk_bytes = int(np.prod(x.chunksize)) * x.dtype.itemsize
-    fp = footprint(source.nbytes, 0, chunk_bytes, target.n_workers, temporaries=4)
+    # the submission was sized by the same function, from the parameters alone
+    fp = project(params, target)
     return scalar_run(total, reference=reference, footprint=fp, dtype=source.dtype, source=source, name="sum",
                        extra={"shape": list(source.shape), "input_dtype": source.dtype})
 

@@ -57,8 +57,8 @@ def build(params: Params, target: Target):
         return np.fft.fft(source.region((slice(0, shape[0]), cols)), axis=0), \
             f"numpy complex128 fft(x[:, {cols.start}:{cols.stop}], axis=0)"
 
-    chunk_bytes = panels[0] * panels[1] * itemsize
-    fp = footprint(source.nbytes, shape[0] * shape[1] * itemsize, chunk_bytes, target.n_workers, temporaries=4)
+    # the submission was sized by the same function, from the parameters alone
+    fp = project(params, target)
     return array_run(y, probe=y[:, cols], reference=reference, footprint=fp, source=source)
 
 

@@ -57,8 +57,8 @@ def build(params: Params, target: Target):
         return source.region(probe), f"numpy float64 x[{probe[0].start}:{probe[0].stop}, " \
                                      f"{probe[1].start}:{probe[1].stop}] (values unchanged)"
 
-    chunk_bytes = row_panels[0] * row_panels[1] * itemsize
-    fp = footprint(source.nbytes, source.nbytes, chunk_bytes, target.n_workers, temporaries=3)
+    # the submission was sized by the same function, from the parameters alone
+    fp = project(params, target)
     return array_run(y, probe=y[probe], reference=reference, footprint=fp, source=source)
 
 

@@ -119,8 +119,8 @@ def build(params: Params, target: Target):
     source = inputs.open_source(params, target, _chunks(params, target))
     x = source.array
     result = compute(x, params)
-    chunk_bytes = int(np.prod(x.chunksize)) * x.dtype.itemsize
-    fp = footprint(source.nbytes, 0, chunk_bytes, target.n_workers, temporaries=2)
+    # the submission was sized by the same function, from the parameters alone
+    fp = project(params, target)
     # "shape" is the result's (the bins of a histogram, the row sums of axis=1): the input's
     # has a name of its own
     return scalar_run(result, reference=lambda: reference(source, params), footprint=fp, source=source,

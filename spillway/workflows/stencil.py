@@ -88,8 +88,8 @@ def build(params: Params, target: Target):
         return laplacian(padded, depth)[inner], \
             f"numpy float64 laplacian of x[{rows.start}:{rows.stop}] (periodic halo {depth})"
 
-    halo_chunk = int(np.prod([c + 2 * depth for c in chunks])) * itemsize
-    fp = footprint(source.nbytes, source.nbytes, halo_chunk, target.n_workers, temporaries=4)
+    # the submission was sized by the same function, from the parameters alone
+    fp = project(params, target)
     return array_run(y, probe=y[rows], reference=reference, footprint=fp, source=source)
 
 

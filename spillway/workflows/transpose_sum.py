@@ -50,9 +50,8 @@ def build(params: Params, target: Target):
         # identity sum(x + x.T) = 2 sum(x) is used only here, in the check, never in the workflow.
         return 2 * sum(s for _, _, s in source.panels(then=np.sum)), "numpy float64 2*sum(x), by row panels"
 
-    chunk_bytes = chunks[0] * chunks[1] * x.dtype.itemsize
-    # the input, plus per worker a received mirror chunk and the sum's temporary
-    fp = footprint(source.nbytes, 0, chunk_bytes, target.n_workers, temporaries=2)
+    # the submission was sized by the same function, from the parameters alone
+    fp = project(params, target)
     return scalar_run(total, reference=reference, footprint=fp, dtype=source.dtype, source=source, name="sum",
                        extra={"shape": list(shape), "chunks": list(chunks), "dtype": source.dtype})
 
@@ -61,6 +60,7 @@ def project(params: Params, target: Target):
     """The footprint :func:`build` makes, from the parameters alone (no graph)."""
     shape, chunks = _shape_chunks(params, target)
     itemsize = np.dtype(inputs.describe(params)[1]).itemsize
+    # the input, plus per worker a received mirror chunk and the sum's temporary
     return footprint(shape[0] * shape[1] * itemsize, 0, chunks[0] * chunks[1] * itemsize, target.n_workers,
                      temporaries=2)
 
