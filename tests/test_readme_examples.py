@@ -4,8 +4,11 @@ this checkout first on the paths), or named below with why it cannot run on a CP
 (and which test runs it where one does). A block that is neither fails the test, so a new
 example is run or its reason written down.
 
-A Python block is run as a script; a shell block with bash -e, lines that need what this
-machine has not (a Slurm cluster, a service) left out where the block says which. The
+A block may say so itself, on the line before its fence: ``<!-- readme-example: not here:
+REASON -->``. A Python block is run as a script where it has a ``__main__`` guard, else as
+a notebook runs a cell (``python -c``: no script for the workers to import again); a shell
+block with bash -e, lines that need what this machine has not (a Slurm cluster, a service)
+left out where the block says which. The
 systemd block runs as root would run it, with the machine's directories under a temporary
 one and stand-ins for the commands that change the machine (``SANDBOXED``).
 """
@@ -25,6 +28,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 READMES = ("README.md", "examples/README.md")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+#: a block's own word that it does not run here, and why, on the line before its fence
+MARKER = re.compile(r"<!-- readme-example: not here: ([^\n]+?) -->\n\Z")
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,8 @@ class Block:
     line: int
     language: str
     text: str
+    #: the reason its marker gives, where it has one
+    not_here: str | None = None
 
     @property
     def id(self) -> str:
@@ -44,13 +51,16 @@ def blocks() -> list[Block]:
     for readme in READMES:
         text = (ROOT / readme).read_text()
         for match in FENCE.finditer(text):
-            found.append(Block(readme, text[:match.start()].count("\n") + 1, match.group(1), match.group(2)))
+            marker = MARKER.search(text, max(0, match.start() - 2000), match.start())
+            found.append(Block(readme, text[:match.start()].count("\n") + 1, match.group(1), match.group(2),
+                               " ".join(marker.group(1).split()) if marker else None))
     return found
 
 
 #: blocks that run here, by a piece of their text -> the lines of theirs that run (a
 #: prefix each starts with; None: the whole block)
 RUN: dict[str, tuple[str, ...] | None] = {
+    'with spillway.local() as cluster:': None,
     'with spillway.local(cpu=True) as cluster:': None,
     'cluster.scale(3)': None,
     'spillway tenant add alice ': ("spillway tenant",),
@@ -63,12 +73,12 @@ RUN: dict[str, tuple[str, ...] | None] = {
 NOT_HERE: dict[str, str] = {
     "pip install -e \".[${v:+cuda}${v:-cpu}]\"": "the install command: .ci/run runs the test command, which installs the same way",
     'pip install -q -e ".[test]"': "the test command itself (.ci/run runs it)",
-    'with spillway.local(rmm_pool_size="20GB")': "sizes of a GPU host (200 GB) and a service URL; the script blocks "
-                                                 "and examples/*.ipynb (tests/examples) run these calls on CPU",
     "spillway run WORKFLOW [--param K=V ...]": "a synopsis (WORKFLOW and F are placeholders)",
-    'service = spillway.connect("http://127.0.0.1:8765", token)': "a 108 GB job on a running service with a "
+    'service = spillway.connect("http://127.0.0.1:8000", token)': "GPU: a 108 GB job (1.35x an 80 GB GPU) on a "
+                                                                     "running service with a "
                                                                      "tenant's token; tests/service/test_client.py",
-    "curl -H \"Authorization: Bearer $TOKEN\"": "needs a running service and a token; tests/service/api",
+    "curl -H \"Authorization: Bearer $TOKEN\"": "needs a running service and a tenant's token; tests/service/api "
+                                                "submits the same body",
     "OUTPUT_DIR/spillway-JOBID.out": "a listing of a job's files",
     "spillway slurm render WORKFLOW [--param K=V ...]": "a synopsis (WORKFLOW, N, G are placeholders)",
     "#!/usr/bin/env bash": "the rendered script, compared with what render prints by tests/deploy/test_slurm_queue.py",
@@ -80,6 +90,8 @@ NOT_HERE: dict[str, str] = {
 
 
 def _classify(block: Block) -> tuple[str, object]:
+    if block.not_here:
+        return "skip", block.not_here
     runs = [key for key in RUN if key in block.text]
     skips = [key for key in NOT_HERE if key in block.text]
     assert len(runs) + len(skips) == 1, (
@@ -93,6 +105,9 @@ def test_every_block_is_run_or_said_why_not():
     seen = {"run": set(), "skip": set()}
     for block in blocks():
         what, _ = _classify(block)
+        if block.not_here:
+            assert not [k for k in (*RUN, *NOT_HERE) if k in block.text], f"{block.id}: marked and listed"
+            continue
         key = next(k for k in (*RUN, *NOT_HERE) if k in block.text)
         seen[what].add(key)
     assert seen["run"] == set(RUN) and seen["skip"] == set(NOT_HERE), "an entry matches no block any more"
@@ -127,7 +142,9 @@ def test_the_block_runs_as_written(block, tmp_path):
     (here / "spillway").symlink_to(ROOT / "spillway")
     env = _environment(tmp_path)
     sandbox = None
-    if block.language == "python":
+    if block.language == "python" and '__name__ == "__main__"' not in block.text:
+        args = [sys.executable, "-c", block.text]  # a notebook's cell: no script to import again
+    elif block.language == "python":
         (here / "example.py").write_text(block.text)
         args = [sys.executable, "example.py"]
     else:
@@ -213,3 +230,16 @@ def _only(text: str, prefixes: tuple[str, ...]) -> str:
             kept.append(line)
         keep = keep and line.rstrip().endswith("\\")
     return "\n".join(kept) + "\n"
+
+
+def test_the_commands_block_names_every_command():
+    """The README's synopsis of the CLI leaves no command out."""
+    from click.testing import CliRunner
+
+    from spillway.cli import main
+
+    synopsis = next(b.text for b in blocks() if "spillway run WORKFLOW [--param K=V ...]" in b.text)
+    named = {line.split()[1] for line in synopsis.splitlines() if line.startswith("spillway ")}
+    listed = CliRunner().invoke(main, ["--help"]).output.split("Commands:", 1)[1]
+    commands = {line.split()[0] for line in listed.splitlines() if line.strip()}
+    assert commands - named == set(), f"the README's Commands block leaves out {sorted(commands - named)}"

@@ -23,8 +23,10 @@ def first_sentence(text: str) -> str:
 
 def cluster_options(func=None, *, brief: bool = False):
     """Add one flag per option; the command receives them as ``options_flags`` (None
-    where a flag was not given). ``brief``: each flag's help is its first sentence (the
-    whole of it: ``spillway config --help``, and the README's table)."""
+    where a flag was not given). ``brief``: only the options people commonly change are
+    shown, each by the first sentence of its help; every other flag is still accepted,
+    hidden from the help (the whole list: ``spillway config --help``, and the README's
+    table)."""
     if func is None:
         return functools.partial(cluster_options, brief=brief)
 
@@ -35,10 +37,12 @@ def cluster_options(func=None, *, brief: bool = False):
 
     for o in reversed(OPTIONS):
         text = first_sentence(o.help) if brief else o.help
+        hidden = brief and not o.common
         if o.switch:
-            wrapper = click.option(f"{o.flag}/--no-{o.key}", o.name, default=None, help=text)(wrapper)
+            wrapper = click.option(f"{o.flag}/--no-{o.key}", o.name, default=None, help=text, hidden=hidden)(wrapper)
         else:
-            wrapper = click.option(o.flag, o.name, default=None, metavar="VALUE", help=text)(wrapper)
+            wrapper = click.option(o.flag, o.name, default=None, metavar="VALUE", help=text,
+                                   hidden=hidden)(wrapper)
     return wrapper
 
 

@@ -34,7 +34,8 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
     Without --scheduler-address or --scheduler-file, starts the embedded default cluster
     (one worker per visible GPU, or CPU workers where there is none) and stops it after.
     The workflows and their parameters: `spillway workflows` (`--json` for the schemas).
-    The cluster flags in full: `spillway config --help`.
+    Shown below are the cluster flags people change most; every other one (`spillway config
+    --help` lists them all) is accepted here too.
 
     \b
     Examples:

@@ -297,16 +297,18 @@ def _devices_text(devices: tuple[int | str, ...] | None) -> str:
 
 
 def option(default, parse: Callable[[Any, str], Any], *, help: str, worker: bool = False, gpu: bool = False,
-           config_form: Callable[[Any], Any] | None = None):
+           common: bool = False, config_form: Callable[[Any], Any] | None = None):
     """Declares an option as a field of :class:`Options`: its ``default`` (as the options
     object holds it), the parser that reads and checks its values (and carries their JSON
     schema), its ``help`` (the CLI flag's, the schema's description, the README's), whether
     a node's GPU workers are built from it (``worker``: ``spillway worker`` then gets it as a
     flag), whether only GPU workers use it (``gpu``: CPU workers leave it aside, and say so
-    where it was set) and, where the parsed value is not how config files write it,
-    ``config_form``."""
+    where it was set), whether it is one of the few people change (``common``: shown in
+    the short help of ``spillway run``, ``up`` and ``serve``, the others accepted there but
+    listed by ``spillway config --help`` only) and, where the parsed value is not how
+    config files write it, ``config_form``."""
     return field(default=default, metadata={"option": dict(parse=parse, help=help, worker=worker, gpu=gpu,
-                                                           config_form=config_form)})
+                                                           common=common, config_form=config_form)})
 
 
 @dataclass(frozen=True)
@@ -322,6 +324,8 @@ class Option:
     worker: bool = False
     #: only GPU workers use it
     gpu: bool = False
+    #: shown in the commands' short help
+    common: bool = False
     config_form: Callable[[Any], Any] | None = None
 
     @property
@@ -378,10 +382,10 @@ class Options(RmmAndTls):
     """Every cluster setting, validated. Build it with :meth:`resolve`."""
 
     devices: tuple[int | str, ...] | None = option(
-        None, _devices, config_form=_devices_text, gpu=True,
+        None, _devices, config_form=_devices_text, gpu=True, common=True,
         help="GPUs to use, as `all`, or comma-separated indices or UUIDs (`0,1`, `GPU-3f2a...`).")
     n_workers: int | None = option(
-        None, _optional(_int(1)),
+        None, _optional(_int(1)), common=True,
         help="Number of workers; null means one per selected GPU (or one per core, at most 4, on "
              "CPU).")
     workers_per_gpu: int = option(
@@ -394,10 +398,10 @@ class Options(RmmAndTls):
         1, _int(1, 1024), worker=True,
         help="Threads in each worker process.")
     cpu: bool = option(
-        False, _bool,
+        False, _bool, common=True,
         help="Run on CPU workers with NumPy chunks even where GPUs are present.")
     rmm_pool_size: int | float | str | None = option(
-        "auto", _optional(_auto_or(_size_or_fraction)), worker=True, gpu=True,
+        "auto", _optional(_auto_or(_size_or_fraction)), worker=True, gpu=True, common=True,
         help="Initial RMM pool size per worker (bytes such as `20GB`, or a fraction of the GPU's "
              "memory); `auto` takes 90% of the GPU unless rmm-async or rmm-managed-memory is set "
              "(a pool keeps CUDA IPC handles cached for NVLink transfers); null for no pool.")
@@ -424,11 +428,11 @@ class Options(RmmAndTls):
         help="Wrap each worker's RMM resource in a tracking adaptor so the dashboard shows "
              "allocated bytes (slower).")
     device_memory_limit: int | float | str = option(
-        "default", _limit("default", "auto"), worker=True, gpu=True,
+        "default", _limit("default", "auto"), worker=True, gpu=True, common=True,
         help="Device bytes a worker may hold before it spills to host (`default` is 80% of the "
              "GPU, a size, a fraction, or 0 for no spilling).")
     memory_limit: int | float | str = option(
-        "auto", _limit("auto"), worker=True,
+        "auto", _limit("auto"), worker=True, common=True,
         help="Host bytes per worker before it spills to disk (`auto` shares the machine's memory "
              "evenly, a size, a fraction, or 0 for no limit).")
     local_directory: str | None = option(
@@ -556,10 +560,10 @@ class Options(RmmAndTls):
              "a process without them cannot connect. `spillway serve` always does this unless the "
              "TLS files are given. Local clusters only; a Slurm or MPI cluster takes the TLS files.")
     scheduler_address: str | None = option(
-        None, _optional(_str),
+        None, _optional(_str), common=True,
         help="Attach to this running scheduler instead of starting a cluster.")
     scheduler_file: str | None = option(
-        None, _optional(_str),
+        None, _optional(_str), common=True,
         help="Attach to the scheduler described by this file (written by `spillway up` or a "
              "Slurm job).")
     #: where each value came from: "default", "dask config", "env DASK_SPILLWAY__…",

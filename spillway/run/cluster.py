@@ -52,9 +52,9 @@ def entries_to_close(spec: Mapping, running: set, keep: int) -> list:
 
 
 def session_config(config: Mapping) -> dict:
-    """Dask settings for the user's own code while a spillway cluster is open (local, attached or of Slurm jobs: the same
-    code takes the same path on each): rechunks take
-    the peer-to-peer path, which on spillway's clusters is the collective
+    """Dask settings for the user's own code while a spillway cluster is open (local, attached
+    or of Slurm jobs: the same code takes the same path on each): rechunks take the
+    peer-to-peer path, which on spillway's clusters is the collective
     (:mod:`spillway.cluster.collective`: pieces cut once, moved in bulk device to device,
     a few tasks a chunk) whatever the graph's size; dask alone would pick its task-based
     method below its threshold. A method the user chose is kept."""
@@ -62,6 +62,28 @@ def session_config(config: Mapping) -> dict:
     if chosen is not None:
         return {}
     return {"array.rechunk.method": "p2p"}
+
+
+def _retiring_adaptive():
+    """dask's Adaptive, whose scale-down retires the workers without closing them and then
+    has the cluster close their nannies, as SpecCluster closes the workers it drops.
+
+    Adaptive's own asks the scheduler to close the retired workers as well; each then
+    closes itself, behind its nanny's back, while the cluster closes the nanny: the
+    nanny's close started by the worker's exit is cancelled by the cluster's (an ERROR
+    and a traceback ending in CancelledError), and the worker process's stop-queue thread
+    is left reading a queue its own exit closes ("Worker process died unexpectedly").
+    A nanny that stops its worker itself does neither."""
+    from distributed.deploy.adaptive import Adaptive
+
+    class RetiringAdaptive(Adaptive):
+        async def scale_down(self, workers):
+            if not workers:
+                return
+            await self.scheduler.retire_workers(names=workers, remove=True, close_workers=False)
+            await self.cluster.scale_down(workers)
+
+    return RetiringAdaptive
 
 
 class Cluster:
@@ -149,7 +171,7 @@ class Cluster:
             # takes addresses, so nothing would be moved and what they held recomputed),
             # then these very entries closed (scale() would pick its own)
             names = [name for entry in going for name in worker_names(entry, cluster.worker_spec[entry])]
-            self.client.retire_workers(names=names)
+            self.client.retire_workers(names=names, close_workers=False)  # their nannies stop them
             upstream.close_spec_workers(cluster, going)
         if len(cluster.worker_spec) < entries:
             # SpecCluster's own: a subclass's scale(n) may count workers, not entries
@@ -172,6 +194,7 @@ class Cluster:
         if minimum > maximum:
             raise OptionsError(f"minimum: {minimum} is above maximum {maximum}")
         self._check_size(maximum, "maximum")
+        adaptive.setdefault("Adaptive", _retiring_adaptive())
         return self._scalable("adapt").adapt(minimum=minimum, maximum=maximum, **adaptive)
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:

@@ -32,6 +32,42 @@ def test_help_has_examples(command):
     assert "Example" in result.output
 
 
+@pytest.mark.parametrize("command", ["run", "up"])
+def test_short_help_shows_the_common_cluster_flags_and_points_to_the_rest(command):
+    from spillway.cluster.options import OPTIONS
+
+    text = invoke(command, "--help", terminal_width=80).output
+    assert len(text.splitlines()) <= 60, f"{len(text.splitlines())} lines:\n{text}"
+    shown = {o.flag for o in OPTIONS if re.search(rf"^  {re.escape(o.flag)}\b", text, re.M)}
+    assert shown == {o.flag for o in OPTIONS if o.common}, shown
+    assert {"--devices", "--n-workers", "--memory-limit", "--device-memory-limit"} <= shown
+    assert "--threads-per-worker" not in text and "--transfer-offload" not in text
+    if command == "run":
+        assert "`spillway config --help`" in " ".join(text.split())
+    # every flag, hidden or not, is in spillway config's help
+    full = invoke("config", "--help").output
+    assert all(o.flag in full for o in OPTIONS)
+
+
+def test_hidden_cluster_flags_are_still_taken(monkeypatch):
+    import spillway.cli.run as run_module
+
+    seen = {}
+
+    def resolve(flags):
+        seen.update(flags)
+        raise SystemExit(0)  # enough: the flags were parsed; no cluster
+
+    monkeypatch.setattr(run_module, "resolve", resolve)
+    result = invoke("run", "transpose-sum", "--threads-per-worker", "2", "--no-prefetch", "--transfer-offload", "1GB")
+    assert result.exit_code == 0, result.output
+    assert (seen["threads_per_worker"], seen["prefetch"], seen["transfer_offload"]) == ("2", False, "1GB")
+    # and checked as any flag is: a bad value of a hidden one is one line, exit 2
+    monkeypatch.undo()
+    bad = CliRunner().invoke(main, ["run", "transpose-sum", "--threads-per-worker", "0"])
+    assert bad.exit_code == 2 and "threads-per-worker" in bad.output and len(bad.output.splitlines()) == 1, bad.output
+
+
 def test_help_imports_no_gpu_or_cluster_library():
     code = ("import sys; from click.testing import CliRunner; from spillway.cli import main; "
             "r = CliRunner().invoke(main, ['--help']); assert r.exit_code == 0; "

@@ -136,3 +136,43 @@ def test_a_closed_cluster_says_so_in_one_line():
                                      "spillway.slurm(...))")
     assert repr(lc) == "<spillway local cluster: closed>"
     lc.close()  # a second close does nothing
+
+
+ADAPT_SCRIPT = '''
+import time
+import spillway
+
+def until(cluster, n, what):
+    deadline = time.monotonic() + 120
+    while cluster.n_workers != n:
+        assert time.monotonic() < deadline, f"no {what} within 120 s: {cluster.n_workers} workers"
+        time.sleep(0.1)
+
+if __name__ == "__main__":
+    with spillway.local(cpu=True, n_workers=2, dashboard_address="127.0.0.1:0") as cluster:
+        cluster.adapt(minimum=0, maximum=2, interval="100ms", wait_count=2)
+        for cycle in range(3):
+            until(cluster, 0, "scale-down to 0")
+            futures = cluster.client.map(time.sleep, [0.5] * 40, pure=False)
+            until(cluster, 2, "scale-up to 2")
+            cluster.client.gather(futures)
+            del futures
+        until(cluster, 0, "last scale-down to 0")
+        print("cycles done")
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_adapting_down_and_up_prints_no_error(tmp_path):
+    """Scale-downs under adapt() leave nothing alarming in the output: no ERROR line of a
+    nanny whose close was cancelled, no traceback of a worker's stop queue."""
+    import subprocess
+    import sys
+
+    (tmp_path / "adapt.py").write_text(ADAPT_SCRIPT)
+    done = subprocess.run([sys.executable, "adapt.py"], cwd=tmp_path, capture_output=True, text=True, timeout=360)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "cycles done" in done.stdout, output[-3000:]
+    alarming = [line for line in output.splitlines() if "ERROR" in line or "Traceback" in line]
+    assert not alarming, output[-3000:]

@@ -20,7 +20,7 @@ from .gpu_worker import DEATH_TIMEOUT_S, TIERED_WORKER, node_plan, run_node
 from .plan import HostProbe, LaunchPlan, cuda_stack_installed, plan, ucxx_installed, uses_tiered_store
 from .protocol import choose_protocol
 from .render import dask_cuda_kwargs, dask_cuda_worker_flags, flag_value, store_data, tls_flags
-from .http_server import scheduler_without_http
+from .http_server import free_dashboard_address, scheduler_without_http
 from .session import Session, open_cluster, plan_when_free, register_plugins, scheduler_workers
 from .spec import WorkerSpec, off_node_spec, one_for_all, worker_specs
 from .ucx_env import QUIET_UCX, quiet_ucx
@@ -40,5 +40,6 @@ __all__ = [
     # `spillway config` reads of the machine
     "run_node", "ucxx_installed", "cuda_stack_installed",
     # a scheduler without an HTTP server, for a cluster manager that starts its own
+    "free_dashboard_address",
     "scheduler_without_http",
 ]

@@ -8,7 +8,9 @@ port N instead"), and ``dashboard=False`` only leaves the Bokeh pages out of it.
 clusters here start a scheduler that builds the server's routes but never listens when the
 dashboard is off (:func:`cluster_class`), and an address given as a port alone (``:8787``,
 which distributed binds on every interface) is bound on the cluster's host
-(:func:`dashboard_kwargs`).
+(:func:`dashboard_kwargs`). A port another process holds (the default 8787 where a
+second cluster runs on the machine) becomes a free one before the scheduler starts
+(:func:`free_dashboard_address`), without distributed's four-line warning.
 
 Each worker, too, starts an HTTP server whatever it is told (``/metrics``, ``/health``, on
 a port of its own: ``distributed.worker.http.routes`` empty still listens); where the
@@ -18,6 +20,9 @@ answer every local user (the service's cluster: issue 63).
 """
 
 from __future__ import annotations
+
+import errno
+import socket
 
 from .. import upstream
 from ..options import Options
@@ -36,7 +41,36 @@ def dashboard_kwargs(options: Options) -> dict:
     if sep and not host and options.interface is None and options.host:
         # a port alone: distributed would listen on 0.0.0.0; keep to the cluster's host
         address = f"{_bracketed(options.host)}:{port}"
-    return {"dashboard_address": address}
+    return {"dashboard_address": free_dashboard_address(address)}
+
+
+def free_dashboard_address(address: str) -> str:
+    """``address``, or the same host with port 0 (a free one, which the cluster's
+    ``dashboard_link`` names) where another process listens on its port. distributed
+    does the same when the bind fails, but warns in four lines at every cluster start
+    while another cluster runs on the machine."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) == 0 or port_free(host.strip("[]") or "0.0.0.0", int(port)):
+        return address
+    return f"{host}:0"
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a TCP listener could bind ``host:port`` now (as tornado binds it, with
+    SO_REUSEADDR, so a port in TIME_WAIT counts as free). A host this machine cannot
+    bind at all is left for the scheduler to refuse in its own words."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return True
+    family, kind, proto, _, where = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(where)
+        except OSError as e:
+            return e.errno != errno.EADDRINUSE
+    return True
 
 
 def _bracketed(host: str) -> str:

@@ -99,6 +99,10 @@ def plan_when_free(options: Options, host: HostProbe, *, wait_s: float = GPU_BUS
             time.sleep(1.0)
 
 
+#: seconds a client waits for a scheduler it attaches to
+ATTACH_TIMEOUT_S = 30
+
+
 def connect_client(options: Options, cluster=None):
     """A client of ``cluster``, else of the scheduler the options name: a scheduler file
     that is not there, or an address nothing answers on, is refused in one line (distributed
@@ -116,11 +120,63 @@ def connect_client(options: Options, cluster=None):
         _refuse_stale(options.scheduler_file)
     else:
         where, kwargs = f"scheduler-address: {options.scheduler_address!r}", {"address": options.scheduler_address}
+    security = _attach_security(options)
+    _refuse_non_scheduler(where, kwargs.get("address") or _file_address(options.scheduler_file), security)
     try:
-        return Client(**kwargs, security=_attach_security(options), timeout=f"{ATTACH_TIMEOUT_S}s")
+        return Client(**kwargs, security=security, timeout=f"{ATTACH_TIMEOUT_S}s")
     except OSError as e:
         # the timeout's text is distributed's: "Timed out trying to connect to ... after 30 s"
         raise OptionsError(f"{where} did not answer: {_first_line(e)}") from None
+
+
+def _file_address(path: str) -> str | None:
+    import json
+
+    try:
+        with open(path) as f:
+            address = json.load(f)["address"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # distributed says what is wrong with the file itself
+    return address if isinstance(address, str) else None
+
+
+def _refuse_non_scheduler(where: str, address: str | None, security, timeout: float = ATTACH_TIMEOUT_S) -> None:
+    """Open one comm to ``address`` as the client will, within ``timeout`` seconds in all,
+    and refuse in one line an address whose listener is not a dask scheduler.
+
+    distributed's client bounds only the TCP connect by its timeout: its handshake then
+    waits for the peer's first message for ever (a web server answers nothing until it
+    has a request line), and decodes whatever comes as frames (bytes that are not
+    distributed's had it allocate exabytes). Nothing listening, or an unreachable host,
+    is said in distributed's words, once (the client would retry as long again)."""
+    if not address:
+        return
+    import asyncio
+    import concurrent.futures
+
+    from distributed.comm import CommClosedError, connect
+
+    async def handshake():
+        args = security.get_connection_args("client") if security is not None else {}
+        # a second past the connect's own retries, so that a timeout here is the handshake's
+        comm = await asyncio.wait_for(connect(address, timeout=timeout, **args), timeout + 1)
+        await comm.close()
+
+    # in a thread of its own: the caller may be a notebook, whose thread runs a loop already
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spillway-attach") as pool:
+        try:
+            pool.submit(asyncio.run, handshake()).result()
+        except TimeoutError:  # before OSError, of which it is one
+            raise OptionsError(f"{where} did not answer as a dask scheduler within {timeout:.0f} s: something "
+                               "listens there but sent no handshake (a web server? the dashboard's port?)") from None
+        except CommClosedError:  # the connect's retries end in a plain OSError: this is the handshake's
+            raise OptionsError(f"{where} is not a dask scheduler: it closed the connection during distributed's "
+                               "handshake (a web server? another service's port?)") from None
+        except OSError as e:
+            raise OptionsError(f"{where} did not answer: {_first_line(e)}") from None
+        except Exception as e:  # noqa: BLE001 - whatever the junk made the decoder raise
+            raise OptionsError(f"{where} is not a dask scheduler: what it sent is not distributed's handshake "
+                               f"({type(e).__name__}: {_first_line(e)[:120]})") from None
 
 
 def _attach_security(options: Options):
@@ -139,9 +195,6 @@ def _attach_security(options: Options):
         return None  # distributed's own reading of the file says what is wrong with it
     return tls_security(tls.get("tls_ca_file"), tls.get("tls_cert"), tls.get("tls_key"))
 
-
-#: seconds a client waits for a scheduler it attaches to
-ATTACH_TIMEOUT_S = 30
 
 
 def _refuse_stale(path: str) -> None:

@@ -24,7 +24,7 @@ import os
 from dask_jobqueue.slurm import SLURMCluster
 
 from spillway.cluster.errors import OptionsError
-from spillway.cluster.launch import DEATH_TIMEOUT_S, scheduler_without_http, ucxx_installed
+from spillway.cluster.launch import DEATH_TIMEOUT_S, free_dashboard_address, scheduler_without_http, ucxx_installed
 from spillway.cluster.options import Options
 
 from ..batch import JobSettings, JobStatus
@@ -37,7 +37,8 @@ def scheduler_options(options: Options) -> dict:
     (its host or interface), its port and its dashboard (dask-jobqueue's default would serve
     the dashboard on every interface)."""
     where = {"interface": options.interface} if options.interface else {"host": options.host}
-    dashboard = ({"dashboard_address": options.dashboard_address} if options.dashboard_address
+    dashboard = ({"dashboard_address": free_dashboard_address(options.dashboard_address)}
+                 if options.dashboard_address
                  else {"dashboard_address": None, "dashboard": False})
     return {**where, "port": options.scheduler_port, **dashboard}
 

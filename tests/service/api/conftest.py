@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import sys
@@ -14,13 +13,13 @@ import pytest
 # the helper module next to this file is shared by this folder's tests.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from serve_helpers import PostgresServer, new_database  # noqa: E402
+from serve_helpers import PostgresServer, new_database, temp_dir_others_reach  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def postgres_server():
     """A PostgreSQL server on 127.0.0.1 in a temporary directory; yields a base URL."""
-    server = PostgresServer(Path(tempfile.mkdtemp(prefix="spillway-pg-")))
+    server = PostgresServer(temp_dir_others_reach("spillway-pg-"))
     if not server.available:
         pytest.skip("PostgreSQL server binaries not installed (.ci/setup.d/postgres.sh installs them)")
     server.init()

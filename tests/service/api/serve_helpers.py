@@ -107,7 +107,8 @@ class Server:
 
     def client(self, token: str | None = None, **kw) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=self.verify, **kw)
+        kw.setdefault("timeout", LIVENESS_S)
+        return httpx.Client(base_url=self.url, headers=headers, verify=self.verify, **kw)
 
     @property
     def verify(self):
@@ -338,11 +339,29 @@ async def slow_clients(port: int, sources: list[str], n: int, interval: float, d
     return records
 
 
+#: seconds past which a request the service should answer counts as not answered: a
+#: liveness deadline, not a latency target (those are benchmarks/service/latency.py's)
+LIVENESS_S = 60
+
+
+def record_figures(name: str, figures: dict) -> None:
+    """Append a test's timing figures to ``$SPILLWAY_LATENCY_OUT`` (one JSON object a line),
+    where benchmarks/service/latency.py compares them with their targets."""
+    import json
+    import os
+
+    out = os.environ.get("SPILLWAY_LATENCY_OUT")
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps({"name": name, **figures}) + "\n")
+
+
 def healthz_once(port: int, source: str = "127.0.0.1") -> tuple[float, int | str]:
-    """A fresh connection's GET /healthz, as a load balancer's health check does it."""
+    """A fresh connection's GET /healthz, as a load balancer's health check does it; one
+    not answered within :data:`LIVENESS_S` is a ``TimeoutError``."""
     start = time.perf_counter()
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as sock:
+        with socket.create_connection(("127.0.0.1", port), timeout=LIVENESS_S, source_address=(source, 0)) as sock:
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
             data = b""
             while chunk := sock.recv(65536):
@@ -385,14 +404,42 @@ def stranger():
         return pwd.getpwnam(STRANGER)
 
 
-def open_the_way(path: Path) -> None:
-    """Let anyone pass through (not list) ``path`` and the directories above it, up to the
-    temporary directory: a test's own directories are private to root, and what is tried as
-    another user must be kept from it by the service's own modes, not by the test's."""
+def open_the_way(path: Path, top: Path | None = None) -> None:
+    """Let anyone pass through (not list) ``path`` and the directories above it, up to
+    ``top`` (the temporary directory by default): a test's own directories are private to
+    root, and what is tried as another user must be kept from it by the service's own
+    modes, not by the test's."""
     import tempfile
 
-    top = Path(tempfile.gettempdir())
+    top = Path(top or tempfile.gettempdir())
     for directory in [Path(path), *Path(path).parents]:
         if directory == top or directory == directory.parent:
             break
         os.chmod(directory, os.stat(directory).st_mode | 0o011)
+
+
+def passable_by_others(path: Path) -> bool:
+    """Whether a user of no group of ours may pass through ``path`` and every directory above it."""
+    import stat
+
+    return all(os.stat(d).st_mode & stat.S_IXOTH for d in [Path(path), *Path(path).parents])
+
+
+def temp_dir_others_reach(prefix: str) -> Path:
+    """A new directory of ours (mode 0711) that another local user can pass through (the
+    postgres user that runs the tests' PostgreSQL under root, the stranger a test tries the
+    service's files and ports as): under the temporary directory where the way to it is
+    open to others, else under the first of /tmp, /var/tmp, /dev/shm that is. A private
+    TMPDIR (0700, as a CI may set) would keep that user out of everything made under it:
+    PostgreSQL would not start, and a stranger's attempts would be refused for the test's
+    modes instead of the service's. The caller removes it."""
+    import tempfile
+
+    for base in (tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(base) and passable_by_others(Path(base)):
+            made = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+            os.chmod(made, 0o711)
+            return made
+    import pytest
+
+    pytest.skip("no temporary directory another user can pass through (TMPDIR, /tmp, /var/tmp, /dev/shm)")

@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from reference_inputs import uniform_numpy
 from serve_helpers import (PostgresServer, Server, add_tenant, jobs_json, new_database, spillway, state_args,
-                           wait_for)
+                           temp_dir_others_reach, wait_for)
 
 
 OUTAGE_S = 15
@@ -71,7 +69,7 @@ class KeepAlive:
 def test_jobs_ride_out_a_postgresql_outage(tmp_path):
     # its own server (not the session's shared one), in a directory the postgres user
     # can reach when the tests run as root
-    pg = PostgresServer(Path(tempfile.mkdtemp(prefix="spillway-pg-")))
+    pg = PostgresServer(temp_dir_others_reach("spillway-pg-"))
     if not pg.available:
         pytest.skip("PostgreSQL server binaries not installed (.ci/setup.d/postgres.sh installs them)")
     pg.init()

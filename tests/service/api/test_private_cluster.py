@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import psutil
 import pytest
-from serve_helpers import Server, add_tenant, open_the_way, owner_client, stranger, wait_state
+from serve_helpers import (Server, add_tenant, open_the_way, owner_client, stranger,
+                           temp_dir_others_reach, wait_state)
 
 pytestmark = pytest.mark.slow
 
@@ -144,11 +145,21 @@ def listening_ports(pid: int) -> dict[int, str]:
     return found
 
 
-def test_another_local_user_reaches_nothing_but_the_api(tmp_path):
+def test_another_local_user_reaches_nothing_but_the_api():
     """Under serve's own defaults (issue 63: the dashboard was on, and each worker served
     /metrics and /health to anyone), while a job runs: no HTTP port but the API's."""
     user = stranger()
-    state = {"state_dir": str(tmp_path / "state")}
+    # not under tmp_path: a private TMPDIR would refuse the stranger everything for the test's
+    # modes, and the key's refusal below would pass for the wrong reason
+    base = temp_dir_others_reach("spillway-stranger-")
+    try:
+        _try_every_port_as(user, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _try_every_port_as(user, base: Path):
+    state = {"state_dir": str(base / "state")}
     token = add_tenant(state, "ann")
     server = Server(state, "--cpu", "--n-workers", "2", dashboard_off=False)
     server.start()
@@ -179,13 +190,19 @@ def test_another_local_user_reaches_nothing_but_the_api(tmp_path):
         assert len(ports) == 5, ports
         # the stranger may reach the key's directory (a careless owner's world-searchable
         # state directory, made so here): the key's own mode must hold
-        open_the_way(tls_dir.parent)
+        open_the_way(tls_dir.parent, top=base)
         tls = {"ca": str(tls_dir / "ca.pem"), "cert": str(tls_dir / "cert.pem"), "key": str(tls_dir / "key.pem")}
         with server.client(token) as c:
             assert c.get(f"/jobs/{running['id']}").json()["state"] == "running", "the job ended before the tries"
+        # the stranger's own temporary directory (distributed writes a certificate held in
+        # memory to a file there to load it), whatever the caller's TMPDIR lets it do
+        scratch = base / "stranger-tmp"
+        scratch.mkdir()
+        os.chmod(scratch, 0o1777)
         out = subprocess.run([sys.executable, "-c", ATTEMPTS, json.dumps(sorted(ports)), owner["address"],
                               json.dumps(tls), str(user.pw_uid), str(user.pw_gid)],
-                             capture_output=True, text=True, timeout=300, cwd=tempfile.gettempdir())
+                             capture_output=True, text=True, timeout=300, cwd=base,
+                             env={**os.environ, "TMPDIR": str(scratch)})
         assert out.returncode == 0, out.stderr[-3000:]
         seen = json.loads(out.stdout.strip().splitlines()[-1])
         print(json.dumps({"listening": {p: ports[int(p)] for p in seen["ports"]}, **seen}, indent=1))

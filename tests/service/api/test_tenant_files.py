@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_helpers import Server, add_tenant, open_the_way, postgres_if_installed, stranger, wait_state
+from serve_helpers import (Server, add_tenant, open_the_way, postgres_if_installed, stranger, temp_dir_others_reach,
+                           wait_state)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -42,8 +44,11 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def service(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tenant-files")
+def service(request):
+    # where another local user can pass (a private TMPDIR would refuse it for the test's
+    # modes, not the service's); removed at the end
+    root = temp_dir_others_reach("spillway-tenant-files-")
+    request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
     state = {"state_dir": str(root / "state")}
     data = root / "data"
     data.mkdir()
@@ -89,9 +94,9 @@ def test_another_tenant_cannot_read_a_tenants_results_through_the_filesystem(ser
             assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
             assert os.stat(path).st_uid == os.getuid()  # the service's
     user = stranger()
-    open_the_way(results.parent)
+    open_the_way(results.parent, top=results.parents[1])
     out = subprocess.run([sys.executable, "-c", ATTEMPTS, str(results), str(stored), str(user.pw_uid),
-                          str(user.pw_gid)], capture_output=True, text=True, timeout=60)
+                          str(user.pw_gid)], capture_output=True, text=True, timeout=60, cwd=results.parents[1])
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     print("another local user:", seen)

@@ -1,0 +1,99 @@
+"""The service's latency targets, measured: ``/healthz`` while clients stall the API (issue
+53: slow bodies from 20 addresses, slow readers, endless header lines) and the submission
+latency of 200 jobs from 10 tenants at once, against their targets.
+
+The loads are the tests' own (``tests/service/api/test_stalls.py`` and ``test_load.py``,
+which check only that every request is answered, within a liveness deadline): this runs
+them with pytest on loopback (PostgreSQL 15 where its binaries are installed, else SQLite),
+collects the figures they record, and prints each beside its target. Timings depend on the
+machine and what else runs on it, so they are figures to compare, not a test's verdict.
+
+    python benchmarks/service/latency.py                 # all, ~3 min on the 2-core host
+    python benchmarks/service/latency.py --only load --out benchmarks/service/results/latency.jsonl
+    python benchmarks/service/latency.py --strict        # exit 1 when a target is missed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+API_TESTS = ROOT / "tests" / "service" / "api"
+
+#: which test's figures, and the targets they are held to: (figure, bound in ms, what it means)
+LOADS = {
+    "stalls": (API_TESTS / "test_stalls.py", [("p90_ms", 500, "/healthz p90 under 0.5 s (issue 53's target)"),
+                                              ("max_ms", 2500, "/healthz never 2.5 s (five times the target)")]),
+    "load": (API_TESTS / "test_load.py", [("p99_ms", 10_000, "a submission's p99 under 10 s")]),
+}
+
+
+def run(only: list[str], figures_file: Path) -> int:
+    env = {**os.environ, "SPILLWAY_LATENCY_OUT": str(figures_file),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    tests = [str(LOADS[name][0]) for name in only]
+    # -m slow: both modules are of the slow set; -s shows their own lines as they go
+    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-m", "slow", *tests]
+    print("==", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
+def compare(only: list[str], records: list[dict]) -> list[dict]:
+    rows = []
+    for name in only:
+        path, targets = LOADS[name]
+        for record in (r for r in records if _from(r, name)):
+            for figure, bound_ms, meaning in targets:
+                value = record.get(figure)
+                rows.append({"load": record["name"], "figure": figure, "value_ms": value, "target_ms": bound_ms,
+                             "met": value is not None and value < bound_ms, "target": meaning})
+    return rows
+
+
+def _from(record: dict, load: str) -> bool:
+    return record["name"].startswith("healthz during") == (load == "stalls")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(LOADS), help=f"comma-separated, of {', '.join(LOADS)}")
+    ap.add_argument("--out", type=Path, help="append the figures and their comparisons here (JSON lines)")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = ap.parse_args(argv)
+    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = [name for name in only if name not in LOADS]
+    if unknown:
+        ap.error(f"--only: {', '.join(unknown)} is not one of {', '.join(LOADS)}")
+    with tempfile.TemporaryDirectory(prefix="spillway-latency-") as tmp:
+        figures_file = Path(tmp) / "figures.jsonl"
+        status = run(only, figures_file)
+        records = [json.loads(line) for line in figures_file.read_text().splitlines()] if figures_file.exists() else []
+    rows = compare(only, records)
+    print()
+    for row in rows:
+        verdict = "met" if row["met"] else "MISSED"
+        print(f"{row['load']:<45} {row['figure']:<7} {row['value_ms']!s:>9} ms  target < {row['target_ms']} ms  "
+              f"{verdict}")
+    if args.out:
+        with args.out.open("a") as f:
+            for record in records:
+                f.write(json.dumps({"figures": record}) + "\n")
+            for row in rows:
+                f.write(json.dumps({"comparison": row}) + "\n")
+    if status != 0:
+        print(f"the loads' tests failed (pytest exit {status}): their figures above are partial", file=sys.stderr)
+        return status
+    if not rows:
+        print("no figures were recorded", file=sys.stderr)
+        return 1
+    return 1 if args.strict and not all(row["met"] for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
