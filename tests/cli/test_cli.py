@@ -211,7 +211,7 @@ def test_run_json_stdout_is_one_object_whatever_processes_print(tmp_path):
     # the noise went to stderr, from the scheduler's process and both workers
     assert out.stderr.count("unused environment variable") == 3, out.stderr
     # (the scheduler's class is distributed's, or spillway's subclass without an HTTP server)
-    assert "child of Worker" in out.stderr and re.search(r"child of \w*Scheduler", out.stderr), out.stderr
+    assert re.search(r"child of \w*Worker", out.stderr) and re.search(r"child of \w*Scheduler", out.stderr), out.stderr
 
 
 def test_json_stdout_in_process_keeps_fd1_and_writes_to_the_stream(capsys):
