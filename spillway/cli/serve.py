@@ -113,7 +113,10 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
 
     if bool(https_cert) != bool(https_key):
         raise click.UsageError("--https-cert and --https-key go together")
-    state = private_directory(state_dir)
+    try:
+        state = private_directory(state_dir)
+    except OSError as e:
+        raise OptionsError(f"state-dir: cannot write in {str(state_dir)!r} ([Errno {e.errno}] {e.strerror})") from None
     options = _private_cluster(_with_security(resolve(options_flags)), state)
     limits = ServiceLimits(**limit_flags)
     fd_soft, _ = raise_fd_limit(limits.max_connections)

@@ -389,7 +389,7 @@ class Options(RmmAndTls):
         help="Number of workers; null means one per selected GPU (or one per core, at most 4, on "
              "CPU).")
     workers_per_gpu: int = option(
-        1, _int(1, MAX_WORKERS_PER_GPU), worker=True, gpu=True,
+        1, _int(1, MAX_WORKERS_PER_GPU), worker=True, gpu=True, common=True,
         help="Worker processes on each GPU (1 to 8). Each worker gets its share of the GPU "
              "(device memory limit and RMM pool given as fractions) and of the host; workers of "
              "one GPU move chunks over CUDA IPC with UCXX (over TCP, staged through host memory, "

@@ -64,7 +64,7 @@ def session_config(config: Mapping) -> dict:
     return {"array.rechunk.method": "p2p"}
 
 
-def _retiring_adaptive():
+def adaptive_that_retires():
     """dask's Adaptive, whose scale-down retires the workers without closing them and then
     has the cluster close their nannies, as SpecCluster closes the workers it drops.
 
@@ -194,7 +194,7 @@ class Cluster:
         if minimum > maximum:
             raise OptionsError(f"minimum: {minimum} is above maximum {maximum}")
         self._check_size(maximum, "maximum")
-        adaptive.setdefault("Adaptive", _retiring_adaptive())
+        adaptive.setdefault("Adaptive", adaptive_that_retires())
         return self._scalable("adapt").adapt(minimum=minimum, maximum=maximum, **adaptive)
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
