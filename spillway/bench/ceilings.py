@@ -96,14 +96,14 @@ def disk_gbps(nbytes: int, directory: str | None = None) -> dict[str, float]:
         copy = HostCopy((piece,), source.dtype, "C", source)
         t0 = time.perf_counter()
         for i in range(count):
-            disk.write(i, copy)
+            disk.put(i, copy)
         paths = [disk.meta[i][0] for i in range(count)]
         for path in paths:
             _sync_and_drop(path)
         write = piece * count / (time.perf_counter() - t0) / 1e9
         t0 = time.perf_counter()
         for i in range(count):
-            back = disk.read(i, lambda n: np.empty(n, dtype=np.uint8))
+            back = disk.get(i, lambda n: np.empty(n, dtype=np.uint8))
         read = piece * count / (time.perf_counter() - t0) / 1e9
         if not np.array_equal(back.buffer, source):
             raise OSError(f"the disk tier read back other bytes than it wrote in {disk.directory}")

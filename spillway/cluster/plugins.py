@@ -227,9 +227,12 @@ class WorkerSetup(WorkerPlugin):
         store.name = f"worker {worker.name} ({worker.address})"
         store.on_disk_full = functools.partial(_say_disk_full, worker)
         store.start()
-        if store.disk is not None:
-            # its rate before any spill, for the scheduler's word on a graph past memory
-            store.disk.start_probe()
+        from .memory.disk import DiskTier
+
+        for tier in store.below:
+            if isinstance(tier, DiskTier):
+                # its rate before any spill, for the scheduler's word on a graph past memory
+                tier.start_probe()
         if self.statistics is not None:
             stats = self.statistics
             store.device_usage = lambda: self.window_base + stats.allocation_counts.current_bytes
@@ -258,7 +261,7 @@ class WorkerSetup(WorkerPlugin):
 
         if self._prefetching:
             return
-        keys = [k for k in upcoming_inputs(worker) if store.tier_of(k) in ("host", "disk")]
+        keys = store.spilled(upcoming_inputs(worker))
         if not keys:
             return
         self._prefetching = True

@@ -65,6 +65,17 @@ class Seam:
 
 SEAMS: dict[str, Seam] = {}
 
+#: private names of other packages that spillway may use outside this module, and why
+#: (Python's own, documented and kept); tests/cluster/test_upstream_contract.py fails on
+#: any other ``x._name`` outside this module whose name spillway does not define itself,
+#: and on any import of a private name or module of another package
+PRIVATE_OUTSIDE = {
+    "_exit": "os._exit: a child process's exit without the parent's cleanup (Python's documented call)",
+    "_getframe": "sys._getframe: the caller's frame, to find the main script's line (documented in sys)",
+    "_inheriting": "multiprocessing's process._inheriting: set while a spawned process re-imports the main "
+                   "module (what multiprocessing's own spawn check reads; unchanged since Python 2.6)",
+}
+
 
 def seam(name: str, upstream: str, package: str, checked: tuple[str, ...], serves: str):
     """Register the decorated function as the ``check`` of seam ``name``."""
@@ -172,6 +183,8 @@ def _check_expressions() -> str | None:
     expr = collections_to_expr([da.ones(2)], True)
     if not isinstance(expr, _expr.Expr) or not isinstance(getattr(expr, "operands", None), list):
         return "a dask array's expression (collections_to_expr) is not an Expr with operands"
+    if not isinstance(getattr(expr, "_name", None), str):
+        return "an Expr has no _name (its output's key name)"
     return None
 
 
@@ -183,6 +196,12 @@ def expression_types() -> tuple[type, type] | None:
     from dask._expr import Expr, HLGExpr
 
     return Expr, HLGExpr
+
+
+def expression_name(expr) -> str | None:
+    """The key name of a dask array expression's output, None where it cannot say."""
+    name = getattr(expr, "_name", None)
+    return name if isinstance(name, str) else None
 
 
 @seam("dask_task_spec", "dask._task_spec.Alias, Task, TaskRef", "dask", DASK, "the capacity check's graph sizes")
@@ -777,6 +796,62 @@ def new_worker_options(cluster) -> dict | None:
         off("spec_scale_down", "has no new_spec['options']")
         return None
     return options
+
+
+@seam("spec_correct_state", "SpecCluster._correct_state", "distributed", DISTRIBUTED,
+      "waiting, on scale, until each job's submission has been answered (refusals are then told on "
+      "the next scale or wait instead)")
+def _check_correct_state() -> str | None:
+    from distributed.deploy.spec import SpecCluster
+
+    if not callable(getattr(SpecCluster, "_correct_state", None)):
+        return "is not there"
+    if not _reads(SpecCluster._correct_state, "_correct_state_internal"):
+        return "no longer starts _correct_state_internal (what brings the workers to the spec)"
+    return None
+
+
+def bring_to_spec(cluster) -> None:
+    """Start or stop a SpecCluster's workers to match its worker spec, and wait until it
+    has (each new job's submission answered); where this distributed has no such step,
+    the cluster brings them there by itself, later."""
+    if not usable("spec_correct_state"):
+        return
+    cluster.sync(cluster._correct_state)
+
+
+@seam("nanny_background_tasks", "Server._ongoing_background_tasks.call_soon, AsyncTaskGroupClosedError",
+      "distributed", DISTRIBUTED, "a worker's death reason told to the scheduler from its nanny's tasks "
+      "(it is told from the nanny's event loop instead, and not cancelled with the nanny)")
+def _check_background_tasks() -> str | None:
+    from distributed.core import AsyncTaskGroup, AsyncTaskGroupClosedError, Server  # noqa: F401
+
+    if not callable(getattr(AsyncTaskGroup, "call_soon", None)):
+        return "AsyncTaskGroup has no call_soon"
+    if not _reads(Server.__init__, "self._ongoing_background_tasks = AsyncTaskGroup()"):
+        return "Server keeps no _ongoing_background_tasks task group"
+    return None
+
+
+def call_soon_on(server, afunc, *args) -> bool:
+    """Run ``afunc(*args)`` on ``server``'s (a nanny's, a worker's) event loop among its
+    background tasks, which its close cancels; False where the server is closing (the
+    task would be cancelled at once, so it does not start)."""
+    if not usable("nanny_background_tasks"):
+        server.loop.add_callback(afunc, *args)
+        return True
+    from distributed.core import AsyncTaskGroupClosedError
+
+    group = getattr(server, "_ongoing_background_tasks", None)
+    if group is None:
+        off("nanny_background_tasks", f"is not on {type(server).__name__}")
+        server.loop.add_callback(afunc, *args)
+        return True
+    try:
+        group.call_soon(afunc, *args)
+    except AsyncTaskGroupClosedError:
+        return False
+    return True
 
 
 @seam("spec_cluster_start", "SpecCluster._start, SpecCluster.scheduler_spec", "distributed", DISTRIBUTED,

@@ -20,6 +20,7 @@ import math
 import uuid
 from time import monotonic, sleep
 
+from spillway.cluster import upstream
 from spillway.cluster.errors import ClusterStartError, OptionsError
 from spillway.cluster.options import Options
 
@@ -118,7 +119,7 @@ class SlurmCluster(Cluster):
             self.jobs.check_ready()
         self._resize(target)
         # sbatch has answered for each new job when this returns
-        self.jobs.sync(self.jobs._correct_state)
+        upstream.bring_to_spec(self.jobs)
         self._raise_refusals()
 
     def adapt(self, minimum_jobs: int = 0, maximum_jobs: int | None = None, **adaptive):

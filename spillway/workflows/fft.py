@@ -41,12 +41,14 @@ def _fft_axis0(block):
 
 
 def build(params: Params, target: Target):
+    from dask.array.utils import meta_from_array
+
     shape, chunks, panels = _chunks(params, target)
     source = inputs.open_source(params, target, chunks)
     x = source.array
     out_dtype = np.result_type(x.dtype, np.complex64)
     panels_x = rechunk(x, panels)
-    y = panels_x.map_blocks(_fft_axis0, dtype=out_dtype, meta=x._meta.astype(out_dtype))
+    y = panels_x.map_blocks(_fft_axis0, dtype=out_dtype, meta=meta_from_array(x, dtype=out_dtype))
     itemsize = np.dtype(out_dtype).itemsize
     if shape[0] * shape[1] * itemsize <= FULL_CHECK_BYTES:
         cols = slice(0, shape[1])

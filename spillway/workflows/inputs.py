@@ -286,11 +286,12 @@ def wrap(array, backend: str):
 
 def _from_python(array, chunks, backend: str) -> Source:
     import dask.array as da
+    from dask.array.utils import meta_from_array
 
     wrapped = wrap(array, backend)
     if isinstance(wrapped, da.Array):
         darr = wrapped.rechunk(chunks) if wrapped.chunksize != tuple(chunks) else wrapped
-        on_device = type(darr._meta).__module__.startswith("cupy")
+        on_device = type(meta_from_array(darr)).__module__.startswith("cupy")
         if backend == "cupy" and not on_device:
             darr = darr.map_blocks(to_device, meta=device_meta(darr.dtype, darr.ndim))
         elif backend == "numpy" and on_device:

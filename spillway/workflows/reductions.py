@@ -57,12 +57,13 @@ def _hist_block(block, bins, low, high):
 def histogram(x, bins: int, low: float, high: float):
     """Counts of ``x`` in ``bins`` equal bins over [low, high): per chunk, then summed."""
     import dask.array as da
+    from dask.array.utils import meta_from_array
 
     per_block = da.map_blocks(
         _hist_block, x, bins, low, high,
         chunks=tuple((1,) * len(c) for c in x.chunks) + ((bins,),),
         new_axis=x.ndim, dtype=np.int64,
-        meta=x._meta.astype(np.int64).reshape((0,) * (x.ndim + 1)),
+        meta=meta_from_array(x, dtype=np.int64).reshape((0,) * (x.ndim + 1)),
     )
     return per_block.sum(axis=tuple(range(x.ndim)))
 

@@ -59,12 +59,14 @@ def check(params: Params, target: Target) -> None:
 
 
 def build(params: Params, target: Target):
+    from dask.array.utils import meta_from_array
+
     shape, chunks = _shape_chunks(params, target)
     source = inputs.open_source(params, target, chunks, ndim=params.ndim)
     depth = params.depth
     x = source.array
     y = x.map_overlap(partial(laplacian, depth=depth), depth=depth, boundary="periodic", dtype=x.dtype,
-                      meta=x._meta)
+                      meta=meta_from_array(x))
     itemsize = y.dtype.itemsize
     if int(np.prod(shape)) * itemsize <= FULL_CHECK_BYTES:
         rows = slice(0, shape[0])

@@ -683,7 +683,7 @@ def _tiered(worker_local_directory=None, **kwargs):
     from spillway.cluster.memory.disk import DiskTier
     from spillway.cluster.memory.store import TieredStore
 
-    return TieredStore(codec=NumpyCodec(), disk=DiskTier(kwargs.pop("directory")), **kwargs)
+    return TieredStore(codec=NumpyCodec(), below=[DiskTier(kwargs.pop("directory"))], **kwargs)
 
 
 def test_timed_run_reads_spill_moves_from_real_tiered_stores(tmp_path):

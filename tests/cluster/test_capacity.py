@@ -48,7 +48,7 @@ def small_cluster(tmp_path, *, device=4 * MB, host=4 * MB, disk=8 * MB, reports=
     """One worker whose store holds ``device`` + ``host`` bytes and a disk of ``disk``
     bytes (reporting ``reports`` bytes free where given), with spillway's plugins."""
     store = TieredStore(device_limit=device, host_limit=host, codec=NumpyCodec(),
-                        disk=SmallDisk(str(tmp_path), disk, reports=reports, compress=compress))
+                        below=[SmallDisk(str(tmp_path), disk, reports=reports, compress=compress)])
     with LocalCluster(n_workers=1, processes=False, threads_per_worker=threads, dashboard_address=None,
                       data=store) as cluster, Client(cluster) as client:
         client.register_plugin(CapacityPlugin())
@@ -98,7 +98,7 @@ def test_a_persist_past_every_tier_is_refused_before_it_runs_with_the_numbers(tm
         assert "\n" not in line and line.startswith("persist refused before it ran: its 8 new outputs (15.26 MiB")
         for part in ("beside the 7.63 MiB the cluster holds", "more than device + host tier + disk hold, 16.00 MiB",
                      "(device 4.00 MiB + host tier 4.00 MiB + disk 8.00 MiB", "1 worker",
-                     "release held arrays", "larger local-directory", store.disk.directory):
+                     "release held arrays", "larger local-directory", store.below[0].directory):
             assert part in line, (part, line)
         assert not _ran(stream, y.name)  # none of its tasks ran
         # what is built on the refused array fails with the same line
@@ -137,9 +137,9 @@ def test_a_disk_that_fills_anyway_stops_the_computation_with_the_store_s_line(tm
             yp.compute()
         line = str(stopped.value)
         assert "\n" not in line and "the spill disk is full (No space left on device)" in line
-        for part in (store.disk.directory, "device", "host tier", "disk", "larger local-directory"):
+        for part in (store.below[0].directory, "device", "host tier", "disk", "larger local-directory"):
             assert part in line
-        assert store.disk.full_errors >= 1
+        assert store.below[0].full_errors >= 1
 
         def settled():
             states = client.run_on_scheduler(
@@ -154,7 +154,7 @@ def test_a_disk_that_fills_anyway_stops_the_computation_with_the_store_s_line(tm
         # disk only what the tier knows of
         time.sleep(0.2)
         assert all(x.name in str(k) for k in store), sorted(map(str, store))
-        assert len(store.disk.files()) == len(store.disk.meta) and store.disk.on_disk() == store.disk.nbytes
+        assert len(store.below[0].files()) == len(store.below[0].meta) and store.below[0].on_disk() == store.below[0].nbytes
         # what is built on the stopped array says the same line
         with pytest.raises(SpillDiskFull, match="the spill disk is full"):
             yp.sum().compute()
@@ -165,7 +165,7 @@ def test_a_disk_that_fills_anyway_stops_the_computation_with_the_store_s_line(tm
         deadline = time.monotonic() + 5
         while len(store) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(store) == 0 and store.disk.files() == [] and store.disk.nbytes == 0
+        assert len(store) == 0 and store.below[0].files() == [] and store.below[0].nbytes == 0
 
 
 @pytest.mark.filterwarnings("ignore:Sending large graph")
@@ -174,7 +174,7 @@ def test_a_rechunk_beside_its_held_input_completes_where_the_disk_holds_its_valu
     # disk of 10 MiB, which holds them compressed (values of four levels)
     with small_cluster(tmp_path, disk=10 * MB) as (client, store):
         x, values = _held(client, n=1448, levels=4)  # 16 MiB: half of it on the disk
-        assert store.disk.raw_nbytes > 4 * store.disk.nbytes > 0
+        assert store.below[0].raw_nbytes > 4 * store.below[0].nbytes > 0
         client.run(_heartbeat)  # the scheduler reads the disk's ratio now, not in a second
         y = x.rechunk((1448, 181))  # row panels to column panels
         yp = y.persist()
@@ -184,7 +184,7 @@ def test_a_rechunk_beside_its_held_input_completes_where_the_disk_holds_its_valu
             np.testing.assert_array_equal(yp.blocks[0, j].compute(), values[:, j * 181:(j + 1) * 181])
         # the rechunk's pieces left the store as their output chunks were assembled
         assert {k[0] for k in store if isinstance(k, tuple)} == {x.name, y.name}
-        assert store.disk.raw_nbytes > 16 * MB > store.disk.nbytes
+        assert store.below[0].raw_nbytes > 16 * MB > store.below[0].nbytes
         _intact(x, values)
 
 
@@ -288,9 +288,9 @@ def _probed(client, store) -> dict:
     """The worker's :data:`TIERS` report once its disk tier's probe is done and the
     scheduler has heard of it."""
     deadline = time.monotonic() + 20
-    while store.disk.probed is None and time.monotonic() < deadline:
+    while store.below[0].probed is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert store.disk.probed is not None, "the disk tier was not probed when the worker started"
+    assert store.below[0].probed is not None, "the disk tier was not probed when the worker started"
     client.run(_heartbeat)
     reports = client.run_on_scheduler(
         lambda dask_scheduler: [ws.metrics.get(TIERS) for ws in dask_scheduler.workers.values()])
@@ -304,8 +304,8 @@ def test_the_worker_probes_its_spill_disk_at_start_and_reports_its_rates_leaving
         assert report["disk_write_rate"] > 0 and report["disk_read_rate"] > 0
         assert report["disk_write_from"] == report["disk_read_from"] == "probe"
         # the probe wrote beside the tier's directory, and took its file away
-        assert os.listdir(tmp_path) == [os.path.basename(store.disk.directory)]
-        assert store.disk.files() == [] and store.disk.nbytes == 0
+        assert os.listdir(tmp_path) == [os.path.basename(store.below[0].directory)]
+        assert store.below[0].files() == [] and store.below[0].nbytes == 0
 
 
 def _disk_lines(text: str) -> list[str]:

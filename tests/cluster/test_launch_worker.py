@@ -113,7 +113,7 @@ def numpy_store(*, worker_local_directory, device_limit, host_limit):
     from spillway.cluster.memory.store import TieredStore
 
     return TieredStore(device_limit=device_limit, host_limit=host_limit, codec=NumpyCodec(),
-                       disk=DiskTier(worker_local_directory))
+                       below=[DiskTier(worker_local_directory)])
 
 
 @pytest.mark.timeout(120)

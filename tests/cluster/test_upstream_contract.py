@@ -12,6 +12,7 @@ upstream in place.
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from pathlib import Path
@@ -96,6 +97,113 @@ def test_only_the_seam_module_names_upstream_private_parts():
             continue
         text = path.read_text()
         found += [f"{path.relative_to(ROOT)}: {name}" for name in PRIVATE if name in text]
+    assert not found, found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+_ACCESSORS = ("getattr", "hasattr", "setattr", "delattr")
+
+
+def _named_attribute(node) -> str | None:
+    """The attribute name ``node`` reads or writes: ``x._name``, or ``getattr(x, "_name")``
+    and its kin with a literal name."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _ACCESSORS
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        return node.args[1].value
+    return None
+
+
+def spillways_own_private_names(trees) -> set[str]:
+    """Underscore names spillway defines: its functions, classes, module globals,
+    parameters and the attributes it assigns (``self._lock = ...``); a private name
+    spillway reads that is not among them is another package's."""
+    own = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                own.add(node.attr)
+            elif isinstance(node, ast.Call) and _named_attribute(node) and node.func.id == "setattr":
+                own.add(node.args[1].value)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.arg):
+                own.add(node.arg)
+    return {n for n in own if _private(n)}
+
+
+def upstream_private_uses(sources: dict[str, str], allowed) -> list[str]:
+    """``path:line name`` of each use of another package's private name in ``sources``
+    (path -> text): an attribute spillway does not define, read by name or by a literal
+    in getattr and its kin, and imports of a private name or module of another package;
+    the names in ``allowed`` pass."""
+    trees = {path: ast.parse(text) for path, text in sources.items()}
+    own = spillways_own_private_names(trees.values())
+    found = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            name = _named_attribute(node)
+            if name is not None and _private(name) and name not in own and name not in allowed:
+                found.append(f"{path}:{node.lineno} {name}")
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and not node.module.startswith("spillway"):
+                modules = node.module.split(".")
+                for alias in node.names:
+                    if any(map(_private, modules)) or (_private(alias.name) and alias.name not in allowed):
+                        found.append(f"{path}:{node.lineno} from {node.module} import {alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if not alias.name.startswith("spillway") and any(map(_private, alias.name.split("."))):
+                        found.append(f"{path}:{node.lineno} import {alias.name}")
+    return found
+
+
+def _product_sources() -> dict[str, str]:
+    """Every module of spillway but the seam module, by its path from the repository."""
+    seam = ROOT / "spillway" / "cluster" / "upstream.py"
+    return {str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "spillway").rglob("*.py")) if p != seam}
+
+
+def test_no_private_upstream_name_is_used_outside_the_seam_module():
+    found = upstream_private_uses(_product_sources(), upstream.PRIVATE_OUTSIDE)
+    assert not found, ("private names of other packages outside spillway/cluster/upstream.py: give each a seam "
+                       "there (or, for one of Python's own, an entry in upstream.PRIVATE_OUTSIDE): " + "; ".join(found))
+
+
+@pytest.mark.parametrize("planted", [
+    "def f(cluster):\n    return cluster._correct_state_waiting\n",
+    "def f(worker):\n    return getattr(worker, '_pending_data_per_worker', None)\n",
+    "from distributed.scheduler import _materialize_graph\n",
+    "from dask._task_spec import Task\n",
+    "import distributed._concurrent_futures_thread\n",
+], ids=["attribute", "getattr", "private-name", "private-module", "import-module"])
+def test_the_private_name_check_fails_on_a_planted_use(tmp_path, planted):
+    sources = _product_sources()
+    assert not upstream_private_uses(sources, upstream.PRIVATE_OUTSIDE)
+    planted_file = tmp_path / "planted.py"
+    planted_file.write_text(planted)
+    sources["spillway/planted.py"] = planted_file.read_text()
+    found = upstream_private_uses(sources, upstream.PRIVATE_OUTSIDE)
+    assert len(found) == 1 and found[0].startswith("spillway/planted.py:"), found
+
+
+def test_a_private_name_spillway_defines_itself_passes_the_check():
+    own = "class A:\n    def __init__(self):\n        self._lock = 1\n\ndef f(a):\n    return a._lock\n"
+    assert upstream_private_uses({"spillway/own.py": own}, {}) == []
+    assert upstream_private_uses({"spillway/own.py": own + "def g(n):\n    return n._spec\n"}, {}) == [
+        "spillway/own.py:8 _spec"]
+
+
+def test_no_bare_except_in_the_product():
+    """A bare ``except:`` swallows what a renamed upstream raises (AttributeError) with the
+    rest: the seam's adapters catch the error they mean and say when a seam is off."""
+    found = [f"{path}:{node.lineno}" for path, text in _product_sources().items()
+             for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ExceptHandler) and node.type is None]
     assert not found, found
 
 

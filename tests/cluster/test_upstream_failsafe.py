@@ -265,6 +265,40 @@ def test_a_cluster_without_scale_down_scales_by_count(caplog):
     upstream.end_adapting(SimpleNamespace())
 
 
+def test_a_nanny_whose_background_tasks_were_renamed_still_tells_the_death_reason(monkeypatch, caplog):
+    """Where distributed renamed the nanny's task group, the reason is told from its event
+    loop, and the log says the seam is off (it is not swallowed)."""
+    from distributed.core import AsyncTaskGroup, Server
+
+    told = []
+    nanny = SimpleNamespace(loop=SimpleNamespace(add_callback=lambda f, *a: told.append((f, a))))
+
+    async def tell(event):
+        pass
+
+    monkeypatch.setattr(Server, "__init__", lambda self: None)  # no task group made there any more
+    with caplog.at_level(logging.WARNING, "spillway.upstream"):
+        assert upstream.call_soon_on(nanny, tell, {"reason": "killed"})
+    assert told == [(tell, ({"reason": "killed"},))]
+    assert said(caplog, "nanny_background_tasks") == 1
+
+    monkeypatch.undo()
+    upstream.reset()
+    group = AsyncTaskGroup()
+    group.close()  # a nanny closing: the task would be cancelled at once
+    assert not upstream.call_soon_on(SimpleNamespace(_ongoing_background_tasks=group), tell, {})
+
+
+def test_a_spec_cluster_without_its_correct_state_step_scales_without_waiting(monkeypatch, caplog):
+    from distributed.deploy.spec import SpecCluster
+
+    monkeypatch.delattr(SpecCluster, "_correct_state")
+    synced = []
+    with caplog.at_level(logging.WARNING, "spillway.upstream"):
+        upstream.bring_to_spec(SimpleNamespace(sync=synced.append))
+    assert synced == [] and said(caplog, "spec_correct_state") == 1
+
+
 def test_a_cluster_class_that_starts_otherwise_keeps_its_dashboard(monkeypatch, caplog):
     from distributed.deploy.spec import SpecCluster
 

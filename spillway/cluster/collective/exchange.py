@@ -106,6 +106,14 @@ def _worker():
         return None
 
 
+def _tiered(worker):
+    """The worker's tiered store, None where it keeps another (distributed's, dask-cuda's)."""
+    from ..memory.store import TieredStore
+
+    data = worker.data
+    return data if isinstance(data, TieredStore) else None
+
+
 def _mark_made(worker, kept: dict) -> None:
     """The pieces' copies run asynchronously on the device, and a holder may send them
     (over UCX, on streams of its own) as soon as this task returns. Where the worker has a
@@ -173,7 +181,7 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
         _mark_made(worker, kept)
     cut_at = time.perf_counter()
     ensure_handlers(worker)
-    if hasattr(worker.data, "tier_of"):
+    if _tiered(worker) is not None:
         # spillway's tiered store takes values from any thread (it spills under its own
         # lock): no trip through the event loop, which serves the peers meanwhile
         for key, value in kept.items():
@@ -313,12 +321,12 @@ def _owned_on_device(worker, name: str, index: tuple, old: tuple, new: tuple, la
     worker's device (or held as it is) already, as for each assembly after the first:
     read from the tiered store, which is safe from any thread; None where one is not
     (another store, another tier, not taken yet), for the loop to take or restore it."""
-    tier_of = getattr(worker.data, "tier_of", None)
-    if tier_of is None:
+    store = _tiered(worker)
+    if store is None:
         return None
     try:
-        return _owned_views(worker, name, index, old, new, layout,
-                            held=lambda key: tier_of(key) in ("device", "plain"))  # "plain": a CPU worker's
+        # a CPU worker's buffers are plain values: at hand too
+        return _owned_views(worker, name, index, old, new, layout, held=store.in_memory)
     except KeyError:  # dropped meanwhile: the loop's path says why
         return None
 

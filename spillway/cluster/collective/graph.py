@@ -20,6 +20,7 @@ def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
     client's scheduler where not given: :mod:`.way`); a rechunk that only splits or only
     merges chunks, or would not fit, is dask's own."""
     import dask.array as da
+    from dask.array.utils import meta_from_array
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
@@ -69,7 +70,7 @@ def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
     dependencies = {cut_name: set(x.__dask_layers__()), barrier_name: {cut_name},
                     out_name: {barrier_name, *x.__dask_layers__()}}
     graph = HighLevelGraph.merge(x.dask, HighLevelGraph(layers, dependencies))
-    return da.Array(graph, out_name, chunks, meta=x._meta)
+    return da.Array(graph, out_name, chunks, meta=meta_from_array(x))
 
 
 def _normalized(x, chunks):

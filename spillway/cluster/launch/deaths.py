@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 from distributed.diagnostics.plugin import NannyPlugin
 
+from .. import upstream
 from ..errors import ClusterStartError
 
 _DEATH = re.compile(r"Worker process \d+ (was killed by [^\n]*|exited with status -?\d+)"
@@ -209,14 +210,12 @@ class DeathRelay(NannyPlugin):
         env = getattr(self.nanny, "env", None) or {}
         gpu = str(env.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0] or None
         event = {"address": address, "pid": pid, "reason": reason, "gpu": gpu, "name": str(self.nanny.name)}
-        try:
-            self.nanny._ongoing_background_tasks.call_soon(self._tell, event)
-        except Exception:  # noqa: BLE001 (a nanny closing: nobody waits for the reason)
-            pass
+        # False: the nanny is closing, and nobody waits for the reason
+        upstream.call_soon_on(self.nanny, self._tell, event)
 
     async def _tell(self, event: dict) -> None:
         try:
             await self.nanny.scheduler.log_event(topic=DEATH_TOPIC, msg=event)
-        except Exception:  # noqa: BLE001 (the scheduler gone too: the run fails for that)
+        except OSError:  # the scheduler gone too (CommClosedError): the run fails for that
             pass
 

@@ -1,9 +1,10 @@
-"""What the tiered store holds where: the device keys and the allocations their values
-view, and the spilled keys with the groups they left the device in.
+"""What the tiered store holds where: the device tier (its keys and the allocations their
+values view), and the spilled keys with the groups they left the device in and the tier
+each group is in.
 
 The device tier is counted by allocation, not by value: a key whose value views an
 allocation that stored keys already view adds no bytes, and the allocation leaves the
-count when the last key viewing it does. :meth:`DeviceAccounts.compacted` keeps a small
+count when the last key viewing it does. :meth:`DeviceTier.compacted` keeps a small
 view from holding a large allocation it shares with nothing stored.
 
 These are plain state and its bookkeeping: the caller holds the store's lock (see
@@ -15,12 +16,15 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from .groups import SpilledGroup, fill, strip
+from .stats import MoveRates
+from .tier import HOST
 
 #: an array whose allocation is at least twice its extent, and this much larger, is
-#: stored as a copy of its extent alone (see DeviceAccounts.compacted)
+#: stored as a copy of its extent alone (see DeviceTier.compacted)
 COMPACT_MIN_WASTE = 1 << 18
 #: a view of an allocation that stored keys view too is copied when it spans at most
 #: this fraction's inverse of it
@@ -35,15 +39,29 @@ class Allocation:
     keys: set = field(default_factory=set)
 
 
-class DeviceAccounts:
+class DeviceTier(MoveRates):
     """The device tier: its keys and values (least recently used first), the allocations
-    each value views, and the bytes of those allocations."""
+    each value views, and the bytes of those allocations (its usage; a
+    :class:`~spillway.cluster.memory.tier.Tier`, whose values the store puts, reads and
+    deletes by key, not a segment tier)."""
 
-    def __init__(self):
+    name = "device"
+    where = "the device"
+
+    def __init__(self, limit: int | None = None, usage: Callable[[], int] | None = None):
         self.stored: OrderedDict = OrderedDict()  # key -> value, least recently used first
         self.holds: dict = {}  # key -> the allocations its value views
         self.allocations: dict[int, Allocation] = {}
         self.nbytes = 0
+        #: bytes the stored values' allocations may take (None: no limit)
+        self.limit = limit
+        #: bytes really allocated on the device (RMM statistics), temporaries included
+        self.usage = usage
+
+    def room(self) -> int | None:
+        if self.limit is None:
+            return None
+        return max(0, self.limit - max(self.nbytes, self.usage() if self.usage is not None else 0))
 
     def __contains__(self, key) -> bool:
         return key in self.stored
@@ -184,15 +202,21 @@ def _views(value, codec) -> list:
 
 
 class SpilledKeys:
-    """The keys off the device: the spilled group each belongs to, which groups are in
-    host buffers (oldest first; the others are on disk), and the bytes those hold."""
+    """The keys off the device: the spilled group each belongs to, and the groups in each
+    tier under the device (by the tier's place in the store's stack, oldest first). The
+    bytes each tier holds are the tier's own count."""
 
-    def __init__(self):
+    def __init__(self, tiers: int):
         self.group_of: dict = {}  # key -> id of its spilled group
         self.groups: dict[int, SpilledGroup] = {}
-        self.on_host: OrderedDict = OrderedDict()  # ids of groups in host buffers, oldest first
-        self.host_bytes = 0
+        #: tier's place -> ids of the groups in it, oldest first (the device's is empty)
+        self.resident: list[OrderedDict] = [OrderedDict() for _ in range(tiers)]
         self._ids = itertools.count()
+
+    @property
+    def on_host(self) -> OrderedDict:
+        """Ids of the groups in host buffers, oldest first."""
+        return self.resident[HOST]
 
     def __contains__(self, key) -> bool:
         return key in self.group_of
@@ -200,32 +224,36 @@ class SpilledKeys:
     def __len__(self) -> int:
         return len(self.group_of)
 
-    def tier_of(self, key) -> str | None:
+    def tier_of(self, key) -> int | None:
+        """The place of the tier ``key``'s group is in (None: not spilled)."""
         gid = self.group_of.get(key)
         if gid is None:
             return None
-        return "disk" if self.groups[gid].on_disk else "host"
+        return self.groups[gid].tier
 
     def add(self, group: SpilledGroup) -> int:
         """A group just copied to host buffers; returns its id."""
         gid = next(self._ids)
-        self.groups[gid] = group
-        self.on_host[gid] = None
-        for k in group.skeletons:
-            self.group_of[k] = gid
-        self.host_bytes += group.nbytes
+        self.put_back(gid, group)
         return gid
 
     def put_back(self, gid, group: SpilledGroup) -> None:
-        """A group whose restore failed goes back to the host tier: nothing is lost."""
+        """``group`` (its segments in the host tier) under ``gid``, its keys naming it."""
+        group.tier = HOST
         self.groups[gid] = group
-        self.on_host[gid] = None
-        self.host_bytes += group.nbytes
+        self.resident[HOST][gid] = None
         for k in group.skeletons:
             self.group_of[k] = gid
 
-    def key_counts(self) -> tuple[int, int]:
-        """How many spilled keys are in host buffers, and how many on disk."""
-        spilled = [self.groups[g] for g in set(self.group_of.values())]
-        return (sum(len(g.skeletons) for g in spilled if not g.on_disk),
-                sum(len(g.skeletons) for g in spilled if g.on_disk))
+    def moved(self, gid, source: int, target: int) -> None:
+        del self.resident[source][gid]
+        self.resident[target][gid] = None
+        self.groups[gid].tier = target
+
+    def key_counts(self) -> list[int]:
+        """How many spilled keys each tier holds, by its place (the device's: 0)."""
+        counts = [0] * len(self.resident)
+        for gid in set(self.group_of.values()):
+            group = self.groups[gid]
+            counts[group.tier] += len(group.skeletons)
+        return counts

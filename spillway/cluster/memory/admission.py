@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import AdmissionError
 from ..sizes import format_bytes
+from .tier import raw_nbytes
 
 
 @dataclass(frozen=True)
@@ -63,22 +64,31 @@ def disk_reserve(total: int) -> int:
 
 
 def spill_directory(dask_worker) -> str:
-    """Where the worker's store writes what it spills: the tiered store's disk tier, else
-    the worker's local directory (dask-cuda's and distributed's stores spill under it)."""
+    """Where the worker's store writes what it spills: the directory of the tiered store's
+    first tier below the host (its disk), else the worker's local directory (dask-cuda's
+    and distributed's stores spill under it)."""
+    from .disk import DiskTier
+
+    for tier in _below(dask_worker.data):
+        if isinstance(tier, DiskTier):
+            return tier.directory
+    return dask_worker.local_directory
+
+
+def _below(data) -> tuple:
+    """The tiers below the host of a tiered store (none for another store)."""
     from .store import TieredStore
 
-    data = dask_worker.data
-    disk = getattr(data, "disk", None) if isinstance(data, TieredStore) else None
-    return getattr(disk, "directory", None) or dask_worker.local_directory
+    return data.below if isinstance(data, TieredStore) else ()
 
 
 def worker_capacity(dask_worker) -> dict:
     """One worker's tiers in bytes, and the filesystem it spills to (runs on the worker);
-    with the tiered store, also what its disk tier holds (``disk_stored``: the files'
-    bytes, ``disk_raw``: the values' own, more where they were compressed) and the rates
-    it writes and reads values at (``disk_write_rate``, ``disk_read_rate``: bytes per
-    second, 0.0 while not known; ``disk_write_from``, ``disk_read_from``: "spills" or
-    "probe", :meth:`~.disk.DiskTier.rates`)."""
+    with the tiered store, what its tiers below the host (``disk``) can take and hold
+    (``disk_stored``: their bytes, ``disk_raw``: the values' own, more where they were
+    compressed) and the rates the first of them writes and reads values at
+    (``disk_write_rate``, ``disk_read_rate``: bytes per second, 0.0 while not known;
+    ``disk_write_from``, ``disk_read_from``: "spills" or "probe", :meth:`~.tier.Tier.rates`)."""
     import os
 
     from .store import TieredStore
@@ -97,19 +107,47 @@ def worker_capacity(dask_worker) -> dict:
     elif getattr(data, "device_memory_limit", None):
         device = int(data.device_memory_limit)
     directory = spill_directory(dask_worker)
-    disk = getattr(data, "disk", None) if isinstance(data, TieredStore) else None
+    below = _below(data)
     try:
-        total, free = disk.usage() if disk is not None else shutil.disk_usage(directory)[:3:2]
-        reserve, filesystem = disk_reserve(total), os.stat(directory).st_dev
+        free, reserve = _room_below(below) if below else _filesystem_room(*shutil.disk_usage(directory)[:3:2])
+        filesystem = os.stat(directory).st_dev
     except OSError:
         free, reserve, filesystem = 0, 0, None
-    rates = disk.rates() if disk is not None else {}
+    rates = below[0].rates() if below else {}
     return {"device": int(device), "host": int(host), "disk": max(0, int(free) - reserve), "disk_free": int(free),
             "disk_reserve": int(reserve), "disk_directory": directory, "filesystem": filesystem,
-            "disk_stored": int(disk.nbytes) if disk is not None else 0,
-            "disk_raw": int(disk.raw_nbytes) if disk is not None else 0,
+            "disk_stored": int(sum(t.nbytes for t in below)),
+            "disk_raw": int(sum(raw_nbytes(t) for t in below)),
             "disk_write_rate": float(rates.get("write", 0.0)), "disk_read_rate": float(rates.get("read", 0.0)),
             "disk_write_from": rates.get("write_from"), "disk_read_from": rates.get("read_from")}
+
+
+def _filesystem_room(total: int, free: int) -> tuple[int, int]:
+    return int(free), disk_reserve(total)
+
+
+def _room_below(tiers) -> tuple[int, int]:
+    """(free, reserve) bytes of the tiers below the host: a disk tier's filesystem free
+    bytes (within its own limit) less the reserve kept of each filesystem, counted once
+    for disk tiers that share one; another tier's room (none where it knows no bound)."""
+    import os
+
+    from .disk import DiskTier
+
+    free, reserve, seen = 0, 0, set()
+    for tier in tiers:
+        if isinstance(tier, DiskTier):
+            total, room = tier.usage()
+            device = os.stat(tier.directory).st_dev
+            if device in seen and tier.limit is None:
+                continue  # the same free bytes, counted already
+            free += room if tier.limit is None else min(room, max(0, tier.limit - tier.nbytes))
+            if device not in seen:
+                seen.add(device)
+                reserve += disk_reserve(total)
+        else:
+            free += tier.room() or 0
+    return free, reserve
 
 
 _GPU_MEMORY: list = []

@@ -39,6 +39,9 @@ from typing import NamedTuple
 import numpy as np
 
 from .codecs import Alloc, HostCopy
+from .tier import FULL, is_full
+
+__all__ = ["FULL", "DiskTier", "is_full", "probe_rates"]
 
 PIECE = 64 * 2**20
 #: bytes of a value compressed first to decide whether the rest is; and the stored
@@ -47,8 +50,6 @@ SAMPLE = 4 * 2**20
 #: values smaller than this are written as they are
 SMALLEST = 64 * 2**10
 WORTH = 0.95
-#: errors that say the filesystem has no room for what the tier writes
-FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 #: bytes the probe writes (fsynced) and reads back (out of the page cache), in pieces
 PROBE_BYTES = 32 * 2**20
 PROBE_PIECE = 4 * 2**20
@@ -57,11 +58,6 @@ PROBE_PIECE = 4 * 2**20
 SPILLS_SAY = PROBE_BYTES
 
 logger = logging.getLogger("spillway.memory")
-
-
-def is_full(error: BaseException) -> bool:
-    """Whether ``error`` is a filesystem that ran out of room (or quota)."""
-    return isinstance(error, OSError) and error.errno in FULL
 
 
 class Stored(NamedTuple):
@@ -109,9 +105,16 @@ class Throughput:
 
 
 class DiskTier:
-    def __init__(self, directory: str | None, threads: int = 4, compress: bool = True):
+    """Spilled segments in files (a :class:`~spillway.cluster.memory.tier.SegmentTier`),
+    in a directory of its own under ``directory``; ``limit``: bytes its files may hold
+    (None: what the filesystem has room for), ``name``: its name in the store's stack."""
+
+    def __init__(self, directory: str | None, threads: int = 4, compress: bool = True, *,
+                 limit: int | None = None, name: str = "disk"):
         root = directory or tempfile.gettempdir()
         os.makedirs(root, exist_ok=True)
+        self.name = name
+        self.limit = limit
         self.directory = tempfile.mkdtemp(prefix="spillway-spill-", dir=root)
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="spillway-disk")
         self.compress = compress
@@ -145,6 +148,15 @@ class DiskTier:
         """Bytes free on the filesystem the tier writes to."""
         return self.usage()[1]
 
+    @property
+    def where(self) -> str:
+        return self.directory
+
+    def room(self) -> int:
+        """Bytes more its files can take: the filesystem's free bytes, within its limit."""
+        free = self.free_bytes()
+        return free if self.limit is None else max(0, min(free, self.limit - self.nbytes))
+
     # --- the file layer (a test stand-in replaces these to run out of room)
 
     def _pwrite(self, fd: int, data, offset: int) -> None:
@@ -162,7 +174,7 @@ class DiskTier:
 
     # --- values
 
-    def write(self, key, copy: HostCopy, itemsize: int = 8) -> None:
+    def put(self, key, copy: HostCopy, itemsize: int = 8) -> None:
         """Write ``copy`` under ``key`` (``itemsize``: the element size of what its bytes
         hold, which the shuffle before compression groups by)."""
         path = self._path(key)
@@ -214,7 +226,7 @@ class DiskTier:
         pieces = self._each(piece, range(0, len(view), PIECE))
         return pieces, end[0]
 
-    def read(self, key, alloc: Alloc) -> HostCopy:
+    def get(self, key, alloc: Alloc) -> HostCopy:
         entry = self.meta[key]
         path, nbytes = entry.path, entry.nbytes
         buf = alloc(nbytes)

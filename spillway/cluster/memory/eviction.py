@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Hashable
 from typing import Any
 
-from .accounting import DeviceAccounts
+from .accounting import DeviceTier
 
 
 def running(in_use: Callable[[], Collection] | None) -> set:
@@ -51,7 +51,7 @@ def ordered(groups: list, rank, keys_of=lambda group: group) -> list:
     return unused + [g for _, _, g in ranked]
 
 
-def device_victims(device: DeviceAccounts, stay, rank) -> list[list]:
+def device_victims(device: DeviceTier, stay, rank) -> list[list]:
     """Groups of device keys that share allocations, in eviction order. The keys in
     ``stay`` (those excluded and those a running task reads) stay, and so do the
     allocations they view; only those allocations: a key that views one of them and
@@ -84,10 +84,10 @@ def over_device(stored_bytes: int, incoming: int, limit: int | None, usage: Call
     return over
 
 
-def over_host(host_bytes: int, incoming: int, limit: int | None) -> int:
-    """Bytes to write to disk before ``incoming`` more bytes fit under the host limit
-    (None: no limit); what the machine has room for is checked per buffer
-    (:class:`~spillway.cluster.memory.books.HostBooks`)."""
+def over_limit(held: int, incoming: int, limit: int | None) -> int:
+    """Bytes a tier below the device holding ``held`` must move down before ``incoming``
+    more bytes fit under its ``limit`` (None: no limit); what the machine has room for in
+    host memory is checked per buffer (:class:`~spillway.cluster.memory.books.HostBooks`)."""
     if limit is None:
         return 0
-    return host_bytes + incoming - limit
+    return held + incoming - limit

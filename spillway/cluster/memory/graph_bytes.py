@@ -60,7 +60,7 @@ def chunk_layers(expr) -> dict[str, tuple[tuple, int]]:
                     _add(out, name, info.get("chunks"), info.get("dtype"))
         elif type(e).__module__.startswith("dask.array"):
             try:
-                _add(out, e._name, e.chunks, e.dtype)
+                _add(out, upstream.expression_name(e), e.chunks, e.dtype)
             except Exception:  # noqa: BLE001 (a node that cannot say its chunks has no size here)
                 pass
         stack.extend(o for o in e.operands if isinstance(o, Expr))
@@ -78,7 +78,7 @@ def _reduces(layer) -> bool:
 def _add(out: dict, name, chunks, dtype) -> None:
     import numpy as np
 
-    if chunks is None or dtype is None:
+    if name is None or chunks is None or dtype is None:
         return
     dtype = np.dtype(dtype)
     if dtype.hasobject or any(math.isnan(c) for dim in chunks for c in dim):  # unknown chunks

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .codecs import View
+from .tier import HOST
 
 #: containers whose items the store looks into (exactly these types: a subclass, such as a
 #: namedtuple, would not be rebuilt by calling its type on a list of items)
@@ -117,14 +118,16 @@ def segments(views: list[View]) -> tuple[list[tuple[int, int]], list[ViewPlaceme
 
 @dataclass
 class SpilledGroup:
-    """Keys that left the device together: their skeletons, the views' placements, and one
-    host buffer per segment (None once written to disk, or once no key views it)."""
+    """Keys that left the device together: their skeletons, the views' placements, the
+    bytes of each segment, and the tier its segments are in (by its place in the stack).
+    ``buffers`` holds a segment's host buffer while the group is off the tiers (being
+    restored); the tiers hold them otherwise."""
 
     skeletons: dict[Hashable, Any]
     placements: list[ViewPlacement]
     buffers: list[np.ndarray | None]
     sizes: list[int]
-    on_disk: bool = False
+    tier: int = HOST
     #: segments no remaining key views (their bytes were given back)
     dropped: set[int] = field(default_factory=set)
 

@@ -1,5 +1,6 @@
-"""Host buffers for spilled values: the pinned arena first, then pinned buffers taken on
-demand within the worker's pinned limit, then pageable buffers."""
+"""The host tier: spilled segments in host buffers, and the buffers themselves (the pinned
+arena first, then pinned buffers taken on demand within the worker's pinned limit, then
+pageable buffers)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Callable
 import numpy as np
 
 from .arena import Arena
+from .codecs import Alloc, HostCopy
+from .stats import MoveRates
 
 
 class HostBuffers:
@@ -206,3 +209,45 @@ class HostBuffers:
 
 def _address(buffer: np.ndarray) -> int:
     return buffer.__array_interface__["data"][0]
+
+
+class HostTier(MoveRates):
+    """Spilled segments in host buffers (a :class:`~spillway.cluster.memory.tier.SegmentTier`):
+    what the device's values are copied into, and the way back to the device from every
+    tier below. Its buffers come from :attr:`buffers`; a segment put here is a buffer of
+    theirs, and :meth:`delete` gives it back to them."""
+
+    name = "host"
+    where = "host memory"
+
+    def __init__(self, buffers: HostBuffers, limit: int | None = None):
+        self.buffers = buffers
+        #: bytes its segments may hold (None: no limit; the machine's own room is the
+        #: books' to say, buffer by buffer)
+        self.limit = limit
+        self.nbytes = 0
+        self._held: dict = {}
+
+    def room(self) -> int | None:
+        return None if self.limit is None else max(0, self.limit - self.nbytes)
+
+    def put(self, key, copy: HostCopy, itemsize: int = 8) -> None:
+        self._held[key] = copy.buffer
+        self.nbytes += copy.nbytes
+
+    def get(self, key, alloc: Alloc) -> HostCopy:
+        buffer = self._held[key]  # already in host memory: no copy
+        return HostCopy((buffer.nbytes,), buffer.dtype, "C", buffer)
+
+    def take(self, key) -> np.ndarray:
+        """Take ``key``'s buffer out of the tier without giving it back (a restore copies
+        from it, then gives it back)."""
+        buffer = self._held.pop(key)
+        self.nbytes -= buffer.nbytes
+        return buffer
+
+    def delete(self, key) -> None:
+        self.buffers.release(self.take(key))
+
+    def close(self) -> None:
+        self.buffers.close()  # stops the pinned arena's growth

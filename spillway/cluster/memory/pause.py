@@ -84,7 +84,7 @@ class HostPause:
             self._said_at = time.monotonic()
             logger.warning("%s still paused after %.0f s: %s (host tier %d bytes, disk %d bytes)",
                            self.store.name, self.paused_s, reason, self.store.host_bytes,
-                           self.store.disk.nbytes if self.store.disk is not None else 0)
+                           self.store.below_bytes)
         if self.paused and not self._relieving.is_set():
             self._relieving.set()
             threading.Thread(target=self._relieve, name="spillway-relieve-host", daemon=True).start()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-MOVES = ("device_to_host", "host_to_device", "host_to_disk", "disk_to_host")
+from .tier import MOVES
+
+__all__ = ["MOVES", "TierStats"]
 
 
 @dataclass
@@ -20,6 +23,11 @@ class TierStats:
     prefetched_bytes: int = 0
     ondemand_events: int = 0
     ondemand_bytes: int = 0
+
+    @classmethod
+    def of(cls, moves: Sequence[str]) -> TierStats:
+        """Stats of a stack whose moves are ``moves`` (:func:`~.tier.moves_of`)."""
+        return cls(dict.fromkeys(moves, 0), dict.fromkeys(moves, 0.0), dict.fromkeys(moves, 0))
 
     def add(self, move: str, nbytes: int, seconds: float) -> None:
         self.bytes[move] += nbytes
@@ -37,3 +45,23 @@ class TierStats:
             "ondemand_events": self.ondemand_events,
             "ondemand_bytes": self.ondemand_bytes,
         }
+
+
+class MoveRates:
+    """A tier whose rates are those the store's moves into it (``write``) and out of it
+    (``read``) ran at: the device's and the host's, whose copies the store times (the
+    store sets these once it has its stack)."""
+
+    stats: TierStats | None = None
+    moves_in: tuple[str, ...] = ()
+    moves_out: tuple[str, ...] = ()
+
+    def rates(self) -> dict:
+        out: dict = {}
+        for way, moves in (("write", self.moves_in), ("read", self.moves_out)):
+            stats = self.stats
+            nbytes = sum(stats.bytes[m] for m in moves) if stats is not None else 0
+            seconds = sum(stats.seconds[m] for m in moves) if stats is not None else 0.0
+            rate = nbytes / seconds if nbytes and seconds > 0 else 0.0
+            out[way], out[f"{way}_from"] = rate, ("moves" if rate else None)
+        return out

@@ -1,9 +1,12 @@
-"""The worker's tiered store: device -> host -> disk.
+"""The worker's tiered store: device -> host -> disk (and any tier below).
 
 A MutableMapping that a distributed Worker uses as its ``data``. Values live on the
 device until the device tier passes its limit; then the values needed last move to host
-buffers (slices of a pinned arena when there is one), and past the host limit to disk.
-Reading a spilled value restores it. Three things make this faster than counting stored
+buffers (slices of a pinned arena when there is one), and past the host limit to the
+tier below it (the disk), and from a tier past its limit to the next. Reading a spilled
+value restores it. What a tier is, and the names of the moves, are
+:mod:`spillway.cluster.memory.tier`'s: the store holds its tiers fastest first
+(:attr:`TieredStore.tiers`) and knows of none below the host but through that protocol. Three things make this faster than counting stored
 outputs against a limit:
 
 * **eviction by next use**: a ``rank`` callable (see :mod:`spillway.cluster.memory.policy`) says
@@ -38,21 +41,22 @@ Worker threads read and write keys, the prefetch thread restores keys, and RMM c
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Hashable, Iterable, MutableMapping
+from collections.abc import Callable, Collection, Hashable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from ..errors import SpillDiskFull
 from ..sizes import format_bytes
 from . import eviction, moves
-from .accounting import DeviceAccounts, SpilledKeys
-from .disk import DiskTier, is_full
-from .groups import leaves
+from .accounting import DeviceTier, SpilledKeys
 from .books import HostBooks
-from .host import HostBuffers
-from .stats import MOVES, TierStats
+from .groups import leaves
+from .host import HostBuffers, HostTier
+from .stats import TierStats
+from .tier import HOST, MOVES, SegmentTier, check_names, is_full, move_name, moves_of, raw_nbytes
 
 __all__ = ["MOVES", "TierStats", "TieredStore"]
 
@@ -66,23 +70,25 @@ class TieredStore(MutableMapping):
         device_limit: int | None,
         host_limit: int | None,
         codec,
-        disk: DiskTier | None = None,
+        below: Sequence[SegmentTier] = (),
         host: HostBuffers | None = None,
         rank: Callable[[Hashable], Any] | None = None,
         device_usage: Callable[[], int] | None = None,
         in_use: Callable[[], Collection] | None = None,
         books: HostBooks | None = None,
     ):
-        #: bytes of the tiers; None: no limit
-        self.device_limit = None if device_limit is None else int(device_limit)
-        self.host_limit = None if host_limit is None else int(host_limit)
         self.codec = codec
-        self.disk = disk
+        #: the host tier's buffers (the pinned arena, on-demand and pageable buffers)
         self.host = host or HostBuffers()
+        # the limits are bytes; None: no limit
+        self._device = DeviceTier(None if device_limit is None else int(device_limit), device_usage)
+        self._host = HostTier(self.host, None if host_limit is None else int(host_limit))
+        #: the tiers, fastest first: device, host, then ``below`` (the disk, ...)
+        self.tiers = (self._device, self._host, *below)
+        names = [t.name for t in self.tiers]
+        check_names(names)
         #: key -> when it is needed next (smaller is sooner; None: not needed here)
         self.rank = rank
-        #: bytes really allocated on the device (RMM statistics), temporaries included
-        self.device_usage = device_usage
         #: keys that running tasks are reading: never moved (it would free nothing)
         self.in_use = in_use
         #: what the machine and the process really hold: every buffer that takes new host
@@ -102,16 +108,49 @@ class TieredStore(MutableMapping):
         #: whether the last spill on demand stopped at a full disk
         self.evict_met_full_disk = False
         self._full_said_at = 0.0
-        self.stats = TierStats()
-        self._device = DeviceAccounts()
+        self.stats = TierStats.of(moves_of(names))
+        device, host = names[:2]
+        self._device.stats = self._host.stats = self.stats
+        self._device.moves_in = self._host.moves_out = (move_name(host, device),)
+        self._device.moves_out = self._host.moves_in = (move_name(device, host),)
         self._plain: dict = {}
-        self._spilled = SpilledKeys()
+        self._spilled = SpilledKeys(len(self.tiers))
         #: the one lock, held around every change of the tiers; reentrant: RMM calls
         #: evict_for from a device allocation made with it held (a restore's copies),
         #: and the first spill calls start
         self._lock = threading.RLock()
         self._inflight: dict = {}  # key -> event set when its prefetch is done
         self._local = threading.local()
+
+    @property
+    def device_limit(self) -> int | None:
+        return self._device.limit
+
+    @device_limit.setter
+    def device_limit(self, nbytes: int | None) -> None:
+        self._device.limit = nbytes
+
+    @property
+    def host_limit(self) -> int | None:
+        return self._host.limit
+
+    @host_limit.setter
+    def host_limit(self, nbytes: int | None) -> None:
+        self._host.limit = nbytes
+
+    @property
+    def device_usage(self) -> Callable[[], int] | None:
+        """Bytes really allocated on the device (RMM statistics), temporaries included."""
+        return self._device.usage
+
+    @device_usage.setter
+    def device_usage(self, usage: Callable[[], int] | None) -> None:
+        self._device.usage = usage
+
+    @property
+    def below(self) -> tuple:
+        """The tiers below the host, fastest first."""
+        return self.tiers[HOST + 1:]
 
     @property
     def device_bytes(self) -> int:
@@ -121,7 +160,12 @@ class TieredStore(MutableMapping):
     @property
     def host_bytes(self) -> int:
         """Bytes of the host buffers that spilled values are in."""
-        return self._spilled.host_bytes
+        return self._host.nbytes
+
+    @property
+    def below_bytes(self) -> int:
+        """Bytes the tiers below the host hold (stored: compressed values at their size)."""
+        return sum(t.nbytes for t in self.tiers[HOST + 1:])
 
     # --- MutableMapping
 
@@ -195,29 +239,44 @@ class TieredStore(MutableMapping):
     # --- where things are
 
     def tier_of(self, key) -> str | None:
+        """The name of the tier ``key`` is in; "plain" for a value that is no device
+        value (it stays where it is), "moving" while a prefetch brings it back."""
         if key in self._device:
-            return "device"
+            return self._device.name
         if key in self._plain:
             return "plain"
-        tier = self._spilled.tier_of(key)
-        if tier is not None:
-            return tier
+        level = self._spilled.tier_of(key)
+        if level is not None:
+            return self.tiers[level].name
         if key in self._inflight:
             return "moving"
         return None
 
+    def in_memory(self, key) -> bool:
+        """Whether ``key``'s value is at hand, not spilled: on the device, or a plain value."""
+        return key in self._device or key in self._plain
+
+    def spilled(self, keys: Iterable) -> list:
+        """The keys among ``keys`` whose values are in a tier below the device."""
+        spilled = self._spilled
+        return [k for k in keys if k in spilled]
+
     def summary(self) -> dict:
-        host_keys, disk_keys = self._spilled.key_counts()
+        """The tiers' bytes and keys; ``disk_*``: the tiers below the host together."""
+        counts = self._spilled.key_counts()
+        below = self.tiers[HOST + 1:]
         return {
             "device_bytes": self.device_bytes,
             "host_bytes": self.host_bytes,
-            "disk_bytes": self.disk.nbytes if self.disk is not None else 0,
-            "disk_raw_bytes": self.disk.raw_nbytes if self.disk is not None else 0,
+            "disk_bytes": sum(t.nbytes for t in below),
+            "disk_raw_bytes": sum(raw_nbytes(t) for t in below),
             "disk_full": self.disk_full,
             "device_keys": len(self._device),
             "device_buffers": len(self._device.allocations),
-            "host_keys": host_keys,
-            "disk_keys": disk_keys,
+            "host_keys": counts[HOST],
+            "disk_keys": sum(counts[HOST + 1:]),
+            "tiers": {t.name: {"bytes": t.nbytes, "keys": len(self._device) if not level else counts[level],
+                               "limit": t.limit} for level, t in enumerate(self.tiers)},
             "host_pinned_on_demand_bytes": self.host.pinned_bytes,
             "host_pageable_total": self.host.pageable_total,
             "host": self.host.summary(),
@@ -230,7 +289,7 @@ class TieredStore(MutableMapping):
         with self._lock:
             running = eviction.running(self.in_use)
             in_use = self._device.held_bytes(running)
-            disk = self.disk.nbytes if self.disk is not None else 0
+            disk = self.below_bytes
             held = _held_by_layer(self._device, running)
             return (f"{self.name}: cannot allocate {format_bytes(nbytes)} on the device and nothing "
                     f"more can be spilled: device {format_bytes(self.device_bytes)} stored "
@@ -241,7 +300,7 @@ class TieredStore(MutableMapping):
     # --- the tiers' changes (callers hold the lock)
 
     def _means(self) -> moves.Means:
-        return moves.Means(self.codec, self.host, self.disk, self.stats)
+        return moves.Means(self.codec, self.tiers, self.stats)
 
     def _remove(self, key) -> None:
         if key in self._device:
@@ -255,7 +314,8 @@ class TieredStore(MutableMapping):
 
     def _over_device(self, incoming: int) -> int:
         """Bytes to free on the device before ``incoming`` more bytes fit."""
-        return eviction.over_device(self._device.nbytes, incoming, self.device_limit, self.device_usage)
+        device = self._device
+        return eviction.over_device(device.nbytes, incoming, device.limit, device.usage)
 
     def _device_victims(self, exclude) -> list[list]:
         """Groups of device keys in eviction order, but for ``exclude`` and the keys
@@ -278,45 +338,57 @@ class TieredStore(MutableMapping):
         return moves.device_to_host(self._device, self._spilled, keys, self._means(), self._spill_host)
 
     def _spill_host(self, incoming: int) -> None:
-        """Write host groups to disk until ``incoming`` more bytes fit under the host limit
+        """Move host groups down until ``incoming`` more bytes fit under the host limit
         (or the host tier is empty: a group larger than the limit still goes to host).
         The machine's own room is checked buffer by buffer (:meth:`_room_for_new_host_memory`)."""
-        need = eviction.over_host(self._spilled.host_bytes, incoming, self.host_limit)
-        if need <= 0 or self.disk is None:
+        self._room_in(HOST, incoming)
+
+    def _room_in(self, level: int, incoming: int) -> None:
+        """Move groups of the tier at ``level`` to the one below until ``incoming`` more
+        bytes fit under its limit (nothing where it has none, or no tier below it)."""
+        tier = self.tiers[level]
+        need = eviction.over_limit(tier.nbytes, incoming, tier.limit)
+        if need <= 0 or level + 1 == len(self.tiers):
             return
         try:
-            self._to_disk(self._host_order(), need)
+            self._lower(level, self._order(level), need)
         except SpillDiskFull:
-            # the disk is full: a little past the host tier's limit (what the machine has
-            # room for is still checked buffer by buffer) rather than fail a small value
-            if self._spilled.host_bytes + incoming > self.host_limit + host_slack(self.host_limit):
+            # the tier below is full: a little past this tier's limit (what the machine
+            # has room for is still checked buffer by buffer) rather than fail a small value
+            if tier.nbytes + incoming > tier.limit + host_slack(tier.limit):
                 raise
 
-    def _to_disk(self, order: list, need: int) -> None:
-        """Write host groups to disk (:func:`moves.host_to_disk`); a disk with no room left
-        raises :class:`SpillDiskFull` with the tiers' line."""
+    def _lower(self, level: int, order: list, need: int) -> None:
+        """Move groups of the tier at ``level`` to the tier below (:func:`moves.lower`),
+        each after room is made there where it has a tier below it too; a tier with no
+        room left raises :class:`SpillDiskFull` with the tiers' line."""
+        room = functools.partial(self._room_in, level + 1) if level + 2 < len(self.tiers) else None
         try:
-            moves.host_to_disk(self._spilled, order, need, self._means())
+            moves.lower(self._spilled, level, order, need, self._means(), room)
         except OSError as e:
             if not is_full(e):
                 raise
-            raise self._full(e, need) from None
+            raise self._full(e, need, level) from None
         if self.disk_full is not None:
             self.disk_full = None
 
-    def _full(self, error: OSError, need: int) -> SpillDiskFull:
-        disk = self.disk
+    def _full(self, error: OSError, need: int, level: int) -> SpillDiskFull:
+        source, tier = self.tiers[level], self.tiers[level + 1]
         try:
-            free = format_bytes(disk.free_bytes())
+            room = tier.room()
+            free = "unknown" if room is None else format_bytes(room)
         except OSError:
             free = "unknown"
-        compressed = (f" ({format_bytes(disk.raw_nbytes)} of values)"
-                      if disk.raw_nbytes != disk.nbytes else "")
-        line = (f"{self.name}: the spill disk is full ({error.strerror or error}) writing "
-                f"{format_bytes(max(need, 0))} of its host tier to {disk.directory} ({free} free): "
+        below = []
+        for t in self.tiers[HOST + 1:]:
+            raw = raw_nbytes(t)
+            compressed = f" ({format_bytes(raw)} of values)" if raw != t.nbytes else ""
+            below.append(f"{t.name} {format_bytes(t.nbytes)} written{compressed}")
+        line = (f"{self.name}: the spill {tier.name} is full ({error.strerror or error}) writing "
+                f"{format_bytes(max(need, 0))} of its {source.name} tier to {tier.where} ({free} free): "
                 f"device {format_bytes(self.device_bytes)} of {_limit(self.device_limit)}, host tier "
-                f"{format_bytes(self.host_bytes)} of {_limit(self.host_limit)}, disk "
-                f"{format_bytes(disk.nbytes)} written{compressed}; past what device + host + disk hold: "
+                f"{format_bytes(self.host_bytes)} of {_limit(self.host_limit)}, {', '.join(below)}; "
+                f"past what {' + '.join(t.name for t in self.tiers)} hold: "
                 f"release held arrays or give the workers a larger local-directory")
         self.disk_full = line
         return SpillDiskFull(line)
@@ -332,9 +404,10 @@ class TieredStore(MutableMapping):
             except Exception:  # telling the scheduler is a nicety: the task fails anyway
                 logger.debug("on_disk_full failed", exc_info=True)
 
-    def _host_order(self) -> list:
+    def _order(self, level: int) -> list:
+        """The groups of the tier at ``level`` in the order they leave it."""
         groups = self._spilled.groups
-        return eviction.ordered(list(self._spilled.on_host), self.rank, keys_of=lambda g: groups[g].skeletons)
+        return eviction.ordered(list(self._spilled.resident[level]), self.rank, keys_of=lambda g: groups[g].skeletons)
 
     def _room_for_new_host_memory(self, nbytes: int) -> None:
         """Before a host buffer takes ``nbytes`` of new memory (HostBuffers calls this,
@@ -342,7 +415,7 @@ class TieredStore(MutableMapping):
         process over its limit, give back cached pinned blocks, then write host groups
         to disk, each freeing its buffers (or arena slices the buffer can take)."""
         books = self.books
-        if books is None or books.short_by(nbytes) <= 0 or self.disk is None:
+        if books is None or books.short_by(nbytes) <= 0 or len(self.tiers) == HOST + 1:
             return
         if self._write_host_while(nbytes) and books.short_by(nbytes, count=False) > 0:
             logger.warning("%s: the host is short of memory for a %s buffer and the host tier holds "
@@ -353,16 +426,16 @@ class TieredStore(MutableMapping):
         """Write host groups to disk while the machine is under its headroom or the
         process over its limit (the worker plugin calls this while the worker is paused
         for memory); returns the bytes written."""
-        if self.books is None or self.disk is None:
+        if self.books is None or len(self.tiers) == HOST + 1:
             return 0
         with self._lock:
-            before = self._spilled.host_bytes
+            before = self._host.nbytes
             try:
                 self._write_host_while(0)
             except SpillDiskFull as e:
                 self._say_full(e)
                 raise
-            return before - self._spilled.host_bytes
+            return before - self._host.nbytes
 
     def _write_host_while(self, nbytes: int) -> bool:
         """Trim cached pinned blocks, then write host groups to disk, in eviction order,
@@ -375,8 +448,8 @@ class TieredStore(MutableMapping):
 
         if room():
             return False
-        for gid in self._host_order():
-            self._to_disk([gid], 1)
+        for gid in self._order(HOST):
+            self._lower(HOST, [gid], 1)
             if room():
                 return False
         return True
@@ -386,7 +459,7 @@ class TieredStore(MutableMapping):
             moves.restore(self._device, self._spilled, gid, self._means(), self._make_room)
         except SpillDiskFull:
             group = self._spilled.groups.get(gid)
-            if group is None or not group.on_disk:
+            if group is None or group.tier == HOST:
                 raise
             # every tier full: the room the device's values need below is the room this
             # group's files hold, so read it off the disk first
@@ -395,7 +468,7 @@ class TieredStore(MutableMapping):
             except SpillDiskFull:
                 if gid in self._spilled.on_host:  # back to the room its files left
                     try:
-                        self._to_disk([gid], 1)
+                        self._lower(HOST, [gid], 1)
                     except SpillDiskFull:
                         pass
                 raise
@@ -429,7 +502,7 @@ class TieredStore(MutableMapping):
                 with self._lock:
                     for k in group.skeletons:
                         del self._inflight[k]
-                    self._spilled.put_back(gid, group)
+                    moves.put_back(self._spilled, gid, group, self._means())
                 event.set()
                 raise
             with self._lock:
@@ -482,13 +555,12 @@ class TieredStore(MutableMapping):
             begin()
 
     def close(self) -> None:
-        self.host.close()  # stops the pinned arena's growth
-        if self.disk is not None:
-            self.disk.close()
+        for tier in self.tiers[HOST:]:
+            tier.close()  # the host's stops the pinned arena's growth
 
 
 def host_slack(limit: int) -> int:
-    """Bytes the host tier may hold past its limit while the disk is full: a
+    """Bytes a tier (the host's) may hold past its limit while the tier below is full: a
     thirty-second of it, at most 1 GiB."""
     return min(limit // 32, 1 << 30)
 

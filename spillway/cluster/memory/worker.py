@@ -123,7 +123,7 @@ def gpu_worker_store(
         device_limit=device_memory_limit,
         host_limit=host_limit,
         codec=CupyCodec(),
-        disk=DiskTier(worker_local_directory),
+        below=[DiskTier(worker_local_directory)],
         host=host,
         books=HostBooks(host_available, headroom=headroom_for(host_total()), process_limit=memory_limit),
     )

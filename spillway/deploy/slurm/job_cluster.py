@@ -23,6 +23,7 @@ import os
 
 from dask_jobqueue.slurm import SLURMCluster
 
+from spillway.cluster import upstream
 from spillway.cluster.errors import OptionsError
 from spillway.cluster.launch import DEATH_TIMEOUT_S, free_dashboard_address, scheduler_without_http, ucxx_installed
 from spillway.cluster.options import Options
@@ -93,7 +94,7 @@ class SlurmJobCluster(SLURMCluster):
         if refused:
             for name in refused:
                 self.worker_spec.pop(name, None)
-            self.sync(self._correct_state)
+            upstream.bring_to_spec(self)
         return list(refused.values())
 
     def job_ids(self) -> dict[str, str]:

@@ -46,7 +46,7 @@ def make(tmp_path, machine: Machine, *, device_mb=2, host_mb=None, arena=None, h
     books = HostBooks(machine.available, headroom=headroom_mb * MB, process_limit=process_limit,
                       resident=machine.resident)
     store = TieredStore(device_limit=device_mb * MB, host_limit=None if host_mb is None else host_mb * MB,
-                        codec=NumpyCodec(), disk=DiskTier(str(tmp_path)), host=HostBuffers(arena), books=books)
+                        codec=NumpyCodec(), below=[DiskTier(str(tmp_path))], host=HostBuffers(arena), books=books)
     machine.store = store
     return store
 
@@ -58,7 +58,7 @@ def test_the_machine_keeps_its_headroom_with_no_host_limit(tmp_path):
     for i in range(20):
         s[i] = chunk(i)
     assert machine.lowest >= 4 * MB, machine.lowest
-    assert s.disk.nbytes >= 8 * MB and s.host_bytes <= 8 * MB
+    assert s.below_bytes >= 8 * MB and s.host_bytes <= 8 * MB
     assert s.books.short_events > 0
     for i in range(20):
         np.testing.assert_array_equal(s[i], chunk(i))
@@ -77,7 +77,7 @@ def test_a_fragmented_arena_does_not_skip_the_check(tmp_path):
         s[("small", i)] = chunk(i)
     s[("x", 0)] = chunk(10, 3)
     s[("x", 1)] = chunk(11, 3)  # the 3 MiB of x0 and the smalls leave the device
-    assert s.host.arena.capacity - s.host.arena.used_bytes >= 3 * MB or s.disk.nbytes > 0
+    assert s.host.arena.capacity - s.host.arena.used_bytes >= 3 * MB or s.below_bytes > 0
     assert machine.lowest >= 4 * MB, (machine.lowest, s.summary())
     for i in range(4):
         np.testing.assert_array_equal(s[("small", i)], chunk(i))
@@ -93,7 +93,7 @@ def test_the_process_stays_within_its_limit(tmp_path):
         s[i] = chunk(i)
         peak = max(peak, machine.resident())
     assert peak <= 10 * MB + MB, peak  # a buffer is checked before it is taken
-    assert s.disk.nbytes > 0
+    assert s.below_bytes > 0
 
 
 def test_reads_back_from_disk_are_checked_too(tmp_path):
@@ -111,15 +111,15 @@ def test_relieve_host_writes_until_the_headroom_is_back(tmp_path):
     s = make(tmp_path, machine, device_mb=1)
     for i in range(8):
         s[i] = chunk(i)
-    assert s.host_bytes == 7 * MB and s.disk.nbytes == 0
+    assert s.host_bytes == 7 * MB and s.below_bytes == 0
     machine.other = 92 * MB  # something outside the store took the machine
     written = s.relieve_host()
     assert written >= 3 * MB and machine.available() >= 4 * MB
-    assert s.host_bytes + s.disk.nbytes == 7 * MB
+    assert s.host_bytes + s.below_bytes == 7 * MB
 
 
 def test_no_limit_is_none_through_the_store(tmp_path):
-    s = TieredStore(device_limit=None, host_limit=None, codec=NumpyCodec(), disk=DiskTier(str(tmp_path)))
+    s = TieredStore(device_limit=None, host_limit=None, codec=NumpyCodec(), below=[DiskTier(str(tmp_path))])
     for i in range(8):
         s[i] = chunk(i)
     assert s.device_bytes == 8 * MB and s.stats.bytes["device_to_host"] == 0
@@ -172,7 +172,7 @@ def test_the_worker_pauses_under_pressure_and_resumes(tmp_path):
         import time
 
         time.sleep(0.02)
-    assert s.disk.nbytes > 0
+    assert s.below_bytes > 0
     pause.tick()  # the headroom is back: resume
     assert worker.status == Status.running and not pause.paused and pause.paused_s > 0
 

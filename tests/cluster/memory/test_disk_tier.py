@@ -47,7 +47,7 @@ def test_values_that_compress_are_stored_and_counted_at_their_stored_size(tmp_pa
     disk = DiskTier(str(tmp_path))
     values = {"few levels": compressible(1), "uniform": uniform(2), "random bytes": incompressible(3)}
     for name, a in values.items():
-        disk.write(name, _copy(a))
+        disk.put(name, _copy(a))
     stored = {name: disk.meta[name].stored for name in values}
     assert stored["few levels"] < 0.3 * MB
     assert 0.8 * MB < stored["uniform"] < 0.95 * MB  # random mantissas: about a tenth saved
@@ -57,7 +57,7 @@ def test_values_that_compress_are_stored_and_counted_at_their_stored_size(tmp_pa
 
     assert sum(os.path.getsize(disk.meta[n].path) for n in values) == disk.nbytes
     for name, a in values.items():
-        back = disk.read(name, _alloc)
+        back = disk.get(name, _alloc)
         np.testing.assert_array_equal(back.buffer.view(np.float64), a)
         disk.delete(name)
     assert disk.nbytes == 0 and disk.raw_nbytes == 0 and not os.listdir(disk.directory)
@@ -66,7 +66,7 @@ def test_values_that_compress_are_stored_and_counted_at_their_stored_size(tmp_pa
 
 def test_compression_can_be_turned_off(tmp_path):
     disk = DiskTier(str(tmp_path), compress=False)
-    disk.write("a", _copy(compressible(1)))
+    disk.put("a", _copy(compressible(1)))
     assert disk.nbytes == MB and disk.meta["a"].pieces is None
     disk.close()
 
@@ -74,9 +74,9 @@ def test_compression_can_be_turned_off(tmp_path):
 def test_a_write_the_disk_has_no_room_for_leaves_no_file(tmp_path, monkeypatch):
     monkeypatch.setattr(disk_module, "PIECE", 256 * 1024)
     disk = SmallDisk(str(tmp_path), capacity=MB + 300 * 1024, compress=False)
-    disk.write("a", _copy(uniform(1)))
+    disk.put("a", _copy(uniform(1)))
     with pytest.raises(OSError) as e:
-        disk.write("b", _copy(uniform(2)))
+        disk.put("b", _copy(uniform(2)))
     assert disk_module.is_full(e.value) and disk.full_errors >= 1
     assert disk.files() == [disk.meta["a"].path.rsplit("/", 1)[1]] and disk.on_disk() == MB
     assert disk.nbytes == MB and "b" not in disk
@@ -85,7 +85,7 @@ def test_a_write_the_disk_has_no_room_for_leaves_no_file(tmp_path, monkeypatch):
 
 def _store(tmp_path, capacity, **kwargs):
     return TieredStore(device_limit=2 * MB, host_limit=2 * MB, codec=NumpyCodec(),
-                       disk=SmallDisk(str(tmp_path), capacity, compress=False), **kwargs)
+                       below=[SmallDisk(str(tmp_path), capacity, compress=False)], **kwargs)
 
 
 def test_a_full_disk_fails_the_write_that_needed_it_with_one_line_and_keeps_every_value(tmp_path):
@@ -101,7 +101,7 @@ def test_a_full_disk_fails_the_write_that_needed_it_with_one_line_and_keeps_ever
     line = str(e.value)
     failed = i
     assert "\n" not in line and line.startswith("worker 0 (tcp://127.0.0.1:1): the spill disk is full (")
-    for part in ("No space left on device", s.disk.directory, "device 2.00 MiB of a 2.00 MiB limit",
+    for part in ("No space left on device", s.below[0].directory, "device 2.00 MiB of a 2.00 MiB limit",
                  "host tier 2.00 MiB of a 2.00 MiB limit", "disk 3.00 MiB written", "larger local-directory"):
         assert part in line, (part, line)
     assert heard == [line] and s.disk_full == line
@@ -110,15 +110,15 @@ def test_a_full_disk_fails_the_write_that_needed_it_with_one_line_and_keeps_ever
     for k in range(failed):
         np.testing.assert_array_equal(s[k], values[k])
     # nothing on the disk but what the tier knows of
-    assert s.disk.on_disk() == s.disk.nbytes
-    assert len(s.disk.files()) == len(s.disk.meta)
+    assert s.below[0].on_disk() == s.below[0].nbytes
+    assert len(s.below[0].files()) == len(s.below[0].meta)
     for k in list(s):
         del s[k]
-    assert s.disk.files() == [] and s.disk.nbytes == 0 and s.host_bytes == 0
+    assert s.below[0].files() == [] and s.below[0].nbytes == 0 and s.host_bytes == 0
     # the disk has room again: the store goes on, and says the disk is no longer full
     for i in range(6):
         s[i] = uniform(i)
-    assert s.disk.nbytes > 0 and s.disk_full is None
+    assert s.below[0].nbytes > 0 and s.disk_full is None
     s.close()
 
 
@@ -179,11 +179,11 @@ def test_the_spills_rate_replaces_the_probe_s_once_they_have_moved_enough(tmp_pa
     monkeypatch.setattr(disk_module, "SPILLS_SAY", 2 * MB)
     disk = DiskTier(str(tmp_path), compress=False)
     disk.probed = (1.0, 2.0)  # bytes per second: far below any real disk
-    disk.write("a", _copy(uniform(1)))
+    disk.put("a", _copy(uniform(1)))
     assert disk.rates() == {"write": 1.0, "write_from": "probe", "read": 2.0, "read_from": "probe"}
-    disk.write("b", _copy(uniform(2)))
+    disk.put("b", _copy(uniform(2)))
     for key in ("a", "b"):
-        disk.read(key, _alloc)
+        disk.get(key, _alloc)
     rates = disk.rates()
     assert rates["write_from"] == rates["read_from"] == "spills"
     assert rates["write"] == pytest.approx(2 * MB / disk.writes.seconds) and rates["write"] > 1000

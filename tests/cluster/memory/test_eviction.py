@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster, get_worker, wait
 from numpy_codec import NumpyCodec
+from tier_stacks import lowered, raised
 
-from spillway.cluster.memory.disk import DiskTier
 from spillway.cluster.memory.store import TieredStore
 
 MB = 2**20
@@ -23,13 +23,13 @@ def chunk(i: int, n: int = MB // 8) -> np.ndarray:
     return np.random.default_rng(i).standard_normal(n)  # 1 MiB float64
 
 
-def make(tmp_path, device_mb=8, host_mb=64, **kwargs):
+def make(below, device_mb=8, host_mb=64, **kwargs):
     return TieredStore(device_limit=device_mb * MB, host_limit=host_mb * MB, codec=NumpyCodec(),
-                       disk=DiskTier(str(tmp_path)), **kwargs)
+                       below=below(), **kwargs)
 
 
-def test_a_buffer_viewed_by_several_keys_is_counted_once(tmp_path):
-    s = make(tmp_path)
+def test_a_buffer_viewed_by_several_keys_is_counted_once(below):
+    s = make(below)
     base = chunk(0, n=MB // 4)  # 2 MiB
     s["base"] = base
     s["head"] = base[: MB // 8]  # a view: no new device memory
@@ -38,9 +38,9 @@ def test_a_buffer_viewed_by_several_keys_is_counted_once(tmp_path):
     assert s.summary()["device_buffers"] == 1
 
 
-def test_tuple_values_are_device_values_and_share_with_their_items(tmp_path):
+def test_tuple_values_are_device_values_and_share_with_their_items(below):
     # what a qr task returns, and the getitem tasks that take its items apart
-    s = make(tmp_path)
+    s = make(below)
     q, r = chunk(1), chunk(2, n=64)
     s["qr"] = (q, r)
     s["q"] = q
@@ -49,8 +49,8 @@ def test_tuple_values_are_device_values_and_share_with_their_items(tmp_path):
     assert s.device_bytes == q.nbytes + r.nbytes
 
 
-def test_keys_sharing_a_buffer_spill_together_and_free_it(tmp_path):
-    s = make(tmp_path)
+def test_keys_sharing_a_buffer_spill_together_and_free_it(below):
+    s = make(below)
     base = chunk(0, n=MB // 4)
     s["base"], s["head"] = base, base[: MB // 8]
     s["other"] = chunk(1)
@@ -65,10 +65,10 @@ def test_keys_sharing_a_buffer_spill_together_and_free_it(tmp_path):
     assert s.summary()["device_buffers"] == 2 or s.tier_of("other") == "host"
 
 
-def test_values_held_outside_the_store_are_still_evicted(tmp_path):
+def test_values_held_outside_the_store_are_still_evicted(below):
     # a client persisted it, or a transfer is about to send it: neither is a running task,
     # and the store's accounting frees its buffer once the holder lets go
-    s = make(tmp_path)
+    s = make(below)
     for i in range(4):
         s[i] = chunk(i)
     waiting_to_be_sent = s[0]
@@ -78,9 +78,9 @@ def test_values_held_outside_the_store_are_still_evicted(tmp_path):
     np.testing.assert_array_equal(s[0], waiting_to_be_sent)
 
 
-def test_inputs_of_running_tasks_are_not_evicted(tmp_path):
+def test_inputs_of_running_tasks_are_not_evicted(below):
     running = {"in-use"}
-    s = make(tmp_path, in_use=lambda: running)
+    s = make(below, in_use=lambda: running)
     s["in-use"] = chunk(0)
     s["free"] = chunk(1)
     assert s.evict_for(2 * MB) == MB
@@ -88,9 +88,9 @@ def test_inputs_of_running_tasks_are_not_evicted(tmp_path):
     assert s.evict_for(MB) == 0  # nothing more may go
 
 
-def test_a_view_of_an_input_in_use_stays_with_it(tmp_path):
+def test_a_view_of_an_input_in_use_stays_with_it(below):
     running = {"x"}
-    s = make(tmp_path, in_use=lambda: running)
+    s = make(below, in_use=lambda: running)
     x = chunk(0)
     s["x"], s["slice"] = x, x[: x.size // 4]  # a quarter: kept as a view (see the next tests)
     assert s.evict_for(MB) == 0  # moving the slice would free nothing
@@ -107,8 +107,8 @@ def _qr_like(seed: int, rows: int = MB // 64, cols: int = 8):
     return q, r
 
 
-def test_a_small_view_of_a_large_temporary_is_stored_as_its_own_bytes(tmp_path):
-    s = make(tmp_path)
+def test_a_small_view_of_a_large_temporary_is_stored_as_its_own_bytes(below):
+    s = make(below)
     q, r = _qr_like(0)
     s["qr"] = (q, r)
     s["r"] = s["qr"][1]
@@ -128,11 +128,11 @@ def _qr_sharing_one_workspace(seed: int, rows: int = MB // 64, cols: int = 8):
     return workspace, workspace[:cols]
 
 
-def test_tsqr_second_stage_reads_every_r_while_every_q_may_leave(tmp_path):
+def test_tsqr_second_stage_reads_every_r_while_every_q_may_leave(below):
     # The H100's 108 GB svd: each first-stage tuple's R shared Q's allocation, so the
     # task reading every R held every Q on the device ("77 GiB in use by running tasks")
     running = set()
-    s = make(tmp_path, device_mb=64, in_use=lambda: running)
+    s = make(below, device_mb=64, in_use=lambda: running)
     for i in range(4):
         s[("qr", i)] = _qr_sharing_one_workspace(i)
         s[("q", i)], s[("r", i)] = s[("qr", i)]
@@ -147,11 +147,11 @@ def test_tsqr_second_stage_reads_every_r_while_every_q_may_leave(tmp_path):
         np.testing.assert_array_equal(s[("r", i)], r)
 
 
-def test_a_strided_r_spanning_its_whole_workspace_is_compacted(tmp_path):
+def test_a_strided_r_spanning_its_whole_workspace_is_compacted(below):
     # cupy.linalg.qr of a tall panel: the workspace is the panel transposed (cols x rows,
     # C order) and R = workspace[:, :cols].T, 8 x 8 values strided across all of it
     running = set()
-    s = make(tmp_path, device_mb=64, in_use=lambda: running)
+    s = make(below, device_mb=64, in_use=lambda: running)
     for i in range(4):
         workspace = np.random.default_rng(i).standard_normal((8, MB // 64))
         q = workspace.T * 2.0
@@ -167,8 +167,8 @@ def test_a_strided_r_spanning_its_whole_workspace_is_compacted(tmp_path):
         np.testing.assert_array_equal(s[("q", i)], workspace.T * 2.0)
 
 
-def test_a_view_left_alone_on_a_large_allocation_is_compacted(tmp_path):
-    s = make(tmp_path, device_mb=64)
+def test_a_view_left_alone_on_a_large_allocation_is_compacted(below):
+    s = make(below, device_mb=64)
     w = chunk(0)
     s["w"], s["quarter"] = w, w[: w.size // 4]  # a quarter of a stored array: a view
     assert s.device_bytes == MB
@@ -177,11 +177,11 @@ def test_a_view_left_alone_on_a_large_allocation_is_compacted(tmp_path):
     np.testing.assert_array_equal(s["quarter"], chunk(0)[: w.size // 4])
 
 
-def test_a_running_task_reading_r_lets_q_of_its_tuple_leave(tmp_path):
+def test_a_running_task_reading_r_lets_q_of_its_tuple_leave(below):
     # tsqr: the second stage reads every R; the Q of each first-stage tuple must be able
     # to leave the device meanwhile, though the tuple holds Q and R together
     running = set()
-    s = make(tmp_path, device_mb=64, in_use=lambda: running)
+    s = make(below, device_mb=64, in_use=lambda: running)
     for i in range(4):
         q, r = _qr_like(i)
         s[("qr", i)] = (q, r)
@@ -200,23 +200,23 @@ def test_a_running_task_reading_r_lets_q_of_its_tuple_leave(tmp_path):
         np.testing.assert_array_equal(s[("qr", i)][1], r)
 
 
-def test_spilled_groups_go_to_disk_and_back_with_their_views(tmp_path):
-    s = make(tmp_path, device_mb=2, host_mb=2)
+def test_spilled_groups_go_to_disk_and_back_with_their_views(below):
+    s = make(below, device_mb=2, host_mb=2)
     bases = {i: chunk(i, n=MB // 8) for i in range(6)}
     for i, b in bases.items():
         s[("b", i)] = b
         s[("t", i)] = b.reshape(128, 1024).T  # F-ordered view
-    assert s.disk.nbytes > 0
+    assert s.below_bytes > 0
     for i, b in bases.items():
         np.testing.assert_array_equal(s[("t", i)], b.reshape(128, 1024).T)
         np.testing.assert_array_equal(s[("b", i)], b)
     for i in range(6):
         del s[("b", i)], s[("t", i)]
-    assert len(s) == 0 and s.device_bytes == 0 and s.host_bytes == 0 and s.disk.nbytes == 0
+    assert len(s) == 0 and s.device_bytes == 0 and s.host_bytes == 0 and s.below_bytes == 0
 
 
-def test_deleting_one_key_of_a_spilled_group_keeps_the_others(tmp_path):
-    s = make(tmp_path)
+def test_deleting_one_key_of_a_spilled_group_keeps_the_others(below):
+    s = make(below)
     q, r = chunk(1), chunk(2, n=64)
     s["qr"], s["q"], s["r"] = (q, r), q, r
     s.evict_for(8 * MB)
@@ -227,8 +227,8 @@ def test_deleting_one_key_of_a_spilled_group_keeps_the_others(tmp_path):
     assert s.device_bytes == q.nbytes and s.host_bytes == 0
 
 
-def test_nested_containers_round_trip(tmp_path):
-    s = make(tmp_path)
+def test_nested_containers_round_trip(below):
+    s = make(below)
     a, b = chunk(3), chunk(4, n=100)
     s["v"] = {"u": (a, [b, 7]), "name": "x"}
     s.evict_for(8 * MB)
@@ -239,8 +239,8 @@ def test_nested_containers_round_trip(tmp_path):
     assert v["u"][1][1] == 7 and v["name"] == "x" and type(v["u"]) is tuple
 
 
-def test_exhausted_names_the_worker_the_request_and_every_tier(tmp_path):
-    s = make(tmp_path, device_mb=4, in_use=lambda: {0})
+def test_exhausted_names_the_worker_the_request_and_every_tier(below):
+    s = make(below, device_mb=4, in_use=lambda: {0})
     s.name = "tcp://127.0.0.1:4000"
     for i in range(3):
         s[i] = chunk(i)
@@ -260,7 +260,7 @@ def _evict_inside_a_task(block, nbytes):
 
 
 @pytest.mark.timeout(120)
-def test_persisted_keys_make_room_for_a_running_task(tmp_path):
+def test_persisted_keys_make_room_for_a_running_task(below):
     """A user persists chunks, then a task needs device memory: spill on demand evicts the
     persisted chunks that task does not read, never the one it reads."""
     import dask.array as da
@@ -268,7 +268,7 @@ def test_persisted_keys_make_room_for_a_running_task(tmp_path):
     from spillway.cluster.plugins import WorkerSetup
 
     store = TieredStore(device_limit=64 * MB, host_limit=256 * MB, codec=NumpyCodec(),
-                        disk=DiskTier(str(tmp_path)))
+                        below=below())
     with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None,
                       data=store) as cluster, Client(cluster) as client:
         client.register_plugin(WorkerSetup(prefetch=False))
@@ -291,7 +291,7 @@ def _evict_reading_rs(*rs, nbytes):
 
 
 @pytest.mark.timeout(120)
-def test_a_task_reading_the_r_of_qr_tuples_lets_their_q_leave(tmp_path):
+def test_a_task_reading_the_r_of_qr_tuples_lets_their_q_leave(below):
     """tsqr's second stage on a real worker: a task reads the R of every first-stage
     (Q, R) tuple; spill on demand moves the tuples and their Q to host, and counts as in
     use only the bytes of the R it reads."""
@@ -300,7 +300,7 @@ def test_a_task_reading_the_r_of_qr_tuples_lets_their_q_leave(tmp_path):
     from spillway.cluster.plugins import WorkerSetup
 
     store = TieredStore(device_limit=64 * MB, host_limit=256 * MB, codec=NumpyCodec(),
-                        disk=DiskTier(str(tmp_path)))
+                        below=below())
     with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None,
                       data=store) as cluster, Client(cluster) as client:
         client.register_plugin(WorkerSetup(prefetch=False))
@@ -321,13 +321,13 @@ def test_a_task_reading_the_r_of_qr_tuples_lets_their_q_leave(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_data_a_client_scattered_and_still_holds_is_evicted(tmp_path):
+def test_data_a_client_scattered_and_still_holds_is_evicted(below):
     """In-process, scattered arrays are the client's own objects: referred to from outside
     the store, yet no task is using them, so they leave the device when a task needs room."""
     from spillway.cluster.plugins import WorkerSetup
 
     store = TieredStore(device_limit=64 * MB, host_limit=256 * MB, codec=NumpyCodec(),
-                        disk=DiskTier(str(tmp_path)))
+                        below=below())
     with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None,
                       data=store) as cluster, Client(cluster) as client:
         client.register_plugin(WorkerSetup(prefetch=False))
@@ -341,11 +341,11 @@ def test_data_a_client_scattered_and_still_holds_is_evicted(tmp_path):
         assert all(np.array_equal(a, b) for a, b in zip(back, mine))
 
 
-def test_a_failed_allocation_fails_its_task_with_the_store_s_line(tmp_path):
+def test_a_failed_allocation_fails_its_task_with_the_store_s_line(below):
     from spillway.cluster.errors import DeviceMemoryExhausted
     from spillway.cluster.plugins import explained
 
-    s = make(tmp_path, device_mb=2, in_use=lambda: {0, 1})
+    s = make(below, device_mb=2, in_use=lambda: {0, 1})
     s.name = "worker 0 (tcp://127.0.0.1:4000)"
     s[0], s[1] = chunk(0), chunk(1)
 
@@ -360,12 +360,12 @@ def test_a_failed_allocation_fails_its_task_with_the_store_s_line(tmp_path):
     assert isinstance(info.value, MemoryError)
 
 
-def test_stress_views_tuples_and_evictions_every_value_checked(tmp_path):
+def test_stress_views_tuples_and_evictions_every_value_checked(below):
     from spillway.cluster.memory.arena import Arena
     from spillway.cluster.memory.host import HostBuffers
 
     s = TieredStore(device_limit=3 * MB, host_limit=4 * MB, codec=NumpyCodec(),
-                    disk=DiskTier(str(tmp_path)), host=HostBuffers(Arena(np.empty(3 * MB, dtype=np.uint8))))
+                    below=below(), host=HostBuffers(Arena(np.empty(3 * MB, dtype=np.uint8))))
     rng = np.random.default_rng(1)
     live = {}
     for step in range(500):
@@ -388,14 +388,14 @@ def test_stress_views_tuples_and_evictions_every_value_checked(tmp_path):
         elif op < 10:
             s.evict_for(int(rng.integers(1, 3 * MB)))
         else:
-            s.prefetch([k for k in live if s.tier_of(k) in ("host", "disk")][:3])
+            s.prefetch(s.spilled(live)[:3])
     for key, value in live.items():
         _assert_same(s[key], value)
     moved = s.stats.bytes
-    assert moved["device_to_host"] and moved["host_to_disk"] and moved["disk_to_host"] and s.stats.prefetched_bytes
+    assert moved["device_to_host"] and moved[lowered(s)] and raised(s) and s.stats.prefetched_bytes
     for key in list(live):
         del s[key]
-    assert s.device_bytes == 0 and s.host_bytes == 0 and s.disk.nbytes == 0
+    assert s.device_bytes == 0 and s.host_bytes == 0 and s.below_bytes == 0
     assert s.host.arena.used_bytes == 0
 
 

@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 from numpy_codec import NumpyCodec
+from tier_stacks import lowered, raised
 
 from spillway.cluster.memory.arena import Arena
 from spillway.cluster.memory.books import HostBooks
-from spillway.cluster.memory.disk import DiskTier
 from spillway.cluster.memory.host import HostBuffers
 from spillway.cluster.memory.store import TieredStore
 
@@ -22,45 +22,46 @@ def chunk(i: int, n: int = MB // 8) -> np.ndarray:
     return np.random.default_rng(i).standard_normal(n)  # 1 MiB float64
 
 
-def make(tmp_path, device_mb=4, host_mb=4, rank=None, arena_mb=None, **kwargs):
+def make(below, device_mb=4, host_mb=4, rank=None, arena_mb=None, **kwargs):
     arena = Arena(np.empty(arena_mb * MB, dtype=np.uint8)) if arena_mb else None
     return TieredStore(device_limit=device_mb * MB, host_limit=host_mb * MB, codec=NumpyCodec(),
-                       disk=DiskTier(str(tmp_path)), host=HostBuffers(arena), rank=rank, **kwargs)
+                       below=below(), host=HostBuffers(arena), rank=rank, **kwargs)
 
 
-def test_values_stay_on_device_under_the_limit(tmp_path):
-    s = make(tmp_path)
+def test_values_stay_on_device_under_the_limit(below):
+    s = make(below)
     for i in range(4):
         s[("x", i)] = chunk(i)
     assert all(s.tier_of(("x", i)) == "device" for i in range(4))
     assert s.device_bytes == 4 * MB and s.stats.bytes["device_to_host"] == 0
 
 
-def test_spill_device_to_host_to_disk_and_back(tmp_path):
-    s = make(tmp_path, device_mb=2, host_mb=2)
+def test_spill_device_to_host_to_disk_and_back(below):
+    s = make(below, device_mb=2, host_mb=2)
     for i in range(8):
         s[i] = chunk(i)
     tiers = [s.tier_of(i) for i in range(8)]
-    assert tiers.count("device") == 2 and tiers.count("host") == 2 and tiers.count("disk") == 4
+    below_host = {t.name for t in s.below}
+    assert tiers.count("device") == 2 and tiers.count("host") == 2 and sum(t in below_host for t in tiers) == 4
     assert s.device_bytes <= 2 * MB and s.host_bytes <= 2 * MB
     for i in range(8):
         np.testing.assert_array_equal(s[i], chunk(i))
     st = s.stats
-    assert st.bytes["device_to_host"] >= 6 * MB and st.bytes["host_to_disk"] >= 4 * MB
-    assert st.bytes["disk_to_host"] >= 4 * MB and st.bytes["host_to_device"] >= 6 * MB
+    assert st.bytes["device_to_host"] >= 6 * MB and st.bytes[lowered(s)] >= 4 * MB
+    assert raised(s) >= 4 * MB and st.bytes["host_to_device"] >= 6 * MB
     assert st.wait_s > 0
     s.close()
 
 
-def test_spills_go_to_disk_when_the_machine_runs_low_below_the_host_limit(tmp_path):
+def test_spills_go_to_disk_when_the_machine_runs_low_below_the_host_limit(below):
     # the host tier may hold 64 MiB, but the machine has 5 MiB left (less what the tier
     # holds) and must keep 4 MiB: past the first MiB, spills go to disk
     available = {"bytes": 5 * MB}
     books = HostBooks(lambda: available["bytes"] - s.host.held_bytes, headroom=4 * MB, resident=lambda: 0)
-    s = make(tmp_path, device_mb=2, host_mb=64, books=books)
+    s = make(below, device_mb=2, host_mb=64, books=books)
     for i in range(6):
         s[i] = chunk(i)
-    assert s.host_bytes <= MB and s.disk.nbytes >= 3 * MB, s.summary()
+    assert s.host_bytes <= MB and s.below_bytes >= 3 * MB, s.summary()
     available["bytes"] = 64 * MB  # memory came back: the host tier fills again
     for i in range(6, 9):
         s[i] = chunk(i)
@@ -69,8 +70,8 @@ def test_spills_go_to_disk_when_the_machine_runs_low_below_the_host_limit(tmp_pa
         np.testing.assert_array_equal(s[i], chunk(i))
 
 
-def test_lru_without_ranks(tmp_path):
-    s = make(tmp_path, device_mb=3)
+def test_lru_without_ranks(below):
+    s = make(below, device_mb=3)
     for i in range(3):
         s[i] = chunk(i)
     s[0]  # touch: 1 is now the least recently used
@@ -78,10 +79,10 @@ def test_lru_without_ranks(tmp_path):
     assert s.tier_of(1) == "host" and s.tier_of(0) == "device"
 
 
-def test_eviction_follows_next_use(tmp_path):
+def test_eviction_follows_next_use(below):
     # key i is needed at step i, except 1 which no queued task needs
     needed = {0: 0, 2: 2, 3: 3, 4: 4}
-    s = make(tmp_path, device_mb=3, rank=needed.get)
+    s = make(below, device_mb=3, rank=needed.get)
     for i in range(3):
         s[i] = chunk(i)
     s[3] = chunk(3)  # must evict 1 (unneeded) first
@@ -90,27 +91,27 @@ def test_eviction_follows_next_use(tmp_path):
     assert s.tier_of(3) == "host" and s.tier_of(0) == "device" and s.tier_of(2) == "device"
 
 
-def test_delete_frees_every_tier(tmp_path):
-    s = make(tmp_path, device_mb=1, host_mb=1, arena_mb=2)
+def test_delete_frees_every_tier(below):
+    s = make(below, device_mb=1, host_mb=1, arena_mb=2)
     for i in range(4):
         s[i] = chunk(i)
     for i in range(4):
         del s[i]
-    assert len(s) == 0 and s.device_bytes == 0 and s.host_bytes == 0 and s.disk.nbytes == 0
+    assert len(s) == 0 and s.device_bytes == 0 and s.host_bytes == 0 and s.below_bytes == 0
     assert s.host.arena.used_bytes == 0
     with pytest.raises(KeyError):
         s[0]
 
 
-def test_plain_objects_are_kept(tmp_path):
-    s = make(tmp_path)
+def test_plain_objects_are_kept(below):
+    s = make(below)
     s["scalar"] = 3.5
     s["list"] = [1, 2]
     assert s["scalar"] == 3.5 and s.tier_of("list") == "plain" and len(s) == 2
 
 
-def test_overwrite_replaces(tmp_path):
-    s = make(tmp_path, device_mb=1)
+def test_overwrite_replaces(below):
+    s = make(below, device_mb=1)
     s["a"] = chunk(1)
     s["b"] = chunk(2)  # a goes to host
     s["a"] = chunk(3)
@@ -118,8 +119,8 @@ def test_overwrite_replaces(tmp_path):
     assert s.host_bytes + s.device_bytes == 2 * MB
 
 
-def test_arena_host_buffers_are_reused(tmp_path):
-    s = make(tmp_path, device_mb=1, host_mb=8, arena_mb=3)
+def test_arena_host_buffers_are_reused(below):
+    s = make(below, device_mb=1, host_mb=8, arena_mb=3)
     for i in range(6):
         s[i] = chunk(i)
         s[i - 1] if i else None
@@ -128,8 +129,8 @@ def test_arena_host_buffers_are_reused(tmp_path):
         np.testing.assert_array_equal(s[i], chunk(i))
 
 
-def test_strided_and_fortran_arrays_round_trip(tmp_path):
-    s = make(tmp_path, device_mb=1)
+def test_strided_and_fortran_arrays_round_trip(below):
+    s = make(below, device_mb=1)
     base = np.arange(256 * 512, dtype=np.float32).reshape(256, 512)
     s["t"] = base.T  # F-contiguous
     s["v"] = base[:, ::2]  # strided
@@ -139,8 +140,8 @@ def test_strided_and_fortran_arrays_round_trip(tmp_path):
     np.testing.assert_array_equal(s["v"], base[:, ::2])
 
 
-def test_prefetch_restores_the_next_needed(tmp_path):
-    s = make(tmp_path, device_mb=4, host_mb=16)
+def test_prefetch_restores_the_next_needed(below):
+    s = make(below, device_mb=4, host_mb=16)
     for i in range(8):
         s[i] = chunk(i)
     on_host = [i for i in range(8) if s.tier_of(i) == "host"]
@@ -155,17 +156,17 @@ def test_prefetch_restores_the_next_needed(tmp_path):
     assert s.stats.wait_s == before  # already on the device: no wait
 
 
-def test_prefetch_stops_at_headroom(tmp_path):
-    s = make(tmp_path, device_mb=4, host_mb=16)
+def test_prefetch_stops_at_headroom(below):
+    s = make(below, device_mb=4, host_mb=16)
     for i in range(8):
         s[i] = chunk(i)
     host_keys = [i for i in range(8) if s.tier_of(i) == "host"]
     assert s.prefetch(host_keys) == 0  # the device tier is full
 
 
-def test_evict_for_skips_the_inputs_of_running_tasks(tmp_path):
+def test_evict_for_skips_the_inputs_of_running_tasks(below):
     running = {0}  # a running task reads key 0
-    s = make(tmp_path, device_mb=8)
+    s = make(below, device_mb=8)
     s.in_use = lambda: running
     for i in range(4):
         s[i] = chunk(i)
@@ -177,17 +178,17 @@ def test_evict_for_skips_the_inputs_of_running_tasks(tmp_path):
     assert held is s[0]
 
 
-def test_evict_for_with_everything_in_use_frees_nothing(tmp_path):
-    s = make(tmp_path, device_mb=8)
+def test_evict_for_with_everything_in_use_frees_nothing(below):
+    s = make(below, device_mb=8)
     s.in_use = lambda: {0}
     s[0] = chunk(0)
     assert s.evict_for(MB) == 0 and s.tier_of(0) == "device"
 
 
-def test_device_usage_counts_temporaries(tmp_path):
+def test_device_usage_counts_temporaries(below):
     usage = {"bytes": 0}
     s = TieredStore(device_limit=4 * MB, host_limit=64 * MB, codec=NumpyCodec(),
-                    disk=DiskTier(str(tmp_path)), device_usage=lambda: usage["bytes"])
+                    below=below(), device_usage=lambda: usage["bytes"])
     s[0] = chunk(0)
     s[1] = chunk(1)
     usage["bytes"] = 2 * MB + 3 * MB  # the stored two plus 3 MiB of temporaries
@@ -195,8 +196,8 @@ def test_device_usage_counts_temporaries(tmp_path):
     assert s.device_bytes <= 2 * MB  # made room for the temporaries, not only the count
 
 
-def test_stress_many_evictions_every_value_checked(tmp_path):
-    s = make(tmp_path, device_mb=3, host_mb=5, arena_mb=4)
+def test_stress_many_evictions_every_value_checked(below):
+    s = make(below, device_mb=3, host_mb=5, arena_mb=4)
     rng = np.random.default_rng(0)
     live = {}
     for step in range(400):
@@ -212,16 +213,16 @@ def test_stress_many_evictions_every_value_checked(tmp_path):
             del s[key]
             del live[key]
         else:
-            s.prefetch([k for k in live if s.tier_of(k) in ("host", "disk")][:3])
+            s.prefetch(s.spilled(live)[:3])
         assert s.device_bytes <= 3 * MB + MB  # a value larger than the room still lands
     for key, value in live.items():
         np.testing.assert_array_equal(s[key], value)
     moved = s.stats.bytes
-    assert moved["device_to_host"] > 0 and moved["host_to_disk"] > 0 and moved["disk_to_host"] > 0
+    assert moved["device_to_host"] > 0 and moved[lowered(s)] > 0 and raised(s) > 0
 
 
-def test_concurrent_reads_and_prefetch(tmp_path):
-    s = make(tmp_path, device_mb=4, host_mb=64)
+def test_concurrent_reads_and_prefetch(below):
+    s = make(below, device_mb=4, host_mb=64)
     for i in range(32):
         s[i] = chunk(i)
     errors = []
@@ -305,11 +306,11 @@ def test_a_failed_pinned_allocation_gives_its_bytes_back():
     assert host.pinned_bytes == 0
 
 
-def test_store_past_the_pinned_limit_still_round_trips_every_value(tmp_path):
+def test_store_past_the_pinned_limit_still_round_trips_every_value(below):
     pinned, pageable = Recorder(), Recorder()
     host = HostBuffers(None, pinned, pinned_limit=3 * MB, pageable=pageable)
     s = TieredStore(device_limit=2 * MB, host_limit=64 * MB, codec=NumpyCodec(),
-                    disk=DiskTier(str(tmp_path)), host=host)
+                    below=below(), host=host)
     for i in range(12):
         s[i] = chunk(i)
     assert pinned.sizes and pageable.sizes and host.pinned_bytes <= 3 * MB
@@ -319,25 +320,25 @@ def test_store_past_the_pinned_limit_still_round_trips_every_value(tmp_path):
     assert summary["host_pageable_total"] == host.pageable_total > 0
 
 
-def test_spills_land_in_the_arena_when_the_host_tier_is_full(tmp_path):
+def test_spills_land_in_the_arena_when_the_host_tier_is_full(below):
     # the arena is as large as the host tier: every device -> host copy must find room in
     # it (the host tier spills to disk first), none may take a buffer pinned on demand
     pinned = Recorder()
     host = HostBuffers(Arena(np.empty(4 * MB, dtype=np.uint8)), pinned)
     s = TieredStore(device_limit=2 * MB, host_limit=4 * MB, codec=NumpyCodec(),
-                    disk=DiskTier(str(tmp_path)), host=host)
+                    below=below(), host=host)
     for i in range(12):
         s[i] = chunk(i)
-    assert s.stats.count["device_to_host"] == 10 and s.disk.nbytes == 6 * MB
+    assert s.stats.count["device_to_host"] == 10 and s.below_bytes == 6 * MB
     assert pinned.sizes == [] and host.arena.used_bytes == 4 * MB
 
 
-def test_a_failed_spill_copy_keeps_the_value_on_the_device(tmp_path):
+def test_a_failed_spill_copy_keeps_the_value_on_the_device(below):
     def no_memory(n):
         raise MemoryError(f"no host buffer of {n} bytes")
 
     s = TieredStore(device_limit=2 * MB, host_limit=64 * MB, codec=NumpyCodec(),
-                    disk=DiskTier(str(tmp_path)), host=HostBuffers(pageable=no_memory))
+                    below=below(), host=HostBuffers(pageable=no_memory))
     s["a"], s["b"] = chunk(0), chunk(1)
     with pytest.raises(MemoryError):
         s["c"] = chunk(2)
@@ -353,9 +354,9 @@ class SlowToFinish(NumpyCodec):
         time.sleep(0.05)
 
 
-def test_spill_seconds_time_the_copy_not_the_wait_for_the_value(tmp_path):
+def test_spill_seconds_time_the_copy_not_the_wait_for_the_value(below):
     s = TieredStore(device_limit=2 * MB, host_limit=64 * MB, codec=SlowToFinish(),
-                    disk=DiskTier(str(tmp_path)))
+                    below=below())
     for i in range(6):
         s[i] = chunk(i)
     stats = s.summary()["stats"]
@@ -367,17 +368,17 @@ def test_spill_seconds_time_the_copy_not_the_wait_for_the_value(tmp_path):
         np.testing.assert_array_equal(s[i], chunk(i))
 
 
-def test_what_the_store_starts_runs_once_at_start_or_at_the_first_spill(tmp_path):
+def test_what_the_store_starts_runs_once_at_start_or_at_the_first_spill(below):
     # the pinned arena's growth makes a CUDA context: it waits for the worker to start
     started = []
-    s = make(tmp_path, device_mb=2)
+    s = make(below, device_mb=2)
     s.on_start.append(lambda: started.append("arena"))
     s[0] = chunk(0)
     assert started == []  # building the store and storing under the limit start nothing
     s.start()
     s.start()
     assert started == ["arena"]
-    lazy = make(tmp_path / "lazy", device_mb=1)
+    lazy = make(below, device_mb=1)
     lazy.on_start.append(lambda: started.append("lazy"))
     lazy[0], lazy[1] = chunk(0), chunk(1)  # the second spills the first: no plugin started it
     assert started == ["arena", "lazy"] and lazy.tier_of(0) == "host"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from numpy_codec import NumpyCodec
+from tier_stacks import lowered, raised
 
 from spillway.cluster.memory.arena import Arena
-from spillway.cluster.memory.disk import DiskTier
 from spillway.cluster.memory.host import HostBuffers
 from spillway.cluster.memory.store import TieredStore
 
@@ -46,12 +46,12 @@ def _same(got, expected):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_every_value_survives_every_move(tmp_path, seed):
+def test_every_value_survives_every_move(below, seed):
     rng = np.random.default_rng(seed)
     running: set = set()
     arena = HostBuffers(Arena(np.empty(256 * KB, dtype=np.uint8)))
     s = TieredStore(device_limit=512 * KB, host_limit=384 * KB, codec=NumpyCodec(),
-                    disk=DiskTier(str(tmp_path)), host=arena, in_use=lambda: running)
+                    below=below(), host=arena, in_use=lambda: running)
     expected: dict = {}  # key -> an independent copy of what was stored
     names = iter(range(10**6))
 
@@ -88,7 +88,7 @@ def test_every_value_survives_every_move(tmp_path, seed):
             running.update(list(expected)[i] for i in rng.integers(0, len(expected), 3))
             s.evict_for(int(rng.integers(16 * KB, 512 * KB)))
         elif op == 6:
-            s.prefetch([k for k in expected if s.tier_of(k) in ("host", "disk")][:4])
+            s.prefetch(s.spilled(expected)[:4])
         elif op == 7 and expected:
             key = list(expected)[int(rng.integers(0, len(expected)))]
             del s[key], expected[key]
@@ -97,10 +97,10 @@ def test_every_value_survives_every_move(tmp_path, seed):
         for key, value in expected.items():  # every value, after every step
             _same(s[key], value)
     moved = s.stats.bytes
-    assert all(moved[m] for m in ("device_to_host", "host_to_device", "host_to_disk", "disk_to_host")), moved
+    assert all(moved[m] for m in ("device_to_host", "host_to_device", lowered(s))) and raised(s), moved
     for key in list(expected):
         del s[key]
-    assert s.device_bytes == 0 and s.host_bytes == 0 and s.disk.nbytes == 0
+    assert s.device_bytes == 0 and s.host_bytes == 0 and s.below_bytes == 0
     assert s.host.arena.used_bytes == 0
 
 
