@@ -6,7 +6,7 @@
 
 Each pairing starts, fresh and at once, spillway's cluster (``spillway.local``, the
 dashboard off as the bench has it) and the bench's baseline on the same workers and
-threads (:func:`spillway.bench.clusters.baseline_cluster`: ``distributed.LocalCluster`` on
+threads (:func:`spillway_bench.clusters.baseline_cluster`: ``distributed.LocalCluster`` on
 CPU, ``LocalCUDACluster(protocol="ucx")`` on GPUs), each in a process of its own (the
 client and the local scheduler in it, as in a user's notebook), and with ``--before`` a
 third side: spillway from another checkout (the code before a change). For each size
@@ -72,7 +72,7 @@ SEED = 5500
 
 
 def _drop_capacity(dask_scheduler=None) -> bool:
-    from spillway.cluster.capacity import PLUGIN_NAME, uninstall_sizes
+    from spillway.memory.capacity import PLUGIN_NAME, uninstall_sizes
 
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
     if plugin is None:
@@ -85,7 +85,7 @@ def _drop_capacity(dask_scheduler=None) -> bool:
 
 
 def _drop_sizes(dask_scheduler=None) -> bool:
-    from spillway.cluster.capacity import PLUGIN_NAME, uninstall_sizes
+    from spillway.memory.capacity import PLUGIN_NAME, uninstall_sizes
 
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
     if plugin is None or not plugin._sizes:
@@ -96,7 +96,7 @@ def _drop_sizes(dask_scheduler=None) -> bool:
 
 
 def _drop_collective(dask_scheduler=None) -> bool:
-    from spillway.cluster.collective.placement import PLUGIN_NAME
+    from spillway.datapath.collective.placement import PLUGIN_NAME
 
     if PLUGIN_NAME not in dask_scheduler.plugins:
         return False
@@ -105,14 +105,14 @@ def _drop_collective(dask_scheduler=None) -> bool:
 
 
 def _drop_tiers_metric(dask_worker=None) -> bool:
-    from spillway.cluster.capacity import TIERS
+    from spillway.memory.capacity import TIERS
 
     return dask_worker.metrics.pop(TIERS, None) is not None
 
 
 @contextlib.contextmanager
 def turned_off(variant: str, cluster):
-    """``cluster`` (a :class:`spillway.run.local.Local`) with ``variant``'s suspect off."""
+    """``cluster`` (a :class:`spillway.clusters.local.Local`) with ``variant``'s suspect off."""
     client = cluster.client
     if variant == "no-capacity":
         assert client.run_on_scheduler(_drop_capacity), "no capacity plugin to remove"
@@ -121,7 +121,7 @@ def turned_off(variant: str, cluster):
     elif variant == "no-collective":
         assert client.run_on_scheduler(_drop_collective), "no collective plugin to remove"
     elif variant == "no-worker-setup":
-        from spillway.cluster.plugins import PLUGIN_NAME
+        from spillway.launch.plugins import PLUGIN_NAME
 
         client.unregister_worker_plugin(PLUGIN_NAME)
         client.run(_drop_tiers_metric)
@@ -130,7 +130,7 @@ def turned_off(variant: str, cluster):
         return
     import dask.config
 
-    from spillway.cluster.collective.method import stop_using, use_on
+    from spillway.datapath.collective.method import stop_using, use_on
 
     address = client.scheduler.address
     stop_using(address)
@@ -309,7 +309,7 @@ def serve(side: str, variant: str, args) -> int:
 def cluster_of(side: str, variant: str, args):
     """(client, what it is) of this side: spillway's local cluster with ``variant``'s
     suspect off, or the bench's baseline on the workers spillway's plan gives."""
-    from spillway.cluster.options import Options
+    from spillway.options.settings import Options
 
     keywords = {} if variant == "dashboard" else {"dashboard_address": None}
     if args.cpu:
@@ -323,9 +323,9 @@ def cluster_of(side: str, variant: str, args):
             yield cluster.client, {"cluster": f"spillway.local({', '.join(f'{k}={v!r}' for k, v in keywords.items())})",
                                    "variant": variant}
         return
-    from spillway.bench.clusters import baseline_cluster
-    from spillway.cluster.gpus import Inventory, discover
-    from spillway.cluster.launch.plan import HostProbe, plan
+    from spillway_bench.clusters import baseline_cluster
+    from spillway.options.gpus import Inventory, discover
+    from spillway.launch.plan import HostProbe, plan
 
     options = Options.resolve(**keywords)
     launch = plan(options, Inventory() if args.cpu else discover(), HostProbe.here())
@@ -380,7 +380,7 @@ class Hooks:
         import distributed.scheduler as ds
         from distributed.diagnostics.plugin import SchedulerPlugin
 
-        from spillway.cluster import capacity
+        from spillway.memory import capacity
 
         self.on = False
         self.computes = 0
@@ -516,8 +516,8 @@ def _short(path: str) -> str:
 def machine(gpu: bool) -> dict:
     """The bench's description of this machine; on CPU named as the other CPU results are
     (``cpu-<cores>core-<vendor>``)."""
-    from spillway.bench.report import describe_machine
-    from spillway.cluster.gpus import discover
+    from spillway_bench.report import describe_machine
+    from spillway.options.gpus import discover
 
     described = describe_machine(discover() if gpu else None, "gpu" if gpu else "cpu")
     if not gpu:
@@ -725,7 +725,7 @@ def main() -> int:
         plot(result, stem + ".png")
         print(f"wrote {stem}.md, .png")
         return 0
-    from spillway.cluster.gpus import discover
+    from spillway.options.gpus import discover
 
     gpu = not args.cpu and bool(discover().gpus)
     args.cpu = not gpu

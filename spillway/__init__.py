@@ -3,15 +3,22 @@
 ``spillway.local(**options)`` starts the embedded cluster, ``spillway.slurm(...)`` a
 cluster of Slurm jobs, ``spillway.connect(url, token)`` talks to the shared service; all
 take the settings of :class:`spillway.Options`.
-The packages: :mod:`spillway.service` (the cluster and the service),
-:mod:`spillway.workflows` (named chunked-array workflows), :mod:`spillway.deploy`
-(Slurm, MPI and systemd files, rendered by pure functions), :mod:`spillway.bench`
-(benchmarks, run by the CLI only)."""
 
-from spillway.cluster.errors import AdmissionError, OptionsError, ParamError, SpillwayError
-from spillway.run.local import local
-from spillway.run.slurm_cluster import slurm
-from spillway.cluster.options import Options
+The rooms, lowest first (``tests/test_layers.py`` holds the table and says why):
+:mod:`spillway.upstream` (the seam: every hook into dependencies' private names),
+:mod:`spillway.options` (the settings, sizes, GPUs and errors), :mod:`spillway.memory`
+(the tiered store and admission), :mod:`spillway.datapath` (chunks between workers),
+:mod:`spillway.launch` (starting clusters and their plugins), :mod:`spillway.deploy`
+(Slurm, MPI and systemd files, rendered by pure functions), :mod:`spillway.workflows`
+(named chunked-array workflows), :mod:`spillway.run` (a workflow run on a cluster),
+:mod:`spillway.clusters` (the notebook clusters), :mod:`spillway.service` (the shared
+service) and :mod:`spillway.cli`. The benchmarks are a distribution of their own
+(``spillway_bench``, under ``benchmarks/``)."""
+
+from spillway.options.errors import AdmissionError, OptionsError, ParamError, SpillwayError
+from spillway.clusters.local import local
+from spillway.clusters.slurm import slurm
+from spillway.options.settings import Options
 
 __all__ = ["AdmissionError", "Options", "OptionsError", "ParamError", "SpillwayError", "connect", "local", "slurm"]
 

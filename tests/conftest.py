@@ -22,7 +22,7 @@ for _var, _value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST"
 def _gpu_count() -> int:
     if importlib.util.find_spec("cupy") is None or importlib.util.find_spec("dask_cuda") is None:
         return 0
-    from spillway.cluster.gpus import discover
+    from spillway.options.gpus import discover
 
     return len(discover())
 
@@ -48,7 +48,7 @@ def gpu_count():
 def no_cluster(monkeypatch):
     """Fails the test where a cluster would start: what must be refused before one starts
     is shown to be, whatever the machine's speed."""
-    from spillway.cluster import launch
+    from spillway import launch
 
     def started(*args, **kwargs):
         raise AssertionError("a cluster started")

@@ -29,45 +29,66 @@ class Layer:
     why: str
 
 
-#: Lowest first, one package each. The top package holds two modules of its own, named in
-#: TOP; any other module outside these packages fails :func:`test_every_module_has_a_layer`.
-#: The bench sits beside the CLI (listed just below it so that the CLI's bench commands
-#: import downward); no other layer names it in ``uses``.
+#: Lowest first, one package (or module) each: the rooms of ``spillway``, each named for
+#: what it holds. The top package holds two modules of its own, named in TOP; any other
+#: module outside these rooms fails :func:`test_every_module_has_a_layer`. ``uses`` is what
+#: each room imports today, read from the source: a new import between rooms is added here
+#: with its reason, and one that would run up moves its module instead. The benchmarks are
+#: no room: a distribution of their own (``benchmarks/spillway_bench``) that only the CLI's
+#: bench commands import, when they run.
 LAYERS = (
-    Layer("cluster", "spillway.cluster", (),
-          "The cluster itself: options and their config, sizes, errors, GPU discovery, the "
-          "launch plan, worker specs and launchers, worker and scheduler plugins, the tiered "
-          "memory store, transfers between workers, worker loss and host info. It knows no "
-          "workflow: a worker runs whatever graph it is given, and a workflow's resources "
-          "register their own clean-up with the worker plugin (plugins.on_teardown)."),
-    Layer("deploy", "spillway.deploy", ("cluster",),
-          "Slurm, MPI and systemd files and command lines rendered from the cluster's worker "
-          "specs and options by plain functions, and a cluster of Slurm jobs (dask-jobqueue's "
-          "cluster manager with spillway's job script); what they start runs the CLI, so they "
-          "import nothing of workflows, runs or the service. Right above the cluster, because "
-          "it uses the cluster alone and spillway.slurm() in runs drives its cluster of jobs."),
-    Layer("workflows", "spillway.workflows", ("cluster",),
+    Layer("seam", "spillway.upstream", (),
+          "The one module of hooks into dependencies' private names (dask, distributed, "
+          "dask-cuda, UCXX, zict, dask-jobqueue), each an adapter with the releases it was "
+          "checked against and a fallback; it imports nothing of spillway, so every room "
+          "may reach upstream through it and none around it."),
+    Layer("options", "spillway.options", (),
+          "The settings and the facts they are resolved against: Options and its config, "
+          "the generated schema and docs, byte sizes, GPU discovery, the user-facing errors. "
+          "Every room reads them; they read no other room."),
+    Layer("memory", "spillway.memory", ("seam", "options"),
+          "The tiered store on each worker (device, pinned host, disk), its accounting and "
+          "eviction, admission by projected footprint, the scheduler plugin that holds "
+          "every graph to the tiers, and zarr's host buffer for device chunks."),
+    Layer("datapath", "spillway.datapath", ("seam", "options", "memory"),
+          "Chunks between workers: the data plane over UCXX, the rechunk collective and "
+          "which transport the workers use; it moves the store's values, so it sits on the "
+          "store."),
+    Layer("launch", "spillway.launch", ("seam", "options", "memory", "datapath"),
+          "Starting or attaching to a cluster: the launch plan, one WorkerSpec per worker "
+          "and its renderers, the backends, and what every cluster registers (the worker "
+          "plugin with the store and the data path, the collector settler, the worker-loss "
+          "watch). It knows no workflow: a workflow's resources register their own clean-up "
+          "with the worker plugin (plugins.on_teardown)."),
+    Layer("deploy", "spillway.deploy", ("seam", "options", "launch"),
+          "Slurm, MPI and systemd files and command lines rendered from the worker specs and "
+          "options by plain functions, and a cluster of Slurm jobs (dask-jobqueue's cluster "
+          "manager with spillway's job script); what they start runs the CLI, so they import "
+          "nothing of workflows, runs or the service."),
+    Layer("workflows", "spillway.workflows", ("options", "memory", "datapath", "launch"),
           "Named chunked-array workflows and their Zarr I/O: graphs built from parameters "
-          "and a target, raising the cluster's errors and sizing with its sizes; they run on "
+          "and a target, raising the options' errors and sizing with its sizes; they run on "
           "any cluster and import nothing that runs them."),
-    Layer("run", "spillway.run", ("cluster", "deploy", "workflows"),
+    Layer("run", "spillway.run", ("options", "memory", "datapath", "launch", "workflows"),
           "Running a workflow or a user's collection on a cluster: the target read from the "
           "workers, compute, output, verification, progress, the run report and its text, "
-          "HTML and figure, the clusters of notebooks (spillway.local, and spillway.slurm on "
-          "deploy's cluster of Slurm jobs) and the admission check before a GPU cluster starts "
-          "(it builds the workflow's graph)."),
-    Layer("service", "spillway.service", ("cluster", "workflows", "run"),
+          "HTML and figure, and the admission check before a GPU cluster starts (it builds "
+          "the workflow's graph)."),
+    Layer("clusters", "spillway.clusters", ("seam", "options", "launch", "deploy", "workflows", "run"),
+          "The clusters of notebooks: spillway.local, spillway.slurm (on deploy's cluster of "
+          "Slurm jobs) and the base both are, which hand out runs."),
+    Layer("service", "spillway.service", ("options", "memory", "launch", "workflows", "run"),
           "The shared service: the HTTP API, the job scheduler and its database, which run "
           "workflows on one cluster for many tenants, and the Python client of that API."),
-    Layer("api", "spillway", ("cluster", "workflows", "run", "service"),
-          "The public names (spillway.local, spillway.connect, spillway.Options and the "
-          "errors): `import spillway` re-exports what users type, the HTTP client lazily."),
-    Layer("bench", "spillway.bench", ("cluster", "workflows", "run", "service", "api", "deploy"),
-          "Benchmarks beside the CLI: they drive every layer below and are imported by "
-          "nothing but the CLI's bench commands, so no product code depends on them."),
-    Layer("cli", "spillway.cli", ("cluster", "workflows", "run", "service", "api", "deploy", "bench"),
+    Layer("api", "spillway", ("options", "clusters", "service"),
+          "The public names (spillway.local, spillway.slurm, spillway.connect, "
+          "spillway.Options and the errors): `import spillway` re-exports what users type, "
+          "the HTTP client lazily."),
+    Layer("cli", "spillway.cli",
+          ("options", "datapath", "launch", "deploy", "workflows", "run", "clusters", "service"),
           "The command line at the top: it starts everything below (serve, worker, run, "
-          "slurm, bench)."),
+          "slurm, bench) and reports the host (info); the bench commands import the "
+          "benchmarks' own distribution when they run."),
 )
 #: the top package's own modules: its __init__ (the public names) and `python -m spillway`
 TOP = {"spillway": "api", "spillway.__main__": "cli"}
@@ -192,24 +213,27 @@ def test_layers_use_only_lower_layers():
 
 
 def test_the_reader_sees_every_kind_of_import():
-    # a module of spillway.cluster with relative, absolute and in-function imports
-    source = ("from . import options\nfrom ..workflows import params\nimport spillway.deploy.commands\n"
-              "def f():\n    from .launch.spec import WorkerSpec\n    from spillway import workflows\n"
-              "import numpy\nfrom .memory import store as s, not_a_module\n")
-    found = imports_in(source, "spillway.cluster")
-    assert found == [(1, "spillway.cluster.options"), (2, "spillway.workflows.params"),
-                     (3, "spillway.deploy.commands"), (5, "spillway.cluster.launch.spec"),
-                     (6, "spillway.workflows"), (8, "spillway.cluster.memory"),
-                     (8, "spillway.cluster.memory.store")]
+    # a module of spillway.launch with relative, absolute and in-function imports
+    source = ("from . import plugins\nfrom ..workflows import params\nimport spillway.deploy.commands\n"
+              "def f():\n    from .spec import WorkerSpec\n    from spillway import workflows\n"
+              "import numpy\nfrom ..memory import store as s, not_a_module\n")
+    found = imports_in(source, "spillway.launch")
+    assert found == [(1, "spillway.launch.plugins"), (2, "spillway.workflows.params"),
+                     (3, "spillway.deploy.commands"), (5, "spillway.launch.spec"),
+                     (6, "spillway.workflows"), (8, "spillway.memory"),
+                     (8, "spillway.memory.store")]
     assert layer_of("spillway.run.compute").name == "run"
-    assert layer_of("spillway.cluster.options").name == "cluster"
+    assert layer_of("spillway.options.settings").name == "options"
+    assert layer_of("spillway.upstream").name == "seam"
+    assert layer_of("spillway.datapath.plane.wire").name == "datapath"
+    assert layer_of("spillway.clusters.local").name == "clusters"
     assert layer_of("spillway.service.jobdb.tokens").name == "service"
     assert layer_of("spillway").name == "api"
     assert layer_of("spillway.__main__").name == "cli"
     with pytest.raises(AssertionError, match="in no layer"):
         layer_of("spillway.elsewhere")
     with pytest.raises(AssertionError, match="in no layer"):
-        layer_of("spillway.utils")
+        layer_of("spillway.upstreams")
 
 
 def test_no_module_imports_upward():
@@ -228,13 +252,13 @@ def test_the_checks_fail_on_a_planted_upward_import_and_a_planted_cycle():
     # the job database reaching up to the HTTP app, the options object to the worker plugins
     # (a sideways import inside the cluster, which closes a ring: plugins import options)
     planted["spillway.service.jobdb.models"] = graph["spillway.service.jobdb.models"] + [(1, "spillway.service.api.app")]
-    planted["spillway.cluster.options"] = graph["spillway.cluster.options"] + [(1, "spillway.cluster.plugins")]
+    planted["spillway.options.settings"] = graph["spillway.options.settings"] + [(1, "spillway.launch.plugins")]
     planted["spillway.workflows.params"] = graph["spillway.workflows.params"] + [(1, "spillway.run.compute")]
     problems = upward_imports(planted)
     assert [p for p in problems if p.startswith("spillway.workflows.params:1 ")] == [
         "spillway.workflows.params:1 (workflows) imports spillway.run.compute: runs up to layer run"]
     cycles = import_cycles(planted)
-    assert any({"spillway.cluster.options", "spillway.cluster.plugins"} <= set(group) for group in cycles)
+    assert any({"spillway.options.settings", "spillway.launch.plugins"} <= set(group) for group in cycles)
     assert upward_imports(graph) == [] and import_cycles(graph) == []
 
 
@@ -243,46 +267,59 @@ def test_each_layer_says_why(layer):
     assert layer.why and layer.package
 
 
-#: the launch package: every layer above the cluster (deploy rendering its specs, the
+#: the launch package: every layer above it (deploy rendering its specs, the
 #: CLI, the bench, runs, the service, workflows) goes through its public names only
-LAUNCH = "spillway.cluster.launch"
+LAUNCH = "spillway.launch"
 
 
 def launch_public_names() -> set[str]:
     """``__all__`` of the launch package, read from its source."""
-    tree = ast.parse((PACKAGE / "cluster" / "launch" / "__init__.py").read_text())
+    tree = ast.parse((PACKAGE / "launch" / "__init__.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
             return set(ast.literal_eval(node.value))
     raise AssertionError(f"{LAUNCH} declares no __all__")
 
 
+#: the launch room's modules that the rooms above use by name, beside ``__all__``: what
+#: every cluster registers (the worker plugin and its ``on_teardown`` and snapshots, the
+#: collector settler, the worker-loss watch)
+PUBLIC_MODULES = {"plugins", "collector", "worker_loss"}
+
+
 def private_launch_imports(source: str, package: str, public: set[str]) -> list[tuple[int, str]]:
     """(line, name) for each import in ``source`` (a module of ``package``) of the launch
-    package's insides: one of its submodules, or a name of it outside ``public``."""
+    package's insides: one of its submodules but :data:`PUBLIC_MODULES`, or a name of it
+    outside ``public`` (and those modules)."""
     found = set()
+    open_modules = {f"{LAUNCH}.{m}" for m in PUBLIC_MODULES}
+
+    def inside(name: str) -> bool:
+        return name.startswith(LAUNCH + ".") and not any(name == m or name.startswith(m + ".") for m in open_modules)
+
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found |= {(node.lineno, a.name) for a in node.names if a.name.startswith(LAUNCH + ".")}
+            found |= {(node.lineno, a.name) for a in node.names if inside(a.name)}
         elif isinstance(node, ast.ImportFrom):
             target = from_target(node, package)
-            if target.startswith(LAUNCH + "."):
+            if inside(target):
                 found.add((node.lineno, target))
             elif target == LAUNCH:
                 # a public name may share its submodule's name (worker_config): the package's
                 # attribute is the name it re-exports
-                found |= {(node.lineno, f"{LAUNCH}.{a.name}") for a in node.names if a.name not in public}
+                found |= {(node.lineno, f"{LAUNCH}.{a.name}") for a in node.names
+                          if a.name not in public and a.name not in PUBLIC_MODULES}
     return sorted(found)
 
 
 def test_the_launch_check_sees_private_imports():
-    source = ("from spillway.cluster.launch import open_cluster, WorkerSpec\n"
-              "from spillway.cluster.launch.spec import off_node_spec\n"
-              "def f():\n    from ...cluster.launch import gpu_worker, _arrived\n"
-              "import spillway.cluster.launch.render\n")
+    source = ("from spillway.launch import open_cluster, WorkerSpec\n"
+              "from spillway.launch.spec import off_node_spec\n"
+              "def f():\n    from ...launch import gpu_worker, _arrived\n"
+              "import spillway.launch.render\n")
     found = private_launch_imports(source, "spillway.deploy.mpi", {"open_cluster", "WorkerSpec"})
-    assert found == [(2, "spillway.cluster.launch.spec"), (4, "spillway.cluster.launch._arrived"),
-                     (4, "spillway.cluster.launch.gpu_worker"), (5, "spillway.cluster.launch.render")]
+    assert found == [(2, "spillway.launch.spec"), (4, "spillway.launch._arrived"),
+                     (4, "spillway.launch.gpu_worker"), (5, "spillway.launch.render")]
 
 
 def test_layers_above_the_cluster_use_only_the_launch_packages_public_names():
@@ -290,7 +327,7 @@ def test_layers_above_the_cluster_use_only_the_launch_packages_public_names():
     problems = []
     for path in MODULES:
         module = module_name(path)
-        if layer_of(module).name == "cluster":
+        if layer_of(module).name == "launch":
             continue
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for line, name in private_launch_imports(path.read_text(), package, public):
@@ -304,3 +341,66 @@ def test_the_launch_packages_public_names_exist():
     launch = importlib.import_module(LAUNCH)
     assert set(launch.__all__) == launch_public_names()
     assert [n for n in launch.__all__ if not hasattr(launch, n)] == []
+
+
+#: a module named in a caption: ``:mod:`X```, and the other roles (``:class:`X``` ...), whose
+#: name is a module or a name defined in one; ``~`` and leading dots read as in Sphinx and
+#: in imports (``.x`` is the package's own x)
+CAPTION_REF = __import__("re").compile(r":(mod|func|class|data|meth|attr|exc|obj):`~?([\w.]+)`")
+
+
+def _top_names(module: str) -> set[str] | None:
+    """The names a module of spillway binds at its top, read from its source; None where
+    there is no such module."""
+    path = PACKAGE.parent.joinpath(*module.split("."))
+    file = path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+    if not file.is_file():
+        return None
+    names = set()
+    for node in ast.walk(ast.parse(file.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def caption_problems(doc: str, package: str) -> list[str]:
+    """The references of a package's caption to modules (or names in them) that do not exist."""
+    problems = []
+    for role, ref in CAPTION_REF.findall(doc):
+        dots = len(ref) - len(ref.lstrip("."))
+        name = from_target(ast.ImportFrom(module=ref.lstrip(".") or None, level=dots), package) if dots else ref
+        if not name.startswith("spillway"):
+            continue  # another library's name
+        if _is_module(name):
+            continue
+        module, _, attr = name.rpartition(".")
+        # a method or attribute of a class: the class must exist
+        while module and not _is_module(module):
+            module, _, attr = module.rpartition(".")
+        if role == "mod" or not module or attr not in (_top_names(module) or set()):
+            problems.append(f":{role}:`{ref}` ({name})")
+    return problems
+
+
+PACKAGES = sorted(p for p in MODULES if p.name == "__init__.py")
+
+
+@pytest.mark.parametrize("init", PACKAGES, ids=lambda p: module_name(p))
+def test_every_caption_names_what_exists(init):
+    doc = ast.get_docstring(ast.parse(init.read_text()))
+    assert doc, f"{module_name(init)} has no caption (its __init__.py docstring)"
+    problems = caption_problems(doc, module_name(init))
+    assert not problems, f"{init.relative_to(PACKAGE.parent)} names what does not exist: " + ", ".join(problems)
+
+
+def test_the_caption_check_fails_on_a_name_that_does_not_exist():
+    doc = ("The store: :mod:`.store`, :class:`~.store.TieredStore`, :mod:`.buffers` (gone), "
+           ":func:`spillway.launch.open_cluster`, :func:`spillway.launch.no_such_thing` and "
+           ":class:`numpy.ndarray`.")
+    assert caption_problems(doc, "spillway.memory") == [
+        ":mod:`.buffers` (spillway.memory.buffers)",
+        ":func:`spillway.launch.no_such_thing` (spillway.launch.no_such_thing)"]

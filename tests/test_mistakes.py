@@ -23,7 +23,7 @@ from click.testing import CliRunner
 import spillway
 from spillway import OptionsError, ParamError
 from spillway.cli import main
-from spillway.cluster.errors import OutputError, ServiceError, SpillwayError
+from spillway.options.errors import OutputError, ServiceError, SpillwayError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@
 #   before: a tree of main before the change, made here and carried:
 #     git archive 164b8fa -o .before.tar            (.before.tar in .git/info/exclude)
 #   on the host (carry [".whl", ".before.tar"]):
-#     bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD
+#     bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks
 #     bash benchmarks/gpu-host/arena-pins.sh
 # Per side: spillway bench --sizes full --only W1,W3,W4 --runs 5 --timeline (the "after" side
 # with dask-cuda beside it, the "before" side --no-baseline), then the ten-run probe.
@@ -25,21 +25,21 @@ log="$out/files/arena-pins.log"
 run_side() {  # side tree baseline-flag
   local side=$1 tree=$2 flag=$3
   echo "== $side: bench" | tee -a "$log"
-  PYTHONPATH="$site:$tree" timeout -k 10 420 python3 -m spillway bench --sizes full --devices 0,1 \
+  PYTHONPATH="$site:$tree:$tree/benchmarks" timeout -k 10 420 python3 -m spillway bench --sizes full --devices 0,1 \
     --only W1,W3,W4 --runs 5 --timeline $flag --label "arena-$side" --out "$out/files/$side" \
     >"$out/files/bench-$side.log" 2>&1
   echo "   rc=$?" | tee -a "$log"
   grep -oE "W[134] (spillway|baseline) +(warm-up|run [0-9]+/[0-9]+).*" "$out/files/bench-$side.log" \
     | sed "s/^/$side: /; s/  */ /g" >>"$out/files/runs.txt"
   echo "== $side: ten runs" | tee -a "$log"
-  PYTHONPATH="$site:$tree" timeout -k 10 180 python3 "$after/benchmarks/gpu-host/ten_runs.py" --rig spillway \
+  PYTHONPATH="$site:$tree:$tree/benchmarks" timeout -k 10 180 python3 "$after/benchmarks/gpu-host/ten_runs.py" --rig spillway \
     >"$out/files/ten-runs-$side.json" 2>>"$log"
   echo "   rc=$?" | tee -a "$log"
 }
 run_side after "$after" ""
 if [ -d "$before" ]; then run_side before "$before" --no-baseline; fi
 echo "== dask-cuda: ten runs" | tee -a "$log"
-PYTHONPATH="$site:$after" timeout -k 10 180 python3 "$after/benchmarks/gpu-host/ten_runs.py" --rig dask-cuda \
+PYTHONPATH="$site:$after:$after/benchmarks" timeout -k 10 180 python3 "$after/benchmarks/gpu-host/ten_runs.py" --rig dask-cuda \
   >"$out/files/ten-runs-dask-cuda.json" 2>>"$log"
 tar -czf "$out/arena-pins.tar.gz" -C "$out/files" . && rm -rf "$out/files"
 python3 - "$out/arena-pins.tar.gz" <<'PY'

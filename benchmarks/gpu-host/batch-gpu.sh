@@ -9,14 +9,14 @@
 #   CPU=1 batch-gpu.sh    the same on 2 CPU workers at FACTOR x a 48 MiB stand-in (a test
 #                         anywhere; the script for CPU workers is rendered instead)
 # Assumes spillway's wheels are installed (bash .whl-svc/install-wheels.sh .whl-svc) and
-# PYTHONPATH=/tmp/site:$PWD. Writes under $OUT: batch-WORKFLOW/ (the script, the job's
+# PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks. Writes under $OUT: batch-WORKFLOW/ (the script, the job's
 # output file, spillway-JOBID/ with scheduler, worker and workflow logs and the report).
 # Prints a short table last; exit status 0 only when the result was verified.
 set -uo pipefail
 workflow=${1:-rechunk}
 factor=${2:-1.35}
 out=${OUT:-/tmp/batch-out}
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD:$PWD/benchmarks}
 dir="$out/batch-$workflow"
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
 job_id=$((4000 + RANDOM % 1000))
@@ -31,7 +31,7 @@ else
   scale="gpu_scale($factor)"
 fi
 params=$(python3 - <<PY
-from spillway.bench.matrix import Case, workflow_params, cpu_scale, gpu_scale
+from spillway_bench.matrix import Case, workflow_params, cpu_scale, gpu_scale
 params, footprint = workflow_params(Case("$workflow", "batch"), $scale)
 print(" ".join(f"--param {k}={v}" for k, v in params.items()), footprint)
 PY
@@ -59,7 +59,7 @@ tail -3 "$dir/spillway-$job_id.out"
 dmesg 2>/dev/null | grep -i "killed process" | tail -3 | sed 's/^/oom: /'
 python3 - "$report" "$workflow" "$footprint" "$rc" "$elapsed" <<'PY'
 import json, sys
-from spillway.cluster.sizes import format_bytes
+from spillway.options.sizes import format_bytes
 path, workflow, footprint, rc, script_s = sys.argv[1:]
 try:
     r = json.loads(open(path).read().strip().splitlines()[-1])

@@ -1,7 +1,7 @@
 """How fast a cut and a join of W3 run on one GPU (issue 50): a 1000 x 80000 float64
 row panel cut into the 80 pieces of the column panels (packed into two buffers, one a
 worker), and a 80000 x 1000 column panel joined from 80 pieces, each made three ways:
-spillway's batch (:mod:`spillway.cluster.collective.copies`, one launch), CuPy one
+spillway's batch (:mod:`spillway.datapath.collective.copies`, one launch), CuPy one
 assignment a piece, and one contiguous copy of the same bytes (the ceiling). Host time
 (the call) and device time (CUDA events) per operation, median of ``--runs``; one JSON
 line.
@@ -38,8 +38,8 @@ def _timed(fn, runs: int) -> dict:
 def main() -> None:
     import cupy
 
-    from spillway.cluster.collective.copies import Batch, Flat
-    from spillway.cluster.collective.layout import packing, plan_of
+    from spillway.datapath.collective.copies import Batch, Flat
+    from spillway.datapath.collective.layout import packing, plan_of
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)

@@ -8,7 +8,7 @@
 #
 #   usage: benchmarks/gpu-host/fetch-test-wheels.sh [DEST]   (DEST defaults to .whl-svc)
 #
-# On the host: `FORCE=1 bash DEST/install-wheels.sh DEST && export PYTHONPATH=/tmp/site:$PWD`
+# On the host: `FORCE=1 bash DEST/install-wheels.sh DEST && export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks`
 # (FORCE: a warm machine that already installed the UCX set skips the install otherwise).
 # Over TCP, or over UCX when the UCX set was installed first on the same warm machine.
 set -euo pipefail

@@ -57,7 +57,7 @@ def main() -> int:
             seconds = time.perf_counter() - start
             cupy.cuda.runtime.hostUnregister(array.ctypes.data)
             print(f"{'pin touched ' + name + ' pages':<40} {gib / seconds:6.2f} GiB/s", flush=True)
-        from spillway.cluster.memory.worker import _TOUCH_THREADS, take_segment
+        from spillway.memory.worker import _TOUCH_THREADS, take_segment
 
         start = time.perf_counter()
         segment = take_segment(nbytes)

@@ -13,7 +13,7 @@
 #   tests     pytest -m gpu of the multi-GPU tests (TESTS overrides)                    ~3 min
 # Start the call's command with the freshly started host's parts (probe first): a part
 # that runs after another measures a warm host.
-#   bash .whl/install-wheels.sh .whl >/dev/null 2>&1; export PYTHONPATH=/tmp/site:$PWD
+#   bash .whl/install-wheels.sh .whl >/dev/null 2>&1; export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks
 #   PARTS="probe bench rechunk4" bash benchmarks/gpu-host/four-gpus.sh
 # Under $OUT: four-gpus.tar.gz (every log, json, md, png) and four-gpus.log; table last.
 set -uo pipefail
@@ -22,7 +22,7 @@ files="$out/files"
 mkdir -p "$files"
 scratch=$(mktemp -d "${SCRATCH:-/tmp}/four-gpus-XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD:$PWD/benchmarks}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-540}
 start=$(date +%s)
@@ -88,7 +88,7 @@ for part in ${PARTS:-probe bench rechunk4}; do
       echo "== pytest -m gpu (multi-GPU)" | tee -a "$log"
       # shellcheck disable=SC2086
       timeout -k 10 $(( $(left) - 10 )) python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 240 -rfEs \
-        ${TESTS:-tests/cluster/test_collective_gpu.py tests/cluster/test_collective_copies.py tests/cluster/test_dataplane_gpu.py tests/cluster/memory} \
+        ${TESTS:-tests/datapath/test_collective_gpu.py tests/datapath/test_collective_copies.py tests/datapath/test_dataplane_gpu.py tests/memory} \
         >"$files/tests.log" 2>&1
       rcs="$rcs tests:$?"
       grep -E "(FAILED|ERROR)" "$files/tests.log" | cut -c1-200 | head -20 | tee -a "$log"

@@ -4,7 +4,7 @@
 # the ten-run probe with the defaults first (fresh host), dask-cuda's, then the bench's
 # W1, W3, W4 (--runs 5 --timeline, dask-cuda beside it), then both again with
 # --no-gc-freeze. Each side's bench log prints "gc pauses" per workload and process.
-#   bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD
+#   bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks
 #   bash benchmarks/gpu-host/gc-freeze.sh
 # Under $OUT: gc-freeze.tar.gz (logs, bench json/md/png, probe json). Short table last.
 set -uo pipefail
@@ -12,7 +12,7 @@ out=${OUT:-/tmp/gc-freeze}
 files="$out/files"
 mkdir -p "$files"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD:$PWD/benchmarks}
 devices=${DEVICES:-0,1}
 log="$files/gc-freeze.log"
 { date -u +%FT%TZ; nvidia-smi -L; free -g | head -2; git log --oneline -1 2>/dev/null; } >"$log" 2>&1

@@ -8,7 +8,7 @@
 set -u
 out=${OUT:-/tmp}
 here=$(dirname "$0")
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD:$PWD/benchmarks}
 [ $# -gt 0 ] || set -- svd size=27000000x500
 bash "$here/watch-host.sh" start "$out/host.log" 2
 timeout -k 5 ${RUN_BUDGET:-300} python3 "$here/host-books.py" "$@" --every 3 > "$out/books.log" 2>&1

@@ -4,13 +4,13 @@
 # seeds, with the copy ceilings measured first and each case's copy bound next to its time.
 #   usage: benchmarks/gpu-host/matrix-slices.sh SLICE        (1 ... 12, in that order, or case ids
 #          separated by commas: cli-fft,user-code-qr; 11 and 12, the service and batch paths,
-#          need the service wheel set .whl-svc installed; `python -m spillway.bench.matrix.slices
+#          need the service wheel set .whl-svc installed; `python -m spillway_bench.matrix.slices
 #          480` packs the cases into slices of another length)
 # Every case's row has the peak host memory in use and the lowest MemAvailable (sampled every
 # 0.5 s), flagged under the store's headroom, and the kernel's OOM kills during the case.
 # Slices and their estimates on one H100 80 GB: `spillway bench --matrix` in NOTES.md
 # ("The out-of-core matrix"). Assumes spillway's wheels are installed and
-# PYTHONPATH=/tmp/site:$PWD. Writes under $OUT (5 files, no folders):
+# PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks. Writes under $OUT (5 files, no folders):
 #   <machine>-<date>-ooc-matrix.{json,md,png}  the slice's rows (rewritten after every case)
 #   matrix-SLICE.log                           progress, ceilings, one line per case
 #   matrix-SLICE.txt                           the short table, also printed last
@@ -19,7 +19,7 @@ set -uo pipefail
 slice=${1:?usage: matrix-slices.sh SLICE (1 ... 12, or case ids separated by commas)}
 out=${OUT:-/tmp/matrix-out}
 mkdir -p "$out"
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD:$PWD/benchmarks}
 # no case starts after BUDGET seconds; a case that starts just before it has the rest of
 # the call (estimates: NOTES.md); the timeout keeps the files written so far
 budget=${BUDGET:-420}

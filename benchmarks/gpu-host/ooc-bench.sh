@@ -10,14 +10,14 @@
 # Estimates on one H100 80 GB (NOTES.md, "B4, B5 and the out-of-core matrix"): b2 about
 # 5 min, b4 about 5 min, b5 about 6-8 min; b2b4 about 10 min, over one call's limit on
 # one H100 (the script still cuts it at 9.5 min): run b2, b4 and b5 as three calls there.
-# Assumes spillway's wheels are installed and PYTHONPATH=/tmp/site:$PWD. Writes under $OUT
+# Assumes spillway's wheels are installed and PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks. Writes under $OUT
 # (5 files): the bench's <machine>-<date>-<part>.{json,md,png,log} and ooc-PART.txt (its
 # terminal output); prints the targets, met or not, last.
 set -uo pipefail
 part=${1:?usage: ooc-bench.sh b2|b4|b5|b2b4}
 out=${OUT:-/tmp/ooc-out}
 mkdir -p "$out"
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD:$PWD/benchmarks}
 case "$part" in
   # B2: 4 runs a side, the baseline's about 40 s each on one H100
   b2)   only=B2;    timeout=150 ;;

@@ -13,7 +13,7 @@ out=${OUT:-/tmp/probes}
 files="$out/files"
 mkdir -p "$files"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD:$PWD/benchmarks}
 devices=${DEVICES:-0,1}
 log="$files/probes.log"
 { date -u +%FT%TZ; nvidia-smi -L; free -g | head -2; git log --oneline -1 2>/dev/null; } >"$log" 2>&1

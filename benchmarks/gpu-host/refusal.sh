@@ -12,20 +12,20 @@
 # interpreter's start to the exit, whether the process made a CUDA context (NVML's compute
 # processes of GPU 0), mapped libcuda or imported CuPy; then the slowest imports.
 #   usage: benchmarks/gpu-host/refusal.sh        (or ROWS=N)
-# Assumes spillway's wheels are installed and PYTHONPATH=/tmp/site:$PWD. Writes under $OUT:
+# Assumes spillway's wheels are installed and PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks. Writes under $OUT:
 # refusal-{first,second}.err (the refusal and the probe's line), refusal-imports.txt.
 set -uo pipefail
 out=${OUT:-/tmp/refusal}
 mkdir -p "$out"
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD:$PWD/benchmarks}
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 capacity() {
   python3 - <<'PY'
 from spillway.service import preflight
-from spillway.cluster.gpus import discover
-from spillway.cluster.launch import HostProbe, plan, worker_specs
-from spillway.cluster.memory.growth import host_total
-from spillway.cluster.options import Options
+from spillway.options.gpus import discover
+from spillway.launch import HostProbe, plan, worker_specs
+from spillway.memory.growth import host_total
+from spillway.options.settings import Options
 
 options = Options.resolve()
 launch = plan(options, discover(), HostProbe.here())

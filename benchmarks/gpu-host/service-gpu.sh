@@ -21,7 +21,7 @@ if [ "${CPU:-0}" = 1 ]; then
   serve_flags=(--cpu --n-workers 2); scale="cpu"
 else
   bash .whl-svc/install-wheels.sh .whl-svc >"$out/install.log" 2>&1 || { tail -5 "$out/install.log"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
+  export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks
   serve_flags=(); scale="gpu"
 fi
 state=$(mktemp -d /tmp/spillway-service-XXXX)
@@ -48,7 +48,7 @@ timeout -k 10 280 python3 - "$out" "$port" "$alice" "$bob" "$factor" "$scale" <<
 import json, sys, time
 import httpx
 import spillway
-from spillway.bench.matrix import Case, cpu_scale, gpu_scale, workflow_params
+from spillway_bench.matrix import Case, cpu_scale, gpu_scale, workflow_params
 
 out, port, alice, bob, factor, kind = sys.argv[1:7]
 factor = float(factor)
@@ -132,7 +132,7 @@ grep -E "^E |passed|failed" "$out/gpu-test.log" | tail -5
 cat "$out/tenants.txt"
 python3 - "$out" "$oom" "$rc" "$test_rc" <<'PY'
 import json, sys
-from spillway.cluster.sizes import format_bytes
+from spillway.options.sizes import format_bytes
 out, oom, rc, test_rc = sys.argv[1:]
 rows = [line.split() for line in open(f"{out}/free.log") if len(line.split()) == 3]
 low = min((int(r[2]) for r in rows), default=None)

@@ -53,7 +53,7 @@ def main() -> None:
     x = da.random.RandomState(1, RandomState=cupy.random.RandomState).random_sample((n, n), chunks=(c, c))
     x = x.persist()
     wait(x)
-    from spillway.bench import timeline
+    from spillway_bench import timeline
 
     client.get_task_stream(start=0, stop=0)  # installs the scheduler's task-stream plugin
     runs, windows, anatomy = [], [], []
@@ -67,8 +67,8 @@ def main() -> None:
     # holds the driver's locks against every CUDA call on the node)
     pins = None
     if args.rig == "spillway":
-        from spillway.bench.measure import arena_pin_overlap
-        from spillway.cluster.plugins import worker_snapshot
+        from spillway_bench.measure import arena_pin_overlap
+        from spillway.launch.plugins import worker_snapshot
 
         snapshots = client.run(worker_snapshot)
         pins = [arena_pin_overlap(snapshots, w) for w in windows]
@@ -85,7 +85,7 @@ def main() -> None:
 
 
 def _anatomy(run: dict) -> dict:
-    """Where one run's wall time went (the bench's timeline of it, :mod:`spillway.bench.timeline`):
+    """Where one run's wall time went (the bench's timeline of it, :mod:`spillway_bench.timeline`):
     the first task's start and the tail after the last task, and per worker its compute,
     transfer and idle seconds, rounded to the millisecond."""
     r = lambda v: None if v is None else round(v, 3)  # noqa: E731

@@ -11,7 +11,7 @@
 #            --verify (200 GB, 1.25x the two GPUs), the host watched                     ~1.5 min
 #   tests    pytest -m gpu of the data plane and the transfer tests (TESTS: other files) ~2 min
 # With the UCXX wheel set (/work/shared/gpu-host/fetch-wheels.sh .whl; carry .whl):
-#   bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD
+#   bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks
 #   bash benchmarks/gpu-host/two-gpus.sh              # moves bench rechunk, budget 540 s
 #   PARTS="tests rechunk" bash benchmarks/gpu-host/two-gpus.sh
 # Files under $OUT: two-gpus.log (all output), moves-*.json, rechunk.json, host.log,
@@ -23,7 +23,7 @@ results=$(mktemp -d "${SCRATCH:-/tmp}/two-gpus-XXXXXX")
 scratch=$(mktemp -d "${SCRATCH:-/tmp}/two-gpus-scratch-XXXXXX")
 trap 'rm -rf "$scratch" "$results"' EXIT
 mkdir -p "$results/results"
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD:$PWD/benchmarks}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-540}
 parts=" ${PARTS:-moves bench rechunk} "
@@ -52,7 +52,7 @@ if has moves && fits 150 moves; then
       dask-cuda) args=(--rig dask-cuda) ;;
     esac
     echo "== moves $rig ${envs[*]}" | tee -a "$log"
-    env "${envs[@]}" timeout -k 10 180 python3 -m spillway.bench.transfers --device 0,1 --sizes "$sizes" \
+    env "${envs[@]}" timeout -k 10 180 python3 -m spillway_bench.transfers --device 0,1 --sizes "$sizes" \
       --repeats "$repeats" "${args[@]}" >"$out/moves-$rig.json" 2>>"$log"
     rc_moves="$rc_moves $rig:$?"
   done
@@ -79,7 +79,7 @@ if has tests && fits 100 tests; then
   echo "== pytest -m gpu (data plane, transfers)" | tee -a "$log"
   # shellcheck disable=SC2086
   timeout -k 10 $(( $(left) - 10 )) python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 240 -rfEs \
-    ${TESTS:-tests/cluster/test_dataplane_gpu.py tests/cluster/test_transfer.py} >"$out/tests.log" 2>&1
+    ${TESTS:-tests/datapath/test_dataplane_gpu.py tests/datapath/test_transfer.py} >"$out/tests.log" 2>&1
   rc_tests=$?
   grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$out/tests.log" | cut -c1-160 | tee -a "$log"
   grep -E "^E  " "$out/tests.log" | head -10 | tee -a "$log"

@@ -2,7 +2,7 @@
 # Two workers on ONE GPU (issue 30, `workers-per-gpu 2`) on nvidia-h100-x1, in one call of
 # under 9 minutes (PARTS splits it over calls; parts that would not finish inside the
 # budget are skipped with a line naming the PARTS that runs them):
-#   tests      the GPU tests of two workers on one GPU (tests/cluster/test_shared_gpu.py):
+#   tests      the GPU tests of two workers on one GPU (tests/datapath/test_shared_gpu.py):
 #              chunks over UCXX named as CUDA IPC within one GPU, bits kept, spilling per
 #              worker, spillway.local(workers_per_gpu=2)                            ~2.5 min
 #   run        spillway run transpose-sum --workers-per-gpu 2 --verify                ~0.5 min
@@ -28,7 +28,7 @@
 #              default is blocking), distributed-ucxx's multi-buffer last (it hung); the
 #              threshold also through spillway's option (transfer-offload=1TiB)        ~6 min
 #   anatomy    (not by default: PARTS=anatomy, a call of its own) where one transfer's time
-#              goes: python -m spillway.bench.transfer_anatomy at 16 MiB, 256 MiB, 1 GiB:
+#              goes: python -m spillway_bench.transfer_anatomy at 16 MiB, 256 MiB, 1 GiB:
 #              raw ucxx, distributed's comm layer alone (with/without the offload thread,
 #              with/without python futures), two spillway workers split by their own books,
 #              the comm layer with multi-buffer; anatomy.json in results.tar.gz, its table
@@ -37,7 +37,7 @@
 #              KvikIO) with one and with two workers on the GPU: does a second worker
 #              overlap the reads with the decode and the copies                       ~6 min
 # With the UCXX wheel set (/work/shared/gpu-host/fetch-wheels.sh .whl, 41 MiB; carry .whl):
-#   bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD
+#   bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks
 #   bash benchmarks/gpu-host/two-workers.sh       # all but zarr, in this order, budget 530 s
 #   PARTS="tests run link transfers" bash ...; PARTS="bench pool" bash ...; PARTS=zarr bash ...
 #   PARTS=anatomy bash ...; PARTS=knobs bash ...
@@ -53,7 +53,7 @@ results=$(mktemp -d "${SCRATCH:-/tmp}/two-workers-XXXXXX")
 scratch=$(mktemp -d "${SCRATCH:-/tmp}/two-workers-scratch-XXXXXX")
 trap 'rm -rf "$scratch" "$results"' EXIT
 mkdir -p "$results/results"
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD:$PWD/benchmarks}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 budget=${BUDGET_S:-530}
 parts=" ${PARTS:-tests run link transfers bench pool} "
@@ -75,7 +75,7 @@ tests_rc=skipped run_rc=skipped link_rc=skipped sp_rc=skipped dc_rc=skipped benc
 if has tests && fits 160 tests; then
   echo "== GPU tests (two workers on one GPU)" | tee -a "$log"
   timeout -k 10 $(( $(left) < 240 ? $(left) : 240 )) python3 -m pytest -m gpu -v -p no:cacheprovider \
-    --timeout 150 -rfEs tests/cluster/test_shared_gpu.py >"$out/tests.log" 2>&1
+    --timeout 150 -rfEs tests/datapath/test_shared_gpu.py >"$out/tests.log" 2>&1
   tests_rc=$?
   grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$out/tests.log" | cut -c1-160 | tee -a "$log"
   grep -E "^E  " "$out/tests.log" | head -10 | tee -a "$log"
@@ -98,11 +98,11 @@ fi
 
 if has transfers && fits 150 transfers; then
   echo "== transfers between the two workers: spillway" | tee -a "$log"
-  timeout -k 10 150 python3 -m spillway.bench.transfers --rig spillway --sizes "$sizes" \
+  timeout -k 10 150 python3 -m spillway_bench.transfers --rig spillway --sizes "$sizes" \
     >"$out/transfers-spillway.json" 2>>"$log"
   sp_rc=$?
   echo "== transfers between the two workers: plain dask-cuda (scheduler + 2 x dask cuda worker)" | tee -a "$log"
-  timeout -k 10 150 python3 -m spillway.bench.transfers --rig dask-cuda --sizes "$sizes" \
+  timeout -k 10 150 python3 -m spillway_bench.transfers --rig dask-cuda --sizes "$sizes" \
     >"$out/transfers-dask-cuda.json" 2>>"$log"
   dc_rc=$?
 fi
@@ -119,7 +119,7 @@ fi
 pool_rc=skipped
 if has pool && fits 75 pool; then
   echo "== transfers between the two workers: plain dask-cuda with an RMM pool (0.45 of the GPU each)" | tee -a "$log"
-  timeout -k 10 120 python3 -m spillway.bench.transfers --rig dask-cuda --sizes "$sizes" \
+  timeout -k 10 120 python3 -m spillway_bench.transfers --rig dask-cuda --sizes "$sizes" \
     --worker-flag=--rmm-pool-size=0.45 --worker-flag=--rmm-allocator-external-lib-list=cupy \
     >"$out/transfers-dask-cuda-pool.json" 2>>"$log"
   pool_rc=$?
@@ -146,7 +146,7 @@ if has knobs; then
     [ -n "${KNOBS:-}" ] && [[ " $KNOBS " != *" $name "* ]] && continue
     fits 40 knobs || break
     echo "== transfers between the two workers: spillway, $name ($vars$knob_args)" | tee -a "$log"
-    env $vars timeout -k 10 $(( $(left) < 90 ? $(left) : 90 )) python3 -m spillway.bench.transfers --rig spillway \
+    env $vars timeout -k 10 $(( $(left) < 90 ? $(left) : 90 )) python3 -m spillway_bench.transfers --rig spillway \
       --sizes "$sizes" $knob_args >"$results/results/knobs/$name.json" 2>>"$log"
     knobs_rc="$knobs_rc$?"
   done
@@ -154,8 +154,8 @@ fi
 
 anatomy_rc=skipped
 if has anatomy && fits 240 anatomy; then
-  echo "== where one transfer's time goes: python -m spillway.bench.transfer_anatomy" | tee -a "$log"
-  timeout -k 10 $(( $(left) - 10 )) python3 -m spillway.bench.transfer_anatomy --sizes "${ANATOMY_SIZES:-16MiB,256MiB,1GiB}" \
+  echo "== where one transfer's time goes: python -m spillway_bench.transfer_anatomy" | tee -a "$log"
+  timeout -k 10 $(( $(left) - 10 )) python3 -m spillway_bench.transfer_anatomy --sizes "${ANATOMY_SIZES:-16MiB,256MiB,1GiB}" \
     --out "$results/results/anatomy.json" >>"$log" 2>&1
   anatomy_rc=$?
 fi
@@ -252,7 +252,7 @@ if benches:
               f"{f(w.get('baseline_transfer_gbps_median'), '{:.1f}')}{err}")
 anatomy = load(f"{results}/results/anatomy.json")
 if anatomy:
-    from spillway.bench.transfer_anatomy import table
+    from spillway_bench.transfer_anatomy import table
 
     print("\n" + table(anatomy))
 zarr = {n: load(p) for n in (1, 2) for p in sorted(glob.glob(f"{results}/results/*-zarr-wpg{n}.json"))[-1:]}

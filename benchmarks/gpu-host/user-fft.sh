@@ -11,7 +11,7 @@
 #          default, dask-cuda beside it), probe-spillway, probe-dask-cuda (the ten-run probe of an in-memory
 #          (x + x.T).sum(): a fresh cluster's first run), rechunk200 (the 200 GB panel
 #          rechunk workflow, verified)
-# Assumes the wheels are installed and PYTHONPATH=/tmp/site:$PWD. Writes under $OUT:
+# Assumes the wheels are installed and PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks. Writes under $OUT:
 #   user-fft.md (the table) and user-fft.tar.gz (each variant's JSON, log, host samples)
 set -uo pipefail
 final=${OUT:-/tmp/user-fft-out}

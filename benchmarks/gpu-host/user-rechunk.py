@@ -5,7 +5,7 @@ defaults, each step checked and timed, one line per step.
 
 1. ``held``: the user persists X, seeded uniform float64 (N, N) in row panels (N = 116000:
    107.6 GB, 1.35x the H100's 80 GB); the float64 reference of its sum is computed on the
-   host's cores meanwhile (``spillway.bench.reference``).
+   host's cores meanwhile (``spillway_bench.reference``).
 2. ``refusal``: the user persists Z, more than device + host tier + disk hold beside X:
    refused before any of its tasks runs (no task of Z in the task stream), in under a
    second, with the numbers; X checked against its values after (its sum and a window).
@@ -43,7 +43,7 @@ def say(step: str, ok: bool | None, seconds: float, text: str) -> None:
 
 
 def disk_state(dask_worker) -> dict:
-    from spillway.cluster.memory.store import TieredStore
+    from spillway.memory.store import TieredStore
 
     store = dask_worker.data
     disk = store.disk if isinstance(store, TieredStore) else None
@@ -117,8 +117,8 @@ def main() -> int:
     from distributed import futures_of, get_task_stream, wait
 
     import spillway
-    from spillway.bench.reference import array_sum
-    from spillway.cluster.errors import AdmissionError, SpillDiskFull
+    from spillway_bench.reference import array_sum
+    from spillway.options.errors import AdmissionError, SpillDiskFull
     from spillway.workflows import random
     from spillway.workflows.backend import to_numpy
 

@@ -9,7 +9,7 @@
 #   once everything is dropped; then a verified workflow on the same cluster; the tracebacks
 #   printed while the cluster closes counted.
 #   usage: benchmarks/gpu-host/user-rechunk.sh        (N=116000 PANEL=1000 BUDGET=430 LIMIT=530)
-# Assumes spillway's wheels are installed and PYTHONPATH=/tmp/site:$PWD. Writes under $OUT:
+# Assumes spillway's wheels are installed and PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks. Writes under $OUT:
 #   user-rechunk.log   the steps (also printed), the host's and the disk's lowest free
 #   user-rechunk.err   stderr of the run (the cluster's logs), tracebacks after the close counted
 #   user-rechunk.json  the steps
@@ -17,7 +17,7 @@
 set -uo pipefail
 out=${OUT:-/tmp/user-rechunk-out}
 mkdir -p "$out"
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD}
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD:$PWD/benchmarks}
 here=$(dirname "$0")
 log="$out/user-rechunk.log"
 err="$out/user-rechunk.err"

@@ -31,7 +31,7 @@ GB = 1e9
 
 def _spill_totals(client) -> dict | None:
     try:
-        from spillway.cluster.plugins import worker_snapshot
+        from spillway.launch.plugins import worker_snapshot
 
         snaps = client.run(worker_snapshot)
     except Exception:  # noqa: BLE001 (a plain dask-cuda worker has no spillway plugin)

@@ -2,7 +2,7 @@
 # A GPU worker SIGKILLed in the middle of `spillway run` on the GPU host: the run must say
 # "worker ... (GPU 0, pid N) died: killed by SIGKILL (the kernel's OOM killer? see dmesg)"
 # within seconds of the kill, and exit 1 (before: Dask restarted the worker and recomputed
-# the run from its first task, silently). Assumes PYTHONPATH=/tmp/site:$PWD. Under 3 minutes.
+# the run from its first task, silently). Assumes PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks. Under 3 minutes.
 #   usage: benchmarks/gpu-host/worker-kill.sh [SIZE]      (default 60GB)
 set -uo pipefail
 out=${OUT:-/tmp/worker-kill}

@@ -4,19 +4,19 @@
 #   NO_UCX=1 EXTRA="nvidia-nvcomp-cu13==6.0.0.12 nvidia-libnvcomp-cu13==6.0.0.12 zstandard==0.25.0" \
 #     bash ../shared/gpu-host/fetch-wheels.sh .whl-zarr
 # On the host:
-#   bash .whl-zarr/install-wheels.sh .whl-zarr && export PYTHONPATH=/tmp/site:$PWD
+#   bash .whl-zarr/install-wheels.sh .whl-zarr && export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks
 #   bash benchmarks/gpu-host/zarr-defaults.sh            (PARTS="tests nvcomp bench" by default)
 #   PARTS=rates bash benchmarks/gpu-host/zarr-defaults.sh   (a second call: per-thread decode rates)
 # 0. always: which path chunks take (zstandard installed: decoded while read, in pieces);
 # 1. tests: the Zarr GPU tests in one pytest process (the nvCOMP batch decode among them,
 #    in the suite's own process: the codec-lifetime crash is fixed) and the CPU Zarr I/O tests;
 # 2. nvcomp: the nvCOMP test alone, 3 times (it crashed alone 3 of 3 before the fix);
-# 3. bench: `python -m spillway.bench.zarr.defaults --years 8`: the default stores
+# 3. bench: `python -m spillway_bench.zarr.defaults --years 8`: the default stores
 #    (xarray to_zarr / zarr create_array, zstd, one frame per 1.5 GB chunk), smooth field +
 #    noise and random, read into the GPU by cluster.open cached and cold, beside plain
 #    dask-cuda (xr.open_zarr + map_blocks(cupy.asarray), 3 chunks) in the same run, and the
 #    monthly climatology by each on the field store, checked against NumPy float64.
-# 4. rates: `python -m spillway.bench.zarr.decode_rates --days 365`: one 1.5 GB chunk decoded
+# 4. rates: `python -m spillway_bench.zarr.decode_rates --days 365`: one 1.5 GB chunk decoded
 #    on one thread, numcodecs whole against streamed in 4-64 MiB pieces, cached, and cold
 #    (the file dropped from the page cache) read whole + decoded against streamed (about 4 minutes).
 # Files under $OUT (/tmp/zarr-defaults without it): zarr-tests.log, nvcomp-alone.log,
@@ -59,13 +59,13 @@ if has nvcomp; then
 fi
 if has bench; then
   left=$(( ${BUDGET_S:-450} - $(elapsed) ))
-  timeout $(( left > 60 ? left : 60 )) python3 -m spillway.bench.zarr.defaults --years "${YEARS:-8}" \
+  timeout $(( left > 60 ? left : 60 )) python3 -m spillway_bench.zarr.defaults --years "${YEARS:-8}" \
     --baseline-years "${BASELINE_YEARS:-3}" --directory "$scratch" --out "$out" ${BENCH_ARGS:-} > "$out/zarr-defaults.log" 2>&1
   rc=$?
   summary+=("bench: exit $rc after $(elapsed) s (log zarr-defaults.log)")
 fi
 if has rates; then
-  timeout 400 python3 -m spillway.bench.zarr.decode_rates --days "${RATE_DAYS:-365}" --runs "${RATE_RUNS:-2}" --cold \
+  timeout 400 python3 -m spillway_bench.zarr.decode_rates --days "${RATE_DAYS:-365}" --runs "${RATE_RUNS:-2}" --cold \
     --directory "$scratch" --out "$out/decode-rates.json" > "$out/decode-rates.log" 2>&1
   summary+=("decode rates: exit $? after $(elapsed) s (log decode-rates.log)")
 fi

@@ -13,7 +13,7 @@
 #      the JSON records its shape and bytes. Skipped when fewer than 10 years fit: after
 #      steps 1 and 2 that is likely, so a second call `PARTS=full bash ...` runs step 3 alone
 #      with the whole budget (about 17 years, 26 GB, as the disk allows).
-# Assumes the test wheels are installed (fetch-test-wheels.sh) and PYTHONPATH=/tmp/site:$PWD.
+# Assumes the test wheels are installed (fetch-test-wheels.sh) and PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks.
 #   usage: bash benchmarks/gpu-host/zarr-gpu.sh      (files under $OUT, /tmp/zarr-gpu without it)
 #          PARTS=full bash benchmarks/gpu-host/zarr-gpu.sh
 # Files (7 or 8): zarr-gpu-tests.log, zarr-bench.log, results/<machine>-<date>-zarr-small.{json,md,png}
@@ -73,7 +73,7 @@ elif has full && [ "$years" -ge 10 ]; then
   timeout $(( left + 20 )) python3 - "$years" "$scratch" "$out/results" >>"$out/zarr-bench.log" 2>&1 <<'PY'
 import sys
 
-from spillway.bench.zarr import SCALES
+from spillway_bench.zarr import SCALES
 from spillway.cli import main
 
 years, scratch, results = int(sys.argv[1]), sys.argv[2], sys.argv[3]

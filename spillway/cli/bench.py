@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 from .errors import fail_cleanly
 from .group import CONTEXT
 from .options import cluster_options, resolve
@@ -117,9 +117,9 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, previous
     if sweep_sizes is not None:
         raise ParamError(f"sweep-sizes: {sweep_sizes!r} is only used with --link-sweep")
 
-    from spillway.bench import prepare, run_bench
-    from spillway.bench.ceilings import not_measured
-    from spillway.bench.report import failed_workloads, previous_lines, short_table, target_lines
+    from spillway_bench import prepare, run_bench
+    from spillway_bench.ceilings import not_measured
+    from spillway_bench.report import failed_workloads, previous_lines, short_table, target_lines
 
     bench_run = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout,
                         merge_into=merge_into, baseline=not no_baseline, label=label, previous=previous)
@@ -140,7 +140,7 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, previous
 
 
 def _link_sweep(options, out_dir, sweep_sizes, label, **workload_flags):
-    from spillway.bench.link import prepare_sweep, run_sweep, short_table
+    from spillway_bench.link import prepare_sweep, run_sweep, short_table
 
     given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
     if given:
@@ -151,7 +151,7 @@ def _link_sweep(options, out_dir, sweep_sizes, label, **workload_flags):
 
 
 def _zarr_bench(options, out_dir, sizes, runs, timeout, label, no_ceilings, **workload_flags):
-    from spillway.bench.zarr import prepare_zarr, run_zarr_bench, short_table
+    from spillway_bench.zarr import prepare_zarr, run_zarr_bench, short_table
 
     given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
     if given:
@@ -167,8 +167,8 @@ def _zarr_bench(options, out_dir, sizes, runs, timeout, label, no_ceilings, **wo
 
 def _matrix(flags, out_dir, selector, merge_dir, budget, timeout, **workload_flags):
     """The out-of-core matrix: one slice on this machine, or slices' files joined."""
-    from spillway.bench import matrix
-    from spillway.bench.matrix.slices import run_slice, short_table
+    from spillway_bench import matrix
+    from spillway_bench.matrix.slices import run_slice, short_table
 
     given = [f"--{k.replace('_', '-')}" for k, v in workload_flags.items() if v]
     if given:
@@ -199,7 +199,7 @@ def _matrix(flags, out_dir, selector, merge_dir, budget, timeout, **workload_fla
             raise ParamError(f"matrix: {e}; --cpu runs the cases on CPU workers at a small stand-in scale") from None
 
     def local():
-        from spillway.run.local import Local
+        from spillway.clusters.local import Local
 
         return Local(options)
 

@@ -67,9 +67,9 @@ def run(mode, sizes, only, runs, timeout, budget, out_dir, no_ceilings, timeline
       spillway bench-scaling run --cpu --n-workers 2 --mode weak --sizes tiny --only W1
       spillway bench-scaling run --mode weak --sizes full --only W1,W2,W5,B2 --timeline
     """
-    from spillway.bench.ceilings import not_measured
-    from spillway.bench.report import short_table
-    from spillway.bench.scaling import run_study
+    from spillway_bench.ceilings import not_measured
+    from spillway_bench.report import short_table
+    from spillway_bench.scaling import run_study
 
     measure = not_measured if no_ceilings else None
     options = resolve(options_flags)
@@ -117,7 +117,7 @@ def report(files, out_dir):
     Example:
       spillway bench-scaling report benchmarks/results/scaling/*-weak-n*.json
     """
-    from spillway.bench.scaling import combine, load_runs, text_table, write_report
+    from spillway_bench.scaling import combine, load_runs, text_table, write_report
 
     mode, runs = load_runs(files)
     combined = combine(mode, runs)

@@ -22,7 +22,7 @@ def info(as_json):
     Example:
       spillway info --json
     """
-    from spillway.cluster.info import collect, format_info
+    from spillway.cli.info import collect, format_info
 
     data = collect()
     click.echo(json.dumps(data, indent=2) if as_json else format_info(data))
@@ -40,7 +40,7 @@ def config(as_json, options_flags):
       spillway config
       DASK_SPILLWAY__RMM_POOL_SIZE=20GB spillway config --protocol tcp
     """
-    from spillway.cluster.options import OPTIONS
+    from spillway.options.settings import OPTIONS
 
     options = resolve(options_flags)
     values = options.as_config()
@@ -67,8 +67,8 @@ def config(as_json, options_flags):
 def _cpu_workers(options) -> str | None:
     """Why the workers these options start here would be CPU workers (None where they would
     be GPU workers, or are not started here)."""
-    from spillway.cluster.gpus import discover
-    from spillway.cluster.launch import cuda_stack_installed
+    from spillway.options.gpus import discover
+    from spillway.launch import cuda_stack_installed
 
     if options.attach:
         return None

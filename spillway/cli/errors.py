@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from spillway.cluster.errors import SpillwayError
+from spillway.options.errors import SpillwayError
 
 
 def fail_cleanly(func):
@@ -36,7 +36,7 @@ def said_before_close():
     """A worker lost during the run is said at once, not after the cluster's close (which
     waits for the nanny that is restarting it: seconds): fail_cleanly then says nothing
     more."""
-    from spillway.cluster.errors import WorkerLost
+    from spillway.options.errors import WorkerLost
 
     try:
         yield
@@ -51,12 +51,17 @@ MODULE_EXTRAS = {"fastapi": "service", "uvicorn": "service", "sqlalchemy": "serv
                  "psycopg": "service", "prometheus_client": "service", "jinja2": "service",
                  "dask_mpi": "mpi", "mpi4py": "mpi"}
 
+#: modules that are no extra of spillway's, and how to install them
+MODULE_INSTALLS = {"spillway_bench": "pip install -e ./benchmarks (from a spillway checkout)"}
+
 
 def missing_module(e: ModuleNotFoundError, command: str | None = None) -> str:
     """One line for a module that is not installed, with the extra that brings it."""
     name = (e.name or "").split(".")[0] or str(e)
     extra = MODULE_EXTRAS.get(name)
     what = f"{command} needs" if command else "this command needs"
+    if name in MODULE_INSTALLS:
+        return f"{what} the benchmarks ({name}), which are not installed: {MODULE_INSTALLS[name]}"
     return f"{what} {name}, which is not installed" + (f": pip install 'spillway[{extra}]'" if extra else "")
 
 

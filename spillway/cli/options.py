@@ -1,6 +1,6 @@
 """Click flags for every cluster option, made from the option declarations.
 
-No flag is written by hand: declaring an option on :class:`spillway.cluster.options.Options`
+No flag is written by hand: declaring an option on :class:`spillway.options.settings.Options`
 adds its flag (``--key``, or ``--key/--no-key`` for a boolean) with the declared help.
 """
 
@@ -12,7 +12,7 @@ import re
 
 import click
 
-from spillway.cluster.options import OPTIONS, Options
+from spillway.options.settings import OPTIONS, Options
 
 
 def first_sentence(text: str) -> str:

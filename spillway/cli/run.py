@@ -44,7 +44,7 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
       spillway run transpose-sum --scheduler-file sched.json
       spillway run matmul --param size=8GB --output /scratch/z.zarr
     """
-    from spillway.cluster.launch import open_cluster
+    from spillway.launch import open_cluster
     from spillway.run.preflight import refuse_before_start
 
     options = resolve(options_flags)
@@ -93,9 +93,9 @@ def up(scheduler_file_out, options_flags):
       spillway up --devices 0,1 --rmm-pool-size 100GB --device-memory-limit 120GB
       spillway up --cpu --n-workers 4 --dashboard-address :8790
     """
-    from spillway.cluster.launch import open_cluster
+    from spillway.launch import open_cluster
 
-    from spillway.cluster.errors import OptionsError
+    from spillway.options.errors import OptionsError
 
     options = resolve(options_flags)
     if options.attach:

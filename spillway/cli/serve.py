@@ -108,8 +108,8 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     from spillway.service.api.connections import ConnectionStats, guarded_protocol, raise_fd_limit
     from spillway.service.api.settings import ServiceLimits
     from spillway.service.jobs import JobQueue
-    from spillway.cluster.errors import OptionsError
-    from spillway.cluster.launch import open_cluster
+    from spillway.options.errors import OptionsError
+    from spillway.launch import open_cluster
 
     if bool(https_cert) != bool(https_key):
         raise click.UsageError("--https-cert and --https-key go together")
@@ -177,10 +177,10 @@ def _notice_old_limits(jobdb) -> None:
 
 def _with_security(options):
     """The service's own cluster always requires TLS: with the owner's TLS files, else with a
-    certificate made for it at start in STATE_DIR/tls (:mod:`spillway.cluster.launch.tls`),
+    certificate made for it at start in STATE_DIR/tls (:mod:`spillway.launch.tls`),
     so that no other local user can send its scheduler, nannies or workers code. A cluster
     attached to keeps its own security (the TLS files, if any)."""
-    from spillway.cluster.errors import OptionsError
+    from spillway.options.errors import OptionsError
 
     if options.attach or options.tls_ca_file or options.security:
         return options
@@ -194,7 +194,7 @@ def _private_cluster(options, state: Path):
     """The service's own cluster opens no HTTP port and keeps no file where another local
     user reaches it: the dashboard off unless the owner asks for one (it shows every
     tenant's tasks, keys and worker logs to whoever connects; with it off the workers
-    start no HTTP server either: :mod:`spillway.cluster.launch.http_server`), and the
+    start no HTTP server either: :mod:`spillway.launch.http_server`), and the
     workers' scratch (spill files, among them tenants' chunks) in STATE_DIR/scratch, made
     0700, rather than dask's shared temporary directory, which another user can make first.
     A cluster attached to keeps its own."""
@@ -215,7 +215,7 @@ def _private_cluster(options, state: Path):
 def _check_apart(results: Path, data_dirs) -> None:
     """Tenants name inputs in the data directories: results inside one would let a tenant's
     job read another tenant's outputs."""
-    from spillway.cluster.errors import OptionsError
+    from spillway.options.errors import OptionsError
 
     mine = os.path.realpath(results)
     for d in data_dirs:
@@ -267,7 +267,7 @@ def _job_limit(value: str | None) -> int | None:
     """``--max-job-bytes``: a size, ``memory`` (the serving cluster's device memory and host
     tier; the default) or ``cluster`` (what its admission accepts, spill disk included)."""
     from spillway.service.jobdb import CLUSTER_JOB_BYTES, DEFAULT_MAX_JOB_BYTES
-    from spillway.cluster.sizes import parse_size
+    from spillway.options.sizes import parse_size
 
     if value is None:
         return DEFAULT_MAX_JOB_BYTES
@@ -285,7 +285,7 @@ def _job_limit(value: str | None) -> int | None:
 
 def job_limit_text(limit: int | None) -> str:
     from spillway.service.jobdb import CLUSTER_JOB_BYTES
-    from spillway.cluster.sizes import format_bytes
+    from spillway.options.sizes import format_bytes
 
     if limit is None:
         return MEMORY

@@ -137,7 +137,7 @@ def render(**kwargs):
 @fail_cleanly
 def submit(**kwargs):
     """Submit WORKFLOW as a batch job and print its job id."""
-    from spillway.cluster.errors import OptionsError
+    from spillway.options.errors import OptionsError
     from spillway.deploy.slurm import Slurm
 
     script = _render(**kwargs)

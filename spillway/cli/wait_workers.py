@@ -30,7 +30,7 @@ def wait_workers(scheduler_file, workers, timeout, tls_ca_file, tls_cert, tls_ke
     """
     from distributed import Client
 
-    from spillway.cluster.options import Options
+    from spillway.options.settings import Options
 
     options = Options.resolve(scheduler_file=scheduler_file, tls_ca_file=tls_ca_file, tls_cert=tls_cert,
                               tls_key=tls_key)
@@ -38,7 +38,7 @@ def wait_workers(scheduler_file, workers, timeout, tls_ca_file, tls_cert, tls_ke
         try:
             client.wait_for_workers(workers, timeout=timeout)
         except TimeoutError:
-            from spillway.cluster.launch import scheduler_workers
+            from spillway.launch import scheduler_workers
 
             have = len(scheduler_workers(client))
             click.echo(f"spillway: error: {have} of {workers} workers after {timeout}s", err=True)

@@ -31,7 +31,7 @@ def worker(death_timeout, name, options_flags):
       spillway worker --scheduler-file sched.json --protocol ucx --pinned-pool-size 48GB
     """
     # the launch package imports distributed: not at import, so `spillway --help` stays light
-    from spillway.cluster.launch import DEATH_TIMEOUT_S, run_node
+    from spillway.launch import DEATH_TIMEOUT_S, run_node
 
     options = resolve(options_flags)
     if not options.attach:

@@ -5,15 +5,15 @@ Batch scripts and the MPI launcher start the scheduler and workers as separate p
 of a local cluster, so the cluster settings have to travel as their flags. These pure
 functions render them: the scheduler's and CPU workers' from the options, ``spillway
 worker``'s as the options themselves (the node resolves its workers' spec from them), and
-``dask cuda worker``'s from the workers' spec (:mod:`spillway.cluster.launch`).
+``dask cuda worker``'s from the workers' spec (:mod:`spillway.launch`).
 """
 
 from __future__ import annotations
 
 import ipaddress
 
-from spillway.cluster.launch import (DEATH_TIMEOUT_S, QUIET_UCX, WorkerSpec, choose_protocol, dask_cuda_worker_flags, flag_value, tls_flags, worker_config)
-from spillway.cluster.options import OPTIONS, Options
+from spillway.launch import (DEATH_TIMEOUT_S, QUIET_UCX, WorkerSpec, choose_protocol, dask_cuda_worker_flags, flag_value, tls_flags, worker_config)
+from spillway.options.settings import OPTIONS, Options
 
 
 def protocol(options: Options, *, gpu: bool, n_workers: int) -> str:
@@ -120,7 +120,7 @@ def client_args(options: Options, *, scheduler_file: str) -> list[str]:
 
 
 def worker_environment(options: Options) -> dict[str, str]:
-    """The workers' dask config (:func:`spillway.cluster.launch.worker_config`) as
+    """The workers' dask config (:func:`spillway.launch.worker_config`) as
     ``DASK_`` environment variables, for worker processes started by a batch script.
     Those of dask's own commands keep their store; ``spillway worker`` sets the tiered
     store's config itself, from the same options."""
@@ -132,7 +132,7 @@ def ucx_environment(options: Options) -> dict[str, str]:
     """Environment for the scheduler and client when the workers talk UCX: they create
     a CUDA context before UCX starts so UCX can move device buffers to and from them;
     and every process leaves out UCX's warning about the variable ucxx sets for older
-    UCX (:mod:`spillway.cluster.launch.ucx_env`)."""
+    UCX (:mod:`spillway.launch.ucx_env`)."""
     env = {"DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT": "True", **QUIET_UCX}
     if options.nvlink:
         env["DASK_DISTRIBUTED_UCXX__NVLINK"] = "True"

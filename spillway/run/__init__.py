@@ -8,6 +8,7 @@ output written and read back), :mod:`.verify`, :mod:`.stats` (transfers, spills 
 from the workers' snapshots), :mod:`.text` and :mod:`.report` (the report for a terminal
 and a notebook).
 
-This layer sits on the cluster core and the workflows and below the shared service; the
+This layer sits on the workflows and the rooms below them, and below the notebook
+clusters (:mod:`spillway.clusters`) and the shared service; the
 package imports nothing itself, so a client that only shows a report loads no workflow.
 """

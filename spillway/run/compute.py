@@ -13,13 +13,13 @@ from typing import Any
 from spillway import workflows
 from spillway.workflows.outputs import remove_output, stored_bytes
 
-from spillway.cluster.errors import OutputError, WorkerLost
-from spillway.cluster.capacity import disk_lines
-from spillway.cluster.memory.admission import admit, cluster_capacity
-from spillway.cluster.plugins import reset_peak, worker_snapshot
+from spillway.options.errors import OutputError, WorkerLost
+from spillway.memory.capacity import disk_lines
+from spillway.memory.admission import admit, cluster_capacity
+from spillway.launch.plugins import reset_peak, worker_snapshot
 from .progress import track, wait_with_bar
-from spillway.cluster.transfer import transport
-from spillway.cluster.worker_loss import LossWatch
+from spillway.datapath.transfer import transport
+from spillway.launch.worker_loss import LossWatch
 from .host import on_host
 from .output import check_stored, wait_for_store
 from .stats import transfer_stats
@@ -47,7 +47,7 @@ def run_workflow(
     makes the reference check (default :func:`~.verify.check`, in this process; a service
     passes a :class:`~.verify.ChildReference`). ``say(line)`` takes the line the scheduler
     sends when the run's graph goes past device + host tier (its disk traffic and time:
-    :mod:`spillway.cluster.capacity`); None prints it as any print at the client. The
+    :mod:`spillway.memory.capacity`); None prints it as any print at the client. The
     report keeps it too (``disk_traffic``).
     """
     from spillway.workflows import outputs
@@ -62,7 +62,7 @@ def run_workflow(
     # of the parameters (too many chunks of it, say) can speak first
     validated, built = workflow.build_run(params, target, arrays, fits=lambda floor: admit(name, floor, capacity))
     if output is not None and built.array is None:
-        from spillway.cluster.errors import ParamError
+        from spillway.options.errors import ParamError
 
         raise ParamError(f"output: {name} has no array result to write (its result is a summary)")
     if output is not None:

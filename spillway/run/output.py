@@ -1,5 +1,5 @@
 """An array output: written, measured and read back; a failed or wrong store is removed
-and fails the run with :class:`~spillway.cluster.errors.OutputError`."""
+and fails the run with :class:`~spillway.options.errors.OutputError`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import errno
 
 from spillway.workflows.outputs import remove_output
 
-from spillway.cluster.errors import OutputError
+from spillway.options.errors import OutputError
 from .host import on_host
 
 

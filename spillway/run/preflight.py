@@ -5,10 +5,10 @@ Parameters are checked on the workers the options plan, so that chunks larger th
 array or a graph past its limits stop the run in a second, not after a cluster has
 started (the running cluster checks them again, on its real workers).
 
-A run that no tier can hold is refused by :func:`~.memory.admission.admit` on the running
+A run that no tier can hold is refused by :func:`~spillway.memory.admission.admit` on the running
 cluster too, but by then the workers have taken their RMM pools and pinned arenas: on one
 H100 that is 10-20 s of start-up, and the GPUs of a shared host held meanwhile. The worker
-specs already say what each worker's tiers hold (:mod:`.launch.spec`), so the same check
+specs already say what each worker's tiers hold (:mod:`~spillway.launch.spec`), so the same check
 runs on them first, in the time it takes to build the graph (no chunk is made). The check
 on the running cluster stays: it reads what the workers really have.
 
@@ -25,8 +25,8 @@ import tempfile
 
 from spillway.workflows.params import Target
 
-from spillway.cluster.launch import WorkerSpec
-from spillway.cluster.memory.admission import Capacity, admit, disk_reserve
+from spillway.launch import WorkerSpec
+from spillway.memory.admission import Capacity, admit, disk_reserve
 
 
 def planned(specs: tuple[WorkerSpec, ...], device_memory: tuple[int, ...], local_directory: str | None,
@@ -36,7 +36,7 @@ def planned(specs: tuple[WorkerSpec, ...], device_memory: tuple[int, ...], local
     GPU), as the running workers will report them: the device limit, else the GPU; the
     host tier, else the machine less the headroom the store keeps, shared out; the disk
     where they spill, once, less its reserve."""
-    from spillway.cluster.memory.growth import headroom_for
+    from spillway.memory.growth import headroom_for
 
     devices = [s.device_memory_limit if isinstance(s.device_memory_limit, int) else m
                for s, m in zip(specs, device_memory, strict=True)]
@@ -87,18 +87,18 @@ def refuse_before_start(options, workflow: str, params: dict, output: str | None
 
     Every value, then the parameters together on the workers the options plan (chunks
     larger than the array, a shape of the wrong dimensions, a graph past its limits, an
-    input store that is not there) raise :class:`~.errors.ParamError`; an output that
+    input store that is not there) raise :class:`~spillway.options.errors.ParamError`; an output that
     cannot be written, or would not fit its disk, too. A GPU cluster that cannot hold the
-    run raises :class:`~.errors.AdmissionError` (its parameters' bytes, then its projected
+    run raises :class:`~spillway.options.errors.AdmissionError` (its parameters' bytes, then its projected
     footprint). Attached clusters are checked value by value only: their workers are read
     once connected, which starts nothing."""
     from spillway import workflows
     from spillway.workflows.outputs import check_path, check_space
 
-    from spillway.cluster.errors import ParamError
-    from spillway.cluster.gpus import discover
-    from spillway.cluster.launch import HostProbe, plan, worker_specs
-    from spillway.cluster.memory.growth import host_total
+    from spillway.options.errors import ParamError
+    from spillway.options.gpus import discover
+    from spillway.launch import HostProbe, plan, worker_specs
+    from spillway.memory.growth import host_total
 
     spec = workflows.get(workflow)
     spec.check_values(params)

@@ -126,7 +126,7 @@ def _all_done(future) -> bool:
 
 def wait_with_bar(future, tracker: Tracker, *, label: str, stream=None, interval: float = 0.25) -> dict:
     """Wait for ``future`` drawing a bar on ``stream`` (None: no bar). Returns the last count."""
-    from spillway.cluster.sizes import format_bytes
+    from spillway.options.sizes import format_bytes
 
     bar = None
     if stream is not None:

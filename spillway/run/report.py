@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from .figures import decimal_bytes, decimal_unit, load, new_figure, short_address
 from .html_tables import STATE_COLOURS, escape, pairs, table
-from spillway.cluster.sizes import format_bytes
+from spillway.options.sizes import format_bytes
 from .text import format_report
 
 
@@ -75,12 +75,12 @@ class Report(dict):
 def plot(source, *, figsize=None):
     """One figure of a run report (memory per worker, bytes moved and spilled), from the
     dict or its JSON file. Returns a matplotlib Figure, which Jupyter shows. Benchmark
-    results are drawn by :func:`spillway.bench.figure.plot`."""
+    results are drawn by :func:`spillway_bench.figure.plot`."""
     data = load(source, "a run report")
     if "workflow" in data and "wall_s" in data:
         return _report_figure(data, figsize or (11, 4))
     if "workloads" in data:
-        raise ValueError("plot: the data is benchmark results (workloads): spillway.bench.figure.plot draws them")
+        raise ValueError("plot: the data is benchmark results (workloads): spillway_bench.figure.plot draws them")
     raise ValueError("plot: the data is not a run report (workflow, wall_s)")
 
 

@@ -1,5 +1,5 @@
 """Bytes moved between workers, bytes spilled and peak memory of a run, from the workers'
-snapshots (:func:`spillway.cluster.plugins.worker_snapshot`) before and after it."""
+snapshots (:func:`spillway.launch.plugins.worker_snapshot`) before and after it."""
 
 from __future__ import annotations
 

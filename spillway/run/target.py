@@ -6,12 +6,12 @@ from collections import Counter
 
 from spillway.workflows.params import Target
 
-from spillway.cluster.transfer import worker_gpu
+from spillway.datapath.transfer import worker_gpu
 
 
 def target_of(session) -> Target:
     """The workflow target of a running cluster: worker kind, count and memory each."""
-    from spillway.cluster.launch import scheduler_workers
+    from spillway.launch import scheduler_workers
 
     info = scheduler_workers(session.client)
     limits = [w.get("memory_limit") or 0 for w in info.values()]
@@ -30,8 +30,8 @@ def target_of(session) -> Target:
 def _device_limit(dask_worker):
     """The worker's device limit (its store's), else its whole GPU, and which GPU it is
     (runs on the worker)."""
-    from spillway.cluster.gpus import discover
-    from spillway.cluster.memory.admission import worker_capacity
+    from spillway.options.gpus import discover
+    from spillway.memory.admission import worker_capacity
 
     device = worker_capacity(dask_worker)["device"]
     if device:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spillway.cluster.sizes import format_bytes
+from spillway.options.sizes import format_bytes
 
 
 def format_report(report: dict) -> str:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from spillway.cluster.errors import SpillwayError
+from spillway.options.errors import SpillwayError
 from spillway.workflows.workflow import relative_error
 
 
@@ -130,7 +130,7 @@ class _Child:
 
         import psutil
 
-        from spillway.cluster.sizes import format_bytes
+        from spillway.options.sizes import format_bytes
 
         self.proc.stdin.write(f"{given}\t{answer}\n".encode())
         self.proc.stdin.flush()

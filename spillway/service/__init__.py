@@ -1,9 +1,9 @@
-"""The cluster and the service: options, launchers, worker plugins, the tiered memory
-store, the job service and the CLI. Users import :mod:`spillway`, which re-exports what
-they type (``spillway.local``, ``spillway.connect``, ``spillway.Options``).
+"""The shared service (``spillway serve``): workflows run on one cluster for many tenants.
 
-The package holds three layers, each importing only those below it (``tests/test_layers.py``
-holds the table and says why): the cluster core (the modules at this level, ``launch`` and
-``memory``), which knows no workflow; :mod:`.run`, :mod:`.local` and :mod:`.preflight`, which
-run :mod:`spillway.workflows` on a cluster; and the shared service (``api``, ``jobs``,
-``jobdb``, ``client``). The CLI (``cli``) sits on all of them, beside :mod:`spillway.bench`."""
+- :mod:`.api`: the HTTP API (FastAPI), its settings, limits, metrics and web page;
+- :mod:`.jobs`: the job queue and the order jobs start in;
+- :mod:`.jobdb`: the job database (SQLAlchemy), its schema, rows and tokens;
+- :mod:`.client`: the Python client of the API (``spillway.connect``).
+
+It runs workflows through :mod:`spillway.run` on a cluster from :mod:`spillway.launch`;
+the command that starts it is :mod:`spillway.cli.serve`."""

@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from spillway.cluster.errors import ParamError
-from spillway.cluster.sizes import format_bytes
+from spillway.options.errors import ParamError
+from spillway.options.sizes import format_bytes
 
 from .params import Target
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spillway.cluster.collective import rechunk
+from spillway.datapath.collective import rechunk
 
 from . import inputs
 from .backend import module_of

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 
 from . import random
 from .backend import backend_for, device_meta, to_device, to_numpy

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 
 
 def check_path(path: str) -> str:
@@ -40,7 +40,7 @@ def check_path(path: str) -> str:
 def check_space(path: str, nbytes: int) -> None:
     """Refuse an output of ``nbytes`` (its chunks as written: uncompressed) where the disk
     of ``path`` has less free space."""
-    from spillway.cluster.sizes import format_bytes
+    from spillway.options.sizes import format_bytes
 
     where = path if os.path.isdir(path) else os.path.dirname(path) or "."
     free = shutil.disk_usage(where).free

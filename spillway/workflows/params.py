@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from spillway.cluster.errors import ParamError
-from spillway.cluster.sizes import MAX_BYTES, format_bytes, parse_size
+from spillway.options.errors import ParamError
+from spillway.options.sizes import MAX_BYTES, format_bytes, parse_size
 
 #: the largest array a parameter may describe: far past any cluster, short of int64 overflow
 MAX_ELEMENTS = 2**53

@@ -2,7 +2,7 @@
 
 Every output panel takes a piece of every input panel, so each worker sends to and
 receives from every other: the workflow measures the fabric between workers. The
-rechunk is spillway's collective (:mod:`spillway.cluster.collective`): each panel cut
+rechunk is spillway's collective (:mod:`spillway.datapath.collective`): each panel cut
 once into the pieces the others need, the pieces taken in bulk, device to device, by the
 worker that assembles each output panel; a task a panel, not one a piece.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spillway.cluster.collective import rechunk
+from spillway.datapath.collective import rechunk
 
 from . import inputs
 from .chunking import panel_rows

@@ -9,7 +9,7 @@ import difflib
 import threading
 from importlib.metadata import entry_points
 
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 
 from .params import Target
 from .workflow import Workflow

@@ -15,7 +15,7 @@ from functools import partial
 
 import numpy as np
 
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 
 from . import inputs
 from .backend import module_of

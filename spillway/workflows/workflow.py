@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 
 from .params import Param, Params, Target, shown
 
@@ -49,7 +49,7 @@ class GraphSize:
 
 def check_graph_size(name: str, size: GraphSize) -> None:
     """Refuse a graph past :data:`MAX_TASKS` or :data:`MAX_CLIENT_BYTES`, naming both numbers."""
-    from spillway.cluster.sizes import format_bytes
+    from spillway.options.sizes import format_bytes
 
     why = f" ({size.why})" if size.why else ""
     hint = "use fewer rows" if size.param == "count" else "use larger chunks or a smaller size"
@@ -108,7 +108,7 @@ class Footprint:
 class BuiltRun:
     """A workflow run as ``Workflow.build`` makes it: lazy, nothing computed yet.
 
-    (Not a plan: a :class:`spillway.cluster.launch.LaunchPlan` is how a cluster starts.)"""
+    (Not a plan: a :class:`spillway.launch.LaunchPlan` is how a cluster starts.)"""
 
     #: the dask collection (or collections) to compute
     result: Any

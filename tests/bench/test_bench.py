@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from reference_inputs import uniform_numpy
-from spillway.bench import ceilings, clusters, harness, measure, prepare, workloads
-from spillway.bench.measure import SideResult
+from spillway_bench import ceilings, clusters, harness, measure, prepare, workloads
+from spillway_bench.measure import SideResult
 from spillway.cli import main
-from spillway.cluster.gpus import Inventory
-from spillway.cluster.options import Options
+from spillway.options.gpus import Inventory
+from spillway.options.settings import Options
 from spillway.workflows import random
 from spillway.workflows.params import Target
 
@@ -349,7 +349,7 @@ def test_small_gpu_run_against_dask_cuda(tmp_path, gpu_count):
     assert data["clusters"]["spillway"]["kind"] == "gpu"
     # the baseline is what a user gets: UCX where distributed-ucxx is installed (a one-GPU
     # host is given the stack without it), TCP otherwise, and the report says which
-    from spillway.cluster.launch.plan import ucxx_installed
+    from spillway.launch.plan import ucxx_installed
 
     protocol = "ucx" if ucxx_installed() else "tcp"
     assert data["clusters"]["baseline"]["cluster"].startswith(f"LocalCUDACluster(protocol='{protocol}'")
@@ -426,10 +426,10 @@ def test_probes_run_as_a_module_the_package_does_not_import():
     import sys
 
     # importing the package must not import the module its children run with -m
-    code = "import sys, spillway.bench, spillway.bench.ceilings; print('spillway.bench.probes' in sys.modules)"
+    code = "import sys, spillway_bench, spillway_bench.ceilings; print('spillway_bench.probes' in sys.modules)"
     out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
-    assert ceilings.PROBE[1:] == ("-m", "spillway.bench.probes")
+    assert ceilings.PROBE[1:] == ("-m", "spillway_bench.probes")
     # started as the ceilings start it, with warnings as errors: no runpy warning on stderr
     child = subprocess.run([*ceilings.PROBE, "no-such-probe", "1"], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PYTHONWARNINGS": "error"})
@@ -483,7 +483,7 @@ def test_last_error_skips_warnings():
 
 
 def test_targets_are_judged_on_gpus_only():
-    from spillway.bench.report import targets
+    from spillway_bench.report import targets
 
     ws = [{"name": "W1", "speedup": 2.5, "transfer_256mib_ratio_to_peer_copy": 0.7},
           {"name": "B1", "speedup": 1.0, "transfer_256mib_ratio_to_peer_copy": None}]
@@ -520,7 +520,7 @@ def test_runs_split_over_commands_merge_into_one_file(tmp_path):
 
 
 def test_b2_gets_its_own_clusters_with_the_device_limit_on_gpus():
-    from spillway.cluster.launch import LaunchPlan
+    from spillway.launch import LaunchPlan
 
     gpu = LaunchPlan(kind="gpu", devices=(0, 1), n_workers=2, protocol="ucx")
     plan = harness.BenchRun(options=Options.resolve(rmm_pool_size=0.85), launch=gpu, inventory=None,
@@ -536,7 +536,7 @@ def test_b2_gets_its_own_clusters_with_the_device_limit_on_gpus():
 
 
 def test_b3_is_named_to_run_with_its_own_tiers_on_spillway_only():
-    from spillway.cluster.launch import LaunchPlan
+    from spillway.launch import LaunchPlan
 
     b3 = workloads.WORKLOADS["B3"]
     assert "B3" not in [w.name for w in workloads.select(None)]
@@ -561,7 +561,7 @@ def test_b3_is_named_to_run_with_its_own_tiers_on_spillway_only():
 
 
 def test_reference_panels_match_numpy(monkeypatch):
-    from spillway.bench import reference
+    from spillway_bench import reference
 
     shape, seed = (300, 200), 5
     x = uniform_numpy(shape, seed=seed, dtype="float64")
@@ -611,7 +611,7 @@ def test_spill_moves_are_summed_over_workers_and_timed_only_by_the_tiered_store(
 
 
 def test_spill_throughput_against_the_pinned_ceilings_and_its_target():
-    from spillway.bench import report
+    from spillway_bench import report
 
     zero = dict.fromkeys(measure.MOVES, 0)
     moves = {"moves": {m: {"bytes": 0, "seconds": 0.0} for m in measure.MOVES}, "restore_wait_s": 0.3, "workers": 2}
@@ -680,8 +680,8 @@ def test_a_run_counts_the_seconds_arena_pins_took_inside_its_window():
 
 def _tiered(worker_local_directory=None, **kwargs):
     from numpy_codec import NumpyCodec
-    from spillway.cluster.memory.disk import DiskTier
-    from spillway.cluster.memory.store import TieredStore
+    from spillway.memory.disk import DiskTier
+    from spillway.memory.store import TieredStore
 
     return TieredStore(codec=NumpyCodec(), below=[DiskTier(kwargs.pop("directory"))], **kwargs)
 
@@ -810,7 +810,7 @@ def test_link_sweep_on_cpu_measures_host_copy_at_each_size(tmp_path):
 
 def test_link_sweep_records_every_gpu_measurement_and_why_one_is_missing(tmp_path):
     """The GPU path of the sweep, its files and plot, from given measurements."""
-    from spillway.bench import link
+    from spillway_bench import link
 
     assert link.SWEEP_SIZES == tuple(n * 2**20 for n in (8, 32, 128, 256, 512, 1024, 2048))
     calls = []
@@ -886,7 +886,7 @@ def test_step1_on_gpus_reaches_the_gpu_workers_without_a_baseline(tmp_path, gpu_
 
 
 def test_references_from_the_seed_match_numpy():
-    from spillway.bench import reference
+    from spillway_bench import reference
 
     x = uniform_numpy((900, 700), seed=5)
     y = uniform_numpy((700, 900), seed=5, stream=1)
@@ -978,12 +978,12 @@ def test_b4_and_b5_at_full_size_hold_1_3x_the_gpus_memory(gpu_bytes, b4_side, b5
 def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
     import dataclasses
 
-    import spillway.bench.suite
-    from spillway.cluster.launch.plan import plan as launch_plan
+    import spillway_bench.suite
+    from spillway.launch.plan import plan as launch_plan
     from tests.helpers.stand_ins import h200_host
 
     # GPU workers on the stand-in host, as where dask-cuda and CuPy are installed
-    monkeypatch.setattr(spillway.bench.suite, "launch_plan",
+    monkeypatch.setattr(spillway_bench.suite, "launch_plan",
                         lambda options, inventory, host: launch_plan(
                             options, inventory, dataclasses.replace(host, have_cuda_stack=True, have_ucxx=False)))
     one = prepare(Options.resolve(), only="B4,B5,B2", sizes="full", inventory=h200_host(1))
@@ -1002,11 +1002,11 @@ def test_prepare_sizes_b4_and_b5_from_the_gpus_of_the_run(monkeypatch):
 def test_b3_small_puts_the_same_few_gb_on_each_workers_disk(monkeypatch):
     import dataclasses
 
-    import spillway.bench.suite
-    from spillway.cluster.launch.plan import plan as launch_plan
+    import spillway_bench.suite
+    from spillway.launch.plan import plan as launch_plan
     from tests.helpers.stand_ins import h200_host
 
-    monkeypatch.setattr(spillway.bench.suite, "launch_plan",
+    monkeypatch.setattr(spillway_bench.suite, "launch_plan",
                         lambda options, inventory, host: launch_plan(
                             options, inventory, dataclasses.replace(host, have_cuda_stack=True, have_ucxx=False)))
     (one,) = prepare(Options.resolve(), only="B3", sizes="small", inventory=h200_host(1)).workloads
@@ -1023,7 +1023,7 @@ def test_b3_small_puts_the_same_few_gb_on_each_workers_disk(monkeypatch):
 
 
 def test_copy_bound_adds_each_way_over_the_rates_of_the_run():
-    from spillway.bench import copybound
+    from spillway_bench import copybound
 
     gbps = {"d2h_pinned": 50.0, "h2d_pinned": 40.0, "disk_write": 1.0, "disk_read": 2.0}
     moves = {"device_to_host": 100 * 10**9, "host_to_device": 80 * 10**9, "host_to_disk": 3 * 10**9,
@@ -1055,7 +1055,7 @@ def _moves(d2h, h2d, disk_w=0, disk_r=0):
 
 
 def test_the_report_puts_the_copy_bound_next_to_the_time():
-    from spillway.bench import report
+    from spillway_bench import report
 
     ceil = ceilings.Ceilings(gbps={"d2h_pinned": 50.0, "h2d_pinned": 50.0, "disk_write": 1.0, "disk_read": 2.0})
     sp = SideResult(source="direct", runs_s=[4.0], spill=[_moves(100 * 10**9, 50 * 10**9, 1 * 10**9, 2 * 10**9)])
@@ -1145,7 +1145,7 @@ def test_b4_b5_b2_on_cpu_clusters_check_numpy_and_record_a_failing_baseline(tmp_
 
 
 def test_a_spillway_failure_still_fails_the_bench_when_the_baseline_was_expected_to_fail():
-    from spillway.bench import report
+    from spillway_bench import report
 
     results = {"workloads": [{"name": "B5", "spillway": {"error": "boom"},
                               "baseline": {"error": "P2P", "expected_failure": "known"}},
@@ -1155,8 +1155,8 @@ def test_a_spillway_failure_still_fails_the_bench_when_the_baseline_was_expected
 
 
 def test_each_w_workload_has_a_compute_and_a_copy_bound():
-    from spillway.bench import bounds
-    from spillway.bench.workloads.standard import STANDARD
+    from spillway_bench import bounds
+    from spillway_bench.workloads.standard import STANDARD
 
     gbps = {"fp64_gemm_tflops": 50.0, "hbm_copy": 3000.0, "peer_copy": 400.0}
     by_name = {w.name: w for w in STANDARD}

@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from reference_inputs import uniform_numpy
-from spillway.bench import scaling, workloads
-from spillway.bench.scaling import BASE_WORKERS, STUDY
+from spillway_bench import scaling, workloads
+from spillway_bench.scaling import BASE_WORKERS, STUDY
 from spillway.cli import main
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 from spillway.workflows import random
 from spillway.workflows.params import Target
 

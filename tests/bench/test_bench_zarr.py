@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from spillway.bench.zarr import measure as zarr_measure, prepare as zarr_prepare, run as zarr_run
+from spillway_bench.zarr import measure as zarr_measure, prepare as zarr_prepare, run as zarr_run
 from spillway.cli import main
-from spillway.cluster.gpus import Inventory
-from spillway.cluster.options import Options
+from spillway.options.gpus import Inventory
+from spillway.options.settings import Options
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -149,12 +149,12 @@ def test_zarr_bench_on_the_gpus(tmp_path, capsys):
 
 
 def test_default_stores_bench_on_cpu_workers(tmp_path):
-    """``python -m spillway.bench.zarr.defaults --cpu`` on a small grid: the two stores are
+    """``python -m spillway_bench.zarr.defaults --cpu`` on a small grid: the two stores are
     zarr's and xarray's defaults (bytes + zstd, one frame per chunk, no shards), the field
     compresses like a real one and the random data hardly, every read and both
     climatologies run, and the climatologies equal NumPy float64 within 1e-5."""
     pytest.importorskip("xarray")
-    from spillway.bench.zarr import defaults
+    from spillway_bench.zarr import defaults
 
     result = defaults.run(2, str(tmp_path / "out"), str(tmp_path), baseline_years=1, gpu=False, grid=(37, 72),
                           log=lambda m: None)
@@ -176,10 +176,10 @@ def test_default_stores_bench_on_cpu_workers(tmp_path):
 
 
 def test_decode_rates_compares_whole_and_streamed_decodes(tmp_path, capsys):
-    """``python -m spillway.bench.zarr.decode_rates`` on a small chunk: every variant has a
+    """``python -m spillway_bench.zarr.decode_rates`` on a small chunk: every variant has a
     rate, and the table names the pieces."""
     pytest.importorskip("zstandard")
-    from spillway.bench.zarr import decode_rates
+    from spillway_bench.zarr import decode_rates
 
     assert decode_rates.main(["--days", "3", "--grid", "91x183", "--runs", "1", "--directory", str(tmp_path),
                               "--out", str(tmp_path / "r.json"), "--cold"]) == 0

@@ -1,4 +1,4 @@
-"""The out-of-core matrix (spillway/bench/matrix/): every catalogue workflow through
+"""The out-of-core matrix (benchmarks/spillway_bench/matrix/): every catalogue workflow through
 ``spillway run`` and on the notebook path, and user-written dask code, each at a projected
 footprint of at least 1.3x the GPUs' memory, checked against NumPy float64 or refused by
 admission with both numbers.
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from spillway.bench import matrix
-from spillway.bench.matrix import slices
+from spillway_bench import matrix
+from spillway_bench.matrix import slices
 from spillway.cli import main
 
 CASES = matrix.cases()
@@ -58,8 +58,8 @@ def matrix_rows():
     rows: list[dict] = []
     yield rows
     if rows:
-        from spillway.bench.report import describe_machine
-        from spillway.cluster.gpus import discover
+        from spillway_bench.report import describe_machine
+        from spillway.options.gpus import discover
 
         out = Path(os.environ.get("SPILLWAY_MATRIX_OUT", REPO / "benchmarks" / "results"))
         machine = describe_machine(discover(), "gpu")["name"]
@@ -75,7 +75,7 @@ def gpu_scale():
 @pytest.fixture(scope="session")
 def copy_ceilings():
     """The pinned copy and disk rates, measured before any cluster of the session starts."""
-    from spillway.bench import copybound
+    from spillway_bench import copybound
 
     return copybound.measure("gpu", (0,))["gbps"]
 
@@ -148,7 +148,7 @@ def test_sizes_reach_the_scale_and_no_more_than_the_slack(scale, slack):
 
 
 def test_gpu_scale_reads_the_gpus_memory():
-    from spillway.cluster.gpus import GPU, Inventory
+    from spillway.options.gpus import GPU, Inventory
 
     inv = Inventory(gpus=tuple(GPU(index=i, uuid=f"GPU-{i}", name="H200", memory_total=141 * 10**9,
                                    memory_free=141 * 10**9, pci_bus_id=f"0000:0{i}:00.0") for i in range(2)))
@@ -361,7 +361,7 @@ def test_the_matrix_command_refuses_workload_flags():
 
 
 def test_host_watch_records_the_peak_the_lowest_available_and_new_oom_kills():
-    from spillway.bench.matrix.hostwatch import HostWatch
+    from spillway_bench.matrix.hostwatch import HostWatch
 
     GiB = 2**30
     readings = iter([{"MemTotal": 128 * GiB, "MemAvailable": a * GiB} for a in (100, 60, 9, 40)])
@@ -381,7 +381,7 @@ def test_host_watch_records_the_peak_the_lowest_available_and_new_oom_kills():
 
 
 def test_an_unreadable_kernel_log_is_unknown_not_none():
-    from spillway.bench.matrix.hostwatch import HostWatch, meminfo
+    from spillway_bench.matrix.hostwatch import HostWatch, meminfo
 
     with HostWatch(interval=0.05, oom_lines=lambda: None) as watch:
         time.sleep(0.2)

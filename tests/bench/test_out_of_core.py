@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from reference_inputs import uniform_numpy
-from spillway.bench import harness, prepare, report, workloads
-from spillway.bench.sides import SIDES
+from spillway_bench import harness, prepare, report, workloads
+from spillway_bench.sides import SIDES
 from spillway.cli import main
-from spillway.cluster.gpus import Inventory
-from spillway.cluster.options import Options
+from spillway.options.gpus import Inventory
+from spillway.options.settings import Options
 from spillway.workflows import random
 from spillway.workflows.params import Target
 
@@ -64,11 +64,11 @@ def test_full_size_footprint_is_2_5x_one_gpu_and_1_5x_several(name, gpus, per_gp
 
 
 def test_prepare_sizes_the_o_rows_from_the_gpus_of_the_run(monkeypatch):
-    import spillway.bench.suite
-    from spillway.cluster.launch.plan import plan as launch_plan
+    import spillway_bench.suite
+    from spillway.launch.plan import plan as launch_plan
     from tests.helpers.stand_ins import h200_host
 
-    monkeypatch.setattr(spillway.bench.suite, "launch_plan",
+    monkeypatch.setattr(spillway_bench.suite, "launch_plan",
                         lambda options, inventory, host: launch_plan(
                             options, inventory, dataclasses.replace(host, have_cuda_stack=True, have_ucxx=False)))
     one = prepare(Options.resolve(), only="O3,O4", sizes="full", inventory=h200_host(1))
@@ -165,7 +165,7 @@ def test_each_side_builds_the_same_code_under_its_own_rechunk_method():
 
 
 def test_each_o_row_gets_its_own_cluster_on_each_of_its_three_sides():
-    from spillway.cluster.launch import LaunchPlan
+    from spillway.launch import LaunchPlan
 
     gpu = LaunchPlan(kind="gpu", devices=(0, 1), n_workers=2, protocol="ucx")
     plan = harness.BenchRun(options=Options.resolve(), launch=gpu, inventory=None,

@@ -1,10 +1,10 @@
-"""The bench's record of garbage-collector pauses (:mod:`spillway.bench.pauses`)."""
+"""The bench's record of garbage-collector pauses (:mod:`spillway_bench.pauses`)."""
 
 from __future__ import annotations
 
 import gc
 
-from spillway.bench import pauses
+from spillway_bench import pauses
 
 
 def test_a_full_collection_of_many_objects_is_kept_and_then_forgotten():

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from spillway.bench import previous, render
-from spillway.bench.suite import against_previous
+from spillway_bench import previous, render
+from spillway_bench.suite import against_previous
 
 MACHINE = "2x-test-gpu"
 
@@ -144,10 +144,10 @@ def test_the_report_lists_the_slower_rows_and_the_new_ones(tmp_path):
 
 
 def test_a_previous_file_named_by_hand_must_be_a_bench_result_of_this_machine(tmp_path):
-    from spillway.bench import prepare
-    from spillway.cluster.errors import ParamError
-    from spillway.cluster.gpus import Inventory
-    from spillway.cluster.options import Options
+    from spillway_bench import prepare
+    from spillway.options.errors import ParamError
+    from spillway.options.gpus import Inventory
+    from spillway.options.settings import Options
 
     options = Options.resolve(cpu=True, n_workers=2)
     here = report_machine()
@@ -163,6 +163,6 @@ def test_a_previous_file_named_by_hand_must_be_a_bench_result_of_this_machine(tm
 
 
 def report_machine() -> str:
-    from spillway.bench import report
+    from spillway_bench import report
 
     return report.describe_machine(None, "cpu")["name"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from spillway.bench import report, tiersbound, workloads
-from spillway.bench.ceilings import Ceilings
-from spillway.bench.measure import RunMeasure, SideResult
+from spillway_bench import report, tiersbound, workloads
+from spillway_bench.ceilings import Ceilings
+from spillway_bench.measure import RunMeasure, SideResult
 
 GBPS = {"d2h_pinned": 50.0, "h2d_pinned": 25.0, "peer_copy": 100.0, "disk_write": 2.0, "disk_read": 4.0}
 MOVES = {"device_to_host": 200 * 10**9, "host_to_device": 100 * 10**9, "host_to_disk": 10 * 10**9,

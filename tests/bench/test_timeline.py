@@ -8,8 +8,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from spillway.bench import clusters, timeline, workloads
-from spillway.bench.measure import timed_run_recorded
+from spillway_bench import clusters, timeline, workloads
+from spillway_bench.measure import timed_run_recorded
 from spillway.cli import main
 
 
@@ -205,7 +205,7 @@ def test_bench_scaling_timeline_keeps_every_part_in_one_png(tmp_path):
 
 
 def test_bench_and_timeline_count_the_same_transfers_at_the_window_edges():
-    from spillway.bench.timeline import in_window
+    from spillway_bench.timeline import in_window
 
     window = (100.0, 110.0)
     log = [{"start": 99.9995, "stop": 99.9999, "bytes": 320000, "who": "a"},   # ended before the clock

@@ -1,4 +1,4 @@
-"""The transfer anatomy probe (``python -m spillway.bench.transfer_anatomy``): its CPU
+"""The transfer anatomy probe (``python -m spillway_bench.transfer_anatomy``): its CPU
 stand-in (``tcp://``, NumPy) runs here, so the code the GPU host runs is exercised; the GPU
 rows (ucxx, CuPy, two spillway workers of one GPU) are marked gpu."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spillway.bench import transfer_anatomy as anatomy
+from spillway_bench import transfer_anatomy as anatomy
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
@@ -21,7 +21,7 @@ MiB = 2**20
 def _probe(tmp_path, *args, timeout=240) -> dict:
     out = tmp_path / "anatomy.json"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, "-m", "spillway.bench.transfer_anatomy", *args, "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "spillway_bench.transfer_anatomy", *args, "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-2000:]
     assert "transfer anatomy" in done.stdout  # the short table, printed last
@@ -62,7 +62,7 @@ def test_cpu_stand_in_times_each_layer(tmp_path):
 
 def test_bad_rows_and_repeats_are_refused(tmp_path):
     for args, says in ((["--rows", "comm,bogus"], "'bogus' is not one of"), (["--repeats", "0"], "below the minimum")):
-        done = subprocess.run([sys.executable, "-m", "spillway.bench.transfer_anatomy", "--cpu", *args],
+        done = subprocess.run([sys.executable, "-m", "spillway_bench.transfer_anatomy", "--cpu", *args],
                               cwd=ROOT, capture_output=True, text=True, timeout=60,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert done.returncode == 2 and says in done.stderr, done.stderr
@@ -77,7 +77,7 @@ def test_summary_takes_medians_of_timed_transfers_only():
 
 @pytest.mark.gpu
 def test_gpu_rows_move_chunks_bit_for_bit(tmp_path):
-    from spillway.cluster.launch.plan import ucxx_installed
+    from spillway.launch.plan import ucxx_installed
 
     if not ucxx_installed():
         pytest.skip("distributed-ucxx is not installed")

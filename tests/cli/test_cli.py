@@ -34,7 +34,7 @@ def test_help_has_examples(command):
 
 @pytest.mark.parametrize("command", ["run", "up"])
 def test_short_help_shows_the_common_cluster_flags_and_points_to_the_rest(command):
-    from spillway.cluster.options import OPTIONS
+    from spillway.options.settings import OPTIONS
 
     text = invoke(command, "--help", terminal_width=80).output
     assert len(text.splitlines()) <= 60, f"{len(text.splitlines())} lines:\n{text}"

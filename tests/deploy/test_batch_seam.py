@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.options import Options
+from spillway.options.errors import OptionsError
+from spillway.options.settings import Options
 from spillway.deploy.batch import BatchError, BatchSystem, JobIdError, JobSettings, Run
 from spillway.deploy.slurm import Slurm
 from stand_ins import FakeShell

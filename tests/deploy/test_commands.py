@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from spillway.deploy import commands
-from spillway.cluster.options import Options
+from spillway.options.settings import Options
 
 
 def _parse(command, args: list[str]) -> dict:
@@ -37,7 +37,7 @@ def test_cpu_worker_flags_parse_as_meant():
 
 def _spec(options):
     """The spec of ``dask cuda worker``'s workers (dask-cuda's store), rendered away from their node."""
-    from spillway.cluster.launch.spec import off_node_spec
+    from spillway.launch.spec import off_node_spec
 
     return off_node_spec(options.replace(memory_store="dask-cuda"), protocol="ucx", workers=4)
 
@@ -70,7 +70,7 @@ def test_auto_protocol():
 def test_spillway_worker_gets_a_flag_for_each_declared_worker_option():
     """The worker options are those declared ``worker=True``; each is rendered, unset ones
     as ``none`` and booleans as their switch, so the node's own config decides nothing."""
-    from spillway.cluster.options import OPTIONS
+    from spillway.options.settings import OPTIONS
 
     declared = [o.key for o in OPTIONS if o.worker]
     assert [o.key for o in commands.WORKER_OPTIONS] == declared

@@ -16,8 +16,8 @@ import pytest
 
 from reference_inputs import uniform_numpy
 from spillway.deploy.mpi.layout import check_world, device_for_rank, execute_kwargs, worker_options
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.options import Options
+from spillway.options.errors import OptionsError
+from spillway.options.settings import Options
 from spillway.workflows.workflow import relative_error
 
 
@@ -45,7 +45,7 @@ def test_world_needs_a_worker_rank():
 def test_gpu_worker_keywords_come_from_the_options():
     options = Options.resolve(rmm_pool_size="10GB", device_memory_limit=0.7, threads_per_worker=2)
     kwargs = execute_kwargs(options, n_workers=8)
-    assert kwargs["worker_class"] == "spillway.cluster.launch.gpu_worker.TieredCUDAWorker"  # the default tiered store
+    assert kwargs["worker_class"] == "spillway.launch.gpu_worker.TieredCUDAWorker"  # the default tiered store
     assert kwargs["protocol"] == "ucx" and kwargs["nthreads"] == 2
     assert kwargs["client_rank"] == kwargs["scheduler_rank"] == 0 and kwargs["exclusive_workers"]
     worker = kwargs["worker_options"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from spillway.deploy.mpi.layout import TIERED_WORKER, execute_kwargs, worker_class
-from spillway.cluster.launch import gpu_worker, render, worker_store
-from spillway.cluster.launch.plan import PINNED_HOST_FRACTION
-from spillway.cluster.options import Options
+from spillway.launch import gpu_worker, render, worker_store
+from spillway.launch.plan import PINNED_HOST_FRACTION
+from spillway.options.settings import Options
 from stand_ins import h200_host, host_probe, node_spec
 
 HOST = 2 * 10**12

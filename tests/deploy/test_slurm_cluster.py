@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("dask_jobqueue")
 
 import spillway  # noqa: E402
-from spillway.cluster.errors import ClusterStartError, OptionsError  # noqa: E402
+from spillway.options.errors import ClusterStartError, OptionsError  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 from reference_inputs import uniform_numpy
 from spillway.deploy.slurm import JobSettings, Run, job_script
 from spillway.deploy.slurm.one_node import install_srun, run_script
-from spillway.cluster.options import Options
+from spillway.options.settings import Options
 from spillway.workflows.workflow import relative_error
 
 

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("dask_jobqueue")
 
 import spillway  # noqa: E402
-from spillway.cluster.errors import ClusterStartError  # noqa: E402
+from spillway.options.errors import ClusterStartError  # noqa: E402
 from spillway.deploy.slurm.slurm import SlurmError  # noqa: E402
 from spillway.deploy.slurm.worker_job import refusal_line  # noqa: E402
 

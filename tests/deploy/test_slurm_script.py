@@ -10,8 +10,8 @@ import pytest
 
 from spillway.deploy import commands
 from spillway.deploy.slurm import JobSettings, Run, job_script, parse_walltime, worker_lifetime
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.options import Options
+from spillway.options.errors import OptionsError
+from spillway.options.settings import Options
 
 GPU_JOB = JobSettings(nodes=2, gpus_per_node=4, time="01:00:00", partition="gpu", account="proj", qos="high",
                       job_name="spillway-transpose-sum", output_dir="/shared/runs", python="/shared/venv/bin/python",
@@ -86,7 +86,7 @@ def test_spillway_worker_flags_parse_back_to_the_options(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from spillway.cli import main
-    from spillway.cluster import launch
+    from spillway import launch
 
     for name in ("ca.pem", "cert.pem", "key.pem"):
         (tmp_path / name).write_text("x")

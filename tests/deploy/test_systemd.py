@@ -9,8 +9,8 @@ import dask.config
 import pytest
 
 from spillway.deploy.systemd import ServiceSettings, environment_file, shipped, unit
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.options import Options
+from spillway.options.errors import OptionsError
+from spillway.options.settings import Options
 
 
 def test_shipped_files_are_the_default_rendering():

@@ -113,7 +113,7 @@ def test_shared_service_notebook_on_cpu(tmp_path, monkeypatch):
 
 
 def two_gpus():
-    from spillway.cluster.gpus import discover
+    from spillway.options.gpus import discover
 
     inventory = discover()
     if len(inventory) < 2:
@@ -183,7 +183,7 @@ GPU_YEARS = 8
 def test_climatology_notebook_on_one_gpu(tmp_path, monkeypatch, capsys):
     """12 GB written by xarray from CuPy chunks (sharded zstd), read back and decoded by
     one GPU, the climatology checked against NumPy float64."""
-    from spillway.cluster.gpus import discover
+    from spillway.options.gpus import discover
 
     if not len(discover()):
         pytest.skip("needs a GPU")

@@ -1,5 +1,5 @@
 """NumPy arrays in the device tier's place: the codec the CPU tests run the real tiered
-store with (the workers use :class:`~spillway.cluster.memory.codecs.CupyCodec`)."""
+store with (the workers use :class:`~spillway.memory.codecs.CupyCodec`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from spillway.cluster.memory.codecs import Alloc, View, extent
+from spillway.memory.codecs import Alloc, View, extent
 
 
 class NumpyCodec:

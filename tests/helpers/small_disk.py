@@ -1,5 +1,5 @@
 """A disk tier on a filesystem of a few megabytes, without root (no tmpfs, no loop device):
-the real :class:`~spillway.cluster.memory.disk.DiskTier` writing real files, with its file
+the real :class:`~spillway.memory.disk.DiskTier` writing real files, with its file
 layer's room counted against ``capacity``. A write past it fails as a full filesystem's
 does (``OSError(ENOSPC)``, possibly after part of it was written), and the tier reports
 that filesystem's size and free space, so the workers' capacity reads it too."""
@@ -10,7 +10,7 @@ import errno
 import os
 import threading
 
-from spillway.cluster.memory.disk import DiskTier
+from spillway.memory.disk import DiskTier
 
 
 class SmallDisk(DiskTier):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 
-from spillway.cluster.gpus import GPU, Inventory
-from spillway.cluster.launch.local_gpu import specs_kwargs
-from spillway.cluster.launch.plan import HostProbe
-from spillway.cluster.launch.gpu_worker import node_plan
-from spillway.cluster.launch.spec import one_for_all, worker_specs
+from spillway.options.gpus import GPU, Inventory
+from spillway.launch.local_gpu import specs_kwargs
+from spillway.launch.plan import HostProbe
+from spillway.launch.gpu_worker import node_plan
+from spillway.launch.spec import one_for_all, worker_specs
 
 
 def h200_host(n: int, *, links: int = 0) -> Inventory:

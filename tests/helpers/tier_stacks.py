@@ -1,5 +1,5 @@
 """What the store's tests read of a stack of tiers whatever lies below its host tier
-(the stacks are tests/cluster/memory/conftest.py's)."""
+(the stacks are tests/memory/conftest.py's)."""
 
 from __future__ import annotations
 

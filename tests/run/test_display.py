@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from spillway.bench.figure import plot as bench_plot
+from spillway_bench.figure import plot as bench_plot
 from spillway.run.bars import advance, progress_bar
 from spillway.service.client.job_html import job_html
 from spillway.run.report import Report, plot, report_html
@@ -128,7 +128,7 @@ def test_bench_figure():
 def test_plot_refuses_what_it_cannot_draw(tmp_path):
     with pytest.raises(ValueError, match="not a run report"):
         plot({"state": "done"})
-    with pytest.raises(ValueError, match="benchmark results .*spillway.bench.figure.plot draws them"):
+    with pytest.raises(ValueError, match="benchmark results .*spillway_bench.figure.plot draws them"):
         plot(BENCH)
     with pytest.raises(ValueError, match="not benchmark results"):
         bench_plot(REPORT)

@@ -21,12 +21,12 @@ def test_bad_params_json_is_one_line():
 
 
 def test_bad_param_refused_before_a_cluster_starts(monkeypatch):
-    import spillway.cluster.launch
+    import spillway.launch
 
     def no_cluster(*args, **kwargs):
         raise AssertionError("a cluster was started for a bad value")
 
-    monkeypatch.setattr(spillway.cluster.launch, "open_cluster", no_cluster)
+    monkeypatch.setattr(spillway.launch, "open_cluster", no_cluster)
     result = CliRunner().invoke(main, ["run", "reduction", "--param", "axis=5"])
     assert result.exit_code == 2, result.output
     assert result.output.strip() == "spillway: error: axis: 5 is not one of all, 0, 1"

@@ -14,12 +14,12 @@ from stand_ins import h200_host, host_probe
 
 from spillway.run import preflight
 from spillway.cli import main
-from spillway.cluster.errors import AdmissionError
-from spillway.cluster.launch.spec import HostFacts, worker_specs
-from spillway.cluster.options import Options
+from spillway.options.errors import AdmissionError
+from spillway.launch.spec import HostFacts, worker_specs
+from spillway.options.settings import Options
 
 # the module, not the function the package exports under its name
-plan_module = importlib.import_module("spillway.cluster.launch.plan")
+plan_module = importlib.import_module("spillway.launch.plan")
 
 GB = 10**9
 HOST = 128 * 2**30
@@ -28,8 +28,8 @@ HOST = 128 * 2**30
 @pytest.fixture
 def one_h200(monkeypatch):
     """This machine seen as one H200 with the CUDA stack, 128 GiB of memory; nothing may start."""
-    import spillway.cluster.gpus as gpus
-    import spillway.cluster.launch.session as launch
+    import spillway.options.gpus as gpus
+    import spillway.launch.session as launch
 
     monkeypatch.setattr(gpus, "discover", lambda: h200_host(1))
     probe = host_probe(have_ucxx=False, have_cuda_stack=True, host_memory=HOST)
@@ -73,7 +73,7 @@ def test_a_run_past_every_tier_is_refused_before_the_cluster_starts(one_h200, tm
 def test_a_run_past_every_tier_is_refused_while_another_process_holds_the_gpu(one_h200, monkeypatch, tmp_path):
     # on the H200 host a cluster closing before this run held 49.9 GB of GPU 0: the run was
     # told to free the GPU, not that it could never fit
-    import spillway.cluster.gpus as gpus
+    import spillway.options.gpus as gpus
 
     held = h200_host(1)
     held = dataclasses.replace(held, gpus=(dataclasses.replace(held.gpus[0], memory_free=90 * GB),))
@@ -147,7 +147,7 @@ def test_the_service_sizes_a_submission_on_a_gpu_cluster_without_cupy(monkeypatc
     import dask.array  # noqa: F401
 
     from spillway.service.jobs.queue import JobQueue
-    from spillway.cluster.memory.admission import Capacity
+    from spillway.memory.admission import Capacity
     from spillway.workflows.params import Target
 
     queue = object.__new__(JobQueue)  # the sizing alone: no database, no cluster
@@ -164,10 +164,10 @@ _FRESH_REFUSAL = '''
 import importlib, sys
 sys.path[:0] = [sys.argv[3]]
 from stand_ins import h200_host, host_probe
-import spillway.cluster.gpus as gpus
-import spillway.cluster.launch.session as launch
-from spillway.cluster.launch.spec import HostFacts
-plan = importlib.import_module("spillway.cluster.launch.plan")
+import spillway.options.gpus as gpus
+import spillway.launch.session as launch
+from spillway.launch.spec import HostFacts
+plan = importlib.import_module("spillway.launch.plan")
 HOST = 128 * 2**30
 gpus.discover = lambda: h200_host(1)
 probe = host_probe(have_ucxx=False, have_cuda_stack=True, host_memory=HOST)
@@ -211,7 +211,7 @@ def test_this_hosts_facts_are_distributeds_reading_without_importing_distributed
     HostFacts.here() imported distributed, 0.7 s of the refusal the test above stubs out."""
     import subprocess
 
-    code = ("import sys\nfrom spillway.cluster.launch.spec import HostFacts\n"
+    code = ("import sys\nfrom spillway.launch.spec import HostFacts\n"
             "facts = HostFacts.here()\nprint('distributed' in sys.modules)\n"
             "from distributed.system import MEMORY_LIMIT\nprint(facts.host_memory_limit == MEMORY_LIMIT)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from spillway.cluster.errors import OutputError
+from spillway.options.errors import OutputError
 from spillway.run import compute
 from spillway.run.host import HOST_TASK, to_host
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spillway.cluster.launch import open_cluster
-from spillway.cluster.options import Options
+from spillway.launch import open_cluster
+from spillway.options.settings import Options
 
 
 @pytest.fixture(scope="session")

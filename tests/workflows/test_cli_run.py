@@ -53,8 +53,8 @@ def test_a_run_past_device_and_host_says_its_disk_traffic_on_stderr_and_in_the_r
     # CPU workers of 3 GB run a graph of a few megabytes: the scheduler is told their
     # memory is 1 MiB (its process is this one), so the run goes past it; their stores
     # (distributed's) measure no disk rate, and the line says so
-    from spillway.cluster import capacity
-    from spillway.cluster.memory.admission import Capacity
+    from spillway.memory import capacity
+    from spillway.memory.admission import Capacity
 
     monkeypatch.setattr(capacity.CapacityPlugin, "capacity",
                         lambda self: (Capacity(0, 2**20, 2**40, 1), 1.0))

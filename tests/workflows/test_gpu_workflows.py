@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from spillway.cluster.launch import open_cluster
-from spillway.cluster.options import Options
+from spillway.launch import open_cluster
+from spillway.options.settings import Options
 from spillway.run.compute import run_workflow
-from spillway.cluster.sizes import format_bytes
+from spillway.options.sizes import format_bytes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -48,7 +48,7 @@ ROWS: list[tuple] = []
 
 @pytest.fixture(scope="module")
 def gpu2(request):
-    from spillway.cluster.gpus import discover
+    from spillway.options.gpus import discover
 
     if len(discover()) < 2:
         pytest.skip("needs two GPUs")

@@ -8,7 +8,7 @@ import pytest
 
 from reference_inputs import uniform_numpy
 from spillway import workflows
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 from spillway.run.compute import run_workflow
 from spillway.workflows import inputs, random
 from spillway.workflows.params import Target

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spillway import workflows
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 from spillway.workflows.params import Target
 
 NASTY_TEXT = st.sampled_from(["1e400GB", "\u0000", "a\u0000b", "nanGB", "infGB", "-1GB", "1e18GB", "9" * 5000,

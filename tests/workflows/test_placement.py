@@ -8,7 +8,7 @@ from distributed import wait
 from placement_checks import bytes_per_worker, imbalance
 
 from reference_inputs import uniform_numpy
-from spillway.cluster.launch import scheduler_workers
+from spillway.launch import scheduler_workers
 from spillway.workflows import placement, random
 from spillway.workflows.params import Target
 

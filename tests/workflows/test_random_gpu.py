@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spillway.bench.matrix.user_code import laplacian_2d
+from spillway_bench.matrix.user_code import laplacian_2d
 from spillway.workflows import random
 
 pytestmark = pytest.mark.gpu

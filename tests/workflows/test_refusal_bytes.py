@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from spillway import workflows
 from spillway.cli import main
-from spillway.cluster.errors import AdmissionError, ParamError
-from spillway.cluster.memory.admission import Capacity, admit
+from spillway.options.errors import AdmissionError, ParamError
+from spillway.memory.admission import Capacity, admit
 from spillway.workflows.params import Target
 
 GB = 10**9

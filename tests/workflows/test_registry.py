@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from spillway import workflows
 from spillway.cli import main
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 from spillway.workflows.params import Target
 
 CPU = Target(kind="cpu", n_workers=2)

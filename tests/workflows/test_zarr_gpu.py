@@ -17,7 +17,7 @@ SHAPE, CHUNKS = (730, 96, 128), (365, 96, 128)
 
 @pytest.fixture(scope="module")
 def cluster():
-    from spillway.cluster.gpus import discover
+    from spillway.options.gpus import discover
 
     if not len(discover()):
         pytest.skip("needs a GPU")
@@ -53,7 +53,7 @@ def _ndbuffer(dask_worker=None):
 
 
 def test_gpu_workers_give_zarr_the_host_buffer(cluster):
-    from spillway.cluster import zarr_buffer as buffers
+    from spillway.memory import zarr_buffer as buffers
 
     assert set(cluster.client.run(_ndbuffer).values()) == {buffers.QUALNAME}
 
@@ -207,7 +207,7 @@ def test_default_store_chunks_stream_to_the_device_piece_by_piece(tmp_path, monk
     pytest.importorskip("zstandard")
     import zarr
 
-    from spillway.bench.zarr.defaults import field_block
+    from spillway_bench.zarr.defaults import field_block
     from spillway.workflows.zarr import host_decode, read
     from spillway.workflows.zarr.chunk_files import chunk_files_of
     from spillway.workflows.zarr.decoded import decode_counters

@@ -128,8 +128,8 @@ def test_read_tasks_secede_so_one_worker_thread_has_several_reads_in_flight(pool
 
 
 def test_buffers_for_the_device_come_from_the_stores_arena_while_it_has_room():
-    from spillway.cluster.memory.arena import Arena
-    from spillway.cluster.memory.host import HostBuffers
+    from spillway.memory.arena import Arena
+    from spillway.memory.host import HostBuffers
 
     host = HostBuffers(Arena(np.empty(2**20, dtype=np.uint8)))
     buffers = host_decode.BufferSet(2**22, pinned=host)
@@ -148,7 +148,7 @@ def test_buffers_for_the_device_come_from_the_stores_arena_while_it_has_room():
 
 
 def test_reads_for_the_device_before_the_arena_is_in_want_it_pinned():
-    from spillway.cluster.memory.host import HostBuffers
+    from spillway.memory.host import HostBuffers
 
     host = HostBuffers(None)  # its arena still growing: no segment pinned yet
     buffers = host_decode.BufferSet(2**22, pinned=host)

@@ -303,7 +303,7 @@ def _device_chunks(data, chunks):
 
 
 def test_dask_store_of_device_chunks_into_zarr_fails_without_and_writes_with_the_host_buffer(tmp_path):
-    from spillway.cluster import zarr_buffer as buffers
+    from spillway.memory import zarr_buffer as buffers
 
     data = _data((50, 33), "float32")
     for installed in (False, True):
@@ -331,7 +331,7 @@ def test_the_buffer_qualname_names_the_buffer_class():
     QUALNAME holds lead to the class itself (a move of the module moves the string)."""
     import importlib
 
-    from spillway.cluster import zarr_buffer as buffers
+    from spillway.memory import zarr_buffer as buffers
 
     module, _, name = buffers.QUALNAME.rpartition(".")
     assert getattr(importlib.import_module(module), name) is buffers.HostNDBuffer
@@ -363,7 +363,7 @@ def test_store_decides_by_each_block_not_the_meta(tmp_path, monkeypatch):
 def test_gpu_worker_teardown_closes_the_zarr_readers(monkeypatch):
     """The worker plugin knows no workflow: the Zarr readers register their clean-up, and a
     GPU worker's teardown runs it (once, however often it was registered)."""
-    from spillway.cluster import plugins
+    from spillway.launch import plugins
 
     closed = []
     monkeypatch.setattr(plugins, "_TEARDOWNS", [])

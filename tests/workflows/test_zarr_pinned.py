@@ -13,7 +13,7 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 from spillway.workflows.zarr import read, write
 from spillway.workflows.zarr.chunk_files import chunk_files_of
 from spillway.workflows.zarr.host_io import HostIO

@@ -13,11 +13,11 @@ import numpy as np
 import dask.config
 import pytest
 
-from spillway.cluster.options import DECLARED
+from spillway.options.settings import DECLARED
 
 pytest.importorskip("zstandard")
 
-from spillway.bench.zarr.defaults import field_block, random_block  # noqa: E402
+from spillway_bench.zarr.defaults import field_block, random_block  # noqa: E402
 from spillway.workflows.zarr import host_decode, read, stream_decode  # noqa: E402
 from spillway.workflows.zarr.chunk_files import ZSTD, chunk_files_of  # noqa: E402
 from spillway.workflows.zarr.fallback import Fallback  # noqa: E402

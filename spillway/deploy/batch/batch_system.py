@@ -15,8 +15,8 @@ import shlex
 import subprocess
 from collections.abc import Sequence
 
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.options import Options
+from spillway.options.errors import OptionsError
+from spillway.options.settings import Options
 
 from .. import commands
 from . import script

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spillway.cluster.errors import SpillwayError
+from spillway.options.errors import SpillwayError
 
 
 class BatchError(SpillwayError):

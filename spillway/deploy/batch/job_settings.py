@@ -1,5 +1,5 @@
 """The settings of one batch job: where and how long it runs, not how the cluster
-behaves (that is :class:`spillway.cluster.options.Options`).
+behaves (that is :class:`spillway.options.settings.Options`).
 
 Every value lands in a directive line or a shell word, so each is checked here and a
 bad one stops with one line naming it and its limit, before anything is submitted. The
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from spillway.cluster.errors import OptionsError
+from spillway.options.errors import OptionsError
 
 MAX_NODES = 100_000
 MAX_GPUS_PER_NODE = 64

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.options import Options
+from spillway.options.errors import OptionsError
+from spillway.options.settings import Options
 
 from .. import commands
 from .job_settings import JobSettings

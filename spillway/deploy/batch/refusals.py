@@ -3,8 +3,8 @@ itself cannot honour: batch jobs and MPI ranks refuse them with the same words."
 
 from __future__ import annotations
 
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.options import Options
+from spillway.options.errors import OptionsError
+from spillway.options.settings import Options
 
 
 def refuse_options(options: Options, *, starter: str, where: str, gpus_from: str, no_tls: str | None = None) -> None:

@@ -14,8 +14,8 @@ import string
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from spillway.cluster.launch import off_node_spec
-from spillway.cluster.options import Options
+from spillway.launch import off_node_spec
+from spillway.options.settings import Options
 
 from .. import commands
 from .layout import Layout

@@ -18,9 +18,9 @@ from typing import Any
 
 import dask.config
 
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.launch import (HostProbe, LaunchPlan, WorkerSpec, node_plan, one_for_all, quiet_ucx, worker_config, worker_specs)
-from spillway.cluster.options import Options
+from spillway.options.errors import OptionsError
+from spillway.launch import (HostProbe, LaunchPlan, WorkerSpec, node_plan, one_for_all, quiet_ucx, worker_config, worker_specs)
+from spillway.options.settings import Options
 
 from .. import commands
 from ..batch import refuse_options
@@ -66,7 +66,7 @@ class MPIRank:
             import dask.config
             from distributed import Client
 
-            from spillway.cluster.launch import open_cluster
+            from spillway.launch import open_cluster
 
             address = dask.config.get("scheduler-address")
             try:
@@ -108,7 +108,7 @@ def run(options: Options, work: Callable[[Any], dict], *, comm=None) -> dict | N
     launch = LaunchPlan(kind="cpu" if options.cpu else "gpu", n_workers=n_workers, protocol=protocol)
     specs: tuple[WorkerSpec, ...] = ()
     if rank != SCHEDULER_RANK and not options.cpu:
-        from spillway.cluster.gpus import discover
+        from spillway.options.gpus import discover
 
         # the node's GPUs, seen before this rank is narrowed to its own
         inventory = discover()

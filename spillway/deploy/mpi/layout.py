@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.launch import (TIERED_WORKER, WorkerSpec, dask_cuda_kwargs, off_node_spec, store_data, uses_tiered_store)
-from spillway.cluster.options import Options
+from spillway.options.errors import OptionsError
+from spillway.launch import (TIERED_WORKER, WorkerSpec, dask_cuda_kwargs, off_node_spec, store_data, uses_tiered_store)
+from spillway.options.settings import Options
 
 from .. import commands
 

@@ -2,7 +2,7 @@
 (the scheduler in this process, one :class:`~.worker_job.SlurmWorkerJob` per node, sbatch
 and scancel, ``scale(jobs=)``, ``adapt(minimum_jobs=, maximum_jobs=)``, ``job_script()``,
 ``close()``) with spillway's jobs, from the same options object and job settings as
-``spillway slurm render``. :func:`spillway.slurm` (``spillway.run.slurm_cluster``) runs
+``spillway slurm render``. :func:`spillway.slurm` (``spillway.clusters.slurm``) runs
 workflows on it.
 
 A job is one node: ``scale(jobs=N)`` asks for N nodes, each job's workers named after it
@@ -23,10 +23,10 @@ import os
 
 from dask_jobqueue.slurm import SLURMCluster
 
-from spillway.cluster import upstream
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.launch import DEATH_TIMEOUT_S, free_dashboard_address, scheduler_without_http, ucxx_installed
-from spillway.cluster.options import Options
+from spillway import upstream
+from spillway.options.errors import OptionsError
+from spillway.launch import DEATH_TIMEOUT_S, free_dashboard_address, scheduler_without_http, ucxx_installed
+from spillway.options.settings import Options
 
 from ..batch import JobSettings, JobStatus
 from .slurm import Slurm

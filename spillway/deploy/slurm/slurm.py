@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from spillway.cluster.options import Options
+from spillway.options.settings import Options
 
 from ..batch import BatchError, BatchSystem, JobSettings, Layout, Run
 

@@ -10,7 +10,7 @@ workers. Nothing of dask-jobqueue's own header or command is kept: it always wri
 ``--mem`` (a node of little declared memory refuses the job), and its command is dask's
 worker, which knows no tiered store.
 
-Only dask-jobqueue's public API is used (the seam module, :mod:`spillway.cluster.upstream`, checks it as
+Only dask-jobqueue's public API is used (the seam module, :mod:`spillway.upstream`, checks it as
 ``jobqueue_script``): the set-up lines go in as ``job_script_prologue=``, and the script is
 this job's own :meth:`SlurmWorkerJob.job_script` (dask-jobqueue's ``Job.job_file`` writes
 what it returns), in the layout of dask-jobqueue's: shebang, header, set-up, command. The
@@ -33,8 +33,8 @@ import shlex
 from dask_jobqueue.slurm import SLURMJob
 from distributed.core import Status
 
-from spillway.cluster import upstream
-from spillway.cluster.options import Options
+from spillway import upstream
+from spillway.options.settings import Options
 
 from .. import commands
 from ..batch import JobSettings

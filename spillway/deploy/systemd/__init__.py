@@ -2,7 +2,7 @@
 file, rendered by pure functions.
 
 The cluster settings reach the service as ``DASK_SPILLWAY__<KEY>`` variables in the
-environment file, the layer :meth:`spillway.cluster.options.Options.resolve` reads anyway, so the
+environment file, the layer :meth:`spillway.options.settings.Options.resolve` reads anyway, so the
 unit itself names no cluster setting. ``spillway.service`` and ``spillway.env`` in this
 directory are the renderings with the defaults below.
 """

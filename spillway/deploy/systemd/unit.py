@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.options import OPTIONS, Options
+from spillway.options.errors import OptionsError
+from spillway.options.settings import OPTIONS, Options
 
 HERE = Path(__file__).parent
 

@@ -41,7 +41,7 @@ import resource
 import socket
 from typing import Any
 
-from spillway.cluster.errors import OptionsError
+from spillway.options.errors import OptionsError
 
 
 def _response(status: bytes, text: bytes, extra: bytes = b"") -> bytes:

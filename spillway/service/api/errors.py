@@ -62,7 +62,7 @@ def named(error: dict) -> dict:
     if (tuple(error.get("loc", ())) == ("body", "workflow") and error.get("type") == "literal_error"
             and isinstance(name, str) and 0 < len(name) <= 64 and name.isprintable()):
         from spillway import workflows
-        from spillway.cluster.errors import ParamError
+        from spillway.options.errors import ParamError
 
         try:
             workflows.get(name)

@@ -13,8 +13,8 @@ from fastapi import APIRouter, Header, HTTPException, Path, Query, Response
 from fastapi.responses import JSONResponse
 
 from spillway import workflows
-from spillway.cluster.errors import AdmissionError, ParamError
-from spillway.cluster.sizes import format_bytes
+from spillway.options.errors import AdmissionError, ParamError
+from spillway.options.sizes import format_bytes
 from ..jobdb import CLUSTER_JOB_BYTES, QuotaExceeded
 from . import schemas
 from .deps import JobDB, Queue, Tenant

@@ -25,7 +25,7 @@ import anyio
 from fastapi import HTTPException, Request
 from fastapi.routing import APIRoute
 
-from spillway.cluster.sizes import format_bytes
+from spillway.options.sizes import format_bytes
 from .settings import ServiceLimits
 
 class RequestLimits:

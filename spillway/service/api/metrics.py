@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from spillway.cluster.plugins import worker_snapshot
+from spillway.launch.plugins import worker_snapshot
 from ..jobdb.health import Unavailable
 from . import schemas
 from .deps import Tenant
@@ -22,11 +22,11 @@ router = APIRouter(tags=["service"], route_class=OffLoopJSONRoute)
 
 def _device_memory(dask_worker):
     """(used, total) bytes of the worker's GPU, or None on a CPU worker."""
-    from spillway.cluster.plugins import PLUGIN_NAME
+    from spillway.launch.plugins import PLUGIN_NAME
 
     if getattr(dask_worker.plugins.get(PLUGIN_NAME), "kind", "cpu") != "gpu":
         return None
-    from spillway.cluster.gpus import discover
+    from spillway.options.gpus import discover
 
     inventory = discover()  # honours CUDA_VISIBLE_DEVICES: GPU 0 is this worker's
     if not len(inventory):

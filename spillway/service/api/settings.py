@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from spillway.cluster.errors import OptionsError
-from spillway.cluster.sizes import parse_size
+from spillway.options.errors import OptionsError
+from spillway.options.sizes import parse_size
 from .connections import Exempt
 
 DEFAULT_MAX_REQUEST_BYTES = 2**20

@@ -16,7 +16,7 @@ The package holds :mod:`.connection` (the HTTP client, on httpx, an extra), :mod
 
 from spillway.workflows.outputs import open_output
 
-from spillway.cluster.errors import ServiceError
+from spillway.options.errors import ServiceError
 from .connection import ServiceClient, connect
 from .jobs import Job, JobFailed, JobResult
 

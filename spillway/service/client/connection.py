@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from spillway.cluster.errors import ServiceError
+from spillway.options.errors import ServiceError
 from .jobs import Job
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from spillway.run.html_tables import STATE_COLOURS, escape, pairs, table
-from spillway.cluster.sizes import format_bytes
+from spillway.options.sizes import format_bytes
 
 
 def job_html(record: Mapping) -> str:

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from spillway.workflows.outputs import open_output
 
-from spillway.cluster.errors import ServiceError, SpillwayError
+from spillway.options.errors import ServiceError, SpillwayError
 
 
 class Requests(Protocol):

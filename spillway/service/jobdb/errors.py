@@ -1,6 +1,6 @@
 """The job database's own error: a database it cannot open, or a request it refuses."""
 
-from spillway.cluster.errors import SpillwayError
+from spillway.options.errors import SpillwayError
 
 
 class JobDBError(SpillwayError):

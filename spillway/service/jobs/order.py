@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from spillway.cluster.sizes import format_bytes
+from spillway.options.sizes import format_bytes
 
 
 def _eligible(queued: list[dict], per_tenant: Counter, last_started: Mapping | None = None) -> list[dict]:

@@ -23,8 +23,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from spillway.cluster.errors import ParamError
-from spillway.cluster.memory.admission import Capacity, admit, cluster_capacity
+from spillway.options.errors import ParamError
+from spillway.memory.admission import Capacity, admit, cluster_capacity
 from spillway.run.progress import client_progress
 from spillway.run.compute import run_workflow
 from spillway.run.target import target_of
@@ -72,7 +72,7 @@ def tenant_dir_name(tenant: str) -> str:
 
 
 class JobQueue:
-    """Runs the queue kept in ``jobdb`` on ``session`` (a :class:`spillway.cluster.launch.Session`)."""
+    """Runs the queue kept in ``jobdb`` on ``session`` (a :class:`spillway.launch.Session`)."""
 
     def __init__(self, jobdb: JobDB, session, *, results_dir: str | None = None,
                  input_roots: tuple[str, ...] = (), poll_s: float = 0.25,
@@ -142,7 +142,7 @@ class JobQueue:
     def footprint(self, workflow: str, params: dict, *, output: bool = False,
                   tiers: Capacity | None = None) -> int:
         """Validate a submission against the workflow on this cluster; the projected
-        bytes. Raises :class:`~spillway.cluster.errors.ParamError` (or AdmissionError) with the bad
+        bytes. Raises :class:`~spillway.options.errors.ParamError` (or AdmissionError) with the bad
         value and the limit, before anything is queued. ``tiers``: the cluster's, where
         the caller asked them already (:meth:`tiers` otherwise).
 

@@ -55,7 +55,7 @@ that holds or wants it, so nothing passes through the client:
   ``meta`` (which says NumPy for many graphs that make CuPy chunks).
 
 A user's own ``da.to_zarr`` / ``xarray.to_zarr`` of CuPy chunks goes through zarr; on GPU
-workers zarr copies device chunks to the host as it takes them in (:mod:`.buffers`).
+workers zarr copies device chunks to the host as it takes them in (:mod:`spillway.memory.zarr_buffer`).
 
 Whichever way a chunk goes, its values are the same bit for bit: uncompressed bytes are
 the array's bytes, and zstd is lossless. Where KvikIO or nvCOMP is missing, or a chunk
@@ -81,7 +81,7 @@ never imports them.
   while read, piece by piece;
 * :mod:`.fallback` and :mod:`.counters`: the fallbacks to zarr (logged once per worker),
   and the zstd bytes each process decoded, on the GPU and on the host;
-* :mod:`.buffers`: the host buffer that lets zarr take device chunks.
+* :mod:`spillway.memory.zarr_buffer`: the host buffer that lets zarr take device chunks.
 
 (The package is imported as ``spillway.workflows.zarr``; inside it, ``import zarr`` is
 the zarr library, imports being absolute.)

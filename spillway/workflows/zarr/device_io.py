@@ -203,7 +203,7 @@ def _exit_handler() -> None:
 def _close_on_teardown() -> None:
     """Have the worker plugin's teardown run :func:`close_all` while the CUDA context is
     alive (the cluster knows no workflow: the module that makes the resources says so)."""
-    from spillway.cluster.plugins import on_teardown
+    from spillway.launch.plugins import on_teardown
 
     on_teardown(close_all)
 

@@ -52,7 +52,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from spillway.cluster.options import worker_value
+from spillway.options.settings import worker_value
 
 from .counters import count_stage
 
@@ -82,7 +82,7 @@ def _budget() -> int:
     chosen = worker_value("zarr_decode_buffer_bytes")
     if chosen:
         return chosen
-    from spillway.cluster.memory.growth import host_total
+    from spillway.memory.growth import host_total
 
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     share = BUFFER_SHARE / max(1, len(visible))  # one worker per GPU on this host
@@ -105,7 +105,7 @@ class BufferSet:
     def __init__(self, budget: int, alloc: Callable[[int], np.ndarray] | None = None, pinned=None):
         self.budget = int(budget)
         self._alloc = alloc or (lambda n: np.empty(n, dtype=np.uint8))
-        #: the tiered store's host buffers (:class:`~spillway.cluster.memory.host.HostBuffers`)
+        #: the tiered store's host buffers (:class:`~spillway.memory.host.HostBuffers`)
         #: on a worker that has one: buffers that go to the device are slices of its
         #: pinned arena while it has room (already pinned: the copy runs at the pinned rate,
         #: with no pinning cost), counted in the store's summary as arena bytes in use
@@ -389,7 +389,7 @@ def decoder() -> HostDecoder:
     with _decoder_lock:
         if _decoder is None:
             _decoder = HostDecoder(_threads(), _budget(), _store_host_buffers())
-            from spillway.cluster.plugins import on_teardown
+            from spillway.launch.plugins import on_teardown
 
             on_teardown(close)  # the worker's teardown stops the pool while CUDA is alive
         return _decoder
@@ -403,7 +403,7 @@ def _store_host_buffers():
         data = get_worker().data
     except (ImportError, ValueError):
         return None
-    from spillway.cluster.memory.store import TieredStore
+    from spillway.memory.store import TieredStore
 
     return data.host if isinstance(data, TieredStore) else None
 

@@ -26,7 +26,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 
 #: how a directory on the way down is opened: a handle to walk from, no read permission
 #: needed (directories above a data directory are often search-only), no link followed

@@ -49,7 +49,7 @@ def available() -> bool:
 
 def piece_bytes() -> int:
     """The ``zarr-decode-piece-bytes`` option as this worker was given it."""
-    from spillway.cluster.options import worker_value
+    from spillway.options.settings import worker_value
 
     return worker_value("zarr_decode_piece_bytes")
 

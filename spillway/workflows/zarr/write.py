@@ -52,8 +52,8 @@ def write_chunk(block, files: ChunkFiles, block_info=None):
     in every dimension, summed by :func:`store`). Decided by the block, not the graph's
     meta: a device block goes straight from the device with KvikIO (copied to the host
     and written by zarr without it), a host block is written by zarr. A write the OS
-    refuses raises :class:`~spillway.cluster.errors.StoreWriteError`."""
-    from spillway.cluster.errors import StoreWriteError
+    refuses raises :class:`~spillway.options.errors.StoreWriteError`."""
+    from spillway.options.errors import StoreWriteError
 
     try:
         return _write_chunk(block, files, block_info)
@@ -76,7 +76,7 @@ def _write_chunk(block, files: ChunkFiles, block_info):
                       "written by zarr (install spillway[cuda13] or [cuda12])")
     import zarr
 
-    from spillway.cluster.zarr_buffer import to_host
+    from spillway.memory.zarr_buffer import to_host
 
     region = tuple(slice(int(a), int(b)) for a, b in info["array-location"])
     host = to_host(block)

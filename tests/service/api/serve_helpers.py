@@ -123,7 +123,7 @@ def owner_client(state_dir, timeout: str = "20s"):
 
     from distributed import Client
 
-    from spillway.cluster.options import tls_security
+    from spillway.options.settings import tls_security
 
     owner = json.loads((Path(state_dir) / "scheduler.json").read_text())
     tls = owner.get("tls") or {}

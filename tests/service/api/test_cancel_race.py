@@ -12,8 +12,8 @@ import pytest
 
 import spillway.service.jobs.queue as scheduler_module
 from spillway.service.jobs.queue import JobQueue
-from spillway.cluster.launch import open_cluster
-from spillway.cluster.options import Options
+from spillway.launch import open_cluster
+from spillway.options.settings import Options
 from spillway.service.jobdb import JobDB
 
 JOB = {"workflow": "slice", "params": {"size": [400, 400], "chunks": [100, 100], "step": 1}, "verify": True,

@@ -14,7 +14,7 @@ from serve_helpers import Server, add_tenant
 
 from reference_inputs import uniform_numpy
 import spillway
-from spillway.cluster.gpus import discover
+from spillway.options.gpus import discover
 from spillway.workflows.workflow import relative_error
 
 pytestmark = pytest.mark.gpu

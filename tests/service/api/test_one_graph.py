@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from spillway import workflows
-from spillway.cluster.errors import AdmissionError
-from spillway.cluster.launch import open_cluster
-from spillway.cluster.memory.admission import Capacity
-from spillway.cluster.options import Options
+from spillway.options.errors import AdmissionError
+from spillway.launch import open_cluster
+from spillway.memory.admission import Capacity
+from spillway.options.settings import Options
 from spillway.service.jobdb import JobDB
 from spillway.service.jobs.queue import JobQueue, _Running
 from spillway.workflows import registry

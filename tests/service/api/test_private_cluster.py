@@ -9,7 +9,7 @@ missing): a child that drops to its uid and gid with setuid/setgid (see :data:`A
 which needs root; elsewhere the test is skipped saying so. The data
 plane is not among the ports here: it runs over UCX only and is off on these TLS clusters
 (its own check of a per-cluster secret is tested over UCXX in
-tests/cluster/test_dataplane.py)."""
+tests/datapath/test_dataplane.py)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from sqlalchemy.exc import OperationalError
 import spillway.service.jobs.queue as scheduler_module
 from spillway.service.jobdb import JobDB
 from spillway.service.jobs.queue import JobQueue
-from spillway.cluster.launch import open_cluster
-from spillway.cluster.options import Options
+from spillway.launch import open_cluster
+from spillway.options.settings import Options
 
 JOB = {"workflow": "slice", "params": {"size": [400, 400], "chunks": [100, 100], "step": 1}, "verify": True,
        "priority": 0, "idempotency_key": None, "footprint_bytes": 1, "output": False}

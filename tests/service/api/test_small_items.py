@@ -14,7 +14,7 @@ from unittest import mock
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from spillway.cluster.errors import ParamError
+from spillway.options.errors import ParamError
 from spillway.service.api.auth import AuthFailures
 from spillway.service.api.errors import unavailable
 from spillway.service.api.log_text import printable

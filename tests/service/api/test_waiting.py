@@ -12,8 +12,8 @@ import pytest
 from spillway.service.jobdb import JobDB
 from spillway.service.jobs.order import memory_reason, waiting_reasons
 from spillway.service.jobs.queue import JobQueue
-from spillway.cluster.launch import open_cluster
-from spillway.cluster.options import Options
+from spillway.launch import open_cluster
+from spillway.options.settings import Options
 
 GiB = 2**30
 
@@ -97,6 +97,6 @@ def test_a_job_past_the_workers_memory_runs_alone_and_the_next_waits(session, tm
 
 
 def _fmt(n):
-    from spillway.cluster.sizes import format_bytes
+    from spillway.options.sizes import format_bytes
 
     return format_bytes(n)

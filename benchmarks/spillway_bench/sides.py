@@ -1,0 +1,46 @@
+"""The sides a workload runs on: which cluster each one starts, and the dask settings its
+graph is built under.
+
+Every workload runs on ``spillway`` and ``baseline``. The out-of-core rows (O3, O4) add
+``tasks_method``: spillway's cluster at the same defaults, with the user's rechunk built
+by dask's task-based method, so the row says what spillway's own routing of the rechunk
+gains over dask's other method on the same cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _spillway_session(config: Mapping) -> dict:
+    """What ``spillway.local()`` sets for the user's code while its cluster is open: a
+    rechunk whose method the user left unset takes P2P, which spillway's clusters route to
+    their collective (:func:`spillway.clusters.base.session_config`)."""
+    from spillway.clusters.base import session_config
+
+    return session_config(config)
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    #: the cluster it starts: "spillway" or "baseline"
+    cluster: str
+    #: (dask's config now) -> the settings the graph is built under
+    build_config: Callable[[Mapping], Mapping[str, Any]] = field(default=lambda config: {})
+    #: one line for the report
+    what: str = ""
+
+
+SPILLWAY = Side("spillway", "spillway", _spillway_session,
+                "spillway's cluster at its defaults, the user's code as `spillway.local()` runs it")
+TASKS_METHOD = Side("tasks_method", "spillway", lambda config: {"array.rechunk.method": "tasks"},
+                    "spillway's cluster at the same defaults, the graph built under "
+                    "dask.config.set({'array.rechunk.method': 'tasks'})")
+BASELINE = Side("baseline", "baseline", what="plain dask-cuda (distributed on CPU), the same user code")
+
+#: every side by name, in the order the reports list them
+SIDES: dict[str, Side] = {s.name: s for s in (SPILLWAY, TASKS_METHOD, BASELINE)}
+NAMES = tuple(SIDES)

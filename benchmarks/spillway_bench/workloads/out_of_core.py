@@ -1,0 +1,119 @@
+"""O3 and O4: W3's rechunk and W4's FFT as a user writes them, past the GPUs' memory, in
+every plain ``spillway bench``.
+
+A user persists an array and calls ``x.rechunk(...)`` with no method (O3: float64 row
+panels to column panels) or ``da.fft.fft(x.rechunk({0: -1, 1: panel}), axis=0)`` (O4:
+complex128 square chunks); the timed part persists the result. At ``full`` the run's peak
+footprint, input and output held together, is :func:`footprint_factor` times the GPUs'
+memory: 1.5x with two GPUs or more, 2.5x on one, where a single worker's device, pinned
+host and disk must all take part.
+
+Each side runs on a cluster started for it alone, and its first run (no warm-up before
+it) is the headline, ``first_s``: what a user meets on a fresh cluster, and where a
+regression in how the tiers fill first shows (a user's rechunk and FFT past the GPUs got
+5-6x slower while every in-memory row spilled nothing). Three sides: ``spillway`` (its
+defaults, as ``spillway.local()`` runs user code), ``tasks_method`` (the same cluster, the
+graph built with dask's task-based rechunk) and ``baseline`` (plain dask-cuda, whose
+failure is recorded as its result).
+
+The results are checked without gathering the array: O3's column and row sums against
+the input's, O4's row 0 (the column sums of x) and each column's energy (Parseval)
+against NumPy float64 from the seed (:mod:`spillway_bench.reference`).
+"""
+
+from __future__ import annotations
+
+from . import expressions as ex
+from .checked import side_for
+from .workload import Workload
+
+#: the peak footprint over the GPUs' memory at full size, by how many GPUs hold it
+FOOTPRINT_MANY_GPUS = 1.5
+FOOTPRINT_ONE_GPU = 2.5
+#: rows of an input panel and columns of an output panel (W3's and W4's)
+PANEL = 1000
+#: the side of O4's square input chunks (W4's)
+FFT_CHUNK = 5000
+#: where no GPU sizes ``full`` (CPU workers): as for the issue's host, two H200s
+NOMINAL_GPUS = (2, 2 * 141 * 10**9)
+
+
+def footprint_factor(gpus: int) -> float:
+    """The peak footprint over the GPUs' total memory at full size."""
+    return FOOTPRINT_ONE_GPU if gpus <= 1 else FOOTPRINT_MANY_GPUS
+
+
+def panels(n: int, panel: int) -> dict:
+    """A float64 n x n array in row panels, rechunked to column panels."""
+    return {"shape": (n, n), "chunks": (panel, n), "dtype": "float64", "out_shape": (n, n),
+            "to_chunks": (n, panel), "out_chunks": (n, panel), "panel": panel}
+
+
+def squares(n: int, chunk: int, panel: int) -> dict:
+    """A complex128 n x n array in square chunks, transformed along axis 0 in column panels."""
+    return {"shape": (n, n), "chunks": (chunk, chunk), "dtype": "complex128", "out_shape": (n, n),
+            "to_chunks": (n, panel), "out_chunks": (n, panel), "panel": panel}
+
+
+def o3_full(device_bytes: int, gpus: int) -> dict:
+    # input and output, float64 each
+    n = side_for(footprint_factor(gpus) * device_bytes, arrays=2, itemsize=8, step=PANEL)
+    return panels(n, PANEL)
+
+
+def o4_full(device_bytes: int, gpus: int) -> dict:
+    # input and output, complex128 each
+    n = side_for(footprint_factor(gpus) * device_bytes, arrays=2, itemsize=16, step=PANEL)
+    return squares(n, FFT_CHUNK, PANEL)
+
+
+def _o3_check(y):
+    return y.sum(axis=0), y.sum(axis=1)
+
+
+def _o3_reference(p, seed):
+    from ..reference import column_and_row_sums
+
+    return column_and_row_sums(p["shape"], seed, p["dtype"])
+
+
+def _o4_check(big):
+    # real**2 + imag**2 rather than abs()**2: no square root to round
+    return big[0, :], (big.real ** 2 + big.imag ** 2).sum(axis=0)
+
+
+def _o4_reference(p, seed):
+    from ..reference import fft_axis0_checks
+
+    return fft_axis0_checks(p["shape"], seed)
+
+
+#: a baseline's failure is its result, not a failed bench: the row is there to time
+#: spillway against what a user of plain dask-cuda meets, failures included
+BASELINE_FAILURE = ("plain dask-cuda past the GPUs' memory, dask's default rechunk method: a failure is "
+                    "its result (B5's P2P rechunk failed in its transfer phase on the GPU host)")
+
+_COMMON = dict(
+    workflow=None, sides=("spillway", "tasks_method", "baseline"), fresh_cluster=True, user_code=True,
+    footprint=2, baseline_expected_failure=BASELINE_FAILURE,
+)
+
+O3 = Workload(
+    name="O3", title="x.rechunk(row to column panels) as a user writes it, out of core",
+    # full: sized from the machine; 1000-row panels to 1000-column panels (W3's)
+    sizes={"full": o3_full(NOMINAL_GPUS[1], NOMINAL_GPUS[0]),
+           "small": panels(60000, 1000),
+           "tiny": panels(2000, 50)},
+    direct=ex.rechunk_user, check=_o3_check, reference=_o3_reference, machine_sized=o3_full, **_COMMON,
+)
+
+O4 = Workload(
+    name="O4", title="fft(x.rechunk({0: -1, 1: panel}), axis=0) as a user writes it, out of core",
+    # full: sized from the machine; 5000^2 chunks to 1000-column panels (W4's)
+    sizes={"full": o4_full(NOMINAL_GPUS[1], NOMINAL_GPUS[0]),
+           "small": squares(40000, 5000, 1000),
+           "tiny": squares(1024, 256, 64)},
+    direct=ex.fft_user, check=_o4_check, reference=_o4_reference, machine_sized=o4_full, **_COMMON,
+)
+
+OUT_OF_CORE = (O3, O4)

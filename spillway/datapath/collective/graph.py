@@ -1,0 +1,82 @@
+"""A rechunk as a collective, as a dask array: one cut a input chunk, one barrier a
+partial, one assembly an output chunk (:mod:`.exchange`), so the task count grows with
+the chunks, not with chunks x chunks as dask's task-based rechunk does."""
+
+from __future__ import annotations
+
+import math
+
+from .exchange import assemble, barrier, cut, direct
+from .layout import plan_of
+from .names import BARRIER_PREFIX, CUT_PREFIX, OUTPUT_PREFIX, pieces_name
+from .plan import Plan
+from .way import TASKS, cluster_room, way
+
+
+def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
+    """``x`` rechunked to ``chunks`` (anything ``dask.array.rechunk`` takes), through the
+    collective where pieces of several inputs meet in several outputs and they fit the
+    workers' fastest tier beside what the cluster holds (``room``, asked of the default
+    client's scheduler where not given: :mod:`.way`); a rechunk that only splits or only
+    merges chunks, or would not fit, is dask's own."""
+    import dask.array as da
+    from dask.array.utils import meta_from_array
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    chunks = _normalized(x, chunks)
+    if chunks == x.chunks:
+        return x
+    plan = plan or plan_of(x.chunks, chunks)
+    if not plan.exchanges:
+        return x.rechunk(chunks, method="tasks")
+    exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
+                    for i in p.inputs) * x.dtype.itemsize
+    if way(exchanged, room if room is not None else cluster_room()) == TASKS:
+        return x.rechunk(chunks, method="tasks")
+    token = tokenize(x, chunks)
+    out_name = OUTPUT_PREFIX + token
+    cut_name, barrier_name = CUT_PREFIX + token, BARRIER_PREFIX + token
+    spec = (x.chunks, chunks)
+    cuts, barriers, outputs = {}, {}, {}
+    for p, partial in enumerate(plan.partials):
+        if not partial.exchanges:
+            # a split or a merge: each output chunk from its inputs as they are (a cut, a
+            # barrier and an assembly alone would be fused into one task by dask, and
+            # leave its pieces behind with no barrier to end them)
+            for index in partial.outputs:
+                inputs, places = [], []
+                for i, dst in plan.parts_of(index):
+                    src = next(src for j, src in plan.pieces_of(i) if j == index)
+                    inputs.append((x.name, *i))
+                    places.append((src, dst))
+                outputs[(out_name, *index)] = (direct, inputs, places, plan.output_shape(index))
+            continue
+        pieces = pieces_name((barrier_name, p))
+        for index in partial.inputs:
+            cuts[(cut_name, *index)] = (cut, (x.name, *index), pieces, index, spec, p)
+        barriers[(barrier_name, p)] = (barrier, pieces, list(partial.inputs),
+                                       *[(cut_name, *i) for i in partial.inputs])
+        for index in partial.outputs:
+            outputs[(out_name, *index)] = (assemble, (barrier_name, p), pieces, index, spec, p)
+    # the cuts' layer says the input's chunks: the capacity check counts each cut's pieces
+    # as its input chunk's bytes (:mod:`spillway.memory.graph_bytes`)
+    array_info = {"type": type(x), "chunks": x.chunks, "dtype": x.dtype}
+    layers = {
+        cut_name: MaterializedLayer(cuts, collection_annotations=array_info),
+        barrier_name: MaterializedLayer(barriers),
+        out_name: MaterializedLayer(outputs),
+    }
+    dependencies = {cut_name: set(x.__dask_layers__()), barrier_name: {cut_name},
+                    out_name: {barrier_name, *x.__dask_layers__()}}
+    graph = HighLevelGraph.merge(x.dask, HighLevelGraph(layers, dependencies))
+    return da.Array(graph, out_name, chunks, meta=meta_from_array(x))
+
+
+def _normalized(x, chunks):
+    from dask.array.core import normalize_chunks
+
+    if isinstance(chunks, dict):
+        chunks = tuple(chunks.get(d, chunks.get(d - x.ndim, x.chunks[d])) for d in range(x.ndim))
+    chunks = tuple(x.chunks[d] if c is None else c for d, c in enumerate(chunks))
+    return normalize_chunks(chunks, x.shape, dtype=x.dtype, previous_chunks=x.chunks)

@@ -1,0 +1,60 @@
+"""Users' own rechunks take the collective on a spillway cluster, unchanged.
+
+dask picks a rechunk's method by itself (``array.rechunk.method``, else the task-based
+method for small graphs and peer-to-peer for large ones once a distributed client is
+about) and then calls ``distributed.shuffle.rechunk_p2p``, looked up at each call (the
+seam ``rechunk_p2p`` of :mod:`spillway.upstream`). While a
+process has a client of a spillway cluster open, that name is :func:`rechunk_p2p` here:
+on the clusters whose schedulers carry the collective's plugin it is the collective
+(dask's P2P sizes its shards with ``memoryview`` and stages them through host memory and
+disk, which CuPy chunks cannot take), and it hands any other client's rechunk to
+distributed's own function unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from spillway.upstream import route_p2p_rechunk, unroute_p2p_rechunk
+
+#: addresses of the schedulers whose clusters run the collective
+SCHEDULERS: set[str] = set()
+_lock = threading.Lock()
+_original = None
+
+
+def rechunk_p2p(x, chunks, threshold=None, block_size_limit=None, balance=False, **kwargs):
+    if _on_spillway():
+        from .graph import rechunk
+
+        return rechunk(x, chunks)
+    return _original(x, chunks, threshold=threshold, block_size_limit=block_size_limit, balance=balance, **kwargs)
+
+
+def _on_spillway() -> bool:
+    try:
+        from distributed import default_client
+
+        return default_client().scheduler.address in SCHEDULERS
+    except (ImportError, ValueError, AttributeError):
+        return False
+
+
+def use_on(scheduler_address: str) -> None:
+    """Route dask's peer-to-peer rechunks on this scheduler's cluster to the collective."""
+    global _original
+    with _lock:
+        SCHEDULERS.add(scheduler_address)
+        if _original is not None:
+            return
+        _original = route_p2p_rechunk(rechunk_p2p)
+
+
+def stop_using(scheduler_address: str) -> None:
+    global _original
+    with _lock:
+        SCHEDULERS.discard(scheduler_address)
+        if SCHEDULERS or _original is None:
+            return
+        unroute_p2p_rechunk(_original)
+        _original = None

@@ -1,0 +1,426 @@
+"""A cluster from the options: the plan against this machine, the backend that starts the
+workers (or the scheduler attached to), the client, spillway's worker plugins, and the
+:class:`Session` that :func:`open_cluster` yields."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from spillway.options.errors import GpusBusy, OptionsError
+from spillway.options.gpus import Inventory, discover
+from spillway.options.settings import Options
+from .backend import backend_for
+from .closing import close_cluster, close_timeout_s
+from .main_guard import check_main_guard
+from .plan import HostProbe, LaunchPlan, plan
+from .spec import WorkerSpec, worker_specs
+from .tls import temporary_tls
+from .ucx_env import quiet_ucx
+
+logger = logging.getLogger("spillway")
+
+#: seconds the workers of a new cluster have to register (a pinned pool of tens of GB
+#: takes about half a minute per worker to take)
+START_TIMEOUT_S = 120
+
+
+@dataclass
+class Session:
+    client: Any
+    cluster: Any
+    plan: LaunchPlan
+    options: Options
+    #: "gpu" or "cpu": what the workers compute on (read from the workers when attached)
+    kind: str
+    n_workers: int
+
+    @property
+    def scheduler_address(self) -> str:
+        return self.client.scheduler.address
+
+    @property
+    def dashboard_link(self) -> str | None:
+        try:
+            return self.client.dashboard_link
+        except Exception:
+            return None
+
+    def write_scheduler_file(self, path: str) -> None:
+        """distributed's scheduler file, with the cluster's TLS files beside the address where
+        it has them (``security: true`` makes them where only this session knows): a client
+        attaching with ``--scheduler-file`` reads both. Readable by its owner only then."""
+        self.client.write_scheduler_file(path)
+        options = self.options
+        if options.tls_ca_file:
+            import json
+
+            with open(path) as f:
+                info = json.load(f)
+            info["tls"] = {"tls_ca_file": options.tls_ca_file, "tls_cert": options.tls_cert,
+                           "tls_key": options.tls_key}
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(info, f)
+
+
+def start_cluster(options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...] = ()):
+    """The cluster object for a local plan (None when attaching), from the backend of the
+    plan's kind (:mod:`.backend`); ``specs``: the GPU workers' (:func:`~.spec.worker_specs`)."""
+    return backend_for(launch.kind).start(options, launch, specs)
+
+
+#: seconds a new cluster waits for GPUs another process holds: a cluster that is closing
+#: gives its pool back within seconds, and back-to-back runs should not fail on it
+GPU_BUSY_WAIT_S = 20.0
+
+
+def plan_when_free(options: Options, host: HostProbe, *, wait_s: float = GPU_BUSY_WAIT_S) -> LaunchPlan:
+    """The plan against this machine's GPUs as they are now, reading them again each
+    second for up to ``wait_s`` while one is held by another process; then the plan's
+    one-line refusal with the numbers."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            return plan(options, discover(), host)
+        except GpusBusy as e:
+            if time.monotonic() >= deadline:
+                raise
+            if not said:
+                logger.warning("%s; waiting up to %.0f s for it", e, wait_s)
+                said = True
+            time.sleep(1.0)
+
+
+#: seconds a client waits for a scheduler it attaches to
+ATTACH_TIMEOUT_S = 30
+
+
+def connect_client(options: Options, cluster=None):
+    """A client of ``cluster``, else of the scheduler the options name: a scheduler file
+    that is not there, or an address nothing answers on, is refused in one line (distributed
+    waits for a missing file for ever)."""
+    from distributed import Client
+
+    if cluster is not None:
+        return Client(cluster, security=options.dask_security)
+    if options.scheduler_file:
+        if not os.path.isfile(options.scheduler_file):
+            raise OptionsError(f"scheduler-file: {options.scheduler_file!r} does not exist (`spillway up "
+                               "--scheduler-file-out` or a batch job writes one)")
+        where, kwargs = f"scheduler-file: the scheduler of {options.scheduler_file!r}", {
+            "scheduler_file": options.scheduler_file}
+        _refuse_stale(options.scheduler_file)
+    else:
+        where, kwargs = f"scheduler-address: {options.scheduler_address!r}", {"address": options.scheduler_address}
+    security = _attach_security(options)
+    _refuse_non_scheduler(where, kwargs.get("address") or _file_address(options.scheduler_file), security)
+    try:
+        return Client(**kwargs, security=security, timeout=f"{ATTACH_TIMEOUT_S}s")
+    except OSError as e:
+        # the timeout's text is distributed's: "Timed out trying to connect to ... after 30 s"
+        raise OptionsError(f"{where} did not answer: {_first_line(e)}") from None
+
+
+def _file_address(path: str) -> str | None:
+    import json
+
+    try:
+        with open(path) as f:
+            address = json.load(f)["address"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # distributed says what is wrong with the file itself
+    return address if isinstance(address, str) else None
+
+
+def _refuse_non_scheduler(where: str, address: str | None, security, timeout: float = ATTACH_TIMEOUT_S) -> None:
+    """Open one comm to ``address`` as the client will, within ``timeout`` seconds in all,
+    and refuse in one line an address whose listener is not a dask scheduler.
+
+    distributed's client bounds only the TCP connect by its timeout: its handshake then
+    waits for the peer's first message for ever (a web server answers nothing until it
+    has a request line), and decodes whatever comes as frames (bytes that are not
+    distributed's had it allocate exabytes). Nothing listening, or an unreachable host,
+    is said in distributed's words, once (the client would retry as long again)."""
+    if not address:
+        return
+    import asyncio
+    import concurrent.futures
+
+    from distributed.comm import CommClosedError, connect
+
+    async def handshake():
+        args = security.get_connection_args("client") if security is not None else {}
+        # a second past the connect's own retries, so that a timeout here is the handshake's
+        comm = await asyncio.wait_for(connect(address, timeout=timeout, **args), timeout + 1)
+        await comm.close()
+
+    # in a thread of its own: the caller may be a notebook, whose thread runs a loop already
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spillway-attach") as pool:
+        try:
+            pool.submit(asyncio.run, handshake()).result()
+        except TimeoutError:  # before OSError, of which it is one
+            raise OptionsError(f"{where} did not answer as a dask scheduler within {timeout:.0f} s: something "
+                               "listens there but sent no handshake (a web server? the dashboard's port?)") from None
+        except CommClosedError:  # the connect's retries end in a plain OSError: this is the handshake's
+            raise OptionsError(f"{where} is not a dask scheduler: it closed the connection during distributed's "
+                               "handshake (a web server? another service's port?)") from None
+        except OSError as e:
+            raise OptionsError(f"{where} did not answer: {_first_line(e)}") from None
+        except Exception as e:  # noqa: BLE001 - whatever the junk made the decoder raise
+            raise OptionsError(f"{where} is not a dask scheduler: what it sent is not distributed's handshake "
+                               f"({type(e).__name__}: {_first_line(e)[:120]})") from None
+
+
+def _attach_security(options: Options):
+    """The TLS of a client attaching: the options' files, else those a scheduler file names
+    (``spillway serve`` writes its cluster's, readable by its owner only, beside the address)."""
+    if options.tls_ca_file or not options.scheduler_file:
+        return options.dask_security
+    import json
+
+    from spillway.options.settings import tls_security
+
+    try:
+        with open(options.scheduler_file) as f:
+            tls = json.load(f).get("tls") or {}
+    except (OSError, ValueError, AttributeError):
+        return None  # distributed's own reading of the file says what is wrong with it
+    return tls_security(tls.get("tls_ca_file"), tls.get("tls_cert"), tls.get("tls_key"))
+
+
+
+def _refuse_stale(path: str) -> None:
+    """A scheduler file whose TCP address nothing listens on (left by a cluster that ended
+    without removing it) is refused at once, rather than after the client's whole timeout of
+    retries. Other protocols, and an address that answers, go on to the client."""
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    try:
+        with open(path) as f:
+            address = json.load(f)["address"]
+        url = urlsplit(address)
+        host, port = url.hostname, url.port
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # distributed says what is wrong with the file itself
+    if url.scheme not in ("tcp", "tls") or not host or not port:
+        return
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except ConnectionRefusedError:
+        raise OptionsError(f"scheduler-file: {path!r} names {address}, where nothing listens: the file of a "
+                           "cluster that has ended? (start one with `spillway up`, or remove the file)") from None
+    except OSError:
+        return  # unreachable or slow: the client's own timeout says it
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def register_plugins(client, options: Options) -> None:
+    """The scheduler's capacity check, spillway's worker plugins (and the nannies' death
+    relay) on the scheduler of ``client``: on the workers up now, and on every worker that
+    joins later (a cluster that scales registers them once, with no worker yet)."""
+    from spillway.memory.capacity import CapacityPlugin
+    from spillway.launch.plugins import WorkerSetup
+
+    _hold_to_the_tiers(client, CapacityPlugin)
+    client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand,
+                                       gc_freeze=options.gc_freeze))
+    if options.gc_freeze:
+        _settle_the_scheduler(client)
+    if options.data_plane:
+        from spillway.datapath.plane import DataPlanePlugin
+
+        client.register_plugin(DataPlanePlugin())
+    _relay_deaths(client)
+    _exchange_in_bulk(client, options)
+    _tighten_progress_net(client)
+
+
+def _tighten_progress_net(client) -> None:
+    """ucxx's safety net for missed wake-ups at a few milliseconds in this process and the
+    scheduler's, as :class:`~spillway.launch.plugins.WorkerSetup` sets it on the workers."""
+    from .. import upstream
+    from spillway.launch.plugins import PROGRESS_NET_S
+
+    upstream.tighten_progress_net(PROGRESS_NET_S)
+    try:
+        client.run_on_scheduler(upstream.tighten_progress_net, PROGRESS_NET_S)
+    except Exception as e:  # noqa: BLE001 (a scheduler without spillway keeps ucxx's 1 s)
+        logger.debug("the scheduler keeps ucxx's progress net: %s: %s", type(e).__name__, e)
+
+
+def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
+    """Register the capacity check and the worker plugins and return (kind, number of
+    workers)."""
+    if wait_for:
+        client.wait_for_workers(wait_for, timeout=timeout)
+    register_plugins(client, options)
+    # each worker's tiers reach the scheduler now, not at its next heartbeat: a graph sent
+    # at once is checked against them
+    client.run(_heartbeat, on_error="ignore")
+    if options.data_plane:
+        _planes_ready(client)
+    if options.gc_freeze:
+        _settle(client)
+    kinds = client.run(_worker_kind)
+    if not kinds:
+        raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")
+    values = set(kinds.values())
+    if len(values) > 1:
+        raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
+    return values.pop(), len(kinds)
+
+
+def _planes_ready(client) -> None:
+    """Return once every worker's data plane has its endpoints to the others and, on GPUs,
+    each peer's pool mapped: a cluster is ready when it says it is, and its first exchange
+    does not pay first contact (each plane bounds its wait:
+    :data:`~spillway.datapath.plane.plugin.READY_TIMEOUT_S`)."""
+    from spillway.datapath.plane.plugin import plane_ready
+
+    peers = {a: n for a, n in client.run(plane_ready, on_error="return").items() if isinstance(n, int)}
+    short = {a: n for a, n in peers.items() if n < len(peers) - 1}
+    if short:
+        logger.info("data plane: %d of %d workers reach fewer than all their peers yet (%s); those connect at "
+                    "their first gather", len(short), len(peers), ", ".join(f"{a}: {n}" for a, n in sorted(short.items())))
+
+
+def _settle(client) -> None:
+    """Every process of the cluster settled once it is ready, its modules and warm-ups
+    frozen out of later full collections (:mod:`~spillway.launch.collector`); before the first run,
+    not at its first quiet moment after a run that paid a full collection."""
+    from spillway.launch.collector import settle_server
+
+    took = client.run(settle_server, on_error="return")
+    try:
+        took["scheduler"] = client.run_on_scheduler(settle_server)
+    except Exception as e:  # noqa: BLE001 (a scheduler without spillway collects as Python does)
+        logger.debug("the scheduler is not settled: %s: %s", type(e).__name__, e)
+    logger.debug("settled: %s", {k: v for k, v in took.items() if isinstance(v, dict)})
+
+
+def _settle_the_scheduler(client) -> None:
+    """The scheduler's process settled at its quiet moments (:mod:`~spillway.launch.collector`)."""
+    from spillway.launch.collector import SchedulerSettle
+
+    try:
+        client.register_plugin(SchedulerSettle())
+    except Exception as e:  # noqa: BLE001 (a scheduler without spillway collects as Python does)
+        logger.debug("the scheduler will not be settled: %s: %s", type(e).__name__, e)
+
+
+def _hold_to_the_tiers(client, plugin_class) -> None:
+    """Every graph of every client is held against the tiers before it runs
+    (:mod:`~spillway.memory.capacity`); the workers report their tiers from their next heartbeat. A
+    scheduler that cannot load the plugin (attached, without spillway) runs graphs
+    unchecked, as distributed does, and the session says so."""
+    try:
+        client.register_plugin(plugin_class())
+    except Exception as e:  # noqa: BLE001 (the cluster runs without the check, as before it)
+        logger.warning("graphs on this scheduler are not checked against the workers' tiers: %s: %s",
+                       type(e).__name__, e)
+
+
+def _relay_deaths(client) -> None:
+    """Each nanny tells the scheduler why its worker died (:class:`.deaths.DeathRelay`), so
+    that a run names the reason; workers without a nanny have nobody to tell."""
+    from .deaths import DeathRelay
+
+    try:
+        client.register_plugin(DeathRelay())
+    except Exception as e:  # noqa: BLE001 (a lost worker is still named, without its reason)
+        logger.warning("the nannies will not report why a worker died: %s: %s", type(e).__name__, e)
+
+
+def _exchange_in_bulk(client, options: Options) -> None:
+    """Rechunks run as one collective (:mod:`~spillway.datapath.collective`): the scheduler spreads their
+    assemblies, and this process's dask hands its peer-to-peer rechunks to it. A scheduler
+    that cannot load the plugin still runs the collective, with every assembly where its
+    barrier ran."""
+    from spillway.datapath.collective import CollectivePlacement, use_on
+
+    try:
+        client.register_plugin(CollectivePlacement(fit_fraction=options.collective_group_fraction))
+    except Exception as e:  # noqa: BLE001
+        logger.warning("rechunks' assemblies will not be spread over the workers: %s: %s", type(e).__name__, e)
+    use_on(client.scheduler.address)
+
+
+def scheduler_workers(client) -> dict[str, dict]:
+    """The workers the scheduler has now, by address, asked of it. Not
+    ``client.scheduler_info(n_workers=-1)``, which fills the client's cached identity and
+    then reads it back: the client's periodic refresh asks for no workers, and where its
+    answer lands in between (a loaded machine widens the gap) the cluster reads empty."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
+def _arrived(client) -> int | None:
+    try:
+        return len(scheduler_workers(client))
+    except Exception:  # the scheduler may be gone too
+        return None
+
+
+async def _heartbeat(dask_worker):
+    await dask_worker.heartbeat()
+
+
+def _worker_kind(dask_worker):
+    from spillway.launch.plugins import PLUGIN_NAME
+
+    return dask_worker.plugins[PLUGIN_NAME].kind
+
+
+@contextlib.contextmanager
+def open_cluster(options: Options, *, inventory: Inventory | None = None,
+                 tls_dir: str | os.PathLike | None = None) -> Iterator[Session]:
+    """The session of a new cluster from ``options`` (or of the scheduler they name).
+    With ``security: true`` its TLS files are made first (:mod:`.tls`), in ``tls_dir``
+    where given (the service's state directory), and the session's options name them."""
+    # distributed (the worker plugins, the nannies' death relay) loads here and not with the
+    # package: a run refused before it starts is refused before distributed's import, which
+    # took 0.9-1.0 s of a 1.5 s refusal on the GPU hosts
+    from .deaths import start_failure, watch_worker_deaths
+
+    if not options.attach:
+        check_main_guard()
+    if inventory is None and not options.attach:
+        launch = plan_when_free(options, HostProbe.here())
+    else:
+        launch = plan(options, inventory or Inventory(), HostProbe.here())
+    for note in launch.notes:
+        logger.warning(note)
+    if launch.kind == "attach" or launch.protocol == "ucx":
+        quiet_ucx()  # this process and the workers it starts inherit it
+    with contextlib.ExitStack() as stack:
+        options = stack.enter_context(temporary_tls(options, tls_dir))
+        deaths = stack.enter_context(watch_worker_deaths())
+        specs = worker_specs(options, launch) if launch.kind == "gpu" else ()
+        cluster = start_cluster(options, launch, specs)
+        if cluster is not None:
+            # the plan's memory is each worker's share; a pool's fraction is of the whole GPU
+            timeout = max((close_timeout_s(s, m * s.workers_per_gpu) for s, m in zip(specs, launch.device_memory)),
+                          default=close_timeout_s(None))
+            # registered first, so it runs after the client's close: client, workers, scheduler
+            stack.callback(close_cluster, cluster, timeout)
+        client = connect_client(options, cluster)
+        stack.callback(client.close)
+        expected = launch.n_workers or 1
+        try:
+            kind, n = setup_workers(client, options, wait_for=expected, timeout=START_TIMEOUT_S)
+        except TimeoutError as e:
+            raise start_failure(expected, _arrived(client), START_TIMEOUT_S, deaths.messages) from e
+        yield Session(client=client, cluster=cluster, plan=launch, options=options, kind=kind, n_workers=n)

@@ -1,0 +1,253 @@
+"""The host tier: spilled segments in host buffers, and the buffers themselves (the pinned
+arena first, then pinned buffers taken on demand within the worker's pinned limit, then
+pageable buffers)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from .arena import Arena
+from .codecs import Alloc, HostCopy
+from .stats import MoveRates
+
+
+class HostBuffers:
+    """Host buffers for spilled values: slices of the pinned arena while it has room; past
+    it, pinned buffers taken on demand while the arena and those together stay within
+    ``pinned_limit`` bytes; past that, pageable buffers. Pageable copies are slower, but
+    page-locked memory cannot be swapped or reclaimed, and workers that pin more than
+    their share of the host are what the kernel's out-of-memory killer ends.
+
+    The arena may grow while the worker runs (:meth:`grow_arena`): its segments are taken
+    on a background thread, and until they are, values take the on-demand path. Segments
+    being taken count against ``pinned_limit`` from the moment they are reserved, so the
+    arena, the segments in flight and the on-demand buffers never pass it together.
+
+    Every buffer that takes new memory from the machine (on-demand pinned or pageable,
+    not an arena slice) is first announced to ``before_new(nbytes)``: the tiered store
+    gives host memory back there (values to disk) until the machine and the process have
+    room for it (:mod:`spillway.memory.books`). ``trim()`` gives back pinned
+    blocks cached by the on-demand allocator."""
+
+    def __init__(
+        self,
+        arena: Arena | None = None,
+        pinned: Callable[[int], np.ndarray] | None = None,
+        *,
+        pinned_limit: int | None = None,
+        pageable: Callable[[int], np.ndarray] | None = None,
+        trim: Callable[[], None] | None = None,
+    ):
+        self.arena = arena
+        self.pinned = pinned
+        self.pinned_limit = pinned_limit
+        self.pageable = pageable or (lambda n: np.empty(n, dtype=np.uint8))
+        #: bytes of on-demand pinned buffers handed out and not yet released
+        self.pinned_bytes = 0
+        #: bytes handed out as pageable buffers since the start (past the pinned limit)
+        self.pageable_total = 0
+        #: bytes of pageable buffers handed out and not yet released
+        self.pageable_bytes = 0
+        #: called with the bytes of each buffer about to take new memory (see above)
+        self.before_new: Callable[[int], None] | None = None
+        self.trim = trim
+        #: the largest buffer asked for so far (the arena's growth sizes segments from it)
+        self.largest_request = 0
+        #: the background thread growing the arena, if any
+        self.growth = None
+        #: set by the first buffer the arena could not give: from then on the growth pins
+        #: its segments without waiting for a quiet worker (the host tier is in use)
+        self.wanted = threading.Event()
+        self._arena_reserved = 0  # segments being taken, not yet in the arena
+        self._on_demand: dict[int, int] = {}
+        self._pageable: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        if nbytes > self.largest_request:
+            self.largest_request = nbytes
+        view = self._from_arena(nbytes)
+        if view is not None:
+            return view
+        self.missed_arena()
+        if self.before_new is not None:
+            self.before_new(nbytes)
+            # what it wrote to disk may have freed arena slices
+            view = self._from_arena(nbytes)
+            if view is not None:
+                return view
+        if self.pinned is not None:
+            with self._lock:
+                take = self._within_pinned_limit(nbytes)
+                if take:
+                    self.pinned_bytes += nbytes
+            if take:
+                try:
+                    buffer = self.pinned(nbytes)
+                except BaseException:
+                    with self._lock:
+                        self.pinned_bytes -= nbytes
+                    raise
+                with self._lock:
+                    self._on_demand[_address(buffer)] = nbytes
+                return buffer
+        buffer = self.pageable(nbytes)
+        with self._lock:
+            self.pageable_total += nbytes
+            self.pageable_bytes += nbytes
+            self._pageable[_address(buffer)] = nbytes
+        return buffer
+
+    def missed_arena(self) -> None:
+        """A buffer that should have been pinned found no arena slice: the arena's growth
+        pins its segments from now on without waiting for a quiet worker (:attr:`wanted`)."""
+        if not self.wanted.is_set():
+            self.wanted.set()
+
+    def _from_arena(self, nbytes: int) -> np.ndarray | None:
+        arena = self.arena
+        return arena.allocate(nbytes) if arena is not None else None
+
+    def arena_fits(self, nbytes: int) -> bool:
+        """Whether one slice of ``nbytes`` fits the arena now (a fragmented arena with that
+        much free in all may not hold it in one piece)."""
+        arena = self.arena
+        return arena is not None and arena.fits(nbytes)
+
+    @property
+    def held_bytes(self) -> int:
+        """Host memory these buffers hold from the machine: the arena (taken whole, used
+        or not), segments being taken, on-demand pinned and pageable buffers in use."""
+        with self._lock:
+            return self._held() + self.pageable_bytes
+
+    def release(self, buffer: np.ndarray) -> None:
+        arena = self.arena
+        if arena is not None and arena.owns(buffer):
+            arena.free(buffer)
+            return
+        address = _address(buffer)
+        with self._lock:
+            nbytes = self._on_demand.pop(address, None)
+            if nbytes is not None:
+                self.pinned_bytes -= nbytes
+                return
+            nbytes = self._pageable.pop(address, None)
+            if nbytes is not None:
+                self.pageable_bytes -= nbytes
+
+    # --- arena growth (called by the growth thread)
+
+    def _within_pinned_limit(self, nbytes: int) -> bool:
+        return self.pinned_limit is None or self._held() + nbytes <= self.pinned_limit
+
+    def _held(self) -> int:
+        arena = self.arena
+        return (arena.capacity if arena is not None else 0) + self._arena_reserved + self.pinned_bytes
+
+    def reserve_segment(self, nbytes: int) -> bool:
+        """Count ``nbytes`` against the pinned limit before a segment is taken; False when
+        they do not fit beside what is already held."""
+        with self._lock:
+            if not self._within_pinned_limit(nbytes):
+                return False
+            self._arena_reserved += nbytes
+            return True
+
+    def add_segment(self, buffer: np.ndarray, reserved: int) -> None:
+        """Hand a segment taken after :meth:`reserve_segment` to the arena; its bytes move
+        from reserved to the arena at once, so the limit check never sees them twice or
+        not at all."""
+        with self._lock:
+            try:
+                arena = self.arena if self.arena is not None else Arena()
+                arena.add(buffer)
+                self.arena = arena
+            finally:
+                self._arena_reserved -= reserved
+
+    def cancel_segment(self, reserved: int) -> None:
+        with self._lock:
+            self._arena_reserved -= reserved
+
+    def grow_arena(self, target: int, take: Callable[[int], np.ndarray], **kwargs):
+        """Start growing the arena to ``target`` bytes on a background thread; returns
+        the :class:`~spillway.memory.growth.ArenaGrowth` (see there for ``kwargs``)."""
+        from .growth import ArenaGrowth
+
+        if self.growth is not None:
+            raise RuntimeError("the arena is already growing")
+        self.growth = ArenaGrowth(self, target, take, **kwargs)
+        self.growth.start()
+        return self.growth
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop the arena's growth: no segment is taken after this returns (one being
+        taken when it is called is handed back to its owner's garbage collector)."""
+        if self.growth is not None:
+            self.growth.stop(timeout)
+
+    def summary(self) -> dict:
+        """The host buffers' state, for the store's summary: when the arena became ready
+        tells whether a timed run spilled into it or into buffers pinned on demand."""
+        arena = self.arena
+        out = {
+            "arena_bytes": arena.capacity if arena is not None else 0,
+            "arena_used_bytes": arena.used_bytes if arena is not None else 0,
+            "arena_segments": arena.segments if arena is not None else 0,
+            "pinned_on_demand_bytes": self.pinned_bytes,
+            "pageable_total": self.pageable_total,
+            "pageable_bytes": self.pageable_bytes,
+        }
+        if self.growth is not None:
+            out.update(self.growth.summary())
+        return out
+
+
+def _address(buffer: np.ndarray) -> int:
+    return buffer.__array_interface__["data"][0]
+
+
+class HostTier(MoveRates):
+    """Spilled segments in host buffers (a :class:`~spillway.memory.tier.SegmentTier`):
+    what the device's values are copied into, and the way back to the device from every
+    tier below. Its buffers come from :attr:`buffers`; a segment put here is a buffer of
+    theirs, and :meth:`delete` gives it back to them."""
+
+    name = "host"
+    where = "host memory"
+
+    def __init__(self, buffers: HostBuffers, limit: int | None = None):
+        self.buffers = buffers
+        #: bytes its segments may hold (None: no limit; the machine's own room is the
+        #: books' to say, buffer by buffer)
+        self.limit = limit
+        self.nbytes = 0
+        self._held: dict = {}
+
+    def room(self) -> int | None:
+        return None if self.limit is None else max(0, self.limit - self.nbytes)
+
+    def put(self, key, copy: HostCopy, itemsize: int = 8) -> None:
+        self._held[key] = copy.buffer
+        self.nbytes += copy.nbytes
+
+    def get(self, key, alloc: Alloc) -> HostCopy:
+        buffer = self._held[key]  # already in host memory: no copy
+        return HostCopy((buffer.nbytes,), buffer.dtype, "C", buffer)
+
+    def take(self, key) -> np.ndarray:
+        """Take ``key``'s buffer out of the tier without giving it back (a restore copies
+        from it, then gives it back)."""
+        buffer = self._held.pop(key)
+        self.nbytes -= buffer.nbytes
+        return buffer
+
+    def delete(self, key) -> None:
+        self.buffers.release(self.take(key))
+
+    def close(self) -> None:
+        self.buffers.close()  # stops the pinned arena's growth

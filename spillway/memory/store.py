@@ -1,0 +1,586 @@
+"""The worker's tiered store: device -> host -> disk (and any tier below).
+
+A MutableMapping that a distributed Worker uses as its ``data``. Values live on the
+device until the device tier passes its limit; then the values needed last move to host
+buffers (slices of a pinned arena when there is one), and past the host limit to the
+tier below it (the disk), and from a tier past its limit to the next. Reading a spilled
+value restores it. What a tier is, and the names of the moves, are
+:mod:`spillway.memory.tier`'s: the store holds its tiers fastest first
+(:attr:`TieredStore.tiers`) and knows of none below the host but through that protocol. Three things make this faster than counting stored
+outputs against a limit:
+
+* **eviction by next use**: a ``rank`` callable (see :mod:`spillway.memory.policy`) says
+  when each key is needed next by the tasks queued on the worker; keys nobody here waits
+  for go first, then those needed last (:mod:`spillway.memory.eviction`);
+* **prefetch**: :meth:`prefetch` restores the inputs of the next queued tasks on a
+  background thread (copies outside the store's lock), so tasks find them on the device;
+* **spill on demand**: :meth:`evict_for` frees device memory that no running task reads
+  when an allocation fails (RMM calls it, see :mod:`spillway.launch.plugins`).
+
+Where the tiers end: a spill disk that fills (``ENOSPC``) fails the write that needed the
+room with :class:`~spillway.options.errors.SpillDiskFull`, one line naming the worker,
+each tier's bytes and the spill directory; the values stay where they were and the file
+begun is removed. The task that needed the room fails with that line, and
+``on_disk_full`` (the worker plugin's: it tells the scheduler, whose capacity plugin stops
+the computations running, :mod:`spillway.memory.capacity`) hears it.
+
+The device tier is counted by allocation, not by value: keys whose values view one
+allocation (slices, the arrays of a tuple that later keys also store) count it once and
+move together (:mod:`spillway.memory.groups`, :mod:`spillway.memory.accounting`);
+values inside tuples, lists and dicts are device values too.
+
+The store only moves values through its ``codec`` (CuPy on GPUs, NumPy in CPU tests)
+(:mod:`spillway.memory.moves`) and counts what it moved and how long it took in
+:class:`~spillway.memory.stats.TierStats`.
+
+:class:`TieredStore` owns the one lock: it alone takes it, and calls the accounting,
+eviction and move helpers with it held (they take the state they act on and never lock).
+Worker threads read and write keys, the prefetch thread restores keys, and RMM calls
+:meth:`TieredStore.evict_for` from whichever thread's allocation failed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Hashable, Iterable, MutableMapping, Sequence
+from typing import Any
+
+from spillway.options.errors import SpillDiskFull
+from spillway.options.sizes import format_bytes
+from . import eviction, moves
+from .accounting import DeviceTier, SpilledKeys
+from .books import HostBooks
+from .groups import leaves
+from .host import HostBuffers, HostTier
+from .stats import TierStats
+from .tier import HOST, MOVES, SegmentTier, check_names, is_full, move_name, moves_of, raw_nbytes
+
+__all__ = ["MOVES", "TierStats", "TieredStore"]
+
+logger = logging.getLogger("spillway.memory")
+
+
+class TieredStore(MutableMapping):
+    def __init__(
+        self,
+        *,
+        device_limit: int | None,
+        host_limit: int | None,
+        codec,
+        below: Sequence[SegmentTier] = (),
+        host: HostBuffers | None = None,
+        rank: Callable[[Hashable], Any] | None = None,
+        device_usage: Callable[[], int] | None = None,
+        in_use: Callable[[], Collection] | None = None,
+        books: HostBooks | None = None,
+    ):
+        self.codec = codec
+        #: the host tier's buffers (the pinned arena, on-demand and pageable buffers)
+        self.host = host or HostBuffers()
+        # the limits are bytes; None: no limit
+        self._device = DeviceTier(None if device_limit is None else int(device_limit), device_usage)
+        self._host = HostTier(self.host, None if host_limit is None else int(host_limit))
+        #: the tiers, fastest first: device, host, then ``below`` (the disk, ...)
+        self.tiers = (self._device, self._host, *below)
+        names = [t.name for t in self.tiers]
+        check_names(names)
+        #: key -> when it is needed next (smaller is sooner; None: not needed here)
+        self.rank = rank
+        #: keys that running tasks are reading: never moved (it would free nothing)
+        self.in_use = in_use
+        #: what the machine and the process really hold: every buffer that takes new host
+        #: memory waits until both have room for it, values going to disk meanwhile,
+        #: whatever else holds the machine's memory (other processes, the process's own)
+        self.books = books
+        self.host.before_new = self._room_for_new_host_memory
+        #: what the store starts once its worker has started (the pinned arena's growth:
+        #: see :meth:`start`)
+        self.on_start: list[Callable[[], Any]] = []
+        #: the worker's name in messages (set by the worker plugin)
+        self.name = "this worker"
+        #: the line of the last write the disk had no room for (None once one succeeds)
+        self.disk_full: str | None = None
+        #: called with that line when the disk fills (at most once a second)
+        self.on_disk_full: Callable[[str], Any] | None = None
+        #: whether the last spill on demand stopped at a full disk
+        self.evict_met_full_disk = False
+        self._full_said_at = 0.0
+        self.stats = TierStats.of(moves_of(names))
+        device, host = names[:2]
+        self._device.stats = self._host.stats = self.stats
+        self._device.moves_in = self._host.moves_out = (move_name(host, device),)
+        self._device.moves_out = self._host.moves_in = (move_name(device, host),)
+        self._plain: dict = {}
+        self._spilled = SpilledKeys(len(self.tiers))
+        #: the one lock, held around every change of the tiers; reentrant: RMM calls
+        #: evict_for from a device allocation made with it held (a restore's copies),
+        #: and the first spill calls start
+        self._lock = threading.RLock()
+        self._inflight: dict = {}  # key -> event set when its prefetch is done
+        self._local = threading.local()
+
+    @property
+    def device_limit(self) -> int | None:
+        return self._device.limit
+
+    @device_limit.setter
+    def device_limit(self, nbytes: int | None) -> None:
+        self._device.limit = nbytes
+
+    @property
+    def host_limit(self) -> int | None:
+        return self._host.limit
+
+    @host_limit.setter
+    def host_limit(self, nbytes: int | None) -> None:
+        self._host.limit = nbytes
+
+    @property
+    def device_usage(self) -> Callable[[], int] | None:
+        """Bytes really allocated on the device (RMM statistics), temporaries included."""
+        return self._device.usage
+
+    @device_usage.setter
+    def device_usage(self, usage: Callable[[], int] | None) -> None:
+        self._device.usage = usage
+
+    @property
+    def below(self) -> tuple:
+        """The tiers below the host, fastest first."""
+        return self.tiers[HOST + 1:]
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes of the device allocations that stored values view."""
+        return self._device.nbytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the host buffers that spilled values are in."""
+        return self._host.nbytes
+
+    @property
+    def below_bytes(self) -> int:
+        """Bytes the tiers below the host hold (stored: compressed values at their size)."""
+        return sum(t.nbytes for t in self.tiers[HOST + 1:])
+
+    # --- MutableMapping
+
+    def __setitem__(self, key, value) -> None:
+        while True:
+            with self._lock:
+                event = self._inflight.get(key)
+                if event is None:
+                    if key in self:
+                        self._remove(key)
+                    if not leaves(value, self.codec.is_device):
+                        self._plain[key] = value
+                        return
+                    value, views = self._device.compacted(value, self.codec)
+                    # the keys already viewing this value's memory stay with it: moving
+                    # them would free nothing
+                    try:
+                        self._make_room(self._device.new_bytes(views),
+                                        exclude={key} | self._device.viewers(views))
+                    except SpillDiskFull as e:
+                        self._say_full(e)
+                        raise
+                    self._device.insert(key, value, views)
+                    return
+            event.wait()
+
+    def __getitem__(self, key):
+        while True:
+            with self._lock:
+                if key in self._device.stored:
+                    self._device.stored.move_to_end(key)
+                    return self._device.stored[key]
+                if key in self._plain:
+                    return self._plain[key]
+                event = self._inflight.get(key)
+                if event is None:
+                    if key not in self._spilled:
+                        raise KeyError(key)
+                    start = time.perf_counter()
+                    try:
+                        self._restore(self._spilled.group_of[key])
+                    except SpillDiskFull as e:
+                        self._say_full(e)
+                        raise
+                    self.stats.wait_s += time.perf_counter() - start
+                    return self._device.stored[key]
+            event.wait()  # a prefetch is bringing it back
+
+    def __delitem__(self, key) -> None:
+        while True:
+            with self._lock:
+                event = self._inflight.get(key)
+                if event is None:
+                    if key not in self:
+                        raise KeyError(key)
+                    self._remove(key)
+                    return
+            event.wait()
+
+    def __contains__(self, key) -> bool:
+        return key in self._device or key in self._plain or key in self._spilled or key in self._inflight
+
+    def __iter__(self):
+        with self._lock:
+            return iter(list(self._device.stored) + list(self._plain) + list(self._spilled.group_of)
+                        + list(self._inflight))
+
+    def __len__(self) -> int:
+        return len(self._device) + len(self._plain) + len(self._spilled) + len(self._inflight)
+
+    # --- where things are
+
+    def tier_of(self, key) -> str | None:
+        """The name of the tier ``key`` is in; "plain" for a value that is no device
+        value (it stays where it is), "moving" while a prefetch brings it back."""
+        if key in self._device:
+            return self._device.name
+        if key in self._plain:
+            return "plain"
+        level = self._spilled.tier_of(key)
+        if level is not None:
+            return self.tiers[level].name
+        if key in self._inflight:
+            return "moving"
+        return None
+
+    def in_memory(self, key) -> bool:
+        """Whether ``key``'s value is at hand, not spilled: on the device, or a plain value."""
+        return key in self._device or key in self._plain
+
+    def spilled(self, keys: Iterable) -> list:
+        """The keys among ``keys`` whose values are in a tier below the device."""
+        spilled = self._spilled
+        return [k for k in keys if k in spilled]
+
+    def summary(self) -> dict:
+        """The tiers' bytes and keys; ``disk_*``: the tiers below the host together."""
+        counts = self._spilled.key_counts()
+        below = self.tiers[HOST + 1:]
+        return {
+            "device_bytes": self.device_bytes,
+            "host_bytes": self.host_bytes,
+            "disk_bytes": sum(t.nbytes for t in below),
+            "disk_raw_bytes": sum(raw_nbytes(t) for t in below),
+            "disk_full": self.disk_full,
+            "device_keys": len(self._device),
+            "device_buffers": len(self._device.allocations),
+            "host_keys": counts[HOST],
+            "disk_keys": sum(counts[HOST + 1:]),
+            "tiers": {t.name: {"bytes": t.nbytes, "keys": len(self._device) if not level else counts[level],
+                               "limit": t.limit} for level, t in enumerate(self.tiers)},
+            "host_pinned_on_demand_bytes": self.host.pinned_bytes,
+            "host_pageable_total": self.host.pageable_total,
+            "host": self.host.summary(),
+            "books": self.books.summary(self.host.held_bytes) if self.books is not None else None,
+            "stats": self.stats.to_json(),
+        }
+
+    def exhausted(self, nbytes: int) -> str:
+        """One line for a device allocation that nothing more could make room for."""
+        with self._lock:
+            running = eviction.running(self.in_use)
+            in_use = self._device.held_bytes(running)
+            disk = self.below_bytes
+            held = _held_by_layer(self._device, running)
+            return (f"{self.name}: cannot allocate {format_bytes(nbytes)} on the device and nothing "
+                    f"more can be spilled: device {format_bytes(self.device_bytes)} stored "
+                    f"({format_bytes(in_use)} in use by running tasks) of "
+                    f"{_limit(self.device_limit)}, host {format_bytes(self.host_bytes)}, "
+                    f"disk {format_bytes(disk)}{held}; use smaller chunks or more workers")
+
+    # --- the tiers' changes (callers hold the lock)
+
+    def _means(self) -> moves.Means:
+        return moves.Means(self.codec, self.tiers, self.stats)
+
+    def _remove(self, key) -> None:
+        if key in self._device:
+            shared = self._device.remove(key)
+            if shared:
+                self._device.recompact(shared, self.codec, stay=eviction.running(self.in_use))
+        elif key in self._plain:
+            del self._plain[key]
+        elif key in self._spilled:
+            moves.drop(self._spilled, key, self._means())
+
+    def _over_device(self, incoming: int) -> int:
+        """Bytes to free on the device before ``incoming`` more bytes fit."""
+        device = self._device
+        return eviction.over_device(device.nbytes, incoming, device.limit, device.usage)
+
+    def _device_victims(self, exclude) -> list[list]:
+        """Groups of device keys in eviction order, but for ``exclude`` and the keys
+        running tasks read (see :func:`eviction.device_victims`)."""
+        return eviction.device_victims(self._device, set(exclude) | eviction.running(self.in_use), self.rank)
+
+    def _make_room(self, incoming: int, exclude=()) -> None:
+        need = self._over_device(incoming)
+        if need <= 0:
+            return
+        for group in self._device_victims(exclude):
+            if need <= 0:
+                break
+            need -= self._device_to_host(group)
+
+    def _device_to_host(self, keys: list) -> int:
+        """Copy the keys of one group to host buffers; returns the device bytes freed."""
+        if self.on_start:
+            self.start()
+        return moves.device_to_host(self._device, self._spilled, keys, self._means(), self._spill_host)
+
+    def _spill_host(self, incoming: int) -> None:
+        """Move host groups down until ``incoming`` more bytes fit under the host limit
+        (or the host tier is empty: a group larger than the limit still goes to host).
+        The machine's own room is checked buffer by buffer (:meth:`_room_for_new_host_memory`)."""
+        self._room_in(HOST, incoming)
+
+    def _room_in(self, level: int, incoming: int) -> None:
+        """Move groups of the tier at ``level`` to the one below until ``incoming`` more
+        bytes fit under its limit (nothing where it has none, or no tier below it)."""
+        tier = self.tiers[level]
+        need = eviction.over_limit(tier.nbytes, incoming, tier.limit)
+        if need <= 0 or level + 1 == len(self.tiers):
+            return
+        try:
+            self._lower(level, self._order(level), need)
+        except SpillDiskFull:
+            # the tier below is full: a little past this tier's limit (what the machine
+            # has room for is still checked buffer by buffer) rather than fail a small value
+            if tier.nbytes + incoming > tier.limit + host_slack(tier.limit):
+                raise
+
+    def _lower(self, level: int, order: list, need: int) -> None:
+        """Move groups of the tier at ``level`` to the tier below (:func:`moves.lower`),
+        each after room is made there where it has a tier below it too; a tier with no
+        room left raises :class:`SpillDiskFull` with the tiers' line."""
+        room = functools.partial(self._room_in, level + 1) if level + 2 < len(self.tiers) else None
+        try:
+            moves.lower(self._spilled, level, order, need, self._means(), room)
+        except OSError as e:
+            if not is_full(e):
+                raise
+            raise self._full(e, need, level) from None
+        if self.disk_full is not None:
+            self.disk_full = None
+
+    def _full(self, error: OSError, need: int, level: int) -> SpillDiskFull:
+        source, tier = self.tiers[level], self.tiers[level + 1]
+        try:
+            room = tier.room()
+            free = "unknown" if room is None else format_bytes(room)
+        except OSError:
+            free = "unknown"
+        below = []
+        for t in self.tiers[HOST + 1:]:
+            raw = raw_nbytes(t)
+            compressed = f" ({format_bytes(raw)} of values)" if raw != t.nbytes else ""
+            below.append(f"{t.name} {format_bytes(t.nbytes)} written{compressed}")
+        line = (f"{self.name}: the spill {tier.name} is full ({error.strerror or error}) writing "
+                f"{format_bytes(max(need, 0))} of its {source.name} tier to {tier.where} ({free} free): "
+                f"device {format_bytes(self.device_bytes)} of {_limit(self.device_limit)}, host tier "
+                f"{format_bytes(self.host_bytes)} of {_limit(self.host_limit)}, {', '.join(below)}; "
+                f"past what {' + '.join(t.name for t in self.tiers)} hold: "
+                f"release held arrays or give the workers a larger local-directory")
+        self.disk_full = line
+        return SpillDiskFull(line)
+
+    def _say_full(self, error: SpillDiskFull) -> None:
+        """Tell ``on_disk_full`` of a full disk that stopped a read, a write or a relief
+        (not of one the store found its way around), at most once a second."""
+        now = time.monotonic()
+        if self.on_disk_full is not None and now - self._full_said_at >= 1.0:
+            self._full_said_at = now
+            try:
+                self.on_disk_full(str(error))
+            except Exception:  # telling the scheduler is a nicety: the task fails anyway
+                logger.debug("on_disk_full failed", exc_info=True)
+
+    def _order(self, level: int) -> list:
+        """The groups of the tier at ``level`` in the order they leave it."""
+        groups = self._spilled.groups
+        return eviction.ordered(list(self._spilled.resident[level]), self.rank, keys_of=lambda g: groups[g].skeletons)
+
+    def _room_for_new_host_memory(self, nbytes: int) -> None:
+        """Before a host buffer takes ``nbytes`` of new memory (HostBuffers calls this,
+        with the lock held): while the machine would fall under its headroom or the
+        process over its limit, give back cached pinned blocks, then write host groups
+        to disk, each freeing its buffers (or arena slices the buffer can take)."""
+        books = self.books
+        if books is None or books.short_by(nbytes) <= 0 or len(self.tiers) == HOST + 1:
+            return
+        if self._write_host_while(nbytes) and books.short_by(nbytes, count=False) > 0:
+            logger.warning("%s: the host is short of memory for a %s buffer and the host tier holds "
+                           "nothing more to write to disk (%s)", self.name, format_bytes(nbytes),
+                           books.pressure(paused=False) or "the process holds it outside the store")
+
+    def relieve_host(self) -> int:
+        """Write host groups to disk while the machine is under its headroom or the
+        process over its limit (the worker plugin calls this while the worker is paused
+        for memory); returns the bytes written."""
+        if self.books is None or len(self.tiers) == HOST + 1:
+            return 0
+        with self._lock:
+            before = self._host.nbytes
+            try:
+                self._write_host_while(0)
+            except SpillDiskFull as e:
+                self._say_full(e)
+                raise
+            return before - self._host.nbytes
+
+    def _write_host_while(self, nbytes: int) -> bool:
+        """Trim cached pinned blocks, then write host groups to disk, in eviction order,
+        until ``nbytes`` more host memory fit the books (or a slice of the arena); True
+        when the host tier ran out first. The caller holds the lock."""
+        def room() -> bool:
+            if self.host.trim is not None:
+                self.host.trim()
+            return (nbytes and self.host.arena_fits(nbytes)) or self.books.short_by(nbytes, count=False) <= 0
+
+        if room():
+            return False
+        for gid in self._order(HOST):
+            self._lower(HOST, [gid], 1)
+            if room():
+                return False
+        return True
+
+    def _restore(self, gid) -> None:
+        try:
+            moves.restore(self._device, self._spilled, gid, self._means(), self._make_room)
+        except SpillDiskFull:
+            group = self._spilled.groups.get(gid)
+            if group is None or group.tier == HOST:
+                raise
+            # every tier full: the room the device's values need below is the room this
+            # group's files hold, so read it off the disk first
+            try:
+                moves.restore(self._device, self._spilled, gid, self._means(), self._make_room, read_first=True)
+            except SpillDiskFull:
+                if gid in self._spilled.on_host:  # back to the room its files left
+                    try:
+                        self._lower(HOST, [gid], 1)
+                    except SpillDiskFull:
+                        pass
+                raise
+
+    # --- prefetch and spill on demand
+
+    def prefetch(self, keys: Iterable, headroom: float = 0.9) -> int:
+        """Restore ``keys`` (soonest needed first) while they fit under ``headroom`` of the
+        device limit without evicting anything needed sooner. Copies run outside the lock
+        so reads of other keys go on meanwhile. Returns the bytes restored."""
+        restored = 0
+        for key in keys:
+            with self._lock:
+                gid = self._spilled.group_of.get(key)
+                if gid is None:
+                    continue
+                n = self._spilled.groups[gid].nbytes
+                if self.device_limit is not None and self._over_device(n) > -(1 - headroom) * self.device_limit:
+                    break
+                try:
+                    group = moves.take_host_buffers(self._spilled, gid, self._means())
+                except SpillDiskFull:  # no room to read it back into: tasks will say so
+                    break
+                event = threading.Event()
+                for k in group.skeletons:
+                    del self._spilled.group_of[k]
+                    self._inflight[k] = event
+            try:
+                values = moves.to_device(group, self._means())
+            except BaseException:
+                with self._lock:
+                    for k in group.skeletons:
+                        del self._inflight[k]
+                    moves.put_back(self._spilled, gid, group, self._means())
+                event.set()
+                raise
+            with self._lock:
+                moves.settle(self._device, group, values, self._means())
+                self.stats.prefetched_bytes += n
+                for k in group.skeletons:
+                    del self._inflight[k]
+            event.set()
+            restored += n
+        return restored
+
+    def evict_for(self, nbytes: int) -> int:
+        """Spill device values that no running task reads until ``nbytes`` are freed (or
+        none is left), whoever else refers to them: keys a client persisted, values waiting
+        to be sent. Called when a device allocation fails; returns the device bytes freed
+        (their allocations leave the store; the memory returns once any outside holder
+        lets go), 0 when nothing could be (the allocation then fails as it would have)."""
+        if getattr(self._local, "evicting", False):
+            return 0  # an allocation inside our own eviction: let it fail
+        self._local.evicting = True
+        self.evict_met_full_disk = False
+        try:
+            with self._lock:
+                freed = 0
+                for group in self._device_victims(exclude=()):
+                    if freed >= nbytes:
+                        break
+                    try:
+                        freed += self._device_to_host(group)
+                    except SpillDiskFull:  # the allocation fails with the disk's line
+                        self.evict_met_full_disk = True
+                        break
+                    except Exception:  # no host buffer: keep what was freed so far
+                        logger.exception("spill on demand could not copy %d keys to host", len(group))
+                        break
+                if freed:
+                    self.stats.ondemand_events += 1
+                    self.stats.ondemand_bytes += freed
+                return freed
+        finally:
+            self._local.evicting = False
+
+    def start(self) -> None:
+        """Start what the store runs beside its worker, once: the worker plugin calls this
+        when the worker has started (its CUDA context made by dask-cuda, which warns when
+        one already exists), and the first spill does if no plugin did."""
+        with self._lock:
+            starting, self.on_start = self.on_start, []
+        for begin in starting:
+            begin()
+
+    def close(self) -> None:
+        for tier in self.tiers[HOST:]:
+            tier.close()  # the host's stops the pinned arena's growth
+
+
+def host_slack(limit: int) -> int:
+    """Bytes a tier (the host's) may hold past its limit while the tier below is full: a
+    thirty-second of it, at most 1 GiB."""
+    return min(limit // 32, 1 << 30)
+
+
+def _limit(nbytes: int | None) -> str:
+    return "no limit" if nbytes is None else f"a {format_bytes(nbytes)} limit"
+
+
+def _held_by_layer(device, keys) -> str:
+    """The largest holders among ``keys``, by the name of their layer (``; running tasks
+    read 104 x getitem-q1 (77.4 GiB)``), or nothing when they hold nothing."""
+    from dask.utils import key_split
+
+    layers: dict[str, list] = {}
+    for key in keys:
+        if key in device.holds:
+            entry = layers.setdefault(key_split(key), [0, 0])
+            entry[0] += 1
+            entry[1] += device.held_bytes([key])
+    top = sorted(layers.items(), key=lambda item: -item[1][1])[:3]
+    if not top or not top[0][1][1]:
+        return ""
+    return "; running tasks read " + ", ".join(f"{n} x {name} ({format_bytes(b)})" for name, (n, b) in top)

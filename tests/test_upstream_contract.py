@@ -1,0 +1,356 @@
+"""The contract with upstream: each seam of spillway/upstream.py (a part of dask,
+distributed, dask-cuda, distributed-ucxx, ucxx, zict or dask-jobqueue that upstream does
+not promise to keep) still has the shape its adapter expects, in the releases installed.
+
+A dependency bump that changes one fails the test named after that seam here, not a
+user's run. Seams of a distribution that is not installed skip (dask-cuda off the GPU
+hosts, UCXX outside the data plane's venv). Then: the installed releases are those the
+seams were checked against and within pyproject's bounds, nothing outside the seam module
+names the private parts, and each adapter does what spillway relies on with the real
+upstream in place.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from spillway import upstream
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", sorted(upstream.SEAMS))
+def test_seam_has_the_shape_spillway_expects(name):
+    seam = upstream.SEAMS[name]
+    try:
+        why = seam.check()
+    except ImportError as e:
+        pytest.skip(f"{seam.package} is not installed ({e})")
+    assert why is None, f"{seam.upstream} ({seam.package} {upstream.version_of(seam.package)}): {why}"
+
+
+def _minor(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+
+
+@pytest.mark.parametrize("package", sorted({s.package for s in upstream.SEAMS.values()}))
+def test_the_installed_release_is_one_the_seams_were_checked_against(package):
+    installed = upstream.version_of(package)
+    if installed == "not installed":
+        pytest.skip(f"{package} is not installed")
+    checked = {v for s in upstream.SEAMS.values() if s.package == package for v in s.checked}
+    assert _minor(installed) in {_minor(v) for v in checked}, (
+        f"{package} {installed} was not checked: run this file's seam tests on it and add it to the checked "
+        f"releases in spillway/upstream.py (checked: {sorted(checked)})")
+
+
+def _requirements() -> list[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    out = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        out += extra
+    return out
+
+
+BOUNDED = ("dask", "distributed", "dask-cuda", "distributed-ucxx", "ucxx", "dask-jobqueue")
+
+
+def test_pyproject_bounds_each_seamed_dependency_above_the_next_unchecked_minor():
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    seen = set()
+    for line in _requirements():
+        requirement = Requirement(line)
+        base = re.sub(r"-cu1[0-9]$", "", requirement.name)
+        if base not in BOUNDED:
+            continue
+        seen.add(base)
+        uppers = [Version(s.version) for s in requirement.specifier if s.operator == "<"]
+        assert uppers, f"{line}: no upper bound"
+        checked = [Version(v) for s in upstream.SEAMS.values() if s.package == base for v in s.checked]
+        if checked:  # the bound lets in no minor release the seams were not checked on
+            newest = max(checked)
+            assert Version(f"{newest.major}.{newest.minor}") < uppers[0], line
+            assert uppers[0] <= Version(f"{newest.major}.{newest.minor + 2}"), (
+                f"{line}: a minor release past the next one was not checked")
+    assert seen == set(BOUNDED)
+
+
+#: the private names of upstream that spillway uses; only the seam module may name them
+PRIVATE = ("_materialize_graph", "get_data_from_worker", "_instances", "transfer_outgoing", "peekn",
+           "_job_script_prologue", "_command_template", "_adaptive", "new_spec", "init_once", "_cuda_context",
+           "dask._expr", "dask._task_spec", "OFFLOAD_THRESHOLD", "fast_to_slow_callbacks", "ProgressTasks",
+           "_progress_timeout", ".lock")
+
+
+def test_only_the_seam_module_names_upstream_private_parts():
+    seam = ROOT / "spillway" / "upstream.py"
+    found = []
+    for path in sorted((ROOT / "spillway").rglob("*.py")):
+        if path == seam:
+            continue
+        text = path.read_text()
+        found += [f"{path.relative_to(ROOT)}: {name}" for name in PRIVATE if name in text]
+    assert not found, found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+_ACCESSORS = ("getattr", "hasattr", "setattr", "delattr")
+
+
+def _named_attribute(node) -> str | None:
+    """The attribute name ``node`` reads or writes: ``x._name``, or ``getattr(x, "_name")``
+    and its kin with a literal name."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _ACCESSORS
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        return node.args[1].value
+    return None
+
+
+def spillways_own_private_names(trees) -> set[str]:
+    """Underscore names spillway defines: its functions, classes, module globals,
+    parameters and the attributes it assigns (``self._lock = ...``); a private name
+    spillway reads that is not among them is another package's."""
+    own = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                own.add(node.attr)
+            elif isinstance(node, ast.Call) and _named_attribute(node) and node.func.id == "setattr":
+                own.add(node.args[1].value)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.arg):
+                own.add(node.arg)
+    return {n for n in own if _private(n)}
+
+
+def upstream_private_uses(sources: dict[str, str], allowed) -> list[str]:
+    """``path:line name`` of each use of another package's private name in ``sources``
+    (path -> text): an attribute spillway does not define, read by name or by a literal
+    in getattr and its kin, and imports of a private name or module of another package;
+    the names in ``allowed`` pass."""
+    trees = {path: ast.parse(text) for path, text in sources.items()}
+    own = spillways_own_private_names(trees.values())
+    found = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            name = _named_attribute(node)
+            if name is not None and _private(name) and name not in own and name not in allowed:
+                found.append(f"{path}:{node.lineno} {name}")
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and not node.module.startswith("spillway"):
+                modules = node.module.split(".")
+                for alias in node.names:
+                    if any(map(_private, modules)) or (_private(alias.name) and alias.name not in allowed):
+                        found.append(f"{path}:{node.lineno} from {node.module} import {alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if not alias.name.startswith("spillway") and any(map(_private, alias.name.split("."))):
+                        found.append(f"{path}:{node.lineno} import {alias.name}")
+    return found
+
+
+def _product_sources() -> dict[str, str]:
+    """Every module of spillway but the seam module, by its path from the repository."""
+    seam = ROOT / "spillway" / "upstream.py"
+    return {str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "spillway").rglob("*.py")) if p != seam}
+
+
+def test_no_private_upstream_name_is_used_outside_the_seam_module():
+    found = upstream_private_uses(_product_sources(), upstream.PRIVATE_OUTSIDE)
+    assert not found, ("private names of other packages outside spillway/upstream.py: give each a seam "
+                       "there (or, for one of Python's own, an entry in upstream.PRIVATE_OUTSIDE): " + "; ".join(found))
+
+
+@pytest.mark.parametrize("planted", [
+    "def f(cluster):\n    return cluster._correct_state_waiting\n",
+    "def f(worker):\n    return getattr(worker, '_pending_data_per_worker', None)\n",
+    "from distributed.scheduler import _materialize_graph\n",
+    "from dask._task_spec import Task\n",
+    "import distributed._concurrent_futures_thread\n",
+], ids=["attribute", "getattr", "private-name", "private-module", "import-module"])
+def test_the_private_name_check_fails_on_a_planted_use(tmp_path, planted):
+    sources = _product_sources()
+    assert not upstream_private_uses(sources, upstream.PRIVATE_OUTSIDE)
+    planted_file = tmp_path / "planted.py"
+    planted_file.write_text(planted)
+    sources["spillway/planted.py"] = planted_file.read_text()
+    found = upstream_private_uses(sources, upstream.PRIVATE_OUTSIDE)
+    assert len(found) == 1 and found[0].startswith("spillway/planted.py:"), found
+
+
+def test_a_private_name_spillway_defines_itself_passes_the_check():
+    own = "class A:\n    def __init__(self):\n        self._lock = 1\n\ndef f(a):\n    return a._lock\n"
+    assert upstream_private_uses({"spillway/own.py": own}, {}) == []
+    assert upstream_private_uses({"spillway/own.py": own + "def g(n):\n    return n._spec\n"}, {}) == [
+        "spillway/own.py:8 _spec"]
+
+
+def test_no_bare_except_in_the_product():
+    """A bare ``except:`` swallows what a renamed upstream raises (AttributeError) with the
+    rest: the seam's adapters catch the error they mean and say when a seam is off."""
+    found = [f"{path}:{node.lineno}" for path, text in _product_sources().items()
+             for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ExceptHandler) and node.type is None]
+    assert not found, found
+
+
+# --- each adapter against the real upstream
+
+
+def test_the_graph_materialization_wrapper_adds_sizes_and_hands_back_distributeds_result():
+    import dask.array as da
+    import distributed.scheduler as ds
+    from dask.base import collections_to_expr
+
+    from spillway.memory.capacity import install_sizes, uninstall_sizes
+    from spillway.memory.graph_bytes import NBYTES
+
+    before = ds._materialize_graph
+    expr = collections_to_expr([da.ones((4, 4), chunks=2)], True).optimize()
+    plain = before(expr=expr, validate=False)
+    assert install_sizes()
+    try:
+        dsk, annotations = ds._materialize_graph(expr=expr, validate=False)
+    finally:
+        uninstall_sizes()
+    assert ds._materialize_graph is before
+    assert set(dsk) == set(plain[0])
+    assert set(annotations[NBYTES].values()) == {32}
+
+
+def test_gathers_are_routed_and_given_back():
+    import distributed.worker
+
+    before = distributed.worker.get_data_from_worker
+
+    async def routed(rpc, keys, worker, *, who=None, serializers=None, deserializers=None):
+        return None
+
+    original = upstream.route_gathers(routed)
+    try:
+        assert original is before and distributed.worker.get_data_from_worker is routed
+    finally:
+        upstream.unroute_gathers(original)
+    assert distributed.worker.get_data_from_worker is before
+
+
+def test_the_worker_queue_reads_soonest_first():
+    from distributed.worker_state_machine import WorkerState
+
+    state = WorkerState()
+    assert upstream.queued_tasks(state, 4) == []
+
+
+def test_the_send_limit_doubles_for_a_requester_on_the_same_host_as_distributed_does():
+    from types import SimpleNamespace
+
+    worker = SimpleNamespace(address="tcp://10.0.0.1:4000", status=SimpleNamespace(name="running"),
+                             transfer_outgoing_count_limit=2, transfer_outgoing_count=3,
+                             transfer_outgoing_count_total=0, transfer_outgoing_bytes=0,
+                             transfer_outgoing_bytes_total=0, transfer_outgoing_log=[])
+    assert upstream.outgoing_at_limit(worker, "tcp://10.0.0.2:4001")  # another host: 2
+    assert not upstream.outgoing_at_limit(worker, "tcp://10.0.0.1:4001")  # this host: 4
+    worker.status.name = "paused"
+    worker.transfer_outgoing_count = 1
+    assert upstream.outgoing_at_limit(worker, "tcp://10.0.0.1:4001")  # paused: 1
+
+
+def test_zict_buffers_give_their_callback_lists():
+    import zict
+
+    buffer = zict.Buffer({}, {}, 1)
+    assert upstream.spill_callbacks(buffer) == (buffer.fast_to_slow_callbacks, buffer.slow_to_fast_callbacks)
+    assert upstream.spill_callbacks({}) is None
+
+
+def test_the_memory_limit_is_read_without_importing_distributed_and_agrees_with_it():
+    from distributed.system import memory_limit
+
+    assert upstream.system_memory_limit() == memory_limit()
+
+
+def test_the_progress_net_is_tightened_on_every_loop_ucxx_progresses():
+    """ucxx's blocking progress mode, as distributed-ucxx starts it in a worker, with its
+    safety net brought from 1 s to the setting given, on the loop a listener started."""
+    ucxx = pytest.importorskip("ucxx")
+    pytest.importorskip("distributed_ucxx")
+    import asyncio
+
+    from ucxx._lib_async import application_context
+
+    upstream.start_ucx()  # as a worker's comm does, once a process
+
+    async def listen():
+        listener = ucxx.create_listener(lambda ep: None, port=0)
+        try:
+            found = upstream.tighten_progress_net(0.004)
+            task = application_context.ProgressTasks.get(asyncio.get_running_loop())
+            return found, getattr(task, "_progress_timeout", None)
+        finally:
+            listener.close()
+
+    found, timeout = asyncio.run(listen())
+    assert found >= 1 and timeout == 0.004
+
+
+def _jobs(fails: bool):
+    """A ProcessInterface whose start counts itself and leaves it failed or running."""
+    import asyncio
+
+    from distributed.core import Status
+    from distributed.deploy.spec import ProcessInterface
+
+    class Job(ProcessInterface):
+        starts = 0
+
+        async def start(self):
+            Job.starts += 1
+            await asyncio.sleep(0.01)  # both awaits below are inside the lock's section at once
+            self.status = Status.failed if fails else Status.running
+
+        def __await__(self):
+            return upstream.start_once(self)
+
+    return Job
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["started", "refused"])
+def test_a_job_awaited_twice_starts_once_under_distributeds_lock_and_may_end_failed(fails):
+    import asyncio
+
+    from distributed.core import Status
+
+    Job = _jobs(fails)
+
+    async def main():
+        job = Job()
+        held = asyncio.Event()
+
+        async def hold():  # distributed's lock is the one taken: while held, no start
+            async with job.lock:
+                held.set()
+                await asyncio.sleep(0.05)
+                assert Job.starts == 0
+
+        holder = asyncio.create_task(hold())
+        await held.wait()
+        first, second = await asyncio.gather(job, job)
+        await holder
+        return job, first, second
+
+    job, first, second = asyncio.run(main())
+    assert first is job and second is job and Job.starts == 1
+    assert job.status == (Status.failed if fails else Status.running)
