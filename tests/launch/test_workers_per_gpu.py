@@ -269,7 +269,8 @@ def test_a_chunk_moved_between_two_workers_is_timed_from_the_receivers_log():
                       dashboard_address=None) as cluster, Client(cluster) as client:
         (m,) = moves(client, [8 * 2**20], repeats=2, module="numpy")
     assert m["bytes"] == 8 * 2**20 and m["same_bits"] and m["repeats"] == 2
-    assert 0 < m["min_s"] <= m["median_s"] < 10 and m["gbps_median"] > 0
+    # its time is the bench's figure, not a bound of this test: past a minute the move hung
+    assert 0 < m["min_s"] <= m["median_s"] < 60 and m["gbps_median"] > 0
 
 
 def test_the_plain_rig_starts_a_scheduler_and_a_worker_process_per_entry_and_stops_them():
