@@ -44,6 +44,7 @@ DASK_CUDA = ("26.10.0",)
 UCXX = ("0.52.0",)
 ZICT = ("3.0.0",)
 DASK_JOBQUEUE = ("0.9.0",)
+ZARR = ("3.1.6", "3.4.2")
 
 
 @dataclass(frozen=True)
@@ -1249,4 +1250,26 @@ def _check_jobqueue() -> str | None:
         return why
     if not _reads(Job.job_file, "self.job_script()"):
         return "Job.job_file no longer writes Job.job_script()"
+    return None
+
+
+# --- zarr: the buffer class its config names
+
+
+@seam("zarr_host_ndbuffer", "zarr.core.buffer.cpu.NDBuffer.from_ndarray_like, zarr.registry.register_ndbuffer, "
+      "zarr.config['ndbuffer']", "zarr", ZARR, "users' own zarr writes of device chunks on GPU workers")
+def _check_zarr_ndbuffer() -> str | None:
+    import zarr
+    from zarr import registry
+    from zarr.core.buffer import cpu
+
+    if not isinstance(inspect.getattr_static(cpu.NDBuffer, "from_ndarray_like", None), classmethod):
+        return "cpu.NDBuffer.from_ndarray_like is no longer a classmethod"
+    if not callable(getattr(registry, "register_ndbuffer", None)):
+        return "zarr.registry.register_ndbuffer is gone"
+    why = _has_parameters(registry.register_ndbuffer, ("cls", "qualname"))
+    if why is not None:
+        return why
+    if not isinstance(zarr.config.get("ndbuffer", None), str):
+        return "zarr.config has no 'ndbuffer' name"
     return None

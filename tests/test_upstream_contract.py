@@ -57,7 +57,8 @@ def _requirements() -> list[str]:
     return out
 
 
-BOUNDED = ("dask", "distributed", "dask-cuda", "distributed-ucxx", "ucxx", "dask-jobqueue")
+BOUNDED = ("dask", "distributed", "dask-cuda", "distributed-ucxx", "ucxx", "dask-jobqueue", "zarr", "rmm", "kvikio",
+           "dask-mpi")
 
 
 def test_pyproject_bounds_each_seamed_dependency_above_the_next_unchecked_minor():

@@ -419,3 +419,29 @@ def test_a_job_without_distributeds_lock_still_starts_once(caplog):
     job, awaited = asyncio.run(main())
     assert awaited == [job, job] and Job.starts == 1 and job.status == Status.failed
     assert said(caplog, "process_interface_start") == 1
+
+
+def test_zarr_of_another_buffer_shape_keeps_its_own_buffer_and_says_so(monkeypatch, caplog):
+    import dataclasses
+
+    import zarr
+
+    from spillway.memory import zarr_buffer
+
+    before = zarr.config.get("ndbuffer")
+    monkeypatch.setitem(upstream.SEAMS, "zarr_host_ndbuffer",
+                        dataclasses.replace(upstream.SEAMS["zarr_host_ndbuffer"],
+                                            check=lambda: "zarr.registry.register_ndbuffer is gone"))
+    upstream.reset()
+    try:
+        with caplog.at_level("WARNING", logger="spillway.upstream"):
+            zarr_buffer.install()
+        assert not zarr_buffer.installed() and zarr.config.get("ndbuffer") == before
+        assert "users' own zarr writes of device chunks on GPU workers is off" in caplog.text
+    finally:
+        monkeypatch.undo()
+        upstream.reset()
+    # with zarr as it is, the buffer is taken
+    with zarr.config.set({"ndbuffer": before}):
+        zarr_buffer.install()
+        assert zarr_buffer.installed()

@@ -53,9 +53,16 @@ class HostNDBuffer(cpu.NDBuffer):
 
 
 def install() -> None:
-    """Register :class:`HostNDBuffer` and make it zarr's default in this process."""
+    """Register :class:`HostNDBuffer` and make it zarr's default in this process, where
+    zarr still has the shape it was written against (the seam says so once where not, and
+    zarr's own buffer stays)."""
     import zarr
     from zarr.registry import register_ndbuffer
+
+    from spillway import upstream
+
+    if not upstream.usable("zarr_host_ndbuffer"):
+        return
 
     register_ndbuffer(HostNDBuffer, qualname=QUALNAME)
     zarr.config.set({"ndbuffer": QUALNAME})
