@@ -73,14 +73,17 @@ def adaptive_that_retires():
     nanny's close started by the worker's exit is cancelled by the cluster's (an ERROR
     and a traceback ending in CancelledError), and the worker process's stop-queue thread
     is left reading a queue its own exit closes ("Worker process died unexpectedly").
-    A nanny that stops its worker itself does neither."""
+    A nanny that stops its worker itself does neither. The workers stay on the
+    scheduler's books (``remove=False``) until their nannies stop them: removed there, the
+    scheduler would close its stream to each, and a worker whose stream breaks closes
+    itself through its nanny all the same (the race again, seen on a loaded 2-core host)."""
     from distributed.deploy.adaptive import Adaptive
 
     class RetiringAdaptive(Adaptive):
         async def scale_down(self, workers):
             if not workers:
                 return
-            await self.scheduler.retire_workers(names=workers, remove=True, close_workers=False)
+            await self.scheduler.retire_workers(names=workers, remove=False, close_workers=False)
             await self.cluster.scale_down(workers)
 
     return RetiringAdaptive
@@ -171,7 +174,9 @@ class Cluster:
             # takes addresses, so nothing would be moved and what they held recomputed),
             # then these very entries closed (scale() would pick its own)
             names = [name for entry in going for name in worker_names(entry, cluster.worker_spec[entry])]
-            self.client.retire_workers(names=names, close_workers=False)  # their nannies stop them
+            # their nannies stop them; kept on the scheduler's books till then (see
+            # adaptive_that_retires)
+            self.client.retire_workers(names=names, close_workers=False, remove=False)
             upstream.close_spec_workers(cluster, going)
         if len(cluster.worker_spec) < entries:
             # SpecCluster's own: a subclass's scale(n) may count workers, not entries
