@@ -113,6 +113,8 @@ class JobQueue:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: the last target read, kept while the same workers are up (:meth:`target`)
+        self._target: Target | None = None
 
     def _new_client(self):
         from distributed import Client
@@ -124,8 +126,16 @@ class JobQueue:
     # --- the cluster now
 
     def target(self) -> Target:
-        """The workflow target of the workers up now (their kind, count and memory each)."""
-        return target_of(self.session)
+        """The workflow target of the workers up now (their kind, count and memory each).
+        Which workers are up is asked of the scheduler at every call; their limits, a call
+        on every worker, only when that set changed: the loop asks each pass (4 a second)
+        while jobs wait beside running ones, whose workers it would otherwise interrupt."""
+        from spillway.launch import scheduler_workers
+
+        up = tuple(sorted(scheduler_workers(self.session.client)))
+        if self._target is None or self._target.workers != up:
+            self._target = target_of(self.session)
+        return self._target
 
     def tiers(self) -> Capacity:
         """Device + host tier + disk of the workers up now: what a job is admitted against."""

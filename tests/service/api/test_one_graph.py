@@ -18,6 +18,7 @@ from spillway.launch import open_cluster
 from spillway.memory.admission import Capacity
 from spillway.options.settings import Options
 from spillway.service.jobdb import JobDB
+from spillway.run.target import target_of
 from spillway.service.jobs.queue import JobQueue, _Running
 from spillway.workflows import registry
 
@@ -101,19 +102,28 @@ def test_a_submission_past_the_cluster_is_refused_without_a_graph(session, tmp_p
 
 
 @pytest.mark.timeout(120)
-def test_the_queue_reads_the_workers_up_now(tmp_path):
+def test_the_queue_reads_the_workers_up_now(tmp_path, monkeypatch):
     """A worker that joins after the queue started counts: in the room jobs share, in the
-    tiers a submission is admitted against and in the target it is sized for."""
+    tiers a submission is admitted against and in the target it is sized for. The workers'
+    limits are read again only when the workers changed (the loop asks 4 times a second)."""
+    from spillway.service.jobs import queue as queue_module
+
+    reads = []
+    monkeypatch.setattr(queue_module, "target_of", lambda session: reads.append(1) or target_of(session))
     with open_cluster(Options.resolve(cpu=True, n_workers=1, dashboard_address="")) as s:
         jobdb = JobDB(f"sqlite:///{tmp_path / 'jobs.db'}")
         sched = JobQueue(jobdb, s)
         try:
             room, tiers = sched.worker_memory(), sched.tiers()
             assert sched.target().n_workers == tiers.n_workers == 1
+            for _ in range(5):
+                sched.worker_memory()
+            assert len(reads) == 1, reads
             s.cluster.scale(2)
             s.client.wait_for_workers(2, timeout=60)
             assert _wait(lambda: sched.target().n_workers == 2, 30)
             assert sched.worker_memory() == 2 * room
+            assert len(reads) == 2, reads
             grown = sched.tiers()
             assert grown.n_workers == 2
             assert grown.host_bytes == 2 * tiers.host_bytes
