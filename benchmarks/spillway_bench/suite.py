@@ -45,7 +45,8 @@ def prepare(options: Options, *, only: str | None = None, sizes: str = "auto", r
     # B4, B5, O3 and O4 are sized at full size from the memory of the run's GPUs and how
     # many there are (none on CPU workers)
     gpus = len(launch.gpus) if launch.kind == "gpu" else 0
-    workloads = [w.for_machine(sum(launch.device_memory) or None, gpu_workers, gpus) for w in select(only)]
+    host = _host_bytes() if launch.kind == "gpu" else None
+    workloads = [w.for_machine(sum(launch.device_memory) or None, gpu_workers, gpus, host) for w in select(only)]
     check_fits(workloads, scale, launch.kind, budget(launch))
     machine = report.describe_machine(inventory, launch.kind)["name"]
     earlier = None
@@ -123,6 +124,12 @@ def against_previous(results: dict, where: Path, *, exclude: tuple[Path, ...] = 
     its machine in ``where`` (:mod:`.previous`)."""
     earlier, committed = previous.earlier_results(where, results["machine"]["name"], exclude=exclude)
     return previous.compare(results, earlier, committed_only=committed, where=where)
+
+
+def _host_bytes() -> int:
+    import psutil
+
+    return psutil.virtual_memory().total
 
 
 def budget(launch) -> int:

@@ -71,6 +71,8 @@ def test_prepare_sizes_the_o_rows_from_the_gpus_of_the_run(monkeypatch):
     monkeypatch.setattr(spillway_bench.suite, "launch_plan",
                         lambda options, inventory, host: launch_plan(
                             options, inventory, dataclasses.replace(host, have_cuda_stack=True, have_ucxx=False)))
+    # a host with room for 2.5x (this machine's own memory would cap it)
+    monkeypatch.setattr(spillway_bench.suite, "_host_bytes", lambda: 2 * 2**40)
     one = prepare(Options.resolve(), only="O3,O4", sizes="full", inventory=h200_host(1))
     # two workers of one GPU: still one GPU's memory, 2.5x of it
     shared = prepare(Options.resolve(workers_per_gpu=2), only="O3", sizes="full", inventory=h200_host(1))
@@ -81,6 +83,10 @@ def test_prepare_sizes_the_o_rows_from_the_gpus_of_the_run(monkeypatch):
     assert [w.sized_for_gpus for w in two.workloads] == [2, 2]
     cpu = prepare(Options.resolve(cpu=True, n_workers=2), only="O3", sizes="tiny", inventory=Inventory(reason="t"))
     assert cpu.workloads[0].sized_from is None
+    # one H200 on its 128 GiB host: the footprint the GPU and three quarters of the host
+    monkeypatch.setattr(spillway_bench.suite, "_host_bytes", lambda: 128 * 2**30)
+    small_host = prepare(Options.resolve(), only="O3", sizes="full", inventory=h200_host(1))
+    assert small_host.workloads[0].params("full")["shape"][0] < 149000
 
 
 def test_o_rows_are_in_the_default_set_after_the_in_memory_rows():
@@ -248,3 +254,16 @@ def test_tiny_o3_o4_on_cpu_clusters_three_sides_checked_and_compared_with_before
     last = result.stderr.strip().splitlines()
     assert any(line.startswith("slower: O3 spillway first run: ") for line in last[-3:])
     assert "failed workloads" not in result.output
+
+
+@pytest.mark.parametrize("name", O_ROWS)
+def test_one_h200_footprint_is_capped_by_its_host(name):
+    """One H200 (141 GB) on a 128 GiB host with a 64 GiB disk: 2.5x would put about 135 GB
+    on that disk; the footprint is the GPU's memory and three quarters of the host's."""
+    device, host = 141 * 10**9, 128 * 2**30
+    w = workloads.WORKLOADS[name].for_machine(device, 1, 1, host)
+    cap = device + 0.75 * host
+    assert cap <= w.footprint_bytes("full") < cap * 1.05
+    # a host with room leaves the factor as it is (one H100 on a 251 GiB host)
+    roomy = workloads.WORKLOADS[name].for_machine(80 * 10**9, 1, 1, 251 * 2**30)
+    assert roomy.params("full") == workloads.WORKLOADS[name].for_machine(80 * 10**9, 1, 1).params("full")

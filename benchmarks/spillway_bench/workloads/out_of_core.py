@@ -6,7 +6,9 @@ panels to column panels) or ``da.fft.fft(x.rechunk({0: -1, 1: panel}), axis=0)``
 complex128 square chunks); the timed part persists the result. At ``full`` the run's peak
 footprint, input and output held together, is :func:`footprint_factor` times the GPUs'
 memory: 1.5x with two GPUs or more, 2.5x on one, where a single worker's device, pinned
-host and disk must all take part.
+host and disk must all take part; never more than the GPUs' memory and three quarters of
+the host's (:data:`HOST_SHARE`: one H200 has less host memory than device memory, and its
+64 GiB disk cannot take 2.5x's remainder).
 
 Each side runs on a cluster started for it alone, and its first run (no warm-up before
 it) is the headline, ``first_s``: what a user meets on a fresh cluster, and where a
@@ -34,13 +36,19 @@ FOOTPRINT_ONE_GPU = 2.5
 PANEL = 1000
 #: the side of O4's square input chunks (W4's)
 FFT_CHUNK = 5000
+#: share of the host's memory the footprint may add to the GPUs'
+HOST_SHARE = 0.75
 #: where no GPU sizes ``full`` (CPU workers): as for the issue's host, two H200s
 NOMINAL_GPUS = (2, 2 * 141 * 10**9)
 
 
-def footprint_factor(gpus: int) -> float:
-    """The peak footprint over the GPUs' total memory at full size."""
-    return FOOTPRINT_ONE_GPU if gpus <= 1 else FOOTPRINT_MANY_GPUS
+def footprint_factor(gpus: int, device_bytes: int | None = None, host_bytes: int | None = None) -> float:
+    """The peak footprint over the GPUs' total memory at full size, at most what the
+    GPUs and :data:`HOST_SHARE` of the host hold where both are known."""
+    factor = FOOTPRINT_ONE_GPU if gpus <= 1 else FOOTPRINT_MANY_GPUS
+    if device_bytes and host_bytes:
+        factor = min(factor, 1 + HOST_SHARE * host_bytes / device_bytes)
+    return factor
 
 
 def panels(n: int, panel: int) -> dict:
@@ -55,15 +63,15 @@ def squares(n: int, chunk: int, panel: int) -> dict:
             "to_chunks": (n, panel), "out_chunks": (n, panel), "panel": panel}
 
 
-def o3_full(device_bytes: int, gpus: int) -> dict:
+def o3_full(device_bytes: int, gpus: int, host_bytes: int | None = None) -> dict:
     # input and output, float64 each
-    n = side_for(footprint_factor(gpus) * device_bytes, arrays=2, itemsize=8, step=PANEL)
+    n = side_for(footprint_factor(gpus, device_bytes, host_bytes) * device_bytes, arrays=2, itemsize=8, step=PANEL)
     return panels(n, PANEL)
 
 
-def o4_full(device_bytes: int, gpus: int) -> dict:
+def o4_full(device_bytes: int, gpus: int, host_bytes: int | None = None) -> dict:
     # input and output, complex128 each
-    n = side_for(footprint_factor(gpus) * device_bytes, arrays=2, itemsize=16, step=PANEL)
+    n = side_for(footprint_factor(gpus, device_bytes, host_bytes) * device_bytes, arrays=2, itemsize=16, step=PANEL)
     return squares(n, FFT_CHUNK, PANEL)
 
 

@@ -103,18 +103,21 @@ class Workload:
     #: bound (:mod:`spillway_bench.bounds`); None where none is declared
     work: Callable[[Mapping[str, Any]], Mapping[str, int]] | None = None
 
-    def for_machine(self, device_bytes: int | None, gpu_workers: int = 0, gpus: int | None = None) -> "Workload":
+    def for_machine(self, device_bytes: int | None, gpu_workers: int = 0, gpus: int | None = None,
+                    host_bytes: int | None = None) -> "Workload":
         """This workload with ``full`` sized for ``gpus`` GPUs of ``device_bytes`` in all,
         where its full size follows the machine (None, on CPU workers: the nominal full
         size), and the scales sized per worker for ``gpu_workers`` (0: CPU workers,
-        nominal sizes). ``gpus`` defaults to one per GPU worker (at least one)."""
+        nominal sizes). ``gpus`` defaults to one per GPU worker (at least one); ``host_bytes``,
+        where given, goes to a ``machine_sized`` that takes it (O3, O4)."""
         sizes = dict(self.sizes)
         if gpu_workers:
             sizes.update({scale: size(gpu_workers) for scale, size in self.worker_sized.items()})
         if self.machine_sized is None or not device_bytes:
             return replace(self, sizes=sizes) if sizes != self.sizes else self
         gpus = max(1, gpus or gpu_workers or 1)
-        return replace(self, sizes={**sizes, "full": self.machine_sized(int(device_bytes), gpus)},
+        extra = {"host_bytes": int(host_bytes)} if host_bytes and _takes_host(self.machine_sized) else {}
+        return replace(self, sizes={**sizes, "full": self.machine_sized(int(device_bytes), gpus, **extra)},
                        sized_from=int(device_bytes), sized_for_gpus=gpus)
 
     def timed_runs(self, scale: str, runs: int) -> int:
@@ -218,3 +221,9 @@ def same_shape(p, **extra) -> dict:
 def workflow_size(p) -> dict:
     """The registered workflows' parameters for a workload's shape, chunks and dtype."""
     return {"size": list(p["shape"]), "chunks": list(p["chunks"]), "dtype": p["dtype"]}
+
+
+def _takes_host(sized: Callable) -> bool:
+    import inspect
+
+    return "host_bytes" in inspect.signature(sized).parameters
