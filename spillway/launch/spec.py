@@ -149,7 +149,7 @@ def _spec(options: Options, plan: LaunchPlan, facts: HostFacts, device, device_m
         pinned_arena=arena if tiered else 0,
         pinned_limit=plan.pinned_limit,
         pool_size=gpu_share(options.pool_size, per_gpu),
-        rmm_maximum_pool_size=gpu_share(options.rmm_maximum_pool_size, per_gpu),
+        rmm_maximum_pool_size=gpu_share(options.maximum_pool_size, per_gpu),
         rmm_managed_memory=options.rmm_managed_memory,
         rmm_async=options.rmm_async,
         rmm_release_threshold=gpu_share(options.rmm_release_threshold, per_gpu),

@@ -407,7 +407,9 @@ class Options(RmmAndTls):
              "(a pool keeps CUDA IPC handles cached for NVLink transfers); null for no pool.")
     rmm_maximum_pool_size: int | float | None = option(
         None, _optional(_size_or_fraction), worker=True, gpu=True,
-        help="Largest the RMM pool may grow to per worker; needs `rmm-pool-size`.")
+        help="Largest the RMM pool may grow to per worker; needs `rmm-pool-size`. Unset, an "
+             "`auto` pool stays at its start size (the rest of the GPU is for CUDA, its libraries "
+             "and the client) and a pool of a size given grows as RMM lets it.")
     rmm_managed_memory: bool = option(
         False, _bool, worker=True, gpu=True,
         help="Allocate device memory as CUDA managed memory (pages migrate to the host under "
@@ -640,6 +642,19 @@ class Options(RmmAndTls):
         if self.rmm_pool_size != "auto":
             return self.rmm_pool_size
         return None if (self.rmm_async or self.rmm_managed_memory) else AUTO_POOL_FRACTION
+
+    @property
+    def maximum_pool_size(self) -> int | float | None:
+        """The largest the RMM pool may grow to: as set, else the ``auto`` pool's own size.
+
+        An ``auto`` pool left to grow took the last 10% of the GPU in a run past its memory
+        (two H200s, an FFT at 1.5x their memory): the client process on that GPU could then
+        not create the CUDA stream UCX copies a result with, and the gather of the run's
+        answer failed and was retried for minutes. Capped, an allocation past the pool
+        spills on demand instead, and CUDA, cuFFT's plans, UCX and the client keep room."""
+        if self.rmm_maximum_pool_size is not None or self.rmm_pool_size != "auto":
+            return self.rmm_maximum_pool_size
+        return self.pool_size
 
     @property
     def attach(self) -> bool:

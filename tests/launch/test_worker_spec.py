@@ -315,6 +315,8 @@ def test_workers_of_one_gpu_share_it(per_gpu):
         assert spec.workers_per_gpu == per_gpu
         assert abs(spec.device_memory_limit * per_gpu - one.device_memory_limit) <= per_gpu
         assert spec.pool_size == pytest.approx(one.pool_size / per_gpu)
+        # the auto pool never grows past its start: the rest of the GPU is CUDA's
+        assert spec.rmm_maximum_pool_size == pytest.approx(spec.pool_size)
         assert spec.memory_limit * per_gpu == pytest.approx(one.memory_limit, abs=per_gpu)
         assert spec.pinned_arena * per_gpu <= one.pinned_arena + per_gpu
     # away from the node the shares stay fractions of the GPU, as dask-cuda reads them

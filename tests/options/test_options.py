@@ -207,3 +207,13 @@ def test_the_cli_stops_on_a_bad_environment_value_with_one_line():
     assert result.exit_code == 2
     assert result.output.strip() == ("spillway: error: protocol: 'carrier-pigeon' is not one of auto, ucx, tcp "
                                      "(from env DASK_SPILLWAY__PROTOCOL)")
+
+
+def test_an_auto_pool_stays_at_its_size_and_a_given_one_grows_as_set():
+    """The auto pool is capped at its own size (the rest of the GPU stays for CUDA, its
+    libraries and the client process); a size given grows as RMM lets it unless capped."""
+    assert Options.resolve().maximum_pool_size == Options.resolve().pool_size == 0.9
+    assert Options.resolve(rmm_maximum_pool_size="140GB").maximum_pool_size == 140_000_000_000
+    assert Options.resolve(rmm_pool_size="20GB").maximum_pool_size is None
+    assert Options.resolve(rmm_async=True).maximum_pool_size is None
+    assert Options.resolve(rmm_pool_size=None).maximum_pool_size is None
