@@ -150,6 +150,9 @@ def quiet_retried_allocations() -> None:
 #: seconds without UCX progress after which ucxx's blocking progress mode progresses UCX
 #: anyway (ucxx's own: 1 s; :func:`~spillway.upstream.tighten_progress_net`)
 PROGRESS_NET_S = 0.005
+#: seconds a kept pageable buffer waits for reuse before it goes back to the host: longer
+#: than the gaps between the graphs of one piece of work, short beside an idle notebook
+KEPT_IDLE_S = 30
 
 
 class WorkerSetup(WorkerPlugin):
@@ -245,6 +248,10 @@ class WorkerSetup(WorkerPlugin):
             callback = PeriodicCallback(self.host_pause.tick, TICK_MS)
             worker.periodic_callbacks["spillway-host-pause"] = callback
             callback.start()
+            # pageable buffers kept for reuse go back to the host once spills stop
+            expire = PeriodicCallback(lambda: store.host.expire(KEPT_IDLE_S), KEPT_IDLE_S * 1000 / 4)
+            worker.periodic_callbacks["spillway-host-kept"] = expire
+            expire.start()
         if self.prefetch:
             from concurrent.futures import ThreadPoolExecutor
 

@@ -8,6 +8,8 @@ it (keys a client persisted, values waiting to be sent)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, get_worker, wait
@@ -406,3 +408,32 @@ def _assert_same(got, expected):
             np.testing.assert_array_equal(g, e)
     else:
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_gives_kept_pageable_buffers_back_once_spills_stop(below, monkeypatch):
+    """On a real worker with host books: kept pageable buffers go back to the host on
+    the worker's own clock once none was reused for KEPT_IDLE_S."""
+    from spillway.launch import plugins
+    from spillway.launch.plugins import WorkerSetup
+    from spillway.memory.books import HostBooks
+    from spillway.memory.host import HostBuffers
+
+    monkeypatch.setattr(plugins, "KEPT_IDLE_S", 0.2)
+    host = HostBuffers(None, None, pageable_cache=64 * MB)
+    store = TieredStore(device_limit=4 * MB, host_limit=64 * MB, codec=NumpyCodec(), below=below(), host=host,
+                        books=HostBooks(lambda: 2**40, headroom=0))
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None,
+                      data=store) as cluster, Client(cluster) as client:
+        client.register_plugin(WorkerSetup(prefetch=False))
+        assert client.run(lambda dask_worker: "spillway-host-kept" in dask_worker.periodic_callbacks) \
+            == {a: True for a in cluster.scheduler.workers}
+        for i in range(8):
+            store[f"x{i}"] = np.full(MB // 8, i, dtype=np.float64)
+        for i in range(8):
+            del store[f"x{i}"]
+        assert host.kept_bytes > 0
+        deadline = time.monotonic() + 10
+        while host.kept_bytes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host.kept_bytes == 0 and host.held_bytes == 0

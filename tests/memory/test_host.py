@@ -597,3 +597,21 @@ def test_real_segments_are_pinned_and_spills_copy_into_them():
     np.testing.assert_array_equal(buf.view(np.float64), np.arange(MB, dtype=np.float64))
     host.release(buf)
     host.close()
+
+
+def test_large_pageable_buffers_come_touched_and_small_ones_plain():
+    """A pageable spill buffer from 64 MiB up has its pages before the copy writes it
+    (the process's resident memory grew by it); a small one is a plain numpy buffer."""
+    import psutil
+
+    from spillway.memory.worker import TOUCH_PAGEABLE_FROM, touched_pageable
+
+    small = touched_pageable(4096)
+    assert small.nbytes == 4096 and small.dtype == np.uint8
+    before = psutil.Process().memory_info().rss
+    big = touched_pageable(TOUCH_PAGEABLE_FROM)
+    grew = psutil.Process().memory_info().rss - before
+    assert big.nbytes == TOUCH_PAGEABLE_FROM and not big.any()
+    assert grew >= 0.9 * TOUCH_PAGEABLE_FROM, grew
+    big[:] = 7  # writable
+    assert int(big[-1]) == 7

@@ -382,3 +382,88 @@ def test_what_the_store_starts_runs_once_at_start_or_at_the_first_spill(below):
     lazy.on_start.append(lambda: started.append("lazy"))
     lazy[0], lazy[1] = chunk(0), chunk(1)  # the second spills the first: no plugin started it
     assert started == ["arena", "lazy"] and lazy.tier_of(0) == "host"
+
+
+# --- pageable buffers kept for reuse
+
+
+def test_pageable_buffers_given_back_are_reused_by_size_within_the_cache():
+    """A run past device and pinned memory spills buffers of the same sizes run after
+    run: one given back is handed out again (no new host memory, no first touch), by
+    size, while the kept bytes stay within the cache and count as held."""
+    pageable = Recorder()
+    host = HostBuffers(None, None, pageable=pageable, pageable_cache=3 * MB)
+    a, b = host.alloc(2 * MB), host.alloc(MB)
+    assert pageable.sizes == [2 * MB, MB] and host.held_bytes == 3 * MB
+    host.release(a)
+    host.release(b)
+    assert host.kept_bytes == 3 * MB and host.pageable_bytes == 0 and host.held_bytes == 3 * MB
+    again = host.alloc(2 * MB)
+    assert again is a and pageable.sizes == [2 * MB, MB]  # reused, nothing new taken
+    assert host.kept_bytes == MB and host.pageable_bytes == 2 * MB
+    other = host.alloc(3 * MB)  # no kept buffer of that size: a new one
+    assert pageable.sizes[-1] == 3 * MB
+    host.release(other)  # 1 + 3 > 3 kept: this one goes back to the host
+    assert host.kept_bytes == MB
+    host.release(again)
+    assert host.kept_bytes == 3 * MB and host.summary()["pageable_kept_bytes"] == 3 * MB
+
+
+def test_a_kept_pageable_buffer_does_not_take_the_place_of_a_pinned_one():
+    """Within the pinned limit a spill gets pinned memory (copies at the pinned rate);
+    kept pageable buffers serve only past it."""
+    pinned, pageable = Recorder(), Recorder()
+    host = HostBuffers(None, pinned, pinned_limit=2 * MB, pageable=pageable, pageable_cache=8 * MB)
+    first = host.alloc(2 * MB)  # pinned: within the limit
+    spare = host.alloc(2 * MB)  # the limit is full: pageable
+    host.release(spare)
+    assert host.kept_bytes == 2 * MB
+    host.release(first)  # the pinned limit has room again
+    assert host.alloc(2 * MB) is not spare and pinned.sizes == [2 * MB, 2 * MB]
+    assert host.alloc(2 * MB) is spare and len(pageable.sizes) == 1  # past the limit: reused
+
+
+def test_kept_pageable_buffers_go_back_when_asked_and_when_idle():
+    trims = []
+    host = HostBuffers(None, None, pageable=Recorder(), pageable_cache=8 * MB, trim=lambda: trims.append(1))
+    for buf in [host.alloc(MB) for _ in range(3)]:
+        host.release(buf)
+    assert host.kept_bytes == 3 * MB
+    assert host.give_back() == 3 * MB and host.kept_bytes == 0 and host.held_bytes == 0 and trims == [1]
+    old = host.alloc(MB)
+    host.release(old)
+    new = host.alloc(2 * MB)
+    host.release(new)
+    import time
+
+    later = time.monotonic() + 10
+    assert host.expire(60, now=later) == 0 and host.kept_bytes == 3 * MB
+    assert host.expire(5, now=later) == 3 * MB and host.kept_bytes == 0
+
+
+def test_without_a_cache_pageable_buffers_go_straight_back():
+    host = HostBuffers(None, None, pageable=Recorder())
+    host.release(host.alloc(MB))
+    assert host.kept_bytes == 0 and host.held_bytes == 0
+
+
+def test_the_store_gives_kept_buffers_back_before_it_writes_to_disk(below):
+    """The books short of room: kept pageable buffers go before any value is written."""
+    from spillway.memory.books import HostBooks
+
+    free = {"bytes": 64 * MB}
+    books = HostBooks(lambda: free["bytes"], headroom=0)
+    host = HostBuffers(None, None, pageable=Recorder(), pageable_cache=64 * MB)
+    store = TieredStore(device_limit=4 * MB, host_limit=64 * MB, codec=NumpyCodec(), below=below(),
+                        host=host, books=books)
+    for i in range(8):
+        store[f"x{i}"] = np.full(MB // 8, i, dtype=np.float64)  # 4 stay, 4 go to host
+    for i in range(4, 8):
+        del store[f"x{i}"]  # nothing: these are on the device
+    for i in range(4):
+        del store[f"x{i}"]  # their host buffers are kept
+    kept = host.kept_bytes
+    assert kept > 0
+    free["bytes"] = 0  # the machine has no room: a new host buffer asks the books
+    store._room_for_new_host_memory(MB)
+    assert host.kept_bytes == 0
