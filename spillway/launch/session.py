@@ -281,7 +281,40 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     values = set(kinds.values())
     if len(values) > 1:
         raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
-    return values.pop(), len(kinds)
+    kind = values.pop()
+    if kind == "gpu":
+        results_path_ready(client, sorted(kinds), _device_value)
+    return kind, len(kinds)
+
+
+#: bytes of the value each GPU worker sends the client when the cluster opens: past UCX's
+#: rendezvous threshold, so the CUDA IPC path a result takes is the one warmed
+WARM_RESULT_BYTES = 4 * 2**20
+
+
+def _device_value(nbytes: int):
+    import cupy
+
+    return cupy.zeros(nbytes, dtype="uint8")
+
+
+def results_path_ready(client, workers: list[str], make, nbytes: int = WARM_RESULT_BYTES,
+                       timeout: float = 60) -> None:
+    """The client receives a value made by ``make(nbytes)`` from each worker before the
+    cluster is handed out: the first result of a run no longer pays the client's first
+    contact with each worker's memory (UCX mapping its pool), and UCX in the client makes
+    the CUDA stream it copies results with while the GPUs still have room for it. On two
+    H200s filled past their memory, a client whose first CuPy result came at the end of
+    the run could not create that stream, and its gather failed and was retried for
+    minutes. A failure here is a debug line: the run still gets its results the usual way."""
+    futures = [client.submit(make, nbytes, workers=[w], allow_other_workers=False, pure=False) for w in workers]
+    try:
+        for future in futures:
+            future.result(timeout=timeout)  # the value itself comes to this process
+    except Exception as e:  # noqa: BLE001 (a warm-up: the first run warms what is left)
+        logger.debug("the results path was not warmed: %s: %s", type(e).__name__, e)
+    finally:
+        client.cancel(futures)
 
 
 def _planes_ready(client) -> None:
