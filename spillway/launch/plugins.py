@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -155,6 +156,11 @@ PROGRESS_NET_S = 0.005
 KEPT_IDLE_S = 30
 
 
+def _expire_kept(host) -> None:
+    if host.kept_bytes:
+        threading.Thread(target=host.expire, args=(KEPT_IDLE_S,), name="spillway-kept-expire", daemon=True).start()
+
+
 class WorkerSetup(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
@@ -248,8 +254,9 @@ class WorkerSetup(WorkerPlugin):
             callback = PeriodicCallback(self.host_pause.tick, TICK_MS)
             worker.periodic_callbacks["spillway-host-pause"] = callback
             callback.start()
-            # pageable buffers kept for reuse go back to the host once spills stop
-            expire = PeriodicCallback(lambda: store.host.expire(KEPT_IDLE_S), KEPT_IDLE_S * 1000 / 4)
+            # pageable buffers kept for reuse go back to the host once spills stop, freed on a
+            # thread of their own: unmapping tens of GB would hold the event loop
+            expire = PeriodicCallback(lambda: _expire_kept(store.host), KEPT_IDLE_S * 1000 / 4)
             worker.periodic_callbacks["spillway-host-kept"] = expire
             expire.start()
         if self.prefetch:
