@@ -33,8 +33,8 @@ class HostBuffers:
     room for it (:mod:`spillway.memory.books`). ``trim()`` gives back pinned
     blocks cached by the on-demand allocator.
 
-    Pageable buffers given back are kept for reuse, up to ``pageable_cache`` bytes, by
-    size: a run past device and pinned memory spills buffers of the same few sizes over
+    Pageable buffers given back are kept for reuse by size, kept and in use together up
+    to ``pageable_cache`` bytes: a run past device and pinned memory spills buffers of the same few sizes over
     and over, and a buffer taken new costs the host's first touch of its pages (1.6 GiB/s
     on one thread of the 2 x H200 host) where one reused costs nothing. On two H200s an
     FFT at 1.5x their memory gave back and took anew about 100 GB of host memory in every
@@ -198,7 +198,9 @@ class HostBuffers:
             nbytes = self._pageable.pop(address, None)
             if nbytes is not None:
                 self.pageable_bytes -= nbytes
-                if self.kept_bytes + nbytes <= self.pageable_cache:
+                # kept and in use together within the cache: pageable memory never holds
+                # more than it could while none was kept
+                if self.kept_bytes + self.pageable_bytes + nbytes <= self.pageable_cache:
                     self._kept.setdefault(nbytes, []).append((time.monotonic(), buffer))
                     self.kept_bytes += nbytes
 

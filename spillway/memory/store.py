@@ -438,9 +438,10 @@ class TieredStore(MutableMapping):
             return before - self._host.nbytes
 
     def _write_host_while(self, nbytes: int) -> bool:
-        """Give back cached pinned blocks and kept pageable buffers, then write host groups to disk, in eviction order,
-        until ``nbytes`` more host memory fit the books (or a slice of the arena); True
-        when the host tier ran out first. The caller holds the lock."""
+        """Give back cached pinned blocks and kept pageable buffers, then write host groups
+        to disk, in eviction order, until ``nbytes`` more host memory fit the books (or a
+        slice of the arena); True when the host tier ran out first. The caller holds the
+        lock."""
         def room() -> bool:
             self.host.give_back()
             return (nbytes and self.host.arena_fits(nbytes)) or self.books.short_by(nbytes, count=False) <= 0
