@@ -311,10 +311,12 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
     # the persisted inputs beside them
     tasks = client.run_on_scheduler(_scheduler_tasks) - len(inputs)
     value = None
+    # bounded like the run: a result that never reaches the client (its gather failing and
+    # retried without end, as O4's check was on two H200s) fails this side, not the bench
     if keep_value and check is not None:
-        value = tuple(client.gather(client.compute(list(check(persisted)))))
+        value = tuple(f.result(timeout=timeout) for f in client.compute(list(check(persisted))))
     elif keep_value:
-        value = client.gather(futures[0])
+        value = futures[0].result(timeout=timeout)
     del persisted, futures, inputs, op
 
     transfers, moved = [], 0

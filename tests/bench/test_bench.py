@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -711,6 +712,27 @@ def test_timed_run_reads_spill_moves_from_real_tiered_stores(tmp_path):
         assert m.spill["restore_wait_s"] > 0
         del m
         assert measure.wait_released(client, timeout=30)
+
+
+def _slow_check(y):
+    import dask
+
+    return [dask.delayed(time.sleep)(6, dask_key_name="slow-check")]
+
+
+def test_a_check_that_never_returns_fails_its_side_within_the_timeout():
+    """A run's check whose result does not reach the client in the run's timeout raises
+    (the harness records the side as failed and goes on), where it hung the bench."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        w = workloads.WORKLOADS["W1"]
+        began = time.perf_counter()
+        with pytest.raises(TimeoutError):
+            measure.timed_run(client, w.direct(w.params("tiny"), "numpy", 3), kind="cpu", timeout=2,
+                              keep_value=True, check=_slow_check)
+        assert time.perf_counter() - began < 5.5  # the timeout, not the check's 6 s
 
 
 @pytest.mark.slow
