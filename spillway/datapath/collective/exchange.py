@@ -50,12 +50,6 @@ BUSY_PATIENCE_S = 120.0
 PIECES = "spillway_collective_pieces"
 
 
-def phases(dask_worker=None) -> dict | None:
-    """This worker's collective phases (``client.run(phases)``), None where it ran none."""
-    state = state_of(dask_worker)
-    return None if state is None or not state.phases.counts else state.phases.as_dict()
-
-
 class CollectiveLost(SpillwayError, RuntimeError):
     """Pieces of an exchange are gone with their worker: the exchange cannot finish."""
 
