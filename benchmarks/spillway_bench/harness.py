@@ -267,8 +267,8 @@ def _seconds(value: float | None) -> str:
 def collective_phases(client) -> str | None:
     """The collective's phases on each worker (ms summed over every run of the workload
     so far, counts, and the median of one in ms:
-    :class:`spillway.datapath.collective.exchange.Phases`), None where no worker ran one."""
-    from spillway.datapath.collective.exchange import phases
+    :func:`spillway.run.measuring.collective_phases`), None where no worker ran one."""
+    from spillway.run.measuring import collective_phases as phases
 
     found = [p for p in client.run(phases).values() if p]
     if not found:
@@ -284,8 +284,8 @@ def collective_phases(client) -> str | None:
 
 def plane_phases(client) -> str | None:
     """The data plane's phases on the workers (median and max ms of the latest fetches and serves:
-    :class:`spillway.datapath.plane.plane.Counters`), None where no worker has a plane."""
-    from .transfers import plane_counters
+    :func:`spillway.run.measuring.plane_counters`), None where no worker has a plane."""
+    from spillway.run.measuring import plane_counters
 
     counters = [c for c in client.run(plane_counters).values() if c]
     if not counters:

@@ -104,14 +104,6 @@ def moves(client, sizes, *, repeats: int = REPEATS, seed: int = 1000, module: st
     return out
 
 
-def plane_counters(dask_worker=None):
-    """The worker's data-plane counters (fetches, serves, busy replies, requests that went
-    over the comm), None where the worker has no plane."""
-    from spillway.datapath.plane import counters
-
-    return counters(dask_worker)
-
-
 def _parse_sizes(text: str) -> list[int]:
     from spillway.options.sizes import parse_size
 
@@ -154,6 +146,7 @@ def main(argv=None) -> int:
         from spillway.launch import open_cluster
         from spillway.options.settings import Options
         from spillway.datapath.transfer import transport
+        from spillway.run.measuring import plane_counters
 
         keywords = dict(item.split("=", 1) for item in args.option)
         same_gpu = devices[0] == devices[1]

@@ -6,7 +6,8 @@ named for what they hold: :mod:`.target` (what the workers offer), :mod:`.comput
 run and its report), :mod:`.host` (results brought to the host), :mod:`.output` (an array
 output written and read back), :mod:`.verify`, :mod:`.stats` (transfers, spills and peaks
 from the workers' snapshots), :mod:`.text` and :mod:`.report` (the report for a terminal
-and a notebook).
+and a notebook); :mod:`.measuring`: what each worker did, read with ``client.run`` (the
+bench's and a notebook's way to measure a cluster).
 
 This layer sits on the workflows and the rooms below them, and below the notebook
 clusters (:mod:`spillway.clusters`) and the shared service; the

@@ -306,3 +306,60 @@ def test_assemblies_after_the_first_read_their_buffers_off_the_event_loop():
     del store[("n", "g", 2, 1)]
     assert _owned_on_device(worker, "n", (0, 1), old, new, layout) is None
     assert _owned_on_device(SimpleNamespace(address="b", data={}), "n", (0, 1), old, new, layout) is None
+
+
+# --- what an exchange keeps on a worker
+
+
+def test_a_local_scheduler_s_exchange_leaves_no_run_behind():
+    from spillway.datapath.collective.state import LOCAL
+
+    x = _array((40, 30), (10, 30), seed=13)
+    y = rechunk(x, (40, 6))
+    for scheduler in ("sync", "threads"):
+        assert np.array_equal(y.compute(scheduler=scheduler), x.compute(scheduler="sync"))
+        assert not [n for n in LOCAL.names() if n.startswith("spillway-pieces-")], LOCAL.names()
+
+
+def _runs(dask_worker=None) -> list | None:
+    from spillway.datapath.collective.state import state_of
+
+    state = state_of(dask_worker)
+    return None if state is None else state.names()
+
+
+def test_an_exchange_s_run_goes_with_its_drop_and_every_run_with_the_worker():
+    """A worker's state of an exchange (its run: layout, first-assembly lock) is made by
+    its cut and dropped when the scheduler says the exchange ended; the worker's plugin
+    drops what is left when the worker closes."""
+    from dask.delayed import Delayed
+    from distributed import Client, LocalCluster
+
+    from spillway.datapath.collective.names import is_barrier, pieces_name
+    from spillway.datapath.collective.state import WORKER_PLUGIN
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as c:
+        c.register_plugin(CollectivePlacement())
+        x = _array((40, 30), (10, 30), seed=14).persist()
+        y = rechunk(x, (40, 6))
+        barrier_key = next(k for k in dict(y.dask) if is_barrier(k))
+        name = pieces_name(barrier_key)
+        # the barrier held (its future kept): the exchange has not ended
+        held = c.compute(Delayed(barrier_key, y.dask, layer=barrier_key[0]))
+        cutters = set(held.result(timeout=60)["holders"].values())
+        assert all(name in c.run(_runs)[w] for w in cutters)
+        del held  # released: the scheduler's plugin tells the holders to drop it
+        deadline = time.monotonic() + 10
+        while any(name in (r or ()) for r in c.run(_runs).values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(name in (r or ()) for r in c.run(_runs).values())
+        # an exchange held when the worker closes: its run goes with the worker's plugin
+        held = c.compute(Delayed(barrier_key, y.dask, layer=barrier_key[0]))
+        cutters = set(held.result(timeout=60)["holders"].values())
+        workers = [w for w in cluster.workers.values() if w.address in cutters]
+        plugins = [w.plugins[WORKER_PLUGIN] for w in workers]
+        assert all(name in p.state.names() for p in plugins)
+        assert np.array_equal(c.compute(y).result(timeout=60), x.compute())
+    assert all(p.state.names() == [] for p in plugins)
+    assert all(WORKER_PLUGIN not in w.plugins for w in workers)

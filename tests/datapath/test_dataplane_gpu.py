@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from spillway_bench.transfers import moves, plane_counters
+from spillway.run.measuring import plane_counters
+from spillway_bench.transfers import moves
 
 pytestmark = pytest.mark.gpu
 

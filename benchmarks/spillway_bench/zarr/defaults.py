@@ -174,7 +174,7 @@ def baseline_array(path: str, gpu: bool, chunks: int | None = None):
 
 
 def counters(client) -> dict:
-    from spillway.workflows.zarr.decoded import decode_counters
+    from spillway.run.measuring import decode_counters
 
     return client.run(decode_counters)
 

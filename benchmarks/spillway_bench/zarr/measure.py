@@ -96,6 +96,7 @@ def measure_zarr(zarr_run: ZarrRun, client, directory: str, *, log: Callable[[st
     import dask.array as da
     from distributed import wait
 
+    from spillway.run import measuring
     from spillway.workflows import random
     from spillway.workflows import zarr as zarr_io
     from spillway.workflows.backend import backend_for
@@ -109,7 +110,7 @@ def measure_zarr(zarr_run: ZarrRun, client, directory: str, *, log: Callable[[st
             client.run(synchronize_device)
 
     def decoded():
-        return client.run(zarr_io.decode_counters)
+        return client.run(measuring.decode_counters)
 
     source = random.uniform(zarr_run.shape, zarr_run.chunks, seed=0, dtype=DTYPE, backend=backend)
     source = client.persist(source.map_blocks(_quantize, dtype=source.dtype))

@@ -10,6 +10,8 @@ A few tasks a chunk, not one a piece.
 - :mod:`.way`: whether a rechunk takes the collective or dask's task method (it would not
   fit the workers' fastest tier);
 - :mod:`.exchange`: those tasks as they run on the workers;
+- :mod:`.state` and :mod:`.plugin`: what they keep between them on a worker, one run an
+  exchange, in a worker plugin;
 - :mod:`.placement`: the scheduler plugin that spreads the assemblies and drops leftovers;
 - :mod:`.method`: users' ``x.rechunk(...)`` routed here on spillway's clusters.
 """

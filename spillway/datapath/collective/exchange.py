@@ -19,15 +19,17 @@
 A worker lost once the cuts are done takes pieces with it that nothing can make again
 without the whole exchange: the assembly that needs them fails with
 :class:`CollectiveLost`, one line naming the worker, and the computation with it.
+
+What the tasks keep between them on a worker (each exchange's layout and first-assembly
+lock, the phases' times) is the worker's :class:`~.state.CollectiveState`, in the worker
+plugin the first of them adds (:mod:`.plugin`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import math
-import statistics
 import time
 from collections import defaultdict
 
@@ -35,6 +37,7 @@ from spillway.options.errors import SpillwayError
 from spillway.upstream import log_incoming
 from .copies import Batch, Flat, view_of
 from .layout import Layout, flat_index, owned_parts, packing, plan_of
+from .state import LOCAL, WORKER_PLUGIN, CollectiveState, state_of
 
 logger = logging.getLogger("spillway.collective")
 
@@ -45,52 +48,6 @@ DROP = "spillway-collective-drop"
 BUSY_PATIENCE_S = 120.0
 
 PIECES = "spillway_collective_pieces"
-#: pieces of collectives run without a distributed worker (dask's local schedulers)
-_LOCAL: dict = {}
-#: (worker address, exchange) -> its layout, and the lock of its first assembly here
-_LAYOUTS: dict = {}
-_LOCKS: dict = {}
-
-
-class Phases:
-    """Where a worker's collective tasks spent their time since it started: per phase the
-    seconds summed, the count, and the median of the latest :data:`KEPT` (the first run
-    of an exchange pays for compiling the copy kernel and opening endpoints: the median
-    is what a run costs after). A cut is ``layout`` (asked of the scheduler), ``cut_plan``
-    (its buffers taken and its copies listed), ``cut_launch`` (the copies' one launch) and
-    ``cut_store`` (kept in the store); an assembly is ``pieces`` (read where they are
-    held here, else on the event loop: ``take``, from other workers, bytes in
-    ``taken_bytes``, each request to one holder as ``take_plane`` or ``take_comm``;
-    ``owned_store``, a grouped exchange's buffers kept here) and ``join`` (the output
-    chunk's one launch). The bench prints them
-    beside the data plane's."""
-
-    KEPT = 1024
-
-    def __init__(self):
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.counts: dict[str, int] = defaultdict(int)
-        self.latest: dict[str, collections.deque] = defaultdict(lambda: collections.deque(maxlen=self.KEPT))
-        self.taken_bytes = 0
-
-    def add(self, phase: str, seconds: float) -> None:
-        self.seconds[phase] += seconds
-        self.counts[phase] += 1
-        self.latest[phase].append(seconds)
-
-    def as_dict(self) -> dict:
-        return {"seconds": dict(self.seconds), "counts": dict(self.counts), "taken_bytes": self.taken_bytes,
-                "median": {k: statistics.median(v) for k, v in self.latest.items() if v}}
-
-
-#: worker address -> its :class:`Phases`
-PHASES: dict = defaultdict(Phases)
-
-
-def phases(dask_worker=None) -> dict | None:
-    """This worker's collective phases (``client.run(phases)``), None where it ran none."""
-    found = PHASES.get(getattr(dask_worker, "address", None))
-    return None if found is None else found.as_dict()
 
 
 class CollectiveLost(SpillwayError, RuntimeError):
@@ -154,8 +111,9 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
     in_grid, out_grid = tuple(map(len, old)), tuple(map(len, new))
     i = flat_index(index, in_grid)
     worker = _worker()
+    state = _state(worker) if worker is not None else None
     began = time.perf_counter()
-    layout = _layout(worker, name, plan, partial, block, out_grid) if worker is not None else None
+    layout = _layout(worker, state, name, plan, partial, block, out_grid) if worker is not None else None
     asked = time.perf_counter()
     xp = _module(block)
     grouped = layout is not None and layout.grouped
@@ -175,12 +133,11 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
     planned = time.perf_counter()
     batch.run()
     if worker is None:
-        _LOCAL.update(kept)
+        LOCAL.run(name).pieces.update(kept)
         return None
     if kept:
         _mark_made(worker, kept)
     cut_at = time.perf_counter()
-    ensure_handlers(worker)
     if _tiered(worker) is not None:
         # spillway's tiered store takes values from any thread (it spills under its own
         # lock): no trip through the event loop, which serves the peers meanwhile
@@ -188,7 +145,7 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
             worker.data[key] = value
     else:
         _on_loop(worker, _store, worker, kept)
-    stats = PHASES[worker.address]
+    stats = state.phases
     stats.add("layout", asked - began)
     stats.add("cut_plan", planned - asked)
     stats.add("cut_launch", cut_at - planned)
@@ -211,8 +168,8 @@ def barrier(name: str, inputs: list, *holders) -> dict:
     worker = _worker()
     layout = None
     if worker is not None:
-        ensure_handlers(worker)
-        found = _LAYOUTS.get((worker.address, name))
+        run = _state(worker).find(name)
+        found = None if run is None else run.layout
         layout = None if found is None else [list(found.workers), found.grouped]
     return {"holders": dict(zip(inputs, holders)), "layout": layout}
 
@@ -228,11 +185,11 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
     holders = ended["holders"]
     layout = None
     if worker is not None:
-        ensure_handlers(worker)
+        state = _state(worker)
         if ended["layout"] is not None:
             layout = Layout(tuple(ended["layout"][0]), bool(ended["layout"][1]))
         else:  # the barrier ran where no cut of its exchange did
-            layout = _on_loop(worker, _ask_layout, worker, name, 0, tuple(map(len, new)))
+            layout = _on_loop(worker, _ask_layout, worker, state, name, 0, tuple(map(len, new)))
     gathering = time.perf_counter()
     if layout is not None and layout.grouped:
         d = layout.owner(index, tuple(map(len, new)))
@@ -258,7 +215,7 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
         j = flat_index(index, out_grid)
         keys = [(name, flat_index(i, in_grid), j) for i, _ in parts]
         if worker is None:
-            values = [_LOCAL.pop(k) for k in keys]
+            values = _local_pieces(name, keys)
         else:
             by_holder: dict = defaultdict(list)
             for (i, _), key in zip(parts, keys):
@@ -274,10 +231,21 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
     joined_at = time.perf_counter()
     out = _joined(sources, [dst for _, dst in parts], shape, key)
     if worker is not None:  # the kernel's launch: it runs on while the next task starts
-        stats = PHASES[worker.address]
+        stats = state.phases
         stats.add("pieces", joined_at - gathering)
         stats.add("join", time.perf_counter() - joined_at)
     return out
+
+
+def _local_pieces(name: str, keys: list) -> list:
+    """The pieces cut without a distributed worker, taken: the exchange's run goes with
+    its last piece (no scheduler tells a local run that its exchange ended)."""
+    run = LOCAL.find(name)
+    pieces = run.pieces if run is not None else {}
+    values = [pieces.pop(k) for k in keys]
+    if not pieces:
+        LOCAL.drop(name)
+    return values
 
 
 def _extent(index: tuple) -> tuple:
@@ -296,15 +264,15 @@ def _whole(array) -> tuple:
 # --- grouped exchanges: the owner's buffers
 
 
-def _layout(worker, name: str, plan, partial: int, block, grid: tuple):
-    found = _LAYOUTS.get((worker.address, name))
-    if found is not None:
-        return found
+def _layout(worker, state: CollectiveState, name: str, plan, partial: int, block, grid: tuple):
+    run = state.find(name)
+    if run is not None and run.layout is not None:
+        return run.layout
     nbytes = sum(math.prod(plan.input_shape(i)) for i in plan.partials[partial].inputs) * block.dtype.itemsize
-    return _on_loop(worker, _ask_layout, worker, name, nbytes, grid)
+    return _on_loop(worker, _ask_layout, worker, state, name, nbytes, grid)
 
 
-async def _ask_layout(worker, name: str, nbytes: int, grid: tuple):
+async def _ask_layout(worker, state: CollectiveState, name: str, nbytes: int, grid: tuple):
     """The exchange's layout, from the scheduler (the same answer to every worker);
     ungrouped where the scheduler has no collective plugin."""
     try:
@@ -312,7 +280,7 @@ async def _ask_layout(worker, name: str, nbytes: int, grid: tuple):
     except Exception:  # noqa: BLE001 (no plugin on this scheduler: pieces, not groups)
         answer = None
     layout = Layout(tuple(answer["workers"]), bool(answer["grouped"])) if answer else Layout((), False)
-    _LAYOUTS[(worker.address, name)] = layout
+    state.run(name).layout = layout
     return layout
 
 
@@ -363,7 +331,8 @@ async def _owned_pieces(worker, request: dict) -> dict:
     # the inputs that packed a buffer for this worker (an input none of whose pieces go
     # to this worker's outputs packed none)
     keys = {i: (name, "g", flat_index(i, in_grid), d) for i in inputs if d in packing(old, new, i, workers)}
-    async with _LOCKS.setdefault((worker.address, name), asyncio.Lock()):
+    state = state_of(worker)
+    async with state.run(name).first_assembly:
         missing: dict = defaultdict(list)
         for i, key in keys.items():
             if key not in worker.data:
@@ -374,7 +343,7 @@ async def _owned_pieces(worker, request: dict) -> dict:
             stored = time.perf_counter()
             for key, value in taken.items():
                 worker.data[key] = value
-            PHASES[worker.address].add("owned_store", time.perf_counter() - stored)
+            state.phases.add("owned_store", time.perf_counter() - stored)
     return _owned_views(worker, name, index, old, new, layout)
 
 
@@ -420,6 +389,27 @@ def _on_loop(worker, fn, *args):
     return sync(worker.loop, fn, *args)
 
 
+def _state(worker) -> CollectiveState:
+    """The worker's collective state, its plugin and the holder's handlers added by the
+    first collective task here (a worker of any cluster can run one: nothing to register)."""
+    found = state_of(worker)
+    return found if found is not None else _on_loop(worker, _install, worker)
+
+
+async def _install(worker) -> CollectiveState:
+    # on the event loop, which reads the worker's plugins and handlers: nothing awaits
+    # between the check and the plugin in place, so a second task's install finds it
+    from .plugin import CollectiveWorker
+
+    if state_of(worker) is None:
+        plugin = CollectiveWorker()
+        worker.handlers[TAKE] = _take_handler(worker)
+        worker.handlers[PIECES] = _pieces_handler(worker)
+        worker.stream_handlers[DROP] = _drop_handler(worker, plugin.state)
+        await worker.plugin_add(plugin, name=WORKER_PLUGIN)
+    return state_of(worker)
+
+
 async def _store(worker, pieces: dict) -> None:
     for key, value in pieces.items():
         worker.data[key] = value
@@ -430,7 +420,7 @@ async def _take_all(worker, by_holder: dict, move: bool) -> dict:
     the holders drop what they sent (else they keep it until the exchange ends)."""
     began = time.perf_counter()
     results = await asyncio.gather(*(_take(worker, holder, keys, move) for holder, keys in by_holder.items()))
-    PHASES[worker.address].add("take", time.perf_counter() - began)
+    state_of(worker).phases.add("take", time.perf_counter() - began)
     values: dict = {}
     for found in results:
         values.update(found)
@@ -468,7 +458,7 @@ async def _fetch(worker, holder: str, keys: list, move: bool) -> dict:
     from spillway.datapath.plane.hook import PLANES
 
     plane = PLANES.get(worker.address)
-    stats = PHASES[worker.address]
+    stats = state_of(worker).phases
     began = time.perf_counter()
     if plane is not None and await plane.reaches(holder):
         response = await plane.fetch(holder, keys)
@@ -486,7 +476,7 @@ def _log_incoming(worker, holder: str, data: dict, start: float) -> None:
     """The move in the worker's incoming transfer log, as a gather's (the bench and the
     dashboard read bytes moved there)."""
     sizes = {k: int(getattr(v, "nbytes", 0)) for k, v in data.items()}
-    PHASES[worker.address].taken_bytes += sum(sizes.values())
+    state_of(worker).phases.taken_bytes += sum(sizes.values())
     log_incoming(worker, holder, sizes, start, time.time())
 
 
@@ -497,12 +487,10 @@ def _drop_later(worker, holder: str, keys: list) -> None:
         except OSError:
             pass  # the holder is gone, and its pieces with it
 
+    pending = state_of(worker).pending
     task = asyncio.ensure_future(drop())
-    _PENDING.add(task)
-    task.add_done_callback(_PENDING.discard)
-
-
-_PENDING: set = set()
+    pending.add(task)
+    task.add_done_callback(pending.discard)
 
 
 def _here(worker, keys: list, holder: str, move: bool) -> dict:
@@ -529,17 +517,7 @@ def _lost_line(keys: list, holder: str, why: str) -> str:
             f"mid-exchange takes pieces only the whole exchange could make again)")
 
 
-# --- the holder's side
-
-
-def ensure_handlers(worker) -> None:
-    """The handlers a holder answers with, added the first time a collective runs here
-    (a worker of any cluster can run one: no plugin needed)."""
-    if TAKE not in worker.handlers:
-        worker.handlers[TAKE] = _take_handler(worker)
-        worker.handlers[PIECES] = _pieces_handler(worker)
-    if DROP not in worker.stream_handlers:
-        worker.stream_handlers[DROP] = _drop_handler(worker)
+# --- the holder's side: handlers added with the worker's plugin (:func:`_install`)
 
 
 def _take_handler(worker):
@@ -570,16 +548,16 @@ def _pieces_handler(worker):
     return pieces
 
 
-def _drop_handler(worker):
+def _drop_handler(worker, state: CollectiveState):
     def drop(name=None, **_):
-        """What an exchange left here once it ended (stopped, failed or cancelled)."""
+        """What an exchange left here once it ended (stopped, failed or cancelled): its
+        pieces in the store and its run."""
         left = [k for k in list(worker.data) if type(k) is tuple and k and k[0] == name]
         for key in left:
             if key in worker.data:
                 del worker.data[key]
             _forget_made(worker, key)
-        for registry in (_LAYOUTS, _LOCKS):
-            registry.pop((worker.address, name), None)
+        state.drop(name)
         if left:
             logger.info("dropped %d piece(s) an exchange left on %s", len(left), worker.address)
 

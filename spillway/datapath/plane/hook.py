@@ -47,7 +47,9 @@ def uninstall() -> None:
         _original = None
 
 
-def counters(dask_worker=None) -> dict | None:
-    """This worker's plane's counters (``client.run(counters)``), None without a plane."""
+def counters(dask_worker=None, traces: bool = False) -> dict | None:
+    """This worker's plane's counters (``client.run(counters)``; ``traces``: its kept
+    fetches and serves too), None without a plane. Users measure a cluster through
+    :func:`spillway.run.measuring.plane_counters`."""
     plane = PLANES.get(getattr(dask_worker, "address", None))
-    return None if plane is None else plane.counters.as_dict()
+    return None if plane is None else plane.counters.as_dict(traces=traces)

@@ -135,9 +135,14 @@ class Counters:
                                          "max_s": max(values)}
         return out
 
-    def as_dict(self) -> dict:
+    def as_dict(self, traces: bool = False) -> dict:
+        """The counts and :meth:`phases`; ``traces``: the kept fetches and serves too, one
+        ``{phase: seconds}`` each (``fetch_trace``, ``serve_trace``)."""
         out = {k: v for k, v in vars(self).items() if not k.endswith("_trace")}
         out["phases"] = self.phases()
+        if traces:
+            out["fetch_trace"] = [dict(t) for t in self.fetch_trace]
+            out["serve_trace"] = [dict(t) for t in self.serve_trace]
         return out
 
 

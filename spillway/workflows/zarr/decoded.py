@@ -1,6 +1,6 @@
 """What this process decoded, read in one call: the counters (:mod:`.counters`) and the
-host-decode pool's buffers. The bench and the climatology example read them on every
-worker with ``client.run(decode_counters)``."""
+host-decode pool's buffers. Users read them on every worker through
+:func:`spillway.run.measuring.decode_counters` (the bench and the climatology example do)."""
 
 from __future__ import annotations
 
