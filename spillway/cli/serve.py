@@ -139,6 +139,7 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     _check_apart(results, data_dirs)
     with open_cluster(options, tls_dir=Path(state_dir).expanduser() / "tls") as session:
         _write_owner_file(session, Path(state_dir).expanduser())
+        _no_settles_beside_the_api(session.client)
         queue = JobQueue(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
         queue.start()
         try:
@@ -161,6 +162,25 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _no_settles_beside_the_api(client) -> None:
+    """A scheduler the service started runs in its process, beside the API's event loop.
+    Its quiet settles (:mod:`spillway.launch.collector`) are full collections of everything
+    the process holds, frozen objects included, at moments the scheduler alone judges quiet:
+    each held the API for 0.12-0.17 s (270,000 objects; /healthz's worst answers under 1,200
+    slow bodies, issue 63), and they grow with the process. Stopped there: the first settle,
+    at start, stays, and full collections walk only what was made since. A scheduler of
+    another process (an attached cluster) keeps them."""
+    import logging
+
+    from spillway.launch.collector import process_id, stop_settling
+
+    try:
+        if client.run_on_scheduler(process_id) == process_id():
+            client.run_on_scheduler(stop_settling)
+    except Exception as e:  # noqa: BLE001 (a scheduler without spillway has no settles to stop)
+        logging.getLogger("spillway.serve").debug("the scheduler's settles stay: %s: %s", type(e).__name__, e)
 
 
 def _notice_old_limits(jobdb) -> None:

@@ -13,7 +13,9 @@ since. A settle is itself a full collection, of the frozen objects too (:func:`g
 first, so cyclic garbage among them is found), and it runs only where nothing is waiting on
 the process: once when the cluster is ready, and again at a quiet moment (no task, no
 transfer for :data:`QUIET_S`) after a full collection ran since the last settle, at most
-once per :data:`GAP_S`.
+once per :data:`GAP_S`. Where the scheduler shares its process with `spillway serve`'s API,
+the quiet settles are stopped (:func:`stop_settling`): quiet for the scheduler is not quiet
+for the API's event loop, which each one held for 0.12-0.17 s.
 """
 
 from __future__ import annotations
@@ -117,6 +119,26 @@ def start_settling(server, busy: Callable[[], bool], name: str = "spillway-gc-se
     callback.start()
     server._spillway_settler = settler
     return settler
+
+
+def stop_settling(dask_worker=None, dask_scheduler=None, name: str = "spillway-gc-settle") -> bool:
+    """Stop the quiet settles of a worker or a scheduler (``client.run_on_scheduler``);
+    whether it had them. Its first settle stays: what was frozen then stays frozen."""
+    server = dask_worker or dask_scheduler
+    callback = server.periodic_callbacks.pop(name, None)
+    if callback is None:
+        return False
+    callback.stop()
+    return True
+
+
+def process_id() -> tuple[str, int]:
+    """This host's name and this process's id: ``client.run_on_scheduler(process_id)``
+    against the caller's own says whether the scheduler runs in the caller's process."""
+    import os
+    import socket
+
+    return socket.gethostname(), os.getpid()
 
 
 def settle_server(dask_worker=None, dask_scheduler=None) -> dict:

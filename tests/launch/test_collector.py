@@ -156,3 +156,59 @@ def test_a_local_cluster_settles_its_workers_and_scheduler_when_asked(gc_freeze)
     else:
         assert all(frozen == 0 and settles is None for frozen, settles in workers.values()), workers
         assert not scheduler[1]
+
+
+def test_serve_stops_the_settles_of_a_scheduler_in_its_own_process_only():
+    """`spillway serve` runs a cluster's scheduler it started in its own process, beside the
+    API's event loop: the scheduler's quiet settles (full collections of the process) are
+    stopped there, its first settle kept; the workers keep theirs."""
+    import spillway
+    from spillway.cli.serve import _no_settles_beside_the_api
+
+    def periodic(dask_worker=None, dask_scheduler=None):
+        server = dask_worker or dask_scheduler
+        return "spillway-gc-settle" in server.periodic_callbacks, gc.get_freeze_count()
+
+    with spillway.local(cpu=True, n_workers=1, threads_per_worker=1, gc_freeze=True, dashboard_address="") as lc:
+        client = lc.client
+        assert client.run_on_scheduler(periodic)[0]
+        _no_settles_beside_the_api(client)
+        on_scheduler, frozen = client.run_on_scheduler(periodic)
+        workers = client.run(periodic)
+    gc.unfreeze()
+    assert not on_scheduler and frozen > 1000
+    assert all(settling for settling, _ in workers.values()), workers
+
+
+def test_serve_keeps_the_settles_of_a_scheduler_of_another_process():
+    from spillway.cli.serve import _no_settles_beside_the_api
+
+    class Elsewhere:  # a client whose scheduler runs in another process
+        def __init__(self):
+            self.asked = []
+
+        def run_on_scheduler(self, fn):
+            self.asked.append(fn.__name__)
+            return ("another-host", 1) if fn is collector.process_id else True
+
+    client = Elsewhere()
+    _no_settles_beside_the_api(client)
+    assert client.asked == ["process_id"]
+
+
+def test_stop_settling_stops_and_forgets_the_callback():
+    class Callback:
+        stopped = False
+
+        def stop(self):
+            self.stopped = True
+
+    class Server:
+        def __init__(self):
+            self.periodic_callbacks = {"spillway-gc-settle": Callback(), "other": Callback()}
+
+    server = Server()
+    callback = server.periodic_callbacks["spillway-gc-settle"]
+    assert collector.stop_settling(dask_scheduler=server) is True
+    assert callback.stopped and list(server.periodic_callbacks) == ["other"]
+    assert collector.stop_settling(dask_scheduler=server) is False
