@@ -85,20 +85,11 @@ def machine() -> dict:
     import time
 
     import psutil
+    from spillway_bench.report import cpu_model
 
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "host": platform.node(), "cpus": os.cpu_count(),
-            "cpu": _cpu_model(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "cpu": cpu_model(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
             "load_average_after": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version()}
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def plot(records: list[dict], path: Path) -> None:

@@ -51,7 +51,7 @@ def describe_machine(inventory, kind: str) -> dict:
     return {
         "name": re.sub(r"[^a-z0-9]+", "-", slug.lower()).strip("-"),
         "workers": kind,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "memory_total": psutil.virtual_memory().total,
         "gpus": gpus,
@@ -63,7 +63,8 @@ def describe_machine(inventory, kind: str) -> dict:
     }
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The host CPU's model name, as /proc/cpuinfo gives it."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
