@@ -42,11 +42,6 @@ rc=$?
 grep -E "^([BO][0-9] +(spillway|tasks_method|baseline) +(first run|warm-up|run |result|check|FAILED)|ceiling )" \
   "$out/ooc-$part.txt" | tail -40
 echo "exit $rc"
-# a call brings back files of at most 16 MiB: a stalled side's repeated error lines (O4's
-# check on 2 x H200, 2026-11-28) made the terminal output larger; gzip keeps it whole
-for f in "$out/ooc-$part.txt" "$out"/*.log; do
-  [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt 15000000 ] && gzip -f "$f" && echo "ooc-bench.sh: $f gzipped"
-done
 sed -n '/^workload /,$p' "$out/ooc-$part.txt" | grep -vE "^(target |wrote |spillway: |previous result|slower: )"
 python3 - "$out" <<'PY'
 import glob, json, sys
@@ -88,3 +83,8 @@ for w in data["workloads"]:
 PY
 # last: the rows slower than in the previous result of this machine
 grep -E "^(previous result|slower: )" "$out/ooc-$part.txt"
+# a call brings back files of at most 16 MiB: a stalled side's repeated error lines (O4's
+# check on 2 x H200, 2026-11-28) made the terminal output larger; gzip keeps it whole
+for f in "$out/ooc-$part.txt" "$out"/*.log; do
+  [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt 15000000 ] && gzip -f "$f" && echo "ooc-bench.sh: $f gzipped"
+done
