@@ -265,3 +265,19 @@ def test_a_local_run_into_a_full_disk_is_one_line(cluster, tmp_path):
 
 def test_output_errors_of_the_os_exit_2():
     assert OutputError("x", exit_code=2).exit_code == 2 and OutputError("x").exit_code == 1
+
+
+def test_serve_on_a_port_in_use_is_one_line_before_any_cluster(tmp_path, no_cluster):
+    """The API's port is taken before the cluster starts: one in use is refused at once,
+    with nothing started (and no cluster listener can take it while workers start)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["serve", "--cpu", "--state-dir", str(tmp_path / "state"),
+                                           "--port", str(port)])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert lines == [f"spillway: error: port: cannot listen on 127.0.0.1:{port} ([Errno 98] Address already in use)"]

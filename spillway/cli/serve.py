@@ -137,7 +137,11 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     except OSError as e:
         raise OptionsError(f"results-dir: cannot write in {str(results)!r} ([Errno {e.errno}] {e.strerror})") from None
     _check_apart(results, data_dirs)
-    with open_cluster(options, tls_dir=Path(state_dir).expanduser() / "tls") as session:
+    # the API's port is taken before the cluster: a port in use is a one-line error before
+    # any worker starts, and none of the cluster's own listeners can take it meanwhile
+    listener = _listen(http_host, port)
+    port = listener.getsockname()[1]
+    with listener, open_cluster(options, tls_dir=Path(state_dir).expanduser() / "tls") as session:
         _write_owner_file(session, Path(state_dir).expanduser())
         _no_settles_beside_the_api(session.client)
         queue = JobQueue(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
@@ -151,17 +155,42 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
                        f"{limits.max_connections_per_client} per client, headers within "
                        f"{limits.header_timeout_s:g} s; file descriptors {fd_soft})", err=True)
             # no WebSocket routes; X-Forwarded-For believed from the trusted proxies only
-            uvicorn.run(app, host=http_host, port=port, ssl_certfile=https_cert, ssl_keyfile=https_key,
-                        log_level="warning", access_log=False, ws="none",
-                        http=guarded_protocol(limits, connections),
-                        proxy_headers=bool(limits.trusted_proxies),
-                        forwarded_allow_ips=list(limits.trusted_proxies) or None)
+            config = uvicorn.Config(app, host=http_host, port=port, ssl_certfile=https_cert, ssl_keyfile=https_key,
+                                    log_level="warning", access_log=False, ws="none",
+                                    http=guarded_protocol(limits, connections),
+                                    proxy_headers=bool(limits.trusted_proxies),
+                                    forwarded_allow_ips=list(limits.trusted_proxies) or None)
+            server = uvicorn.Server(config)
+            server.run(sockets=[listener])
+            if not server.started:
+                raise SystemExit(3)  # uvicorn said why (uvicorn.run's own exit status)
         finally:
             queue.stop()
             jobdb.close()
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _listen(host: str, port: int):
+    """The API's listening socket, bound as uvicorn binds it (port 0: one the kernel picks)."""
+    import socket
+
+    from spillway.options.errors import OptionsError
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise OptionsError(f"host: cannot listen on {host!r} ({e})") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.set_inheritable(True)
+    except OSError as e:
+        sock.close()
+        raise OptionsError(f"port: cannot listen on {host}:{port} ([Errno {e.errno}] {e.strerror})") from None
+    return sock
 
 
 def _no_settles_beside_the_api(client) -> None:
