@@ -133,9 +133,7 @@ def _host_bytes() -> int:
 
 
 def budget(launch) -> int:
-    import psutil
-
-    host = psutil.virtual_memory().total
+    host = _host_bytes()
     if launch.kind == "gpu":
         device = sum(launch.device_memory)
         # device memory plus the host memory spilling may use

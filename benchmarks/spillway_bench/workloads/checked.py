@@ -85,7 +85,7 @@ def _matmul_square(shape, chunks):
     return square(shape, chunks, inputs=2, array_shape=shape)
 
 
-def b4_full(device_bytes: int, gpus: int = 1) -> dict:
+def b4_full(device_bytes: int, gpus: int = 1, host_bytes: int | None = None) -> dict:
     """x and y square float64 holding 1.3x the GPUs' memory together, chunks 10000^2
     (however many GPUs hold it)."""
     n = side_for(OUT_OF_CORE_FACTOR * device_bytes, arrays=2)
@@ -125,9 +125,9 @@ def _panels_square(n, rows):
     return square((n, n), (rows, n), array_shape=(n, n), to_chunks=(n, rows), out_chunks=(n, rows))
 
 
-def b5_full(device_bytes: int, gpus: int = 1) -> dict:
+def b5_full(device_bytes: int, gpus: int = 1, host_bytes: int | None = None) -> dict:
     """A square float64 array of 1.3x the GPUs' memory, 1000-row panels to 1000-column panels
-    (however many GPUs hold it)."""
+    (however many GPUs hold it; the host's memory does not size it)."""
     return _panels_square(side_for(OUT_OF_CORE_FACTOR * device_bytes), 1000)
 
 

@@ -75,7 +75,7 @@ class Workload:
     #: ``full`` sized from the machine: (total bytes of the GPUs, number of GPUs) -> the
     #: scale's parameters (B4, B5: 1.3x the GPUs' memory whatever the host; O3, O4: a
     #: footprint past the GPUs' memory by a factor that depends on how many there are)
-    machine_sized: Callable[[int, int], Mapping[str, Any]] | None = None
+    machine_sized: Callable[[int, int, int | None], Mapping[str, Any]] | None = None
     #: the GPUs' total bytes ``full`` was sized from (:meth:`for_machine`), else None
     sized_from: int | None = None
     #: how many GPUs ``full`` was sized for (:meth:`for_machine`), else None
@@ -108,16 +108,16 @@ class Workload:
         """This workload with ``full`` sized for ``gpus`` GPUs of ``device_bytes`` in all,
         where its full size follows the machine (None, on CPU workers: the nominal full
         size), and the scales sized per worker for ``gpu_workers`` (0: CPU workers,
-        nominal sizes). ``gpus`` defaults to one per GPU worker (at least one); ``host_bytes``,
-        where given, goes to a ``machine_sized`` that takes it (O3, O4)."""
+        nominal sizes). ``gpus`` defaults to one per GPU worker (at least one); ``host_bytes``
+        (None: unknown) goes to ``machine_sized`` with them (O3 and O4 are capped by it)."""
         sizes = dict(self.sizes)
         if gpu_workers:
             sizes.update({scale: size(gpu_workers) for scale, size in self.worker_sized.items()})
         if self.machine_sized is None or not device_bytes:
             return replace(self, sizes=sizes) if sizes != self.sizes else self
         gpus = max(1, gpus or gpu_workers or 1)
-        extra = {"host_bytes": int(host_bytes)} if host_bytes and _takes_host(self.machine_sized) else {}
-        return replace(self, sizes={**sizes, "full": self.machine_sized(int(device_bytes), gpus, **extra)},
+        host = int(host_bytes) if host_bytes else None
+        return replace(self, sizes={**sizes, "full": self.machine_sized(int(device_bytes), gpus, host)},
                        sized_from=int(device_bytes), sized_for_gpus=gpus)
 
     def timed_runs(self, scale: str, runs: int) -> int:
@@ -222,8 +222,3 @@ def workflow_size(p) -> dict:
     """The registered workflows' parameters for a workload's shape, chunks and dtype."""
     return {"size": list(p["shape"]), "chunks": list(p["chunks"]), "dtype": p["dtype"]}
 
-
-def _takes_host(sized: Callable) -> bool:
-    import inspect
-
-    return "host_bytes" in inspect.signature(sized).parameters
