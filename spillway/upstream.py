@@ -1081,21 +1081,37 @@ def system_memory_limit() -> int:
 
 
 @seam("ucx_init_once", "distributed_ucxx.ucxx.init_once", "distributed-ucxx", UCXX,
-      "starting UCX before a GPU worker's store (its listener starts it later, with a warning)")
+      "starting UCX before a GPU worker's store (its listener starts it later, with a warning), and "
+      "the client's UCX without CUDA IPC (a closed cluster's RMM pools stay mapped in the client's process)")
 def _check_init_once() -> str | None:
     from distributed_ucxx import ucxx as ducxx
 
     return None if callable(getattr(ducxx, "init_once", None)) else "is not there"
 
 
-def start_ucx() -> None:
-    """Start UCX in this process as distributed-ucxx's listener would (once per process)."""
+def start_ucx(settings: Mapping[str, Any] | None = None) -> None:
+    """Start UCX in this process as distributed-ucxx's listener would (once per process),
+    under ``settings``: distributed-ucxx's own keys (``{"create-cuda-context": True,
+    "environment": {"tls": "^cuda_ipc"}}``), the environment's merged over the config's.
+    A variable the user set in the environment still wins; where UCX has started here
+    already, nothing changes."""
     try:
         from distributed_ucxx.ucxx import init_once
     except ImportError as e:
         off("ucx_init_once", f"cannot be imported ({e})")
         return
-    init_once()
+    if not settings:
+        init_once()
+        return
+    import dask.config
+
+    # distributed-ucxx reads its own namespace first, the legacy distributed.comm.ucx after
+    scoped = {f"distributed-ucxx.{k}": v for k, v in settings.items() if k != "environment"}
+    if settings.get("environment"):
+        scoped["distributed-ucxx.environment"] = {
+            **(dask.config.get("distributed-ucxx.environment", default=None) or {}), **settings["environment"]}
+    with dask.config.set(scoped):
+        init_once()
 
 
 @seam("ucxx_progress_net", "ucxx._lib_async.application_context.ProgressTasks, BlockingMode._progress_timeout",

@@ -13,6 +13,7 @@ upstream in place.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -281,6 +282,26 @@ def test_the_memory_limit_is_read_without_importing_distributed_and_agrees_with_
     from distributed.system import memory_limit
 
     assert upstream.system_memory_limit() == memory_limit()
+
+
+def test_the_client_process_starts_ucx_with_every_transport_but_ipc():
+    """UCX in the client's process as spillway starts it (launch/ucx_env.py), in a process of
+    its own: UCX starts once a process. Its transports exclude CUDA IPC, whose mappings
+    UCX 1.21 keeps until the process exits (a closed cluster's pools held)."""
+    pytest.importorskip("ucxx")
+    pytest.importorskip("distributed_ucxx")
+    import subprocess
+    import sys
+
+    code = ("from spillway.launch.ucx_env import start_client_ucx; start_client_ucx(gpu=False); "
+            "import ucxx, dask.config; print(ucxx.get_config()['TLS']); "
+            "print(dask.config.get('distributed-ucxx.environment', default=None))")
+    env = {k: v for k, v in os.environ.items() if k != "UCX_TLS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    tls, environment = done.stdout.strip().splitlines()[-2:]
+    assert tls == "^cuda_ipc"
+    assert "cuda_ipc" not in environment  # the setting was the start's alone
 
 
 def test_the_progress_net_is_tightened_on_every_loop_ucxx_progresses():

@@ -66,6 +66,42 @@ def _worker_ucx(dask_worker=None) -> dict:
     env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
     return {"env": env, "config": dask.config.get("distributed.comm.ucx", default={})}
 
+#: seconds a side waits for the GPUs the previous side's cluster held: a closed cluster's
+#: worker processes give their pools back within seconds of their exit
+GPUS_BACK_WAIT_S = 60
+#: what a GPU may still hold, beyond what it held when the bench started, for a side to start
+GPUS_BACK_SLACK = 2 * 2**30
+
+
+def wait_for_gpus(inventory: Inventory, devices, log, *, wait_s: float = GPUS_BACK_WAIT_S, read=None) -> float:
+    """Wait until each GPU of ``devices`` has about the free memory ``inventory`` read at
+    the bench's start, for up to ``wait_s`` seconds; returns the seconds waited. A GPU still
+    held after that is said with its numbers, and the side starts anyway (its cluster then
+    refuses in one line). Without this a side started while the previous side's pools were
+    still held took them for its own failure (two H200s, O4's task-method side)."""
+    import time
+
+    from spillway.options.gpus import discover
+
+    read = read or discover
+    start = {g.index: g.memory_free for g in (inventory.find(d) for d in dict.fromkeys(devices)) if g is not None}
+    began = time.monotonic()
+    while True:
+        now = {g.index: g for g in read().gpus if g.index in start}
+        short = {i: g for i, g in now.items() if g.memory_free + GPUS_BACK_SLACK < start[i]}
+        waited = time.monotonic() - began
+        if not short:
+            if waited >= 1:
+                log(f"waited {waited:.1f} s for the GPUs the previous cluster held")
+            return waited
+        if waited >= wait_s:
+            log("GPUs still held after %.0f s: %s" % (waited, "; ".join(
+                f"GPU {i} {g.memory_free / 1e9:.1f} GB free of {g.memory_total / 1e9:.1f} GB "
+                f"({start[i] / 1e9:.1f} GB at the start)" for i, g in short.items())))
+            return waited
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def spillway_cluster(options: Options, inventory: Inventory | None) -> Iterator[tuple[Any, dict]]:
     with open_cluster(options, inventory=inventory) as session:

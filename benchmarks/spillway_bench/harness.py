@@ -29,7 +29,7 @@ from spillway.launch import LaunchPlan
 from spillway.options.settings import Options
 
 from . import pauses
-from .clusters import baseline_cluster, spillway_cluster
+from .clusters import baseline_cluster, spillway_cluster, wait_for_gpus
 from .measure import SideResult, timed_run_recorded, wait_released
 from .sides import SIDES
 from .workloads import Workload
@@ -153,6 +153,8 @@ def _run_side(opener, members, side, bench_run, target, kind, results, clusters,
     """Run ``members`` on one side; a failed workload gets a fresh cluster for the next."""
     pending = list(members)
     while pending:
+        if kind == "gpu" and bench_run.inventory is not None:
+            wait_for_gpus(bench_run.inventory, bench_run.launch.devices, log)
         log(f"starting the {side} cluster")
         try:
             with opener() as (client, described):

@@ -21,7 +21,7 @@ from .main_guard import check_main_guard
 from .plan import HostProbe, LaunchPlan, plan
 from .spec import WorkerSpec, worker_specs
 from .tls import temporary_tls
-from .ucx_env import quiet_ucx
+from .ucx_env import quiet_ucx, start_client_ucx
 
 logger = logging.getLogger("spillway")
 
@@ -127,6 +127,15 @@ def connect_client(options: Options, cluster=None):
     except OSError as e:
         # the timeout's text is distributed's: "Timed out trying to connect to ... after 30 s"
         raise OptionsError(f"{where} did not answer: {_first_line(e)}") from None
+
+
+def _over_ucx(launch: LaunchPlan, options: Options) -> bool:
+    """Whether this process's client talks to its cluster over UCX: a local cluster of that
+    protocol, or the scheduler it attaches to named ``ucx://``."""
+    if launch.kind != "attach":
+        return launch.protocol == "ucx"
+    address = options.scheduler_address or (_file_address(options.scheduler_file) if options.scheduler_file else None)
+    return bool(address) and address.startswith("ucx")
 
 
 def _file_address(path: str) -> str | None:
@@ -438,6 +447,8 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None,
         logger.warning(note)
     if launch.kind == "attach" or launch.protocol == "ucx":
         quiet_ucx()  # this process and the workers it starts inherit it
+    if _over_ucx(launch, options):
+        start_client_ucx(gpu=launch.kind == "gpu" or bool((inventory or discover()).gpus))
     with contextlib.ExitStack() as stack:
         options = stack.enter_context(temporary_tls(options, tls_dir))
         deaths = stack.enter_context(watch_worker_deaths())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -267,3 +268,38 @@ def test_one_h200_footprint_is_capped_by_its_host(name):
     # a host with room leaves the factor as it is (one H100 on a 251 GiB host)
     roomy = workloads.WORKLOADS[name].for_machine(80 * 10**9, 1, 1, 251 * 2**30)
     assert roomy.params("full") == workloads.WORKLOADS[name].for_machine(80 * 10**9, 1, 1).params("full")
+
+
+def _gpus(*free_gb: float) -> Inventory:
+    from spillway.options.gpus import GPU
+
+    return Inventory(tuple(GPU(index=i, uuid=f"GPU-{i}", name="H200", memory_total=int(150.8e9),
+                               memory_free=int(f * 1e9), pci_bus_id=f"0000:{i:02x}:00.0")
+                           for i, f in enumerate(free_gb)))
+
+
+def test_a_side_waits_for_the_gpus_the_previous_side_held_and_says_it():
+    """O4's task-method side started while the GPUs were still held and failed on it: each
+    side now waits (bounded) until the GPUs are back to what they had free at the start."""
+    from spillway_bench.clusters import wait_for_gpus
+
+    at_start = _gpus(150.1, 150.1)
+    reads = iter([_gpus(20.9, 22.0), _gpus(90.0, 150.0), _gpus(149.6, 150.1)])
+    said: list[str] = []
+    waited = wait_for_gpus(at_start, (0, 1), said.append, wait_s=30, read=lambda: next(reads))
+    assert waited >= 1.0  # two reads half a second apart before the third found them back
+    assert said == [f"waited {waited:.1f} s for the GPUs the previous cluster held"]
+
+    said.clear()
+    assert wait_for_gpus(at_start, (0, 1), said.append, wait_s=30, read=lambda: _gpus(150.0, 149.0)) < 1
+    assert said == []  # back at once: within the slack, nothing to say
+
+
+def test_gpus_still_held_are_said_with_their_numbers_and_the_side_goes_on():
+    from spillway_bench.clusters import wait_for_gpus
+
+    said: list[str] = []
+    wait_for_gpus(_gpus(150.1, 150.1), (1,), said.append, wait_s=0.6, read=lambda: _gpus(150.1, 22.0))
+    (line,) = said
+    assert re.fullmatch(r"GPUs still held after \d+ s: GPU 1 22\.0 GB free of 150\.8 GB \(150\.1 GB at the start\)",
+                        line), line
