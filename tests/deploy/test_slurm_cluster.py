@@ -75,6 +75,15 @@ def test_scale_run_adapt_and_close_on_real_slurm(on_slurm, tmp_path):
         assert report["verify"]["ok"] is True and report["cluster"]["n_workers"] == 2
         # spillway's worker plugin reached the jobs' workers, registered before any joined
         assert all(cluster.client.run(lambda dask_worker: "spillway-setup" in dask_worker.plugins).values())
+        # a user's own rechunk takes the collective on the jobs' workers, as on spillway.local()
+        import dask.array as da
+        import numpy as np
+
+        x = da.random.default_rng(3).random((400, 300), chunks=(50, 300)).persist()
+        y = x.rechunk((400, 30))
+        assert any(name.startswith("spillway-cut-") for name in y.dask.layers)
+        assert np.array_equal(y.compute(), x.compute())
+        del x, y
 
         cluster.adapt(minimum_jobs=0, maximum_jobs=2, interval="500ms", wait_count=2)
         until(lambda: cluster.n_workers == 0, 60, "adapt to no worker")
