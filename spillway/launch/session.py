@@ -297,7 +297,8 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
 
 
 #: bytes of the value each GPU worker sends the client when the cluster opens: past UCX's
-#: rendezvous threshold, so the CUDA IPC path a result takes is the one warmed
+#: rendezvous threshold, so the path a result takes (through host staging: the client's
+#: process takes no CUDA IPC, :data:`~.ucx_env.CLIENT_UCX`) is the one warmed
 WARM_RESULT_BYTES = 4 * 2**20
 
 
@@ -311,8 +312,8 @@ def results_path_ready(client, workers: list[str], make, nbytes: int = WARM_RESU
                        timeout: float = 60) -> None:
     """The client receives a value made by ``make(nbytes)`` from each worker before the
     cluster is handed out: the first result of a run no longer pays the client's first
-    contact with each worker's memory (UCX mapping its pool), and UCX in the client makes
-    the CUDA stream it copies results with while the GPUs still have room for it. On two
+    contact with each worker (UCX's endpoints and staging buffers), and UCX in the client
+    makes the CUDA stream it copies results with while the GPUs still have room for it. On two
     H200s filled past their memory, a client whose first CuPy result came at the end of
     the run could not create that stream, and its gather failed and was retried for
     minutes. A failure here is a debug line: the run still gets its results the usual way."""
