@@ -232,18 +232,32 @@ class Cluster:
         if most is not None and n > most:
             raise OptionsError(f"{name}: {n} workers is more than the {most} this cluster can start")
 
-    def _ensure_workers(self) -> None:
-        """Workers to run on: an adaptive cluster at none is brought to its minimum (at least
-        one) first, since admission reads the capacity of the workers that are up; a fixed
-        cluster scaled to none is refused in one line."""
+    @contextlib.contextmanager
+    def _workers_held(self):
+        """Workers to run on while the block runs: an adaptive cluster at none is brought to
+        its minimum (at least one) first, since admission reads the capacity of the workers
+        that are up, and its minimum is held there until the block ends; a fixed cluster
+        scaled to none is refused in one line.
+
+        Held, because Adaptive, seeing no task yet, takes back a worker that was asked for
+        and has not arrived once ``wait_count`` intervals pass: a worker that takes longer to
+        start (a GPU worker's 10 s; a CPU worker on a loaded 2-core host) never arrived, and
+        the run waited out its whole timeout (CI, 2026-11-28)."""
         if self.n_workers:
+            yield
             return
         adaptive = self._adapting()
         if adaptive is None:
             raise OptionsError("workers: this cluster has none; scale it up first (cluster.scale(2))")
-        want = max(1, int(adaptive.minimum))
-        self.session.cluster.scale(want)
-        self.wait_for_workers(want, timeout=FIRST_WORKERS_TIMEOUT_S)
+        before = adaptive.minimum
+        want = max(1, int(before))
+        adaptive.minimum = want
+        try:
+            self.session.cluster.scale(want)
+            self.wait_for_workers(want, timeout=FIRST_WORKERS_TIMEOUT_S)
+            yield
+        finally:
+            adaptive.minimum = before
 
     # --- running things
 
@@ -261,8 +275,8 @@ class Cluster:
 
         params = {**(params or {}), **more_params}
         kw = dict(verify=verify, output=output, arrays=dict(arrays) if arrays else None)
-        self._ensure_workers()
-        return Report(self._watch(workflow, lambda: run_workflow(self.session, workflow, params, **kw), progress))
+        with self._workers_held():
+            return Report(self._watch(workflow, lambda: run_workflow(self.session, workflow, params, **kw), progress))
 
     def compute(self, *collections, progress=True, label: str = "compute"):
         """Compute dask collections on the cluster (one graph) and return their values,
@@ -273,8 +287,9 @@ class Cluster:
         from spillway.run.progress import track
 
         client = self.client
-        if self._adapting() is None:
-            self._ensure_workers()  # an adaptive cluster scales up for the queued tasks itself
+        if self._adapting() is None and not self.n_workers:
+            # an adaptive cluster scales up for the queued tasks itself
+            raise OptionsError("workers: this cluster has none; scale it up first (cluster.scale(2))")
 
         def compute():
             # a worker the computation depends on that dies fails it at once, naming the

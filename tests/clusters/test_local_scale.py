@@ -78,6 +78,23 @@ def test_adapt_to_none_and_back_for_a_run(cluster):
     cluster.wait_for_workers(1, timeout=120)
 
 
+@pytest.mark.timeout(120)
+def test_a_run_at_none_gets_its_worker_even_when_adapt_would_take_it_back_before_it_starts(cluster):
+    """Adaptive, seeing no task, takes back a worker asked for and not yet arrived after
+    ``wait_count`` intervals: here one 50 ms interval, far less than a worker's start. The
+    run holds the minimum until it ends, so its worker arrives and stays."""
+    adaptive = cluster.adapt(minimum=0, maximum=2, interval="50ms", wait_count=1)
+    try:
+        _until(lambda: cluster.n_workers == 0)
+        report = cluster.run("transpose-sum", size="400x400", verify=True, progress=False)
+        assert report["verify"]["ok"] and report["cluster"]["n_workers"] >= 1
+        assert adaptive.minimum == 0  # given back once the run ended
+    finally:
+        adaptive.stop()
+    cluster.scale(1)
+    cluster.wait_for_workers(1, timeout=120)
+
+
 def test_logs_of_the_cluster_the_scheduler_and_the_workers(cluster):
     logs = cluster.get_logs()
     assert "Scheduler" in logs and any(key not in ("Cluster", "Scheduler") for key in logs), list(logs)
