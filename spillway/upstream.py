@@ -1092,9 +1092,8 @@ def _check_init_once() -> str | None:
 def start_ucx(settings: Mapping[str, Any] | None = None) -> None:
     """Start UCX in this process as distributed-ucxx's listener would (once per process),
     under ``settings``: distributed-ucxx's own keys (``{"create-cuda-context": True,
-    "environment": {"tls": "^cuda_ipc"}}``), the environment's merged over the config's.
-    A variable the user set in the environment still wins; where UCX has started here
-    already, nothing changes."""
+    "environment": {"tls": "^cuda_ipc"}}``), defaults under what the user's config and
+    environment set. Where UCX has started here already, nothing changes."""
     try:
         from distributed_ucxx.ucxx import init_once
     except ImportError as e:
@@ -1106,10 +1105,11 @@ def start_ucx(settings: Mapping[str, Any] | None = None) -> None:
     import dask.config
 
     # distributed-ucxx reads its own namespace first, the legacy distributed.comm.ucx after
-    scoped = {f"distributed-ucxx.{k}": v for k, v in settings.items() if k != "environment"}
+    scoped = {f"distributed-ucxx.{k}": v for k, v in settings.items()
+              if k != "environment" and dask.config.get(f"distributed-ucxx.{k}", default=None) is None}
     if settings.get("environment"):
         scoped["distributed-ucxx.environment"] = {
-            **(dask.config.get("distributed-ucxx.environment", default=None) or {}), **settings["environment"]}
+            **settings["environment"], **(dask.config.get("distributed-ucxx.environment", default=None) or {})}
     with dask.config.set(scoped):
         init_once()
 

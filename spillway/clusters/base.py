@@ -23,6 +23,8 @@ from spillway.run.report import Report
 
 #: seconds :meth:`Cluster.run` waits for an adaptive cluster's first workers
 FIRST_WORKERS_TIMEOUT_S = 300
+#: a run or compute on a fixed cluster scaled to none
+NO_WORKERS = "workers: this cluster has none; scale it up first (cluster.scale(2))"
 
 
 def worker_count(value, name: str) -> int:
@@ -248,7 +250,7 @@ class Cluster:
             return
         adaptive = self._adapting()
         if adaptive is None:
-            raise OptionsError("workers: this cluster has none; scale it up first (cluster.scale(2))")
+            raise OptionsError(NO_WORKERS)
         before = adaptive.minimum
         want = max(1, int(before))
         adaptive.minimum = want
@@ -289,7 +291,7 @@ class Cluster:
         client = self.client
         if self._adapting() is None and not self.n_workers:
             # an adaptive cluster scales up for the queued tasks itself
-            raise OptionsError("workers: this cluster has none; scale it up first (cluster.scale(2))")
+            raise OptionsError(NO_WORKERS)
 
         def compute():
             # a worker the computation depends on that dies fails it at once, naming the

@@ -89,3 +89,9 @@ def test_the_client_process_starts_ucx_without_cuda_ipc_and_leaves_the_config_as
     assert seen == [{"environment": {"rndv-thresh": "8192", "tls": "^cuda_ipc"}, "create": True},
                     {"environment": {"rndv-thresh": "8192", "tls": "^cuda_ipc"}, "create": None}]
     assert after == {"rndv-thresh": "8192"} and create is None
+
+    # what the user set in distributed-ucxx's config is theirs
+    seen.clear()
+    with dask.config.set({"distributed-ucxx.environment": {"tls": "all"}, "distributed-ucxx.create-cuda-context": False}):
+        start_client_ucx(gpu=True)
+    assert seen == [{"environment": {"tls": "all"}, "create": False}]
