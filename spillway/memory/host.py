@@ -139,7 +139,10 @@ class HostBuffers:
         """Drop every kept pageable buffer and the pinned blocks CuPy's pool caches
         (``trim``); returns the pageable bytes dropped."""
         with self._lock:
-            dropped, self._kept, self.kept_bytes = self.kept_bytes, {}, 0
+            gone, dropped, self._kept, self.kept_bytes = self._kept, self.kept_bytes, {}, 0
+        # freed here, not under the lock: unmapping tens of GB would hold every spill's
+        # alloc and release for as long
+        del gone
         if self.trim is not None:
             self.trim()
         return dropped
@@ -148,16 +151,18 @@ class HostBuffers:
         """Drop the kept pageable buffers given back more than ``idle_s`` seconds ago (a
         worker done spilling gives the host its memory back); returns the bytes dropped."""
         now = time.monotonic() if now is None else now
-        dropped = 0
+        gone: list = []
         with self._lock:
             for nbytes in list(self._kept):
                 fresh = [(t, b) for t, b in self._kept[nbytes] if now - t <= idle_s]
-                dropped += nbytes * (len(self._kept[nbytes]) - len(fresh))
+                gone.append(self._kept[nbytes])
                 if fresh:
                     self._kept[nbytes] = fresh
                 else:
                     del self._kept[nbytes]
+            dropped = self.kept_bytes - sum(n * len(v) for n, v in self._kept.items())
             self.kept_bytes -= dropped
+        del gone  # freed outside the lock, as in give_back
         return dropped
 
     def missed_arena(self) -> None:

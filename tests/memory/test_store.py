@@ -441,6 +441,28 @@ def test_kept_pageable_buffers_go_back_when_asked_and_when_idle():
     assert host.expire(5, now=later) == 3 * MB and host.kept_bytes == 0
 
 
+def test_kept_pageable_buffers_are_freed_outside_the_buffers_lock():
+    """Unmapping what is given back can take seconds at tens of GB: every spill's alloc and
+    release waits on the lock, so the buffers are freed after it is let go."""
+    import weakref
+
+    host = HostBuffers(None, None, pageable=Recorder(), pageable_cache=8 * MB)
+    held_when_freed = []
+    for _ in range(2):
+        buffers = [host.alloc(MB) for _ in range(2)]
+        for buf in buffers:
+            weakref.finalize(buf, lambda: held_when_freed.append(host._lock.locked()))
+            host.release(buf)
+        del buffers, buf
+        if not held_when_freed:
+            assert host.give_back() == 2 * MB
+        else:
+            import time
+
+            assert host.expire(0, now=time.monotonic() + 1) == 2 * MB
+    assert held_when_freed == [False] * 4
+
+
 def test_without_a_cache_pageable_buffers_go_straight_back():
     host = HostBuffers(None, None, pageable=Recorder())
     host.release(host.alloc(MB))
