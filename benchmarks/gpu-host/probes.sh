@@ -3,8 +3,9 @@
 # order given (the first on the freshly started host), plain dask-cuda among them:
 #   VARIANTS="default pinned0:pinned-pool-size=0 noplane:data-plane=false default dask-cuda"
 #   bash benchmarks/gpu-host/probes.sh
-# A variant is NAME or NAME:KEY=VALUE[,KEY=VALUE] (spillway.local options); "dask-cuda" is
-# the baseline. Each probe's JSON has its runs and each run's anatomy (the bench's timeline
+# A variant is NAME or NAME:KEY=VALUE[,KEY=VALUE] (spillway.local options; an upper-case KEY
+# is an environment variable of that probe's process, UCX_PROTO_INFO=y for one); "dask-cuda"
+# is the baseline. Each probe's JSON has its runs and each run's anatomy (the bench's timeline
 # of it: first task, tail after the last task, each worker's compute, transfer, idle). Then, with
 # BENCH=1, spillway bench --sizes full on both GPUs (W1-W5, dask-cuda beside it).
 # Under $OUT: probes.tar.gz; the table last.
@@ -23,12 +24,15 @@ for variant in ${VARIANTS:-default dask-cuda}; do
   name=${variant%%:*}
   args=(--rig spillway)
   [ "$name" = dask-cuda ] && args=(--rig dask-cuda)
+  envs=()
   if [[ "$variant" == *:* ]]; then
     IFS=, read -ra opts <<<"${variant#*:}"
-    for o in "${opts[@]}"; do args+=(--option "$o"); done
+    for o in "${opts[@]}"; do
+      if [[ "${o%%=*}" =~ ^[A-Z_]+$ ]]; then envs+=("$o"); else args+=(--option "$o"); fi
+    done
   fi
-  echo "== probe $i $name ${args[*]}" | tee -a "$log"
-  timeout -k 10 150 python3 benchmarks/gpu-host/ten_runs.py --devices "$devices" "${args[@]}" \
+  echo "== probe $i $name ${args[*]} ${envs[*]}" | tee -a "$log"
+  env "${envs[@]}" timeout -k 10 150 python3 benchmarks/gpu-host/ten_runs.py --devices "$devices" "${args[@]}" \
     >"$files/probe-$i-$name.json" 2>"$files/probe-$i-$name.log"
   echo "   rc=$?" | tee -a "$log"
 done
@@ -52,6 +56,8 @@ for path in sorted(glob.glob(os.path.join(files, "probe-*.json")), key=lambda p:
         print(f"| {name} | failed | | | | | |"); continue
     print(f"| {name} | {' '.join(r.get('options') or [])} | {r['start_s']:.2f} | {r['first_s']:.2f} | "
           f"{r['later_median_s']:.3f} | {r['later_max_s']:.3f} | {' '.join(f'{t:.2f}' for t in r['runs_s'])} |")
+    if r.get("start_steps"):
+        slow.append(f"{name} start: " + ", ".join(f"{k} {v:.1f}" for k, v in r["start_steps"].items()))
     for k, (t, a) in enumerate(zip(r["runs_s"], r.get("anatomy") or [])):
         if k == 0 or t > 1.5 * r["later_median_s"]:
             slow.append(f"{name} run {k + 1} {t:.3f} s: {a}")

@@ -39,8 +39,9 @@ def main() -> None:
         import yaml
 
         chosen = {k.replace("-", "_"): yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.option)}
-        cluster = spillway.local(devices=args.devices, workers_per_gpu=args.workers_per_gpu, dashboard_address="",
-                                 **chosen)
+        chosen.setdefault("workers_per_gpu", args.workers_per_gpu)
+        args.workers_per_gpu = chosen["workers_per_gpu"]
+        cluster = spillway.local(devices=args.devices, dashboard_address="", **chosen)
         client = cluster.client
     else:
         from dask_cuda import LocalCUDACluster
@@ -79,6 +80,7 @@ def main() -> None:
                       "later_median_s": statistics.median(later), "later_max_s": max(later),
                       "later_over_median": max(later) / statistics.median(later), "runs_s": runs,
                       "arena_pin_s": pins, "anatomy": anatomy,
+                      "start_steps": getattr(getattr(cluster, "session", None), "start_steps", None),
                       "rel_error": abs(got - want) / abs(want)}), flush=True)
     client.close()
     cluster.close()

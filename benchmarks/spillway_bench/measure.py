@@ -121,11 +121,16 @@ def _median_of(runs: list[dict], key: str) -> float | None:
 
 
 def resident_bytes(snapshots: dict) -> dict | None:
-    """Bytes per tier held by the workers' tiered stores, summed; None without one."""
+    """The values' bytes per tier held by the workers' tiered stores, summed, and
+    ``disk_stored``: what the disk holds of them, smaller where they compressed; None
+    without a store."""
     stores = [snap["store"] for snap in snapshots.values() if snap.get("store")]
     if not stores:
         return None
-    return {tier: sum(st[f"{tier}_bytes"] for st in stores) for tier in ("device", "host", "disk")}
+    out = {tier: sum(st[f"{tier}_bytes"] for st in stores) for tier in ("device", "host")}
+    out["disk"] = sum(st["disk_raw_bytes"] for st in stores)
+    out["disk_stored"] = sum(st["disk_bytes"] for st in stores)
+    return out
 
 
 def summarize_spills(runs: list[dict]) -> dict | None:

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from spillway.options.errors import GpusBusy, OptionsError
@@ -39,6 +39,8 @@ class Session:
     #: "gpu" or "cpu": what the workers compute on (read from the workers when attached)
     kind: str
     n_workers: int
+    #: seconds each step of the cluster's start took, in order (see :func:`open_cluster`)
+    start_steps: dict = field(default_factory=dict)
 
     @property
     def scheduler_address(self) -> str:
@@ -271,19 +273,18 @@ def _tighten_progress_net(client) -> None:
         logger.debug("the scheduler keeps ucxx's progress net: %s: %s", type(e).__name__, e)
 
 
-def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120) -> tuple[str, int]:
+def setup_workers(client, options: Options, *, wait_for: int | None = None, timeout: float = 120,
+                  steps: dict | None = None) -> tuple[str, int]:
     """Register the capacity check and the worker plugins and return (kind, number of
-    workers)."""
+    workers); ``steps`` (where given) takes the seconds of each step."""
+    clock = _Steps(steps)
     if wait_for:
         client.wait_for_workers(wait_for, timeout=timeout)
+        clock.done("workers")
     register_plugins(client, options)
     # each worker's tiers reach the scheduler now, not at its next heartbeat: a graph sent
     # at once is checked against them
     client.run(_heartbeat, on_error="ignore")
-    if options.data_plane:
-        _planes_ready(client)
-    if options.gc_freeze:
-        _settle(client)
     kinds = client.run(_worker_kind)
     if not kinds:
         raise RuntimeError(f"scheduler {client.scheduler.address} has no workers")
@@ -291,9 +292,34 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     if len(values) > 1:
         raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
     kind = values.pop()
-    if kind == "gpu":
-        results_path_ready(client, sorted(kinds), _device_value)
+    clock.done("plugins")
+    # the results path warms while the planes map their peers' pools (two H200s, four
+    # workers: 3.3-4.4 s and 1.1-2.0 s one after the other)
+    results = send_to_client(client, sorted(kinds), _device_value) if kind == "gpu" else []
+    if options.data_plane:
+        _planes_ready(client)
+        clock.done("data plane")
+    if results:
+        received(client, results)
+        clock.done("results path")
+    if options.gc_freeze:
+        # last: what the warm-ups made is frozen with the rest
+        _settle(client)
+        clock.done("settle")
     return kind, len(kinds)
+
+
+class _Steps:
+    """Seconds since the last step, written under each step's name into ``into``."""
+
+    def __init__(self, into: dict | None):
+        self.into = into if into is not None else {}
+        self.last = time.perf_counter()
+
+    def done(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = self.into.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 #: bytes of the value each GPU worker sends the client when the cluster opens: past UCX's
@@ -317,7 +343,17 @@ def results_path_ready(client, workers: list[str], make, nbytes: int = WARM_RESU
     H200s filled past their memory, a client whose first CuPy result came at the end of
     the run could not create that stream, and its gather failed and was retried for
     minutes. A failure here is a debug line: the run still gets its results the usual way."""
-    futures = [client.submit(make, nbytes, workers=[w], allow_other_workers=False, pure=False) for w in workers]
+    received(client, send_to_client(client, workers, make, nbytes), timeout)
+
+
+def send_to_client(client, workers: list[str], make, nbytes: int = WARM_RESULT_BYTES) -> list:
+    """The futures of :func:`results_path_ready`'s values, one on each of ``workers``."""
+    return [client.submit(make, nbytes, workers=[w], allow_other_workers=False, pure=False) for w in workers]
+
+
+def received(client, futures: list, timeout: float = 60) -> None:
+    """Each of ``futures``' values brought to this process, then released
+    (:func:`results_path_ready`)."""
     try:
         for future in futures:
             future.result(timeout=timeout)  # the value itself comes to this process
@@ -440,6 +476,8 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None,
 
     if not options.attach:
         check_main_guard()
+    began, steps = time.perf_counter(), {}
+    clock = _Steps(steps)
     if inventory is None and not options.attach:
         launch = plan_when_free(options, HostProbe.here())
     else:
@@ -450,6 +488,7 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None,
         quiet_ucx()  # this process and the workers it starts inherit it
     if _over_ucx(launch, options):
         start_client_ucx(gpu=launch.kind == "gpu" or bool((inventory or discover()).gpus))
+    clock.done("plan")
     with contextlib.ExitStack() as stack:
         options = stack.enter_context(temporary_tls(options, tls_dir))
         deaths = stack.enter_context(watch_worker_deaths())
@@ -461,11 +500,17 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None,
                           default=close_timeout_s(None))
             # registered first, so it runs after the client's close: client, workers, scheduler
             stack.callback(close_cluster, cluster, timeout)
+        clock.done("start")
         client = connect_client(options, cluster)
         stack.callback(client.close)
+        clock.done("client")
         expected = launch.n_workers or 1
         try:
-            kind, n = setup_workers(client, options, wait_for=expected, timeout=START_TIMEOUT_S)
+            kind, n = setup_workers(client, options, wait_for=expected, timeout=START_TIMEOUT_S, steps=steps)
         except TimeoutError as e:
             raise start_failure(expected, _arrived(client), START_TIMEOUT_S, deaths.messages) from e
-        yield Session(client=client, cluster=cluster, plan=launch, options=options, kind=kind, n_workers=n)
+        # where a slow start went, for whoever opened it (the notebook's log, `spillway run -v`)
+        logger.info("%d %s worker%s ready in %.1f s (%s)", n, kind.upper(), "" if n == 1 else "s",
+                    time.perf_counter() - began, ", ".join(f"{k} {v:.1f} s" for k, v in steps.items()))
+        yield Session(client=client, cluster=cluster, plan=launch, options=options, kind=kind, n_workers=n,
+                      start_steps=steps)

@@ -398,6 +398,7 @@ def test_b3_small_over_the_tiers_on_gpus_checked_against_numpy(tmp_path, gpu_cou
     assert n * 50e9 < b3["input_bytes"]  # so part of it is on disk
     assert tiers["device"] <= n * 30e9 * 1.05 and tiers["host"] > 0 and tiers["disk"] > 0
     assert tiers["device"] + tiers["host"] + tiers["disk"] >= b3["input_bytes"]
+    assert 0 < tiers["disk_stored"] <= tiers["disk"]  # the disk holds its values compressed or as they are
     moves = b3["spill_throughput"]
     assert moves["disk_to_host"]["bytes"] > 0 and moves["host_to_device"]["bytes"] > 0
     assert moves["host_to_device"]["gbps_per_worker"] > 0 and b3["restore_wait_s"] > 0
@@ -580,7 +581,8 @@ def test_reference_panels_match_numpy(monkeypatch):
 def _snap(store_bytes=None, store_seconds=None, wait=0.0, spilled=None):
     store = None
     if store_bytes is not None:
-        store = {"device_bytes": 4, "host_bytes": 2, "disk_bytes": 1,
+        # the disk's 3 bytes of values stored compressed in 1
+        store = {"device_bytes": 4, "host_bytes": 2, "disk_bytes": 1, "disk_raw_bytes": 3,
                  "stats": {"bytes": store_bytes, "seconds": store_seconds, "wait_s": wait}}
     return {"store": store, "spilled": spilled or {}}
 
@@ -596,7 +598,7 @@ def test_spill_moves_are_summed_over_workers_and_timed_only_by_the_tiered_store(
     assert got["moves"]["device_to_host"] == {"bytes": 8e9, "seconds": pytest.approx(0.4)}
     assert got["moves"]["host_to_device"] == {"bytes": 4e9, "seconds": pytest.approx(0.1)}
     assert got["restore_wait_s"] == pytest.approx(0.75) and got["workers"] == 2
-    assert measure.resident_bytes(after) == {"device": 8, "host": 4, "disk": 2}
+    assert measure.resident_bytes(after) == {"device": 8, "host": 4, "disk": 6, "disk_stored": 2}
     counted = measure.spill_moves({"a": _snap(spilled={"device_to_host": 1})},
                                   {"a": _snap(spilled={"device_to_host": 11, "host_to_disk": 3})})
     assert counted["moves"]["device_to_host"] == {"bytes": 10, "seconds": None}
