@@ -304,28 +304,6 @@ def test_the_client_process_starts_ucx_with_every_transport_but_ipc():
     assert "cuda_ipc" not in environment  # the setting was the start's alone
 
 
-def test_a_worker_of_an_async_pool_starts_ucx_staging_in_gpu_fragments():
-    """A GPU worker's config under ``rmm-async`` (launch/worker_config.py), as its nanny
-    hands it over, read by distributed-ucxx when the worker starts UCX, in a process of its
-    own: UCX's fragments are on the GPU; a user's ``UCX_RNDV_FRAG_MEM_TYPES`` wins."""
-    pytest.importorskip("ucxx")
-    pytest.importorskip("distributed_ucxx")
-    import subprocess
-    import sys
-
-    code = ("import dask.config; from spillway.launch.worker_config import worker_config; "
-            "from spillway.options.settings import Options; "
-            "dask.config.set(worker_config(Options.resolve(rmm_async=True), tiered_store=True)); "
-            "from distributed_ucxx.ucxx import init_once; init_once(); "
-            "import ucxx; print(ucxx.get_config()['RNDV_FRAG_MEM_TYPES'])")
-    env = {k: v for k, v in os.environ.items() if k not in ("UCX_TLS", "UCX_RNDV_FRAG_MEM_TYPES")}
-    for extra, want in (({}, "cuda"), ({"UCX_RNDV_FRAG_MEM_TYPES": "host"}, "host")):
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                              env={**env, **extra})
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert done.stdout.strip().splitlines()[-1] == want, (extra, done.stdout)
-
-
 def test_the_progress_net_is_tightened_on_every_loop_ucxx_progresses():
     """ucxx's blocking progress mode, as distributed-ucxx starts it in a worker, with its
     safety net brought from 1 s to the setting given, on the loop a listener started."""

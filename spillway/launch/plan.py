@@ -154,10 +154,12 @@ def plan(options: Options, inventory: Inventory, host: HostProbe, *, gpus_free: 
     devices = tuple(d for d in devices[:n // per_gpu] for _ in range(per_gpu))
     host_memory = host.host_memory
     _check_pinned(options, n, host_memory)
+    protocol, note = choose_protocol(options.protocol, gpu=True, n_workers=n, have_ucxx=have_ucxx)
+    if options.rmm_async and protocol == "ucx" and options.nvlink and n > 1:
+        raise OptionsError(ASYNC_OVER_NVLINK.format(n=n))
     if gpus_free:
         _check_gpus_free(options, inventory, devices, per_gpu)
 
-    protocol, note = choose_protocol(options.protocol, gpu=True, n_workers=n, have_ucxx=have_ucxx)
     if note and per_gpu > 1:
         note = SHARED_GPU_TCP_NOTE.format(per_gpu=per_gpu)
     if note:
@@ -179,6 +181,14 @@ def _over_tls(options: Options, protocol: str, notes: list[str]) -> str:
         notes.append(TLS_NOT_UCX_NOTE)
     return "tls"
 
+
+#: UCX 1.21 maps no async pool's memory through CUDA IPC without fabric handles (which an
+#: NVLink host without IMEX does not have) and stages every chunk of it through the host
+#: over the workers' TCP: on two H200s (2026-11-28) an 800 MB chunk took 4.4-5.4 s and the
+#: ten-run probe's first run 5.6-21.1 s, against 0.23-0.58 s with the pool
+ASYNC_OVER_NVLINK = ("rmm-async: the {n} GPU workers would move every chunk between GPUs through host memory "
+                     "over TCP at about 0.2 GB/s (UCX maps no async pool's memory over NVLink); leave "
+                     "rmm-async off for the pool (rmm-pool-size auto), or run one worker")
 
 TLS_NOT_UCX_NOTE = ("protocol: TLS over TCP rather than UCX, because the cluster requires TLS (security or "
                     "the TLS files) and UCX carries none: chunks between GPU workers are staged through host "

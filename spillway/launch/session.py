@@ -306,7 +306,15 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
         # last: what the warm-ups made is frozen with the rest
         _settle(client)
         clock.done("settle")
+    if kind == "gpu":
+        client.run(_arena_may_grow, on_error="ignore")
     return kind, len(kinds)
+
+
+def _arena_may_grow() -> None:
+    from spillway.memory.worker import cluster_ready
+
+    cluster_ready()
 
 
 class _Steps:

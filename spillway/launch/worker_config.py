@@ -16,26 +16,6 @@ PLANE_MESSAGE_BYTES = 2**30
 GPU_OFFLOAD = 2**40
 
 
-#: UCX's staging of memory that CUDA IPC cannot map (an async pool's, which UCX calls
-#: cuda-managed) in fragments on the GPU, which CUDA IPC then moves, and not in host
-#: fragments over the workers' host transport (TCP on loopback: two H200s moved an async
-#: pool's 800 MB chunk in 4.4 s, 2026-11-28)
-ASYNC_FRAGMENTS = ("rndv-frag-mem-types", "cuda")
-
-
-def _user_ucx_setting(name: str) -> bool:
-    """Whether the user set UCX's ``name`` already: as ``UCX_`` environment or in
-    distributed-ucxx's config (either namespace), which then wins."""
-    import os
-
-    import dask.config
-
-    if "UCX_" + name.upper().replace("-", "_") in os.environ:
-        return True
-    return any(dask.config.get(f"{ns}.environment.{name}", default=None) is not None
-               for ns in ("distributed-ucxx", "distributed.comm.ucx"))
-
-
 def worker_config(options: Options, *, tiered_store: bool, gpu: bool = True) -> dict:
     """dask config for the workers, whoever starts them (local GPU or CPU cluster, a
     batch script, MPI ranks; ``gpu``: GPU workers). A transfer option left unset keeps
@@ -60,8 +40,6 @@ def worker_config(options: Options, *, tiered_store: bool, gpu: bool = True) -> 
         # process imported distributed before this config was set follows it through
         # WorkerSetup (follow_offload_config)
         config["distributed.comm.offload"] = offload
-    if gpu and options.rmm_async and not _user_ucx_setting("rndv-frag-mem-types"):
-        config[f"distributed-ucxx.environment.{ASYNC_FRAGMENTS[0]}"] = ASYNC_FRAGMENTS[1]
     if options.event_loop != "auto":
         # read by the worker process before it makes its loop: a nanny's child after the
         # nanny set this config, a batch or MPI worker from its DASK_ variables or config

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -134,11 +136,29 @@ def gpu_worker_store(
     return store
 
 
+#: seconds after its arena starts growing that a worker counts as busy to the growth while
+#: its cluster is starting (:func:`cluster_ready` ends it sooner): touching and pinning
+#: gigabytes slowed the start's own steps. Two H200s, four workers, under py-spy: the
+#: workers' touching threads were their busiest stacks while the client waited 12.4 s for a
+#: 4 MiB value from each (1.9-4.1 s without the profiler); a worker that joins a running
+#: cluster grows after this long, or at once when a spill wants the arena
+START_HOLD_S = 60.0
+_ready = threading.Event()
+_hold_until = [0.0]  # no hold until an arena starts growing
+
+
+def cluster_ready() -> None:
+    """The cluster this process's workers belong to is ready (its launcher says so, once
+    its start's steps are done): the arena grows from now on."""
+    _ready.set()
+
+
 def start_arena(host: HostBuffers, nbytes: int):
     """Grow the pinned arena to ``nbytes`` on a background thread (see
     :mod:`spillway.memory.growth`): the worker starts at once, and its spills use each
     segment as soon as it is in. Taking it here, before the worker opens its comms, took
     about 35 s for 80 GB on the GPU host and held the worker's start as long."""
+    _hold_until[0] = time.monotonic() + START_HOLD_S
     return host.grow_arena(
         nbytes, touch_segment,
         pin=pin_segment,
@@ -194,7 +214,9 @@ def _near_the_gpu() -> None:
 def _worker_busy() -> bool:
     """Whether a worker of this process is running a task or moving data: a pin now would
     hold its CUDA calls (read from the growth thread: a counter read a moment stale only
-    moves a pin by one look)."""
+    moves a pin by one look); and while its cluster is starting (:data:`START_HOLD_S`)."""
+    if not _ready.is_set() and time.monotonic() < _hold_until[0]:
+        return True
     return any(upstream.at_work(w) for w in upstream.workers_of_process())
 
 

@@ -417,7 +417,8 @@ class Options(RmmAndTls):
     rmm_async: bool = option(
         False, _bool, worker=True, gpu=True,
         help="Use the CUDA asynchronous allocator (cudaMallocAsync) instead of an RMM pool. Not "
-             "with managed memory.")
+             "with managed memory, nor with several GPU workers over NVLink (UCX cannot map its "
+             "memory there and would stage every chunk through the host).")
     rmm_release_threshold: int | float | None = option(
         None, _optional(_size_or_fraction), worker=True, gpu=True,
         help="With `rmm-async`, memory above this size held by the allocator is returned to the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -245,3 +246,22 @@ def test_uvloop_is_refused_before_start_where_it_is_not_installed_and_reaches_th
     assert config["distributed.admin.event-loop"] == "uvloop"
     # auto leaves distributed's own default in place
     assert "distributed.admin.event-loop" not in worker_config(Options(), tiered_store=False)
+
+
+def test_an_async_pool_between_gpus_over_nvlink_is_refused_in_one_line_before_anything_starts():
+    ucx_host = host_probe(have_ucxx=True, have_cuda_stack=True)
+    with pytest.raises(OptionsError) as e:
+        plan(Options.resolve(rmm_async=True), inventory(2), host=ucx_host)
+    (line,) = str(e.value).splitlines()
+    assert line.startswith("rmm-async: the 2 GPU workers would move every chunk") and "0.2 GB/s" in line
+    with pytest.raises(OptionsError, match="rmm-async: the 4 GPU workers"):
+        plan(Options.resolve(rmm_async=True, workers_per_gpu=2), inventory(2), host=ucx_host)
+    # refused before the GPUs are read for room: a busy GPU does not hide it
+    busy = inventory(2)
+    busy = dataclasses.replace(busy, gpus=tuple(dataclasses.replace(g, memory_free=10**9) for g in busy.gpus))
+    with pytest.raises(OptionsError, match="rmm-async"):
+        plan(Options.resolve(rmm_async=True), busy, host=ucx_host, gpus_free=True)
+    # where no chunk crosses NVLink it plans: one worker, TCP, NVLink off
+    assert plan(Options.resolve(rmm_async=True), inventory(1), host=ucx_host).n_workers == 1
+    assert plan(Options.resolve(rmm_async=True, protocol="tcp"), inventory(2), host=ucx_host).protocol == "tcp"
+    assert plan(Options.resolve(rmm_async=True, nvlink=False), inventory(2), host=ucx_host).protocol == "ucx"

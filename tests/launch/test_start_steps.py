@@ -19,3 +19,27 @@ def test_a_cpu_cluster_times_each_step_of_its_start(caplog):
         assert session.client.submit(sum, [1, 2]).result(timeout=30) == 3
     (line,) = [r.getMessage() for r in caplog.records if "ready in" in r.getMessage()]
     assert line.startswith("1 CPU worker ready in ") and "data plane" in line and "start " in line, line
+
+
+def test_a_gpu_cluster_tells_its_workers_it_is_ready_after_its_last_step(monkeypatch):
+    from spillway.launch import session
+
+    calls = []
+
+    class FakeClient:
+        def wait_for_workers(self, n, timeout):
+            calls.append("wait")
+
+        def run(self, fn, *args, **kwargs):
+            calls.append(fn.__name__)
+            return {"w0": "gpu"} if fn is session._worker_kind else {}
+
+    monkeypatch.setattr(session, "register_plugins", lambda client, options: calls.append("plugins"))
+    monkeypatch.setattr(session, "send_to_client", lambda client, workers, make: ["f"])
+    monkeypatch.setattr(session, "received", lambda client, futures: calls.append("received"))
+    monkeypatch.setattr(session, "_planes_ready", lambda client: calls.append("planes"))
+    monkeypatch.setattr(session, "_settle", lambda client: calls.append("settle"))
+    steps = {}
+    assert session.setup_workers(FakeClient(), Options.resolve(), wait_for=1, steps=steps) == ("gpu", 1)
+    assert calls[-1] == "_arena_may_grow" and calls.index("settle") < calls.index("_arena_may_grow")
+    assert list(steps) == ["workers", "plugins", "data plane", "results path", "settle"]

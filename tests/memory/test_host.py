@@ -615,3 +615,32 @@ def test_large_pageable_buffers_come_touched_and_small_ones_plain():
     assert grew >= 0.9 * TOUCH_PAGEABLE_FROM, grew
     big[:] = 7  # writable
     assert int(big[-1]) == 7
+
+
+def test_the_worker_counts_as_busy_to_its_arena_while_its_cluster_starts(monkeypatch):
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from distributed import Worker
+
+    from spillway.memory import worker as memory_worker
+
+    from spillway import upstream
+
+    state = SimpleNamespace(executing_count=0, long_running=set(), transfer_incoming_count=0)
+    idle = SimpleNamespace(state=state, **{name: 0 for name in upstream.OUTGOING})
+    monkeypatch.setattr(Worker, "_instances", [idle])
+    monkeypatch.setattr(memory_worker, "_ready", threading.Event())
+    monkeypatch.setattr(memory_worker, "_hold_until", [0.0])
+    assert not memory_worker._worker_busy()  # no arena started: nothing held
+    # as start_arena sets it: held while the cluster starts
+    memory_worker._hold_until[0] = time.monotonic() + memory_worker.START_HOLD_S
+    assert memory_worker._worker_busy()
+    memory_worker.cluster_ready()
+    assert not memory_worker._worker_busy()
+    # a worker whose cluster never says so (one that joined later) grows once the hold ends
+    monkeypatch.setattr(memory_worker, "_ready", threading.Event())
+    memory_worker._hold_until[0] = time.monotonic() - 1
+    assert not memory_worker._worker_busy()
+

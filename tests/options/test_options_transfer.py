@@ -255,33 +255,3 @@ def test_cpu_cluster_workers_follow_transfer_offload():
     with open_cluster(Options.resolve(cpu=True, n_workers=1, dashboard_address=None)) as session:
         assert _offload_thresholds(session.client) == [10 * 2**20]
 
-
-# --- rmm-async: UCX stages what CUDA IPC cannot map on the GPU
-
-FRAG = "distributed-ucxx.environment.rndv-frag-mem-types"
-
-
-def test_async_pool_workers_stage_in_gpu_fragments_unless_the_user_said(monkeypatch):
-    monkeypatch.delenv("UCX_RNDV_FRAG_MEM_TYPES", raising=False)
-    assert worker_config(Options.resolve(rmm_async=True), tiered_store=True)[FRAG] == "cuda"
-    assert FRAG not in worker_config(Options.resolve(), tiered_store=True)  # a pool: CUDA IPC maps it
-    assert FRAG not in worker_config(Options.resolve(rmm_async=True, cpu=True), tiered_store=False, gpu=False)
-    with dask.config.set({"distributed-ucxx.environment.rndv-frag-mem-types": "host"}):
-        assert FRAG not in worker_config(Options.resolve(rmm_async=True), tiered_store=True)
-    with dask.config.set({"distributed.comm.ucx.environment.rndv_frag_mem_types": "host"}):
-        assert FRAG not in worker_config(Options.resolve(rmm_async=True), tiered_store=True)
-    monkeypatch.setenv("UCX_RNDV_FRAG_MEM_TYPES", "host")
-    assert FRAG not in worker_config(Options.resolve(rmm_async=True), tiered_store=True)
-
-
-def test_batch_workers_of_an_async_pool_read_the_fragments_setting(monkeypatch, tmp_path):
-    from spillway.deploy.commands import worker_environment
-
-    monkeypatch.delenv("UCX_RNDV_FRAG_MEM_TYPES", raising=False)
-    env = worker_environment(Options.resolve(rmm_async=True))
-    assert env["DASK_DISTRIBUTED_UCXX__ENVIRONMENT__RNDV_FRAG_MEM_TYPES"] == "cuda"
-    code = "import dask.config; print(dask.config.get('distributed-ucxx.environment'))"
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "{'rndv_frag_mem_types': 'cuda'}"
