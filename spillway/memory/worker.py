@@ -215,9 +215,10 @@ def _worker_busy() -> bool:
     """Whether a worker of this process is running a task or moving data: a pin now would
     hold its CUDA calls (read from the growth thread: a counter read a moment stale only
     moves a pin by one look); and while its cluster is starting (:data:`START_HOLD_S`)."""
-    if not _ready.is_set() and time.monotonic() < _hold_until[0]:
+    workers = upstream.workers_of_process()
+    if workers and not _ready.is_set() and time.monotonic() < _hold_until[0]:
         return True
-    return any(upstream.at_work(w) for w in upstream.workers_of_process())
+    return any(upstream.at_work(w) for w in workers)
 
 
 def _worker_closing() -> bool:

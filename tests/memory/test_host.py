@@ -637,6 +637,9 @@ def test_the_worker_counts_as_busy_to_its_arena_while_its_cluster_starts(monkeyp
     # as start_arena sets it: held while the cluster starts
     memory_worker._hold_until[0] = time.monotonic() + memory_worker.START_HOLD_S
     assert memory_worker._worker_busy()
+    monkeypatch.setattr(Worker, "_instances", [])
+    assert not memory_worker._worker_busy()  # a store outside any worker has no cluster to wait for
+    monkeypatch.setattr(Worker, "_instances", [idle])
     memory_worker.cluster_ready()
     assert not memory_worker._worker_busy()
     # a worker whose cluster never says so (one that joined later) grows once the hold ends
