@@ -686,6 +686,41 @@ def unroute_p2p_rechunk(original) -> None:
     distributed.shuffle.rechunk_p2p = original
 
 
+@seam("overlap_internal", "dask.array.overlap.overlap_internal (as dask.array.overlap.overlap calls it)", "dask",
+      DASK, "users' own map_overlap halos as one exchange (they take dask's task a face, edge and corner)")
+def _check_overlap_internal() -> str | None:
+    import dask.array.overlap as overlaps
+
+    current = getattr(overlaps, "overlap_internal", None)
+    if current is None:
+        return "is not there"
+    why = _has_parameters(current, ("x", "axes"))
+    if why is not None:
+        return why
+    if not _reads(overlaps.overlap, "overlap_internal("):
+        return "dask.array.overlap.overlap no longer calls it by its module's name"
+    return None
+
+
+def route_overlap(routed) -> Callable | None:
+    """Make ``routed`` the ``overlap_internal`` that dask's ``overlap`` (and so
+    ``map_overlap``) calls; returns dask's own (to hand other clusters' overlaps to, and to
+    put back), or None where this dask does not call it there."""
+    import dask.array.overlap as overlaps
+
+    if not usable("overlap_internal"):
+        return None
+    original = overlaps.overlap_internal
+    overlaps.overlap_internal = routed
+    return original
+
+
+def unroute_overlap(original) -> None:
+    import dask.array.overlap as overlaps
+
+    overlaps.overlap_internal = original
+
+
 TASK_STATE = ("worker_restrictions", "loose_restrictions", "run_spec", "dependents", "dependencies", "priority",
               "who_has")
 

@@ -248,6 +248,12 @@ def _local_pieces(name: str, keys: list) -> list:
     return values
 
 
+def _axes_from_wire(axes: list) -> tuple:
+    """A plan's chunks as a message brought them (lists): tuples again, an axis of
+    windows as ``(start, stop)`` pairs (:func:`~.plan.windows_of`)."""
+    return tuple(tuple(tuple(c) if isinstance(c, list) else c for c in axis) for axis in axes)
+
+
 def _extent(index: tuple) -> tuple:
     return tuple(s.stop - s.start for s in index)
 
@@ -320,7 +326,7 @@ async def _owned_pieces(worker, request: dict) -> dict:
     until the exchange ends."""
     name, partial = request["name"], request["partial"]
     index = tuple(request["index"])
-    old, new = (tuple(tuple(a) for a in c) for c in request["chunks"])
+    old, new = (_axes_from_wire(c) for c in request["chunks"])
     holders = {tuple(k): v for k, v in request["holders"]}
     plan = plan_of(old, new)
     layout = Layout(tuple(request["layout"][0]), bool(request["layout"][1]))

@@ -1,6 +1,8 @@
 """A rechunk as a collective, as a dask array: one cut a input chunk, one barrier a
 partial, one assembly an output chunk (:mod:`.exchange`), so the task count grows with
-the chunks, not with chunks x chunks as dask's task-based rechunk does."""
+the chunks, not with chunks x chunks as dask's task-based rechunk does. A map_overlap's
+halos take the same path (:func:`overlap_internal`): each grown chunk is an assembly of its
+neighbours' faces, where dask makes a task of every face, edge and corner."""
 
 from __future__ import annotations
 
@@ -19,10 +21,7 @@ def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
     workers' fastest tier beside what the cluster holds (``room``, asked of the default
     client's scheduler where not given: :mod:`.way`); a rechunk that only splits or only
     merges chunks, or would not fit, is dask's own."""
-    import dask.array as da
-    from dask.array.utils import meta_from_array
     from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
     chunks = _normalized(x, chunks)
     if chunks == x.chunks:
@@ -34,10 +33,59 @@ def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
                     for i in p.inputs) * x.dtype.itemsize
     if way(exchanged, room if room is not None else cluster_room()) == TASKS:
         return x.rechunk(chunks, method="tasks")
-    token = tokenize(x, chunks)
+    return _exchange(x, (x.chunks, chunks), chunks, plan, tokenize(x, chunks))
+
+
+def overlap_internal(x, axes: dict, *, room: dict | None = None, fallback=None):
+    """``dask.array.overlap.overlap_internal(x, axes)`` (each chunk grown by its
+    neighbours' faces, ``axes[d]`` elements a side along axis ``d``, or ``(left, right)``)
+    as one exchange: a cut an input chunk, an assembly an output chunk, its pieces from
+    each neighbour's worker in one request per peer, where that fits the workers' fastest
+    tier (:mod:`.way`); else ``fallback(x, axes)`` (dask's own, a getitem a face, edge and
+    corner and a concatenation a chunk). The same blocks, bit for bit."""
+    from dask.base import tokenize
+
+    windows = overlap_windows(x.chunks, axes)
+    plan = plan_of(x.chunks, windows)
+    exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
+                    for i in p.inputs) * x.dtype.itemsize
+    if not plan.exchanges or way(exchanged, room if room is not None else cluster_room()) == TASKS:
+        if fallback is None:
+            from dask.array.overlap import overlap_internal as fallback
+        return fallback(x, axes)
+    return _exchange(x, (x.chunks, windows), plan.sizes, plan, tokenize(x, axes, "overlap"))
+
+
+def overlap_windows(chunks: tuple, axes: dict) -> tuple:
+    """Each axis' output windows of an overlap (``(start, stop)`` of every grown chunk), as
+    ``dask.array.overlap._overlap_internal_chunks`` sizes them: a chunk takes ``left``
+    elements of the chunk before it and ``right`` of the one after, none past the array's
+    ends, and an axis of one chunk is left as it is."""
+    out = []
+    for d, axis in enumerate(chunks):
+        depth = axes.get(d, 0)
+        left, right = depth if isinstance(depth, tuple) else (depth, depth)
+        bounds = [0]
+        for c in axis:
+            bounds.append(bounds[-1] + c)
+        if len(axis) == 1:
+            out.append(((0, bounds[-1]),))
+            continue
+        out.append(tuple((max(0, bounds[k] - left), min(bounds[-1], bounds[k + 1] + right))
+                         for k in range(len(axis))))
+    return tuple(out)
+
+
+def _exchange(x, spec: tuple, chunks: tuple, plan: Plan, token: str):
+    """The collective's layers of ``plan`` over ``x``: output chunks of sizes ``chunks``;
+    ``spec`` is what each task rebuilds the plan from (input chunks, output chunks or
+    windows)."""
+    import dask.array as da
+    from dask.array.utils import meta_from_array
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
     out_name = OUTPUT_PREFIX + token
     cut_name, barrier_name = CUT_PREFIX + token, BARRIER_PREFIX + token
-    spec = (x.chunks, chunks)
     cuts, barriers, outputs = {}, {}, {}
     for p, partial in enumerate(plan.partials):
         if not partial.exchanges:

@@ -1,4 +1,5 @@
-"""Users' own rechunks take the collective on a spillway cluster, unchanged.
+"""Users' own rechunks, and their map_overlaps' halos, take the collective on a spillway
+cluster, unchanged.
 
 dask picks a rechunk's method by itself (``array.rechunk.method``, else the task-based
 method for small graphs and peer-to-peer for large ones once a distributed client is
@@ -8,19 +9,22 @@ process has a client of a spillway cluster open, that name is :func:`rechunk_p2p
 on the clusters whose schedulers carry the collective's plugin it is the collective
 (dask's P2P sizes its shards with ``memoryview`` and stages them through host memory and
 disk, which CuPy chunks cannot take), and it hands any other client's rechunk to
-distributed's own function unchanged.
+distributed's own function unchanged. dask's ``overlap`` calls ``overlap_internal`` of its
+module by name (the seam ``overlap_internal``): on a spillway cluster the halos are one
+exchange; elsewhere dask's own tasks.
 """
 
 from __future__ import annotations
 
 import threading
 
-from spillway.upstream import route_p2p_rechunk, unroute_p2p_rechunk
+from spillway.upstream import route_overlap, route_p2p_rechunk, unroute_overlap, unroute_p2p_rechunk
 
 #: addresses of the schedulers whose clusters run the collective
 SCHEDULERS: set[str] = set()
 _lock = threading.Lock()
 _original = None
+_original_overlap = None
 
 
 def rechunk_p2p(x, chunks, threshold=None, block_size_limit=None, balance=False, **kwargs):
@@ -29,6 +33,17 @@ def rechunk_p2p(x, chunks, threshold=None, block_size_limit=None, balance=False,
 
         return rechunk(x, chunks)
     return _original(x, chunks, threshold=threshold, block_size_limit=block_size_limit, balance=balance, **kwargs)
+
+
+def overlap_internal(x, axes):
+    """dask's ``overlap_internal`` (each chunk grown by its neighbours' faces, what
+    ``map_overlap`` runs on): on a spillway cluster one exchange (:func:`.graph.overlap_internal`),
+    dask's own elsewhere."""
+    if _on_spillway():
+        from .graph import overlap_internal as exchanged
+
+        return exchanged(x, axes, fallback=_original_overlap)
+    return _original_overlap(x, axes)
 
 
 def _on_spillway() -> bool:
@@ -41,20 +56,26 @@ def _on_spillway() -> bool:
 
 
 def use_on(scheduler_address: str) -> None:
-    """Route dask's peer-to-peer rechunks on this scheduler's cluster to the collective."""
-    global _original
+    """Route dask's peer-to-peer rechunks and overlaps' halos on this scheduler's cluster
+    to the collective."""
+    global _original, _original_overlap
     with _lock:
         SCHEDULERS.add(scheduler_address)
-        if _original is not None:
-            return
-        _original = route_p2p_rechunk(rechunk_p2p)
+        if _original is None:
+            _original = route_p2p_rechunk(rechunk_p2p)
+        if _original_overlap is None:
+            _original_overlap = route_overlap(overlap_internal)
 
 
 def stop_using(scheduler_address: str) -> None:
-    global _original
+    global _original, _original_overlap
     with _lock:
         SCHEDULERS.discard(scheduler_address)
-        if SCHEDULERS or _original is None:
+        if SCHEDULERS:
             return
-        unroute_p2p_rechunk(_original)
-        _original = None
+        if _original is not None:
+            unroute_p2p_rechunk(_original)
+            _original = None
+        if _original_overlap is not None:
+            unroute_overlap(_original_overlap)
+            _original_overlap = None

@@ -1,6 +1,11 @@
 """Which piece of which input chunk goes to which output chunk: the plan of a rechunk as a
 collective, worked out from the two chunk grids alone (no array, no dask graph).
 
+An output axis is either chunk sizes (a rechunk) or *windows*, ``(start, stop)`` pairs that
+may overlap one another (a halo exchange: each output chunk is an input chunk grown by its
+neighbours' faces, as ``dask.array.overlap`` makes them); pieces of one input then go to
+several outputs.
+
 Along each axis the old and new boundaries overlap in runs: a boundary both grids share
 splits the axis, and a rechunk never moves bytes across it. The runs of all axes make the
 *partials*: independent exchanges, each with its own inputs, outputs and barrier (dask's
@@ -64,6 +69,70 @@ def axis_runs(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[range, r
             for o, m in zip(olds, news)]
 
 
+def windows_of(axis) -> tuple[tuple[int, int], ...] | None:
+    """The ``(start, stop)`` windows of an output axis given as windows; None for chunk sizes."""
+    if axis and isinstance(axis[0], (tuple, list)):
+        return tuple((int(a), int(b)) for a, b in axis)
+    return None
+
+
+def axis_window_overlaps(old: tuple[int, ...], windows) -> list[list[tuple[int, slice, slice]]]:
+    """:func:`axis_overlaps` for output windows, which may overlap: for each old chunk,
+    ``(window index, slice in the old chunk, slice in the window)`` for every window it
+    meets, in order."""
+    ob = _bounds(old)
+    if windows and max(b for _, b in windows) > ob[-1]:
+        raise ValueError(f"windows reach {max(b for _, b in windows)} on an axis of {ob[-1]} elements")
+    out: list[list[tuple[int, slice, slice]]] = [[] for _ in old]
+    for a in range(len(old)):
+        lo, hi = ob[a], ob[a + 1]
+        for k, (start_k, stop_k) in enumerate(windows):
+            start, stop = max(lo, start_k), min(hi, stop_k)
+            if start < stop:
+                out[a].append((k, slice(start - lo, stop - lo), slice(start - start_k, stop - start_k)))
+    return out
+
+
+def axis_window_runs(old: tuple[int, ...], windows) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """:func:`axis_runs` for output windows: the old chunks and windows that share bytes,
+    directly or through each other, form one run (a halo joins each chunk to its
+    neighbours; a window of depth 0 is its chunk alone). A chunk or window of no elements
+    goes with the run before it (the first run where none is before)."""
+    overlaps = axis_window_overlaps(old, windows)
+    parent = list(range(len(old) + len(windows)))
+
+    def root(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for a, met in enumerate(overlaps):
+        for k, _, _ in met:
+            parent[root(len(old) + k)] = root(a)
+    met_windows = {k for met in overlaps for k, _, _ in met}
+    order: list[int] = []
+    members: dict[int, tuple[list[int], list[int]]] = {}
+
+    def place(node, kind, index, last):
+        r = root(node) if last is None else last
+        if r not in members:
+            order.append(r)
+            members[r] = ([], [])
+        members[r][kind].append(index)
+        return r
+
+    last = None
+    for a in range(len(old)):
+        last = place(a, 0, a, None if overlaps[a] else last)
+    last = None
+    for k in range(len(windows)):
+        last = place(len(old) + k, 1, k, None if k in met_windows else last)
+    if not order:  # an axis of no elements
+        return [(tuple(range(len(old))), tuple(range(len(windows))))]
+    return [(tuple(members[r][0]), tuple(members[r][1])) for r in order]
+
+
 @dataclass(frozen=True)
 class Partial:
     """One independent exchange: its input and output chunk indices (N-D)."""
@@ -80,16 +149,22 @@ class Partial:
 
 class Plan:
     """The rechunk of an array of ``old`` chunks into ``new`` chunks (tuples of tuples,
-    as ``dask.array.Array.chunks``)."""
+    as ``dask.array.Array.chunks``; an axis of ``new`` may be windows instead,
+    :func:`windows_of`)."""
 
-    def __init__(self, old: tuple[tuple[int, ...], ...], new: tuple[tuple[int, ...], ...]):
+    def __init__(self, old: tuple[tuple[int, ...], ...], new: tuple[tuple, ...]):
         if len(old) != len(new):
             raise ValueError(f"{len(old)} axes in, {len(new)} out")
         self.old = tuple(tuple(int(c) for c in axis) for axis in old)
-        self.new = tuple(tuple(int(c) for c in axis) for axis in new)
-        self._overlaps = [axis_overlaps(o, n) for o, n in zip(self.old, self.new)]
+        windows = [windows_of(axis) for axis in new]
+        self.new = tuple(w if w is not None else tuple(int(c) for c in axis) for w, axis in zip(windows, new))
+        #: the output chunks' sizes along each axis
+        self.sizes = tuple(tuple(b - a for a, b in w) if w is not None else axis for w, axis in zip(windows, self.new))
+        self._overlaps = [axis_overlaps(o, n) if w is None else axis_window_overlaps(o, w)
+                          for o, n, w in zip(self.old, self.new, windows)]
         self._parts: dict = {}
-        runs = [axis_runs(o, n) for o, n in zip(self.old, self.new)]
+        runs = [axis_runs(o, n) if w is None else axis_window_runs(o, w)
+                for o, n, w in zip(self.old, self.new, windows)]
         self.partials: tuple[Partial, ...] = tuple(
             Partial(inputs=tuple(itertools.product(*(r[0] for r in combo))),
                     outputs=tuple(itertools.product(*(r[1] for r in combo))))
@@ -103,7 +178,7 @@ class Plan:
         return tuple(axis[i] for axis, i in zip(self.old, index))
 
     def output_shape(self, index: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(axis[i] for axis, i in zip(self.new, index))
+        return tuple(axis[i] for axis, i in zip(self.sizes, index))
 
     def pieces_of(self, index: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[slice, ...]]]:
         """What input chunk ``index`` sends: (output index, its slice of the input chunk)."""

@@ -1,0 +1,151 @@
+"""A map_overlap's halos as one exchange (spillway.datapath.collective.graph.overlap_internal):
+the windows and their plan from the chunk grid, every grown block bit for bit against
+dask's own ``overlap_internal`` for odd grids and depths, on dask's local scheduler and on
+real workers, a task a chunk, and a user's own ``map_overlap`` routed to it on a spillway
+scheduler (its boundaries, trim and function dask's own)."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from dask.array.overlap import overlap_internal as dask_overlap_internal
+
+from spillway.datapath.collective import CollectivePlacement, Plan
+from spillway.datapath.collective.graph import overlap_internal, overlap_windows
+from spillway.datapath.collective.plan import axis_window_runs
+
+HALOS = [
+    # (shape, chunks, axes: depth per axis, an int or (left, right))
+    ((40, 30), (10, 10), {0: 2, 1: 3}),
+    ((37, 53), (6, 9), {0: 1}),                      # one axis only: the other's chunks stay apart
+    ((37, 53), ((10, 27), (20, 33)), {0: (3, 1), 1: (0, 4)}),  # uneven chunks, one-sided depths
+    ((8, 9, 10), (3, 3, 4), {0: 1, 1: 1, 2: 1}),     # three axes: faces, edges and corners
+    ((1, 17), (1, 3), {1: 2}),                       # an axis of one chunk
+    ((12, 12), (4, 4), {0: 4, 1: 4}),                # depth a whole chunk
+]
+
+
+def _array(shape, chunks, seed=0):
+    return da.random.default_rng(seed).random(shape, chunks=chunks)
+
+
+# --- the windows and their plan
+
+
+@pytest.mark.parametrize("shape, chunks, axes", HALOS)
+def test_the_windows_are_the_grown_chunks_dask_makes(shape, chunks, axes):
+    x = _array(shape, chunks)
+    want = dask_overlap_internal(x, axes).chunks
+    windows = overlap_windows(x.chunks, axes)
+    assert tuple(tuple(b - a for a, b in axis) for axis in windows) == want
+    plan = Plan(x.chunks, windows)
+    assert plan.sizes == want
+    # every output element is written by exactly one piece
+    for index in np.ndindex(*map(len, want)):
+        filled = np.zeros(plan.output_shape(index), dtype=int)
+        for _, dst in plan.parts_of(index):
+            filled[dst] += 1
+        assert (filled == 1).all(), index
+
+
+def test_an_axis_without_depth_keeps_its_chunks_apart():
+    windows = overlap_windows(((10, 10, 10), (5, 5)), {0: 2})
+    assert windows == (((0, 12), (8, 22), (18, 30)), ((0, 5), (5, 10)))
+    assert axis_window_runs((5, 5), windows[1]) == [((0,), (0,)), ((1,), (1,))]
+    assert axis_window_runs((10, 10, 10), windows[0]) == [((0, 1, 2), (0, 1, 2))]
+    plan = Plan(((10, 10, 10), (5, 5)), windows)
+    assert len(plan.partials) == 2 and all(p.exchanges for p in plan.partials)
+
+
+# --- the values
+
+
+@pytest.mark.parametrize("shape, chunks, axes", HALOS)
+def test_grown_blocks_equal_dask_s_bit_for_bit(shape, chunks, axes):
+    x = _array(shape, chunks, seed=1)
+    want = dask_overlap_internal(x, axes)
+    got = overlap_internal(x, axes, room=None)
+    assert got.chunks == want.chunks
+    if Plan(x.chunks, overlap_windows(x.chunks, axes)).exchanges:
+        assert any(name.startswith("spillway-cut-") for name in got.dask.layers)
+    for scheduler in ("sync", "threads"):
+        assert np.array_equal(got.compute(scheduler=scheduler), want.compute(scheduler="sync"))
+
+
+def test_a_task_a_chunk_where_dask_makes_one_a_face_edge_and_corner():
+    x = _array((64, 64, 64), (16, 16, 16))
+    axes = {0: 1, 1: 1, 2: 1}
+    ours = overlap_internal(x, axes, room=None)
+    theirs = dask_overlap_internal(x, axes)
+    n = len(x.__dask_graph__())
+    ours_tasks, theirs_tasks = len(ours.__dask_graph__()) - n, len(theirs.__dask_graph__()) - n
+    assert ours_tasks == 64 + 1 + 64  # a cut a chunk, one barrier, an assembly a chunk
+    assert theirs_tasks > 4 * ours_tasks, (ours_tasks, theirs_tasks)
+
+
+def test_halos_that_would_not_fit_the_fastest_tier_are_dask_s_own():
+    x = _array((40, 30), (10, 10))
+    y = overlap_internal(x, {0: 1, 1: 1}, room={"held": 0, "fastest": 100})
+    assert not any(name.startswith("spillway-cut-") for name in y.dask.layers)
+    assert np.array_equal(y.compute(), dask_overlap_internal(x, {0: 1, 1: 1}).compute())
+
+
+# --- real workers, and a user's own map_overlap
+
+
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1", protocol="tcp",
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        c.register_plugin(CollectivePlacement())
+        yield c
+
+
+@pytest.mark.parametrize("shape, chunks, axes", HALOS[:4])
+def test_real_workers_grow_the_same_blocks(client, shape, chunks, axes):
+    x = _array(shape, chunks, seed=4).persist()
+    want = dask_overlap_internal(x, axes).compute()
+    assert np.array_equal(client.compute(overlap_internal(x, axes, room=None)).result(timeout=60), want)
+
+
+def _laplacian(block):
+    out = -6 * block
+    for axis in range(block.ndim):
+        out = out + np.roll(block, 1, axis) + np.roll(block, -1, axis)
+    return out
+
+
+@pytest.mark.parametrize("boundary", ["none", "reflect", "periodic", "nearest", 0.5])
+def test_a_user_s_map_overlap_is_routed_to_the_exchange_with_dask_s_bits(client, boundary):
+    from spillway.datapath.collective import method
+
+    x = _array((48, 40, 36), (12, 10, 12), seed=5).persist()
+    want = client.compute(x.map_overlap(_laplacian, depth=1, boundary=boundary)).result(timeout=60)
+    method.use_on(client.scheduler.address)
+    try:
+        y = x.map_overlap(_laplacian, depth=1, boundary=boundary)
+        assert any(name.startswith("spillway-cut-") for name in y.dask.layers)
+        got = client.compute(y).result(timeout=60)
+    finally:
+        method.stop_using(client.scheduler.address)
+    assert np.array_equal(got, want)
+    # another cluster's map_overlap stays dask's own
+    z = x.map_overlap(_laplacian, depth=1, boundary=boundary)
+    assert not any(name.startswith("spillway-cut-") for name in z.dask.layers)
+
+
+def test_the_route_is_dask_s_own_without_a_spillway_scheduler():
+    import dask.array.overlap as overlaps
+
+    from spillway.datapath.collective import method
+
+    assert overlaps.overlap_internal is dask_overlap_internal
+    with dask.config.set(scheduler="sync"):
+        x = _array((20, 20), (5, 5))
+        y = x.map_overlap(lambda b: b * 2, depth=1, boundary="none")
+        assert not any(name.startswith("spillway-cut-") for name in y.dask.layers)
+    assert method._original_overlap is None
