@@ -138,14 +138,17 @@ def test_a_user_s_map_overlap_is_routed_to_the_exchange_with_dask_s_bits(client,
     assert not any(name.startswith("spillway-cut-") for name in z.dask.layers)
 
 
-def test_the_route_is_dask_s_own_without_a_spillway_scheduler():
-    import dask.array.overlap as overlaps
-
+def test_without_a_spillway_scheduler_a_map_overlap_is_dask_s_own_even_routed(client):
+    """The route stays for the process's life once a spillway cluster opened in it; a
+    client of another scheduler (or none) keeps dask's tasks."""
     from spillway.datapath.collective import method
 
-    assert overlaps.overlap_internal is dask_overlap_internal
-    with dask.config.set(scheduler="sync"):
+    method.use_on("tcp://127.0.0.1:1")  # a spillway scheduler that is not this client's
+    try:
         x = _array((20, 20), (5, 5))
         y = x.map_overlap(lambda b: b * 2, depth=1, boundary="none")
         assert not any(name.startswith("spillway-cut-") for name in y.dask.layers)
-    assert method._original_overlap is None
+        assert method.dask_overlap_internal() is dask_overlap_internal
+        assert np.array_equal(client.compute(y).result(timeout=60), (x * 2).compute(scheduler="sync"))
+    finally:
+        method.stop_using("tcp://127.0.0.1:1")

@@ -51,7 +51,9 @@ def overlap_internal(x, axes: dict, *, room: dict | None = None, fallback=None):
                     for i in p.inputs) * x.dtype.itemsize
     if not plan.exchanges or way(exchanged, room if room is not None else cluster_room()) == TASKS:
         if fallback is None:
-            from dask.array.overlap import overlap_internal as fallback
+            from .method import dask_overlap_internal
+
+            fallback = dask_overlap_internal()
         return fallback(x, axes)
     return _exchange(x, (x.chunks, windows), plan.sizes, plan, tokenize(x, axes, "overlap"))
 
