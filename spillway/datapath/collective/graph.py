@@ -36,13 +36,14 @@ def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
     return _exchange(x, (x.chunks, chunks), chunks, plan, tokenize(x, chunks))
 
 
-def overlap_internal(x, axes: dict, *, room: dict | None = None, fallback=None):
+def overlap_internal(x, axes: dict, *, fallback, room: dict | None = None):
     """``dask.array.overlap.overlap_internal(x, axes)`` (each chunk grown by its
     neighbours' faces, ``axes[d]`` elements a side along axis ``d``, or ``(left, right)``)
     as one exchange: a cut an input chunk, an assembly an output chunk, its pieces from
     each neighbour's worker in one request per peer, where that fits the workers' fastest
-    tier (:mod:`.way`); else ``fallback(x, axes)`` (dask's own, a getitem a face, edge and
-    corner and a concatenation a chunk). The same blocks, bit for bit."""
+    tier (:mod:`.way`); else ``fallback(x, axes)``: dask's own (a getitem a face, edge and
+    corner and a concatenation a chunk), which the caller holds where it routed dask's
+    name here (:mod:`.method`). The same blocks, bit for bit."""
     from dask.base import tokenize
 
     windows = overlap_windows(x.chunks, axes)
@@ -50,10 +51,6 @@ def overlap_internal(x, axes: dict, *, room: dict | None = None, fallback=None):
     exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
                     for i in p.inputs) * x.dtype.itemsize
     if not plan.exchanges or way(exchanged, room if room is not None else cluster_room()) == TASKS:
-        if fallback is None:
-            from .method import dask_overlap_internal
-
-            fallback = dask_overlap_internal()
         return fallback(x, axes)
     return _exchange(x, (x.chunks, windows), plan.sizes, plan, tokenize(x, axes, "overlap"))
 
