@@ -149,7 +149,6 @@ def test_without_a_spillway_scheduler_a_map_overlap_is_dask_s_own_even_routed(cl
         x = _array((20, 20), (5, 5))
         y = x.map_overlap(lambda b: b * 2, depth=1, boundary="none")
         assert not any(name.startswith("spillway-cut-") for name in y.dask.layers)
-        assert method.dask_overlap_internal() is dask_overlap_internal
         assert np.array_equal(client.compute(y).result(timeout=60), (x * 2).compute(scheduler="sync"))
     finally:
         method.stop_using("tcp://127.0.0.1:1")

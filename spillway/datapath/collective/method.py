@@ -46,15 +46,6 @@ def overlap_internal(x, axes):
     return _original_overlap(x, axes)
 
 
-def dask_overlap_internal():
-    """dask's own ``overlap_internal``, routed or not."""
-    if _original_overlap is not None:
-        return _original_overlap
-    import dask.array.overlap as overlaps
-
-    return overlaps.overlap_internal
-
-
 def _on_spillway() -> bool:
     try:
         from distributed import default_client
