@@ -221,8 +221,12 @@ def test_tiny_o3_o4_on_cpu_clusters_three_sides_checked_and_compared_with_before
             d = w[side]
             assert d["error"] is None and d["first_s"] > 0 and len(d["runs_s"]) == 3
             assert d["verify"]["ok"] and max(d["verify"]["rel_errors"]) <= 1e-10
-            # no rate between CPU workers: the bound names what it misses
-            assert d["bound_s"] is None and d["tiers_bound"]["missing"] == ["peer_copy"]
+            # no rate between CPU workers: the bound names what it misses (where a tiny run's
+            # chunks all happened to be where they were needed, nothing moved)
+            if d["bytes_moved"]:
+                assert d["bound_s"] is None and d["tiers_bound"]["missing"] == ["peer_copy"]
+            else:
+                assert d["bound_s"] == 0 and d["tiers_bound"]["missing"] == []
             assert w["out_of_core"]["sides"][side]["first_s"] == d["first_s"]
         assert w["tasks_method"]["rechunk_method"] == "tasks"
         assert w["spillway"]["rechunk_method"] == "collective"  # spillway's cluster took it

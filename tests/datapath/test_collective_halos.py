@@ -152,3 +152,17 @@ def test_without_a_spillway_scheduler_a_map_overlap_is_dask_s_own_even_routed(cl
         assert np.array_equal(client.compute(y).result(timeout=60), (x * 2).compute(scheduler="sync"))
     finally:
         method.stop_using("tcp://127.0.0.1:1")
+
+
+def test_masked_chunks_keep_dask_s_way_and_their_mask():
+    from spillway.datapath.collective import rechunk
+
+    data = np.arange(400.0).reshape(20, 20)
+    x = da.ma.masked_greater(da.from_array(data, chunks=(5, 20)), 300)
+    grown = overlap_internal(x, {0: 1, 1: 0}, room=None, fallback=dask_overlap_internal)
+    assert not any(name.startswith("spillway-cut-") for name in grown.dask.layers)
+    got = grown.compute(scheduler="sync")
+    assert np.ma.isMaskedArray(got) and got.mask.sum() == dask_overlap_internal(x, {0: 1, 1: 0}).compute().mask.sum()
+    y = rechunk(x, (20, 5), room=None)
+    assert not any(name.startswith("spillway-cut-") for name in y.dask.layers)
+    assert np.ma.isMaskedArray(y.compute(scheduler="sync")) and y.compute(scheduler="sync").mask.sum() == 99

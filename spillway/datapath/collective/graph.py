@@ -27,7 +27,7 @@ def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
     if chunks == x.chunks:
         return x
     plan = plan or plan_of(x.chunks, chunks)
-    if not plan.exchanges:
+    if not plan.exchanges or not plain_chunks(x):
         return x.rechunk(chunks, method="tasks")
     exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
                     for i in p.inputs) * x.dtype.itemsize
@@ -50,9 +50,19 @@ def overlap_internal(x, axes: dict, *, fallback, room: dict | None = None):
     plan = plan_of(x.chunks, windows)
     exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
                     for i in p.inputs) * x.dtype.itemsize
-    if not plan.exchanges or way(exchanged, room if room is not None else cluster_room()) == TASKS:
+    if (not plan.exchanges or not plain_chunks(x)
+            or way(exchanged, room if room is not None else cluster_room()) == TASKS):
         return fallback(x, axes)
     return _exchange(x, (x.chunks, windows), plan.sizes, plan, tokenize(x, axes, "overlap"))
+
+
+def plain_chunks(x) -> bool:
+    """Whether ``x``'s chunks are plain NumPy or CuPy arrays, which a cut copies into
+    arrays of their own kind; a masked, sparse or other array's chunks keep dask's way,
+    which slices them as they are."""
+    meta = getattr(x, "_meta", None)
+    kind = type(meta)
+    return kind.__name__ == "ndarray" and kind.__module__.split(".")[0] in ("numpy", "cupy")
 
 
 def overlap_windows(chunks: tuple, axes: dict) -> tuple:
