@@ -293,8 +293,8 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
         raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
     kind = values.pop()
     clock.done("plugins")
-    # the results path warms while the planes map their peers' pools (two H200s, four
-    # workers: 3.3-4.4 s and 1.1-2.0 s one after the other)
+    # the results path warms while the planes map their peers' pools (on two H200s this
+    # did not shorten the start measurably: the results path still took 1.9-4.1 s)
     results = send_to_client(client, sorted(kinds), _device_value) if kind == "gpu" else []
     if options.data_plane:
         _planes_ready(client)
@@ -326,7 +326,7 @@ class _Steps:
 
     def done(self, name: str) -> None:
         now = time.perf_counter()
-        self.into[name] = self.into.get(name, 0.0) + now - self.last
+        self.into[name] = now - self.last
         self.last = now
 
 
@@ -342,26 +342,20 @@ def _device_value(nbytes: int):
     return cupy.zeros(nbytes, dtype="uint8")
 
 
-def results_path_ready(client, workers: list[str], make, nbytes: int = WARM_RESULT_BYTES,
-                       timeout: float = 60) -> None:
-    """The client receives a value made by ``make(nbytes)`` from each worker before the
-    cluster is handed out: the first result of a run no longer pays the client's first
-    contact with each worker (UCX's endpoints and staging buffers), and UCX in the client
-    makes the CUDA stream it copies results with while the GPUs still have room for it. On two
-    H200s filled past their memory, a client whose first CuPy result came at the end of
-    the run could not create that stream, and its gather failed and was retried for
-    minutes. A failure here is a debug line: the run still gets its results the usual way."""
-    received(client, send_to_client(client, workers, make, nbytes), timeout)
-
-
 def send_to_client(client, workers: list[str], make, nbytes: int = WARM_RESULT_BYTES) -> list:
-    """The futures of :func:`results_path_ready`'s values, one on each of ``workers``."""
+    """The client receives a value made by ``make(nbytes)`` from each worker before the
+    cluster is handed out (these are its futures; :func:`received` takes them): the first
+    result of a run no longer pays the client's first contact with each worker (UCX's
+    endpoints and staging buffers), and UCX in the client makes the CUDA stream it copies
+    results with while the GPUs still have room for it. On two H200s filled past their
+    memory, a client whose first CuPy result came at the end of the run could not create
+    that stream, and its gather failed and was retried for minutes."""
     return [client.submit(make, nbytes, workers=[w], allow_other_workers=False, pure=False) for w in workers]
 
 
 def received(client, futures: list, timeout: float = 60) -> None:
-    """Each of ``futures``' values brought to this process, then released
-    (:func:`results_path_ready`)."""
+    """Each of ``futures``' values (:func:`send_to_client`) brought to this process, then
+    released. A failure is a debug line: the run still gets its results the usual way."""
     try:
         for future in futures:
             future.result(timeout=timeout)  # the value itself comes to this process

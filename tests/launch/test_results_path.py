@@ -1,5 +1,5 @@
 """The client receives a value from every worker before a GPU cluster is handed out
-(:func:`spillway.launch.session.results_path_ready`)."""
+(:func:`spillway.launch.session.send_to_client`)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_each_worker_sends_the_client_one_value_and_keeps_none():
     with LocalCluster(n_workers=3, processes=False, threads_per_worker=1, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         workers = sorted(cluster.scheduler.workers)
-        session.results_path_ready(client, workers, _made_here, nbytes=1024)
+        session.received(client, session.send_to_client(client, workers, _made_here, nbytes=1024))
         assert client.run(lambda dask_worker: getattr(dask_worker, "made", 0)) == dict.fromkeys(workers, 1)
         # nothing of the warm-up stays held on the cluster
         deadline = time.monotonic() + 10
@@ -41,5 +41,5 @@ def test_each_worker_sends_the_client_one_value_and_keeps_none():
 def test_a_warm_up_that_fails_is_a_debug_line(caplog):
     with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None) as cluster, \
             Client(cluster) as client, caplog.at_level(logging.DEBUG, logger=session.logger.name):
-        session.results_path_ready(client, sorted(cluster.scheduler.workers), _broken)
+        session.received(client, session.send_to_client(client, sorted(cluster.scheduler.workers), _broken))
     assert "the results path was not warmed: RuntimeError: no device here" in caplog.text

@@ -6,6 +6,7 @@ neighbours' faces, where dask makes a task of every face, edge and corner."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from .exchange import assemble, barrier, cut, direct
@@ -27,11 +28,7 @@ def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
     if chunks == x.chunks:
         return x
     plan = plan or plan_of(x.chunks, chunks)
-    if not plan.exchanges or not plain_chunks(x):
-        return x.rechunk(chunks, method="tasks")
-    exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
-                    for i in p.inputs) * x.dtype.itemsize
-    if way(exchanged, room if room is not None else cluster_room()) == TASKS:
+    if not plan.exchanges or not plain_chunks(x) or not _fits(x, plan, room):
         return x.rechunk(chunks, method="tasks")
     return _exchange(x, (x.chunks, chunks), chunks, plan, tokenize(x, chunks))
 
@@ -48,12 +45,18 @@ def overlap_internal(x, axes: dict, *, fallback, room: dict | None = None):
 
     windows = overlap_windows(x.chunks, axes)
     plan = plan_of(x.chunks, windows)
-    exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
-                    for i in p.inputs) * x.dtype.itemsize
-    if (not plan.exchanges or not plain_chunks(x)
-            or way(exchanged, room if room is not None else cluster_room()) == TASKS):
+    if not plan.exchanges or not plain_chunks(x) or not _fits(x, plan, room):
         return fallback(x, axes)
     return _exchange(x, (x.chunks, windows), plan.sizes, plan, tokenize(x, axes, "overlap"))
+
+
+def _fits(x, plan: Plan, room: dict | None) -> bool:
+    """Whether the exchanging chunks of ``plan`` fit the workers' fastest tiers beside
+    what the cluster holds (``room``, asked of the default client's scheduler where not
+    given: :mod:`.way`)."""
+    exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
+                    for i in p.inputs) * x.dtype.itemsize
+    return way(exchanged, room if room is not None else cluster_room()) != TASKS
 
 
 def plain_chunks(x) -> bool:
@@ -74,9 +77,7 @@ def overlap_windows(chunks: tuple, axes: dict) -> tuple:
     for d, axis in enumerate(chunks):
         depth = axes.get(d, 0)
         left, right = depth if isinstance(depth, tuple) else (depth, depth)
-        bounds = [0]
-        for c in axis:
-            bounds.append(bounds[-1] + c)
+        bounds = [0, *itertools.accumulate(axis)]
         if len(axis) == 1:
             out.append(((0, bounds[-1]),))
             continue
