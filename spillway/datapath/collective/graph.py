@@ -63,8 +63,9 @@ def plain_chunks(x) -> bool:
     """Whether ``x``'s chunks are plain NumPy or CuPy arrays, which a cut copies into
     arrays of their own kind; a masked, sparse or other array's chunks keep dask's way,
     which slices them as they are."""
-    meta = getattr(x, "_meta", None)
-    kind = type(meta)
+    from dask.array.utils import meta_from_array
+
+    kind = type(meta_from_array(x))
     return kind.__name__ == "ndarray" and kind.__module__.split(".")[0] in ("numpy", "cupy")
 
 
