@@ -93,13 +93,8 @@ def test_values_equal_the_tasks_method_bit_for_bit(shape, chunks, new):
 
 
 @pytest.fixture(scope="module")
-def client():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1", protocol="tcp",
-                      dashboard_address=None) as cluster, Client(cluster) as c:
-        c.register_plugin(CollectivePlacement())
-        yield c
+def client(collective_client):
+    return collective_client
 
 
 def _pieces_left(dask_worker=None) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from dask.array.overlap import overlap_internal as dask_overlap_internal
 
-from spillway.datapath.collective import CollectivePlacement, Plan
+from spillway.datapath.collective import Plan
 from spillway.datapath.collective.graph import overlap_internal, overlap_windows
 from spillway.datapath.collective.plan import axis_window_runs
 
@@ -96,13 +96,8 @@ def test_halos_that_would_not_fit_the_fastest_tier_are_dask_s_own():
 
 
 @pytest.fixture(scope="module")
-def client():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1", protocol="tcp",
-                      dashboard_address=None) as cluster, Client(cluster) as c:
-        c.register_plugin(CollectivePlacement())
-        yield c
+def client(collective_client):
+    return collective_client
 
 
 @pytest.mark.parametrize("shape, chunks, axes", HALOS[:4])
