@@ -667,25 +667,6 @@ def _check_rechunk_p2p() -> str | None:
     return None
 
 
-def route_p2p_rechunk(routed) -> Callable | None:
-    """Make ``routed`` the rechunk dask calls for its P2P method; returns distributed's own
-    (for ``routed`` to hand other clusters' rechunks to, and to put back), or None where
-    this dask and distributed do not meet there."""
-    import distributed.shuffle
-
-    if not usable("rechunk_p2p"):
-        return None
-    original = distributed.shuffle.rechunk_p2p
-    distributed.shuffle.rechunk_p2p = routed
-    return original
-
-
-def unroute_p2p_rechunk(original) -> None:
-    import distributed.shuffle
-
-    distributed.shuffle.rechunk_p2p = original
-
-
 @seam("overlap_internal", "dask.array.overlap.overlap_internal (as dask.array.overlap.overlap calls it)", "dask",
       DASK, "users' own map_overlap halos as one exchange (they take dask's task a face, edge and corner)")
 def _check_overlap_internal() -> str | None:
@@ -702,23 +683,33 @@ def _check_overlap_internal() -> str | None:
     return None
 
 
-def route_overlap(routed) -> Callable | None:
-    """Make ``routed`` the ``overlap_internal`` that dask's ``overlap`` (and so
-    ``map_overlap``) calls; returns dask's own (to hand other clusters' overlaps to, and to
-    put back), or None where this dask does not call it there."""
-    import dask.array.overlap as overlaps
+#: what a seam's route replaces: the module dask or distributed looks the name up in at each
+#: call, and the name
+ROUTES = {"rechunk_p2p": ("distributed.shuffle", "rechunk_p2p"),
+          "overlap_internal": ("dask.array.overlap", "overlap_internal")}
 
-    if not usable("overlap_internal"):
+
+def route(name: str, routed) -> Callable | None:
+    """Make ``routed`` what upstream calls through seam ``name`` (:data:`ROUTES`): dask's P2P
+    rechunk, or the ``overlap_internal`` that ``overlap`` and ``map_overlap`` call. Returns
+    upstream's own (for ``routed`` to hand other clusters' calls to, and to put back), or
+    None where this dask and distributed do not meet there."""
+    import importlib
+
+    if not usable(name):
         return None
-    original = overlaps.overlap_internal
-    overlaps.overlap_internal = routed
+    module, attribute = ROUTES[name]
+    module = importlib.import_module(module)
+    original = getattr(module, attribute)
+    setattr(module, attribute, routed)
     return original
 
 
-def unroute_overlap(original) -> None:
-    import dask.array.overlap as overlaps
+def unroute(name: str, original) -> None:
+    import importlib
 
-    overlaps.overlap_internal = original
+    module, attribute = ROUTES[name]
+    setattr(importlib.import_module(module), attribute, original)
 
 
 TASK_STATE = ("worker_restrictions", "loose_restrictions", "run_spec", "dependents", "dependencies", "priority",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 
-from spillway.upstream import route_overlap, route_p2p_rechunk, unroute_overlap, unroute_p2p_rechunk
+from spillway.upstream import route, unroute
 
 #: addresses of the schedulers whose clusters run the collective
 SCHEDULERS: set[str] = set()
@@ -62,9 +62,9 @@ def use_on(scheduler_address: str) -> None:
     with _lock:
         SCHEDULERS.add(scheduler_address)
         if _original is None:
-            _original = route_p2p_rechunk(rechunk_p2p)
+            _original = route("rechunk_p2p", rechunk_p2p)
         if _original_overlap is None:
-            _original_overlap = route_overlap(overlap_internal)
+            _original_overlap = route("overlap_internal", overlap_internal)
 
 
 def stop_using(scheduler_address: str) -> None:
@@ -74,8 +74,8 @@ def stop_using(scheduler_address: str) -> None:
         if SCHEDULERS:
             return
         if _original is not None:
-            unroute_p2p_rechunk(_original)
+            unroute("rechunk_p2p", _original)
             _original = None
         if _original_overlap is not None:
-            unroute_overlap(_original_overlap)
+            unroute("overlap_internal", _original_overlap)
             _original_overlap = None
