@@ -35,6 +35,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from spillway import upstream
 
+from . import warm_imports
+
 PLUGIN_NAME = "spillway-setup"
 
 #: clean-ups :meth:`WorkerSetup.teardown` runs on a GPU worker while its CUDA context is
@@ -154,6 +156,9 @@ PROGRESS_NET_S = 0.005
 #: seconds a kept pageable buffer waits for reuse before it goes back to the host: longer
 #: than the gaps between the graphs of one piece of work, short beside an idle notebook
 KEPT_IDLE_S = 30
+#: the longest a worker's set-up waits for the warm-up thread's zarr before it installs the
+#: host buffer (importing zarr itself, whatever the thread is doing)
+ZARR_IMPORT_WAIT_S = 60
 
 
 def _expire_kept(host) -> None:
@@ -198,12 +203,14 @@ class WorkerSetup(WorkerPlugin):
             from .collector import start_settling
 
             self._settler = start_settling(worker, lambda: upstream.at_work(worker))
+        buffer = None
         if self.kind == "gpu":
-            self._setup_gpu(store)
+            buffer = self._setup_gpu(store)
         if store is not None:
             self._wire_store(worker, store)
         else:
             self._count_spills(worker.data)
+        return buffer
 
     def _setup_gpu(self, store):
         import cupy
@@ -223,10 +230,14 @@ class WorkerSetup(WorkerPlugin):
             self.statistics = current
         # CuPy's own pool would hide allocations from RMM's pool and statistics
         cupy.cuda.set_allocator(rmm_cupy_allocator if store is None else explained(rmm_cupy_allocator, store))
-        # dask's store hands CuPy chunks to zarr, whose CPU buffer refuses them
-        from spillway.memory import zarr_buffer
-
-        zarr_buffer.install()
+        # dask's store hands CuPy chunks to zarr, whose CPU buffer refuses them. Where zarr is
+        # still being imported on the warm-up thread, the buffer is installed once it is in,
+        # awaited (distributed sets a plugin up before the worker takes tasks), not imported
+        # here on the event loop
+        if warm_imports.ready("zarr"):
+            _install_zarr_buffer()
+            return None
+        return _zarr_buffer_when_imported()
 
     def _wire_store(self, worker, store):
         from spillway.memory.policy import next_use, running_inputs
@@ -327,6 +338,19 @@ class WorkerSetup(WorkerPlugin):
         if host is not None:
             host[0].append(counter("host_to_disk"))
             host[1].append(counter("disk_to_host"))
+
+
+def _install_zarr_buffer() -> None:
+    from spillway.memory import zarr_buffer
+
+    zarr_buffer.install()
+
+
+async def _zarr_buffer_when_imported() -> None:
+    import asyncio
+
+    await asyncio.to_thread(warm_imports.ready, "zarr", ZARR_IMPORT_WAIT_S)
+    _install_zarr_buffer()
 
 
 def _say_disk_full(worker, line: str) -> None:

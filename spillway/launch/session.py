@@ -22,6 +22,7 @@ from .plan import HostProbe, LaunchPlan, plan
 from .spec import WorkerSpec, worker_specs
 from .tls import temporary_tls
 from .ucx_env import quiet_ucx, start_client_ucx
+from . import warm_imports
 
 logger = logging.getLogger("spillway")
 
@@ -490,6 +491,9 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None,
         quiet_ucx()  # this process and the workers it starts inherit it
     if _over_ucx(launch, options):
         start_client_ucx(gpu=launch.kind == "gpu" or bool((inventory or discover()).gpus))
+    if launch.kind == "gpu":
+        # the CuPy results' deserializers import while the workers start
+        warm_imports.start(warm_imports.CLIENT)
     clock.done("plan")
     with contextlib.ExitStack() as stack:
         options = stack.enter_context(temporary_tls(options, tls_dir))

@@ -38,11 +38,16 @@ def tiered_store(**kwargs):
 
 
 def build_store(*, worker_local_directory: str, protocol: str, **store):
-    """The worker's ``data``: runs in the worker process while distributed builds it."""
+    """The worker's ``data``: runs in the worker process while distributed builds it. The
+    modules the worker's first requests need are imported on a thread from here on
+    (:mod:`.warm_imports`), while the worker registers and the cluster starts."""
+    from . import warm_imports
+
     built = None
     for step in setup_steps(protocol):
         if step == "comm":
             start_ucx()
         else:
             built = tiered_store(worker_local_directory=worker_local_directory, **store)
+    warm_imports.start(warm_imports.WORKER)
     return built
