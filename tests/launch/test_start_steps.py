@@ -43,3 +43,32 @@ def test_a_gpu_cluster_tells_its_workers_it_is_ready_after_its_last_step(monkeyp
     assert session.setup_workers(FakeClient(), Options.resolve(), wait_for=1, steps=steps) == ("gpu", 1)
     assert calls[-1] == "_arena_may_grow" and calls.index("settle") < calls.index("_arena_may_grow")
     assert list(steps) == ["workers", "plugins", "data plane", "results path", "settle"]
+
+
+def test_the_data_plane_registers_first_so_its_warm_up_runs_beside_the_other_plugins(monkeypatch):
+    """The planes' warm-up (mapping each peer's pool, seconds a peer on H200s) starts when
+    their plugin is set up: it is registered before the others, which then register while it
+    runs."""
+    from spillway.datapath.plane import DataPlanePlugin
+    from spillway.launch import session
+    from spillway.launch.plugins import WorkerSetup
+
+    registered = []
+
+    class FakeClient:
+        class scheduler:
+            address = "tcp://127.0.0.1:1"
+
+        def register_plugin(self, plugin):
+            registered.append(type(plugin).__name__)
+
+        def run_on_scheduler(self, fn, *args):
+            return None
+
+    monkeypatch.setattr(session, "_exchange_in_bulk", lambda client, options: registered.append("collective"))
+    session.register_plugins(FakeClient(), Options.resolve())
+    assert registered[0] == DataPlanePlugin.__name__, registered
+    assert registered.index(DataPlanePlugin.__name__) < registered.index(WorkerSetup.__name__)
+    registered.clear()
+    session.register_plugins(FakeClient(), Options.resolve(data_plane=False))
+    assert DataPlanePlugin.__name__ not in registered and WorkerSetup.__name__ in registered
