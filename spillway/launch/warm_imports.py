@@ -32,6 +32,7 @@ WORKER = ("zarr", "distributed.protocol.cupy")
 #: the client's: the results it receives are CuPy values
 CLIENT = ("distributed.protocol.cupy",)
 
+
 class Warmup:
     """One process's warm imports (the module's functions use the process's one)."""
 
@@ -64,21 +65,13 @@ class Warmup:
             finally:
                 self.took[name] = time.perf_counter() - began
                 self._imported[name].set()
+        logger.debug("warm imports took %s", ", ".join(f"{k} {v:.2f} s" for k, v in self.took.items()))
 
     def ready(self, name: str, timeout: float = 0.0) -> bool:
         """Whether nothing is left to wait for before ``name`` is used: True where no warm-up
         takes that module or it is imported (waiting up to ``timeout`` seconds for it)."""
         event = self._imported.get(name)
         return event is None or event.wait(timeout)
-
-    def wait(self, timeout: float = 30.0) -> bool:
-        """Block until every warm import is done; False where the thread still ran after
-        ``timeout`` seconds."""
-        thread = self._thread
-        if thread is None:
-            return True
-        thread.join(timeout)
-        return not thread.is_alive()
 
 
 _process = Warmup()
@@ -92,13 +85,3 @@ def start(modules: tuple[str, ...]) -> threading.Thread:
 def ready(name: str, timeout: float = 0.0) -> bool:
     """:meth:`Warmup.ready` of this process."""
     return _process.ready(name, timeout)
-
-
-def wait(timeout: float = 30.0) -> bool:
-    """:meth:`Warmup.wait` of this process."""
-    return _process.wait(timeout)
-
-
-def took() -> dict[str, float]:
-    """Seconds each module this process warmed took to import on the thread."""
-    return dict(_process.took)
