@@ -297,8 +297,8 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
         raise RuntimeError(f"mixed GPU and CPU workers are not supported: {kinds}")
     kind = values.pop()
     clock.done("plugins")
-    # the results path warms while the planes map their peers' pools (on two H200s this
-    # did not shorten the start measurably: the results path still took 1.9-4.1 s)
+    # the results path warms while the planes map their peers' pools (two H200s: 0.1-0.2 s
+    # once the workers import CuPy's serializers off their loops, :mod:`.warm_imports`)
     results = send_to_client(client, sorted(kinds), _device_value) if kind == "gpu" else []
     if options.data_plane:
         _planes_ready(client)
