@@ -29,7 +29,8 @@ case "$part" in
   # O3, O4: a first run and three timed runs on each side's own cluster, then the check
   o3)   only=O3;    timeout=240 ;;
   o4)   only=O4;    timeout=240 ;;
-  *) echo "ooc-bench.sh: unknown part '$part' (b2, b4, b5, o3, o4 or b2b4)" >&2; exit 2 ;;
+  o5)   only=O5;    timeout=240 ;;
+  *) echo "ooc-bench.sh: unknown part '$part' (b2, b4, b5, o3, o4, o5 or b2b4)" >&2; exit 2 ;;
 esac
 # the command's limit: a device call's 600 s less the margin; a queue.sh step, which runs on
 # between calls, may set a longer one (on one H200, 1.3x its memory: LIMIT=900)
@@ -71,7 +72,12 @@ for w in data["workloads"]:
                 print(f"{w['name']} {side}: {d.get('error') or d.get('skipped')}")
                 continue
             bounds = " / ".join("—" if b is None else f"{b:.2f}" for b in (d.get("first_bound_s"), d.get("bound_s")))
-            print(f"{w['name']} {side}: first {d['first_s']:.2f} s, median {d['median_s']:.2f} s, bound {bounds} s")
+            forced = " / ".join("—" if b is None else f"{b:.2f}" for b in (d.get("first_forced_bound_s"),
+                                                                          d.get("forced_bound_s")))
+            ratios = ", ".join(f"{m} {r:.1f}x" for m, r in (d.get("moved_over_forced") or {}).items() if r)
+            print(f"{w['name']} {side}: first {d['first_s']:.2f} s, median {d['median_s']:.2f} s, bound {bounds} s, "
+                  f"forced bound {forced} s" + (f" (median {d['time_over_forced']:.1f}x; moved/forced {ratios})"
+                                                if d.get("time_over_forced") else ""))
         met = completed
     elif w["name"] == "B2":
         met = fast

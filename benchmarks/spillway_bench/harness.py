@@ -228,7 +228,8 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
             f"moved {measure.bytes_moved / 1e9:8.2f} GB  spilled {measure.bytes_spilled / 1e9:7.2f} GB  "
             f"(inputs persisted in {measure.persist_s:.2f} s; waited {_seconds(measure.waited_s)}, "
             f"device sync {_seconds(measure.synchronized_s)}"
-            + (f"; arena pinning {measure.arena_pin_s:.2f} s" if measure.arena_pin_s else "") + ")")
+            + (f"; arena pinning {measure.arena_pin_s:.2f} s" if measure.arena_pin_s else "") + ")"
+            + _forced_line(measure))
         if i == 0:
             result.warmup_s = measure.seconds
             if workload.fresh_cluster:
@@ -243,6 +244,7 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
         if measure.tasks is not None:
             result.tasks.append(measure.tasks)
         result.spill.append(measure.spill)
+        result.forced.append(measure.forced)
         result.persist_spill.append(measure.persist_spill)
         result.resident = measure.resident
         if check:
@@ -348,3 +350,25 @@ def verify(workload: Workload, scale: str, seed: int, value, *, log, label: str)
         out["rel_errors"] = errors
         out["how"] += "; each part of the workload's check (value and reference: their norms)"
     return out
+
+
+def _forced_line(measure) -> str:
+    """The run's moves beside the bytes its capacities force (``D->H 160.7/113.0 GB``),
+    where its workers keep a peak."""
+    forced = measure.forced
+    if not forced or not measure.spill:
+        return ""
+    short = {"device_to_host": "D->H", "host_to_device": "H->D", "host_to_disk": "H->disk",
+             "disk_to_host": "disk->H"}
+    parts = [f"{short[m]} {measure.spill['moves'][m]['bytes'] / 1e9:.1f}/{f / 1e9:.1f}"
+             for m, f in forced["moves"].items() if f or measure.spill["moves"][m]["bytes"]]
+    spill = measure.spill
+    d2h = spill["moves"]["device_to_host"]
+    line = f"\n    moved/forced GB: {', '.join(parts) or 'none'}; peak held {forced['peak_bytes'] / 1e9:.1f} GB"
+    if d2h["bytes"] and d2h["seconds"]:
+        host = spill.get("host_buffers") or {}
+        taken = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in (host.get("taken_from") or {}).items() if v)
+        line += (f"\n    D->H {d2h['bytes'] / d2h['seconds'] / 1e9:.1f} GB/s over {d2h['seconds']:.2f} s, of which "
+                 f"{spill.get('spill_alloc_s') or 0:.2f} s getting buffers (room {host.get('room_s', 0):.2f} s, "
+                 f"new {host.get('new_s', 0):.2f} s); host buffers GB: {taken or 'none'}")
+    return line

@@ -20,6 +20,7 @@ from typing import Any
 from spillway.memory.store import MOVES
 from spillway.launch.plugins import worker_snapshot
 
+from .forcedbound import forced_moves
 from .timeline import in_window
 
 #: transfers smaller than this are left out of bandwidth percentiles (headers, scalars)
@@ -36,6 +37,12 @@ def synchronize_device(dask_worker=None) -> None:
 
 def _held(dask_worker=None) -> int:
     return len(dask_worker.data)
+
+
+def reset_peak(dask_worker=None) -> int | None:
+    """Start the worker's tiered store's peak of held bytes again (None: no such store)."""
+    reset = getattr(dask_worker.data, "reset_peak", None)
+    return reset() if reset is not None else None
 
 
 def _scheduler_tasks(dask_scheduler=None) -> int:
@@ -70,6 +77,9 @@ class RunMeasure:
     #: driver's locks held against every CUDA call on the node), summed over the workers;
     #: None where no worker grows an arena
     arena_pin_s: float | None = None
+    #: the bytes each move must carry, from the stores' peaks and limits
+    #: (:func:`.forcedbound.forced_moves`); None without spillway's store
+    forced: dict | None = None
 
 
 def spill_moves(before: dict, after: dict) -> dict:
@@ -78,7 +88,9 @@ def spill_moves(before: dict, after: dict) -> dict:
     Seconds and waits are None where no worker has spillway's tiered store (it alone
     times its copies; other stores' moves are only counted)."""
     moves = {m: {"bytes": 0, "seconds": 0.0} for m in MOVES}
-    timed, wait, producer = False, 0.0, 0.0
+    timed, wait, producer, alloc = False, 0.0, 0.0, 0.0
+    # where the host buffers the moves took came from, and what getting them cost
+    host = {"taken_from": {}, "room_s": 0.0, "new_s": 0.0}
     for addr, snap in after.items():
         old = before.get(addr, {})
         if snap.get("store"):
@@ -90,6 +102,13 @@ def spill_moves(before: dict, after: dict) -> dict:
                 moves[m]["seconds"] += new_stats["seconds"].get(m, 0.0) - old_stats.get("seconds", {}).get(m, 0.0)
             wait += new_stats.get("wait_s", 0.0) - old_stats.get("wait_s", 0.0)
             producer += new_stats.get("producer_wait_s", 0.0) - old_stats.get("producer_wait_s", 0.0)
+            alloc += new_stats.get("spill_alloc_s", 0.0) - old_stats.get("spill_alloc_s", 0.0)
+            new_host, old_host = snap["store"].get("host") or {}, (old.get("store") or {}).get("host") or {}
+            for source, n in (new_host.get("taken_from") or {}).items():
+                host["taken_from"][source] = (host["taken_from"].get(source, 0) + n
+                                              - (old_host.get("taken_from") or {}).get(source, 0))
+            for key in ("room_s", "new_s"):
+                host[key] += new_host.get(key, 0.0) - old_host.get(key, 0.0)
         else:
             for m in MOVES:
                 moves[m]["bytes"] += snap["spilled"].get(m, 0) - old.get("spilled", {}).get(m, 0)
@@ -97,7 +116,9 @@ def spill_moves(before: dict, after: dict) -> dict:
         for v in moves.values():
             v["seconds"] = None
     return {"moves": moves, "restore_wait_s": wait if timed else None,
-            "spill_producer_wait_s": producer if timed else None, "workers": len(after)}
+            "spill_producer_wait_s": producer if timed else None,
+            "spill_alloc_s": alloc if timed else None, "host_buffers": host if timed else None,
+            "workers": len(after)}
 
 
 def arena_pin_overlap(snapshots: dict, window: tuple[float, float]) -> float | None:
@@ -153,6 +174,16 @@ def summarize_spills(runs: list[dict]) -> dict | None:
     return out
 
 
+def median_forced(runs: list[dict | None]) -> dict | None:
+    """The median forced bytes of each move and the median peak over ``runs``
+    (:attr:`RunMeasure.forced`); None where no run has them."""
+    runs = [r for r in runs if r]
+    if not runs:
+        return None
+    return {"moves": {m: int(statistics.median(r["moves"][m] for r in runs)) for m in runs[0]["moves"]},
+            "peak_bytes": int(statistics.median(r["peak_bytes"] for r in runs))}
+
+
 @dataclass
 class SideResult:
     """One workload on one side (spillway or baseline)."""
@@ -187,11 +218,14 @@ class SideResult:
     first: dict | None = None
     #: how the graph's rechunk was built on this side ("collective", "p2p", "tasks")
     rechunk_method: str | None = None
+    #: each timed run's forced bytes (:attr:`RunMeasure.forced`)
+    forced: list[dict] = field(default_factory=list)
 
     def record_first(self, measure: "RunMeasure") -> None:
         self.first_s = measure.seconds
         self.first = {"bytes_moved": measure.bytes_moved, "bytes_spilled": measure.bytes_spilled,
-                      "spill": measure.spill, "persist_s": measure.persist_s, "tasks": measure.tasks}
+                      "spill": measure.spill, "persist_s": measure.persist_s, "tasks": measure.tasks,
+                      "forced": measure.forced}
 
     @property
     def median_s(self) -> float | None:
@@ -244,6 +278,8 @@ class SideResult:
             "first_bytes_spilled": (self.first or {}).get("bytes_spilled"),
             "first_spill_moves": summarize_spills([(self.first or {}).get("spill")]),
             "first_persist_s": (self.first or {}).get("persist_s"),
+            "forced_moves": median_forced(self.forced),
+            "first_forced_moves": median_forced([(self.first or {}).get("forced")]),
         }
 
 
@@ -297,6 +333,7 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
     t0 = time.perf_counter()
     inputs, op = split_inputs(client, collection, timeout)
     persist_s = time.perf_counter() - t0
+    client.run(reset_peak)
     before = client.run(worker_snapshot)
     window_start = time.time()
     start = time.perf_counter()
@@ -339,7 +376,8 @@ def timed_run(client, collection, *, kind: str, timeout: float, keep_value: bool
                       persist_s=persist_s, spill=spill_moves(before, after),
                       persist_spill=spill_moves(start_persist, before), resident=resident_bytes(before),
                       value=value, window=window, tasks=tasks, waited_s=waited_s,
-                      synchronized_s=seconds - waited_s, arena_pin_s=arena_pin_overlap(after, window))
+                      synchronized_s=seconds - waited_s, arena_pin_s=arena_pin_overlap(after, window),
+                      forced=forced_moves(before, after))
 
 
 def timed_run_recorded(client, collection, *, record: bool, **kwargs) -> tuple[RunMeasure, dict | None]:

@@ -33,7 +33,7 @@ import numpy as np
 PANEL_BYTES = 256 * 2**20
 
 #: what a panel can be reduced to
-STATS = ("sum", "sumsq", "colsum", "colsumsq", "rowsum", "gram", "xtb")
+STATS = ("sum", "sumsq", "colsum", "colsumsq", "rowsum", "edgesum", "gram", "xtb")
 
 
 def default_processes() -> int:
@@ -58,6 +58,9 @@ def _panel(args) -> dict:
         out["colsumsq"] = np.square(block).reshape(block.shape[0], -1).sum(axis=0)
     if "rowsum" in wanted:
         out["rowsum"] = block.reshape(block.shape[0], -1).sum(axis=1)
+    if "edgesum" in wanted:  # per row of a 3-D array: its plane's four edges, corners twice
+        out["edgesum"] = (block[:, 0, :].sum(axis=1) + block[:, -1, :].sum(axis=1)
+                          + block[:, :, 0].sum(axis=1) + block[:, :, -1].sum(axis=1))
     if "gram" in wanted:
         out["gram"] = block.T @ block
     if "xtb" in wanted:
@@ -71,6 +74,7 @@ def panel_stats(shape: tuple[int, ...], seed: int, *, stream: int = 0, dtype: st
     """Statistics of the seeded array (``stream``) of ``shape`` in float64, panel by panel:
     ``sum``, ``sumsq`` (scalars), ``colsum`` and ``colsumsq`` (sums and sums of squares per
     trailing element), ``rowsum`` (per row),
+    ``edgesum`` (per row of a 3-D array, the sum over its plane's four edges),
     ``gram`` (``x.T @ x`` of a 2-D array) and ``xtb`` (``x.T @ b`` with ``b`` the seeded
     vector of ``b_stream`` and ``shape[0]`` elements)."""
     wanted = tuple(wanted)
@@ -96,8 +100,9 @@ def panel_stats(shape: tuple[int, ...], seed: int, *, stream: int = 0, dtype: st
     for name in ("colsum", "colsumsq", "gram", "xtb"):
         if name in wanted:
             out[name] = np.sum([p[name] for p in parts], axis=0)
-    if "rowsum" in wanted:
-        out["rowsum"] = np.concatenate([p["rowsum"] for p in parts])
+    for name in ("rowsum", "edgesum"):
+        if name in wanted:
+            out[name] = np.concatenate([p[name] for p in parts])
     return out
 
 
@@ -144,6 +149,20 @@ def fft_axis0_checks(shape: tuple[int, int], seed: int, *, processes: int | None
     imag = panel_stats(shape, seed, stream=1, wanted=wanted, processes=processes)
     n = shape[0]
     return real["colsum"] + 1j * imag["colsum"], n * (real["colsumsq"] + imag["colsumsq"])
+
+
+def laplacian_plane_sums(shape: tuple[int, int, int], seed: int, dtype: str = "float32", *,
+                         processes: int | None = None) -> np.ndarray:
+    """For ``L`` the 7-point Laplacian of the seeded 3-D ``x`` (stream 0) with a zero
+    boundary, each plane's sum ``L[k].sum()`` in float64: the neighbours along axis 0 give
+    ``S[k-1] + S[k+1]`` (``S`` the planes' sums, 0 past the ends), and within a plane each
+    value counts once for every neighbour it has there less six, which is ``-2 S[k]`` less
+    the plane's edges (corners twice). A halo face left out or put in the wrong place
+    changes the sums of the planes beside it."""
+    s = panel_stats(shape, seed, dtype=dtype, wanted=("rowsum", "edgesum"), processes=processes)
+    planes = s["rowsum"]
+    padded = np.concatenate([[0.0], planes, [0.0]])
+    return padded[:-2] + padded[2:] - 2 * planes - s["edgesum"]
 
 
 def gram(shape: tuple[int, int], seed: int, dtype: str = "float64", *, stream: int = 0,

@@ -123,9 +123,13 @@ def out_of_core_rows(workloads: list[dict]) -> list[tuple[str, ...]]:
             detail = w.get(side) or {}
             bound = (f"{_tiers_bound_text(d.get('first_bound_s'), detail.get('first_tiers_bound'))} / "
                      f"{_tiers_bound_text(d.get('bound_s'), detail.get('tiers_bound'))}")
+            forced = f"{fmt_value(d.get('first_forced_bound_s'))} / {fmt_value(d.get('forced_bound_s'))}"
             rows.append((w["name"], side, d.get("rechunk_method") or "—", *time, bound,
                          fmt_value(d.get("first_over_bound"), "{:.1f}x"),
                          fmt_value(d.get("time_over_bound"), "{:.1f}x"),
+                         forced, fmt_value(d.get("first_over_forced"), "{:.1f}x"),
+                         fmt_value(d.get("time_over_forced"), "{:.1f}x"),
+                         _moved_over_forced(d.get("moved_over_forced")),
                          versus))
     return rows
 
@@ -138,7 +142,15 @@ def _tiers_bound_text(bound_s, tiers: dict | None) -> str:
 
 
 OUT_OF_CORE_HEAD = ("workload", "side", "rechunk", "first run s", "median s", "bound s (first / median)",
-                    "first / bound", "median / bound", "spillway / tasks_method (first / median)")
+                    "first / bound", "median / bound", "forced bound s (first / median)", "first / forced",
+                    "median / forced", "moved / forced (median)", "spillway / tasks_method (first / median)")
+
+
+def _moved_over_forced(ratios: dict | None) -> str:
+    """``D->H 1.4x, H->disk 15x`` for the moves the capacities force (— where none)."""
+    short = {"device_to_host": "D->H", "host_to_device": "H->D", "host_to_disk": "H->disk", "disk_to_host": "disk->H"}
+    parts = [f"{short.get(m, m)} {r:.1f}x" for m, r in (ratios or {}).items() if r is not None]
+    return ", ".join(parts) or "—"
 
 
 def out_of_core_section(workloads: list[dict]) -> list[str]:
@@ -157,9 +169,12 @@ def out_of_core_section(workloads: list[dict]) -> list[str]:
             "The bound is the tiers' (`benchmarks/spillway_bench/tiersbound.py`): bytes spilled and restored over the pinned "
             "copies, bytes between workers over the peer copy, each divided by the GPUs, plus disk writes and "
             "reads over the disk's rates, at the ceilings of this run. The rechunk column is how dask built it "
-            "(collective: spillway's, routed from P2P).", "", *described, "",
+            "(collective: spillway's, routed from P2P). The forced bound (`benchmarks/spillway_bench/forcedbound.py`) "
+            "prices instead the bytes any placement must move, from each store's peak of held bytes and its tiers' "
+            "limits, at the same ceilings; moved / forced is the bytes the run moved over those, per move.",
+            "", *described, "",
             "| " + " | ".join(OUT_OF_CORE_HEAD) + " |",
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| " + " | ".join(["---"] * 3 + ["---:"] * (len(OUT_OF_CORE_HEAD) - 3)) + " |",
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 

@@ -219,8 +219,10 @@ def out_of_core_entry(workload, scale: str, detail: dict, ceilings, links: int) 
             continue
         d.update(tiersbound.side_bounds(d, ceilings.gbps, links))
         per_side[side] = {k: d.get(k) for k in ("first_s", "median_s", "bound_s", "first_bound_s", "time_over_bound",
-                                                "first_over_bound", "rechunk_method", "error", "expected_failure",
-                                                "skipped")}
+                                                "first_over_bound", "forced_bound_s", "first_forced_bound_s",
+                                                "time_over_forced", "first_over_forced", "rechunk_method", "error",
+                                                "expected_failure", "skipped")}
+        per_side[side]["moved_over_forced"] = (d.get("forced_bound") or {}).get("moved_over_forced")
     sp, tm = per_side.get("spillway", {}), per_side.get("tasks_method", {})
     footprint = workload.footprint_bytes(scale)
     sized = getattr(workload, "sized_from", None) if scale == "full" else None

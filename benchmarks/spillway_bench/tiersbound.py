@@ -63,7 +63,9 @@ def side_bounds(side: Mapping, gbps: Mapping[str, float] | None, links: int) -> 
     """A side's bounds from its JSON (:meth:`~.measure.SideResult.to_json`): the median
     timed run's (median bytes of each move) and the first run's, each with its time and
     their ratio. Fields: ``bound_s``, ``time_over_bound``, ``tiers_bound``, and the
-    same with ``first_``."""
+    same with ``first_``; beside them the forced-bytes bound (:mod:`.forcedbound`):
+    ``forced_bound_s``, ``time_over_forced`` and ``forced_bound`` (its terms and each
+    move's ``moved_over_forced``), and the first run's."""
     from .copybound import move_bytes
 
     # a side that failed or did not run has no bound: its bytes are a part of a run
@@ -72,7 +74,19 @@ def side_bounds(side: Mapping, gbps: Mapping[str, float] | None, links: int) -> 
     first = None
     if side.get("first_s") is not None:
         first = tiers_bound(move_bytes(side.get("first_spill_moves")), side.get("first_bytes_moved"), gbps, links)
+    from .forcedbound import forced_bound
+
+    forced = forced_bound(side.get("forced_moves"), move_bytes(side.get("spill_moves")), gbps, links,
+                          side.get("median_s")) if ran else None
+    first_forced = forced_bound(side.get("first_forced_moves"), move_bytes(side.get("first_spill_moves")), gbps,
+                                links, side.get("first_s"))
     return {
+        "forced_bound_s": (forced or {}).get("forced_bound_s"),
+        "time_over_forced": (forced or {}).get("time_over_forced"),
+        "forced_bound": forced,
+        "first_forced_bound_s": (first_forced or {}).get("forced_bound_s"),
+        "first_over_forced": (first_forced or {}).get("time_over_forced"),
+        "first_forced_bound": first_forced,
         "bound_s": median["bound_s"] if ran else None,
         "time_over_bound": _ratio(side.get("median_s"), median["bound_s"]),
         "tiers_bound": median if ran else None,

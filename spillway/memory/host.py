@@ -15,6 +15,10 @@ from .codecs import Alloc, HostCopy
 from .stats import MoveRates
 
 
+#: where a host buffer comes from (:attr:`HostBuffers.taken_from`)
+SOURCES = ("arena", "kept", "pinned", "pageable")
+
+
 class HostBuffers:
     """Host buffers for spilled values: slices of the pinned arena while it has room; past
     it, pinned buffers taken on demand while the arena and those together stay within
@@ -76,6 +80,14 @@ class HostBuffers:
         self._pageable: dict[int, int] = {}
         #: bytes of given-back pageable buffers kept for reuse, at most
         self.pageable_cache = int(pageable_cache or 0)
+        #: bytes handed out since the start by where they came from: arena slices, kept
+        #: pageable buffers, buffers pinned on demand, new pageable buffers (a spill's rate
+        #: is the pinned link's only in the first)
+        self.taken_from = dict.fromkeys(SOURCES, 0)
+        #: seconds :meth:`alloc` spent in ``before_new`` (values written to disk for room)
+        #: and taking new buffers (pinning, first touch of pageable pages)
+        self.room_s = 0.0
+        self.new_s = 0.0
         #: nbytes -> [(when given back, buffer)], the oldest first
         self._kept: dict[int, list] = {}
         #: bytes of the buffers in :attr:`_kept`
@@ -87,17 +99,32 @@ class HostBuffers:
             self.largest_request = nbytes
         view = self._from_arena(nbytes)
         if view is not None:
+            self.taken_from["arena"] += nbytes
             return view
         self.missed_arena()
         kept = self._reuse(nbytes)
         if kept is not None:
+            self.taken_from["kept"] += nbytes
             return kept
         if self.before_new is not None:
-            self.before_new(nbytes)
+            began = time.perf_counter()
+            try:
+                self.before_new(nbytes)
+            finally:
+                self.room_s += time.perf_counter() - began
             # what it wrote to disk may have freed arena slices
             view = self._from_arena(nbytes)
             if view is not None:
+                self.taken_from["arena"] += nbytes
                 return view
+        began = time.perf_counter()
+        try:
+            return self._new(nbytes)
+        finally:
+            self.new_s += time.perf_counter() - began
+
+    def _new(self, nbytes: int) -> np.ndarray:
+        """A buffer that takes new host memory: pinned within the limit, else pageable."""
         if self.pinned is not None:
             with self._lock:
                 take = self._within_pinned_limit(nbytes)
@@ -112,8 +139,10 @@ class HostBuffers:
                     raise
                 with self._lock:
                     self._on_demand[_address(buffer)] = nbytes
+                self.taken_from["pinned"] += nbytes
                 return buffer
         buffer = self.pageable(nbytes)
+        self.taken_from["pageable"] += nbytes
         with self._lock:
             self.pageable_total += nbytes
             self.pageable_bytes += nbytes
@@ -272,6 +301,9 @@ class HostBuffers:
             "pageable_total": self.pageable_total,
             "pageable_bytes": self.pageable_bytes,
             "pageable_kept_bytes": self.kept_bytes,
+            "taken_from": dict(self.taken_from),
+            "room_s": self.room_s,
+            "new_s": self.new_s,
         }
         if self.growth is not None:
             out.update(self.growth.summary())

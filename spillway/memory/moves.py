@@ -77,14 +77,27 @@ def device_to_host(device: DeviceTier, spilled: SpilledKeys, keys: list, means: 
     start = time.perf_counter()
     stats.producer_wait_s += start - waited
     buffers = []
+    alloc_s = 0.0
+
+    def alloc(nbytes: int):
+        nonlocal alloc_s
+        began = time.perf_counter()
+        try:
+            return host.alloc(nbytes)
+        finally:
+            alloc_s += time.perf_counter() - began
+
     try:
         for (begin, end) in ranges:
-            buffers.append(codec.to_host(begin, end - begin, host.alloc))
+            buffers.append(codec.to_host(begin, end - begin, alloc))
     except BaseException:  # nothing lost: the values stay on the device
         for b in buffers:
             host.release(b)
         raise
+    # the move's seconds are the copy and its buffers together (what the spill waited);
+    # the buffers' share apart, since a rate that falls there is the host's, not the link's
     stats.add(move_name(device.name, tier.name), n, time.perf_counter() - start)
+    stats.spill_alloc_s += alloc_s
     values.clear()  # our references go before the allocations leave the store
     arrays.clear()
     before = device.nbytes

@@ -20,6 +20,9 @@ class TierStats:
     #: time spills waited for the kernels still producing the value, before its copy
     #: started (left out of the device -> host seconds, which time the copy alone)
     producer_wait_s: float = 0.0
+    #: of the device -> host seconds, the time spent getting host buffers (writing host
+    #: values to disk for room, pinning or first-touching new buffers), not copying
+    spill_alloc_s: float = 0.0
     prefetched_bytes: int = 0
     ondemand_events: int = 0
     ondemand_bytes: int = 0
@@ -41,6 +44,7 @@ class TierStats:
             "count": dict(self.count),
             "wait_s": self.wait_s,
             "producer_wait_s": self.producer_wait_s,
+            "spill_alloc_s": self.spill_alloc_s,
             "prefetched_bytes": self.prefetched_bytes,
             "ondemand_events": self.ondemand_events,
             "ondemand_bytes": self.ondemand_bytes,

@@ -91,8 +91,8 @@ def test_prepare_sizes_the_o_rows_from_the_gpus_of_the_run(monkeypatch):
 
 
 def test_o_rows_are_in_the_default_set_after_the_in_memory_rows():
-    assert [w.name for w in workloads.select(None)] == ["W1", "W2", "W3", "W4", "W5", "O3", "O4", "B1", "B2"]
-    for name in O_ROWS:
+    assert [w.name for w in workloads.select(None)] == ["W1", "W2", "W3", "W4", "W5", "O3", "O4", "O5", "B1", "B2"]
+    for name in (*O_ROWS, "O5"):
         w = workloads.WORKLOADS[name]
         assert w.sides == ("spillway", "tasks_method", "baseline") and w.fresh_cluster and w.user_code
         assert w.baseline_expected_failure and w.baseline_direct is None and w.check is not None
@@ -145,6 +145,75 @@ def test_o4_is_the_users_fft_and_its_check_matches_numpy():
     computed = dask.compute(*w.check(big), scheduler="sync")
     for c, r in zip(computed, (row0, energy)):
         assert np.linalg.norm(c - r) / np.linalg.norm(r) <= 1e-13
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4])
+@pytest.mark.parametrize("per_gpu", [80 * 10**9, 141 * 10**9])
+def test_o5_full_size_is_1_3x_the_gpus_in_512_cubes_within_the_host(gpus, per_gpu):
+    total = gpus * per_gpu
+    w = workloads.WORKLOADS["O5"].for_machine(total, gpus, gpus)
+    p = w.params("full")
+    n = p["shape"][0]
+    assert p["shape"] == (n,) * 3 and p["chunks"] == (512,) * 3 and p["dtype"] == "float32" and n % 64 == 0
+    # input and output held together, at 1.3x less the rounding of the side down to 64
+    assert 1.3 * total * ((n / (n + 64)) ** 3) < w.footprint_bytes("full") == 2 * 4 * n**3 <= 1.3 * total
+    # one GPU on a 128 GiB host: 1.3x still fits the host's share, so the host leaves it as it
+    # is; four H200s on it do not (their 0.3x past the GPUs would be 169 GB on the host)
+    capped = workloads.WORKLOADS["O5"].for_machine(total, gpus, gpus, 128 * 2**30)
+    if gpus == 1:
+        assert capped.params("full") == p
+    else:
+        assert capped.footprint_bytes("full") <= total + 0.75 * 128 * 2**30
+
+
+def test_o5_is_the_users_map_overlap_and_its_check_matches_numpy():
+    import dask
+
+    w = workloads.WORKLOADS["O5"]
+    p = w.params("tiny")
+    y = w.build("tiny", Target(kind="cpu", n_workers=2), 5).result
+    assert y.shape == p["out_shape"] and y.chunks == tuple((32,) * 3 for _ in range(3))
+    x = random.uniform_block(5, 0, p["shape"], tuple((0, n) for n in p["shape"]), "float32", "numpy")
+    # the filter with a zero boundary, in float64 over the same float32 values
+    padded = np.pad(x.astype(np.float64), 1)
+    core = tuple(slice(1, -1) for _ in range(3))
+    expected = -6 * padded[core]
+    for axis in range(3):
+        for step in (-1, 1):
+            expected += np.roll(padded, step, axis=axis)[core]
+    got = y.compute(scheduler="sync")
+    assert np.abs(got - expected).max() <= 1e-5
+    (planes,) = w.reference(p, 5)
+    np.testing.assert_allclose(planes, expected.sum(axis=(1, 2)), rtol=1e-10, atol=1e-9)
+    (computed,) = dask.compute(*w.check(y), scheduler="sync")
+    assert np.linalg.norm(computed - planes) / np.linalg.norm(planes) <= w.tolerance
+    # a halo face left out (zeros where a neighbour chunk's face belongs) changes the sums
+    # of the planes beside that chunk boundary: the check would see it
+    missing = expected.copy()
+    missing[31] -= x[32].astype(np.float64)
+    assert np.linalg.norm(missing.sum(axis=(1, 2)) - planes) / np.linalg.norm(planes) > 100 * w.tolerance
+
+
+def test_o5_tasks_method_builds_dask_own_halos_inside_a_spillway_session():
+    from spillway.datapath.collective import method
+
+    w = workloads.WORKLOADS["O5"]
+    target = Target(kind="cpu", n_workers=2)
+    # as if a spillway cluster's client were the default: the route is in place
+    method.use_on("tcp://127.0.0.1:1")
+    try:
+        from unittest import mock
+
+        with mock.patch.object(method, "_on_spillway", return_value=True):
+            spillway_side = w.build("tiny", target, 3, side="spillway").result
+            tasks_side = w.build("tiny", target, 3, side="tasks_method").result
+    finally:
+        method.stop_using("tcp://127.0.0.1:1")
+    names = lambda a: {str(n).split("-")[0] for n in a.__dask_graph__().layers}
+    assert workloads.expressions.rechunk_method(spillway_side) == "collective"
+    assert workloads.expressions.rechunk_method(tasks_side) is None and "overlap" in " ".join(
+        str(n) for n in tasks_side.__dask_graph__().layers), names(tasks_side)
+    np.testing.assert_array_equal(spillway_side.compute(scheduler="sync"), tasks_side.compute(scheduler="sync"))
 
 
 def test_each_side_builds_the_same_code_under_its_own_rechunk_method():

@@ -82,8 +82,9 @@ def test_each_side_of_an_o_row_carries_its_bounds_and_the_row_spillway_over_task
     # a baseline's expected failure is its result: the bench has not failed
     assert report.failed_workloads({"workloads": [entry]}) == []
     md = report.markdown(_results([entry]))
-    assert "| O3 | spillway | — | 26.000 | 13.000 | 12.000 / 13.000 | 2.2x | 1.0x | 0.67x / 0.50x |" in md
-    assert "| O3 | baseline | — | failed (expected) | — | — / — | — | — | — |" in md
+    assert ("| O3 | spillway | — | 26.000 | 13.000 | 12.000 / 13.000 | 2.2x | 1.0x | — / — | — | — | — "
+            "| 0.67x / 0.50x |") in md
+    assert "| O3 | baseline | — | failed (expected) | — | — / — | — | — | — / — | — | — | — | — |" in md
     short = report.short_table(_results([entry]))
     assert "out of core, a fresh cluster per side:" in short
 

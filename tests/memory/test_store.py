@@ -489,3 +489,30 @@ def test_the_store_gives_kept_buffers_back_before_it_writes_to_disk(below):
     free["bytes"] = 0  # the machine has no room: a new host buffer asks the books
     store._room_for_new_host_memory(MB)
     assert host.kept_bytes == 0
+
+
+def test_peak_counts_every_tier_and_starts_again_on_reset(below):
+    s = make(below, device_mb=2, host_mb=2)
+    for i in range(6):
+        s[i] = chunk(i)
+    # six 1 MiB values: two on the device, two on the host, two below: all held at once
+    assert s.held_bytes == 6 * MB and s.peak_bytes == 6 * MB
+    for i in range(4):
+        del s[i]
+    assert s.held_bytes == 2 * MB and s.peak_bytes == 6 * MB
+    assert s.reset_peak() == 2 * MB and s.summary()["peak_bytes"] == 2 * MB
+    s[10] = chunk(10)
+    s[4]  # a read moves values between tiers and holds nothing more
+    assert s.peak_bytes == 3 * MB and s.summary()["held_bytes"] == 3 * MB
+    s.close()
+
+
+def test_spills_say_where_their_host_buffers_came_from(below):
+    # a 2 MiB arena takes the first two spills; the third has no slice and takes a new buffer
+    s = make(below, device_mb=1, host_mb=8, arena_mb=2)
+    for i in range(4):
+        s[i] = chunk(i)
+    taken = s.host.summary()["taken_from"]
+    assert taken["arena"] == 2 * MB and taken["pinned"] + taken["pageable"] == MB, taken
+    assert s.stats.spill_alloc_s <= s.stats.seconds["device_to_host"]
+    s.close()

@@ -93,6 +93,22 @@ def stencil(p, backend, seed):
     return x.map_overlap(laplacian, depth=1, boundary=0, dtype=p["dtype"])
 
 
+def stencil_user(p, backend, seed):
+    """O5 as a user writes it: ``map_overlap`` of a 3-D filter (depth 1, zero boundary) on
+    a persisted field; on a spillway cluster its halos take the collective's exchange
+    where it fits, dask's own tasks elsewhere."""
+    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
+    return x.map_overlap(laplacian, depth=1, boundary=0, dtype=p["dtype"])
+
+
+def stencil_dask_halos(p, backend, seed):
+    """O5 with dask's own halo tasks on any cluster (its ``tasks_method`` side)."""
+    from spillway.datapath.collective.method import dask_halos
+
+    with dask_halos():
+        return stencil_user(p, backend, seed)
+
+
 def total(array):
     return array.sum()
 

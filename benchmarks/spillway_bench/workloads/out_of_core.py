@@ -1,5 +1,5 @@
-"""O3 and O4: W3's rechunk and W4's FFT as a user writes them, past the GPUs' memory, in
-every plain ``spillway bench``.
+"""O3, O4 and O5: W3's rechunk, W4's FFT and W5's stencil as a user writes them, past the
+GPUs' memory, in every plain ``spillway bench``.
 
 A user persists an array and calls ``x.rechunk(...)`` with no method (O3: float64 row
 panels to column panels) or ``da.fft.fft(x.rechunk({0: -1, 1: panel}), axis=0)`` (O4:
@@ -21,6 +21,12 @@ failure is recorded as its result).
 The results are checked without gathering the array: O3's column and row sums against
 the input's, O4's row 0 (the column sums of x) and each column's energy (Parseval)
 against NumPy float64 from the seed (:mod:`spillway_bench.reference`).
+
+O5 is a user's ``map_overlap`` (a 7-point filter, depth 1, zero boundary) of a persisted
+float32 field whose input and output together are 1.3x the GPUs' memory: on spillway's
+side its halos are the collective's exchange where that fits and dask's own tasks where
+not; its ``tasks_method`` side builds dask's own halo tasks on the same cluster
+(:func:`spillway.datapath.collective.method.dask_halos`). Its check is each plane's sum.
 """
 
 from __future__ import annotations
@@ -75,6 +81,27 @@ def o4_full(device_bytes: int, gpus: int, host_bytes: int | None = None) -> dict
     return squares(n, FFT_CHUNK, PANEL)
 
 
+#: O5's footprint (input and output, float32) over the GPUs' memory at full size
+FOOTPRINT_STENCIL = 1.3
+#: the side of O5's cubic chunks (W5's)
+STENCIL_CHUNK = 512
+
+
+def cube(n: int, chunk: int) -> dict:
+    """A float32 n^3 field in cubic chunks, filtered in place (same shape and chunks)."""
+    return {"shape": (n,) * 3, "chunks": (chunk,) * 3, "dtype": "float32", "out_shape": (n,) * 3,
+            "out_chunks": (chunk,) * 3}
+
+
+def o5_full(device_bytes: int, gpus: int, host_bytes: int | None = None) -> dict:
+    # input and output, float32 each, at 1.3x the GPUs (within the host's share)
+    factor = FOOTPRINT_STENCIL
+    if host_bytes:
+        factor = min(factor, 1 + HOST_SHARE * host_bytes / device_bytes)
+    n = int((factor * device_bytes / 2 / 4) ** (1 / 3)) // 64 * 64
+    return cube(n, STENCIL_CHUNK)
+
+
 def _o3_check(y):
     return y.sum(axis=0), y.sum(axis=1)
 
@@ -94,6 +121,17 @@ def _o4_reference(p, seed):
     from ..reference import fft_axis0_checks
 
     return fft_axis0_checks(p["shape"], seed)
+
+
+def _o5_check(y):
+    # each plane's sum in float64: the reference's own precision, whatever the field's
+    return (y.astype("float64").sum(axis=(1, 2)),)
+
+
+def _o5_reference(p, seed):
+    from ..reference import laplacian_plane_sums
+
+    return (laplacian_plane_sums(p["shape"], seed, p["dtype"]),)
 
 
 #: a baseline's failure is its result, not a failed bench: the row is there to time
@@ -124,4 +162,19 @@ O4 = Workload(
     direct=ex.fft_user, check=_o4_check, reference=_o4_reference, machine_sized=o4_full, **_COMMON,
 )
 
-OUT_OF_CORE = (O3, O4)
+O5 = Workload(
+    name="O5", title="x.map_overlap(3-D 7-point filter, depth 1) as a user writes it, out of core",
+    # full: sized from the machine, 1.3x the GPUs; 512^3 chunks (W5's)
+    sizes={"full": o5_full(NOMINAL_GPUS[1], NOMINAL_GPUS[0]),
+           "small": cube(1024, 256),
+           "tiny": cube(96, 32)},
+    direct=ex.stencil_user, check=_o5_check, reference=_o5_reference, machine_sized=o5_full,
+    side_direct={"tasks_method": ex.stencil_dask_halos},
+    # the filter runs in float32 (each value rounded to about 6e-8 of itself): the planes'
+    # sums in float64 then differ from the exact ones by a few parts in 10^8
+    tolerance=1e-5,
+    **{**_COMMON, "baseline_expected_failure": (
+        "plain dask-cuda past the GPUs' memory: a failure (out of device memory) is its result")},
+)
+
+OUT_OF_CORE = (O3, O4, O5)

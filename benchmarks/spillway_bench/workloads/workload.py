@@ -67,6 +67,9 @@ class Workload:
     #: the expression on the baseline's side where it differs from spillway's: what a
     #: user writes for plain dask-cuda, (params, backend, seed) -> lazy collection
     baseline_direct: Callable[[Mapping[str, Any], str, int], Any] | None = None
+    #: side -> its own expression, where a side other than the baseline builds another
+    #: graph from the same user code (O5's ``tasks_method``: dask's own halo tasks)
+    side_direct: Mapping[str, Callable[[Mapping[str, Any], str, int], Any]] = field(default_factory=dict)
     #: why the baseline is expected to fail: its failure is then recorded as its result
     #: (with the error) and does not fail the bench
     baseline_expected_failure: str | None = None
@@ -166,6 +169,8 @@ class Workload:
         backend = backend_for(target.kind)
         if side == "baseline" and self.baseline_direct is not None:
             return Built(self.baseline_direct(params, backend, seed), source="direct (baseline: user code)")
+        if side in self.side_direct:
+            return Built(self.side_direct[side](params, backend, seed), source=f"direct ({side})")
         built = self._build(params, target, seed, backend)
         if self.then is None:
             return built

@@ -16,6 +16,8 @@ exchange; elsewhere dask's own tasks.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 
 from spillway.upstream import route, unroute
@@ -25,6 +27,20 @@ SCHEDULERS: set[str] = set()
 _lock = threading.Lock()
 _original = None
 _original_overlap = None
+#: set inside :func:`dask_halos`: overlaps built there keep dask's own tasks
+_dask_halos = contextvars.ContextVar("spillway_dask_halos", default=False)
+
+
+@contextlib.contextmanager
+def dask_halos():
+    """Build map_overlap's halos with dask's own tasks inside this block, on any cluster:
+    what ``array.rechunk.method: tasks`` is to a rechunk (the graph is built when
+    ``map_overlap`` is called, so only the call needs to be inside)."""
+    token = _dask_halos.set(True)
+    try:
+        yield
+    finally:
+        _dask_halos.reset(token)
 
 
 def rechunk_p2p(x, chunks, threshold=None, block_size_limit=None, balance=False, **kwargs):
@@ -39,7 +55,7 @@ def overlap_internal(x, axes):
     """dask's ``overlap_internal`` (each chunk grown by its neighbours' faces, what
     ``map_overlap`` runs on): on a spillway cluster one exchange (:func:`.graph.overlap_internal`),
     dask's own elsewhere."""
-    if _on_spillway():
+    if _on_spillway() and not _dask_halos.get():
         from .graph import overlap_internal as exchanged
 
         return exchanged(x, axes, fallback=_original_overlap)
