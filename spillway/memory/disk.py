@@ -124,6 +124,9 @@ class DiskTier:
         #: bytes of the values they hold
         self.raw_nbytes = 0
         self._names = itertools.count()
+        #: guards ``meta`` and the byte counts: the store's drain writes on a thread of its
+        #: own beside the spills' and restores' calls (each call a key of its own)
+        self._books = threading.Lock()
         #: the values' bytes the spills wrote and read, and the seconds it took (a value
         #: that compresses counts its own bytes: the rate is in values, as the scheduler
         #: counts what goes to disk)
@@ -194,9 +197,10 @@ class DiskTier:
             raise
         os.close(fd)
         self.writes.add(copy.nbytes, time.perf_counter() - start)
-        self.meta[key] = Stored(path, copy.shape, copy.dtype, copy.order, copy.nbytes, stored, pieces)
-        self.nbytes += stored
-        self.raw_nbytes += copy.nbytes
+        with self._books:
+            self.meta[key] = Stored(path, copy.shape, copy.dtype, copy.order, copy.nbytes, stored, pieces)
+            self.nbytes += stored
+            self.raw_nbytes += copy.nbytes
 
     def _worth_compressing(self, view: memoryview, itemsize: int):
         codec = _compressor(self.compress, itemsize)
@@ -263,9 +267,10 @@ class DiskTier:
         return HostCopy(entry.shape, np.dtype(entry.dtype), entry.order, buf)
 
     def delete(self, key) -> None:
-        entry = self.meta.pop(key)
-        self.nbytes -= entry.stored
-        self.raw_nbytes -= entry.nbytes
+        with self._books:
+            entry = self.meta.pop(key)
+            self.nbytes -= entry.stored
+            self.raw_nbytes -= entry.nbytes
         _unlink(entry.path)
 
     # --- its rates

@@ -142,6 +142,46 @@ def lower(spilled: SpilledKeys, level: int, order: list, need: int, means: Means
         need -= group.nbytes
 
 
+def take_to_lower(spilled: SpilledKeys, gid) -> SpilledGroup:
+    """Take a host group off the host's order for a write to the tier below outside the
+    lock (:func:`write_down`): its segments stay in the host tier (counted there, their
+    buffers the write's source) and its keys are the caller's to hold in flight."""
+    group = spilled.groups.pop(gid)
+    del spilled.resident[HOST][gid]
+    for k in group.skeletons:
+        del spilled.group_of[k]
+    return group
+
+
+def write_down(group: SpilledGroup, gid, means: Means) -> float:
+    """Write a group taken by :func:`take_to_lower` to the tier below the host (no lock
+    held: nothing else touches its keys meanwhile); returns the seconds it took. A write
+    that fails leaves nothing below."""
+    source, target = means.tiers[HOST], means.tiers[HOST + 1]
+    start = time.perf_counter()
+    written = []
+    try:
+        for i in group.live_segments():
+            target.put((gid, i), source.get((gid, i), _transit), itemsize=_itemsize(group, i))
+            written.append(i)
+    except BaseException:
+        for i in written:
+            target.delete((gid, i))
+        raise
+    return time.perf_counter() - start
+
+
+def settle_lowered(spilled: SpilledKeys, gid, group: SpilledGroup, means: Means, seconds: float) -> None:
+    """A group :func:`write_down` wrote: its host buffers given back, the group and its
+    keys in the tier below."""
+    source, target = means.tiers[HOST], means.tiers[HOST + 1]
+    for i in group.live_segments():
+        source.delete((gid, i))
+    spilled.put_back(gid, group)
+    spilled.moved(gid, HOST, HOST + 1)
+    means.stats.add(move_name(source.name, target.name), group.nbytes, seconds)
+
+
 def _transit(nbytes: int) -> np.ndarray:
     return np.empty(nbytes, dtype=np.uint8)
 

@@ -24,6 +24,8 @@ class TierStats:
     #: values to disk for room, pinning or first-touching new buffers), not copying
     spill_alloc_s: float = 0.0
     prefetched_bytes: int = 0
+    #: of the host -> below bytes, those the drain wrote off the spills' path
+    drained_bytes: int = 0
     ondemand_events: int = 0
     ondemand_bytes: int = 0
 
@@ -46,6 +48,7 @@ class TierStats:
             "producer_wait_s": self.producer_wait_s,
             "spill_alloc_s": self.spill_alloc_s,
             "prefetched_bytes": self.prefetched_bytes,
+            "drained_bytes": self.drained_bytes,
             "ondemand_events": self.ondemand_events,
             "ondemand_bytes": self.ondemand_bytes,
         }

@@ -62,6 +62,18 @@ __all__ = ["MOVES", "TierStats", "TieredStore"]
 
 logger = logging.getLogger("spillway.memory")
 
+GiB = 1 << 30
+#: the host tier's room the drain keeps free for the next spills: room for
+#: :data:`DRAIN_VALUES` of the largest group spilled so far, at least :data:`DRAIN_MIN`
+#: bytes, at most an eighth of the host tier (what it writes early beyond what the
+#: capacities force)
+DRAIN_MIN = 2 * GiB
+DRAIN_VALUES = 4
+DRAIN_SHARE = 8
+#: seconds between two looks of the drain when no spill wakes it (the machine's memory
+#: may fall without one)
+DRAIN_POLL_S = 0.5
+
 
 class TieredStore(MutableMapping):
     def __init__(
@@ -76,6 +88,7 @@ class TieredStore(MutableMapping):
         device_usage: Callable[[], int] | None = None,
         in_use: Callable[[], Collection] | None = None,
         books: HostBooks | None = None,
+        drain: bool = False,
     ):
         self.codec = codec
         #: the host tier's buffers (the pinned arena, on-demand and pageable buffers)
@@ -121,6 +134,18 @@ class TieredStore(MutableMapping):
         self._lock = threading.RLock()
         self._inflight: dict = {}  # key -> event set when its prefetch is done
         self._local = threading.local()
+        #: whether a background writer keeps the host tier's margin free (:meth:`drain`,
+        #: started at the first spill); without it (tests of placement) the spills write
+        #: for room themselves, as they still do whenever the drain falls behind
+        self.drains = drain
+        self._drain_thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        #: bytes of host groups being written below by the drain (still counted in the
+        #: host tier until they are in)
+        self._draining = 0
+        #: the largest group spilled so far (the drain's margin is sized from it)
+        self._largest_spill = 0
         #: the most bytes of values held at once, every tier together, since the last
         #: :meth:`reset_peak`: what a run's capacities are read against (a bench's
         #: forced moves), where the tiers' counters say only what the store chose to move
@@ -356,7 +381,102 @@ class TieredStore(MutableMapping):
         """Copy the keys of one group to host buffers; returns the device bytes freed."""
         if self.on_start:
             self.start()
-        return moves.device_to_host(self._device, self._spilled, keys, self._means(), self._spill_host)
+        freed = moves.device_to_host(self._device, self._spilled, keys, self._means(), self._spill_host)
+        if freed > self._largest_spill:
+            self._largest_spill = freed
+        self._wake_drain()
+        return freed
+
+    # --- the drain: disk writes off the spills' path
+
+    @property
+    def drain_margin(self) -> int:
+        """Bytes of the host tier the drain keeps free (0: no host limit)."""
+        limit = self._host.limit
+        if limit is None:
+            return 0
+        return min(limit // DRAIN_SHARE, max(DRAIN_MIN, DRAIN_VALUES * self._largest_spill))
+
+    def _wants_drain(self) -> bool:
+        """Whether the next spills would find no room in the host tier (its margin not
+        free under its limit), or find the machine short of the memory a new buffer takes
+        while the arena has no slice of the margin. The caller holds the lock."""
+        if len(self.tiers) == HOST + 1 or not self._spilled.on_host:
+            return False
+        margin = self.drain_margin
+        host = self._host
+        if host.limit is not None and host.nbytes - self._draining + margin > host.limit:
+            return True
+        books = self.books
+        return (books is not None and margin > 0 and not self.host.arena_fits(margin)
+                and books.short_by(margin, count=False) > 0)
+
+    def drain(self) -> int:
+        """Write the host groups needed last to the tier below while :meth:`_wants_drain`,
+        each outside the lock (its keys in flight: a read of one waits for the write), so
+        that spills find their room in host memory at once and never wait on the disk.
+        Returns the bytes written. A write that fails puts its group back on the host."""
+        written = 0
+        while not self._closing.is_set():
+            with self._lock:
+                if not self._wants_drain():
+                    return written
+                order = self._order(HOST)
+                if not order:
+                    return written
+                gid = order[0]
+                group = moves.take_to_lower(self._spilled, gid)
+                nbytes = group.nbytes
+                event = threading.Event()
+                for k in group.skeletons:
+                    self._inflight[k] = event
+                self._draining += nbytes
+            try:
+                if HOST + 2 < len(self.tiers):
+                    with self._lock:  # a tier below the disk: room there first
+                        self._room_in(HOST + 1, nbytes)
+                seconds = moves.write_down(group, gid, self._means())
+            except BaseException as e:
+                with self._lock:
+                    self._spilled.put_back(gid, group)
+                    for k in group.skeletons:
+                        del self._inflight[k]
+                    self._draining -= nbytes
+                event.set()
+                if isinstance(e, SpillDiskFull) or is_full(e):
+                    return written  # the spills meet the full disk themselves, and say so
+                raise
+            with self._lock:
+                moves.settle_lowered(self._spilled, gid, group, self._means(), seconds)
+                for k in group.skeletons:
+                    del self._inflight[k]
+                self._draining -= nbytes
+                self.stats.drained_bytes += nbytes
+                if self.disk_full is not None:
+                    self.disk_full = None
+            event.set()
+            written += nbytes
+        return written
+
+    def _wake_drain(self) -> None:
+        """Wake the drain (start it at the first spill); the caller holds the lock."""
+        if not self.drains or len(self.tiers) == HOST + 1 or self._closing.is_set():
+            return
+        if self._drain_thread is None:
+            self._drain_thread = threading.Thread(target=self._drain_loop, name="spillway-drain", daemon=True)
+            self._drain_thread.start()
+        self._wake.set()
+
+    def _drain_loop(self) -> None:
+        while not self._closing.is_set():
+            self._wake.wait(DRAIN_POLL_S)
+            self._wake.clear()
+            try:
+                self.drain()
+            except Exception:  # never take the worker down: the spills still make room themselves
+                logger.exception("%s: the host tier's drain to disk failed; spills write for room themselves",
+                                 self.name)
+                self._closing.wait(1.0)
 
     def _spill_host(self, incoming: int) -> None:
         """Move host groups down until ``incoming`` more bytes fit under the host limit
@@ -368,7 +488,10 @@ class TieredStore(MutableMapping):
         """Move groups of the tier at ``level`` to the one below until ``incoming`` more
         bytes fit under its limit (nothing where it has none, or no tier below it)."""
         tier = self.tiers[level]
-        need = eviction.over_limit(tier.nbytes, incoming, tier.limit)
+        # the host groups the drain is writing below are as good as gone: their buffers
+        # go back the moment their writes end (counting them would write more for them)
+        held = tier.nbytes - (self._draining if level == HOST else 0)
+        need = eviction.over_limit(held, incoming, tier.limit)
         if need <= 0 or level + 1 == len(self.tiers):
             return
         try:
@@ -576,6 +699,11 @@ class TieredStore(MutableMapping):
             begin()
 
     def close(self) -> None:
+        self._closing.set()
+        self._wake.set()
+        drain = self._drain_thread
+        if drain is not None and drain is not threading.current_thread():
+            drain.join(10.0)  # a write under way ends before its tier closes
         for tier in self.tiers[HOST:]:
             tier.close()  # the host's stops the pinned arena's growth
 

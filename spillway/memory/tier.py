@@ -68,7 +68,9 @@ class SegmentTier(Tier, Protocol):
     def put(self, key: Hashable, copy: HostCopy, itemsize: int = 8) -> None:
         """Keep ``copy`` under ``key`` (``itemsize``: the element size of its bytes, which
         a tier that compresses groups them by). A put that fails leaves nothing behind;
-        one with no room raises the :class:`OSError` of a full filesystem (``ENOSPC``)."""
+        one with no room raises the :class:`OSError` of a full filesystem (``ENOSPC``).
+        The tier below the host takes puts from the store's drain thread beside the other
+        calls (never two calls on one key at once): it keeps its own counts whole."""
 
     def get(self, key: Hashable, alloc: Alloc) -> HostCopy:
         """What ``key`` holds, in host memory (a buffer from ``alloc`` where it must be

@@ -130,6 +130,7 @@ def gpu_worker_store(
         below=[DiskTier(worker_local_directory)],
         host=host,
         books=HostBooks(host_available, headroom=headroom_for(host_total()), process_limit=memory_limit),
+        drain=True,
     )
     if pinned_pool_size:
         store.on_start.append(functools.partial(start_arena, host, int(pinned_pool_size)))

@@ -1,0 +1,180 @@
+"""The host tier's drain: values written below off the spills' path, the ones needed last
+first, only while the host tier lacks room for the next spills; nothing lost on the way."""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+
+import numpy as np
+import pytest
+from numpy_codec import NumpyCodec
+
+from spillway.memory import store as store_module
+from spillway.memory.codecs import HostCopy
+from spillway.memory.host import HostBuffers
+from spillway.memory.store import TieredStore
+
+MB = 2**20
+
+
+def chunk(i: int) -> np.ndarray:
+    return np.random.default_rng(i).standard_normal(MB // 8)  # 1 MiB float64
+
+
+class SlowTier:
+    """A segment tier in a dict whose puts take ``delay`` seconds (a disk) and fail with
+    ENOSPC while ``full``; it fails the test on a put over a key it holds."""
+
+    name = "disk"
+    where = "the test's disk"
+    limit = None
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+        self.full = False
+        self.writing = threading.Event()
+        self.held: dict = {}
+        self.nbytes = 0
+        self.calls = {"put": 0}
+        self._lock = threading.Lock()
+
+    def room(self):
+        return None
+
+    def rates(self) -> dict:
+        return {"write": 0.0, "read": 0.0, "write_from": None, "read_from": None}
+
+    def put(self, key, copy, itemsize: int = 8) -> None:
+        self.writing.set()
+        time.sleep(self.delay)
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        with self._lock:
+            assert key not in self.held
+            self.calls["put"] += 1
+            self.held[key] = (copy.shape, copy.dtype, copy.order, bytes(memoryview(copy.buffer).cast("B")))
+            self.nbytes += copy.nbytes
+
+    def get(self, key, alloc):
+        with self._lock:
+            shape, dtype, order, data = self.held[key]
+        buffer = alloc(len(data))
+        np.frombuffer(buffer, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
+        return HostCopy(shape, dtype, order, buffer)
+
+    def delete(self, key) -> None:
+        with self._lock:
+            self.nbytes -= len(self.held.pop(key)[3])
+
+    def close(self) -> None:
+        self.held.clear()
+
+
+def settled(s: TieredStore, timeout: float = 30.0) -> None:
+    """Wait until the drain has nothing left to do."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with s._lock:
+            if not s._wants_drain() and not s._inflight:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"the drain did not settle: {s.summary()}")
+
+
+@pytest.fixture
+def small_margin(monkeypatch):
+    # a 1 MiB margin at these sizes (the product's is 2 GiB at least)
+    monkeypatch.setattr(store_module, "DRAIN_MIN", MB)
+    monkeypatch.setattr(store_module, "DRAIN_VALUES", 1)
+    monkeypatch.setattr(store_module, "DRAIN_SHARE", 1)
+
+
+def make(tier, rank=None, host_mb=4):
+    return TieredStore(device_limit=2 * MB, host_limit=host_mb * MB, codec=NumpyCodec(), below=[tier],
+                       host=HostBuffers(), rank=rank, drain=True)
+
+
+def test_the_drain_keeps_the_margin_free_writing_the_values_needed_last(small_margin):
+    # key i is needed at step i: the largest are needed last and go below first
+    tier = SlowTier()
+    s = make(tier, rank=lambda k: k)
+    for i in range(6):
+        s[i] = chunk(i)
+    settled(s)
+    # 6 MiB for 2 on the device and 4 on the host: the drain leaves 1 MiB of the host free
+    assert s.drain_margin == MB and s.host_bytes == 3 * MB and s.below_bytes == MB
+    # the device kept 0 and 5, the host took 1 to 4: 4 is the host's needed last
+    assert [i for i in range(6) if s.tier_of(i) == "disk"] == [4]
+    assert s.stats.drained_bytes == MB == s.stats.bytes["host_to_disk"]
+    for i in range(6):
+        np.testing.assert_array_equal(s[i], chunk(i))
+    s.close()
+
+
+def test_what_fits_on_the_host_is_never_written_down(small_margin):
+    tier = SlowTier()
+    s = make(tier, host_mb=8)
+    for i in range(6):  # 4 MiB on the host of 8: the margin is free already
+        s[i] = chunk(i)
+    time.sleep(3 * store_module.DRAIN_POLL_S)
+    settled(s)
+    assert tier.calls["put"] == 0 and s.stats.bytes["host_to_disk"] == 0 and s.host_bytes == 4 * MB
+    s.close()
+
+
+def test_a_spill_finds_its_room_made_and_writes_nothing_itself(small_margin):
+    tier = SlowTier(delay=0.05)
+    s = make(tier, rank=lambda k: -k)  # the oldest needed last
+    for i in range(5):
+        s[i] = chunk(i)
+    settled(s)
+    before = s.stats.bytes["host_to_disk"]
+    assert before == s.stats.drained_bytes
+    s[5] = chunk(5)  # its spill lands in the margin
+    settled(s)
+    # every write below was the drain's: none on the spill's own path
+    assert s.stats.bytes["host_to_disk"] == s.stats.drained_bytes > before
+    s.close()
+
+
+def test_a_read_of_a_value_being_written_waits_for_the_write_and_gets_it(small_margin):
+    tier = SlowTier(delay=0.5)
+    s = make(tier, rank=lambda k: k)
+    for i in range(6):
+        s[i] = chunk(i)
+    assert tier.writing.wait(10)
+    assert s.tier_of(4) == "moving"  # in flight to the disk
+    np.testing.assert_array_equal(s[4], chunk(4))
+    settled(s)
+    for i in range(6):
+        np.testing.assert_array_equal(s[i], chunk(i))
+    del s[4]
+    assert 4 not in s and len(s) == 5
+    s.close()
+
+
+def test_a_write_that_fails_puts_the_value_back_on_the_host_and_loses_nothing(small_margin):
+    tier = SlowTier()
+    tier.full = True
+    s = make(tier, rank=lambda k: k)
+    for i in range(6):
+        s[i] = chunk(i)
+    time.sleep(3 * store_module.DRAIN_POLL_S)
+    # nothing written, nothing lost: the host holds what it held, past its margin
+    assert tier.nbytes == 0 and s.host_bytes == 4 * MB and s.stats.drained_bytes == 0
+    assert sorted(s) == list(range(6)) and s.tier_of(4) == "host"
+    for i in range(6):
+        np.testing.assert_array_equal(s[i], chunk(i))
+    s.close()
+
+
+def test_close_waits_for_a_write_under_way(small_margin):
+    tier = SlowTier(delay=0.3)
+    s = make(tier, rank=lambda k: k)
+    for i in range(6):
+        s[i] = chunk(i)
+    assert tier.writing.wait(10)
+    s.close()
+    assert not s._drain_thread.is_alive()
