@@ -257,3 +257,42 @@ class SpilledKeys:
             group = self.groups[gid]
             counts[group.tier] += len(group.skeletons)
         return counts
+
+
+class CleanCopies:
+    """Host copies of values that were read back to the device and are still there,
+    unchanged (a task's output never changes): the device keys of a group restored from
+    the host tier keep its segments there, so that spilling the same keys again moves no
+    byte. They are the first host memory given back when the host tier needs room
+    (dropping one moves nothing either: the value is on the device)."""
+
+    def __init__(self):
+        #: group id -> the group whose segments the host tier still holds
+        self.groups: dict[int, SpilledGroup] = {}
+        #: device key -> the id of its clean group
+        self.gid_of: dict = {}
+        #: bytes of the clean groups' segments (counted in the host tier too)
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def add(self, gid, group: SpilledGroup) -> None:
+        self.groups[gid] = group
+        for k in group.skeletons:
+            self.gid_of[k] = gid
+        self.nbytes += group.nbytes
+
+    def matching(self, keys) -> int | None:
+        """The id of the clean group whose keys are exactly ``keys`` (None: none)."""
+        gid = self.gid_of.get(next(iter(keys), None))
+        if gid is None or set(self.groups[gid].skeletons) != set(keys):
+            return None
+        return gid
+
+    def pop(self, gid) -> SpilledGroup:
+        group = self.groups.pop(gid)
+        for k in group.skeletons:
+            del self.gid_of[k]
+        self.nbytes -= group.nbytes
+        return group

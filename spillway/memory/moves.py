@@ -18,6 +18,7 @@ outside it for prefetches.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -253,18 +254,24 @@ def to_device(group: SpilledGroup, means: Means) -> dict:
     return {k: fill(sk, arrays) for k, sk in group.skeletons.items()}
 
 
-def settle(device: DeviceTier, group: SpilledGroup, values: dict, means: Means) -> None:
-    """Give the group's host buffers back and put its values in the device tier."""
+def settle(device: DeviceTier, group: SpilledGroup, values: dict, means: Means,
+           keep: Callable[[SpilledGroup], bool] | None = None) -> None:
+    """Put the group's values in the device tier, and give its host buffers back unless
+    ``keep(group)`` takes them (a clean copy of the values: see
+    :class:`~spillway.memory.accounting.CleanCopies`)."""
     codec, buffers = means.codec, means.host.buffers
+    kept = keep is not None and keep(group)
     for i in group.live_segments():
-        buffers.release(group.buffers[i])
+        if not kept:
+            buffers.release(group.buffers[i])
         group.buffers[i] = None
     for k, value in values.items():
         device.insert(k, value, [codec.view(a) for a in leaves(value, codec.is_device)])
 
 
 def restore(device: DeviceTier, spilled: SpilledKeys, gid, means: Means,
-            make_room: Callable[[int], None], *, read_first: bool = False) -> None:
+            make_room: Callable[[int], None], *, read_first: bool = False,
+            keep: Callable[[int, SpilledGroup], bool] | None = None) -> None:
     """Bring a spilled group back to the device, after ``make_room`` made room for it.
 
     A group in host buffers leaves the host tier before room is made: the values that
@@ -286,7 +293,15 @@ def restore(device: DeviceTier, spilled: SpilledKeys, gid, means: Means,
     except BaseException:
         put_back(spilled, gid, group, means)
         raise
-    settle(device, group, values, means)
+    settle(device, group, values, means, None if keep is None else functools.partial(keep, gid))
+
+
+def keep_on_host(gid, group: SpilledGroup, means: Means) -> None:
+    """Put a restored group's host buffers in the host tier under its id (a clean copy of
+    values now on the device)."""
+    host = means.host
+    for i in group.live_segments():
+        host.put((gid, i), _whole(group.buffers[i]))
 
 
 def drop(spilled: SpilledKeys, key, means: Means) -> None:

@@ -26,6 +26,9 @@ class TierStats:
     prefetched_bytes: int = 0
     #: of the host -> below bytes, those the drain wrote off the spills' path
     drained_bytes: int = 0
+    #: bytes spilled again without a copy: their host copies were kept when they were
+    #: read back, and the values had not changed (not counted in device -> host)
+    clean_bytes: int = 0
     ondemand_events: int = 0
     ondemand_bytes: int = 0
 
@@ -49,6 +52,7 @@ class TierStats:
             "spill_alloc_s": self.spill_alloc_s,
             "prefetched_bytes": self.prefetched_bytes,
             "drained_bytes": self.drained_bytes,
+            "clean_bytes": self.clean_bytes,
             "ondemand_events": self.ondemand_events,
             "ondemand_bytes": self.ondemand_bytes,
         }

@@ -51,7 +51,7 @@ from typing import Any
 from spillway.options.errors import SpillDiskFull
 from spillway.options.sizes import format_bytes
 from . import eviction, moves
-from .accounting import DeviceTier, SpilledKeys
+from .accounting import CleanCopies, DeviceTier, SpilledKeys
 from .books import HostBooks
 from .groups import leaves
 from .host import HostBuffers, HostTier
@@ -128,6 +128,8 @@ class TieredStore(MutableMapping):
         self._device.moves_out = self._host.moves_in = (move_name(device, host),)
         self._plain: dict = {}
         self._spilled = SpilledKeys(len(self.tiers))
+        #: host copies of values read back and unchanged on the device (see CleanCopies)
+        self._clean = CleanCopies()
         #: the one lock, held around every change of the tiers; reentrant: RMM calls
         #: evict_for from a device allocation made with it held (a restore's copies),
         #: and the first spill calls start
@@ -195,7 +197,8 @@ class TieredStore(MutableMapping):
     def held_bytes(self) -> int:
         """Bytes of the values every tier holds together (the disk's at their size, not
         compressed): what moves between tiers leave as it is."""
-        return self._device.nbytes + self._host.nbytes + sum(raw_nbytes(t) for t in self.tiers[HOST + 1:])
+        return (self._device.nbytes + self._host.nbytes - self._clean.nbytes
+                + sum(raw_nbytes(t) for t in self.tiers[HOST + 1:]))
 
     def reset_peak(self) -> int:
         """Start :attr:`peak_bytes` again from what is held now; returns that."""
@@ -316,6 +319,7 @@ class TieredStore(MutableMapping):
             "disk_raw_bytes": sum(raw_nbytes(t) for t in below),
             "disk_full": self.disk_full,
             "held_bytes": self.held_bytes,
+            "host_clean_bytes": self._clean.nbytes,
             "peak_bytes": self.peak_bytes,
             "device_keys": len(self._device),
             "device_buffers": len(self._device.allocations),
@@ -349,6 +353,9 @@ class TieredStore(MutableMapping):
         return moves.Means(self.codec, self.tiers, self.stats)
 
     def _remove(self, key) -> None:
+        gid = self._clean.gid_of.get(key)
+        if gid is not None:  # the value changes or goes: its host copy is none of its own
+            self._drop_clean(gid)
         if key in self._device:
             shared = self._device.remove(key)
             if shared:
@@ -381,10 +388,63 @@ class TieredStore(MutableMapping):
         """Copy the keys of one group to host buffers; returns the device bytes freed."""
         if self.on_start:
             self.start()
+        gid = self._clean.matching(keys)
+        if gid is not None:
+            return self._spill_clean(gid, keys)
+        for k in keys:  # leaving in another group: a clean copy of part of it is stale
+            stale = self._clean.gid_of.get(k)
+            if stale is not None:
+                self._drop_clean(stale)
         freed = moves.device_to_host(self._device, self._spilled, keys, self._means(), self._spill_host)
         if freed > self._largest_spill:
             self._largest_spill = freed
         self._wake_drain()
+        return freed
+
+    # --- clean copies: what was read back from the host and did not change
+
+    def _keep_clean(self, gid, group) -> bool:
+        """Keep a restored group's host buffers as a clean copy where the host tier has
+        room for them as it is (keeping one never moves another value down); False: the
+        caller gives them back."""
+        host = self._host
+        if host.limit is not None and host.nbytes - self._draining + group.nbytes > host.limit:
+            return False
+        moves.keep_on_host(gid, group, self._means())
+        self._clean.add(gid, group)
+        return True
+
+    def _spill_clean(self, gid, keys: list) -> int:
+        """Spill keys whose host copy was kept: the device lets them go, the host tier
+        has them already (nothing is copied); returns the device bytes freed."""
+        group = self._clean.pop(gid)
+        before = self._device.nbytes
+        for k in keys:
+            self._device.remove(k)
+        self._spilled.put_back(gid, group)
+        self.stats.clean_bytes += group.nbytes
+        return before - self._device.nbytes
+
+    def _drop_clean(self, gid) -> int:
+        """Give back a clean copy's host buffers (its values stay on the device)."""
+        group = self._clean.pop(gid)
+        for i in group.live_segments():
+            self._host.delete((gid, i))
+        return group.nbytes
+
+    def _drop_cleans(self, need: int) -> int:
+        """Give back clean copies until ``need`` bytes are (or none is left), those of the
+        values needed soonest first (the least likely to be spilled again); returns the
+        bytes given back."""
+        if need <= 0 or not self._clean.groups:
+            return 0
+        groups = self._clean.groups
+        order = eviction.ordered(list(groups), self.rank, keys_of=lambda g: groups[g].skeletons)
+        freed = 0
+        for gid in reversed(order):
+            if freed >= need:
+                break
+            freed += self._drop_clean(gid)
         return freed
 
     # --- the drain: disk writes off the spills' path
@@ -421,6 +481,9 @@ class TieredStore(MutableMapping):
             with self._lock:
                 if not self._wants_drain():
                     return written
+                if self._clean.groups:  # room that costs no write
+                    self._drop_cleans(1)
+                    continue
                 order = self._order(HOST)
                 if not order:
                     return written
@@ -492,6 +555,8 @@ class TieredStore(MutableMapping):
         # go back the moment their writes end (counting them would write more for them)
         held = tier.nbytes - (self._draining if level == HOST else 0)
         need = eviction.over_limit(held, incoming, tier.limit)
+        if level == HOST:  # clean copies go first: dropping one moves nothing
+            need -= self._drop_cleans(need)
         if need <= 0 or level + 1 == len(self.tiers):
             return
         try:
@@ -592,6 +657,10 @@ class TieredStore(MutableMapping):
 
         if room():
             return False
+        while self._clean.groups:
+            self._drop_cleans(1)
+            if room():
+                return False
         for gid in self._order(HOST):
             self._lower(HOST, [gid], 1)
             if room():
@@ -600,7 +669,7 @@ class TieredStore(MutableMapping):
 
     def _restore(self, gid) -> None:
         try:
-            moves.restore(self._device, self._spilled, gid, self._means(), self._make_room)
+            moves.restore(self._device, self._spilled, gid, self._means(), self._make_room, keep=self._keep_clean)
         except SpillDiskFull:
             group = self._spilled.groups.get(gid)
             if group is None or group.tier == HOST:
@@ -650,7 +719,7 @@ class TieredStore(MutableMapping):
                 event.set()
                 raise
             with self._lock:
-                moves.settle(self._device, group, values, self._means())
+                moves.settle(self._device, group, values, self._means(), functools.partial(self._keep_clean, gid))
                 self.stats.prefetched_bytes += n
                 for k in group.skeletons:
                     del self._inflight[k]

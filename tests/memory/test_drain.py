@@ -178,3 +178,20 @@ def test_close_waits_for_a_write_under_way(small_margin):
     assert tier.writing.wait(10)
     s.close()
     assert not s._drain_thread.is_alive()
+
+
+def test_the_drain_gives_back_clean_copies_before_it_writes_anything(small_margin):
+    tier = SlowTier()
+    s = make(tier, host_mb=4)
+    for i in range(5):  # 3 and 4 on the device, 0 to 2 on the host
+        s[i] = chunk(i)
+    settled(s)
+    assert tier.calls["put"] == 0  # 3 MiB of 4: the margin is free
+    s[0]  # 3 spilled for it (3 MiB again), 0's copy kept: 4 MiB, the margin gone
+    with s._lock:
+        s._wake_drain()
+    settled(s)
+    assert s.summary()["host_clean_bytes"] == 0 and tier.calls["put"] == 0 and s.host_bytes == 3 * MB
+    for i in range(5):
+        np.testing.assert_array_equal(s[i], chunk(i))
+    s.close()
