@@ -28,9 +28,12 @@ _TOUCH_STEP = TOUCH_STEP
 #: threads touching one segment: the first touch is page faults (the kernel zeroing and
 #: mapping each page, and on a virtual machine the host backing it), which one thread
 #: does at 1.1-1.6 GiB/s on the GPU hosts and eight at 4.9-11 GiB/s
-#: (benchmarks/results/*-first-touch.txt); they run at the growth thread's nice value,
-#: and wait for a quiet worker unless a spill wants the arena
-_TOUCH_THREADS = max(1, min(8, (os.cpu_count() or 2) // 4))
+#: (benchmarks/results/*-first-touch.txt: 2 MiB pages 3.05 GiB/s with four, 4.90 with
+#: eight); they run at the growth thread's nice value, and wait for a quiet worker unless
+#: a spill wants the arena. Half the cores, at most eight: the one-GPU hosts' 16 cores
+#: gave four, and their arena (63 GiB) took about 20 s to touch, longer than the first
+#: out-of-core run it should be ready for
+_TOUCH_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 def take_segment(nbytes: int) -> np.ndarray:
