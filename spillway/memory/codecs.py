@@ -108,27 +108,81 @@ class CupyCodec:
 
     def to_host(self, ptr: int, nbytes: int, alloc: Alloc) -> np.ndarray:
         cupy = self.cupy
+        runtime = cupy.cuda.runtime
         buf = alloc(nbytes)
         if nbytes:
             # wait for the kernels that produced the bytes, then copy on our own stream
             self.d2h.wait_event(cupy.cuda.get_current_stream().record())
-            cupy.cuda.runtime.memcpyAsync(buf.ctypes.data, ptr, nbytes,
-                                          cupy.cuda.runtime.memcpyDeviceToHost, self.d2h.ptr)
-            self.d2h.synchronize()
+            if self._staged(buf, nbytes):
+                ring = self._down[0]
+
+                def to_slot(slot: int, offset: int, n: int):
+                    runtime.memcpyAsync(ring.slots[slot].ctypes.data, ptr + offset, n,
+                                        runtime.memcpyDeviceToHost, self.d2h.ptr)
+                    return self.d2h.synchronize
+
+                ring.to_host(buf, nbytes, to_slot)
+            else:
+                runtime.memcpyAsync(buf.ctypes.data, ptr, nbytes, runtime.memcpyDeviceToHost, self.d2h.ptr)
+                self.d2h.synchronize()
         return buf
 
     def to_device(self, buffer: np.ndarray):
         cupy = self.cupy
-        out = cupy.empty(buffer.nbytes, dtype=cupy.uint8)
-        if buffer.nbytes:
+        runtime = cupy.cuda.runtime
+        nbytes = buffer.nbytes
+        out = cupy.empty(nbytes, dtype=cupy.uint8)
+        if nbytes:
             # RMM hands out memory in the order of the current stream: `out` may reuse
             # bytes that kernels queued there still read. Copying on our own stream before
             # they finish would overwrite their inputs, so wait for them first.
             self.h2d.wait_event(cupy.cuda.get_current_stream().record())
-            cupy.cuda.runtime.memcpyAsync(out.data.ptr, buffer.ctypes.data, buffer.nbytes,
-                                          cupy.cuda.runtime.memcpyHostToDevice, self.h2d.ptr)
+            if self._staged(buffer, nbytes):
+                ring, events = self._up
+
+                def from_slot(slot: int, offset: int, n: int):
+                    runtime.memcpyAsync(out.data.ptr + offset, ring.slots[slot].ctypes.data, n,
+                                        runtime.memcpyHostToDevice, self.h2d.ptr)
+                    events[slot].record(self.h2d)
+                    return events[slot].synchronize
+
+                ring.to_device(buffer, nbytes, from_slot)
+            else:
+                runtime.memcpyAsync(out.data.ptr, buffer.ctypes.data, nbytes, runtime.memcpyHostToDevice,
+                                    self.h2d.ptr)
             self.h2d.synchronize()
         return out
+
+    # --- pageable buffers through pinned slots (:mod:`spillway.memory.staging`)
+
+    def _staged(self, buffer: np.ndarray, nbytes: int) -> bool:
+        """Whether a copy of ``nbytes`` to or from ``buffer`` goes through the staging
+        ring: a buffer that is not page-locked (past the pinned arena), of a slot or more."""
+        from .staging import SLOT_BYTES
+
+        if nbytes < SLOT_BYTES:
+            return False
+        try:
+            kind = self.cupy.cuda.runtime.pointerGetAttributes(buffer.ctypes.data).type
+        except Exception:  # noqa: BLE001 (a pointer CUDA cannot say: the plain copy)
+            return False
+        return kind == 0  # cudaMemoryTypeUnregistered: pageable memory
+
+    def _ring(self):
+        import cupyx
+
+        from .staging import SLOT_BYTES, SLOTS, StagingRing
+
+        slots = [cupyx.empty_pinned(SLOT_BYTES, dtype=np.uint8) for _ in range(SLOTS)]
+        return StagingRing(slots), [self.cupy.cuda.Event(disable_timing=True) for _ in slots]
+
+    @functools.cached_property
+    def _down(self):
+        return self._ring()
+
+    @functools.cached_property
+    def _up(self):
+        return self._ring()
 
     def rebuild(self, allocation, offset: int, shape, strides, dtype):
         return self.cupy.ndarray(shape, dtype, memptr=allocation.data + offset, strides=strides)

@@ -177,3 +177,23 @@ def test_a_limit_of_zero_starts_a_real_worker_with_no_limit(limit, tmp_path):
         assert report["verify"]["ok"], report["verify"]
         capacity = report["admission"]["capacity"]
         assert capacity["device_bytes"] > 10 * GB and capacity["host_bytes"] > GB, capacity
+
+
+def test_pageable_buffers_go_through_the_staging_ring_both_ways_and_pinned_ones_do_not():
+    import cupy
+    import cupyx
+
+    from spillway.memory.codecs import CupyCodec
+    from spillway.memory.staging import SLOT_BYTES
+
+    codec = CupyCodec()
+    nbytes = 3 * SLOT_BYTES + 12345  # several slots and a part of one
+    value = cupy.random.default_rng(3).integers(0, 256, nbytes, dtype=cupy.uint8)
+    pageable = codec.to_host(value.data.ptr, nbytes, lambda n: np.empty(n, dtype=np.uint8))
+    assert codec._staged(pageable, nbytes) and "_down" in codec.__dict__
+    np.testing.assert_array_equal(pageable, value.get())
+    back = codec.to_device(pageable)
+    assert "_up" in codec.__dict__ and bool((back == value).all())
+    pinned = cupyx.empty_pinned(nbytes, dtype=np.uint8)
+    assert not codec._staged(pinned, nbytes)
+    np.testing.assert_array_equal(codec.to_host(value.data.ptr, nbytes, lambda n: pinned), value.get())
