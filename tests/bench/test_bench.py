@@ -23,7 +23,7 @@ from spillway.workflows.params import Target
 NAMES = ["W1", "W2", "W3", "W4", "W5", "B1", "B2"]
 #: a plain ``spillway bench``: the in-memory rows, the out-of-core rows O3 and O4
 #: (tests/bench/test_out_of_core.py), then B1 and B2
-DEFAULT = ["W1", "W2", "W3", "W4", "W5", "O3", "O4", "B1", "B2"]
+DEFAULT = ["W1", "W2", "W3", "W4", "W5", "O3", "O4", "O5", "B1", "B2"]
 
 
 def rel_error(computed, reference) -> float:
@@ -100,7 +100,7 @@ def test_select_and_sizes():
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--only", "W9"], "only: 'W9' is not a workload (known: W1, W2, W3, W4, W5, O3, O4, B1, B2, B3, B4, B5)"),
+    (["--only", "W9"], "only: 'W9' is not a workload (known: W1, W2, W3, W4, W5, O3, O4, O5, B1, B2, B3, B4, B5)"),
     (["--runs", "2"], "2 is not in the range x>=3"),
     (["--only", "B1", "--sizes", "full"], "sizes: B1 at full needs 190.73 GiB of input, more than"),
     (["--scheduler-address", "tcp://127.0.0.1:1"], "bench starts its own clusters"),
