@@ -15,16 +15,16 @@ from .options import cluster_options, resolve
 
 @click.command(context_settings=CONTEXT)
 @click.option("--only", default=None, metavar="W1,B2",
-              help="Comma-separated workloads to run (W1 ... W5, O3, O4, B1 ... B5); default all but B3, B4 and B5 "
-                   "(out of core and checked against NumPy, minutes at full size: name them to run them). "
-                   "O3 and O4 (a user's rechunk and FFT past the GPUs' memory) run each side on a fresh cluster: "
-                   "spillway, spillway with dask's task-based rechunk, and the baseline.")
+              help="Comma-separated workloads to run (W1 ... W5, O3 ... O5, B1 ... B5); default all but B3, B4 and "
+                   "B5 (out of core and checked against NumPy, minutes at full size: name them to run them). "
+                   "O3, O4 and O5 (a user's rechunk, FFT and map_overlap past the GPUs' memory) run each side on a "
+                   "fresh cluster: spillway, spillway with dask's task-based rechunk or halos, and the baseline.")
 @click.option("--sizes", type=click.Choice(["auto", "tiny", "small", "full"]), default="auto",
               show_default=True,
               help="full: the issue's sizes; small: minutes on two GPUs; tiny: the CPU smoke run. "
                    "auto is small on GPUs, tiny on CPU workers.")
 @click.option("--runs", type=click.IntRange(min=3), default=3, show_default=True,
-              help="Timed runs per workload and side, after one warm-up (O3, O4: after the first run on "
+              help="Timed runs per workload and side, after one warm-up (O3 ... O5: after the first run on "
                    "the side's fresh cluster, reported as first_s); the median is reported.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="benchmarks/results",
               show_default=True, help="Directory for <machine>-<date>[-<label>].{json,md,png,log}.")
@@ -78,8 +78,10 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, previous
           link_sweep, sweep_sizes, zarr_io, matrix_slice, matrix_merge, budget, options_flags):
     """Run each workload on spillway's cluster and on plain LocalCUDACluster(protocol="ucx")
     (plain LocalCluster on CPU), and report times, speedups, transfer bandwidth against the
-    hardware ceilings, bytes moved and spilled. O3 and O4 also run on spillway's cluster with
-    dask's task-based rechunk, each side on a fresh cluster whose first run is reported.
+    hardware ceilings, bytes moved and spilled. O3, O4 and O5 also run on spillway's cluster
+    with dask's task-based rechunk or halos, each side on a fresh cluster whose first run is
+    reported, beside the bound of the bytes the run moved and of the bytes its capacities
+    force.
     Rows more than 10% slower than in the previous result of this machine are printed last.
 
     The cluster flags configure spillway's side; where they leave a value unset, the bench
@@ -87,8 +89,8 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, previous
 
     \b
     Examples:
-      spillway bench                                  # W1-W5, O3, O4, B1, B2; small sizes on GPUs
-      spillway bench --sizes full --only O3,O4        # a user's rechunk and FFT past the GPUs' memory
+      spillway bench                                  # W1-W5, O3-O5, B1, B2; small sizes on GPUs
+      spillway bench --sizes full --only O3,O4,O5     # a user's rechunk, FFT and halos past the GPUs' memory
       spillway bench --sizes full --out benchmarks/results
       spillway bench --only W1,B2 --runs 5
       spillway bench --sizes full --only B3           # 423 GB over device, host and disk
