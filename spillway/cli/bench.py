@@ -9,6 +9,7 @@ import click
 
 from spillway.options.errors import ParamError
 from .errors import fail_cleanly
+from .interrupts import stopped_as
 from .group import CONTEXT
 from .options import cluster_options, resolve
 
@@ -74,6 +75,7 @@ from .options import cluster_options, resolve
                    "slice ends inside a device call's limit.")
 @cluster_options
 @fail_cleanly
+@stopped_as("the benchmarks and their clusters")
 def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, previous, no_baseline, label, timeline,
           link_sweep, sweep_sizes, zarr_io, matrix_slice, matrix_merge, budget, options_flags):
     """Run each workload on spillway's cluster and on plain LocalCUDACluster(protocol="ucx")

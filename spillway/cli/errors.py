@@ -1,6 +1,6 @@
 """How the command line fails: spillway's errors and click's usage errors as one line on
-stderr with their exit status, and a module that is not installed named with the extra
-that brings it."""
+stderr with their exit status, a module that is not installed named with the extra that
+brings it, and an interrupt as one line of what it stopped."""
 
 from __future__ import annotations
 
@@ -14,12 +14,18 @@ from spillway.options.errors import SpillwayError
 
 
 def fail_cleanly(func):
-    """Turn spillway's errors into one line on stderr and their exit status."""
+    """Turn spillway's errors into one line on stderr and their exit status, and Ctrl-C or
+    SIGTERM into one line of what the command stopped (:mod:`.interrupts`)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        from .interrupts import say_stopped, sigterm_as_interrupt
+
         try:
-            return func(*args, **kwargs)
+            with sigterm_as_interrupt():
+                return func(*args, **kwargs)
+        except KeyboardInterrupt as e:
+            sys.exit(say_stopped(e))
         except SpillwayError as e:
             if not getattr(e, "said", False):
                 click.echo(f"spillway: error: {e}", err=True)

@@ -9,11 +9,12 @@ import os
 import signal
 import sys
 import tempfile
-import threading
+import time
 
 import click
 
 from .errors import fail_cleanly, said_before_close
+from .interrupts import stopping
 from .group import CONTEXT
 from .options import cluster_options, resolve, workflow_params
 
@@ -61,22 +62,46 @@ def run(workflow, params, verify, as_json, output, progress, options_flags):
     # the scheduler's line on a run past device + host (its disk traffic, how long) goes
     # where the progress goes, bar or not: stdout holds the report alone
     say = line_writer(sys.stderr)
-    if as_json:
-        from .stdout import JsonStdout
 
-        # the cluster's processes and UCX's C code print to fd 1 too: only the report may
-        with JsonStdout(restore=False) as out:
+    began = []
+
+    def compute():
+        with stopping(f"{workflow} as its cluster started") as stop:
             with open_cluster(options) as session, said_before_close():
-                report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output,
-                                      say=say)
-            out.emit(json.dumps(report, default=str))
-    else:
-        with open_cluster(options) as session, said_before_close():
-            report = run_workflow(session, workflow, params, verify=verify, progress=stream, output=output,
-                                  say=say)
-        click.echo(format_report(report))
+                began.append(True)
+                stop.what = stopped_run(workflow, session, output)
+                return run_workflow(session, workflow, params, verify=verify, progress=stream, output=output,
+                                    say=say)
+
+    try:
+        if as_json:
+            from .stdout import JsonStdout
+
+            # the cluster's processes and UCX's C code print to fd 1 too: only the report may
+            with JsonStdout(restore=False) as out:
+                report = compute()
+                out.emit(json.dumps(report, default=str))
+        else:
+            report = compute()
+            click.echo(format_report(report))
+    except KeyboardInterrupt:
+        if output is not None and began:
+            from spillway.workflows.outputs import remove_output
+
+            # again, now that no worker of this run writes there: a chunk written after the
+            # run's own clean-up would have made the directory again (a store to be replaced
+            # is left as it was where the run never began)
+            remove_output(output)
+        raise
     if verify and report["verify"] and report["verify"]["ok"] is False:
         sys.exit(1)
+
+
+def stopped_run(workflow: str, session, output: str | None) -> str:
+    """What an interrupt of the run stops, for its one line."""
+    where = (f"its {session.n_workers} {session.kind.upper()} worker{'s' if session.n_workers != 1 else ''} "
+             "and scheduler" if session.plan.kind != "attach" else f"its tasks on {session.scheduler_address}")
+    return f"{workflow}, {where}" + (f"; nothing left at {output}" if output else "")
 
 
 @click.command(context_settings=CONTEXT)
@@ -106,25 +131,30 @@ def up(scheduler_file_out, options_flags):
         tempfile.TemporaryFile(dir=where).close()
     except OSError as e:
         raise OptionsError(f"scheduler-file-out: cannot write in {where!r} ([Errno {e.errno}] {e.strerror})") from None
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     written = False
-    try:
-        with open_cluster(options) as session:
-            session.write_scheduler_file(scheduler_file_out)
-            written = True
-            click.echo(f"scheduler       {session.scheduler_address}")
-            click.echo(f"dashboard       {session.dashboard_link or 'off'}")
-            click.echo(f"workers         {session.n_workers} ({session.kind}, {session.plan.protocol})")
-            click.echo(f"scheduler file  {scheduler_file_out}")
-            click.echo("press Ctrl-C to stop", err=True)
-            while not stop.wait(0.5):
-                pass
-            click.echo("shutting down", err=True)
-    finally:
-        # the file names a scheduler that is gone now: a later --scheduler-file would wait on it
-        if written:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(scheduler_file_out)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    # Ctrl-C is KeyboardInterrupt, SIGTERM (a service manager's stop: exit 0) Terminated;
+    # either closes the cluster and removes the file, and is said in one line. SIGINT is
+    # how `up` is stopped even where it was started with it ignored (`spillway up &` in a
+    # script, then `kill -INT`)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    with stopping("the cluster as it started", sigterm_exit=0) as stop:
+        try:
+            with open_cluster(options) as session:
+                stop.what = (f"the cluster at {session.scheduler_address} ({session.n_workers} "
+                             f"{session.kind.upper()} worker{'s' if session.n_workers != 1 else ''})")
+                session.write_scheduler_file(scheduler_file_out)
+                written = True
+                stop.what += f" and removed {scheduler_file_out}"
+                click.echo(f"scheduler       {session.scheduler_address}")
+                click.echo(f"dashboard       {session.dashboard_link or 'off'}")
+                click.echo(f"workers         {session.n_workers} ({session.kind}, {session.plan.protocol})")
+                click.echo(f"scheduler file  {scheduler_file_out}")
+                click.echo("press Ctrl-C to stop", err=True)
+                while True:
+                    time.sleep(3600)
+        finally:
+            # the file names a scheduler that is gone now: a later --scheduler-file would wait on it
+            if written:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(scheduler_file_out)
+            signal.signal(signal.SIGINT, previous)

@@ -11,26 +11,12 @@ from pathlib import Path
 import click
 
 from .errors import fail_cleanly
+from .interrupts import stopping
 from .group import CONTEXT
 from .options import cluster_options, resolve
+from .state import open_jobdb, open_tenants, say_state, state_text, with_state
 from spillway.service.jobdb.models import DEFAULT_MAX_QUEUED, DEFAULT_MAX_RUNNING
 from spillway.service.jobdb.private import private_directory
-
-DEFAULT_STATE_DIR = os.path.join(os.environ.get("XDG_STATE_HOME", "~/.local/state"), "spillway")
-
-state_options = [
-    click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, envvar="SPILLWAY_STATE_DIR",
-                 help="Directory for the embedded SQLite database and the owner's scheduler file."),
-    click.option("--db", default=None, envvar="SPILLWAY_DB", metavar="URL",
-                 help="Database URL instead of SQLite in --state-dir (postgresql://user@host/db)."),
-]
-
-
-def with_state(func):
-    for option in reversed(state_options):
-        func = option(func)
-    return func
-
 
 def service_cluster_options(func):
     """The cluster flags of ``spillway up``, except ``--host``: here ``--host`` is the
@@ -44,12 +30,6 @@ def service_cluster_options(func):
 
     wrapper.__click_params__ = [p for p in wrapped.__click_params__ if p.name != "host"]
     return wrapper
-
-
-def open_jobdb(state_dir, db):
-    from spillway.service.jobdb import JobDB
-
-    return JobDB.open(state_dir, db)
 
 
 def limit_options(func):
@@ -97,7 +77,7 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
 
     \b
     Examples:
-      spillway tenant add alice                     # prints alice's token once
+      spillway tenant add alice --create            # prints alice's token once
       spillway serve --port 8000 --rmm-pool-size 100GB
       spillway serve --cpu --n-workers 4 --db postgresql://spillway@db/spillway
       spillway serve --host 0.0.0.0 --https-cert cert.pem --https-key key.pem
@@ -141,7 +121,13 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
     # any worker starts, and none of the cluster's own listeners can take it meanwhile
     listener = _listen(http_host, port)
     port = listener.getsockname()[1]
-    with listener, open_cluster(options, tls_dir=Path(state_dir).expanduser() / "tls") as session:
+    scheme = "https" if https_cert else "http"
+    # uvicorn stops the API on Ctrl-C or SIGTERM, then raises the signal again here: the
+    # cluster closes and one line says so (SIGTERM, a service manager's stop, exits 0)
+    with stopping("the service as its cluster started", sigterm_exit=0) as stop, listener, \
+            open_cluster(options, tls_dir=Path(state_dir).expanduser() / "tls") as session:
+        stop.what = (f"the service at {scheme}://{http_host}:{port} and its cluster ({session.n_workers} "
+                     f"{session.kind.upper()} worker{'s' if session.n_workers != 1 else ''})")
         _write_owner_file(session, Path(state_dir).expanduser())
         _no_settles_beside_the_api(session.client)
         queue = JobQueue(jobdb, session, results_dir=str(results.resolve()), input_roots=data_dirs)
@@ -149,9 +135,9 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
         try:
             connections = ConnectionStats()
             app = create_app(jobdb, queue, limits=limits, connections=connections)
-            scheme = "https" if https_cert else "http"
             click.echo(f"serving {scheme}://{http_host}:{port}  ({session.n_workers} {session.kind} workers, "
-                       f"scheduler {session.scheduler_address}; at most {limits.max_connections} connections, "
+                       f"scheduler {session.scheduler_address}; {state_text(state_dir, db)}; at most "
+                       f"{limits.max_connections} connections, "
                        f"{limits.max_connections_per_client} per client, headers within "
                        f"{limits.header_timeout_s:g} s; file descriptors {fd_soft})", err=True)
             # no WebSocket routes; X-Forwarded-For believed from the trusted proxies only
@@ -296,7 +282,7 @@ def tenant():
 
     \b
     Examples:
-      spillway tenant add alice                 # the default quotas
+      spillway tenant add alice --create        # the first: makes the state directory
       spillway tenant add bob --max-running 4 --max-queued 500 --max-job-bytes 200GB
       spillway tenant set alice --max-job-bytes 100GB   # (or tenant update)
       spillway tenant add ops --admin --expires-in 90d
@@ -393,18 +379,26 @@ def _until(expires) -> str:
 @click.option("--max-job-bytes", default=None, metavar="SIZE|memory|cluster",
               help=MAX_JOB_BYTES_HELP + "  [default: memory]")
 @expiry_options
+@click.option("--create", is_flag=True,
+              help="Make the state directory and its database where there are none yet (the first tenant at "
+                   "the default place; a --state-dir or SPILLWAY_STATE_DIR given is made without it).")
 @with_state
 @fail_cleanly
-def tenant_add(name, admin, priority, max_running, max_queued, max_job_bytes, expires_in, expires_at, state_dir, db):
+def tenant_add(name, admin, priority, max_running, max_queued, max_job_bytes, expires_in, expires_at, create,
+               state_dir, db):
     """Add tenant NAME; prints its token alone on the last line (shown only this once)."""
+    from .state import state_source
+
     limit = _job_limit(max_job_bytes)
     expires = _expiry(expires_in, expires_at)
-    jobdb = open_jobdb(state_dir, db)
+    # a directory the user named is theirs to start; the default place only when told
+    jobdb = open_tenants(state_dir, db, create=create or state_source() != "the default")
     try:
         info, token = jobdb.add_tenant(name, admin=admin, priority=priority, max_running=max_running,
                                        max_queued=max_queued, max_job_bytes=limit, expires=expires)
     finally:
         jobdb.close()
+    say_state(state_dir, db)
     click.echo(f"tenant {info['name']} added ({_settings(info)}); its token, valid {_until(expires)}, "
                "shown only now:")
     click.echo(token)
@@ -440,11 +434,12 @@ def tenant_set(name, priority, max_running, max_queued, max_job_bytes, state_dir
         changes["max_job_bytes"] = _job_limit(max_job_bytes)
     if not changes:
         raise click.UsageError("give --priority, --max-running, --max-queued or --max-job-bytes")
-    jobdb = open_jobdb(state_dir, db)
+    jobdb = open_tenants(state_dir, db)
     try:
         info = jobdb.set_tenant(name, **changes)
     finally:
         jobdb.close()
+    say_state(state_dir, db)
     click.echo(f"tenant {info['name']} set ({_settings(info)})")
 
 
@@ -462,11 +457,12 @@ tenant.add_command(tenant_set, "update")
 def tenant_token(name, keep_old, expires_in, expires_at, state_dir, db):
     """Issue a new token for tenant NAME; prints it alone on the last line (shown only this once)."""
     expires = _expiry(expires_in, expires_at)
-    jobdb = open_jobdb(state_dir, db)
+    jobdb = open_tenants(state_dir, db)
     try:
         info, token = jobdb.issue_token(name, expires=expires, keep_old=keep_old)
     finally:
         jobdb.close()
+    say_state(state_dir, db)
     others = "its other tokens stay valid" if keep_old else "its other tokens are revoked"
     click.echo(f"token {info['id']} of tenant {name}, valid {_until(expires)} ({others}); shown only now:")
     click.echo(token)
@@ -480,11 +476,12 @@ def tenant_token(name, keep_old, expires_in, expires_at, state_dir, db):
 @fail_cleanly
 def tenant_revoke_token(name, token_id, old, state_dir, db):
     """Revoke one of tenant NAME's tokens (the tenant stays)."""
-    jobdb = open_jobdb(state_dir, db)
+    jobdb = open_tenants(state_dir, db)
     try:
         ids = jobdb.revoke_token(name, token_id=token_id, old=old)
     finally:
         jobdb.close()
+    say_state(state_dir, db)
     click.echo(f"tenant {name}: revoked token(s) {', '.join(map(str, ids))}" if ids
                else f"tenant {name}: no other valid token to revoke")
 
@@ -496,11 +493,12 @@ def tenant_revoke_token(name, token_id, old, state_dir, db):
 @fail_cleanly
 def tenant_tokens(name, as_json, state_dir, db):
     """List tenant NAME's tokens: id, created, expiry, revocation, last use (never the tokens)."""
-    jobdb = open_jobdb(state_dir, db)
+    jobdb = open_tenants(state_dir, db)
     try:
         rows = jobdb.tokens(name)
     finally:
         jobdb.close()
+    say_state(state_dir, db)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -531,11 +529,12 @@ def _token_state(t: dict) -> str:
 @fail_cleanly
 def tenant_list(as_json, state_dir, db):
     """List tenants (never their tokens)."""
-    jobdb = open_jobdb(state_dir, db)
+    jobdb = open_tenants(state_dir, db)
     try:
         rows = jobdb.tenants()
     finally:
         jobdb.close()
+    say_state(state_dir, db)
     if as_json:
         click.echo(json.dumps([{**t, "max_job_bytes": job_limit_json(t["max_job_bytes"])} for t in rows], indent=2))
         return
@@ -560,9 +559,10 @@ def _shown_name(name: str) -> str:
 @fail_cleanly
 def tenant_revoke(name, state_dir, db):
     """Revoke tenant NAME's token at once (its jobs stay readable to an admin)."""
-    jobdb = open_jobdb(state_dir, db)
+    jobdb = open_tenants(state_dir, db)
     try:
         jobdb.revoke_tenant(name)
     finally:
         jobdb.close()
+    say_state(state_dir, db)
     click.echo(f"tenant {name} revoked")

@@ -339,7 +339,8 @@ class Cluster:
                 return result
             except KeyboardInterrupt:
                 _cancel_run(client, future)
-                raise
+                # what stopped, in the interrupt's own line (the frame it landed in is ours)
+                raise KeyboardInterrupt(f"stopped {label}: its tasks are cancelled, the cluster stays up") from None
             finally:
                 if bar is not None:
                     bar.close()

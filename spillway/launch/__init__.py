@@ -14,13 +14,15 @@ behind them are free to move.
 Beside the launchers, what they register on every cluster: :mod:`.plugins` (the worker
 plugin, :class:`~.plugins.WorkerSetup`), :mod:`.collector` (Python's collector kept out
 of the runs) and :mod:`.worker_loss` (a run failed within seconds of losing a worker it
-depends on).
+depends on). :mod:`.attach` refuses in one line an address that is no dask scheduler, and
+:mod:`.interrupts` keeps the terminal's Ctrl-C from a local cluster's workers, which
+:func:`~.closing.closer` then stops at once.
 """
 
 from __future__ import annotations
 
 from .backend import Backend, backend_for
-from .closing import close_cluster, close_timeout_s
+from .closing import close_cluster, close_timeout_s, quiet_logs
 from .gpu_worker import DEATH_TIMEOUT_S, TIERED_WORKER, node_plan, run_node
 from .plan import HostProbe, LaunchPlan, cuda_stack_installed, plan, ucxx_installed, uses_tiered_store
 from .protocol import choose_protocol
@@ -34,7 +36,7 @@ from .worker_config import worker_config
 __all__ = [
     # a cluster from the options, and its parts
     "Session", "open_cluster", "close_cluster", "close_timeout_s", "register_plugins", "plan_when_free",
-    "scheduler_workers",
+    "scheduler_workers", "quiet_logs",
     # the plan, the workers' specs and the backends that start them
     "plan", "HostProbe", "LaunchPlan", "uses_tiered_store", "node_plan", "WorkerSpec", "worker_specs",
     "off_node_spec", "one_for_all", "Backend", "backend_for", "choose_protocol",

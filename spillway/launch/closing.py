@@ -3,6 +3,7 @@ holds) and the order of the close (workers, then the scheduler)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from .spec import WorkerSpec
@@ -49,6 +50,48 @@ def close_cluster(cluster, timeout: float | None = None) -> None:
     except TimeoutError:
         logger.warning("closing the cluster: a worker process did not exit within the close timeout "
                        "and was killed (workers with large pinned or RMM pools take longer to exit)")
+
+
+#: seconds each worker gets to exit when the cluster closes because its user interrupted
+#: (Ctrl-C, SIGTERM): nothing it holds is wanted any more, and the tasks it runs are not
+#: waited for (a large chunk's task held a Ctrl-C 12 s before the nanny killed its worker)
+INTERRUPTED_CLOSE_S = 1.0
+
+
+def closer(cluster, timeout: float | None):
+    """The exit callback of a context that holds ``cluster`` (for ``ExitStack.push``):
+    :func:`close_cluster` within ``timeout``, or, where the context ends with an
+    interrupt, within :data:`INTERRUPTED_CLOSE_S` and without a log line: what is said is
+    the command's one line of what it stopped."""
+
+    def close(exc_type, exc, tb) -> bool:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            with quiet_logs(), contextlib.suppress(TimeoutError, KeyboardInterrupt):
+                _close_workers(cluster, INTERRUPTED_CLOSE_S)
+                cluster.close()
+        else:
+            close_cluster(cluster, timeout)
+        return False
+
+    return close
+
+
+@contextlib.contextmanager
+def quiet_logs():
+    """Nothing below CRITICAL reaches a stream from the root logger's handlers or
+    distributed's meanwhile: a nanny killing its worker, or told by the scheduler that the
+    worker is gone, says so (the stop is what was asked), and in the command line those
+    lines reach the root logger's handler (spillway's death watch lets them through)."""
+    handlers = [h for name in ("", "distributed") for h in logging.getLogger(name).handlers
+                if isinstance(h, logging.StreamHandler)]
+    levels = [h.level for h in handlers]
+    for h in handlers:
+        h.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for h, level in zip(handlers, levels):
+            h.setLevel(level)
 
 
 def _close_workers(cluster, timeout: float) -> None:

@@ -91,8 +91,11 @@ RETIREMENT_LINES = {
     "distributed.nanny": ("Worker process still alive after",),
 }
 #: where a leaving worker's own process logs its end (heartbeats and comms that the
-#: scheduler closed first), all left out once the worker is leaving (:func:`quiet_leaving`)
-LEAVING_LOGGERS = ("distributed.worker", "distributed.core", "distributed.batched")
+#: scheduler closed first, the tasks its close cancels: "Async instruction ... ended with
+#: CancelledError", one line per task running when Ctrl-C stopped a run), all left out once
+#: the worker is leaving (:func:`quiet_leaving`)
+LEAVING_LOGGERS = ("distributed.worker", "distributed.worker.state_machine", "distributed.core",
+                   "distributed.batched")
 
 
 def _not_a_retirement_line(record) -> bool:

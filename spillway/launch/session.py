@@ -15,8 +15,11 @@ from typing import Any
 from spillway.options.errors import GpusBusy, OptionsError
 from spillway.options.gpus import Inventory, discover
 from spillway.options.settings import Options
+from .attach import (ATTACH_TIMEOUT_S, attach_security, file_address, first_line, refuse_closed,
+                     refuse_non_scheduler)
 from .backend import backend_for
-from .closing import close_cluster, close_timeout_s
+from .closing import close_timeout_s, closer
+from .interrupts import held_from_workers
 from .main_guard import check_main_guard
 from .plan import HostProbe, LaunchPlan, plan
 from .spec import WorkerSpec, worker_specs
@@ -102,14 +105,10 @@ def plan_when_free(options: Options, host: HostProbe, *, wait_s: float = GPU_BUS
             time.sleep(1.0)
 
 
-#: seconds a client waits for a scheduler it attaches to
-ATTACH_TIMEOUT_S = 30
-
-
 def connect_client(options: Options, cluster=None):
     """A client of ``cluster``, else of the scheduler the options name: a scheduler file
-    that is not there, or an address nothing answers on, is refused in one line (distributed
-    waits for a missing file for ever)."""
+    that is not there, an address that refuses or one that is no dask scheduler is refused
+    in one line (:mod:`.attach`; distributed waits for a missing file for ever)."""
     from distributed import Client
 
     if cluster is not None:
@@ -120,16 +119,18 @@ def connect_client(options: Options, cluster=None):
                                "--scheduler-file-out` or a batch job writes one)")
         where, kwargs = f"scheduler-file: the scheduler of {options.scheduler_file!r}", {
             "scheduler_file": options.scheduler_file}
-        _refuse_stale(options.scheduler_file)
+        address = file_address(options.scheduler_file)
     else:
         where, kwargs = f"scheduler-address: {options.scheduler_address!r}", {"address": options.scheduler_address}
-    security = _attach_security(options)
-    _refuse_non_scheduler(where, kwargs.get("address") or _file_address(options.scheduler_file), security)
+        address = options.scheduler_address
+    refuse_closed(where, address, scheduler_file=options.scheduler_file)
+    security = attach_security(options)
+    refuse_non_scheduler(where, address, security)
     try:
         return Client(**kwargs, security=security, timeout=f"{ATTACH_TIMEOUT_S}s")
     except OSError as e:
         # the timeout's text is distributed's: "Timed out trying to connect to ... after 30 s"
-        raise OptionsError(f"{where} did not answer: {_first_line(e)}") from None
+        raise OptionsError(f"{where} did not answer: {first_line(e)}") from None
 
 
 def _over_ucx(launch: LaunchPlan, options: Options) -> bool:
@@ -137,107 +138,8 @@ def _over_ucx(launch: LaunchPlan, options: Options) -> bool:
     protocol, or the scheduler it attaches to named ``ucx://``."""
     if launch.kind != "attach":
         return launch.protocol == "ucx"
-    address = options.scheduler_address or (_file_address(options.scheduler_file) if options.scheduler_file else None)
+    address = options.scheduler_address or (file_address(options.scheduler_file) if options.scheduler_file else None)
     return bool(address) and address.startswith("ucx")
-
-
-def _file_address(path: str) -> str | None:
-    import json
-
-    try:
-        with open(path) as f:
-            address = json.load(f)["address"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # distributed says what is wrong with the file itself
-    return address if isinstance(address, str) else None
-
-
-def _refuse_non_scheduler(where: str, address: str | None, security, timeout: float = ATTACH_TIMEOUT_S) -> None:
-    """Open one comm to ``address`` as the client will, within ``timeout`` seconds in all,
-    and refuse in one line an address whose listener is not a dask scheduler.
-
-    distributed's client bounds only the TCP connect by its timeout: its handshake then
-    waits for the peer's first message for ever (a web server answers nothing until it
-    has a request line), and decodes whatever comes as frames (bytes that are not
-    distributed's had it allocate exabytes). Nothing listening, or an unreachable host,
-    is said in distributed's words, once (the client would retry as long again)."""
-    if not address:
-        return
-    import asyncio
-    import concurrent.futures
-
-    from distributed.comm import CommClosedError, connect
-
-    async def handshake():
-        args = security.get_connection_args("client") if security is not None else {}
-        # a second past the connect's own retries, so that a timeout here is the handshake's
-        comm = await asyncio.wait_for(connect(address, timeout=timeout, **args), timeout + 1)
-        await comm.close()
-
-    # in a thread of its own: the caller may be a notebook, whose thread runs a loop already
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spillway-attach") as pool:
-        try:
-            pool.submit(asyncio.run, handshake()).result()
-        except TimeoutError:  # before OSError, of which it is one
-            raise OptionsError(f"{where} did not answer as a dask scheduler within {timeout:.0f} s: something "
-                               "listens there but sent no handshake (a web server? the dashboard's port?)") from None
-        except CommClosedError:  # the connect's retries end in a plain OSError: this is the handshake's
-            raise OptionsError(f"{where} is not a dask scheduler: it closed the connection during distributed's "
-                               "handshake (a web server? another service's port?)") from None
-        except OSError as e:
-            raise OptionsError(f"{where} did not answer: {_first_line(e)}") from None
-        except Exception as e:  # noqa: BLE001 - whatever the junk made the decoder raise
-            raise OptionsError(f"{where} is not a dask scheduler: what it sent is not distributed's handshake "
-                               f"({type(e).__name__}: {_first_line(e)[:120]})") from None
-
-
-def _attach_security(options: Options):
-    """The TLS of a client attaching: the options' files, else those a scheduler file names
-    (``spillway serve`` writes its cluster's, readable by its owner only, beside the address)."""
-    if options.tls_ca_file or not options.scheduler_file:
-        return options.dask_security
-    import json
-
-    from spillway.options.settings import tls_security
-
-    try:
-        with open(options.scheduler_file) as f:
-            tls = json.load(f).get("tls") or {}
-    except (OSError, ValueError, AttributeError):
-        return None  # distributed's own reading of the file says what is wrong with it
-    return tls_security(tls.get("tls_ca_file"), tls.get("tls_cert"), tls.get("tls_key"))
-
-
-
-def _refuse_stale(path: str) -> None:
-    """A scheduler file whose TCP address nothing listens on (left by a cluster that ended
-    without removing it) is refused at once, rather than after the client's whole timeout of
-    retries. Other protocols, and an address that answers, go on to the client."""
-    import json
-    import socket
-    from urllib.parse import urlsplit
-
-    try:
-        with open(path) as f:
-            address = json.load(f)["address"]
-        url = urlsplit(address)
-        host, port = url.hostname, url.port
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # distributed says what is wrong with the file itself
-    if url.scheme not in ("tcp", "tls") or not host or not port:
-        return
-    try:
-        socket.create_connection((host, port), timeout=5).close()
-    except ConnectionRefusedError:
-        raise OptionsError(f"scheduler-file: {path!r} names {address}, where nothing listens: the file of a "
-                           "cluster that has ended? (start one with `spillway up`, or remove the file)") from None
-    except OSError:
-        return  # unreachable or slow: the client's own timeout says it
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def register_plugins(client, options: Options) -> None:
@@ -502,13 +404,15 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None,
         options = stack.enter_context(temporary_tls(options, tls_dir))
         deaths = stack.enter_context(watch_worker_deaths())
         specs = worker_specs(options, launch) if launch.kind == "gpu" else ()
-        cluster = start_cluster(options, launch, specs)
-        if cluster is not None:
-            # the plan's memory is each worker's share; a pool's fraction is of the whole GPU
-            timeout = max((close_timeout_s(s, m * s.workers_per_gpu) for s, m in zip(specs, launch.device_memory)),
-                          default=close_timeout_s(None))
-            # registered first, so it runs after the client's close: client, workers, scheduler
-            stack.callback(close_cluster, cluster, timeout)
+        # the workers never take the terminal's Ctrl-C: this process stops them (:mod:`.interrupts`)
+        with held_from_workers() if launch.kind != "attach" else contextlib.nullcontext():
+            cluster = start_cluster(options, launch, specs)
+            if cluster is not None:
+                # the plan's memory is each worker's share; a pool's fraction is of the whole GPU
+                timeout = max((close_timeout_s(s, m * s.workers_per_gpu)
+                               for s, m in zip(specs, launch.device_memory)), default=close_timeout_s(None))
+                # registered first, so it runs after the client's close: client, workers, scheduler
+                stack.push(closer(cluster, timeout))
         clock.done("start")
         client = connect_client(options, cluster)
         stack.callback(client.close)

@@ -3,7 +3,11 @@ elsewhere; the embedded cluster and the service client draw their runs' progress
 
 from __future__ import annotations
 
+import os
 import sys
+
+#: the width of a bar on a terminal that reports none
+FALLBACK_COLUMNS = 80
 
 
 def progress_bar(label: str, progress=True):
@@ -11,15 +15,31 @@ def progress_bar(label: str, progress=True):
     True), or a text bar on ``progress`` when it is a stream."""
     options = dict(total=0, desc=label, unit="task", leave=True)
     if progress is True:
-        if not in_notebook() and not _isatty(sys.stderr):
+        if in_notebook():
+            from tqdm.auto import tqdm
+
+            return tqdm(**options)
+        if not _isatty(sys.stderr):
             # a redirected log gets no bar: tqdm would write a \r update on every tick
             return None
-        from tqdm.auto import tqdm
-
-        return tqdm(**options)
+        progress = sys.stderr
     from tqdm import tqdm
 
-    return tqdm(file=progress, dynamic_ncols=True, **options)
+    return tqdm(file=progress, **terminal_shape(progress), **options)
+
+
+def terminal_shape(stream) -> dict:
+    """tqdm's size keywords for a bar on ``stream``: the terminal's as it is resized, or a
+    fixed width where the terminal reports 0 columns or 0 rows (a pseudo-terminal that
+    ``script`` or a CI runner opens without a size), on which tqdm drew no bar at all: it
+    hides a bar at or past the terminal's last row."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, ValueError, OSError):
+        return {"dynamic_ncols": True}  # no terminal: tqdm's own fallback width
+    if size.columns > 0 and size.lines > 0:
+        return {"dynamic_ncols": True}
+    return {"ncols": FALLBACK_COLUMNS, "nrows": 1 << 10}
 
 
 def in_notebook() -> bool:

@@ -132,7 +132,9 @@ def wait_with_bar(future, tracker: Tracker, *, label: str, stream=None, interval
     if stream is not None:
         from tqdm import tqdm
 
-        bar = tqdm(total=0, desc=label, unit="task", file=stream, dynamic_ncols=True, leave=True,
+        from .bars import terminal_shape
+
+        bar = tqdm(total=0, desc=label, unit="task", file=stream, leave=True, **terminal_shape(stream),
                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} tasks "
                               "[{elapsed}<{remaining}{postfix}]")
     last = {"total": 0, "done": 0, "bytes": 0, "erred": 0}

@@ -4,6 +4,7 @@ with its own CPU cluster."""
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -35,7 +36,9 @@ def served(tmp_path_factory):
     state = {"state_dir": str(root / "state"), "data_dir": str(root / "data")}
     Path(state["data_dir"]).mkdir()
     tokens = {"alice": add_tenant(state, "alice", "--max-job-bytes", "300MB"), "bob": add_tenant(state, "bob")}
-    server = Server(state, "--cpu", "--n-workers", "2", "--data-dir", state["data_dir"]).start()
+    # loopback is a trusted proxy: a request may be asked as from another machine
+    server = Server(state, "--cpu", "--n-workers", "2", "--data-dir", state["data_dir"],
+                    "--trusted-proxy", "127.0.0.1").start()
     try:
         yield server, tokens, state
     finally:
@@ -148,6 +151,30 @@ def test_array_result_is_a_lazy_dask_array_over_the_zarr_output(alice, tmp_path)
     with pytest.raises(ServiceError, match=r"relative to its results directory .*pass results_dir= to "
                                            r"spillway.connect \(or set SPILLWAY_RESULTS_DIR\)"):
         unknown.array  # noqa: B018
+
+
+def test_an_array_result_opens_on_the_services_machine_with_no_results_dir(served, monkeypatch):
+    """issue 75: the README's example passes no results_dir; on the service's own machine
+    the service says where its results are, and a client elsewhere is told what to pass."""
+    server, tokens, state = served
+    monkeypatch.delenv("SPILLWAY_RESULTS_DIR", raising=False)
+    results = (Path(state["state_dir"]) / "results").resolve()
+    with spillway.connect(server.url, tokens["bob"]) as bob:
+        assert bob.results_dir is None
+        job = bob.submit("slice", {"size": "900x300", "chunks": "100x100", "step": 4}, output=True)
+        result = job.result(timeout=60)
+        assert result.output == f"bob/{job.id}.zarr" and result.path == str(results / "bob" / f"{job.id}.zarr")
+        expected = uniform_numpy((900, 300), seed=0, dtype="float64")[::4]
+        assert rel_error(result.array.compute(scheduler="threads"), expected) <= 1e-12
+        # asked as from another machine (through the proxy the service trusts): no server path
+        elsewhere = bob.request("GET", f"/jobs/{job.id}/result", headers={"X-Forwarded-For": "10.0.0.7"})
+        assert elsewhere["results_dir"] is None and str(results) not in json.dumps(elsewhere)
+        with pytest.raises(ServiceError) as told:
+            JobResult(elsewhere).array  # noqa: B018 (reading the property opens the store)
+        assert str(told.value) == (
+            f"output: the service names it relative to its results directory (bob/{job.id}.zarr), which it tells a "
+            "client on its own machine only; here, pass results_dir= to spillway.connect (or set "
+            "SPILLWAY_RESULTS_DIR) where this machine sees that directory")
 
 
 def test_bad_parameters_arrive_as_the_service_message(alice):

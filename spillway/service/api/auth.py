@@ -125,6 +125,18 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
+def from_this_machine(request: Request) -> bool:
+    """Whether the request comes from the service's own machine: a loopback address (after
+    a trusted proxy's X-Forwarded-For). A proxy on this machine that is not named with
+    ``--trusted-proxy`` makes every request it forwards look so."""
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(client_address(request)).is_loopback
+    except ValueError:
+        return False
+
+
 def current_tenant(request: Request, credentials: HTTPAuthorizationCredentials | None) -> dict:
     """The token's tenant; 401 with one line for a missing, unknown, revoked or expired
     token; 503 (:class:`Unavailable`) while the database cannot check it."""

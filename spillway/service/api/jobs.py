@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Path, Query, Response
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from spillway import workflows
@@ -17,6 +17,7 @@ from spillway.options.errors import AdmissionError, ParamError
 from spillway.options.sizes import format_bytes
 from ..jobdb import CLUSTER_JOB_BYTES, QuotaExceeded
 from . import schemas
+from .auth import from_this_machine
 from .deps import JobDB, Queue, Tenant
 from .errors import param_error
 from .limits import OffLoopJSONRoute, refusal
@@ -214,16 +215,20 @@ def cancel(job_id: JobId, tenant: Tenant, jobdb: JobDB, queue: Queue):
 
 @router.get("/jobs/{job_id}/result", response_model=schemas.JobResult,
             responses={**AUTH, **NOT_FOUND, 409: {"description": "The job has not finished"}})
-def result(job_id: JobId, tenant: Tenant, jobdb: JobDB, queue: Queue):
+def result(job_id: JobId, tenant: Tenant, jobdb: JobDB, queue: Queue, request: Request):
     """The result summary and run report of a finished job, and where its Zarr output is:
-    a path relative to the service's results directory (never the server's own path)."""
+    a path relative to the service's results directory, and that directory itself only to
+    a client on the service's own machine (which reads the store in place with nothing
+    more to pass); a client elsewhere is never told the server's paths."""
     job = _job(jobdb, job_id, tenant)
     report = jobdb.report(job_id)
     if report is None:
         raise HTTPException(409, f"job {job_id} is {job['state']}; a result exists once it is done")
     output = queue.relative_output(report.get("output"))
+    here = output is not None and queue.results_dir and from_this_machine(request)
     return {"id": job_id, "state": job["state"], "summary": report.get("result") or {},
-            "output": output, "report": {**report, "output": output}}
+            "output": output, "results_dir": queue.results_dir if here else None,
+            "report": {**report, "output": output}}
 
 
 @router.get("/jobs/{job_id}/logs", response_model=schemas.JobLogs, responses={**AUTH, **NOT_FOUND})

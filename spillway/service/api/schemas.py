@@ -104,6 +104,9 @@ class JobResult(BaseModel):
     summary: dict[str, Any] = Field(description="The workflow's result summary.")
     output: str | None = Field(description="The Zarr output's path relative to the service's results "
                                            "directory (`<job id>.zarr`), for jobs that write one.")
+    results_dir: str | None = Field(None, description="The service's results directory, given only to a request "
+                                                     "from the service's own machine (a loopback address), where "
+                                                     "the client reads the output in place; null elsewhere.")
     report: dict[str, Any] = Field(description="The full run report (timings, transfers, spills, peaks).")
 
 

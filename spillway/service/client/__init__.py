@@ -7,8 +7,8 @@ carrying its message (and the HTTP status), so a notebook shows the service's ow
 
 Array results are written by the service as Zarr v3 stores in its results directory;
 :meth:`JobResult.array` opens one lazily where this machine sees that directory (the
-same machine, or a shared filesystem, mounted elsewhere with ``results_dir=``), with
-CuPy chunks on a machine with a GPU.
+service's own machine, which the service tells where it is, or a shared filesystem,
+mounted elsewhere with ``results_dir=``), with CuPy chunks on a machine with a GPU.
 
 The package holds :mod:`.connection` (the HTTP client, on httpx, an extra), :mod:`.jobs`
 (a job and its result) and :mod:`.job_html` (a job in a notebook).

@@ -45,7 +45,8 @@ def connect(url: str, token: str, *, timeout: float = 30, verify: bool | str | s
     ``verify``: False, the path of a CA bundle (for a self-signed HTTPS certificate) or
     an ``ssl.SSLContext``. ``results_dir`` is where this machine sees the service's results
     directory (``spillway serve --results-dir``), default ``SPILLWAY_RESULTS_DIR``: the
-    service names outputs relative to it, never by its own paths. ``http`` replaces the HTTP client (its base URL
+    service names outputs relative to it, and tells its own path to a client on its own
+    machine only (which then needs neither). ``http`` replaces the HTTP client (its base URL
     and headers are the caller's). ``outage_wait_s``: how long requests that are safe to
     repeat (reads, cancels, submissions with an idempotency key) wait out a service whose
     job database is unreachable (503 with Retry-After) before raising. Checks the token at

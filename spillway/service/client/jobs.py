@@ -103,7 +103,9 @@ class Job:
             self.wait(timeout, progress=False)
         self._raise_unless_done()
         body = self.service.request("GET", f"/jobs/{self.id}/result")
-        return JobResult(body, results_dir=self.service.results_dir, backend=backend)
+        # the directory the caller named wins; else the service's own, which it gives a
+        # client on its machine only
+        return JobResult(body, results_dir=self.service.results_dir or body.get("results_dir"), backend=backend)
 
     def cancel(self) -> dict:
         """Ask the service to cancel: a queued job at once, a running one once its tasks
@@ -147,15 +149,17 @@ class JobResult:
     @property
     def path(self) -> str | None:
         """Where this machine reads the output: under ``results_dir`` (``connect(results_dir=)``
-        or ``SPILLWAY_RESULTS_DIR``), where this machine sees the service's results directory."""
+        or ``SPILLWAY_RESULTS_DIR``), where this machine sees the service's results directory;
+        on the service's own machine, under the directory the service gave."""
         if self.output is None:
             return None
         if self.results_dir is None:
             if os.path.isabs(self.output):
                 return self.output
             raise ServiceError(f"output: the service names it relative to its results directory "
-                               f"({self.output}); pass results_dir= to spillway.connect (or set "
-                               "SPILLWAY_RESULTS_DIR) where this machine sees that directory")
+                               f"({self.output}), which it tells a client on its own machine only; here, pass "
+                               "results_dir= to spillway.connect (or set SPILLWAY_RESULTS_DIR) where this machine "
+                               "sees that directory")
         if os.path.isabs(self.output):  # an older service's own path: the store's name alone
             return os.path.join(os.path.expanduser(self.results_dir), os.path.basename(self.output.rstrip("/")))
         # the tenant's directory and the store, never a way out of results_dir
@@ -168,10 +172,15 @@ class JobResult:
         machine with a GPU); None for workflows whose result is a summary."""
         if self.output is None:
             return None
-        if not os.path.exists(os.path.join(self.path, "zarr.json")):
-            raise ServiceError(f"output: no Zarr store at {self.path!r} on this machine; pass results_dir= where "
+        path = self.path
+        if not os.path.exists(os.path.join(path, "zarr.json")):
+            tenant_dir = os.path.dirname(path)
+            if os.path.isdir(tenant_dir) and not os.access(tenant_dir, os.R_OK | os.X_OK):
+                raise ServiceError(f"output: {path!r} is not readable by this user (the service keeps each tenant's "
+                                   "results its owner's alone): the owner gives you that directory (chown or an ACL)")
+            raise ServiceError(f"output: no Zarr store at {path!r} on this machine; pass results_dir= where "
                                "the service's results directory is mounted here")
-        return open_output(self.path, backend=self.backend)
+        return open_output(path, backend=self.backend)
 
     def _repr_html_(self) -> str:
         return self.report._repr_html_()

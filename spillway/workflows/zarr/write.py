@@ -5,6 +5,7 @@ it, a device block straight from device memory with KvikIO, a host block through
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 
@@ -52,7 +53,9 @@ def write_chunk(block, files: ChunkFiles, block_info=None):
     in every dimension, summed by :func:`store`). Decided by the block, not the graph's
     meta: a device block goes straight from the device with KvikIO (copied to the host
     and written by zarr without it), a host block is written by zarr. A write the OS
-    refuses raises :class:`~spillway.options.errors.StoreWriteError`."""
+    refuses raises :class:`~spillway.options.errors.StoreWriteError`, and so does a write
+    whose store was removed under it (a run stopped by Ctrl-C removes its partial store
+    while its workers' last writes are still running)."""
     from spillway.options.errors import StoreWriteError
 
     try:
@@ -61,6 +64,11 @@ def write_chunk(block, files: ChunkFiles, block_info=None):
         raise
     except OSError as e:
         if not e.errno:
+            if isinstance(e, FileNotFoundError) and files.root and not os.path.isdir(files.root):
+                # zarr's words (no errno) for a store that is gone: "... does not exist",
+                # "No array found in store"
+                raise StoreWriteError(errno.ENOENT, "the store was removed while it was written",
+                                      str(files.root)) from None
             raise
         raise StoreWriteError(e.errno, e.strerror, e.filename) from None
 

@@ -88,3 +88,46 @@ def test_tenant_add_on_a_fresh_state_directory_keeps_it_private(tmp_path):
     os.chmod(state / "spillway.db", 0o644)
     assert spillway("tenant", "list", "--state-dir", str(state)).returncode == 0
     assert stat.S_IMODE((state / "spillway.db").stat().st_mode) == 0o600
+
+
+def _no_state_given(tmp_path) -> dict:
+    """The environment of a user who names no state directory: its default under tmp_path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SPILLWAY_STATE_DIR", "SPILLWAY_DB")}
+    env["XDG_STATE_HOME"] = str(tmp_path / "xdg")
+    return env
+
+
+def test_tenant_commands_make_no_state_by_surprise(tmp_path):
+    """issue 75: `tenant list` with no --state-dir made an empty database at the default
+    place, and a service served from another directory then showed an empty table."""
+    env = _no_state_given(tmp_path)
+    default = tmp_path / "xdg" / "spillway"
+    for args in (("tenant", "list"), ("tenant", "add", "alice"), ("tenant", "revoke", "alice")):
+        refused = spillway(*args, env=env)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.splitlines() == [
+            f"spillway: error: state-dir: no service state at {str(default)!r} (the default: no --state-dir or "
+            "SPILLWAY_STATE_DIR given); pass the --state-dir `spillway serve` uses, or `spillway tenant add NAME "
+            "--create` to start one there"], refused.stderr
+        assert not (tmp_path / "xdg").exists()
+    # a directory named but never made is not made either, by any command but add
+    named = spillway("tenant", "list", "--state-dir", str(tmp_path / "elsewhere"), env=env)
+    assert named.returncode == 2 and "no service state at" in named.stderr and "(from --state-dir)" in named.stderr
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_tenant_add_create_starts_the_default_state_and_every_command_names_it(tmp_path):
+    env = _no_state_given(tmp_path)
+    default = tmp_path / "xdg" / "spillway"
+    made = spillway("tenant", "add", "alice", "--create", env=env)
+    assert made.returncode == 0, made.stderr
+    assert (default / "spillway.db").is_file()
+    assert made.stderr.splitlines() == [f"spillway: state directory {default} (the default)"]
+    listed = spillway("tenant", "list", "--json", env=env)
+    assert [r["name"] for r in json.loads(listed.stdout)] == ["alice"]
+    assert listed.stderr.splitlines() == [f"spillway: state directory {default} (the default)"]
+    other = tmp_path / "other"
+    assert spillway("tenant", "add", "bob", "--state-dir", str(other), env=env).returncode == 0
+    named = spillway("tenant", "list", env={**env, "SPILLWAY_STATE_DIR": str(other)})
+    assert named.stderr.splitlines() == [f"spillway: state directory {other} (SPILLWAY_STATE_DIR)"]
+    assert "bob" in named.stdout and "alice" not in named.stdout
