@@ -1,0 +1,75 @@
+"""O4's user code past one GPU, as short as a device call's last minutes allow: a fresh
+``spillway.local()``, the complex field persisted, then two runs of
+``fft(x.rechunk({0: -1, 1: 1000}), axis=0)`` persisted, each printed with its moves beside
+the bytes its capacities force (:mod:`spillway_bench.forcedbound`), where its
+device-to-host time went (host buffers: from where, and how long getting them took), what
+the drain wrote and what the clean copies saved. No reference check and no other side:
+``ooc-bench.sh o4`` is the whole row.
+
+    python3 benchmarks/gpu-host/o4-probe.py [FOOTPRINT_OVER_GPU]   (default 2.2)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+GiB = 2**30
+
+
+def main(factor: float) -> None:
+    import dask.array as da
+    import psutil
+    from distributed import futures_of, wait
+
+    import spillway
+    from spillway.launch.plugins import worker_snapshot
+    from spillway_bench.forcedbound import forced_moves
+    from spillway_bench.measure import reset_peak, spill_moves
+    from spillway_bench.workloads.expressions import complex_uniform
+
+    t0 = time.perf_counter()
+    with spillway.local() as cluster:
+        client = cluster.client
+        started = time.perf_counter() - t0
+        device = sum(s["store"]["tiers"]["device"]["limit"] for s in client.run(worker_snapshot).values())
+        # within the host's share, as the bench's O4 is (one H200 has less host than device)
+        factor = min(factor, 1 + 0.75 * psutil.virtual_memory().total / device)
+        n = int((factor * device / 2 / 16) ** 0.5) // 1000 * 1000
+        print(f"started in {started:.1f} s; device tier {device / GiB:.1f} GiB; n={n}, "
+              f"footprint {2 * 16 * n * n / GiB:.1f} GiB", flush=True)
+        for run in range(2):
+            x = client.persist(complex_uniform((n, n), (5000, 5000), seed=11 + run, backend="cupy"))
+            wait(futures_of(x))
+            client.run(reset_peak)
+            before = client.run(worker_snapshot)
+            start = time.perf_counter()
+            y = client.persist(da.fft.fft(x.rechunk({0: -1, 1: 1000}), axis=0))
+            wait(futures_of(y))
+            seconds = time.perf_counter() - start
+            after = client.run(worker_snapshot)
+            moves = spill_moves(before, after)
+            forced = forced_moves(before, after)
+            gb = lambda b: f"{b / GiB:.1f}"  # noqa: E731
+            parts = ", ".join(f"{m} {gb(moves['moves'][m]['bytes'])}/{gb(forced['moves'][m])}"
+                              for m in forced["moves"])
+            d2h = moves["moves"]["device_to_host"]
+            host = moves["host_buffers"]
+            stats = [s["store"]["stats"] for s in after.values()]
+            old = [s["store"]["stats"] for s in before.values()]
+            drained = sum(a["drained_bytes"] - b["drained_bytes"] for a, b in zip(stats, old))
+            clean = sum(a["clean_bytes"] - b["clean_bytes"] for a, b in zip(stats, old))
+            rate = d2h["bytes"] / d2h["seconds"] / 1e9 if d2h["seconds"] else 0.0
+            print(f"run {run + 1}: {seconds:.2f} s; moved/forced GiB: {parts}; peak {gb(forced['peak_bytes'])} GiB",
+                  flush=True)
+            print(f"  D->H {rate:.1f} GB/s over {d2h['seconds']:.2f} s, getting buffers {moves['spill_alloc_s']:.2f} s "
+                  f"(room {host['room_s']:.2f} s, new {host['new_s']:.2f} s); buffers GiB "
+                  + ", ".join(f"{k} {gb(v)}" for k, v in host["taken_from"].items())
+                  + f"; drained {gb(drained)} GiB, clean re-spills {gb(clean)} GiB; restore wait "
+                  f"{moves['restore_wait_s']:.2f} s", flush=True)
+            del x, y
+            time.sleep(1)
+
+
+if __name__ == "__main__":
+    main(float(sys.argv[1]) if len(sys.argv) > 1 else 2.2)
