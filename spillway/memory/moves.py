@@ -124,23 +124,30 @@ def lower(spilled: SpilledKeys, level: int, order: list, need: int, means: Means
         group = spilled.groups[gid]
         if make_room is not None:
             make_room(group.nbytes)
-        start = time.perf_counter()
-        written = []
-        try:
-            for i in group.live_segments():
-                # from the host, the host tier's own buffer; from further down, a buffer
-                # of the move's own that goes once the tier below has the bytes
-                target.put((gid, i), source.get((gid, i), _transit), itemsize=_itemsize(group, i))
-                written.append(i)
-        except BaseException:  # nothing lost, nothing left: the group stays where it was
-            for i in written:
-                target.delete((gid, i))
-            raise
-        stats.add(move, group.nbytes, time.perf_counter() - start)
-        for i in written:
+        stats.add(move, group.nbytes, _write_segments(group, gid, source, target))
+        for i in group.live_segments():
             source.delete((gid, i))
         spilled.moved(gid, level, level + 1)
         need -= group.nbytes
+
+
+def _write_segments(group: SpilledGroup, gid, source, target) -> float:
+    """Put each live segment of ``group`` from ``source`` in ``target``; returns the
+    seconds it took. A write that fails leaves nothing in ``target`` (nothing lost: the
+    group stays where it was)."""
+    start = time.perf_counter()
+    written = []
+    try:
+        for i in group.live_segments():
+            # from the host, the host tier's own buffer; from further down, a buffer of the
+            # move's own that goes once the tier below has the bytes
+            target.put((gid, i), source.get((gid, i), _transit), itemsize=_itemsize(group, i))
+            written.append(i)
+    except BaseException:
+        for i in written:
+            target.delete((gid, i))
+        raise
+    return time.perf_counter() - start
 
 
 def take_to_lower(spilled: SpilledKeys, gid) -> SpilledGroup:
@@ -158,18 +165,7 @@ def write_down(group: SpilledGroup, gid, means: Means) -> float:
     """Write a group taken by :func:`take_to_lower` to the tier below the host (no lock
     held: nothing else touches its keys meanwhile); returns the seconds it took. A write
     that fails leaves nothing below."""
-    source, target = means.tiers[HOST], means.tiers[HOST + 1]
-    start = time.perf_counter()
-    written = []
-    try:
-        for i in group.live_segments():
-            target.put((gid, i), source.get((gid, i), _transit), itemsize=_itemsize(group, i))
-            written.append(i)
-    except BaseException:
-        for i in written:
-            target.delete((gid, i))
-        raise
-    return time.perf_counter() - start
+    return _write_segments(group, gid, means.tiers[HOST], means.tiers[HOST + 1])
 
 
 def settle_lowered(spilled: SpilledKeys, gid, group: SpilledGroup, means: Means, seconds: float) -> None:
