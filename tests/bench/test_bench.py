@@ -280,7 +280,7 @@ def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
     assert data["clusters"]["spillway"]["transport"] == data["clusters"]["baseline"]["transport"] == "tcp"
     for w in data["workloads"]:
         assert w["speedup"] == pytest.approx(w["baseline_s"] / w["spillway_s"])
-        out_of_core = w["name"] in ("O3", "O4")
+        out_of_core = w["name"] in ("O3", "O4", "O5")
         for side in ("spillway", "tasks_method", "baseline") if out_of_core else ("spillway", "baseline"):
             assert len(w[side]["runs_s"]) == 3 and w[side]["warmup_s"] > 0
             assert w[side]["median_s"] == pytest.approx(sorted(w[side]["runs_s"])[1])
@@ -320,7 +320,7 @@ def test_cpu_smoke_run_writes_json_markdown_and_png(tmp_path):
     start = next(i for i, row in enumerate(out) if row.split()[:4] == ["workload", "spillway", "s", "baseline"])
     assert [row.split()[0] for row in out[start + 1:start + 1 + len(DEFAULT)]] == DEFAULT
     assert out[start + len(DEFAULT) + 2] == "out of core, a fresh cluster per side:"
-    assert [row.split()[:2] for row in out[-6:]] == [[n, s] for n in ("O3", "O4")
+    assert [row.split()[:2] for row in out[-9:]] == [[n, s] for n in ("O3", "O4", "O5")
                                                      for s in ("spillway", "tasks_method", "baseline")]
 
 
