@@ -15,9 +15,16 @@ value those tests compute passes through a worker's store.
   with the same 1 MB device limit: the control. A test that fails here too fails for a
   reason of the distributed scheduler, not of spillway's store.
 
-The cluster is started once per session and made dask's default scheduler; a test that
-names its own scheduler keeps it. After each test the plugin waits until the scheduler
-has forgotten every key, so each test starts on an empty cluster as it would on dask's
+The cluster is started once per session and made dask's default scheduler, dask's
+``assert_eq`` computing there too (it computes with ``scheduler="sync"`` unless told
+otherwise, and most of these tests check their values through it alone: without this
+they would pass without a task reaching the store); a test that names its own scheduler
+keeps it. The tasks the scheduler ran for each test are counted: each test's count is in
+its report's ``user_properties`` (``tasks``), and the session ends with the total and the
+tests that ran none (``--conformance-tasks PATH`` writes them all as JSON).
+
+After each test the plugin waits until the scheduler has forgotten every key, so each
+test starts on an empty cluster as it would on dask's
 local scheduler: ``test_tsqr_uncertain`` names its arrays ``"A"``, ``"c"`` and ``"r"``
 in every case with new random values, and a key of the previous case that the scheduler
 has not yet released is taken as already computed (plain dask-cuda failed 6 of those
@@ -26,7 +33,11 @@ cases without the wait). ``--conformance-keep-keys`` turns the wait off.
 
 from __future__ import annotations
 
+import json
+
 import pytest
+
+from on_cluster import assert_eq_on_cluster, count_tasks, held_keys, take_counts, wait_released
 
 CHOICES = ("tiered-host", "tiered-disk", "dask-cuda")
 DEVICE_LIMIT = "1MB"
@@ -37,6 +48,8 @@ def pytest_addoption(parser):
                      help="the cluster dask's CuPy tests run on")
     parser.addoption("--conformance-keep-keys", action="store_true",
                      help="start each test without waiting for the last one's keys to be released")
+    parser.addoption("--conformance-tasks", metavar="PATH",
+                     help="write the tasks the cluster ran for each test here (JSON)")
 
 
 def _open(kind: str):
@@ -66,7 +79,8 @@ def conformance_cluster(request):
 
     kind = request.config.getoption("--conformance")
     client, close = _open(kind)
-    with dask.config.set(scheduler=client.get):
+    count_tasks(client)
+    with dask.config.set(scheduler=client.get), assert_eq_on_cluster():
         yield client
     try:
         summary = client.run(_store_summary)
@@ -77,18 +91,33 @@ def conformance_cluster(request):
 
 @pytest.fixture(autouse=True)
 def released_keys(request, conformance_cluster):
+    take_counts(conformance_cluster)
+    held = held_keys(conformance_cluster)
     yield
-    if request.config.getoption("--conformance-keep-keys"):
+    counts = take_counts(conformance_cluster)
+    request.node.user_properties.append(("tasks", counts))
+    _TASKS[request.node.nodeid] = counts
+    if not request.config.getoption("--conformance-keep-keys"):
+        wait_released(conformance_cluster, held=held)
+
+
+#: the tasks the scheduler ran for each test, by node id
+_TASKS: dict[str, dict] = {}
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not _TASKS:
         return
-    import time
-
-    deadline = time.monotonic() + 3
-    while conformance_cluster.run_on_scheduler(_task_count) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def _task_count(dask_scheduler=None):
-    return len(dask_scheduler.tasks)
+    idle = sorted(name for name, counts in _TASKS.items() if not counts["ran"])
+    terminalreporter.write_sep("=", "tasks the cluster ran")
+    terminalreporter.write_line(f"{sum(c['ran'] for c in _TASKS.values())} tasks for "
+                                f"{len(_TASKS) - len(idle)} of {len(_TASKS)} tests; none for:")
+    for name in idle:
+        terminalreporter.write_line(f"  {name}")
+    path = config.getoption("--conformance-tasks")
+    if path:
+        with open(path, "w") as f:
+            json.dump(_TASKS, f, indent=0, sort_keys=True)
 
 
 def _store_summary(dask_worker=None):

@@ -24,6 +24,8 @@ def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
     merges chunks, or would not fit, is dask's own."""
     from dask.base import tokenize
 
+    if not exchangeable(x):
+        return x.rechunk(chunks, method="tasks")
     chunks = _normalized(x, chunks)
     if chunks == x.chunks:
         return x
@@ -43,6 +45,8 @@ def overlap_internal(x, axes: dict, *, fallback, room: dict | None = None):
     name here (:mod:`.method`). The same blocks, bit for bit."""
     from dask.base import tokenize
 
+    if not exchangeable(x):
+        return fallback(x, axes)
     windows = overlap_windows(x.chunks, axes)
     plan = plan_of(x.chunks, windows)
     if not plan.exchanges or not plain_chunks(x) or not _fits(x, plan, room):
@@ -57,6 +61,14 @@ def _fits(x, plan: Plan, room: dict | None) -> bool:
     exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
                     for i in p.inputs) * x.dtype.itemsize
     return way(exchanged, room if room is not None else cluster_room()) != TASKS
+
+
+def exchangeable(x) -> bool:
+    """Whether ``x`` has elements and a known grid: an empty or 0-d array has nothing to
+    exchange (dask's own special-cases it, and an exchange of no pieces has no worker to
+    assemble on), and unknown chunk sizes give no plan (dask refuses or handles them
+    itself)."""
+    return x.ndim > 0 and not any(math.isnan(c) for axis in x.chunks for c in axis) and x.size > 0
 
 
 def plain_chunks(x) -> bool:
@@ -126,8 +138,13 @@ def _exchange(x, spec: tuple, chunks: tuple, plan: Plan, token: str):
         barrier_name: MaterializedLayer(barriers),
         out_name: MaterializedLayer(outputs),
     }
-    dependencies = {cut_name: set(x.__dask_layers__()), barrier_name: {cut_name},
-                    out_name: {barrier_name, *x.__dask_layers__()}}
+    # each layer depends on exactly the layers its tasks read (HighLevelGraph.validate,
+    # which dask's assert_eq runs): the assemblies read the input's chunks only where a
+    # partial splits or merges (the plan exchanges somewhere, so cuts and barriers exist)
+    inputs = set(x.__dask_layers__())
+    direct_reads = any(not partial.exchanges for partial in plan.partials)
+    dependencies = {cut_name: inputs, barrier_name: {cut_name},
+                    out_name: {barrier_name, *(inputs if direct_reads else ())}}
     graph = HighLevelGraph.merge(x.dask, HighLevelGraph(layers, dependencies))
     return da.Array(graph, out_name, chunks, meta=meta_from_array(x))
 

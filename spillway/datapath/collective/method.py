@@ -11,13 +11,14 @@ on the clusters whose schedulers carry the collective's plugin it is the collect
 disk, which CuPy chunks cannot take), and it hands any other client's rechunk to
 distributed's own function unchanged. dask's ``overlap`` calls ``overlap_internal`` of its
 module by name (the seam ``overlap_internal``): on a spillway cluster the halos are one
-exchange; elsewhere dask's own tasks.
+exchange where they are many pieces (:func:`_few_pieces`); elsewhere dask's own tasks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import threading
 
 from spillway.upstream import route, unroute
@@ -55,11 +56,35 @@ def overlap_internal(x, axes):
     """dask's ``overlap_internal`` (each chunk grown by its neighbours' faces, what
     ``map_overlap`` runs on): on a spillway cluster one exchange (:func:`.graph.overlap_internal`),
     dask's own elsewhere."""
-    if _on_spillway() and not _dask_halos.get():
+    if _on_spillway() and not _dask_halos.get() and not _few_pieces(x, axes):
         from .graph import overlap_internal as exchanged
 
         return exchanged(x, axes, fallback=_original_overlap)
     return _original_overlap(x, axes)
+
+
+def _few_pieces(x, axes) -> bool:
+    """Whether dask's own halos are few enough to keep, by the rule dask picks a rechunk's
+    method by: its task-based method while the pieces are fewer than
+    ``array.rechunk.threshold`` times the input and output chunks, peer-to-peer from
+    there. The collective makes a task an input and output chunk and a barrier a partial,
+    dask's own about a task a piece: below the line it saves few tasks, and on small
+    grids its barriers can outnumber what it saves (a map_overlap along one axis of 10 x
+    10 chunks, a barrier a column, was a graph of 510 tasks against 501 along both axes,
+    which dask's own tests of small overlaps refuse). So a halo along one axis stays dask's
+    own (about three pieces a chunk), and one along two or three axes takes the exchange
+    on all but small grids. An array with no plan is the graph's to hand back
+    (:func:`.graph.exchangeable`)."""
+    import dask
+
+    from .graph import exchangeable, overlap_windows
+    from .layout import plan_of
+
+    if not exchangeable(x):
+        return False
+    plan = plan_of(x.chunks, overlap_windows(x.chunks, axes))
+    threshold = dask.config.get("array.rechunk.threshold")
+    return plan.pieces() < threshold * (math.prod(x.numblocks) * 2)
 
 
 def _on_spillway() -> bool:
