@@ -460,7 +460,9 @@ class TieredStore(MutableMapping):
     def _wants_drain(self) -> bool:
         """Whether the next spills would find no room in the host tier (its margin not
         free under its limit), or find the machine short of the memory a new buffer takes
-        while the arena has no slice of the margin. The caller holds the lock."""
+        while the arena has no slice for the largest spill yet (a slice of the whole
+        margin may never come free in a fragmented arena: waiting for one would write down
+        far more than the next spill needs). The caller holds the lock."""
         if len(self.tiers) == HOST + 1 or not self._spilled.on_host:
             return False
         margin = self.drain_margin
@@ -468,7 +470,7 @@ class TieredStore(MutableMapping):
         if host.limit is not None and host.nbytes - self._draining + margin > host.limit:
             return True
         books = self.books
-        return (books is not None and margin > 0 and not self.host.arena_fits(margin)
+        return (books is not None and margin > 0 and not self.host.arena_fits(max(1, self._largest_spill))
                 and books.short_by(margin, count=False) > 0)
 
     def drain(self) -> int:

@@ -195,3 +195,28 @@ def test_the_drain_gives_back_clean_copies_before_it_writes_anything(small_margi
     for i in range(5):
         np.testing.assert_array_equal(s[i], chunk(i))
     s.close()
+
+
+def test_a_short_machine_is_drained_until_the_arena_has_a_slice_for_the_next_spill(small_margin, monkeypatch):
+    from spillway.memory.arena import Arena
+    from spillway.memory.books import HostBooks
+
+    # a margin of three values: the whole arena, which a slice-for-the-margin rule would
+    # empty to disk
+    monkeypatch.setattr(store_module, "DRAIN_VALUES", 3)
+    # the host tier may hold 64 MiB, but the machine is short whatever the store does: only
+    # what frees the 3 MiB arena for the next spill is worth a write
+    books = HostBooks(lambda: 0, headroom=MB, resident=lambda: 0)
+    tier = SlowTier()
+    s = TieredStore(device_limit=2 * MB, host_limit=64 * MB, codec=NumpyCodec(), below=[tier],
+                    host=HostBuffers(Arena(np.zeros(3 * MB, dtype=np.uint8))), rank=lambda k: k,
+                    books=books, drain=True)
+    for i in range(5):  # 0 and 4 on the device; 1 to 3 fill the arena
+        s[i] = chunk(i)
+    settled(s)
+    # one value written (the host's needed last) gives the next spill its arena slice, and
+    # the drain stops there though the machine stays short
+    assert tier.calls["put"] == 1 and s.tier_of(3) == "disk" and s.host.arena_fits(MB)
+    for i in range(5):
+        np.testing.assert_array_equal(s[i], chunk(i))
+    s.close()
