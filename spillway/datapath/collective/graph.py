@@ -35,20 +35,21 @@ def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
     return _exchange(x, (x.chunks, chunks), chunks, plan, tokenize(x, chunks))
 
 
-def overlap_internal(x, axes: dict, *, fallback, room: dict | None = None):
+def overlap_internal(x, axes: dict, *, fallback, room: dict | None = None, plan: Plan | None = None):
     """``dask.array.overlap.overlap_internal(x, axes)`` (each chunk grown by its
     neighbours' faces, ``axes[d]`` elements a side along axis ``d``, or ``(left, right)``)
     as one exchange: a cut an input chunk, an assembly an output chunk, its pieces from
     each neighbour's worker in one request per peer, where that fits the workers' fastest
     tier (:mod:`.way`); else ``fallback(x, axes)``: dask's own (a getitem a face, edge and
     corner and a concatenation a chunk), which the caller holds where it routed dask's
-    name here (:mod:`.method`). The same blocks, bit for bit."""
+    name here (:mod:`.method`). The same blocks, bit for bit. ``plan``: the windows'
+    plan where the caller made it already."""
     from dask.base import tokenize
 
     if not exchangeable(x):
         return fallback(x, axes)
     windows = overlap_windows(x.chunks, axes)
-    plan = plan_of(x.chunks, windows)
+    plan = plan or plan_of(x.chunks, windows)
     if not plan.exchanges or not plain_chunks(x) or not _fits(x, plan, room):
         return fallback(x, axes)
     return _exchange(x, (x.chunks, windows), plan.sizes, plan, tokenize(x, axes, "overlap"))

@@ -56,14 +56,19 @@ def overlap_internal(x, axes):
     """dask's ``overlap_internal`` (each chunk grown by its neighbours' faces, what
     ``map_overlap`` runs on): on a spillway cluster one exchange (:func:`.graph.overlap_internal`),
     dask's own elsewhere."""
-    if _on_spillway() and not _dask_halos.get() and not _few_pieces(x, axes):
+    if _on_spillway() and not _dask_halos.get():
+        from .graph import exchangeable, overlap_windows
         from .graph import overlap_internal as exchanged
+        from .layout import plan_of
 
-        return exchanged(x, axes, fallback=_original_overlap)
+        # an array with no plan is the graph's to hand back (:func:`.graph.exchangeable`)
+        plan = plan_of(x.chunks, overlap_windows(x.chunks, axes)) if exchangeable(x) else None
+        if plan is None or not _few_pieces(x, plan):
+            return exchanged(x, axes, fallback=_original_overlap, plan=plan)
     return _original_overlap(x, axes)
 
 
-def _few_pieces(x, axes) -> bool:
+def _few_pieces(x, plan) -> bool:
     """Whether dask's own halos are few enough to keep, by the rule dask picks a rechunk's
     method by: its task-based method while the pieces are fewer than
     ``array.rechunk.threshold`` times the input and output chunks, peer-to-peer from
@@ -73,16 +78,9 @@ def _few_pieces(x, axes) -> bool:
     10 chunks, a barrier a column, was a graph of 510 tasks against 501 along both axes,
     which dask's own tests of small overlaps refuse). So a halo along one axis stays dask's
     own (about three pieces a chunk), and one along two or three axes takes the exchange
-    on all but small grids. An array with no plan is the graph's to hand back
-    (:func:`.graph.exchangeable`)."""
+    on all but small grids (``plan``: the halos' windows' plan)."""
     import dask
 
-    from .graph import exchangeable, overlap_windows
-    from .layout import plan_of
-
-    if not exchangeable(x):
-        return False
-    plan = plan_of(x.chunks, overlap_windows(x.chunks, axes))
     threshold = dask.config.get("array.rechunk.threshold")
     return plan.pieces() < threshold * (math.prod(x.numblocks) * 2)
 
