@@ -35,6 +35,9 @@ from collections.abc import Mapping
 
 from .copybound import MOVE_CEILINGS, copy_bound
 
+#: each move's short name in the bench's log lines and tables
+SHORT = {"device_to_host": "D->H", "host_to_device": "H->D", "host_to_disk": "H->disk", "disk_to_host": "disk->H"}
+
 
 def worker_forced(start: Mapping | None, end: Mapping | None) -> dict | None:
     """Bytes each move must carry on one worker between two

@@ -358,9 +358,9 @@ def _forced_line(measure) -> str:
     forced = measure.forced
     if not forced or not measure.spill:
         return ""
-    short = {"device_to_host": "D->H", "host_to_device": "H->D", "host_to_disk": "H->disk",
-             "disk_to_host": "disk->H"}
-    parts = [f"{short[m]} {measure.spill['moves'][m]['bytes'] / 1e9:.1f}/{f / 1e9:.1f}"
+    from .forcedbound import SHORT
+
+    parts = [f"{SHORT[m]} {measure.spill['moves'][m]['bytes'] / 1e9:.1f}/{f / 1e9:.1f}"
              for m, f in forced["moves"].items() if f or measure.spill["moves"][m]["bytes"]]
     spill = measure.spill
     d2h = spill["moves"]["device_to_host"]

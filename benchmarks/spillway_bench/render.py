@@ -148,8 +148,9 @@ OUT_OF_CORE_HEAD = ("workload", "side", "rechunk", "first run s", "median s", "b
 
 def _moved_over_forced(ratios: dict | None) -> str:
     """``D->H 1.4x, H->disk 15x`` for the moves the capacities force (— where none)."""
-    short = {"device_to_host": "D->H", "host_to_device": "H->D", "host_to_disk": "H->disk", "disk_to_host": "disk->H"}
-    parts = [f"{short.get(m, m)} {r:.1f}x" for m, r in (ratios or {}).items() if r is not None]
+    from .forcedbound import SHORT
+
+    parts = [f"{SHORT.get(m, m)} {r:.1f}x" for m, r in (ratios or {}).items() if r is not None]
     return ", ".join(parts) or "—"
 
 
