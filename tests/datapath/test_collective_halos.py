@@ -100,6 +100,20 @@ def client(collective_client):
     return collective_client
 
 
+def test_a_persisted_field_counts_as_held_though_the_scheduler_holds_none_of_it_yet(client):
+    # a field persisted and filtered at once (its chunks still being made): the exchange's
+    # pieces alone fit 9/10 of the fastest tier, the pieces beside the field do not; a
+    # field made in the graph goes as it is cut, and takes the exchange
+    lazy = _array((40, 30), (10, 10))  # 9,600 bytes of float64, every chunk exchanging
+    field = client.persist(lazy)
+    room = {"held": 0, "fastest": 12_000}
+    past = overlap_internal(field, {0: 1, 1: 1}, room=room, fallback=dask_overlap_internal)
+    assert not any(name.startswith("spillway-cut-") for name in past.dask.layers)
+    made = overlap_internal(lazy, {0: 1, 1: 1}, room=room, fallback=dask_overlap_internal)
+    assert any(name.startswith("spillway-cut-") for name in made.dask.layers)
+    assert np.array_equal(past.compute(), made.compute())
+
+
 @pytest.mark.parametrize("shape, chunks, axes", HALOS[:4])
 def test_real_workers_grow_the_same_blocks(client, shape, chunks, axes):
     x = _array(shape, chunks, seed=4).persist()
