@@ -26,6 +26,15 @@ class TierStats:
     prefetched_bytes: int = 0
     #: of the host -> below bytes, those the drain wrote off the spills' path
     drained_bytes: int = 0
+    #: of the host -> below bytes, those written because the machine was short of memory
+    #: for a new host buffer (:meth:`~spillway.memory.store.TieredStore.relieve_host` and
+    #: the room a new buffer needs), and those written because the host tier was at its
+    #: limit, on the spills' path
+    room_written_bytes: int = 0
+    limit_written_bytes: int = 0
+    #: of the host -> below bytes, those of groups a task here still waited for (read
+    #: back later, unless the disk was forced: the rest were needed by no task here)
+    needed_written_bytes: int = 0
     #: bytes spilled again without a copy: their host copies were kept when they were
     #: read back, and the values had not changed (not counted in device -> host)
     clean_bytes: int = 0
@@ -52,6 +61,9 @@ class TierStats:
             "spill_alloc_s": self.spill_alloc_s,
             "prefetched_bytes": self.prefetched_bytes,
             "drained_bytes": self.drained_bytes,
+            "room_written_bytes": self.room_written_bytes,
+            "limit_written_bytes": self.limit_written_bytes,
+            "needed_written_bytes": self.needed_written_bytes,
             "clean_bytes": self.clean_bytes,
             "ondemand_events": self.ondemand_events,
             "ondemand_bytes": self.ondemand_bytes,

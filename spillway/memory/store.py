@@ -513,6 +513,8 @@ class TieredStore(MutableMapping):
                 raise
             with self._lock:
                 moves.settle_lowered(self._spilled, gid, group, self._means(), seconds)
+                if eviction.rank_of(self.rank, group.skeletons) is not None:
+                    self.stats.needed_written_bytes += nbytes
                 for k in group.skeletons:
                     del self._inflight[k]
                 self._draining -= nbytes
@@ -569,19 +571,40 @@ class TieredStore(MutableMapping):
             if tier.nbytes + incoming > tier.limit + host_slack(tier.limit):
                 raise
 
-    def _lower(self, level: int, order: list, need: int) -> None:
+    def _lower(self, level: int, order: list, need: int, *, for_room: bool = False) -> None:
         """Move groups of the tier at ``level`` to the tier below (:func:`moves.lower`),
         each after room is made there where it has a tier below it too; a tier with no
-        room left raises :class:`SpillDiskFull` with the tiers' line."""
+        room left raises :class:`SpillDiskFull` with the tiers' line. ``for_room``: the
+        host's writes are for the machine's memory, not the host tier's limit (counted
+        apart in the stats)."""
         room = functools.partial(self._room_in, level + 1) if level + 2 < len(self.tiers) else None
+        resident = self._spilled.resident[level]
         try:
             moves.lower(self._spilled, level, order, need, self._means(), room)
         except OSError as e:
             if not is_full(e):
                 raise
             raise self._full(e, need, level) from None
+        finally:
+            if level == HOST:
+                self._count_written([g for g in order if g not in resident], for_room)
         if self.disk_full is not None:
             self.disk_full = None
+
+    def _count_written(self, gids: list, for_room: bool) -> None:
+        """Count host groups just written below by why they went, and those a task here
+        still waits for (each such byte is read back: what the order could not spare)."""
+        stats, groups = self.stats, self._spilled.groups
+        for gid in gids:
+            group = groups.get(gid)
+            if group is None:
+                continue
+            if for_room:
+                stats.room_written_bytes += group.nbytes
+            else:
+                stats.limit_written_bytes += group.nbytes
+            if eviction.rank_of(self.rank, group.skeletons) is not None:
+                stats.needed_written_bytes += group.nbytes
 
     def _full(self, error: OSError, need: int, level: int) -> SpillDiskFull:
         source, tier = self.tiers[level], self.tiers[level + 1]
@@ -664,7 +687,7 @@ class TieredStore(MutableMapping):
             if room():
                 return False
         for gid in self._order(HOST):
-            self._lower(HOST, [gid], 1)
+            self._lower(HOST, [gid], 1, for_room=True)
             if room():
                 return False
         return True

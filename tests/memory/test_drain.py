@@ -108,8 +108,30 @@ def test_the_drain_keeps_the_margin_free_writing_the_values_needed_last(small_ma
     # the device kept 0 and 5, the host took 1 to 4: 4 is the host's needed last
     assert [i for i in range(6) if s.tier_of(i) == "disk"] == [4]
     assert s.stats.drained_bytes == MB == s.stats.bytes["host_to_disk"]
+    # 4 is needed later (a task waits for it: it will be read back); none went for the
+    # machine's room or on a spill's path for the limit
+    assert s.stats.needed_written_bytes == MB
+    assert s.stats.room_written_bytes == s.stats.limit_written_bytes == 0
     for i in range(6):
         np.testing.assert_array_equal(s[i], chunk(i))
+    s.close()
+
+
+def test_writes_below_on_the_spills_path_are_counted_as_the_limit_s_and_by_whether_a_task_waits():
+    tier = SlowTier()
+    # no drain: the spills write for the host tier's limit themselves; keys from 3 on are
+    # needed by tasks here, the others by none
+    s = TieredStore(device_limit=2 * MB, host_limit=2 * MB, codec=NumpyCodec(), below=[tier],
+                    host=HostBuffers(), rank=lambda k: k if k >= 3 else None)
+    for i in range(8):
+        s[i] = chunk(i)
+    on_disk = [i for i in range(8) if s.tier_of(i) == "disk"]
+    assert on_disk and s.stats.bytes["host_to_disk"] == len(on_disk) * MB
+    assert s.stats.limit_written_bytes == s.stats.bytes["host_to_disk"]
+    assert s.stats.room_written_bytes == s.stats.drained_bytes == 0
+    assert s.stats.needed_written_bytes == sum(MB for i in on_disk if i >= 3)
+    # the keys no task waits for went first
+    assert all(i < 3 for i in on_disk) or all(i in on_disk for i in range(3))
     s.close()
 
 
