@@ -184,6 +184,9 @@ class WorkerSetup(WorkerPlugin):
         self.kind = "cpu"
         self.spilled = {"device_to_host": 0, "host_to_disk": 0, "host_to_device": 0, "disk_to_host": 0}
         self.statistics = None
+        #: what the scheduler said last of what waits for this worker's keys (GPU workers'
+        #: tiered store)
+        self.scheduler_ranks = None
         self.started = time.time()
 
     def setup(self, worker):
@@ -243,9 +246,10 @@ class WorkerSetup(WorkerPlugin):
         return _zarr_buffer_when_imported()
 
     def _wire_store(self, worker, store):
-        from spillway.memory.policy import next_use, running_inputs
+        from spillway.memory.policy import SchedulerRanks, next_use, running_inputs
 
-        store.rank = next_use(worker)
+        far = self.scheduler_ranks = SchedulerRanks()
+        store.rank = next_use(worker, far)
         store.in_use = running_inputs(worker)
         store.name = f"worker {worker.name} ({worker.address})"
         store.on_disk_full = functools.partial(_say_disk_full, worker)
@@ -273,6 +277,7 @@ class WorkerSetup(WorkerPlugin):
             expire = PeriodicCallback(lambda: _expire_kept(store.host), KEPT_IDLE_S * 1000 / 4)
             worker.periodic_callbacks["spillway-host-kept"] = expire
             expire.start()
+        self._ask_next_use(worker, store, far)
         if self.prefetch:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -283,6 +288,32 @@ class WorkerSetup(WorkerPlugin):
             callback = PeriodicCallback(lambda: self._prefetch_tick(worker, store), 5)
             worker.periodic_callbacks["spillway-prefetch"] = callback
             callback.start()
+
+    def _ask_next_use(self, worker, store, far) -> None:
+        """Ask the scheduler what waits for this worker's keys while the store is filling
+        (past half its device limit, or anything spilled): what its eviction order reads
+        beside the tasks sent here (:class:`~spillway.memory.policy.SchedulerRanks`)."""
+        import asyncio
+
+        from tornado.ioloop import PeriodicCallback
+
+        from spillway.memory.policy import ASK_EVERY_S
+
+        asking = []
+
+        def tick():
+            if asking or not far.due():
+                return
+            limit = store.device_limit
+            if not (store.host_bytes or store.below_bytes or (limit and store.device_bytes > limit / 2)):
+                return
+            task = asyncio.ensure_future(far.ask(worker))
+            asking.append(task)
+            task.add_done_callback(lambda _: asking.clear())
+
+        callback = PeriodicCallback(tick, ASK_EVERY_S * 1000)
+        worker.periodic_callbacks["spillway-next-use"] = callback
+        callback.start()
 
     def _prefetch_tick(self, worker, store):
         from spillway.memory.policy import upcoming_inputs

@@ -147,6 +147,7 @@ def register_plugins(client, options: Options) -> None:
     relay) on the scheduler of ``client``: on the workers up now, and on every worker that
     joins later (a cluster that scales registers them once, with no worker yet)."""
     from spillway.memory.capacity import CapacityPlugin
+    from spillway.memory.policy import NextUse
     from spillway.launch.plugins import WorkerSetup
 
     if options.data_plane:
@@ -157,6 +158,8 @@ def register_plugins(client, options: Options) -> None:
         # the other plugins register
         client.register_plugin(DataPlanePlugin())
     _hold_to_the_tiers(client, CapacityPlugin)
+    # what waits for each worker's keys beyond the tasks sent to it: its eviction order
+    client.register_plugin(NextUse())
     client.register_plugin(WorkerSetup(prefetch=options.prefetch, spill_on_demand=options.spill_on_demand,
                                        gc_freeze=options.gc_freeze))
     if options.gc_freeze:
