@@ -371,4 +371,9 @@ def _forced_line(measure) -> str:
         line += (f"\n    D->H {d2h['bytes'] / d2h['seconds'] / 1e9:.1f} GB/s over {d2h['seconds']:.2f} s, of which "
                  f"{spill.get('spill_alloc_s') or 0:.2f} s getting buffers (room {host.get('room_s', 0):.2f} s, "
                  f"new {host.get('new_s', 0):.2f} s); host buffers GB: {taken or 'none'}")
+    written = spill.get("written_below") or {}
+    if any(written.values()):
+        line += (f"\n    to disk GB: drain {written['drained'] / 1e9:.1f}, the machine's room "
+                 f"{written['room_written'] / 1e9:.1f}, the host limit {written['limit_written'] / 1e9:.1f}; "
+                 f"a task here still waited for {written['needed_written'] / 1e9:.1f}")
     return line

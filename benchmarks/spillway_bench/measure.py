@@ -82,6 +82,10 @@ class RunMeasure:
     forced: dict | None = None
 
 
+#: the store's counts of host bytes written below, by why (:class:`~spillway.memory.stats.TierStats`)
+WRITTEN = ("drained", "room_written", "limit_written", "needed_written")
+
+
 def spill_moves(before: dict, after: dict) -> dict:
     """Bytes and seconds of each move between tiers, summed over the workers, between two
     :func:`~spillway.launch.plugins.worker_snapshot` sets, and the time tasks waited on restores.
@@ -91,6 +95,9 @@ def spill_moves(before: dict, after: dict) -> dict:
     timed, wait, producer, alloc = False, 0.0, 0.0, 0.0
     # where the host buffers the moves took came from, and what getting them cost
     host = {"taken_from": {}, "room_s": 0.0, "new_s": 0.0}
+    # why host values went below: the drain, the machine's room, the host tier's limit;
+    # and how much of it a task still waited for
+    written = dict.fromkeys(WRITTEN, 0)
     for addr, snap in after.items():
         old = before.get(addr, {})
         if snap.get("store"):
@@ -103,6 +110,8 @@ def spill_moves(before: dict, after: dict) -> dict:
             wait += new_stats.get("wait_s", 0.0) - old_stats.get("wait_s", 0.0)
             producer += new_stats.get("producer_wait_s", 0.0) - old_stats.get("producer_wait_s", 0.0)
             alloc += new_stats.get("spill_alloc_s", 0.0) - old_stats.get("spill_alloc_s", 0.0)
+            for why in WRITTEN:
+                written[why] += new_stats.get(f"{why}_bytes", 0) - old_stats.get(f"{why}_bytes", 0)
             new_host, old_host = snap["store"].get("host") or {}, (old.get("store") or {}).get("host") or {}
             for source, n in (new_host.get("taken_from") or {}).items():
                 host["taken_from"][source] = (host["taken_from"].get(source, 0) + n
@@ -118,6 +127,7 @@ def spill_moves(before: dict, after: dict) -> dict:
     return {"moves": moves, "restore_wait_s": wait if timed else None,
             "spill_producer_wait_s": producer if timed else None,
             "spill_alloc_s": alloc if timed else None, "host_buffers": host if timed else None,
+            "written_below": written if timed else None,
             "workers": len(after)}
 
 
