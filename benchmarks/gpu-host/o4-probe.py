@@ -11,6 +11,7 @@ clean copies, the worker's RSS, the machine's available memory) into
 check and no other side: ``ooc-bench.sh o4`` is the whole row.
 
     python3 benchmarks/gpu-host/o4-probe.py [FOOTPRINT_OVER_GPU | nN]   (default 2.2; n77000: that side)
+    python3 benchmarks/gpu-host/o4-probe.py --plot SAMPLES.jsonl OUT.png   (the samples over time)
 """
 
 from __future__ import annotations
@@ -124,6 +125,33 @@ def main(factor: float, n_given: int | None = None) -> None:
             time.sleep(1)
 
 
-if __name__ == "__main__":
+def plot(samples: str, out: str) -> None:
+    """The worker's host side over each run's time: what the host tier holds beside the
+    arena's free slices, kept buffers and the rest of the worker, against the machine."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in map(json.loads, open(samples)) if r.get("t")]
+    runs = sorted({r["run"] for r in rows})
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4), squeeze=False, sharey=True)
+    for ax, run in zip(axes[0], runs):
+        these = [r for r in rows if r["run"] == run]
+        t = [r["t"] - these[0]["t"] for r in these]
+        for key, label in (("rss", "worker RSS"), ("host_tier", "host tier"), ("device", "device tier"),
+                           ("disk", "disk"), ("kept", "kept pageable"), ("avail", "machine available")):
+            ax.plot(t, [r[key] / GiB for r in these], label=label)
+        ax.set_title(f"O4 run {run}")
+        ax.set_xlabel("seconds")
+    axes[0][0].set_ylabel("GiB")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--plot"]:
+    plot(sys.argv[2], sys.argv[3])
+elif __name__ == "__main__":
     arg = sys.argv[1] if len(sys.argv) > 1 else "2.2"
     main(2.2, int(arg[1:])) if arg.startswith("n") else main(float(arg))

@@ -207,7 +207,10 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
     for i in range(0 if workload.warmup else 1, runs + 1):
         seed = SEED_BASE + i
         settings = SIDES[label].build_config(dask.config.config) if workload.user_code and label in SIDES else {}
-        with dask.config.set(settings):
+        # the side's own client is the default while its graph is built: a user's code
+        # persists its field there (:func:`.workloads.expressions.held`), not on another
+        # side's cluster
+        with dask.config.set(settings), client.as_current():
             built = workload.build(scale, target, seed, side=label)
         result.source = built.source
         if workload.user_code:

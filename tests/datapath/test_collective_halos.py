@@ -112,6 +112,12 @@ def test_a_persisted_field_counts_as_held_though_the_scheduler_holds_none_of_it_
     made = overlap_internal(lazy, {0: 1, 1: 1}, room=room, fallback=dask_overlap_internal)
     assert any(name.startswith("spillway-cut-") for name in made.dask.layers)
     assert np.array_equal(past.compute(), made.compute())
+    # a user's map_overlap with a boundary: the halos see the field padded (an array made
+    # from the persisted one), and weigh it as held all the same
+    padded = da.overlap.boundaries(field, {0: 1, 1: 1}, {0: 0, 1: 0})
+    assert padded.name != field.name and len(padded.dask.layers) > 1
+    grown = overlap_internal(padded, {0: 1, 1: 1}, room=room, fallback=dask_overlap_internal)
+    assert not any(name.startswith("spillway-cut-") for name in grown.dask.layers)
 
 
 @pytest.mark.parametrize("shape, chunks, axes", HALOS[:4])

@@ -89,7 +89,7 @@ def laplacian(block):
 
 
 def stencil(p, backend, seed):
-    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
+    x = held(random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend))
     return x.map_overlap(laplacian, depth=1, boundary=0, dtype=p["dtype"])
 
 
@@ -97,7 +97,7 @@ def stencil_user(p, backend, seed):
     """O5 as a user writes it: ``map_overlap`` of a 3-D filter (depth 1, zero boundary) on
     a persisted field; on a spillway cluster its halos take the collective's exchange
     where it fits, dask's own tasks elsewhere."""
-    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
+    x = held(random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend))
     return x.map_overlap(laplacian, depth=1, boundary=0, dtype=p["dtype"])
 
 
@@ -122,7 +122,7 @@ def rechunk_sum_user(p, backend, seed):
 def rechunk_user(p, backend, seed):
     """O3 as a user writes it: no method, so dask's settings pick it (on a spillway
     cluster a P2P rechunk is routed to the collective)."""
-    x = random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend)
+    x = held(random.uniform(p["shape"], p["chunks"], seed=seed, dtype=p["dtype"], backend=backend))
     return x.rechunk(p["to_chunks"])
 
 
@@ -130,8 +130,23 @@ def fft_user(p, backend, seed):
     """O4 as a user writes it: the transformed axis gathered by a rechunk with no method."""
     import dask.array as da
 
-    x = complex_uniform(p["shape"], p["chunks"], seed=seed, backend=backend)
+    x = held(complex_uniform(p["shape"], p["chunks"], seed=seed, backend=backend))
     return da.fft.fft(x.rechunk({0: -1, 1: p["panel"]}), axis=0)
+
+
+def held(x):
+    """``x`` persisted on the default client's cluster where there is one, as a user's
+    field is before their code runs: the code's graph is built over it (a rechunk's or
+    halos' way is weighed with the field held), not over the field's generation, which
+    the bench would persist only after the graph was built (:func:`~spillway_bench.measure.split_inputs`
+    waits for it before the clock starts)."""
+    try:
+        from distributed import default_client
+
+        client = default_client()
+    except (ImportError, ValueError):
+        return x
+    return client.persist(x)
 
 
 #: the first layer-name prefix found names the rechunk method a graph was built with

@@ -62,27 +62,32 @@ def _fits(x, plan: Plan, room: dict | None) -> bool:
     exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
                     for i in p.inputs) * x.dtype.itemsize
     room = room if room is not None else cluster_room()
-    if room and persisted(x):
-        # a persisted ``x`` is held beside the pieces cut from it, whether or not the
-        # scheduler holds it yet: a user's map_overlap built right after ``persist`` (its
-        # chunks still being made) saw nothing held and took the exchange past the
-        # device, at twice dask's own time. An ``x`` made in the graph goes as it is cut
+    if room and made_from_held(x):
+        # an ``x`` made from a persisted array is held beside the pieces cut from it,
+        # whether or not the scheduler holds it yet: a user's map_overlap built right after
+        # ``persist`` (its chunks still being made; its boundary's pads make the ``x`` the
+        # halos see) saw nothing held and took the exchange past the device, at twice dask's
+        # own time. An ``x`` made in the graph goes as it is cut
         room = {**room, "held": max(room.get("held", 0), x.nbytes)}
     return way(exchanged, room) != TASKS
 
 
-def persisted(x) -> bool:
-    """Whether ``x`` is a client's persisted array: its graph's own layer its futures
-    (read off that layer alone: a lazy graph is never materialized for this)."""
-    layer = x.dask.layers.get(x.name) if hasattr(x.dask, "layers") else None
-    if layer is None or not layer.is_materialized():
+def made_from_held(x) -> bool:
+    """Whether ``x`` is, or is made from, a client's persisted array: a layer of its graph
+    is futures (read off the layers' kinds: a lazy graph is never materialized for this)."""
+    layers = getattr(x.dask, "layers", None)
+    if not layers:
         return False
     try:
         from distributed import Future
     except ImportError:
         return False
-    first = next(iter(layer.values()), None)
-    return isinstance(first, Future)
+    for layer in layers.values():
+        if layer.is_materialized():
+            first = next(iter(layer.values()), None)
+            if isinstance(first, Future):
+                return True
+    return False
 
 
 def exchangeable(x) -> bool:
