@@ -55,8 +55,9 @@ def limit_options(func):
               help="Where jobs' Zarr outputs are written, one store per job [default: STATE_DIR/results]; "
                    "a directory the owner's analysis machines also see, for results read in place.")
 @click.option("--data-dir", "data_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
-              help="A directory tenants may name Zarr inputs in (repeatable); without one, jobs use "
-                   "generated inputs only.")
+              help="A directory tenants without data directories of their own (`spillway tenant add NAME "
+                   "--data DIR`) may name Zarr inputs in (repeatable); without one, their jobs use generated "
+                   "inputs only.")
 @click.option("--https-cert", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Serve HTTPS with this certificate (PEM); needs --https-key.")
 @click.option("--https-key", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -97,6 +98,7 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
         state = private_directory(state_dir)
     except OSError as e:
         raise OptionsError(f"state-dir: cannot write in {str(state_dir)!r} ([Errno {e.errno}] {e.strerror})") from None
+    _private_temporary(state)
     options = _private_cluster(_with_security(resolve(options_flags)), state)
     limits = ServiceLimits(**limit_flags)
     fd_soft, _ = raise_fd_limit(limits.max_connections)
@@ -116,7 +118,8 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
         tempfile.TemporaryFile(dir=results).close()
     except OSError as e:
         raise OptionsError(f"results-dir: cannot write in {str(results)!r} ([Errno {e.errno}] {e.strerror})") from None
-    _check_apart(results, data_dirs)
+    tenants_dirs = {t["name"]: t["data_dirs"] for t in jobdb.tenants() if t.get("data_dirs") and not t["revoked"]}
+    _check_apart(results, data_dirs, tenants_dirs)
     # the API's port is taken before the cluster: a port in use is a one-line error before
     # any worker starts, and none of the cluster's own listeners can take it meanwhile
     listener = _listen(http_host, port)
@@ -135,6 +138,11 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
         try:
             connections = ConnectionStats()
             app = create_app(jobdb, queue, limits=limits, connections=connections)
+            app.state.known_tokens.refresh()
+            click.echo("tenants without data directories of their own read inputs under "
+                       + (", ".join(queue.input_roots) + " (--data-dir)" if queue.input_roots
+                          else "none: generated inputs only (no --data-dir)")
+                       + f"; {len(tenants_dirs)} tenant(s) have their own", err=True)
             click.echo(f"serving {scheme}://{http_host}:{port}  ({session.n_workers} {session.kind} workers, "
                        f"scheduler {session.scheduler_address}; {state_text(state_dir, db)}; at most "
                        f"{limits.max_connections} connections, "
@@ -243,20 +251,62 @@ def _private_cluster(options, state: Path):
                    f"{options.sources['dashboard_address']}) and the workers' HTTP ports answer every local user "
                    "with every tenant's task keys and worker logs; leave it off on a shared machine", err=True)
     if options.sources.get("local_directory", "default") == "default":
-        changes["local_directory"] = str(private_directory(state / "scratch"))
+        changes["local_directory"] = str(owned_directory(state / "scratch"))
     return options.replace(**changes) if changes else options
 
 
-def _check_apart(results: Path, data_dirs) -> None:
+def _private_temporary(state: Path) -> None:
+    """Every temporary file of the service and of the cluster it starts under the state
+    directory, never the shared temporary directory: there another local user can make
+    ``dask-scratch-space`` first and put links in it, and distributed opens its
+    ``global.lock`` and ``purge.lock`` there with ``open(path, "wb")``, following them (a
+    link to the job database truncated it). The scheduler runs in this process and takes
+    its workspace from dask's ``temporary-directory``; the nannies and workers inherit the
+    config and the environment. STATE_DIR/tmp (Python's and child programs' TMPDIR) and
+    STATE_DIR/scratch (dask's workspace), each 0700; whatever the owner's dask config
+    named, since a shared directory there is the same trap."""
+    import dask.config
+
+    from spillway.options.errors import OptionsError
+
+    tmp, scratch = state / "tmp", state / "scratch"
+    for directory in (tmp, scratch):
+        try:
+            owned_directory(directory)
+        except OSError as e:
+            raise OptionsError(f"state-dir: cannot use {str(directory)!r} ([Errno {e.errno}] {e.strerror})") from None
+    os.environ["TMPDIR"] = str(tmp)
+    os.environ["DASK_TEMPORARY_DIRECTORY"] = str(scratch)
+    tempfile.tempdir = str(tmp)
+    dask.config.set({"temporary-directory": str(scratch)})
+
+
+def owned_directory(path: Path) -> Path:
+    """``path`` a directory of this user's alone (0700), made where missing. One that is a
+    link, or another user's, is refused (PermissionError): what the service writes in it
+    would land where someone else chose."""
+    import stat
+
+    private_directory(path)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise PermissionError(1, "not a directory of the service's user (a link, or another user's)")
+    os.chmod(path, 0o700)  # inside the 0700 state directory: nobody swaps it after the lstat
+    return path
+
+
+def _check_apart(results: Path, data_dirs, tenants_dirs: dict | None = None) -> None:
     """Tenants name inputs in the data directories: results inside one would let a tenant's
     job read another tenant's outputs."""
     from spillway.options.errors import OptionsError
 
     mine = os.path.realpath(results)
-    for d in data_dirs:
+    named = [("data-dir", d) for d in data_dirs]
+    named += [(f"tenant {name}'s --data", d) for name, dirs in (tenants_dirs or {}).items() for d in dirs]
+    for what, d in named:
         theirs = os.path.realpath(os.path.expanduser(d))
         if mine == theirs or mine.startswith(theirs + os.sep) or theirs.startswith(mine + os.sep):
-            raise OptionsError(f"data-dir: {d!r} and the results directory {str(results)!r} overlap: a tenant's job "
+            raise OptionsError(f"{what}: {d!r} and the results directory {str(results)!r} overlap: a tenant's job "
                                "could read another tenant's results; keep them apart")
 
 
@@ -284,6 +334,7 @@ def tenant():
     Examples:
       spillway tenant add alice --create        # the first: makes the state directory
       spillway tenant add bob --max-running 4 --max-queued 500 --max-job-bytes 200GB
+      spillway tenant add carol --data /data/carol  # reads inputs there only
       spillway tenant set alice --max-job-bytes 100GB   # (or tenant update)
       spillway tenant add ops --admin --expires-in 90d
       spillway tenant list
@@ -339,7 +390,16 @@ def job_limit_json(limit: int | None) -> int | str:
 def _settings(info: dict) -> str:
     return (f"admin={str(info['admin']).lower()}, priority={info['priority']}, "
             f"max-running={info['max_running']}, max-queued={info['max_queued']}, "
-            f"max-job-bytes={job_limit_text(info['max_job_bytes'])}")
+            f"max-job-bytes={job_limit_text(info['max_job_bytes'])}"
+            + (f", data={_data_text(info['data_dirs'])}" if info.get("data_dirs") is not None else ""))
+
+
+def _data_text(dirs) -> str:
+    return "the service's --data-dir" if dirs is None else (",".join(dirs) or "none")
+
+
+DATA_HELP = ("A directory this tenant's jobs may read Zarr inputs in (repeatable); its only ones: a tenant given "
+             "none reads under the service's --data-dir.")
 
 
 MAX_JOB_BYTES_HELP = ("Largest projected footprint of one job: a size such as 200GB, 'memory' for the serving "
@@ -378,14 +438,15 @@ def _until(expires) -> str:
               help=MAX_QUEUED_HELP + f"  [default: {DEFAULT_MAX_QUEUED}]")
 @click.option("--max-job-bytes", default=None, metavar="SIZE|memory|cluster",
               help=MAX_JOB_BYTES_HELP + "  [default: memory]")
+@click.option("--data", "data_dirs", multiple=True, type=click.Path(exists=True, file_okay=False), help=DATA_HELP)
 @expiry_options
 @click.option("--create", is_flag=True,
               help="Make the state directory and its database where there are none yet (the first tenant at "
                    "the default place; a --state-dir or SPILLWAY_STATE_DIR given is made without it).")
 @with_state
 @fail_cleanly
-def tenant_add(name, admin, priority, max_running, max_queued, max_job_bytes, expires_in, expires_at, create,
-               state_dir, db):
+def tenant_add(name, admin, priority, max_running, max_queued, max_job_bytes, data_dirs, expires_in, expires_at,
+               create, state_dir, db):
     """Add tenant NAME; prints its token alone on the last line (shown only this once)."""
     from .state import state_source
 
@@ -395,7 +456,8 @@ def tenant_add(name, admin, priority, max_running, max_queued, max_job_bytes, ex
     jobdb = open_tenants(state_dir, db, create=create or state_source() != "the default")
     try:
         info, token = jobdb.add_tenant(name, admin=admin, priority=priority, max_running=max_running,
-                                       max_queued=max_queued, max_job_bytes=limit, expires=expires)
+                                       max_queued=max_queued, max_job_bytes=limit, expires=expires,
+                                       data_dirs=list(data_dirs) if data_dirs else None)
     finally:
         jobdb.close()
     say_state(state_dir, db)
@@ -411,9 +473,12 @@ def tenant_add(name, admin, priority, max_running, max_queued, max_job_bytes, ex
 @click.option("--max-running", default=None, type=click.IntRange(1, 10_000), help=MAX_RUNNING_HELP)
 @click.option("--max-queued", default=None, type=click.IntRange(1, 1_000_000), help=MAX_QUEUED_HELP)
 @click.option("--max-job-bytes", default=None, metavar="SIZE|memory|cluster", help=MAX_JOB_BYTES_HELP)
+@click.option("--data", "data_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help=DATA_HELP + " Replaces the tenant's directories.")
+@click.option("--default-data", is_flag=True, help="The tenant reads under the service's --data-dir again.")
 @with_state
 @fail_cleanly
-def tenant_set(name, priority, max_running, max_queued, max_job_bytes, state_dir, db):
+def tenant_set(name, priority, max_running, max_queued, max_job_bytes, data_dirs, default_data, state_dir, db):
     """Change tenant NAME's priority or quotas (also `tenant update`); its token and jobs
     stay. New quotas apply to jobs submitted from now on.
 
@@ -422,8 +487,15 @@ def tenant_set(name, priority, max_running, max_queued, max_job_bytes, state_dir
       spillway tenant set alice --max-job-bytes 100GB     # lower than the cluster's memory
       spillway tenant set alice --max-job-bytes cluster   # up to the cluster with its spill disk
       spillway tenant update bob --max-queued 1000 --max-running 4
+      spillway tenant set alice --data /data/alice --data /data/shared
     """
     changes = {}
+    if data_dirs and default_data:
+        raise click.UsageError("--data and --default-data go apart: give one")
+    if data_dirs:
+        changes["data_dirs"] = list(data_dirs)
+    elif default_data:
+        changes["data_dirs"] = None
     if priority is not None:
         changes["priority"] = priority
     if max_running is not None:
@@ -433,14 +505,16 @@ def tenant_set(name, priority, max_running, max_queued, max_job_bytes, state_dir
     if max_job_bytes is not None:
         changes["max_job_bytes"] = _job_limit(max_job_bytes)
     if not changes:
-        raise click.UsageError("give --priority, --max-running, --max-queued or --max-job-bytes")
+        raise click.UsageError("give --priority, --max-running, --max-queued, --max-job-bytes, --data or "
+                               "--default-data")
     jobdb = open_tenants(state_dir, db)
     try:
         info = jobdb.set_tenant(name, **changes)
     finally:
         jobdb.close()
     say_state(state_dir, db)
-    click.echo(f"tenant {info['name']} set ({_settings(info)})")
+    click.echo(f"tenant {info['name']} set ({_settings(info)})"
+               + (", data=the service's --data-dir" if "data_dirs" in changes and info["data_dirs"] is None else ""))
 
 
 tenant.add_command(tenant_set, "update")

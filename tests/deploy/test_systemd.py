@@ -59,3 +59,20 @@ def test_bad_service_settings(kwargs, message):
     with pytest.raises(OptionsError) as e:
         ServiceSettings(**kwargs)
     assert str(e.value).startswith(message)
+
+
+def test_unit_keeps_the_service_to_its_own_files():
+    """issue 74: another local user planted links in the shared temporary directory."""
+    parser = configparser.ConfigParser(strict=True, interpolation=None)
+    parser.optionxform = str
+    parser.read_string(unit(ServiceSettings(state_dir="/var/lib/spillway", read_write_paths=("/srv/results",))))
+    service = parser["Service"]
+    for key, value in {"PrivateTmp": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
+                       "ProtectHome": "read-only", "UMask": "0077", "StateDirectoryMode": "0700",
+                       "RestrictSUIDSGID": "yes", "ProtectKernelTunables": "yes"}.items():
+        assert service[key] == value, key
+    assert service["ReadWritePaths"].split() == ["/var/lib/spillway", "/srv/results"]
+    # the GPUs stay reachable: no PrivateDevices
+    assert "PrivateDevices" not in service
+    with pytest.raises(OptionsError, match="read-write-paths: 'results' must be an absolute path"):
+        ServiceSettings(read_write_paths=("results",))

@@ -227,7 +227,7 @@ def test_a_job_that_fails_raises_its_error(served, alice, tmp_path):
     import zarr
 
     _, _, state = served
-    with pytest.raises(ServiceError, match="outside the service's data directories"):
+    with pytest.raises(ServiceError, match="outside this tenant's data directories"):
         alice.submit("transpose-sum", {"input": str(tmp_path / "x.zarr")})
     path = Path(state["data_dir"]) / "corrupt.zarr"
     z = zarr.create_array(str(path), shape=(200, 200), chunks=(100, 100), dtype="float64", zarr_format=3)

@@ -21,12 +21,18 @@ class ServiceSettings:
     state_dir: str = "/var/lib/spillway"
     http_host: str = "127.0.0.1"
     http_port: int = 8000
+    #: directories besides the state directory the service writes (a --results-dir
+    #: elsewhere): the only others writable under ProtectSystem=strict
+    read_write_paths: tuple[str, ...] = ()
 
     def __post_init__(self):
         for key in ("executable", "user", "env_file", "state_dir", "http_host"):
             value = getattr(self, key)
             if not value or any(c.isspace() for c in value):
                 raise OptionsError(f"{key.replace('_', '-')}: {value!r} must be one word without spaces")
+        for path in self.read_write_paths:
+            if not path.startswith("/") or any(c.isspace() for c in path):
+                raise OptionsError(f"read-write-paths: {path!r} must be an absolute path without spaces")
         if not 1 <= int(self.http_port) <= 65535:
             raise OptionsError(f"http-port: {self.http_port} must be in [1, 65535]")
 
@@ -52,6 +58,29 @@ TimeoutStopSec=120
 Restart=on-failure
 RestartSec=10
 StateDirectory={Path(settings.state_dir).name}
+StateDirectoryMode=0700
+UMask=0077
+# the service's temporary files, and its cluster's, are its own (serve also keeps them in
+# the state directory): no other local user can plant links where it writes
+PrivateTmp=yes
+NoNewPrivileges=yes
+# the file system read-only but for the state directory (and ReadWritePaths); the data
+# directories stay readable, home directories included, so tenants' stores can live there
+ProtectSystem=strict
+ProtectHome=read-only
+ReadWritePaths={" ".join((settings.state_dir, *settings.read_write_paths))}
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictSUIDSGID=yes
+RestrictRealtime=yes
+LockPersonality=yes
+# not set, for what the cluster needs: PrivateDevices (the GPUs' /dev/nvidia*),
+# MemoryDenyWriteExecute (Numba's and CuPy's compiled kernels), RestrictAddressFamilies
+# and SystemCallFilter (UCX over InfiniBand and CUDA IPC)
 # UCX registers (pins) host memory for transfers between GPUs and nodes
 LimitMEMLOCK=infinity
 LimitNOFILE=65536

@@ -8,18 +8,20 @@ tenant's job is a 404, not a 403, so ids do not leak); an admin token sees all.
 While the job database is unreachable every route that needs it answers 503 with
 ``Retry-After`` and a JSON ``detail`` (the connection stays open), and ``/healthz`` says
 what is down; no token is taken on trust meanwhile, so a revoked one acts on nothing.
-Request bodies are limited in size and time before anything else runs (:mod:`.limits`),
-and a client's connections in number and in the time to send headers before that
-(:mod:`.connections`).
+A request to any route that needs a token is authenticated from its headers before its
+body is read (:mod:`.gate`); request bodies are then limited in size and time before
+anything else runs (:mod:`.limits`), and a client's connections in number and in the time
+to send headers before that (:mod:`.connections`).
 """
 
 
 from fastapi import FastAPI
 
 from . import catalogue, errors, health, jobs, log_text, metrics
-from .auth import AuthFailures
+from .auth import AuthFailures, KnownTokens
 from .connections import ConnectionStats
-from .limits import RequestLimits
+from .gate import Authenticate
+from .limits import BodyStats, RequestLimits
 from .settings import ServiceLimits
 from .web import router as web_router
 
@@ -38,9 +40,13 @@ def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits |
     app.state.jobdb = jobdb
     app.state.queue = queue
     app.state.limits = limits = limits or ServiceLimits()
-    app.state.metrics_registry = metrics.metrics_registry(jobdb, queue, connections)
+    app.state.body_stats = body_stats = BodyStats()
+    app.state.metrics_registry = metrics.metrics_registry(jobdb, queue, connections, body_stats)
     app.state.auth_failures = AuthFailures(limits.max_auth_failures)
-    app.add_middleware(RequestLimits, limits=limits)
+    app.state.known_tokens = KnownTokens(jobdb)
+    app.add_middleware(RequestLimits, limits=limits, stats=body_stats)
+    # added last, so outermost: a token is checked before the body limits read any body
+    app.add_middleware(Authenticate, app_routes=app, max_request_bytes=limits.max_request_bytes)
     errors.install(app)
     log_text.install()
     for module in (jobs, catalogue, health, metrics):

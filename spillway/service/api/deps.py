@@ -22,7 +22,10 @@ def queue(request: Request):
 
 
 def _tenant(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]):
-    return current_tenant(request, credentials)
+    # authenticated before the body was read (:mod:`.gate`); looked up here only in an app
+    # without that middleware
+    tenant = request.scope.get("spillway.tenant")
+    return tenant if tenant is not None else current_tenant(request, credentials)
 
 
 JobDB = Annotated[object, Depends(jobdb)]

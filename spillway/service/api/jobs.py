@@ -133,7 +133,7 @@ def submit(body: JobRequest, tenant: Tenant, response: Response, jobdb: JobDB, q
                              "retry_after_s": CLUSTER_RETRY_AFTER_S}, status_code=503,
                             headers={"Retry-After": str(CLUSTER_RETRY_AFTER_S)})
     try:
-        footprint = queue.footprint(body.workflow, body.params, output=body.output, tiers=tiers)
+        footprint = queue.footprint(body.workflow, body.params, output=body.output, tiers=tiers, tenant=tenant)
     except AdmissionError as e:
         raise param_error("params", str(e)) from None
     except ParamError as e:

@@ -28,12 +28,23 @@ from fastapi.routing import APIRoute
 from spillway.options.sizes import format_bytes
 from .settings import ServiceLimits
 
-class RequestLimits:
-    """Pure ASGI middleware enforcing :class:`ServiceLimits` before anything else runs."""
+class BodyStats:
+    """What the body limits refused, for ``/metrics``: bodies cut at their deadline (408)
+    and bodies past the size limit (413)."""
 
-    def __init__(self, app, limits: ServiceLimits):
+    def __init__(self):
+        self.timed_out = 0
+        self.too_large = 0
+
+
+class RequestLimits:
+    """Pure ASGI middleware enforcing :class:`ServiceLimits` before anything else runs
+    (authentication aside: :mod:`.gate` answers from the headers first)."""
+
+    def __init__(self, app, limits: ServiceLimits, stats: BodyStats | None = None):
         self.app = app
         self.limits = limits
+        self.stats = stats if stats is not None else BodyStats()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -49,6 +60,7 @@ class RequestLimits:
                 chunked = True
         limit = self.limits.max_request_bytes
         if length is not None and length > limit:
+            self.stats.too_large += 1
             return await _refuse(send, 413, f"request body: Content-Length {length} bytes exceeds the service's "
                                             f"limit of {format_bytes(limit)} ({limit} bytes)")
         if not chunked and not length:
@@ -63,11 +75,13 @@ class RequestLimits:
                     break
                 body += message.get("body", b"")
                 if len(body) > limit:
+                    self.stats.too_large += 1
                     return await _refuse(send, 413, f"request body: more than {format_bytes(limit)} "
                                                     f"({limit} bytes), the service's limit")
                 if not message.get("more_body", False):
                     break
         if deadline.cancelled_caught:
+            self.stats.timed_out += 1
             expected = f" of {length}" if length else ""
             return await _refuse(send, 408, f"request body: {len(body)}{expected} bytes received in "
                                             f"{self.limits.body_timeout_s:g} s, the service's limit; "
@@ -110,7 +124,7 @@ class OffLoopRequest(Request):
         return self._json
 
     def _parsed(self, body: bytes):
-        document = json.loads(body)
+        document = json.loads(body, object_pairs_hook=_once_each)
         for check in self.checks:
             check(document)
         return document
@@ -131,6 +145,24 @@ class OffLoopJSONRoute(APIRoute):
             return await handler(request_class(request.scope, request.receive))
 
         return off_loop
+
+
+def _once_each(pairs: list) -> dict:
+    """A JSON object whose keys are each given once: a repeated key is refused before the
+    object collapses it, so a body's size is counted as sent (60,000 copies of one key
+    passed every cap as one key)."""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set = set()
+        for key, _ in pairs:
+            if key in seen:
+                break
+            seen.add(key)
+        shown = repr(key) if len(key) <= 64 and key.isprintable() else f"of {len(key)} characters"
+        raise HTTPException(422, [{"loc": ["body"], "msg": f"body: key {shown} appears more than once "
+                                   f"in one object ({len(pairs)} keys, {len(document)} distinct); "
+                                   "give each key once", "type": "value_error"}])
+    return document
 
 
 def refusal(field: str, message: str) -> HTTPException:

@@ -163,11 +163,27 @@ class ConnectionCollector:
                                   value=s.write_timeouts)
 
 
-def metrics_registry(jobdb, queue, connections=None) -> CollectorRegistry:
+class BodyCollector:
+    """The body limits' counts (:class:`~.limits.BodyStats`), read from memory when scraped."""
+
+    def __init__(self, stats):
+        self.stats = stats
+
+    def collect(self):
+        yield CounterMetricFamily("spillway_http_body_timeouts",
+                                  "Requests answered 408 and closed for not sending their body within --body-timeout",
+                                  value=self.stats.timed_out)
+        yield CounterMetricFamily("spillway_http_bodies_too_large",
+                                  "Requests answered 413 for a body past --max-request-bytes", value=self.stats.too_large)
+
+
+def metrics_registry(jobdb, queue, connections=None, body_stats=None) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(Cached(ServiceCollector(jobdb, queue)))
     if connections is not None:
         registry.register(ConnectionCollector(connections))
+    if body_stats is not None:
+        registry.register(BodyCollector(body_stats))
     return registry
 
 

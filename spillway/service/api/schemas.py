@@ -153,6 +153,12 @@ class Health(BaseModel):
     cluster: ClusterHealth
 
 
+class PublicHealth(BaseModel):
+    """``/healthz`` to a caller without a valid token: whether the service is up, nothing more."""
+
+    status: Literal["ok", "degraded"]
+
+
 class Unavailable(BaseModel):
     detail: str
     retry_after_s: int

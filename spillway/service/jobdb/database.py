@@ -4,6 +4,8 @@ migrated on open."""
 
 from __future__ import annotations
 
+import os
+
 import contextlib
 import tempfile
 import threading
@@ -86,12 +88,13 @@ class JobDB(TokensMixin):
 
     def add_tenant(self, name: str, *, admin=False, priority=0, max_running=DEFAULT_MAX_RUNNING,
                    max_job_bytes: int | None = DEFAULT_MAX_JOB_BYTES, max_queued: int | None = None,
-                   expires: datetime | None = None) -> tuple[dict, str]:
+                   expires: datetime | None = None, data_dirs=None) -> tuple[dict, str]:
         """A new tenant and its bearer token (the only time the token exists in clear).
         ``max_job_bytes`` None: jobs up to the cluster's memory (device + host tier);
         :data:`~.models.CLUSTER_JOB_BYTES`: what the cluster's admission accepts, spill disk
         included. ``max_queued`` None: :data:`~.models.DEFAULT_MAX_QUEUED`. ``expires``:
-        when the token stops working (None: never)."""
+        when the token stops working (None: never). ``data_dirs``: the directories its jobs
+        may read inputs in (None: the service's ``--data-dir``)."""
         name = name.strip()
         if not name or len(name) > 64:
             raise JobDBError(f"name: {name!r} must be 1 to 64 characters")
@@ -99,13 +102,14 @@ class JobDB(TokensMixin):
             # an escape sequence in a name would reach the owner's terminal with `tenant list`
             raise JobDBError(f"name: {name!r} holds control characters; use printable text")
         _check_limits(max_running, max_job_bytes, max_queued)
+        data_dirs = checked_data_dirs(data_dirs)
         token = new_token()
         with self._session() as s:
             if s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
                 raise JobDBError(f"name: tenant {name!r} already exists")
             t = Tenant(name=name, token_hash=hash_token(token), admin=admin, priority=priority,
-                       max_running=max_running, max_job_bytes=max_job_bytes, max_queued=max_queued, revoked=False,
-                       created=now())
+                       max_running=max_running, max_job_bytes=max_job_bytes, max_queued=max_queued,
+                       data_dirs=data_dirs, revoked=False, created=now())
             s.add(t)
             s.flush()
             s.add(Token(tenant_id=t.id, token_hash=t.token_hash, created=t.created, expires=expires))
@@ -117,10 +121,12 @@ class JobDB(TokensMixin):
         ``max_job_bytes`` (as :meth:`add_tenant` takes them); its tokens and jobs stay.
         Queued jobs keep their place and are not checked again: the limits apply to
         submissions from now on."""
-        unknown = set(changes) - {"priority", "max_running", "max_job_bytes", "max_queued"}
+        unknown = set(changes) - {"priority", "max_running", "max_job_bytes", "max_queued", "data_dirs"}
         if unknown:
             raise JobDBError(f"{sorted(unknown)[0]}: not a tenant setting (priority, max_running, max_queued, "
-                             "max_job_bytes)")
+                             "max_job_bytes, data_dirs)")
+        if "data_dirs" in changes:
+            changes["data_dirs"] = checked_data_dirs(changes["data_dirs"])
         _check_limits(changes.get("max_running", 1), changes.get("max_job_bytes"), changes.get("max_queued"))
         with self._session() as s:
             t = s.scalar(select(Tenant).where(Tenant.name == name))
@@ -149,6 +155,13 @@ class JobDB(TokensMixin):
                 s.add(LogLine(job_id=j.id, time=now(), line="cancelled: tenant revoked"))
             s.commit()
             return tenant_dict(t)
+
+    def tenant(self, tenant_id: int) -> dict | None:
+        """Tenant ``tenant_id`` as it is now (a job's, when it starts: its data directories
+        then, not at submission)."""
+        with self._session() as s:
+            t = s.get(Tenant, tenant_id)
+            return None if t is None else tenant_dict(t)
 
     def tenant_for_token(self, token: str) -> dict | None:
         return self.authenticate(token)[0]
@@ -390,6 +403,29 @@ class JobDB(TokensMixin):
     def spilled_total(self) -> int:
         with self._session() as s:
             return int(s.scalar(select(func.coalesce(func.sum(Job.bytes_spilled), 0))) or 0)
+
+
+def checked_data_dirs(dirs) -> list[str] | None:
+    """A tenant's data directories as stored: each an existing directory, resolved (links
+    followed now, once: what the owner named is what the tenant reads); None stays None
+    (the service's ``--data-dir``). JobDBError naming the first that is not a directory."""
+    if dirs is None:
+        return None
+    out: list[str] = []
+    for d in dirs:
+        path = os.path.realpath(os.path.expanduser(str(d)))
+        if not os.path.isdir(path):
+            raise JobDBError(f"data: {str(d)!r} is not a directory")
+        if path not in out:
+            out.append(path)
+    return out
+
+
+def tenant_data_dirs(tenant: dict, default) -> tuple[str, ...]:
+    """The directories ``tenant`` (a tenant dict) reads inputs in: its own, else ``default``
+    (the service's ``--data-dir``)."""
+    own = tenant.get("data_dirs")
+    return tuple(own) if own is not None else tuple(default)
 
 
 def _check_limits(max_running: int, max_job_bytes: int | None, max_queued: int | None = None) -> None:

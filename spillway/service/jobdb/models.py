@@ -56,6 +56,9 @@ class Tenant(Base):
                                                           default=DEFAULT_MAX_JOB_BYTES)
     #: jobs this tenant may have queued at once; NULL: :data:`DEFAULT_MAX_QUEUED` (schema 4)
     max_queued: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: the directories this tenant's jobs may read Zarr inputs in (resolved paths); NULL:
+    #: the service's ``--data-dir`` (schema 5)
+    data_dirs: Mapped[list | None] = mapped_column(JSON, nullable=True)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     created: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 

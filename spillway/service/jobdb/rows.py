@@ -31,6 +31,7 @@ def tenant_dict(t: Tenant) -> dict:
         "id": t.id, "name": t.name, "admin": t.admin, "priority": t.priority,
         "max_running": t.max_running, "max_job_bytes": t.max_job_bytes,
         "max_queued": t.max_queued if t.max_queued is not None else DEFAULT_MAX_QUEUED,
+        "data_dirs": list(t.data_dirs) if t.data_dirs is not None else None,
         "revoked": t.revoked, "created": _iso(t.created),
     }
 

@@ -21,6 +21,8 @@ constraints).
   spill disk too (issue 45): ``cluster`` is stored as -1. The tenants whose NULL changed
   meaning are logged when the step runs; ``spillway tenant set NAME --max-job-bytes
   cluster`` gives one back the disk.
+- 5: per-tenant data directories ``tenants.data_dirs`` (NULL: the service's ``--data-dir``,
+  what every tenant read before).
 
 Each step checks the database before it changes it, so a database that already has what a
 step brings passes through it unchanged: one made by a spillway that lifted the NOT NULL
@@ -38,7 +40,7 @@ from .models import Base, Job, SchemaVersion, Tenant, Token
 
 logger = logging.getLogger("spillway.jobdb")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: any constant: serialises migrations of one PostgreSQL database
 _PG_LOCK = 0x5B111A7
 
@@ -93,7 +95,12 @@ def _v4_quotas(conn: Connection):
                        ", ".join(names))
 
 
-STEPS = {2: _v2_tokens, 3: _v3_nullable_max_job_bytes, 4: _v4_quotas}
+def _v5_data_dirs(conn: Connection):
+    """Each tenant's own data directories; none yet, so every tenant keeps the service's."""
+    add_column(conn, Tenant, "data_dirs")
+
+
+STEPS = {2: _v2_tokens, 3: _v3_nullable_max_job_bytes, 4: _v4_quotas, 5: _v5_data_dirs}
 
 #: the per-job limit a tenant got when none was given, before the cluster's admission was
 #: the default (schema version 3)

@@ -100,6 +100,17 @@ class TokensMixin:
                               f"ask the service's owner for a new one (spillway tenant token {tenant.name})")
             return tenant_dict(tenant) | {"token_id": tok.id, "token_expires": expires}, None
 
+    def live_token_digests(self) -> list[str]:
+        """The digests of every token that authenticates now (its tenant's and its own
+        revocation, and its expiry, as :meth:`authenticate` checks them): what the API
+        knows without a lookup per request."""
+
+        with self._session() as s:
+            t_now = now()
+            rows = s.execute(select(Token.token_hash, Token.expires).join(Tenant, Token.tenant_id == Tenant.id)
+                             .where(Token.revoked.is_(None), Tenant.revoked.is_(False)))
+            return [digest for digest, expires in rows if expires is None or utc(expires) > t_now]
+
     def touch_token(self, token_id: int):
         """Record a use of the token, at most once per :data:`TOUCH_INTERVAL_S`."""
 

@@ -97,7 +97,8 @@ class JobQueue:
         self.client_factory = client_factory or self._new_client
         #: where jobs that ask for an output get their Zarr store (``<job id>.zarr``)
         self.results_dir = results_dir
-        #: directories tenants may name Zarr inputs in; none means generated inputs only
+        #: directories a tenant without data directories of its own may name Zarr inputs in
+        #: (``--data-dir``); none means generated inputs only
         self.input_roots = tuple(os.path.realpath(os.path.expanduser(r)) for r in input_roots)
         # the cluster's workers, their memory and their tiers are asked when needed, never
         # kept from the start: workers join and leave (an adaptive or Slurm cluster)
@@ -150,7 +151,7 @@ class JobQueue:
     # --- submission helpers
 
     def footprint(self, workflow: str, params: dict, *, output: bool = False,
-                  tiers: Capacity | None = None) -> int:
+                  tiers: Capacity | None = None, tenant: dict | None = None) -> int:
         """Validate a submission against the workflow on this cluster; the projected
         bytes. Raises :class:`~spillway.options.errors.ParamError` (or AdmissionError) with the bad
         value and the limit, before anything is queued. ``tiers``: the cluster's, where
@@ -158,17 +159,19 @@ class JobQueue:
 
         No graph is built here: the footprint comes from the parameters (the workflow's
         ``project``), and the job's graph is built once, when it runs, on the workers'
-        own chunk backend."""
+        own chunk backend. ``tenant``: whose data directories the inputs must be in (the
+        service's ``--data-dir`` where it has none, or where no tenant is given)."""
         from spillway import workflows
         from spillway.workflows.inputs import RANDOM
 
         spec = workflows.get(workflow)
         params = dict(params)
+        roots = self.roots_of(tenant)
         # before planning, which opens the inputs it names (the pinned ones, no other)
         for p in spec.params:
             value = params.get(p.name)
             if p.default == RANDOM and value not in (None, RANDOM):
-                params[p.name] = self._check_input(p.name, value) or value
+                params[p.name] = self._check_input(p.name, value, roots) or value
         tiers = tiers if tiers is not None else self.tiers()
         # NumPy metas: a workflow without ``project`` is built here to be sized, and the
         # service process touches no GPU for it
@@ -181,59 +184,85 @@ class JobQueue:
         admit(workflow, projected, tiers)
         return int(projected.total_bytes)
 
-    def _check_input(self, name: str, value) -> str | None:
-        """Tenants read Zarr inputs only inside the service's data directories, so a job
-        cannot read another tenant's results or any other file the service can. The path
-        resolved (links followed) and pinned (:mod:`spillway.workflows.zarr.pinned`): what
-        the job reads is the directory that was inside when checked, whatever is put at its
-        name later. None for a value that is not a path."""
+    def roots_of(self, tenant: dict | None) -> tuple[str, ...]:
+        """The directories ``tenant`` reads inputs in: its own (``spillway tenant add NAME
+        --data DIR``), else the service's ``--data-dir``."""
+        from ..jobdb.database import tenant_data_dirs
+
+        return tenant_data_dirs(tenant or {}, self.input_roots)
+
+    def _check_input(self, name: str, value, roots: tuple[str, ...]) -> str | None:
+        """A tenant reads Zarr inputs only inside its own data directories (``roots``), so
+        a job cannot read another tenant's data or results, or any other file the service
+        can. The path resolved (links followed) and pinned
+        (:mod:`spillway.workflows.zarr.pinned`): what the job reads is the directory that
+        was inside when checked, whatever is put at its name later. None for a value that
+        is not a path."""
         from spillway.workflows.zarr.pinned import pin_store
 
         if not isinstance(value, str) or "\x00" in value:
             return None  # not a path at all: the parameter's own check refuses it with its reason
         path = os.path.realpath(os.path.expanduser(value))
         # checked before anything is opened: a path outside says so, whether or not it exists
-        self._refuse_outside(name, value, path)
+        self._refuse_outside(name, value, path, roots)
         pinned = pin_store(path, name)
         # the pin walked its own resolution without following links: inside as it is named
-        self._refuse_outside(name, value, pinned)
+        self._refuse_outside(name, value, pinned, roots)
         return pinned
 
-    def _refuse_outside(self, name: str, value: str, path: str) -> None:
-        if not self._inside(path):
-            where = ", ".join(self.input_roots) if self.input_roots else "none are configured (--data-dir)"
-            raise ParamError(f"{name}: {value!r} is outside the service's data directories ({where})")
+    def _refuse_outside(self, name: str, value: str, path: str, roots: tuple[str, ...]) -> None:
+        # the refusal names this tenant's own directories, never another's or the results'
+        if not _inside(path, roots) or self._in_results(path):
+            where = ", ".join(roots) if roots else "none: generated inputs only"
+            raise ParamError(f"{name}: {value!r} is outside this tenant's data directories ({where})")
 
-    def _inside(self, path: str) -> bool:
-        return any(path == root or path.startswith(root + os.sep) for root in self.input_roots)
+    def _in_results(self, path: str) -> bool:
+        """Whether ``path`` is in the results directory: tenants' outputs are read through
+        their jobs' results, never as another job's input, whatever directory a tenant was
+        given."""
+        if not self.results_dir:
+            return False
+        results = os.path.realpath(self.results_dir)
+        return path == results or path.startswith(results + os.sep)
 
-    def resolved_inputs(self, workflow: str, params: dict) -> dict:
+    def resolved_inputs(self, workflow: str, params: dict, tenant: dict | None = None) -> dict:
         """``params`` with each Zarr input resolved and checked again, when the job starts
         (it was checked at submission, but a link in a data directory may have been swapped
-        since): the path the job reads is the resolved one, inside a data directory, and
-        nothing in the store may be a link out of them. ParamError otherwise."""
+        since, and the tenant's directories may have changed): the path the job reads is
+        the resolved one, inside one of ``tenant``'s data directories, and nothing in the
+        store may be a link out of them or a file with another link. ParamError otherwise."""
         from spillway import workflows
         from spillway.workflows.inputs import RANDOM
 
         spec = workflows.get(workflow)
+        roots = self.roots_of(tenant)
         out = dict(params)
         for p in spec.params:
             value = params.get(p.name)
             if p.default == RANDOM and value not in (None, RANDOM):
-                path = self._check_input(p.name, value)
+                path = self._check_input(p.name, value, roots)
                 if path is not None:
-                    self._check_links(p.name, value, path)
+                    self._check_links(p.name, value, path, roots)
                     out[p.name] = path
         return out
 
-    def _check_links(self, name: str, value: str, store: str) -> None:
-        """No entry of the store at ``store`` is a link that leads out of the data directories."""
+    def _check_links(self, name: str, value: str, store: str, roots: tuple[str, ...]) -> None:
+        """No entry of the store at ``store`` is a link that leads out of ``roots``, and no
+        file in it has a second name (a hard link: the same file may be another tenant's,
+        and nothing in the store tells which name is the original)."""
+        import stat
+
         for directory, dirs, files in os.walk(store):
             for entry in dirs + files:
                 full = os.path.join(directory, entry)
-                if os.path.islink(full) and not self._inside(os.path.realpath(full)):
-                    raise ParamError(f"{name}: {value!r} holds a link out of the service's data directories "
-                                     f"({os.path.relpath(full, store)})")
+                st = os.lstat(full)
+                if stat.S_ISLNK(st.st_mode):
+                    if not _inside(os.path.realpath(full), roots):
+                        raise ParamError(f"{name}: {value!r} holds a link out of this tenant's data directories "
+                                         f"({os.path.relpath(full, store)})")
+                elif stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    raise ParamError(f"{name}: {value!r} holds a file with {st.st_nlink} hard links "
+                                     f"({os.path.relpath(full, store)}); a store's files must have one link each")
 
     def output_path(self, job_id: str, tenant: str | None = None) -> str:
         """Where job ``job_id`` of ``tenant`` (looked up where not given) writes its store:
@@ -447,7 +476,9 @@ class JobQueue:
             output = self.output_path(job_id, job.get("tenant")) if job["output"] else None
             # inputs are checked again as the job opens them: a path (or a link on it) changed
             # since the submission is resolved now, and the job reads what was checked
-            params = self.resolved_inputs(job["workflow"], job["params"])
+            # the tenant's data directories as they are now (the owner may have changed them)
+            tenant = self.jobdb.tenant(job["tenant_id"]) if job.get("tenant_id") is not None else None
+            params = self.resolved_inputs(job["workflow"], job["params"], tenant)
             report = run_workflow(session, job["workflow"], params, verify=job["verify"], output=output,
                                   verify_with=self.reference)
         except BaseException as e:  # noqa: BLE001 (every outcome is recorded)
@@ -566,6 +597,10 @@ class JobQueue:
             # not force: identical jobs share task keys, and another tenant's job that
             # wants the same results must keep them
             client.cancel(futures)
+
+
+def _inside(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root + os.sep) for root in roots)
 
 
 def lost_line(worker) -> str:

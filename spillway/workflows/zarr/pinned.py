@@ -9,9 +9,11 @@ opened component by component with ``O_NOFOLLOW``, its device and inode kept
 (:class:`Pin`). Every later read, on the client or a worker, opens the root again the
 same way and refuses a directory that is not the pinned one (:func:`open_root`), then
 opens each key below it relative to that directory, never following a link
-(:func:`open_key`). A link met anywhere, a replaced root or a file that is not a regular
-file fails the read in one line naming the store; nothing of what the link points to is
-opened.
+(:func:`open_key`). A link met anywhere, a replaced root, a file that is not a regular
+file, a chunk file with more than one hard link (``st_nlink`` > 1: its other name may be
+in another tenant's store) or a file that is not the one looked at just before the open
+(device and inode compared) fails the read in one line naming the store; nothing of what
+the link points to is opened.
 
 :class:`PinnedStore` is zarr's :class:`~zarr.storage.LocalStore` reading this way (the
 CPU path and every read through zarr); the GPU path opens chunk files with
@@ -115,6 +117,12 @@ def open_key(pin: Pin, key: str, root_fd: int | None = None) -> int | None:
                 os.close(here)
             here = below
         try:
+            checked = os.stat(parts[-1], dir_fd=here, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if stat.S_ISLNK(checked.st_mode):
+            raise _link(pin, key)
+        try:
             fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=here)
         except (FileNotFoundError, IsADirectoryError):
             return None
@@ -128,6 +136,16 @@ def open_key(pin: Pin, key: str, root_fd: int | None = None) -> int | None:
             if stat.S_ISDIR(st.st_mode):
                 return None
             raise ParamError(f"{pin.name}: {key!r} in {pin.root!r} is not a regular file; not read")
+        if (st.st_dev, st.st_ino) != (checked.st_dev, checked.st_ino):
+            os.close(fd)
+            raise ParamError(f"{pin.name}: {key!r} in {pin.root!r} is not the file that was checked (replaced "
+                             "while it was opened); nothing of it was read")
+        if st.st_nlink > 1:
+            # a second name of the file may be anywhere on its file system, another tenant's
+            # store among them: which name is the original is not known
+            os.close(fd)
+            raise ParamError(f"{pin.name}: {key!r} in {pin.root!r} has {st.st_nlink} hard links (at most 1); "
+                             "nothing of it was read")
         return fd
     finally:
         if here != top:

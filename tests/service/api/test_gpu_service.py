@@ -20,8 +20,8 @@ def test_two_tenants_share_two_gpus(tmp_path, gpu_count):
     server = Server(state, "--devices", "0,1").start()
     try:
         clients = {name: server.client(token) for name, token in tokens.items()}
-        with server.client() as anon:
-            health = anon.get("/healthz").json()
+        with server.client(admin) as ops:
+            health = ops.get("/healthz").json()
             assert health["kind"] == "gpu" and health["workers"] == 2
         jobs = []
         for seed in range(2):

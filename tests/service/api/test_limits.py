@@ -84,10 +84,15 @@ def test_declared_oversize_body_is_413_before_it_is_read_or_authenticated(servic
     assert closed
 
 
-def test_streamed_oversize_body_is_413_before_authentication(service):
-    server, _ = service
+def test_streamed_oversize_body_is_413_and_without_a_token_401_unread(service):
+    server, token = service
     with _connect(server) as sock:
-        sock.sendall(_head(server, None, None, chunked=True))
+        sock.sendall(_head(server, None, None, chunked=True) + b"10000\r\n")
+        status, _, body, closed = _response(sock)  # nothing of the body was waited for
+    assert status == 401 and body["detail"].startswith("missing bearer token"), body
+    assert closed
+    with _connect(server) as sock:
+        sock.sendall(_head(server, None, token, chunked=True))
         chunk = b"x" * 65536
         sent = 0
         try:

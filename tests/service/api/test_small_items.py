@@ -95,19 +95,36 @@ def test_failed_tokens_are_counted_per_address():
     assert len(bounded._failures) == 20
 
 
-def test_a_token_that_authenticated_is_looked_up_from_an_address_held_back():
-    """issue 63: one bad client at a shared address locked out every tenant behind it."""
+def test_a_token_that_keeps_failing_is_held_back_by_its_own_count():
+    """issue 74: the address's count decides only for tokens that are no live one (the
+    route asks :class:`KnownTokens`); a token stuck failing is held back on its own."""
     failures = AuthFailures(limit=3, window_s=60)
-    good, stuck = "spw_" + "g" * 40, "spw_" + "s" * 40
-    failures.succeeded(good)
     for i in range(2000):
-        failures.failed("10.0.0.1", stuck if i % 2 else f"spw_{i:040d}")
-    assert failures.held_back("10.0.0.1", f"spw_{'n' * 40}")[1] == "address"  # an unknown token waits
-    assert failures.held_back("10.0.0.1", stuck)[1] == "token"
-    assert failures.held_back("10.0.0.1", good) is None
-    for _ in range(3):  # a good prefix that then fails is held back by its own count
-        failures.failed("10.0.0.1", good)
-    assert failures.held_back("10.0.0.1", good)[1] == "token"
+        failures.failed("10.0.0.1", "stuck" if i % 2 else f"guess-{i}")
+    assert failures.held_back("10.0.0.1", "unseen")[1] == "address"
+    assert failures.held_back("10.0.0.1", "stuck")[1] == "token"
+    assert failures.held_back("10.0.0.2", "stuck") is None
+    failures.failed("10.0.0.3")  # a missing token counts against its address
+    failures.failed("10.0.0.3")
+    failures.failed("10.0.0.3")
+    assert failures.held_back("10.0.0.3", "any")[1] == "address"
+
+
+def test_known_tokens_are_read_at_most_once_per_interval():
+    from spillway.service.api.auth import KnownTokens
+
+    reads = []
+
+    class Books:
+        def live_token_digests(self):
+            reads.append(1)
+            return ["a" * 64]
+
+    known = KnownTokens(Books(), refresh_s=60)
+    assert known.known("a" * 64) and not known.known("b" * 64)
+    for _ in range(100):
+        assert not known.known("c" * 64)
+    assert len(reads) == 1 and 1 <= known.next_read_in_s() <= 60
 
 
 def test_metrics_readings_are_shared_between_scrapes():
@@ -226,3 +243,96 @@ def test_a_submission_the_cluster_cannot_size_is_told_to_retry_and_nothing_is_qu
     assert "10.0.0.7" not in r.text and "OSError" in r.json()["detail"]
     queue.footprint.assert_not_called()
     assert jobdb.jobs() == []
+
+
+def test_a_repeated_key_is_refused_before_it_collapses(client):
+    """issue 74: 60,000 copies of one key passed the cap on params as one key."""
+    from fastapi.testclient import TestClient
+
+    from spillway.service.api import create_app
+
+    body = '{"workflow": "reduction", "params": {' + ", ".join(['"op": "sum"'] * 60_000) + "}}"
+    jobdb = mock.MagicMock()
+    jobdb.health.down = False
+    # the gate passes a token the database accepts
+    jobdb.authenticate.return_value = ({"id": 1, "name": "ann", "admin": False, "max_job_bytes": None,
+                                        "token_id": 1}, None)
+    r = TestClient(create_app(jobdb, mock.MagicMock())).post(
+        "/jobs", content=body, headers={"Content-Type": "application/json", "Authorization": "Bearer spw_x"})
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["detail"]
+    assert error["loc"] == ["body"]
+    assert error["msg"] == ("body: key 'op' appears more than once in one object (60000 keys, 1 distinct); "
+                            "give each key once")
+
+
+def test_the_page_sends_a_policy_that_allows_its_own_script_alone(client):
+    r = client.get("/ui")
+    assert r.status_code == 200
+    csp = r.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+    assert "script-src 'sha256-" in csp and "connect-src 'self'" in csp
+    assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
+    import base64
+    import hashlib
+    import re
+
+    script = re.search(r"<script>(.*?)</script>", r.text, flags=re.S).group(1)
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    assert f"'sha256-{digest}'" in csp
+
+
+def test_healthz_tells_a_caller_without_a_live_token_only_whether_it_is_up():
+    from fastapi.testclient import TestClient
+
+    from spillway.service.api import create_app
+
+    jobdb, queue = mock.MagicMock(), mock.MagicMock()
+    jobdb.health.checked, jobdb.health.down = 1.0, False
+    jobdb.health.counts = {"queued": 3, "running": 1}
+    jobdb.health.as_dict.return_value = {"ok": True, "error": None, "down_since": None, "checked": None}
+    jobdb.engine.dialect.name = "sqlite"
+    jobdb.live_token_digests.return_value = [hashlib_hex("spw_good")]
+    queue.session.client.status = "running"
+    queue.session.kind, queue.session.n_workers = "cpu", 2
+    app = create_app(jobdb, queue)
+    app.state.known_tokens.refresh()
+    c = TestClient(app)
+    assert c.get("/healthz").json() == {"status": "ok"}
+    assert c.get("/healthz", headers={"Authorization": "Bearer spw_bad"}).json() == {"status": "ok"}
+    full = c.get("/healthz", headers={"Authorization": "Bearer spw_good"}).json()
+    assert full["workers"] == 2 and full["queued"] == 3 and full["kind"] == "cpu"
+
+
+def hashlib_hex(token: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def test_body_timeouts_are_counted_for_metrics():
+    import asyncio
+
+    from spillway.service.api.limits import BodyStats, RequestLimits
+    from spillway.service.api.metrics import BodyCollector
+    from spillway.service.api.settings import ServiceLimits
+
+    stats = BodyStats()
+    sent = []
+
+    async def inner(scope, receive, send):
+        raise AssertionError("the app is never reached")
+
+    async def receive():
+        await asyncio.sleep(10)
+
+    async def send(message):
+        sent.append(message)
+
+    limits = RequestLimits(inner, ServiceLimits(body_timeout_s=0.1), stats=stats)
+    scope = {"type": "http", "headers": [(b"content-length", b"100")]}
+    for _ in range(3):
+        asyncio.run(limits(scope, receive, send))
+    assert stats.timed_out == 3 and sent[0]["status"] == 408
+    (family, _) = list(BodyCollector(stats).collect())
+    assert family.name == "spillway_http_body_timeouts" and family.samples[0].value == 3

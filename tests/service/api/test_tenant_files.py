@@ -122,7 +122,7 @@ def test_an_input_link_swapped_after_submission_is_refused_when_the_job_starts(s
         link.symlink_to(anns)  # now ann's output
         assert wait_state(bob, long["id"], {"done", "failed"}, timeout=120)["state"] == "done"
         end = wait_state(bob, queued["id"], {"done", "failed"}, timeout=120)
-        assert end["state"] == "failed" and "outside the service's data directories" in end["error"], end
+        assert end["state"] == "failed" and "outside this tenant's data directories" in end["error"], end
         # a store whose chunk directory is a link out of the data directories
         inner = store(data / "bob-inner.zarr", 2)
         chunks = inner / "c"

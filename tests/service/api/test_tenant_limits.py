@@ -71,7 +71,7 @@ def test_tenant_cli_prints_quotas_sizes_and_words(tmp_path):
     bad = spillway("tenant", "set", "ann", "--max-queued", "0", *state_args(state))
     assert bad.returncode == 2 and "--max-queued" in bad.stderr
     none = spillway("tenant", "set", "ann", *state_args(state))
-    assert none.returncode == 2 and "give --priority, --max-running, --max-queued or --max-job-bytes" in none.stderr
+    assert none.returncode == 2 and "give --priority, --max-running, --max-queued, --max-job-bytes, --data or --default-data" in none.stderr
 
 
 def _old_database(path, version: int) -> None:
@@ -260,7 +260,7 @@ def test_schema_4_adds_the_queue_quota_and_names_the_tenants_whose_default_chang
     with caplog.at_level("WARNING", logger="spillway.jobdb"):
         jobdb = JobDB.open(db_state["state_dir"], db_state.get("db"))
     try:
-        assert (jobdb.schema_found, jobdb.schema_version) == (3, SCHEMA_VERSION) and SCHEMA_VERSION == 4
+        assert (jobdb.schema_found, jobdb.schema_version) == (3, SCHEMA_VERSION) and SCHEMA_VERSION == 5
         assert [(t["name"], t["max_queued"], t["max_job_bytes"]) for t in jobdb.tenants()] == [
             ("ann", 100, None), ("bob", 100, 1000)]
         from sqlalchemy import inspect
