@@ -198,13 +198,17 @@ class WorkerSetup(WorkerPlugin):
         quiet_leaving(worker)
         self.kind = "gpu" if _is_gpu_worker() else "cpu"
         store = _tiered_store(worker)
-        from spillway.memory.capacity import HOST_WANTED, TIERS, report_tiers
+        from spillway.memory.capacity import DISK_AHEAD, HOST_WANTED, TIERS, report_tiers
 
         worker.metrics[TIERS] = report_tiers
         # the scheduler admitted a graph that spills: the arena grows without waiting (a
         # worker of another store has none, and takes the word all the same)
         host = getattr(store, "host", None)
         worker.stream_handlers[HOST_WANTED] = lambda **_: host.missed_arena() if host is not None else None
+        # a graph admitted past this worker's device and host: what it must write to disk
+        # goes while the host tier fills, not after (a worker of another store ignores it)
+        ahead = getattr(store, "write_ahead", None)
+        worker.stream_handlers[DISK_AHEAD] = lambda nbytes=0, **_: ahead(nbytes) if ahead is not None else None
         if self.gc_freeze:
             from .collector import start_settling
 

@@ -104,6 +104,11 @@ def worker_capacity(dask_worker) -> dict:
             host = data.host_limit
         elif data.books is not None:
             host = host or max(0, data.books.available() + data.books.read()[1] - data.books.headroom)
+        room = data.host_room
+        if room is not None and host:
+            # what the machine lets the tier hold now, where that is less than its limit:
+            # the graphs admitted past it are told their disk bytes as they will be
+            host = min(host, room)
     elif getattr(data, "device_memory_limit", None):
         device = int(data.device_memory_limit)
     directory = spill_directory(dask_worker)

@@ -82,6 +82,9 @@ DISK_FULL = "spillway-disk-full"
 #: told to every worker as a graph that will spill past the devices is admitted: their
 #: pinned arenas grow from then on at full speed instead of waiting for a quiet worker
 HOST_WANTED = "spillway-host-wanted"
+#: the scheduler's word to a worker: a graph admitted goes past your device and host by
+#: ``nbytes`` (your share of what it writes to disk), which your drain may write ahead
+DISK_AHEAD = "spillway-disk-ahead"
 #: the mark of the disk-traffic line printed at a client (:func:`disk_lines` takes it)
 DISK_LINE = "spillway-disk-traffic"
 #: a graph whose disk traffic takes less than this at the disks' rates is not told (the
@@ -246,6 +249,18 @@ class CapacityPlugin(SchedulerPlugin):
                 self._told.add(address)
                 scheduler.worker_send(address, {"op": HOST_WANTED})
 
+    def _write_ahead(self, scheduler, to_disk: int) -> None:
+        """Tell each worker its share of a graph's disk bytes (by its device and host
+        tiers, as the graph's values spread), which its drain writes ahead of the host
+        tier filling (:meth:`~spillway.memory.store.TieredStore.write_ahead`)."""
+        memory = {a: r.get("device", 0) + r.get("host", 0) for a, r in self._reports().items()}
+        total = sum(memory.values())
+        if not total:
+            return
+        for address, nbytes in memory.items():
+            if address in scheduler.workers:
+                scheduler.worker_send(address, {"op": DISK_AHEAD, "nbytes": int(to_disk * nbytes / total)})
+
     def _peak(self, scheduler, new, run, sizes, priority, held: int, capacity: Capacity) -> int | None:
         """Bytes the graph holds at its most (its new outputs, and its intermediates while
         they live, its tasks in dask's order; its outputs alone past :data:`PEAK_TASKS`
@@ -290,6 +305,7 @@ class CapacityPlugin(SchedulerPlugin):
         to_disk = min(peak, held + peak - memory)
         if to_disk <= 0:
             return
+        self._write_ahead(scheduler, to_disk)
         traffic = disk_traffic(to_disk, self._reports())
         line = disk_line(_what(new), traffic, peak, held, capacity)
         if _quiet(traffic):

@@ -148,6 +148,9 @@ class TieredStore(MutableMapping):
         self._draining = 0
         #: the largest group spilled so far (the drain's margin is sized from it)
         self._largest_spill = 0
+        #: bytes of host values no task here waits for that the drain may still write below
+        #: before the host tier fills (:meth:`write_ahead`)
+        self._ahead = 0
         #: the most bytes of values held at once, every tier together, since the last
         #: :meth:`reset_peak`: what a run's capacities are read against (a bench's
         #: forced moves), where the tiers' counters say only what the store chose to move
@@ -205,6 +208,20 @@ class TieredStore(MutableMapping):
         with self._lock:
             self.peak_bytes = self.held_bytes
             return self.peak_bytes
+
+    @property
+    def host_room(self) -> int | None:
+        """Bytes the host tier can hold on this machine now: the host memory its buffers
+        hold (the arena whole, used or not, and kept buffers) and what the machine has
+        available past its headroom; None without the books. Less than the host limit
+        where the process's own memory and other processes take their share: on the
+        one-H100 host, 100 GiB against a limit of 111.3 GiB (an FFT past device and host
+        wrote 18 GiB to disk where the limits said 5)."""
+        books = self.books
+        if books is None:
+            return None
+        available, _ = books.read()
+        return self.host.held_bytes + max(0, available - books.headroom)
 
     @property
     def below_bytes(self) -> int:
@@ -457,6 +474,31 @@ class TieredStore(MutableMapping):
             return 0
         return min(limit // DRAIN_SHARE, max(DRAIN_MIN, DRAIN_VALUES * self._largest_spill))
 
+    def write_ahead(self, nbytes: int) -> None:
+        """Let the drain write up to ``nbytes`` of host values that no task waits for to
+        the tier below before the host tier fills: the scheduler admitted a graph that
+        goes past this worker's device and host by that much (:mod:`.capacity`), so those
+        bytes go to disk whatever the order. Written while the host tier fills, the disk's
+        time hides behind the spills' instead of following them (an FFT past one H100's
+        device and host ran its last half at the disk's rate, writing what it must only
+        once the host was full)."""
+        with self._lock:
+            self._ahead = max(self._ahead, int(nbytes))
+            self._wake_drain()
+
+    @property
+    def ahead_bytes(self) -> int:
+        """Bytes the drain may still write ahead (:meth:`write_ahead`)."""
+        return self._ahead
+
+    def _unneeded_on_host(self):
+        """The first host group (in eviction order) that no task waits for, or None."""
+        order = self._order(HOST)
+        if not order:
+            return None
+        gid = order[0]
+        return gid if eviction.rank_of(self.rank, self._spilled.groups[gid].skeletons) is None else None
+
     def _wants_drain(self) -> bool:
         """Whether the next spills would find no room in the host tier (its margin not
         free under its limit), or find the machine short of the memory a new buffer takes
@@ -465,6 +507,9 @@ class TieredStore(MutableMapping):
         far more than the next spill needs). The caller holds the lock."""
         if len(self.tiers) == HOST + 1 or not self._spilled.on_host:
             return False
+        return self._short_of_margin() or self._writes_ahead()
+
+    def _short_of_margin(self) -> bool:
         margin = self.drain_margin
         host = self._host
         if host.limit is not None and host.nbytes - self._draining + margin > host.limit:
@@ -472,6 +517,9 @@ class TieredStore(MutableMapping):
         books = self.books
         return (books is not None and margin > 0 and not self.host.arena_fits(max(1, self._largest_spill))
                 and books.short_by(margin, count=False) > 0)
+
+    def _writes_ahead(self) -> bool:
+        return self._ahead > 0 and self._unneeded_on_host() is not None
 
     def drain(self) -> int:
         """Write the host groups needed last to the tier below while :meth:`_wants_drain`,
@@ -481,15 +529,22 @@ class TieredStore(MutableMapping):
         written = 0
         while not self._closing.is_set():
             with self._lock:
-                if not self._wants_drain():
+                if len(self.tiers) == HOST + 1 or not self._spilled.on_host:
                     return written
-                if self._clean.groups:  # room that costs no write
-                    self._drop_cleans(1)
-                    continue
-                order = self._order(HOST)
-                if not order:
+                if self._short_of_margin():
+                    if self._clean.groups:  # room that costs no write
+                        self._drop_cleans(1)
+                        continue
+                    order = self._order(HOST)
+                    if not order:
+                        return written
+                    gid = order[0]
+                elif self._ahead > 0:
+                    gid = self._unneeded_on_host()
+                    if gid is None:
+                        return written
+                else:
                     return written
-                gid = order[0]
                 group = moves.take_to_lower(self._spilled, gid)
                 nbytes = group.nbytes
                 event = threading.Event()
@@ -518,6 +573,7 @@ class TieredStore(MutableMapping):
                 for k in group.skeletons:
                     del self._inflight[k]
                 self._draining -= nbytes
+                self._ahead = max(0, self._ahead - nbytes)
                 self.stats.drained_bytes += nbytes
                 if self.disk_full is not None:
                     self.disk_full = None

@@ -242,3 +242,43 @@ def test_a_short_machine_is_drained_until_the_arena_has_a_slice_for_the_next_spi
     for i in range(5):
         np.testing.assert_array_equal(s[i], chunk(i))
     s.close()
+
+
+def test_bytes_said_to_go_to_disk_are_written_ahead_while_the_host_has_room_those_no_task_waits_for(small_margin):
+    tier = SlowTier()
+    # 0, 1 and 2 are needed by no task here (outputs held for the client), 3 on are
+    s = make(tier, rank=lambda k: None if k < 3 else k, host_mb=16)
+    for i in range(6):  # 4 MiB on the host of 16: the margin is free, nothing must go
+        s[i] = chunk(i)
+    settled(s)
+    assert tier.calls["put"] == 0
+    s.write_ahead(int(1.5 * MB))  # the scheduler: this graph writes 1.5 MiB here whatever
+    settled(s)
+    # two of the unneeded (the budget's last write may pass it: a group goes whole), none
+    # a task waits for, and then no more
+    on_disk = [i for i in range(6) if s.tier_of(i) == "disk"]
+    assert len(on_disk) == 2 and all(i < 3 for i in on_disk), on_disk
+    assert s.stats.drained_bytes == 2 * MB and s.stats.needed_written_bytes == 0 and s.ahead_bytes == 0
+    s.write_ahead(8 * MB)  # more than there is unneeded: the last one, then the drain stops
+    settled(s)
+    assert [i for i in range(6) if s.tier_of(i) == "disk"] == [0, 1, 2]
+    assert s.ahead_bytes == 7 * MB
+    for i in range(6):
+        np.testing.assert_array_equal(s[i], chunk(i))
+    s.close()
+
+
+def test_the_host_room_is_what_the_machine_lets_the_tier_hold_under_its_limit():
+    from spillway.memory.books import HostBooks
+
+    free = [64 * MB]
+    books = HostBooks(available=lambda: free[0], headroom=16 * MB, resident=lambda: 0)
+    s = TieredStore(device_limit=2 * MB, host_limit=1024 * MB, codec=NumpyCodec(), below=[SlowTier()],
+                    host=HostBuffers(), books=books)
+    assert s.host_room == 48 * MB  # nothing held yet: available past the headroom
+    for i in range(4):  # 2 MiB spilled into pageable buffers, taken from the machine
+        s[i] = chunk(i)
+    free[0] -= 2 * MB
+    assert s.host_bytes == 2 * MB and s.host_room == 48 * MB  # what it holds counts in
+    s.close()
+
