@@ -404,3 +404,19 @@ def test_the_caption_check_fails_on_a_name_that_does_not_exist():
     assert caption_problems(doc, "spillway.memory") == [
         ":mod:`.buffers` (spillway.memory.buffers)",
         ":func:`spillway.launch.no_such_thing` (spillway.launch.no_such_thing)"]
+
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def test_the_bench_imports_the_product_never_its_cli():
+    # the CLI's bench command imports the bench: a bench that imported the CLI back would
+    # make the two one room. What both need of a machine's description sits below both
+    # (spillway.options.gpus, spillway.options.stack)
+    found = []
+    for path in sorted(BENCH.rglob("*.py")):
+        package = ".".join(path.relative_to(BENCH).with_suffix("").parts[:-1])
+        for line, name in imports_in(path.read_text(), package, str(path)):
+            if name == "spillway.cli" or name.startswith("spillway.cli."):
+                found.append(f"{path.relative_to(BENCH.parent)}:{line} imports {name}")
+    assert found == []

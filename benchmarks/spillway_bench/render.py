@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spillway.cli.info import topology_lines
+from spillway.options.gpus import topology_lines
 from spillway.options.sizes import format_bytes
 
 from . import previous, timeline

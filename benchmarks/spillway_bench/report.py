@@ -37,7 +37,7 @@ from .previous import lines as previous_lines  # noqa: F401
 def describe_machine(inventory, kind: str) -> dict:
     import psutil
 
-    from spillway.cli.info import installed_stack
+    from spillway.options.stack import installed_stack
 
     # the topology as `spillway info` reads it, so both agree with `nvidia-smi topo -m`
     gpus = [

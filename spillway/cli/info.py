@@ -2,42 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-
-from spillway.options.gpus import discover
+from spillway.options.gpus import discover, topology_lines
 from spillway.options.sizes import format_bytes
-
-#: import name -> distribution names that may provide it (first installed wins)
-STACK = {
-    "dask": ("dask",),
-    "distributed": ("distributed",),
-    "dask_cuda": ("dask-cuda",),
-    "cupy": ("cupy-cuda13x", "cupy-cuda12x", "cupy"),
-    "rmm": ("rmm-cu13", "rmm-cu12", "rmm"),
-    "distributed_ucxx": ("distributed-ucxx-cu13", "distributed-ucxx-cu12", "distributed-ucxx"),
-    "ucxx": ("ucxx-cu13", "ucxx-cu12", "ucxx"),
-    "zarr": ("zarr",),
-    "kvikio": ("kvikio-cu13", "kvikio-cu12", "kvikio"),
-    "pynvml": ("nvidia-ml-py",),
-}
-
-
-def installed_stack() -> dict[str, str | None]:
-    out = {}
-    for module, dists in STACK.items():
-        version = None
-        if importlib.util.find_spec(module) is not None:
-            for dist in dists:
-                try:
-                    version = importlib.metadata.version(dist)
-                    break
-                except importlib.metadata.PackageNotFoundError:
-                    continue
-            version = version or "installed"
-        out[module] = version
-    return out
-
+from spillway.options.stack import installed_stack
 
 def collect() -> dict:
     inv = discover()
@@ -119,28 +86,3 @@ def format_info(data: dict) -> str:
         lines.append(zarr_line)
     lines.append("stack: " + ", ".join(f"{k} {v or 'missing'}" for k, v in data["stack"].items()))
     return "\n".join(lines)
-
-
-def topology_lines(gpus: list[dict]) -> list[str]:
-    """The NVLink matrix of ``spillway info`` and the bench's machine description, from
-    :meth:`~spillway.options.gpus.GPU.links_json` records: NV<links> per pair as ``nvidia-smi topo
-    -m`` prints it (through an NVSwitch, every pair shows the GPU's links to the switch)."""
-    if len(gpus) < 2:
-        return []
-    switched = [g.get("nvswitch_links", 0) for g in gpus]
-    head = "NVLink links (rows to columns"
-    if all(switched):
-        head += f", through NVSwitch: {_counts(switched)} links per GPU to the switch"
-    elif any(switched):
-        head += ", some through NVSwitch"
-    lines = [head + "):", "       " + "".join(f"GPU{g['index']:<4}" for g in gpus)]
-    for g in gpus:
-        cells = ["  -    " if h["index"] == g["index"] else f"NV{g['nvlinks'].get(str(h['index']), 0):<5}"
-                 for h in gpus]
-        lines.append(f"GPU{g['index']:<4}" + "".join(cells))
-    return lines
-
-
-def _counts(values: list[int]) -> str:
-    return str(values[0]) if len(set(values)) == 1 else "/".join(map(str, values))
-

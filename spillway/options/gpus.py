@@ -209,3 +209,27 @@ def _p2p_nvlink(pynvml, a, b) -> bool | None:
     except (pynvml.NVMLError, AttributeError):
         return None
     return status == pynvml.NVML_P2P_STATUS_OK
+
+
+def topology_lines(gpus: list[dict]) -> list[str]:
+    """The NVLink matrix of ``spillway info`` and the bench's machine description, from
+    :meth:`~spillway.options.gpus.GPU.links_json` records: NV<links> per pair as ``nvidia-smi topo
+    -m`` prints it (through an NVSwitch, every pair shows the GPU's links to the switch)."""
+    if len(gpus) < 2:
+        return []
+    switched = [g.get("nvswitch_links", 0) for g in gpus]
+    head = "NVLink links (rows to columns"
+    if all(switched):
+        head += f", through NVSwitch: {_counts(switched)} links per GPU to the switch"
+    elif any(switched):
+        head += ", some through NVSwitch"
+    lines = [head + "):", "       " + "".join(f"GPU{g['index']:<4}" for g in gpus)]
+    for g in gpus:
+        cells = ["  -    " if h["index"] == g["index"] else f"NV{g['nvlinks'].get(str(h['index']), 0):<5}"
+                 for h in gpus]
+        lines.append(f"GPU{g['index']:<4}" + "".join(cells))
+    return lines
+
+
+def _counts(values: list[int]) -> str:
+    return str(values[0]) if len(set(values)) == 1 else "/".join(map(str, values))

@@ -7,6 +7,7 @@ import pytest
 
 from spillway.options import gpus
 from spillway.cli import info
+from spillway.options.gpus import topology_lines
 from spillway_bench import report
 
 from ..options.test_gpus import FakeNVML, FakeSwitchNVML
@@ -66,15 +67,15 @@ def test_bench_machine_description_shows_the_topology_info_shows(nvml_host):
                "workloads": [], "targets": []}
     md = report.markdown(results)
     assert _matrix(md) == _matrix(info.format_info(data))
-    assert info.topology_lines(machine["gpus"])[0] in md
+    assert topology_lines(machine["gpus"])[0] in md
 
 
 def test_topology_of_older_results_files_without_switch_counts():
     # bench JSON written before switch links were recorded has nvlinks alone
     old = [{"index": 0, "nvlinks": {"1": 18}}, {"index": 1, "nvlinks": {"0": 18}}]
-    lines = info.topology_lines(old)
+    lines = topology_lines(old)
     assert lines[0] == "NVLink links (rows to columns):"
-    assert info.topology_lines(old[:1]) == []
+    assert topology_lines(old[:1]) == []
 
 
 def test_info_says_how_gpu_workers_move_zarr_chunks(nvml_host):
