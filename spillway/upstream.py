@@ -502,13 +502,6 @@ def unroute_gathers(original) -> None:
     distributed.worker.get_data_from_worker = original
 
 
-def routed_gather_function():
-    """distributed's gather function as it is now (routed or not)."""
-    import distributed.worker
-
-    return getattr(distributed.worker, "get_data_from_worker", None)
-
-
 OUTGOING = ("transfer_outgoing_count_limit", "transfer_outgoing_count", "transfer_outgoing_count_total",
             "transfer_outgoing_bytes", "transfer_outgoing_bytes_total", "transfer_outgoing_log")
 
@@ -590,10 +583,6 @@ def outgoing_finished(worker, entry: dict) -> None:
 def outgoing_log(worker) -> list:
     """The worker's outgoing transfer log (its entries as distributed writes them)."""
     return list(getattr(worker, "transfer_outgoing_log", ()))
-
-
-def set_outgoing_limit(worker, n: int) -> None:
-    worker.transfer_outgoing_count_limit = n
 
 
 @seam("worker_queue", "WorkerState.ready.peekn, WorkerState.constrained.peekn", "distributed", DISTRIBUTED,

@@ -258,8 +258,8 @@ def _private_cluster(options, state: Path):
 def _private_temporary(state: Path) -> None:
     """Every temporary file of the service and of the cluster it starts under the state
     directory, never the shared temporary directory: there another local user can make
-    ``dask-scratch-space`` first and put links in it, and distributed opens its
-    ``global.lock`` and ``purge.lock`` there with ``open(path, "wb")``, following them (a
+    ``dask-scratch-space`` first and put links in it, and distributed opens its global
+    and purge lock files there with ``open(path, "wb")``, following them (a
     link to the job database truncated it). The scheduler runs in this process and takes
     its workspace from dask's ``temporary-directory``; the nannies and workers inherit the
     config and the environment. STATE_DIR/tmp (Python's and child programs' TMPDIR) and

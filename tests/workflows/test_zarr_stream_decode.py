@@ -197,7 +197,7 @@ def test_without_zstandard_the_pool_decodes_whole_chunks_and_says_so_once(monkey
     monkeypatch.setitem(dask.config.config["spillway"], "zarr-decode-threads", 2)
     host_decode.close()
     try:
-        with caplog.at_level(logging.WARNING, logger="spillway.zarr_io"):
+        with caplog.at_level(logging.WARNING, logger="spillway.workflows.zarr"):
             pool = host_decode.decoder()
             assert not pool.streams and not stream_decode.available()
         assert [r.getMessage().count("python-zstandard is not installed") for r in caplog.records] == [1]

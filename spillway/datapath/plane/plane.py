@@ -222,11 +222,6 @@ class DataPlane:
             self.listener.close()
             self.listener = None
 
-    @property
-    def _endpoints(self) -> dict:
-        """peer -> its endpoint now in use."""
-        return {peer: channel.endpoint for peer, channel in self._channels.items()}
-
     # --- the receiving side
 
     async def reaches(self, peer: str, *, remember: bool = True) -> bool:
@@ -297,18 +292,6 @@ class DataPlane:
             await asyncio.sleep(wait)
             wait *= 4
         return None
-
-    async def _endpoint(self, peer: str):
-        """The endpoint in use to ``peer`` (opened where there is none); raises
-        ``CommClosedError`` where it would not come up."""
-        from distributed.comm.core import CommClosedError
-
-        if peer not in self._contacts and not await self.reaches(peer):
-            raise CommClosedError(f"data plane: {peer} has no plane")
-        channel = await self._channel(peer)
-        if channel is None:
-            raise CommClosedError(f"data plane: cannot reach {peer}")
-        return channel.endpoint
 
     def _forget(self, peer: str) -> None:
         """Retire the channel to ``peer``: later fetches open a new endpoint; the fetches

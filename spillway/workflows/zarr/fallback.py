@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 
-# the name the worker logs have always shown for Zarr I/O; log filters may name it
-logger = logging.getLogger("spillway.zarr_io")
+logger = logging.getLogger("spillway.workflows.zarr")
 
 _noted: set[str] = set()
 
