@@ -6,7 +6,7 @@ exercise the real code. CuPy is imported only inside tasks that run on GPU worke
 
 from __future__ import annotations
 
-BACKENDS = ("numpy", "cupy")
+CHUNK_BACKENDS = ("numpy", "cupy")
 
 
 def array_module(backend: str):
@@ -18,10 +18,10 @@ def array_module(backend: str):
         import numpy
 
         return numpy
-    raise ValueError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    raise ValueError(f"backend: {backend!r} is not one of {', '.join(CHUNK_BACKENDS)}")
 
 
-def backend_for(kind: str) -> str:
+def chunk_backend_for(kind: str) -> str:
     """The chunk backend for a worker kind ("gpu" or "cpu")."""
     return "cupy" if kind == "gpu" else "numpy"
 

@@ -29,7 +29,7 @@ import numpy as np
 from spillway.options.errors import ParamError
 
 from . import random
-from .backend import backend_for, device_meta, to_device, to_numpy
+from .backend import chunk_backend_for, device_meta, to_device, to_numpy
 from .chunking import shape_from_size
 from .params import DTYPES, Param, Params, Target
 from .placement import assign, planned_bytes, spread_workers
@@ -182,7 +182,7 @@ def open_source(params: Params, target: Target, chunks, *, name: str = "x", stre
                             columns=columns)
     if callable(chunks):
         chunks = chunks(shape, dtype)
-    backend = target.chunk_backend or backend_for(target.kind)
+    backend = target.chunk_backend or chunk_backend_for(target.kind)
     kind = source_kind(params, name=name, input_name=input_name)
     if kind == "array":
         return _from_python(params.arrays[name], chunks, backend)

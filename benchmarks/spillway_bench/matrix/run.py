@@ -99,14 +99,14 @@ def run_notebook(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict
     from spillway.options.errors import AdmissionError
     from spillway.run.target import target_of
     from spillway.workflows import random
-    from spillway.workflows.backend import backend_for
+    from spillway.workflows.backend import chunk_backend_for
     from spillway.workflows.workflow import relative_error
 
     workflow = workflows.get(case.workflow)
     target = target_of(cluster.session)
     params, _ = workflow_params(case, scale, seed, target)
     _, seeded = workflow.build_run(params, target)
-    backend = backend_for(cluster.kind)
+    backend = chunk_backend_for(cluster.kind)
     wanted = seeded_inputs(seeded)
     try:
         # the projected footprint is the workflow's whatever the input's source
@@ -138,10 +138,10 @@ def run_notebook(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict
 def run_user_code(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dict:
     """User-written dask code on inputs the user persisted first, on ``cluster``."""
     from spillway.options.errors import AdmissionError
-    from spillway.workflows.backend import backend_for
+    from spillway.workflows.backend import chunk_backend_for
 
     nbytes = user_size(case, scale, seed)
-    built = USER_CODE[case.workflow](nbytes, scale, seed, backend_for(cluster.kind))
+    built = USER_CODE[case.workflow](nbytes, scale, seed, chunk_backend_for(cluster.kind))
     fp = built.footprint.total_bytes
     try:
         _admit(cluster, case.workflow, built.footprint)

@@ -12,7 +12,7 @@ import numpy as np
 
 from spillway import workflows
 from spillway.options.errors import ParamError
-from spillway.workflows.backend import backend_for
+from spillway.workflows.backend import chunk_backend_for
 from spillway.workflows.params import Target
 
 SCALES = ("tiny", "small", "full")
@@ -166,7 +166,7 @@ class Workload:
     def build(self, scale: str, target: Target, seed: int, side: str = "spillway") -> Built:
         """The lazy collection one ``side`` ("spillway" or "baseline") computes."""
         params = self.params(scale)
-        backend = backend_for(target.kind)
+        backend = chunk_backend_for(target.kind)
         if side == "baseline" and self.baseline_direct is not None:
             return Built(self.baseline_direct(params, backend, seed), source="direct (baseline: user code)")
         if side in self.side_direct:

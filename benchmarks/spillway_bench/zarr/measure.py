@@ -99,11 +99,11 @@ def measure_zarr(zarr_run: ZarrRun, client, directory: str, *, log: Callable[[st
     from spillway.run import measuring
     from spillway.workflows import random
     from spillway.workflows import zarr as zarr_io
-    from spillway.workflows.backend import backend_for
+    from spillway.workflows.backend import chunk_backend_for
 
     from ..measure import synchronize_device, wait_released
 
-    backend = backend_for(zarr_run.kind)
+    backend = chunk_backend_for(zarr_run.kind)
 
     def settle():
         if zarr_run.kind == "gpu":
