@@ -20,7 +20,10 @@ its peer-to-peer method):
 
 The control's run fails where a test fails that :data:`dask_array_suite.CONTROL_FAILURES`
 does not name (each name there says why it fails); spillway's run, given the control's
-outcomes, fails where a test fails on spillway and did not fail on the control. Each test
+outcomes, fails where a test fails on spillway and did not fail on the control (but for
+the cases of a test function that fails on the control in some runs and not others,
+:func:`dask_array_suite.varies_on_control`: they are not compared). The tests
+:data:`dask_array_suite.NOT_RUN` names run on neither. Each test
 starts on an empty cluster (the last test's keys released, as dask_cupy_conformance does),
 and a test's outcome is written with the tasks the cluster ran for it.
 """
@@ -31,7 +34,7 @@ import json
 
 import pytest
 
-from dask_array_suite import CONTROL_FAILURES, in_shard, shared_id
+from dask_array_suite import NOT_RUN, control_failure, in_shard, shared_id, varies_on_control
 from on_cluster import assert_eq_on_cluster, count_tasks, held_keys, take_counts, wait_released
 
 CHOICES = ("spillway", "control")
@@ -46,8 +49,9 @@ def pytest_addoption(parser):
                     help="write each test's outcome and the tasks the cluster ran for it here (JSON)")
     group.addoption("--conformance-control", metavar="PATH",
                     help="the control's outcomes: fail only where a test fails here and not there")
-    group.addoption("--conformance-shard", metavar="K/N", default="1/1",
-                    help="run the K-th of N shards of the sharded modules (dask_array_suite.SHARDED)")
+    group.addoption("--conformance-shard", metavar="K/N|ci", default="1/1",
+                    help="run the K-th of N shards of the sharded modules (dask_array_suite.SHARDED), "
+                         "or ci: the share of each module CI runs (dask_array_suite.CI_SHARES)")
 
 
 def _open(kind: str):
@@ -66,7 +70,8 @@ def _open(kind: str):
 
 def pytest_collection_modifyitems(config, items):
     shard = config.getoption("--conformance-shard")
-    kept = [item for item in items if in_shard(shared_id(item.nodeid), shard)]
+    kept = [item for item in items
+            if in_shard(shared_id(item.nodeid), shard) and shared_id(item.nodeid) not in NOT_RUN]
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
@@ -126,10 +131,12 @@ def unexplained(config, failed: set[str]) -> tuple[set[str], str]:
     control's outcomes where given, else the failures the suite names."""
     path = config.getoption("--conformance-control")
     if path is None:
-        return failed - set(CONTROL_FAILURES), "not named in dask_array_suite.CONTROL_FAILURES"
+        return {name for name in failed if control_failure(name) is None}, \
+            "not named in dask_array_suite.CONTROL_FAILURES"
     with open(path) as f:
         control = json.load(f)["outcomes"]
-    return {name for name in failed if control.get(name) != "failed"}, "passing (or not run) on the control"
+    return {name for name in failed if control.get(name) != "failed" and not varies_on_control(name)}, \
+        "passing (or not run) on the control"
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -159,7 +166,7 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_sep("=", f"dask array conformance on {kind}")
     terminalreporter.write_line(f"{ran} tasks ran on the cluster for {computed} of {len(outcomes.tasks)} tests")
     for name in failed:
-        reason = CONTROL_FAILURES.get(name)
+        reason = control_failure(name)
         mark = "UNEXPLAINED" if name in failing else "expected"
         terminalreporter.write_line(f"{mark}: {name}" + (f" ({reason})" if reason else ""))
     if failing:

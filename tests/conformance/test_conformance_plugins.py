@@ -20,7 +20,9 @@ HERE = Path(__file__).parent
 # as pytest's -p finds them, on the path
 sys.path.insert(0, str(HERE))
 
-from dask_array_suite import MODULES, SHARDED, in_shard, shared_id  # noqa: E402
+from dask_array_suite import (  # noqa: E402
+    CI_MODULES, CI_SHARES, CONTROL_FAILURES, MODULES, NOT_RUN, SHARDED, control_failure, in_shard, shared_id,
+    varies_on_control)
 from on_cluster import assert_eq_on_cluster, count_tasks, take_counts, wait_released  # noqa: E402
 
 
@@ -74,6 +76,35 @@ def test_shards_split_the_sharded_modules_once_and_keep_the_others_whole():
     assert all(s.removesuffix(".py").replace("/", ".") in MODULES for s in SHARDED)
     with pytest.raises(ValueError):
         in_shard(names[0], "4/3")
+
+
+def test_ci_runs_shard_one_of_its_shared_modules_and_the_others_whole():
+    for module, n in CI_SHARES.items():
+        assert module.removesuffix(".py").replace("/", ".") in CI_MODULES
+        names = [f"{module}::test_{i}[{i % 7}]" for i in range(800)]
+        ci = [name for name in names if in_shard(name, "ci")]
+        assert 800 / n / 2 < len(ci) < 800 / n * 2, (module, len(ci))
+        if module in SHARDED:
+            assert ci == [name for name in names if in_shard(name, f"1/{n}")]
+        assert ci == [name for name in names if in_shard(name, "ci")]  # the same tests each run
+    whole = "dask/array/tests/test_overlap.py::test_map_overlap"
+    assert whole.split("::")[0] not in CI_SHARES and in_shard(whole, "ci")
+
+
+def test_a_control_failure_named_by_its_function_covers_its_cases_only():
+    linalg = "dask/array/tests/test_linalg.py::"
+    assert control_failure(linalg + "test_tsqr[20-10-chunks2-None]") == CONTROL_FAILURES[linalg + "test_tsqr"]
+    assert control_failure(linalg + "test_tsqr_uncertain[300-10-chunks0-True-True-None]")
+    assert control_failure(linalg + "test_tsqr_zero_height_chunks") is None
+    assert control_failure(linalg + "test_lu_1") is None
+    exact = "dask/array/tests/test_routines.py::test_average_raises"
+    assert control_failure(exact) == CONTROL_FAILURES[exact]
+    # only a function named whole varies: its cases are not compared with the control's
+    assert varies_on_control(linalg + "test_qr[10-10-10-None]")
+    assert not varies_on_control(exact) and not varies_on_control(linalg + "test_lu_1")
+    # every name is one of the suite's modules' (a typo would excuse nothing, silently)
+    for name in [*CONTROL_FAILURES, *NOT_RUN]:
+        assert name.split("::")[0].removesuffix(".py").replace("/", ".") in MODULES, name
 
 
 SUITE = """
