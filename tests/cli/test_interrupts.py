@@ -130,6 +130,8 @@ def test_ctrl_c_stops_serve_in_one_line(tmp_path):
     url = wait_until(proc, answering, "the service answering", err)
     children, took, lines = ctrl_c(proc, err)
     assert_one_clean_line(lines, proc.returncode, f"the service at {url} and its cluster (2 CPU workers)")
-    assert len(lines) == 2 and lines[0].startswith(f"serving {url}") and f"state directory {state}" in lines[0], lines
+    # the data directories' line, the serving line, then the interruption's one line
+    assert len(lines) == 3 and lines[0].startswith("tenants without data directories of their own"), lines
+    assert lines[1].startswith(f"serving {url}") and f"state directory {state}" in lines[1], lines
     assert_all_gone(children)
     print(f"serve stopped in {took:.2f} s after Ctrl-C")

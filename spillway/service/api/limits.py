@@ -11,7 +11,8 @@ applies only when a route reads the body, with no deadline.
 
 The app then reads the buffered body at once; FastAPI's JSON parsing runs in a worker
 thread (:class:`OffLoopJSONRoute`), so a large document never holds the event loop that
-answers ``/healthz``.
+answers ``/healthz``; bodies past :data:`LARGE_BODY_BYTES` are parsed one at a time, since
+the parser holds the GIL for a whole document and several at once kept the loop from it.
 
 The limits are :class:`~.settings.ServiceLimits`; what a client may hold before its request
 reaches the app (the header deadline, the connection caps) is :mod:`.connections`.
@@ -110,6 +111,32 @@ async def _refuse(send, status: int, detail: str):
     await send({"type": "http.response.body", "body": payload})
 
 
+#: bodies past this many bytes are parsed one at a time (:meth:`OffLoopRequest.json`); a
+#: job's body is a few hundred bytes, and one this size parses in about a millisecond
+LARGE_BODY_BYTES = 64 * 2**10
+
+_loop_slots: dict = {}
+
+
+def loop_slots(name: str, n: int) -> anyio.Semaphore:
+    """``n`` slots named ``name`` of the running event loop, for work handed to threads
+    that must not all run at once (an ``anyio.Semaphore`` belongs to the loop it is first
+    used in; tests start several loops, one after another)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    slots = _loop_slots.get((loop, name))
+    if slots is None:
+        for key in [k for k in _loop_slots if k[0] is not loop]:
+            del _loop_slots[key]  # of a loop that ended
+        slots = _loop_slots[(loop, name)] = anyio.Semaphore(n)
+    return slots
+
+
+def _large_parses() -> anyio.Semaphore:
+    return loop_slots("large parses", 1)
+
+
 class OffLoopRequest(Request):
     """A request whose JSON body is parsed in a worker thread, not on the event loop, and
     checked there by ``checks`` (each takes the document and raises :func:`refusal`)
@@ -120,14 +147,39 @@ class OffLoopRequest(Request):
     async def json(self):
         if not hasattr(self, "_json"):
             body = await self.body()
-            self._json = await anyio.to_thread.run_sync(self._parsed, body)
+            if len(body) <= LARGE_BODY_BYTES:
+                self._json = await anyio.to_thread.run_sync(self._parsed, body)
+            else:
+                # the parser holds the GIL for the whole document (tens of ms at 640 KB), so
+                # six at once kept the event loop from it for 142-252 ms (issue 74): one at
+                # a time, the others waiting on the loop, not in the thread pool
+                async with _large_parses():
+                    self._json = await anyio.to_thread.run_sync(self._parsed, body)
         return self._json
 
     def _parsed(self, body: bytes):
-        document = json.loads(body, object_pairs_hook=_once_each)
-        for check in self.checks:
-            check(document)
-        return document
+        if len(body) <= LARGE_BODY_BYTES:
+            document = json.loads(body, object_pairs_hook=_once_each)
+            for check in self.checks:
+                check(document)
+            return document
+        # a large body is parsed plainly first: the check for repeated keys makes a tuple of
+        # each key (60,000 objects for the collector, twice the parser's time), and a body
+        # of that many distinct keys is refused by the checks without it
+        document = json.loads(body)
+        try:
+            for check in self.checks:
+                check(document)
+        except HTTPException as e:
+            # the refusal's traceback holds the document: freed here, in this thread, not on
+            # the event loop when the answer is sent
+            refused = e.with_traceback(None)
+        else:
+            refused = None
+        del document
+        if refused is not None:
+            raise refused
+        return json.loads(body, object_pairs_hook=_once_each)
 
 
 class OffLoopJSONRoute(APIRoute):
