@@ -98,7 +98,9 @@ def serve(http_host, port, state_dir, db, results_dir, data_dirs, https_cert, ht
         state = private_directory(state_dir)
     except OSError as e:
         raise OptionsError(f"state-dir: cannot write in {str(state_dir)!r} ([Errno {e.errno}] {e.strerror})") from None
-    _private_temporary(state)
+    # put back when the command ends: a caller in this process (a test, a notebook) keeps
+    # its own temporary directory after the service stops
+    click.get_current_context().call_on_close(_private_temporary(state))
     options = _private_cluster(_with_security(resolve(options_flags)), state)
     limits = ServiceLimits(**limit_flags)
     fd_soft, _ = raise_fd_limit(limits.max_connections)
@@ -255,7 +257,7 @@ def _private_cluster(options, state: Path):
     return options.replace(**changes) if changes else options
 
 
-def _private_temporary(state: Path) -> None:
+def _private_temporary(state: Path):
     """Every temporary file of the service and of the cluster it starts under the state
     directory, never the shared temporary directory: there another local user can make
     ``dask-scratch-space`` first and put links in it, and distributed opens its global
@@ -264,7 +266,7 @@ def _private_temporary(state: Path) -> None:
     its workspace from dask's ``temporary-directory``; the nannies and workers inherit the
     config and the environment. STATE_DIR/tmp (Python's and child programs' TMPDIR) and
     STATE_DIR/scratch (dask's workspace), each 0700; whatever the owner's dask config
-    named, since a shared directory there is the same trap."""
+    named, since a shared directory there is the same trap. Returns what puts them back."""
     import dask.config
 
     from spillway.options.errors import OptionsError
@@ -275,10 +277,23 @@ def _private_temporary(state: Path) -> None:
             owned_directory(directory)
         except OSError as e:
             raise OptionsError(f"state-dir: cannot use {str(directory)!r} ([Errno {e.errno}] {e.strerror})") from None
+    before = {k: os.environ.get(k) for k in ("TMPDIR", "DASK_TEMPORARY_DIRECTORY")}
+    tempdir, temporary = tempfile.tempdir, dask.config.get("temporary-directory", None)
     os.environ["TMPDIR"] = str(tmp)
     os.environ["DASK_TEMPORARY_DIRECTORY"] = str(scratch)
     tempfile.tempdir = str(tmp)
     dask.config.set({"temporary-directory": str(scratch)})
+
+    def put_back() -> None:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        tempfile.tempdir = tempdir
+        dask.config.set({"temporary-directory": temporary})
+
+    return put_back
 
 
 def owned_directory(path: Path) -> Path:

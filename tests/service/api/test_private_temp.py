@@ -73,3 +73,31 @@ def test_a_scratch_directory_that_is_a_link_is_refused(tmp_path):
     line = out.stderr.strip().splitlines()[-1]
     assert f"state-dir: cannot use {str(state / 'tmp')!r}" in line, out.stderr
     assert not list(elsewhere.iterdir())
+
+
+def test_serve_in_this_process_puts_the_temporary_directories_back(tmp_path, monkeypatch):
+    # a caller in the process (a test, a notebook) keeps its own after the command ends:
+    # a port in use ends it at once, after the private directories were set
+    import socket
+    import tempfile
+
+    import dask
+    from click.testing import CliRunner
+
+    from spillway.cli import main
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "mine"))
+    (tmp_path / "mine").mkdir()
+    before = (tempfile.tempdir, dask.config.get("temporary-directory", None))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    try:
+        result = CliRunner().invoke(main, ["serve", "--cpu", "--state-dir", str(tmp_path / "state"),
+                                           "--port", str(port)])
+    finally:
+        taken.close()
+    assert result.exit_code != 0 and "port" in result.output, result.output
+    assert (tmp_path / "state" / "tmp").is_dir()  # it had set them
+    assert os.environ["TMPDIR"] == str(tmp_path / "mine")
+    assert (tempfile.tempdir, dask.config.get("temporary-directory", None)) == before
