@@ -304,13 +304,15 @@ def split_inputs(client, collection, timeout: float):
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
     from distributed import wait
 
+    from spillway.datapath.collective.graph import futures_layer
+
     graph = collection.__dask_graph__()
     if not isinstance(graph, HighLevelGraph):
         raise TypeError(f"expected a layered dask graph, got {type(graph).__name__}")
     roots = [name for name, deps in graph.dependencies.items() if not deps]
     # a root persisted already (the user's field, :func:`.workloads.expressions.held`) is
     # its futures: waited for, not persisted again
-    done = [name for name in roots if _futures_layer(graph.layers[name])]
+    done = [name for name in roots if futures_layer(graph.layers[name])]
     roots = [name for name in roots if name not in done]
     held = [f for name in done for f in graph.layers[name].values()]
     keys = [k for name in roots for k in graph.layers[name]]
@@ -323,15 +325,6 @@ def split_inputs(client, collection, timeout: float):
         layers[name] = MaterializedLayer({k: by_key[k] for k in graph.layers[name]})
     rebuild, args = collection.__dask_postpersist__()
     return list(futures) + held, rebuild(HighLevelGraph(layers, graph.dependencies), *args)
-
-
-def _futures_layer(layer) -> bool:
-    from distributed import Future
-
-    if not layer.is_materialized():
-        return False
-    first = next(iter(layer.values()), None)
-    return isinstance(first, Future)
 
 
 def wait_released(client, timeout: float = 120) -> bool:

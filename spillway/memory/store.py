@@ -220,8 +220,7 @@ class TieredStore(MutableMapping):
         books = self.books
         if books is None:
             return None
-        available, _ = books.read()
-        return self.host.held_bytes + max(0, available - books.headroom)
+        return self.host.held_bytes + max(0, int(books.available()) - books.headroom)
 
     @property
     def below_bytes(self) -> int:
@@ -492,12 +491,13 @@ class TieredStore(MutableMapping):
         return self._ahead
 
     def _unneeded_on_host(self):
-        """The first host group (in eviction order) that no task waits for, or None."""
-        order = self._order(HOST)
-        if not order:
-            return None
-        gid = order[0]
-        return gid if eviction.rank_of(self.rank, self._spilled.groups[gid].skeletons) is None else None
+        """The oldest host group that no task waits for (the first in eviction order), or
+        None; found without ordering the whole tier."""
+        groups = self._spilled.groups
+        for gid in self._spilled.resident[HOST]:
+            if eviction.rank_of(self.rank, groups[gid].skeletons) is None:
+                return gid
+        return None
 
     def _wants_drain(self) -> bool:
         """Whether the next spills would find no room in the host tier (its margin not

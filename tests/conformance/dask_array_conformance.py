@@ -35,7 +35,7 @@ import json
 import pytest
 
 from dask_array_suite import NOT_RUN, control_failure, in_shard, shared_id, varies_on_control
-from on_cluster import assert_eq_on_cluster, count_tasks, held_keys, take_counts, wait_released
+from on_cluster import assert_eq_on_cluster, count_tasks, one_test
 
 CHOICES = ("spillway", "control")
 WORKERS = 2
@@ -90,11 +90,8 @@ def conformance_cluster(request):
 
 @pytest.fixture(autouse=True)
 def released_keys(request, conformance_cluster):
-    take_counts(conformance_cluster)
-    held = held_keys(conformance_cluster)
-    yield
-    request.node.user_properties.append(("tasks", take_counts(conformance_cluster)))
-    wait_released(conformance_cluster, held=held)
+    with one_test(conformance_cluster, request.node):
+        yield
 
 
 class Outcomes:

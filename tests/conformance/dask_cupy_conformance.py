@@ -37,7 +37,7 @@ import json
 
 import pytest
 
-from on_cluster import assert_eq_on_cluster, count_tasks, held_keys, take_counts, wait_released
+from on_cluster import assert_eq_on_cluster, count_tasks, one_test
 
 CHOICES = ("tiered-host", "tiered-disk", "dask-cuda")
 DEVICE_LIMIT = "1MB"
@@ -91,14 +91,10 @@ def conformance_cluster(request):
 
 @pytest.fixture(autouse=True)
 def released_keys(request, conformance_cluster):
-    take_counts(conformance_cluster)
-    held = held_keys(conformance_cluster)
-    yield
-    counts = take_counts(conformance_cluster)
-    request.node.user_properties.append(("tasks", counts))
+    keep = request.config.getoption("--conformance-keep-keys")
+    with one_test(conformance_cluster, request.node, release=not keep) as counts:
+        yield
     _TASKS[request.node.nodeid] = counts
-    if not request.config.getoption("--conformance-keep-keys"):
-        wait_released(conformance_cluster, held=held)
 
 
 #: the tasks the scheduler ran for each test, by node id

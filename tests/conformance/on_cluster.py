@@ -89,5 +89,20 @@ def wait_released(client, seconds: float = 3, held: set | None = None) -> None:
         time.sleep(0.02)
 
 
+@contextlib.contextmanager
+def one_test(client, node, *, release: bool = True):
+    """Around one test: the tasks the scheduler ran for it, recorded on its report
+    (``node.user_properties``: ``tasks``) and yielded (a dict, filled once the test ends),
+    and, where ``release``, a wait until the keys it made are let go (:func:`wait_released`)."""
+    take_counts(client)
+    held = held_keys(client)
+    counts: dict = {}
+    yield counts
+    counts.update(take_counts(client))
+    node.user_properties.append(("tasks", counts))
+    if release:
+        wait_released(client, held=held)
+
+
 def _keys(dask_scheduler=None) -> set:
     return set(dask_scheduler.tasks)

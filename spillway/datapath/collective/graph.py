@@ -76,18 +76,18 @@ def made_from_held(x) -> bool:
     """Whether ``x`` is, or is made from, a client's persisted array: a layer of its graph
     is futures (read off the layers' kinds: a lazy graph is never materialized for this)."""
     layers = getattr(x.dask, "layers", None)
-    if not layers:
+    return bool(layers) and any(futures_layer(layer) for layer in layers.values())
+
+
+def futures_layer(layer) -> bool:
+    """Whether a graph layer is a client's futures (what ``persist`` makes of a layer)."""
+    if not layer.is_materialized():
         return False
     try:
         from distributed import Future
     except ImportError:
         return False
-    for layer in layers.values():
-        if layer.is_materialized():
-            first = next(iter(layer.values()), None)
-            if isinstance(first, Future):
-                return True
-    return False
+    return isinstance(next(iter(layer.values()), None), Future)
 
 
 def exchangeable(x) -> bool:
