@@ -373,7 +373,9 @@ def _forced_line(measure) -> str:
         taken = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in (host.get("taken_from") or {}).items() if v)
         line += (f"\n    D->H {d2h['bytes'] / d2h['seconds'] / 1e9:.1f} GB/s over {d2h['seconds']:.2f} s, of which "
                  f"{spill.get('spill_alloc_s') or 0:.2f} s getting buffers (room {host.get('room_s', 0):.2f} s, "
-                 f"new {host.get('new_s', 0):.2f} s); host buffers GB: {taken or 'none'}")
+                 f"new {host.get('new_s', 0):.2f} s); host buffers GB: {taken or 'none'}"
+                 + (f"; touched ahead {host['touched_ahead'] / 1e9:.1f} GB in {host.get('ahead_s', 0):.2f} s"
+                    if host.get("touched_ahead") else ""))
     written = spill.get("written_below") or {}
     if any(written.values()):
         line += (f"\n    to disk GB: drain {written['drained'] / 1e9:.1f}, the machine's room "

@@ -94,7 +94,7 @@ def spill_moves(before: dict, after: dict) -> dict:
     moves = {m: {"bytes": 0, "seconds": 0.0} for m in MOVES}
     timed, wait, producer, alloc = False, 0.0, 0.0, 0.0
     # where the host buffers the moves took came from, and what getting them cost
-    host = {"taken_from": {}, "room_s": 0.0, "new_s": 0.0}
+    host = {"taken_from": {}, "room_s": 0.0, "new_s": 0.0, "ahead_s": 0.0, "touched_ahead": 0}
     # why host values went below: the drain, the machine's room, the host tier's limit;
     # and how much of it a task still waited for
     written = dict.fromkeys(WRITTEN, 0)
@@ -116,7 +116,7 @@ def spill_moves(before: dict, after: dict) -> dict:
             for source, n in (new_host.get("taken_from") or {}).items():
                 host["taken_from"][source] = (host["taken_from"].get(source, 0) + n
                                               - (old_host.get("taken_from") or {}).get(source, 0))
-            for key in ("room_s", "new_s"):
+            for key in ("room_s", "new_s", "ahead_s", "touched_ahead"):
                 host[key] += new_host.get(key, 0.0) - old_host.get(key, 0.0)
         else:
             for m in MOVES:

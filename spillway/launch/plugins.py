@@ -157,8 +157,11 @@ def quiet_retried_allocations() -> None:
 #: anyway (ucxx's own: 1 s; :func:`~spillway.upstream.tighten_progress_net`)
 PROGRESS_NET_S = 0.005
 #: seconds a kept pageable buffer waits for reuse before it goes back to the host: longer
-#: than the gaps between the graphs of one piece of work, short beside an idle notebook
-KEPT_IDLE_S = 30
+#: than the gaps between the graphs of one piece of work, short beside an idle notebook.
+#: 30 s was shorter than one out-of-core FFT's run and the pause before the next on one
+#: H100 (10-15 s each): the third of the bench's runs found its buffers gone mid-run and
+#: touched 27 GB anew (14.4 s against 9.1-10.9 s)
+KEPT_IDLE_S = 120
 #: the longest a worker's set-up waits for the warm-up thread's zarr before it installs the
 #: host buffer (importing zarr itself, whatever the thread is doing)
 ZARR_IMPORT_WAIT_S = 60

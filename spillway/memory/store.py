@@ -109,6 +109,7 @@ class TieredStore(MutableMapping):
         #: whatever else holds the machine's memory (other processes, the process's own)
         self.books = books
         self.host.before_new = self._room_for_new_host_memory
+        self.host.has_room = self._room_ahead
         #: what the store starts once its worker has started (the pinned arena's growth:
         #: see :meth:`start`)
         self.on_start: list[Callable[[], Any]] = []
@@ -711,6 +712,13 @@ class TieredStore(MutableMapping):
             logger.warning("%s: the host is short of memory for a %s buffer and the host tier holds "
                            "nothing more to write to disk (%s)", self.name, format_bytes(nbytes),
                            books.pressure(paused=False) or "the process holds it outside the store")
+
+    def _room_ahead(self, nbytes: int) -> bool:
+        """Whether a buffer of ``nbytes`` touched ahead of the spills fits the machine
+        beside the drain's margin: one that took the margin would make the drain write
+        values to disk for a buffer that no spill may ever take."""
+        books = self.books
+        return books is None or books.short_by(nbytes + self.drain_margin, count=False) <= 0
 
     def relieve_host(self) -> int:
         """Write host groups to disk while the machine is under its headroom or the

@@ -17,7 +17,7 @@ from .books import HostBooks
 from .codecs import CupyCodec
 from .disk import DiskTier
 from .growth import TOUCH_STEP, headroom_for, host_available, host_total
-from .host import HostBuffers
+from .host import TOUCH_FROM, HostBuffers
 from .store import TieredStore
 
 
@@ -125,7 +125,8 @@ def gpu_worker_store(
     # worker's share of what the host may pin, then pageable ones, touched by several
     # threads and kept for reuse up to the host tier's limit
     host = HostBuffers(None, _pinned_fallback, pinned_limit=pinned_limit, trim=_trim_pinned_pool,
-                       pageable=touched_pageable, pageable_cache=host_limit or 0)
+                       pageable=touched_pageable, pageable_cache=host_limit or 0,
+                       touch_ahead=min(TOUCH_AHEAD_BYTES, (host_limit or 0) // 8))
     store = TieredStore(
         device_limit=device_memory_limit,
         host_limit=host_limit,
@@ -176,8 +177,10 @@ def start_arena(host: HostBuffers, nbytes: int):
     )
 
 
-#: pageable buffers from this size up are touched by several threads when taken
-TOUCH_PAGEABLE_FROM = 64 * 2**20
+#: bytes of pageable buffers a worker keeps touched ahead of its spills, at most (an eighth
+#: of its host tier where smaller): about half a second of the first touch's rate on the
+#: one-H100 host, so that spills at the pinned copy's rate seldom catch up with it
+TOUCH_AHEAD_BYTES = 8 * 2**30
 
 
 def touched_pageable(nbytes: int) -> np.ndarray:
@@ -185,7 +188,7 @@ def touched_pageable(nbytes: int) -> np.ndarray:
     from the device into untouched pages pays each page's first touch on the one thread
     that copies (1.6 GiB/s on the 2 x H200 host), where :func:`touch_segment`'s threads
     take them at 4.9-8.5 GiB/s. Small buffers are plain ``numpy.empty``."""
-    if nbytes < TOUCH_PAGEABLE_FROM:
+    if nbytes < TOUCH_FROM:
         return np.empty(nbytes, dtype=np.uint8)
     return touch_segment(nbytes)
 

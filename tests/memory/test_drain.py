@@ -282,3 +282,25 @@ def test_the_host_room_is_what_the_machine_lets_the_tier_hold_under_its_limit():
     assert s.host_bytes == 2 * MB and s.host_room == 48 * MB  # what it holds counts in
     s.close()
 
+
+
+def test_a_buffer_touched_ahead_leaves_the_drain_its_margin():
+    """The store lets its host buffers touch a pageable buffer ahead only where the machine
+    keeps the drain's margin beside it: one that took the margin would make the drain write
+    values to disk for a buffer no spill may take."""
+    from spillway.memory.books import HostBooks
+
+    free = [64 * MB]
+    books = HostBooks(available=lambda: free[0], headroom=16 * MB, resident=lambda: 0)
+    s = TieredStore(device_limit=2 * MB, host_limit=1024 * MB, codec=NumpyCodec(), below=[SlowTier()],
+                    host=HostBuffers(), books=books)
+    try:
+        margin = s.drain_margin
+        assert margin > 0
+        room = free[0] - books.headroom
+        assert s.host.has_room(room - margin)
+        assert not s.host.has_room(room - margin + 1)
+        free[0] = books.headroom  # the machine at its headroom: nothing ahead
+        assert not s.host.has_room(1)
+    finally:
+        s.close()

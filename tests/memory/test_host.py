@@ -604,15 +604,16 @@ def test_large_pageable_buffers_come_touched_and_small_ones_plain():
     (the process's resident memory grew by it); a small one is a plain numpy buffer."""
     import psutil
 
-    from spillway.memory.worker import TOUCH_PAGEABLE_FROM, touched_pageable
+    from spillway.memory.host import TOUCH_FROM
+    from spillway.memory.worker import touched_pageable
 
     small = touched_pageable(4096)
     assert small.nbytes == 4096 and small.dtype == np.uint8
     before = psutil.Process().memory_info().rss
-    big = touched_pageable(TOUCH_PAGEABLE_FROM)
+    big = touched_pageable(TOUCH_FROM)
     grew = psutil.Process().memory_info().rss - before
-    assert big.nbytes == TOUCH_PAGEABLE_FROM and not big.any()
-    assert grew >= 0.9 * TOUCH_PAGEABLE_FROM, grew
+    assert big.nbytes == TOUCH_FROM and not big.any()
+    assert grew >= 0.9 * TOUCH_FROM, grew
     big[:] = 7  # writable
     assert int(big[-1]) == 7
 
@@ -647,3 +648,100 @@ def test_the_worker_counts_as_busy_to_its_arena_while_its_cluster_starts(monkeyp
     memory_worker._hold_until[0] = time.monotonic() - 1
     assert not memory_worker._worker_busy()
 
+
+
+# --- pageable buffers touched ahead of the spills
+
+
+def _wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_pageable_buffers_are_touched_ahead_on_their_own_thread_and_the_next_spills_take_them():
+    """Past the pinned memory, the first pageable buffer of a size makes a thread of the
+    host's own touch more of it; the next spills of that size take those, not new ones,
+    and none of them was taken on the spilling thread."""
+    from spillway.memory.host import TOUCH_FROM
+
+    size = TOUCH_FROM
+    takers = []
+
+    def pageable(n):
+        takers.append(threading.current_thread().name)
+        return np.empty(n, dtype=np.uint8)
+
+    host = HostBuffers(None, None, pageable=pageable, pageable_cache=64 * size, touch_ahead=3 * size)
+    try:
+        first = host.alloc(size)
+        assert _wait_for(lambda: host.kept_bytes == 3 * size), host.kept_bytes
+        assert host.ahead_total == 3 * size and host.held_bytes == 4 * size
+        before = len(takers)
+        rest = [host.alloc(size) for _ in range(3)]
+        assert host.taken_from["kept"] == 3 * size and host.taken_from["pageable"] == size
+        assert takers[0] == threading.current_thread().name  # the first: no buffer was ready
+        assert all(t == "spillway-touch-ahead" for t in takers[1:before])
+        # taking the kept ones made the thread touch the next ones
+        assert _wait_for(lambda: host.kept_bytes == 3 * size)
+        for b in [first, *rest]:
+            host.release(b)
+    finally:
+        host.close()
+    assert not host._ahead_thread.is_alive() or _wait_for(lambda: not host._ahead_thread.is_alive(), 3)
+
+
+def test_nothing_is_touched_ahead_without_room_on_the_machine_or_in_the_host_tier():
+    """A buffer touched ahead never takes memory the machine lacks (the store's books say
+    so through ``has_room``), nor passes the host tier's cache of pageable buffers."""
+    from spillway.memory.host import TOUCH_FROM
+
+    size = TOUCH_FROM
+    host = HostBuffers(None, None, pageable_cache=64 * size, touch_ahead=4 * size)
+    room = [False]
+    host.has_room = lambda n: room[0]
+    try:
+        host.alloc(size)
+        time.sleep(0.2)
+        assert host.kept_bytes == 0 and host.ahead_total == 0
+        room[0] = True
+        host.alloc(size)
+        assert _wait_for(lambda: host.kept_bytes == 4 * size)
+    finally:
+        host.close()
+    capped = HostBuffers(None, None, pageable_cache=3 * size, touch_ahead=8 * size)
+    try:
+        capped.alloc(size)
+        capped.touch_ahead(size)
+        assert _wait_for(lambda: capped.kept_bytes == 2 * size)
+        time.sleep(0.2)
+        assert capped.kept_bytes + capped.pageable_bytes == 3 * size  # the cache's bound
+    finally:
+        capped.close()
+
+
+def test_small_buffers_and_buffers_inside_the_pinned_limit_are_not_touched_ahead():
+    """Buffers under TOUCH_FROM cost little to take where they are needed, and while the
+    pinned path still takes requests the spills need no pageable buffer."""
+    from spillway.memory.host import TOUCH_FROM
+
+    host = HostBuffers(None, None, pageable_cache=1 << 40, touch_ahead=1 << 30)
+    try:
+        host.alloc(TOUCH_FROM // 2)
+        time.sleep(0.2)
+        assert host.ahead_total == 0 and host._ahead_thread is None
+    finally:
+        host.close()
+    arena = Arena(np.empty(4 * TOUCH_FROM, dtype=np.uint8))
+    roomy = HostBuffers(arena, lambda n: np.empty(n, dtype=np.uint8), pinned_limit=1 << 40,
+                        pageable_cache=1 << 40, touch_ahead=8 * TOUCH_FROM)
+    try:
+        roomy.alloc(TOUCH_FROM)  # from the arena, more pinned memory to come
+        roomy.alloc(8 * TOUCH_FROM)  # pinned on demand
+        time.sleep(0.2)
+        assert roomy.ahead_total == 0
+    finally:
+        roomy.close()
