@@ -83,7 +83,8 @@ DISK_FULL = "spillway-disk-full"
 #: pinned arenas grow from then on at full speed instead of waiting for a quiet worker
 HOST_WANTED = "spillway-host-wanted"
 #: the scheduler's word to a worker: a graph admitted goes past your device and host by
-#: ``nbytes`` (your share of what it writes to disk), which your drain may write ahead
+#: ``nbytes`` (your share of what it writes to disk), which your drain may write ahead;
+#: ``nbytes`` 0 once every admitted graph is in memory (nothing more to write ahead)
 DISK_AHEAD = "spillway-disk-ahead"
 #: the mark of the disk-traffic line printed at a client (:func:`disk_lines` takes it)
 DISK_LINE = "spillway-disk-traffic"
@@ -167,6 +168,8 @@ class CapacityPlugin(SchedulerPlugin):
         self._stopped_at: dict = {}
         #: workers told that spills are coming
         self._told: set = set()
+        #: workers told a share of disk bytes to write ahead, not yet told it ended
+        self._ahead_told: set = set()
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
@@ -258,8 +261,18 @@ class CapacityPlugin(SchedulerPlugin):
         if not total:
             return
         for address, nbytes in memory.items():
-            if address in scheduler.workers:
-                scheduler.worker_send(address, {"op": DISK_AHEAD, "nbytes": int(to_disk * nbytes / total)})
+            share = int(to_disk * nbytes / total)
+            if address in scheduler.workers and share > 0:
+                scheduler.worker_send(address, {"op": DISK_AHEAD, "nbytes": share})
+                self._ahead_told.add(address)
+
+    def _end_write_ahead(self) -> None:
+        """Every admitted graph is in memory: the workers told to write ahead stop (the
+        next graph's inputs, held before its tasks ask for them, look needed by no task)."""
+        told, self._ahead_told = self._ahead_told, set()
+        for address in told:
+            if address in self.scheduler.workers:
+                self.scheduler.worker_send(address, {"op": DISK_AHEAD, "nbytes": 0})
 
     def _peak(self, scheduler, new, run, sizes, priority, held: int, capacity: Capacity) -> int | None:
         """Bytes the graph holds at its most (its new outputs, and its intermediates while
@@ -332,8 +345,12 @@ class CapacityPlugin(SchedulerPlugin):
         if finish != "erred":
             if self.pending and (finish == "memory" or finish == "forgotten"):
                 self.pending.pop(key, None)
+                if not self.pending and self._ahead_told:
+                    self._end_write_ahead()
             return
         self.pending.pop(key, None)
+        if not self.pending and self._ahead_told:
+            self._end_write_ahead()
         text, worker = upstream.erred_text(kwargs)
         line = _disk_full_line(text)
         if line is not None:

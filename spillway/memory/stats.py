@@ -26,6 +26,9 @@ class TierStats:
     prefetched_bytes: int = 0
     #: of the host -> below bytes, those the drain wrote off the spills' path
     drained_bytes: int = 0
+    #: bytes the scheduler said its admitted graphs write to disk here, summed over its
+    #: words (:meth:`~spillway.memory.store.TieredStore.write_ahead`)
+    ahead_said_bytes: int = 0
     #: of the host -> below bytes, those written because the machine was short of memory
     #: for a new host buffer (:meth:`~spillway.memory.store.TieredStore.relieve_host` and
     #: the room a new buffer needs), and those written because the host tier was at its
@@ -61,6 +64,7 @@ class TierStats:
             "spill_alloc_s": self.spill_alloc_s,
             "prefetched_bytes": self.prefetched_bytes,
             "drained_bytes": self.drained_bytes,
+            "ahead_said_bytes": self.ahead_said_bytes,
             "room_written_bytes": self.room_written_bytes,
             "limit_written_bytes": self.limit_written_bytes,
             "needed_written_bytes": self.needed_written_bytes,

@@ -481,9 +481,18 @@ class TieredStore(MutableMapping):
         bytes go to disk whatever the order. Written while the host tier fills, the disk's
         time hides behind the spills' instead of following them (an FFT past one H100's
         device and host ran its last half at the disk's rate, writing what it must only
-        once the host was full)."""
+        once the host was full).
+
+        ``nbytes`` of 0 ends it: the scheduler's admitted graphs are all in memory. What
+        was not written by then is not written: the next graph's inputs, held on the host
+        before a task of it asks for them, are needed by no task yet (on one H100 a
+        budget left from one FFT wrote the next one's inputs to disk, 18 GB read back)."""
         with self._lock:
+            if nbytes <= 0:
+                self._ahead = 0
+                return
             self._ahead = max(self._ahead, int(nbytes))
+            self.stats.ahead_said_bytes += int(nbytes)
             self._wake_drain()
 
     @property

@@ -348,12 +348,13 @@ def test_a_graph_past_device_and_host_tells_its_own_client_alone_its_disk_traffi
         events = client.run_on_scheduler(lambda dask_scheduler: [
             e for _, e in dask_scheduler.get_events("spillway-capacity") if e.get("action") == "to-disk"])
         assert [(e["client"], e["bytes"], e["message"]) for e in events] == [(client.id, to_disk, line)]
-        # the one worker heard its share of the disk bytes, for its drain to write ahead
-        # (the word goes on the worker's batched stream: in within moments)
+        # the one worker heard its share of the disk bytes, for its drain to write ahead,
+        # and, the graph all in memory, that the write-ahead ended (the words go on the
+        # worker's batched stream: in within moments)
         deadline = time.monotonic() + 5
-        while store.ahead_bytes != to_disk and time.monotonic() < deadline:
+        while (store.stats.ahead_said_bytes != to_disk or store.ahead_bytes) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert store.ahead_bytes == to_disk
+        assert store.stats.ahead_said_bytes == to_disk and store.ahead_bytes == 0
         assert events[0]["seconds"] == pytest.approx(seconds)
         np.testing.assert_array_equal(yp.compute(), y.compute(scheduler="sync"))
         _intact(x, values)

@@ -304,3 +304,22 @@ def test_a_buffer_touched_ahead_leaves_the_drain_its_margin():
         assert not s.host.has_room(1)
     finally:
         s.close()
+
+
+def test_a_write_ahead_ended_by_the_scheduler_writes_nothing_of_the_next_graph_s_inputs(small_margin):
+    """Once the scheduler says its admitted graphs are all in memory (a word of 0 bytes),
+    what was left of the budget is not written: the next graph's inputs, held on the host
+    before its tasks ask for them, are needed by no task yet and would be read back."""
+    tier = SlowTier()
+    s = make(tier, rank=lambda k: None, host_mb=16)
+    s.write_ahead(8 * MB)
+    s[0], s[1] = chunk(0), chunk(1)  # the graph's outputs: on the device
+    s.write_ahead(0)  # the graph is in memory
+    assert s.ahead_bytes == 0 and s.stats.ahead_said_bytes == 8 * MB
+    for i in range(2, 6):  # the next graph's inputs, 2 to 5, pushed to the host
+        s[i] = chunk(i)
+    settled(s)
+    assert tier.calls["put"] == 0 and s.stats.drained_bytes == 0
+    for i in range(6):
+        np.testing.assert_array_equal(s[i], chunk(i))
+    s.close()
