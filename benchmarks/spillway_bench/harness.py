@@ -68,6 +68,9 @@ class BenchRun:
     label: str | None = None
     #: record each workload's slowest timed run per worker (``--timeline``)
     timeline: bool = False
+    #: the side whose cluster starts first (``--first-side``): on a freshly started host
+    #: it alone meets the host's first touch of its memory
+    first_side: str = "spillway"
     #: the results file or directory to compare with (:mod:`.previous`); None: where the
     #: results are written
     previous: Any = None
@@ -124,7 +127,7 @@ def run(bench_run: BenchRun, *, log: Callable[[str], None],
     clusters: dict[str, dict] = {}
     with dask.config.set({"distributed.admin.low-level-log-length": TRANSFER_LOG_LENGTH}):
         for changes, members in groups(bench_run):
-            for side in changes:
+            for side in sorted(changes, key=lambda s: s != bench_run.first_side):
                 mine = changes[side]
                 if SIDES[side].cluster == "spillway":
                     opener = lambda: spillway(  # noqa: E731

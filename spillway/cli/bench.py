@@ -42,6 +42,10 @@ from .options import cluster_options, resolve
 @click.option("--no-baseline", is_flag=True,
               help="Run spillway's side only (the results record the baseline as skipped), to compare "
                    "one transfer-path step with the previous step's results file.")
+@click.option("--first-side", type=click.Choice(["spillway", "tasks_method", "baseline"]), default="spillway",
+              show_default=True,
+              help="The side whose cluster starts first (the others follow in their order). On a freshly "
+                   "started host the first side alone meets the host's first touch of its memory.")
 @click.option("--label", default=None, metavar="TEXT",
               help="A short name for this run ([A-Za-z0-9_.-], at most 40), kept in the JSON and added to "
                    "the file names, so several runs in one session keep their own files.")
@@ -76,7 +80,8 @@ from .options import cluster_options, resolve
 @cluster_options
 @fail_cleanly
 @stopped_as("the benchmarks and their clusters")
-def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, previous, no_baseline, label, timeline,
+def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, previous, no_baseline, first_side, label,
+          timeline,
           link_sweep, sweep_sizes, zarr_io, matrix_slice, matrix_merge, budget, options_flags):
     """Run each workload on spillway's cluster and on plain LocalCUDACluster(protocol="ucx")
     (plain LocalCluster on CPU), and report times, speedups, transfer bandwidth against the
@@ -128,6 +133,7 @@ def bench(only, sizes, runs, out_dir, timeout, no_ceilings, merge_into, previous
     bench_run = prepare(resolve(options_flags), only=only, sizes=sizes, runs=runs, timeout=timeout,
                         merge_into=merge_into, baseline=not no_baseline, label=label, previous=previous)
     bench_run.timeline = timeline
+    bench_run.first_side = first_side
     extra = {"measure_ceilings": not_measured} if no_ceilings else {}
     results, _ = run_bench(bench_run, Path(out_dir), stream=sys.stderr, **extra)
     for line in target_lines(results):
