@@ -210,8 +210,7 @@ class WorkerSetup(WorkerPlugin):
         worker.stream_handlers[HOST_WANTED] = lambda **_: host.missed_arena() if host is not None else None
         # a graph admitted past this worker's device and host: what it must write to disk
         # goes while the host tier fills, not after (a worker of another store ignores it)
-        ahead = getattr(store, "write_ahead", None)
-        worker.stream_handlers[DISK_AHEAD] = lambda nbytes=0, **_: ahead(nbytes) if ahead is not None else None
+        worker.stream_handlers[DISK_AHEAD] = lambda nbytes=0, **_: self._write_ahead(worker, store, nbytes)
         if self.gc_freeze:
             from .collector import start_settling
 
@@ -295,6 +294,29 @@ class WorkerSetup(WorkerPlugin):
             callback = PeriodicCallback(lambda: self._prefetch_tick(worker, store), 5)
             worker.periodic_callbacks["spillway-prefetch"] = callback
             callback.start()
+
+    def _write_ahead(self, worker, store, nbytes: int) -> None:
+        """The scheduler's word on a graph past this worker's device and host: the store
+        writes ahead once the scheduler has said what waits for its keys since that graph
+        came (:class:`~spillway.memory.policy.SchedulerRanks`). The ranks in hand predate
+        it: its inputs, held here before its tasks came, rank as needed by no task until the
+        next answer, and the drain wrote them to disk first (37.7 GB of one O4 run on one
+        H100, read back)."""
+        import asyncio
+
+        ahead = getattr(store, "write_ahead", None)
+        if ahead is None:
+            return
+        far = getattr(self, "scheduler_ranks", None)
+        if nbytes <= 0 or far is None:
+            ahead(nbytes)
+            return
+
+        async def asked_first():
+            await far.ask(worker)
+            ahead(nbytes)
+
+        asyncio.ensure_future(asked_first())
 
     def _ask_next_use(self, worker, store, far) -> None:
         """Ask the scheduler what waits for this worker's keys while the store is filling

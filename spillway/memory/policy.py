@@ -33,6 +33,10 @@ SOONEST = (float("-inf"),)
 #: the least time between two asks, and the share of it one answer may cost the worker
 ASK_EVERY_S = 0.25
 ASK_SHARE = 0.05
+#: the most time between two asks: an answer's time counts the scheduler's queue too, and
+#: one slowed by a large graph's arrival (a second) would otherwise leave the worker's
+#: ranks twenty seconds old through the graph's run
+ASK_MOST_S = 2.0
 
 
 def next_use(worker, far: SchedulerRanks | None = None) -> Callable[[Hashable], tuple | None]:
@@ -79,7 +83,7 @@ class SchedulerRanks:
 
     def due(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
-        return self.answered and now - self.asked_at >= max(ASK_EVERY_S, self.cost_s / ASK_SHARE)
+        return self.answered and now - self.asked_at >= max(ASK_EVERY_S, min(ASK_MOST_S, self.cost_s / ASK_SHARE))
 
     def take(self, keys, priorities, cost_s: float) -> None:
         self.ranks = {k: (tuple(p) if p is not None else None) for k, p in zip(keys, priorities)}

@@ -43,8 +43,46 @@ def test_a_costly_answer_is_asked_for_less_often():
     assert far.due(now=1e9)
     far.asked_at, far.cost_s = 100.0, 0.1  # 100 ms an answer: at most 5% of the time
     assert not far.due(now=101.0) and far.due(now=102.1)
+    # an answer slowed by a busy scheduler (a large graph arriving) leaves ranks at most
+    # ASK_MOST_S old, not twenty times its time
+    far.asked_at, far.cost_s = 200.0, 1.0
+    assert not far.due(now=201.9) and far.due(now=202.0)
     far.answered = False  # a scheduler without the handler is not asked again
     assert not far.due(now=1e9)
+
+
+def test_the_word_to_write_ahead_waits_for_an_answer_given_since_its_graph_came():
+    """The worker's store writes ahead only once the scheduler has said what waits for its
+    keys since the graph past its tiers came: the ranks in hand predate that graph, and its
+    inputs, held before its tasks came, would rank as needed by no task. A word of 0 ends
+    the write-ahead at once."""
+    import asyncio
+
+    from spillway.launch.plugins import WorkerSetup
+
+    order = []
+
+    class Far:
+        async def ask(self, worker):
+            order.append("asked")
+            await asyncio.sleep(0.01)
+            order.append("answered")
+
+    class Store:
+        def write_ahead(self, nbytes):
+            order.append(("ahead", nbytes))
+
+    setup = WorkerSetup()
+    setup.scheduler_ranks = Far()
+
+    async def main():
+        setup._write_ahead(None, Store(), 5)
+        assert order == []  # nothing before the answer
+        await asyncio.sleep(0.1)
+        setup._write_ahead(None, Store(), 0)
+
+    asyncio.run(main())
+    assert order == ["asked", "answered", ("ahead", 5), ("ahead", 0)]
 
 
 @pytest.fixture(scope="module")
