@@ -169,8 +169,31 @@ def _gpu_memory() -> int:
     return _GPU_MEMORY[0]
 
 
+#: the scheduler's handler that answers each worker's tiers from its heartbeats (the
+#: capacity plugin's, :mod:`.capacity`): the one source of capacity for admission
+CAPACITY = "spillway_capacity"
+
+
 def cluster_capacity(client) -> Capacity:
-    return combine(client.run(worker_capacity))
+    """The cluster's tiers, as admission counts them (:func:`combine`)."""
+    return combine(worker_reports(client))
+
+
+def worker_reports(client) -> dict:
+    """Each worker's :func:`worker_capacity` by address, from the scheduler's capacity
+    plugin, which holds them from the workers' heartbeats (one call to the scheduler, none
+    to the workers); a worker it has no report of, or a scheduler without the plugin (a
+    cluster spillway did not start), is asked directly."""
+    try:
+        answer = client.sync(getattr(client.scheduler, CAPACITY))
+    except Exception:  # noqa: BLE001 (no such handler there: the workers are asked)
+        answer = None
+    if not isinstance(answer, dict) or not isinstance(answer.get("reports"), dict):
+        return client.run(worker_capacity)
+    reports = dict(answer["reports"])
+    if answer.get("missing"):
+        reports.update(client.run(worker_capacity, workers=list(answer["missing"])))
+    return reports
 
 
 def combine(per_worker: dict, *, with_stored: bool = False) -> Capacity:

@@ -68,7 +68,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from spillway import upstream
 from spillway.options.errors import AdmissionError, SpillDiskFull
-from spillway.memory.admission import Capacity, DiskTraffic, combine, disk_traffic
+from spillway.memory.admission import CAPACITY, Capacity, DiskTraffic, combine, disk_traffic
 from spillway.memory.graph_bytes import NBYTES, graph_bytes, peak_bytes
 from spillway.options.sizes import format_bytes
 
@@ -86,6 +86,9 @@ HOST_WANTED = "spillway-host-wanted"
 #: ``nbytes`` (your share of what it writes to disk), which your drain may write ahead;
 #: ``nbytes`` 0 once every admitted graph is in memory (nothing more to write ahead)
 DISK_AHEAD = "spillway-disk-ahead"
+#: seconds the handler waits for workers that have not reported their tiers yet (one that
+#: joined since its last heartbeat) before it answers without them
+REPORT_WAIT_S = 5.0
 #: the mark of the disk-traffic line printed at a client (:func:`disk_lines` takes it)
 DISK_LINE = "spillway-disk-traffic"
 #: a graph whose disk traffic takes less than this at the disks' rates is not told (the
@@ -161,6 +164,8 @@ class CapacityPlugin(SchedulerPlugin):
         self.pending: dict = {}
         self.refused = 0
         self.stops = 0
+        #: times a client asked for the cluster's tiers (:meth:`tiers`)
+        self.asked = 0
         #: graphs admitted past device + host whose disk traffic was said
         self.told = 0
         self._sizes = False
@@ -174,6 +179,24 @@ class CapacityPlugin(SchedulerPlugin):
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         self._sizes = install_sizes()
+        scheduler.handlers[CAPACITY] = self.tiers
+
+    async def tiers(self) -> dict:
+        """The :data:`CAPACITY` handler: each worker's last :data:`TIERS` report by address
+        (``reports``), waiting up to :data:`REPORT_WAIT_S` for workers that have none yet,
+        and the addresses still without one (``missing``: workers without spillway's
+        plugin, or slow to report). The heartbeats carry the reports already, so admission
+        asks no worker."""
+        import asyncio
+
+        self.asked += 1
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while True:
+            reports = self._reports()
+            missing = [a for a in self.scheduler.workers if a not in reports]
+            if not missing or time.monotonic() >= deadline:
+                return {"reports": reports, "missing": missing}
+            await asyncio.sleep(0.05)
 
     async def close(self) -> None:
         if self._sizes:

@@ -142,3 +142,4 @@ def test_disk_traffic_is_an_even_share_at_the_slowest_worker_s_rates():
     assert (traffic.write_rate, traffic.read_rate, traffic.rates_from) == (GB, 2 * GB, "spills")
     unknown = disk_traffic(GB, {"tcp://b:1": worker(0.0, 0.0, None)})
     assert unknown.seconds is None and unknown.nbytes == GB
+

@@ -16,7 +16,8 @@ MB = 1 << 20
 
 PHASES_KEYS = {"seconds", "counts", "median", "taken_bytes"}
 STATS_KEYS = {"bytes", "seconds", "count", "wait_s", "producer_wait_s", "spill_alloc_s", "prefetched_bytes",
-              "drained_bytes", "room_written_bytes", "limit_written_bytes", "needed_written_bytes", "clean_bytes",
+              "drained_bytes", "ahead_said_bytes", "room_written_bytes", "limit_written_bytes", "needed_written_bytes",
+              "clean_bytes",
               "ondemand_events", "ondemand_bytes"}
 MEASURE_KEYS = {"collective", "plane", "decode", "store_moves", "store"}
 
