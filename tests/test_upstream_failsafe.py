@@ -227,11 +227,11 @@ def test_a_gather_function_of_another_signature_leaves_the_plane_off(monkeypatch
 
     monkeypatch.setattr(distributed.worker, "get_data_from_worker", other)
     monkeypatch.setattr(hook, "_original", None)
-    monkeypatch.setattr(hook, "PLANES", {})
-    worker = SimpleNamespace(address="ucx://10.0.0.1:1", handlers={})
+    plugin = DataPlanePlugin()
+    worker = SimpleNamespace(address="ucx://10.0.0.1:1", handlers={}, plugins={hook.PLUGIN_NAME: plugin})
     with caplog.at_level(logging.WARNING, "spillway.upstream"):
-        asyncio.run(DataPlanePlugin().setup(worker))
-    assert hook.PLANES == {} and "dataplane_contact" not in worker.handlers
+        asyncio.run(plugin.setup(worker))
+    assert hook.plane_of(worker) is None and "dataplane_contact" not in worker.handlers
     assert distributed.worker.get_data_from_worker is other  # distributed's gathers as they were
     assert said(caplog, "get_data_from_worker") == 1
 

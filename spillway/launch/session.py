@@ -220,10 +220,10 @@ def setup_workers(client, options: Options, *, wait_for: int | None = None, time
     return kind, len(kinds)
 
 
-def _arena_may_grow() -> None:
+def _arena_may_grow(dask_worker=None) -> None:
     from spillway.memory.worker import cluster_ready
 
-    cluster_ready()
+    cluster_ready(dask_worker)
 
 
 class _Steps:

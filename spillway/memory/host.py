@@ -87,6 +87,9 @@ class HostBuffers:
         self.largest_request = 0
         #: the background thread growing the arena, if any
         self.growth = None
+        #: while the worker's cluster starts, the growth waits (a GPU worker's
+        #: :class:`~spillway.memory.worker.StartHold`; None: no hold)
+        self.start_hold = None
         #: set by the first buffer the arena could not give: from then on the growth pins
         #: its segments without waiting for a quiet worker (the host tier is in use)
         self.wanted = threading.Event()

@@ -148,14 +148,27 @@ def gpu_worker_store(
 #: 4 MiB value from each (1.9-4.1 s without the profiler); a worker that joins a running
 #: cluster grows after this long, or at once when a spill wants the arena
 START_HOLD_S = 60.0
-_ready = threading.Event()
-_hold_until = [0.0]  # no hold until an arena starts growing
 
 
-def cluster_ready() -> None:
-    """The cluster this process's workers belong to is ready (its launcher says so, once
-    its start's steps are done): the arena grows from now on."""
-    _ready.set()
+class StartHold:
+    """A worker's arena waits while its cluster starts: until :data:`START_HOLD_S` after
+    the growth began, or until the launcher says the cluster is ready (:func:`cluster_ready`),
+    whichever comes first. Kept on the worker's host buffers (``host.start_hold``)."""
+
+    def __init__(self, seconds: float = START_HOLD_S):
+        self.until = time.monotonic() + seconds
+        self.ready = threading.Event()
+
+    def holds(self) -> bool:
+        return not self.ready.is_set() and time.monotonic() < self.until
+
+
+def cluster_ready(dask_worker=None) -> None:
+    """The cluster ``dask_worker`` belongs to is ready (its launcher says so, once its
+    start's steps are done): its arena grows from now on."""
+    hold = getattr(getattr(getattr(dask_worker, "data", None), "host", None), "start_hold", None)
+    if hold is not None:
+        hold.ready.set()
 
 
 def start_arena(host: HostBuffers, nbytes: int):
@@ -163,11 +176,11 @@ def start_arena(host: HostBuffers, nbytes: int):
     :mod:`spillway.memory.growth`): the worker starts at once, and its spills use each
     segment as soon as it is in. Taking it here, before the worker opens its comms, took
     about 35 s for 80 GB on the GPU host and held the worker's start as long."""
-    _hold_until[0] = time.monotonic() + START_HOLD_S
+    hold = host.start_hold = StartHold()
     return host.grow_arena(
         nbytes, touch_segment,
         pin=pin_segment,
-        busy=_worker_busy,
+        busy=functools.partial(_worker_busy, hold),
         give_back=give_back_segment,
         trim=_trim_pinned_pool,
         prepare=_near_the_gpu,
@@ -218,12 +231,12 @@ def _near_the_gpu() -> None:
             os.sched_setaffinity(0, cores)
 
 
-def _worker_busy() -> bool:
+def _worker_busy(hold: StartHold | None = None) -> bool:
     """Whether a worker of this process is running a task or moving data: a pin now would
     hold its CUDA calls (read from the growth thread: a counter read a moment stale only
-    moves a pin by one look); and while its cluster is starting (:data:`START_HOLD_S`)."""
+    moves a pin by one look); and while its cluster is starting (``hold``)."""
     workers = upstream.workers_of_process()
-    if workers and not _ready.is_set() and time.monotonic() < _hold_until[0]:
+    if workers and hold is not None and hold.holds():
         return True
     return any(upstream.at_work(w) for w in workers)
 

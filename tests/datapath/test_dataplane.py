@@ -105,8 +105,21 @@ def original(monkeypatch):
         return {"status": "OK", "data": {k: "comm" for k in keys}}
 
     monkeypatch.setattr(hook, "_original", comm_path)
-    monkeypatch.setattr(hook, "PLANES", {})
+    planes.clear()
+    # the workers of this process, as the hook finds them: one at ucx://me:2 whose plugin
+    # holds the plane a test sets in ``planes``
+    monkeypatch.setattr(hook.upstream, "workers_of_process", lambda: [_worker_with(planes.get("ucx://me:2"))])
     return calls
+
+
+#: the test worker's plane by its address (None: it has none)
+planes: dict = {}
+
+
+def _worker_with(plane, address="ucx://me:2"):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(address=address, plugins={hook.PLUGIN_NAME: SimpleNamespace(plane=plane)})
 
 
 def route(keys, worker="ucx://peer:1", who="ucx://me:2"):
@@ -114,26 +127,26 @@ def route(keys, worker="ucx://peer:1", who="ucx://me:2"):
 
 
 def test_a_gather_goes_over_the_plane_where_both_ends_have_one(original):
-    plane = hook.PLANES["ucx://me:2"] = StandIn(response={"status": "OK", "data": {"k": "plane"}})
+    plane = planes["ucx://me:2"] = StandIn(response={"status": "OK", "data": {"k": "plane"}})
     assert route(["k"]) == {"status": "OK", "data": {"k": "plane"}}
     assert plane.asked == [("ucx://peer:1", ["k"])] and original == []
 
 
 def test_the_comm_path_for_a_peer_or_worker_without_a_plane_or_a_request_too_large(original):
     assert route(["k"])["data"] == {"k": "comm"}  # this worker has no plane
-    hook.PLANES["ucx://me:2"] = StandIn(reaches=False)
+    planes["ucx://me:2"] = StandIn(reaches=False)
     assert route(["k"])["data"] == {"k": "comm"}  # the peer has none
-    hook.PLANES["ucx://me:2"] = StandIn(response=None)  # the plane declined (too many keys)
+    planes["ucx://me:2"] = StandIn(response=None)  # the plane declined (too many keys)
     assert route(["k"])["data"] == {"k": "comm"}
     assert len(original) == 3
 
 
 def test_busy_and_a_lost_peer_reach_distributed_as_its_own_comm_says_them(original):
-    hook.PLANES["ucx://me:2"] = StandIn(response={"status": "busy"})
+    planes["ucx://me:2"] = StandIn(response={"status": "busy"})
     assert route(["k"]) == {"status": "busy"}
     from distributed.comm.core import CommClosedError
 
-    hook.PLANES["ucx://me:2"] = StandIn(fail=CommClosedError("data plane: lost ucx://peer:1"))
+    planes["ucx://me:2"] = StandIn(fail=CommClosedError("data plane: lost ucx://peer:1"))
     with pytest.raises(OSError, match="lost"):  # gather_dep's network failure: the peer is dead
         route(["k"])
     assert original == []
@@ -144,14 +157,15 @@ def test_install_and_uninstall_swap_distributeds_function_once(monkeypatch):
 
     before = distributed.worker.get_data_from_worker
     monkeypatch.setattr(hook, "_original", None)
-    monkeypatch.setattr(hook, "PLANES", {"w": object()})
+    workers = [_worker_with(object(), "w")]
+    monkeypatch.setattr(hook.upstream, "workers_of_process", lambda: workers)
     hook.install()
     hook.install()
     assert distributed.worker.get_data_from_worker is hook.routed_fetch
     assert hook._original is before
     hook.uninstall()  # a plane is left: stays
     assert distributed.worker.get_data_from_worker is hook.routed_fetch
-    hook.PLANES.clear()
+    workers.clear()
     hook.uninstall()
     assert distributed.worker.get_data_from_worker is before
 
@@ -211,7 +225,7 @@ asyncio.run(main(*sys.argv[1:]))
 
 
 def plane_contact(dask_worker=None):
-    return hook.PLANES[dask_worker.address].contact()
+    return hook.plane_of(dask_worker).contact()
 
 
 def set_limit(n, dask_worker=None):
@@ -223,7 +237,7 @@ def gather_story(dask_worker=None):
 
 
 def die_when_asked(dask_worker=None):
-    plane = hook.PLANES[dask_worker.address]
+    plane = hook.plane_of(dask_worker)
 
     async def serve(endpoint, request):
         os._exit(1)
@@ -309,7 +323,7 @@ def test_a_busy_sender_is_retried_then_serves(ucx_cluster):
 
 
 def plane_of(dask_worker):
-    return hook.PLANES[dask_worker.address]
+    return hook.plane_of(dask_worker)
 
 
 def held_on(client, worker, n, seed):

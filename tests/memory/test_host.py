@@ -619,34 +619,31 @@ def test_large_pageable_buffers_come_touched_and_small_ones_plain():
 
 
 def test_the_worker_counts_as_busy_to_its_arena_while_its_cluster_starts(monkeypatch):
-    import threading
     import time
     from types import SimpleNamespace
 
     from distributed import Worker
 
+    from spillway import upstream
     from spillway.memory import worker as memory_worker
 
-    from spillway import upstream
-
     state = SimpleNamespace(executing_count=0, long_running=set(), transfer_incoming_count=0)
-    idle = SimpleNamespace(state=state, **{name: 0 for name in upstream.OUTGOING})
+    host = HostBuffers()
+    idle = SimpleNamespace(state=state, data=SimpleNamespace(host=host), **{name: 0 for name in upstream.OUTGOING})
     monkeypatch.setattr(Worker, "_instances", [idle])
-    monkeypatch.setattr(memory_worker, "_ready", threading.Event())
-    monkeypatch.setattr(memory_worker, "_hold_until", [0.0])
     assert not memory_worker._worker_busy()  # no arena started: nothing held
-    # as start_arena sets it: held while the cluster starts
-    memory_worker._hold_until[0] = time.monotonic() + memory_worker.START_HOLD_S
-    assert memory_worker._worker_busy()
+    # as start_arena sets it, on the worker's host buffers: held while the cluster starts
+    hold = host.start_hold = memory_worker.StartHold()
+    assert memory_worker._worker_busy(hold)
     monkeypatch.setattr(Worker, "_instances", [])
-    assert not memory_worker._worker_busy()  # a store outside any worker has no cluster to wait for
+    assert not memory_worker._worker_busy(hold)  # a store outside any worker has no cluster to wait for
     monkeypatch.setattr(Worker, "_instances", [idle])
-    memory_worker.cluster_ready()
-    assert not memory_worker._worker_busy()
+    memory_worker.cluster_ready(idle)  # the launcher's word, reached through the worker
+    assert not memory_worker._worker_busy(hold)
     # a worker whose cluster never says so (one that joined later) grows once the hold ends
-    monkeypatch.setattr(memory_worker, "_ready", threading.Event())
-    memory_worker._hold_until[0] = time.monotonic() - 1
-    assert not memory_worker._worker_busy()
+    late = memory_worker.StartHold(seconds=-1)
+    assert not memory_worker._worker_busy(late)
+    assert memory_worker._worker_busy(memory_worker.StartHold())  # another worker's hold: its own
 
 
 

@@ -106,8 +106,8 @@ def test_the_plane_s_counters_come_with_its_traces_when_asked():
     counters.fetched, counters.fetched_bytes = 1, 100
     counters.fetch_trace.append({"reply": 0.002, "allocate": 0.001, "frames": 0.003})
     counters.serve_trace.append({"read": 0.001, "produced": 0.0, "frames": 0.002})
-    worker = SimpleNamespace(address="ucx://127.0.0.1:1")
-    hook.PLANES[worker.address] = SimpleNamespace(counters=counters)
+    plugin = SimpleNamespace(plane=SimpleNamespace(counters=counters))
+    worker = SimpleNamespace(address="ucx://127.0.0.1:1", plugins={hook.PLUGIN_NAME: plugin})
     try:
         plain = measuring.plane_counters(worker)
         assert plain["fetched"] == 1 and plain["fetched_bytes"] == 100
@@ -117,5 +117,5 @@ def test_the_plane_s_counters_come_with_its_traces_when_asked():
         assert traced["fetch_trace"] == [{"reply": 0.002, "allocate": 0.001, "frames": 0.003}]
         assert traced["serve_trace"] == [{"read": 0.001, "produced": 0.0, "frames": 0.002}]
     finally:
-        del hook.PLANES[worker.address]
+        plugin.plane = None
     assert measuring.plane_counters(worker) is None

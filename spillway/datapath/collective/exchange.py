@@ -82,9 +82,9 @@ def _mark_made(worker, kept: dict) -> None:
         return
     import cupy
 
-    from spillway.datapath.plane.hook import PLANES
+    from spillway.datapath.plane.hook import plane_of
 
-    plane = PLANES.get(worker.address)
+    plane = plane_of(worker)
     if plane is None or not plane.gpu:
         cupy.cuda.get_current_stream().synchronize()
         return
@@ -95,9 +95,9 @@ def _mark_made(worker, kept: dict) -> None:
 
 
 def _forget_made(worker, key) -> None:
-    from spillway.datapath.plane.hook import PLANES
+    from spillway.datapath.plane.hook import plane_of
 
-    plane = PLANES.get(worker.address)
+    plane = plane_of(worker)
     if plane is not None:
         plane.released(key)
 
@@ -461,9 +461,9 @@ async def _take(worker, holder: str, keys: list, move: bool) -> dict:
 async def _fetch(worker, holder: str, keys: list, move: bool) -> dict:
     """The data plane where both ends have one (then, moving, the holder is told to drop
     what it sent), the worker's comm otherwise."""
-    from spillway.datapath.plane.hook import PLANES
+    from spillway.datapath.plane.hook import plane_of
 
-    plane = PLANES.get(worker.address)
+    plane = plane_of(worker)
     stats = state_of(worker).phases
     began = time.perf_counter()
     if plane is not None and await plane.reaches(holder):

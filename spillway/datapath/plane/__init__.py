@@ -8,7 +8,7 @@ and routes distributed's worker-to-worker gather (:mod:`.hook`) to that worker's
 :class:`~.plane.DataPlane` where both ends have one. The wire is :mod:`.wire`.
 """
 
-from .hook import PLANES, counters
-from .plugin import PLUGIN_NAME, DataPlanePlugin
+from .hook import PLUGIN_NAME, counters, plane_of
+from .plugin import DataPlanePlugin
 
-__all__ = ["PLANES", "PLUGIN_NAME", "DataPlanePlugin", "counters"]
+__all__ = ["PLUGIN_NAME", "DataPlanePlugin", "counters", "plane_of"]

@@ -15,14 +15,29 @@ from __future__ import annotations
 
 from spillway import upstream
 
-#: worker address -> its plane (several workers may share a process: tests, in-process clusters)
-PLANES: dict = {}
+#: the name of the worker plugin that holds a worker's plane (:mod:`.plugin`)
+PLUGIN_NAME = "spillway-dataplane"
 _original = None
+
+
+def plane_of(worker):
+    """``worker``'s plane, held by its data-plane plugin; None without one."""
+    plugins = getattr(worker, "plugins", None) or {}
+    return getattr(plugins.get(PLUGIN_NAME), "plane", None)
+
+
+def plane_at(address):
+    """The plane of this process's worker at ``address`` (several workers may share a
+    process: tests, in-process clusters); None where it has none."""
+    for worker in upstream.workers_of_process():
+        if worker.address == address:
+            return plane_of(worker)
+    return None
 
 
 async def routed_fetch(rpc, keys, worker, *, who=None, serializers=None, deserializers=None):
     """distributed's gather of ``keys`` from ``worker``, over the plane where it can."""
-    plane = PLANES.get(who)
+    plane = plane_at(who)
     if plane is not None and await plane.reaches(worker):
         response = await plane.fetch(worker, keys)
         if response is not None:
@@ -42,7 +57,7 @@ def install() -> bool:
 def uninstall() -> None:
     """Give distributed its own function back once no plane of this process is left."""
     global _original
-    if _original is not None and not PLANES:
+    if _original is not None and not any(plane_of(w) is not None for w in upstream.workers_of_process()):
         upstream.unroute_gathers(_original)
         _original = None
 
@@ -51,5 +66,5 @@ def counters(dask_worker=None, traces: bool = False) -> dict | None:
     """This worker's plane's counters (``client.run(counters)``; ``traces``: its kept
     fetches and serves too), None without a plane. Users measure a cluster through
     :func:`spillway.run.measuring.plane_counters`."""
-    plane = PLANES.get(getattr(dask_worker, "address", None))
+    plane = plane_of(dask_worker)
     return None if plane is None else plane.counters.as_dict(traces=traces)

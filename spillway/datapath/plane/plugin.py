@@ -9,8 +9,7 @@ import logging
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from . import hook
-
-PLUGIN_NAME = "spillway-dataplane"
+from .hook import PLUGIN_NAME, plane_of
 logger = logging.getLogger("spillway.dataplane")
 
 
@@ -21,7 +20,10 @@ class DataPlanePlugin(WorkerPlugin):
     def __init__(self):
         import secrets
 
-        self._plane = None
+        #: this worker's plane (the plugin is unpickled once a worker): what the gathers
+        #: and the collective reach it by (:func:`~.hook.plane_of`)
+        self.plane = None
+        self._gpu_plane = None
         #: made where the plugin is made (the client that opens the cluster) and carried to
         #: every worker with it: the planes of one cluster share it, a stranger lacks it
         self.secret = secrets.token_hex(32)
@@ -29,7 +31,7 @@ class DataPlanePlugin(WorkerPlugin):
     async def setup(self, worker):
         from .plane import DataPlane
 
-        if not worker.address.startswith(("ucx://", "ucxx://")) or worker.address in hook.PLANES:
+        if not worker.address.startswith(("ucx://", "ucxx://")) or self.plane is not None:
             return  # over TCP the comm is the only path (no CUDA IPC to gain)
         if not hook.install():
             return  # this distributed gathers otherwise: the plane is off (the log said why)
@@ -41,15 +43,15 @@ class DataPlanePlugin(WorkerPlugin):
             return
         if _gpu_worker():
             plane.gpu = True
-            self._plane = plane  # device values: mark where their kernels end
+            self._gpu_plane = plane  # device values: mark where their kernels end
         worker.handlers["dataplane_contact"] = plane.contact
-        hook.PLANES[worker.address] = plane
+        self.plane = plane
         # endpoints to the peers up now, opened in the background: first contact between
         # workers that start together is not paid inside a gather
         plane.warm_soon()
 
     def transition(self, key, start, finish, **kwargs):
-        plane = self._plane
+        plane = self._gpu_plane
         if plane is None:
             return
         if finish == "memory" and start == "executing":
@@ -58,12 +60,11 @@ class DataPlanePlugin(WorkerPlugin):
             plane.released(key)
 
     def teardown(self, worker):
-        plane = hook.PLANES.pop(worker.address, None)
+        plane, self.plane, self._gpu_plane = self.plane, None, None
         worker.handlers.pop("dataplane_contact", None)
         if plane is not None:
             plane.close()
         hook.uninstall()
-        self._plane = None
 
 
 #: seconds a new cluster waits for its planes to have their endpoints and, on GPUs, each
@@ -75,7 +76,7 @@ READY_TIMEOUT_S = 60.0
 async def plane_ready(dask_worker, timeout: float = READY_TIMEOUT_S) -> int | None:
     """The peers this worker's plane has an endpoint to, once its warm-up is done
     (:meth:`~.plane.DataPlane.ready`); None on a worker without a plane."""
-    plane = hook.PLANES.get(dask_worker.address)
+    plane = plane_of(dask_worker)
     if plane is None:
         return None
     return await plane.ready(timeout)
