@@ -127,6 +127,7 @@ def reset() -> None:
         _said.clear()
     expression_types.cache_clear()
     task_spec_types.cache_clear()
+    _fusion_blocked.cache_clear()
 
 
 def usable(name: str) -> bool:
@@ -731,6 +732,74 @@ def fused_keys(ts) -> list:
         return list(ts.run_spec.args[0])
     except (AttributeError, IndexError, TypeError):
         return []
+
+
+@seam("block_fusion", "dask._task_spec.Task, TaskRef, fuse_linear_task_spec (as it reads GraphNode.block_fusion)",
+      "dask", DASK, "the collective's barriers and assemblies kept whole through dask's low-level fusion "
+      "(fused into the tasks around them under other keys, which graphs computed in a row trip the scheduler on)")
+def _check_block_fusion() -> str | None:
+    from dask import _task_spec
+
+    for name in ("Task", "TaskRef"):
+        if not isinstance(getattr(_task_spec, name, None), type):
+            return f"has no class {name}"
+    fuse = getattr(_task_spec, "fuse_linear_task_spec", None)
+    if fuse is None:
+        return "has no fuse_linear_task_spec"
+    # a chain of three with an unfused task in the middle: a fusion that does not read
+    # block_fusion makes one task of all three, under a key of its own
+    Task, TaskRef = _task_spec.Task, _task_spec.TaskRef
+    chain = {"a": Task("a", int), "b": _unfused_type()("b", int, TaskRef("a")), "c": Task("c", int, TaskRef("b"))}
+    if fuse(chain, ["c"]).get("b") is not chain["b"]:
+        return "fuse_linear_task_spec fuses a task whose block_fusion is True"
+    return None
+
+
+@functools.cache
+def _unfused_type() -> type:
+    from dask._task_spec import Task
+
+    class UnfusedTask(Task):
+        __slots__ = ()
+
+        @property
+        def block_fusion(self) -> bool:
+            return True
+
+    # pickled by reference, as a task sent to the scheduler and the workers is: each
+    # process finds the class under this name (:func:`__getattr__` makes it there)
+    UnfusedTask.__module__, UnfusedTask.__qualname__ = __name__, "UnfusedTask"
+    globals()["UnfusedTask"] = UnfusedTask
+    return UnfusedTask
+
+
+def __getattr__(name: str):
+    if name == "UnfusedTask":
+        return _unfused_type()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _fusion_blocked() -> bool:
+    return usable("block_fusion")
+
+
+def unfused_task(key, func, *args):
+    """The task ``key`` of ``func(*args)``, kept whole and under its own key by dask's
+    low-level fusion; ``args`` name the tasks it reads with :func:`task_ref`. Where this
+    dask cannot keep it whole, the plain task tuple (which fusion takes as any other)."""
+    if not _fusion_blocked():
+        return (func, *args)
+    return _unfused_type()(key, func, *args)
+
+
+def task_ref(key):
+    """An :func:`unfused_task`'s argument that reads task ``key``'s result."""
+    if not _fusion_blocked():
+        return key
+    from dask._task_spec import TaskRef
+
+    return TaskRef(key)
 
 
 @seam("transfer_incoming_log", "Worker.transfer_incoming_log, Worker.scheduler_delay", "distributed",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
+from spillway.upstream import task_ref, unfused_task
 from .exchange import assemble, barrier, cut, direct
 from .layout import plan_of
 from .names import BARRIER_PREFIX, CUT_PREFIX, OUTPUT_PREFIX, pieces_name
@@ -150,13 +151,22 @@ def _exchange(x, spec: tuple, chunks: tuple, plan: Plan, token: str):
                     places.append((src, dst))
                 outputs[(out_name, *index)] = (direct, inputs, places, plan.output_shape(index))
             continue
-        pieces = pieces_name((barrier_name, p))
+        barrier_key = (barrier_name, p)
+        pieces = pieces_name(barrier_key)
         for index in partial.inputs:
             cuts[(cut_name, *index)] = (cut, (x.name, *index), pieces, index, spec, p)
-        barriers[(barrier_name, p)] = (barrier, pieces, list(partial.inputs),
-                                       *[(cut_name, *i) for i in partial.inputs])
+        # the barrier and the assemblies keep their own keys through dask's low-level
+        # fusion. A barrier left one assembly (a graph culled to some output chunks) would
+        # be fused with it and the tasks after it, under a key the scheduler's plugin does
+        # not take for a barrier (no placement, no drop of its pieces); and the last of
+        # those tasks' key would name that fused task in one graph and the assembly and
+        # those tasks alone in a graph culled otherwise: graphs computed in a row then hand
+        # the scheduler one key for two tasks
+        barriers[barrier_key] = unfused_task(barrier_key, barrier, pieces, list(partial.inputs),
+                                             *[task_ref((cut_name, *i)) for i in partial.inputs])
         for index in partial.outputs:
-            outputs[(out_name, *index)] = (assemble, (barrier_name, p), pieces, index, spec, p)
+            outputs[(out_name, *index)] = unfused_task((out_name, *index), assemble, task_ref(barrier_key), pieces,
+                                                       index, spec, p)
     # the cuts' layer says the input's chunks: the capacity check counts each cut's pieces
     # as its input chunk's bytes (:mod:`spillway.memory.graph_bytes`)
     array_info = {"type": type(x), "chunks": x.chunks, "dtype": x.dtype}
