@@ -14,8 +14,10 @@ anything else runs (:mod:`.limits`), and a client's connections in number and in
 to send headers before that (:mod:`.connections`).
 """
 
+import contextlib
 
 from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 
 from . import catalogue, errors, health, jobs, log_text, metrics
 from .auth import AuthFailures, KnownTokens
@@ -35,7 +37,7 @@ def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits |
     ``connections``: the counts of the server's connection guard (:mod:`.connections`), for
     ``/metrics``."""
     app = FastAPI(title=title, version="1", description=__doc__, docs_url=None, redoc_url=None,
-                  openapi_tags=[{"name": "jobs"}, {"name": "catalogue"}, {"name": "service"}])
+                  openapi_tags=[{"name": "jobs"}, {"name": "catalogue"}, {"name": "service"}], lifespan=_lifespan)
     _local_docs(app)
     app.state.jobdb = jobdb
     app.state.queue = queue
@@ -53,6 +55,13 @@ def create_app(jobdb, queue, *, title: str = "spillway", limits: ServiceLimits |
         app.include_router(module.router)
     app.include_router(web_router)
     return app
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI):
+    yield
+    # the server stops: the token reader too, its last uses recorded (before the database closes)
+    await run_in_threadpool(app.state.known_tokens.stop)
 
 
 def _local_docs(app: FastAPI) -> None:

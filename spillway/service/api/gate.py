@@ -3,8 +3,10 @@ in the app, answers a request to any route that takes a tenant from its headers 
 before the body limits (:mod:`.limits`) read its body and before FastAPI parses it. A
 request without a valid token gets its 401 (or 429, or 503 while the database cannot
 check it) having sent only its headers; its body, if any, is never read, and the
-connection is closed so that it cannot carry another request. The tenant found is handed
-to the route (``scope["spillway.tenant"]``), which looks nothing up again."""
+connection is closed so that it cannot carry another request. The token is decided from
+the tokens the service holds in memory (:class:`~.auth.KnownTokens`), on the event loop:
+no query and no thread per request. The tenant found is handed to the route
+(``scope["spillway.tenant"]``), which looks nothing up again."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from starlette.routing import Match
 
 from ..jobdb import is_unavailable
 from ..jobdb.health import Unavailable
-from .auth import bearer_token, current_tenant
+from .auth import WouldWait, current_tenant
 from .errors import unavailable
 
 #: where the tenant of an authenticated request waits for its route
@@ -72,9 +74,10 @@ class Authenticate:
             return await self.app(scope, receive, send)
         request = Request(scope)  # headers only: no receive, so nothing can read the body
         try:
-            if bearer_token(request) is None:
-                tenant = current_tenant(request)  # raises its 401 at once, no thread needed
-            else:
+            try:
+                # from the tokens in memory, on the event loop: no query, no thread
+                tenant = current_tenant(request, wait=False)
+            except WouldWait:  # the token table must be read first, which waits on the database
                 tenant = await run_in_threadpool(current_tenant, request)
         except HTTPException as e:
             response = JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)

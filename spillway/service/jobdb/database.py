@@ -72,14 +72,38 @@ class JobDB(TokensMixin):
         self.schema_found, self.schema_version = migrate(self.engine)
         self.health = DatabaseHealth(self.counts)
         self._touched: dict[int, float] = {}
+        self._tokens_engine_made = None
+        self._tokens_engine_lock = threading.Lock()
+        #: set by :meth:`close` (the API's token reader stops on seeing it)
+        self.closed = False
 
     @classmethod
     def open(cls, state_dir=None, db=None) -> JobDB:
         return cls(database_url(state_dir, db))
 
     def close(self):
+        self.closed = True
         self.health.stop()
         self.engine.dispose()
+        with self._tokens_engine_lock:
+            if self._tokens_engine_made is not None:
+                self._tokens_engine_made.dispose()
+
+    def _tokens_engine(self):
+        """An engine of one connection for :meth:`live_tokens` alone, made at its first
+        read: the API's reads of the token table (every second) neither take one of the
+        requests' connections nor wait behind them when a burst holds them all."""
+        with self._tokens_engine_lock:
+            if self._tokens_engine_made is None:
+                if self.url.startswith("sqlite"):
+                    engine = create_engine(self.url, future=True,
+                                           connect_args={"check_same_thread": False, "timeout": 30})
+                    event.listen(engine, "connect", _sqlite_pragmas)
+                else:
+                    engine = create_engine(self.url, future=True, pool_size=1, max_overflow=0, pool_pre_ping=True,
+                                           pool_timeout=10, connect_args={"connect_timeout": 5})
+                self._tokens_engine_made = engine
+            return self._tokens_engine_made
 
     def _session(self) -> Session:
         return self.sessions()

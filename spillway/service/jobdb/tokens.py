@@ -67,6 +67,16 @@ def parse_expiry(*, expires_in: str | None = None, expires_at: str | None = None
     return None
 
 
+#: the one line of a token that is not a live one (unknown, revoked, or its tenant revoked)
+INVALID = "invalid or revoked token"
+
+
+def expired_why(expires: datetime, tenant_name: str) -> str:
+    """The one line of a token that expired at ``expires``."""
+    return (f"token expired at {expires.isoformat(timespec='seconds')}; "
+            f"ask the service's owner for a new one (spillway tenant token {tenant_name})")
+
+
 def token_dict(t: Token) -> dict:
     iso = (lambda v: None if v is None else utc(v).isoformat())
     return {"id": t.id, "created": iso(t.created), "expires": iso(t.expires), "revoked": iso(t.revoked),
@@ -84,32 +94,52 @@ class TokensMixin:
         return t
 
     def authenticate(self, token: str) -> tuple[dict | None, str | None]:
-        """(tenant, None) for a valid token; (None, why) otherwise, ``why`` one line."""
+        """(tenant, None) for a valid token; (None, why) otherwise, ``why`` one line. One
+        query: for the command line and tests; the API answers from its copy of
+        :meth:`live_tokens` (:class:`~spillway.service.api.auth.KnownTokens`)."""
 
         with self._session() as s:
             row = s.execute(select(Token, Tenant).join(Tenant, Token.tenant_id == Tenant.id)
                             .where(Token.token_hash == hash_token(token))).first()
             if row is None:
-                return None, "invalid or revoked token"
+                return None, INVALID
             tok, tenant = row
             if tenant.revoked or tok.revoked is not None:
-                return None, "invalid or revoked token"
+                return None, INVALID
             expires = utc(tok.expires)
             if expires is not None and expires <= now():
-                return None, (f"token expired at {expires.isoformat(timespec='seconds')}; "
-                              f"ask the service's owner for a new one (spillway tenant token {tenant.name})")
+                return None, expired_why(expires, tenant.name)
             return tenant_dict(tenant) | {"token_id": tok.id, "token_expires": expires}, None
+
+    def live_tokens(self) -> list[tuple[str, datetime | None, dict]]:
+        """Every token that is neither revoked nor its tenant's revoked, expired ones too
+        (so that one is told when it expired): (digest, expiry, what :meth:`authenticate`
+        answers for it), in one query. What the API resolves tokens from, read again every
+        second (:class:`~spillway.service.api.auth.KnownTokens`), on a connection of its own
+        (:meth:`_tokens_engine`), so that it never waits behind the requests' pool."""
+
+        tenant_columns = [c for c in Tenant.__table__.columns if c.name != "token_hash"]
+        q = (select(Token.token_hash.label("digest"), Token.id.label("token_id"),
+                    Token.expires.label("token_expires"), *tenant_columns)
+             .join(Tenant, Token.tenant_id == Tenant.id)
+             .where(Token.revoked.is_(None), Tenant.revoked.is_(False)))
+        out = []
+        tenants: dict[int, dict] = {}
+        with self._tokens_engine().connect() as conn:
+            for row in conn.execute(q):
+                tenant = tenants.get(row.id)
+                if tenant is None:
+                    tenant = tenants[row.id] = tenant_dict(row)
+                expires = utc(row.token_expires)
+                out.append((row.digest, expires, tenant | {"token_id": row.token_id, "token_expires": expires}))
+        return out
 
     def live_token_digests(self) -> list[str]:
         """The digests of every token that authenticates now (its tenant's and its own
-        revocation, and its expiry, as :meth:`authenticate` checks them): what the API
-        knows without a lookup per request."""
+        revocation, and its expiry, as :meth:`authenticate` checks them)."""
 
-        with self._session() as s:
-            t_now = now()
-            rows = s.execute(select(Token.token_hash, Token.expires).join(Tenant, Token.tenant_id == Tenant.id)
-                             .where(Token.revoked.is_(None), Tenant.revoked.is_(False)))
-            return [digest for digest, expires in rows if expires is None or utc(expires) > t_now]
+        t_now = now()
+        return [digest for digest, expires, _ in self.live_tokens() if expires is None or expires > t_now]
 
     def touch_token(self, token_id: int):
         """Record a use of the token, at most once per :data:`TOUCH_INTERVAL_S`."""
@@ -119,9 +149,11 @@ class TokensMixin:
         if last is not None and mono - last < TOUCH_INTERVAL_S:
             return
         self._touched[token_id] = mono
-        with self._write_lock, self._session() as s:
-            s.execute(update(Token).where(Token.id == token_id).values(last_used=now()))
-            s.commit()
+        # on the token reader's own connection: the API records uses from its reader thread
+        # (:class:`~spillway.service.api.auth.KnownTokens`), which must not wait behind the
+        # requests' pool
+        with self._write_lock, self._tokens_engine().begin() as conn:
+            conn.execute(update(Token).where(Token.id == token_id).values(last_used=now()))
 
     def issue_token(self, name: str, *, expires: datetime | None = None, keep_old: bool = False) -> tuple[dict, str]:
         """A new token for tenant ``name``; its other tokens are revoked in the same

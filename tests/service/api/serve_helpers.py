@@ -268,8 +268,8 @@ async def slow_clients(port: int, sources: list[str], n: int, interval: float, d
     never ending the headers; or a body) every ``interval`` s, for ``duration`` s; with
     ``reading`` false, sending ``first`` alone and reading nothing (a slow reader: its
     receive buffer is made small) until the end, when what the server did is read. Per
-    connection: when it opened, when the server closed it, its answer (or the connect's
-    error)."""
+    connection: when it opened, when the server closed it, its answer (its status line, and
+    its first 2,000 bytes as ``text``), or the connect's error."""
     import socket as socket_module
 
     loop = asyncio.get_running_loop()
@@ -288,6 +288,8 @@ async def slow_clients(port: int, sources: list[str], n: int, interval: float, d
 
         def data_received(self, data):
             self.rec.setdefault("answer", data.split(b"\r\n", 1)[0].decode("latin1"))
+            if len(self.rec.get("text", b"")) < 2000:  # the answer's start, its body's reason with it
+                self.rec["text"] = (self.rec.get("text", b"") + data)[:2000]
 
         def connection_lost(self, exc):
             self.rec["closed"] = time.monotonic()

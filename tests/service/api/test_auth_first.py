@@ -15,6 +15,8 @@ import httpx
 import pytest
 from serve_helpers import Server, add_tenant, free_port, postgres_if_installed
 
+from spillway.service.api.auth import MAX_AGE_S
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 AUTH_FAILURES = 30
@@ -119,9 +121,9 @@ def test_every_valid_tenant_behind_2000_bad_tokens_is_served_before_and_after_a_
             from serve_helpers import spillway, state_args
 
             assert spillway("tenant", "revoke", "cat", *state_args(state)).returncode == 0
-            r = c.get("/jobs", headers={"Authorization": f"Bearer {tokens['cat']}"})
-            assert r.status_code in (401, 429), r.text
-            time.sleep(2.5)  # past the live tokens' next read
+            # the service holds the tokens in memory (issue 74): the revocation is seen within
+            # MAX_AGE_S, and the token is no live one from then on
+            time.sleep(MAX_AGE_S)
             r = c.get("/jobs", headers={"Authorization": f"Bearer {tokens['cat']}"})
             assert r.status_code == 429, r.text
     finally:

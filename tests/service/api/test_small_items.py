@@ -111,20 +111,27 @@ def test_a_token_that_keeps_failing_is_held_back_by_its_own_count():
 
 
 def test_known_tokens_are_read_at_most_once_per_interval():
+    """issue 74: tokens are decided from the table in memory, however many are guessed; it
+    is read again only once it is older than its bound."""
     from spillway.service.api.auth import KnownTokens
 
     reads = []
 
     class Books:
-        def live_token_digests(self):
+        def live_tokens(self):
             reads.append(1)
-            return ["a" * 64]
+            return [("a" * 64, None, {"id": 1, "name": "ann", "token_id": 1, "token_expires": None})]
 
-    known = KnownTokens(Books(), refresh_s=60)
+    known = KnownTokens(Books(), refresh_s=60, max_age_s=60)
+    known.ensure_fresh()
+    known.stop()  # no reader thread: the reads counted are the requests' own
     assert known.known("a" * 64) and not known.known("b" * 64)
     for _ in range(100):
+        known.ensure_fresh()
         assert not known.known("c" * 64)
-    assert len(reads) == 1 and 1 <= known.next_read_in_s() <= 60
+        assert known.tenant("c" * 64) == (None, "invalid or revoked token")
+    assert known.tenant("a" * 64)[0]["name"] == "ann"
+    assert len(reads) == 1 and 1 <= known.next_read_in_s() <= 61
 
 
 def test_metrics_readings_are_shared_between_scrapes():
@@ -254,9 +261,10 @@ def test_a_repeated_key_is_refused_before_it_collapses(client):
     body = '{"workflow": "reduction", "params": {' + ", ".join(['"op": "sum"'] * 60_000) + "}}"
     jobdb = mock.MagicMock()
     jobdb.health.down = False
-    # the gate passes a token the database accepts
-    jobdb.authenticate.return_value = ({"id": 1, "name": "ann", "admin": False, "max_job_bytes": None,
-                                        "token_id": 1}, None)
+    # the gate passes a token the database holds
+    jobdb.live_tokens.return_value = [(hashlib_hex("spw_x"), None, {"id": 1, "name": "ann", "admin": False,
+                                                                     "max_job_bytes": None, "token_id": 1,
+                                                                     "token_expires": None})]
     r = TestClient(create_app(jobdb, mock.MagicMock())).post(
         "/jobs", content=body, headers={"Content-Type": "application/json", "Authorization": "Bearer spw_x"})
     assert r.status_code == 422, r.text
@@ -292,7 +300,7 @@ def test_healthz_tells_a_caller_without_a_live_token_only_whether_it_is_up():
     jobdb.health.counts = {"queued": 3, "running": 1}
     jobdb.health.as_dict.return_value = {"ok": True, "error": None, "down_since": None, "checked": None}
     jobdb.engine.dialect.name = "sqlite"
-    jobdb.live_token_digests.return_value = [hashlib_hex("spw_good")]
+    jobdb.live_tokens.return_value = [(hashlib_hex("spw_good"), None, {"id": 1, "name": "ann", "token_id": 1})]
     queue.session.client.status = "running"
     queue.session.kind, queue.session.n_workers = "cpu", 2
     app = create_app(jobdb, queue)

@@ -1,6 +1,9 @@
 """Token expiry and rotation through the real `spillway tenant` commands and a real
 `spillway serve`: a rotation keeps the tenant working throughout, an expired token gets
-401 with one line naming the expiry, and each token's last use is recorded."""
+401 with one line naming the expiry, and each token's last use is recorded. The service
+resolves tokens from memory (issue 74): what `spillway tenant` changes while it serves (a
+token revoked or issued, a tenant added or revoked) is seen within the bound
+(:data:`~spillway.service.api.auth.MAX_AGE_S`)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,18 @@ from datetime import datetime
 
 import pytest
 from serve_helpers import Server, add_tenant, spillway, state_args
+
+from spillway.service.api.auth import MAX_AGE_S
+
+
+def within_bound(predicate, what: str) -> float:
+    """Seconds until ``predicate`` holds, after the command that changed the database
+    returned: at most the bound (and a margin for a loaded machine's requests)."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < MAX_AGE_S + 1.0, f"not within {MAX_AGE_S} s: {what}"
+        time.sleep(0.1)
+    return time.monotonic() - start
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +55,16 @@ def test_rotation_expiry_and_last_use(service):
     lifetime = max(15, round(8 * (time.monotonic() - start)))
     second = _token(state, "--keep-old", "--expires-in", f"{lifetime}s")
     expires = json.loads(spillway("tenant", "tokens", "ann", "--json", *state_args(state)).stdout)[1]["expires"]
-    # during the rotation both tokens work
+    # during the rotation both tokens work (the new one once the service has read it)
     with server.client(first) as old, server.client(second) as new:
-        assert old.get("/jobs").status_code == 200 and new.get("/jobs").status_code == 200
+        took = within_bound(lambda: new.get("/jobs").status_code == 200, "the new token served")
+        print(f"a token issued by `spillway tenant token --keep-old` served {took:.2f} s after the command")
+        assert old.get("/jobs").status_code == 200
     out = spillway("tenant", "revoke-token", "ann", "--old", *state_args(state))
     assert out.returncode == 0 and out.stdout.strip() == "tenant ann: revoked token(s) 1", out.stdout
     with server.client(first) as old, server.client(second) as new:
+        took = within_bound(lambda: old.get("/jobs").status_code == 401, "the revoked token refused")
+        print(f"a token revoked by `spillway tenant revoke-token` refused {took:.2f} s after the command")
         r = old.get("/jobs")
         assert r.status_code == 401 and r.json()["detail"] == "invalid or revoked token"
         assert new.get("/jobs").status_code == 200
@@ -65,8 +84,23 @@ def test_rotation_expiry_and_last_use(service):
 
     # a token without --keep-old replaces every other at once
     third = _token(state, "--expires-at", "2999-01-01")
-    with server.client(third) as c:
-        assert c.get("/jobs").status_code == 200
+    with server.client(third) as c, server.client(second) as replaced:
+        within_bound(lambda: c.get("/jobs").status_code == 200, "the new token served")
+        within_bound(lambda: replaced.get("/jobs").status_code == 401, "the replaced token refused")
+
+
+def test_a_tenant_added_or_revoked_while_serving(service):
+    server, state, _ = service
+    cleo = add_tenant(state, "cleo")
+    with server.client(cleo) as c:
+        took = within_bound(lambda: c.get("/jobs").status_code == 200, "a tenant added while serving")
+        print(f"a tenant added by `spillway tenant add` served {took:.2f} s after the command")
+        out = spillway("tenant", "revoke", "cleo", *state_args(state))
+        assert out.returncode == 0, out.stderr
+        took = within_bound(lambda: c.get("/jobs").status_code == 401, "a tenant revoked while serving")
+        print(f"a tenant revoked by `spillway tenant revoke` refused {took:.2f} s after the command")
+        r = c.get("/jobs")
+        assert r.json()["detail"] == "invalid or revoked token" and r.headers["www-authenticate"] == "Bearer"
 
 
 def test_expiry_errors_are_one_line(service):
