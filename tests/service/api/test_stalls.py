@@ -248,11 +248,15 @@ def test_six_60000_key_bodies_of_a_tenant_leave_healthz_fast(service):
 
     what = f"six 60,000-key bodies x {BIG_BODY_ROUNDS}"
     with Probes(server) as probes:
+        began = time.monotonic()
         senders = [threading.Thread(target=send) for _ in range(6)]
         for t in senders:
             t.start()
         for t in senders:
             t.join(LIVENESS_S_BIG)
+        # a load over in under a second (tokens decided from memory answer the 24 bodies
+        # in about half of one) still gets the ten probes the figures are read from
+        time.sleep(max(0.0, MIN_PROBE_S - (time.monotonic() - began)))
     took = sorted(t for _, _, t in answers)
     probes.check(what, bodies=len(answers), answer_p50_ms=round(took[len(took) // 2] * 1e3, 1),
                  answer_max_ms=round(took[-1] * 1e3, 1),
@@ -264,6 +268,8 @@ def test_six_60000_key_bodies_of_a_tenant_leave_healthz_fast(service):
 
 #: a sender not done in this long is a stalled service (liveness, not latency)
 LIVENESS_S_BIG = 120
+#: seconds /healthz is probed at the least (every 50 ms: ten probes and more)
+MIN_PROBE_S = 1.5
 
 
 def test_slow_readers_are_cut_and_their_memory_given_back(service):
