@@ -96,7 +96,7 @@ def _drop_sizes(dask_scheduler=None) -> bool:
 
 
 def _drop_collective(dask_scheduler=None) -> bool:
-    from spillway.datapath.collective.placement import PLUGIN_NAME
+    from spillway.datapath.collective.spread import PLUGIN_NAME
 
     if PLUGIN_NAME not in dask_scheduler.plugins:
         return False

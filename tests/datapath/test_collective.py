@@ -16,7 +16,7 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from spillway.datapath.collective import CollectiveLost, CollectivePlacement, Plan, rechunk
+from spillway.datapath.collective import CollectiveLost, CollectivePlacement, ExchangePlan, rechunk
 from spillway.datapath.collective.plan import axis_overlaps, axis_runs
 
 GRIDS = [
@@ -60,12 +60,12 @@ def test_runs_split_at_shared_boundaries():
 
 
 def test_a_panel_rechunk_is_one_partial_with_a_task_a_chunk():
-    plan = Plan(((10,) * 8, (80,)), ((80,), (10,) * 8))
+    plan = ExchangePlan(((10,) * 8, (80,)), ((80,), (10,) * 8))
     assert len(plan.partials) == 1 and plan.exchanges
     assert plan.pieces() == 64  # what the tasks method makes a task of, each
     assert plan.tasks() == 8 + 8 + 1
     # a split along one axis and a merge along the other are independent exchanges
-    plan = Plan(((10,) * 4, (20, 20)), ((40,), (5,) * 8))
+    plan = ExchangePlan(((10,) * 4, (20, 20)), ((40,), (5,) * 8))
     assert len(plan.partials) == 2 and all(p.exchanges for p in plan.partials)
 
 
@@ -277,7 +277,7 @@ def test_assemblies_after_the_first_read_their_buffers_off_the_event_loop():
 
     from spillway.datapath.collective.copies import view_of
     from spillway.datapath.collective.exchange import _owned_on_device
-    from spillway.datapath.collective.layout import Layout, flat_index, packing, plan_of
+    from spillway.datapath.collective.layout import PieceLayout, flat_index, packing, plan_of
     from spillway.memory.store import TieredStore
 
     old, new = ((2, 2, 2), (6,)), ((6,), (3, 3))
@@ -285,7 +285,7 @@ def test_assemblies_after_the_first_read_their_buffers_off_the_event_loop():
     x = np.arange(36.0).reshape(6, 6)
     store = TieredStore(device_limit=1 << 20, host_limit=1 << 20, codec=NumpyCodec())
     worker = SimpleNamespace(address="b", data=store)
-    layout = Layout(("a", "b"), True)
+    layout = PieceLayout(("a", "b"), True)
     for i in plan.partials[0].inputs:
         block = x[2 * i[0]: 2 * i[0] + 2]
         total, pieces = packing(old, new, i, 2)[1]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from dask.array.overlap import overlap_internal as dask_overlap_internal
 
-from spillway.datapath.collective import Plan
+from spillway.datapath.collective import ExchangePlan
 from spillway.datapath.collective.graph import overlap_internal, overlap_windows
 from spillway.datapath.collective.plan import axis_window_runs
 
@@ -40,7 +40,7 @@ def test_the_windows_are_the_grown_chunks_dask_makes(shape, chunks, axes):
     want = dask_overlap_internal(x, axes).chunks
     windows = overlap_windows(x.chunks, axes)
     assert tuple(tuple(b - a for a, b in axis) for axis in windows) == want
-    plan = Plan(x.chunks, windows)
+    plan = ExchangePlan(x.chunks, windows)
     assert plan.sizes == want
     # every output element is written by exactly one piece
     for index in np.ndindex(*map(len, want)):
@@ -55,7 +55,7 @@ def test_an_axis_without_depth_keeps_its_chunks_apart():
     assert windows == (((0, 12), (8, 22), (18, 30)), ((0, 5), (5, 10)))
     assert axis_window_runs((5, 5), windows[1]) == [((0,), (0,)), ((1,), (1,))]
     assert axis_window_runs((10, 10, 10), windows[0]) == [((0, 1, 2), (0, 1, 2))]
-    plan = Plan(((10, 10, 10), (5, 5)), windows)
+    plan = ExchangePlan(((10, 10, 10), (5, 5)), windows)
     assert len(plan.partials) == 2 and all(p.exchanges for p in plan.partials)
 
 
@@ -68,7 +68,7 @@ def test_grown_blocks_equal_dask_s_bit_for_bit(shape, chunks, axes):
     want = dask_overlap_internal(x, axes)
     got = overlap_internal(x, axes, room=None, fallback=dask_overlap_internal)
     assert got.chunks == want.chunks
-    if Plan(x.chunks, overlap_windows(x.chunks, axes)).exchanges:
+    if ExchangePlan(x.chunks, overlap_windows(x.chunks, axes)).exchanges:
         assert any(name.startswith("spillway-cut-") for name in got.dask.layers)
     for scheduler in ("sync", "threads"):
         assert np.array_equal(got.compute(scheduler=scheduler), want.compute(scheduler="sync"))

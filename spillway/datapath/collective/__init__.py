@@ -13,24 +13,24 @@ between GPUs, device to device). A few tasks a chunk, not one a piece.
 - :mod:`.exchange`: those tasks as they run on the workers;
 - :mod:`.state` and :mod:`.plugin`: what they keep between them on a worker, one run an
   exchange, in a worker plugin;
-- :mod:`.placement`: the scheduler plugin that spreads the assemblies and drops leftovers;
+- :mod:`.spread`: the scheduler plugin that spreads the assemblies and drops leftovers;
 - :mod:`.method`: users' ``x.rechunk(...)`` and ``map_overlap`` routed here on spillway's clusters.
 """
 
 from .exchange import CollectiveLost
 from .graph import rechunk
-from .plan import Plan
+from .plan import ExchangePlan
 
-__all__ = ["PLUGIN_NAME", "CollectiveLost", "CollectivePlacement", "Plan", "rechunk", "use_on"]
+__all__ = ["PLUGIN_NAME", "CollectiveLost", "CollectivePlacement", "ExchangePlan", "rechunk", "use_on"]
 
 
 def __getattr__(name):
     # the scheduler's plugin and the routing of dask's rechunks load distributed: the
     # workflows build their graphs (and a refusal is said) without it
     if name in ("PLUGIN_NAME", "CollectivePlacement"):
-        from . import placement
+        from . import spread
 
-        return getattr(placement, name)
+        return getattr(spread, name)
     if name == "use_on":
         from .method import use_on
 

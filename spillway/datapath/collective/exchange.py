@@ -5,7 +5,7 @@
   (``(pieces name, input, output)``): counted, spilled to host and disk like any value.
   It returns its worker's address.
 - :func:`barrier` (one per partial) waits for every cut of its partial and returns where
-  each input's pieces are. The scheduler plugin (:mod:`.placement`) spreads the outputs
+  each input's pieces are. The scheduler plugin (:mod:`.spread`) spreads the outputs
   over the workers as it ends.
 - :func:`assemble` (one task per output chunk) takes its pieces from every worker that
   holds some, in one request per worker, all at once (the data plane where both ends have
@@ -36,7 +36,7 @@ from collections import defaultdict
 from spillway.options.errors import SpillwayError
 from spillway.upstream import log_incoming
 from .copies import Batch, Flat, view_of
-from .layout import Layout, flat_index, owned_parts, packing, plan_of
+from .layout import PieceLayout, flat_index, owned_parts, packing, plan_of
 from .state import LOCAL, WORKER_PLUGIN, CollectiveState, state_of
 
 logger = logging.getLogger("spillway.collective")
@@ -187,7 +187,7 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
     if worker is not None:
         state = _state(worker)
         if ended["layout"] is not None:
-            layout = Layout(tuple(ended["layout"][0]), bool(ended["layout"][1]))
+            layout = PieceLayout(tuple(ended["layout"][0]), bool(ended["layout"][1]))
         else:  # the barrier ran where no cut of its exchange did
             layout = _on_loop(worker, _ask_layout, worker, state, name, 0, tuple(map(len, new)))
     gathering = time.perf_counter()
@@ -285,12 +285,12 @@ async def _ask_layout(worker, state: CollectiveState, name: str, nbytes: int, gr
         answer = await worker.scheduler.spillway_collective_layout(name=name, nbytes=nbytes, grid=list(grid))
     except Exception:  # noqa: BLE001 (no plugin on this scheduler: pieces, not groups)
         answer = None
-    layout = Layout(tuple(answer["workers"]), bool(answer["grouped"])) if answer else Layout((), False)
+    layout = PieceLayout(tuple(answer["workers"]), bool(answer["grouped"])) if answer else PieceLayout((), False)
     state.run(name).layout = layout
     return layout
 
 
-def _owned_on_device(worker, name: str, index: tuple, old: tuple, new: tuple, layout: Layout) -> dict | None:
+def _owned_on_device(worker, name: str, index: tuple, old: tuple, new: tuple, layout: PieceLayout) -> dict | None:
     """:func:`_owned_pieces` without the event loop, where every buffer it needs is on this
     worker's device (or held as it is) already, as for each assembly after the first:
     read from the tiered store, which is safe from any thread; None where one is not
@@ -305,7 +305,7 @@ def _owned_on_device(worker, name: str, index: tuple, old: tuple, new: tuple, la
         return None
 
 
-def _owned_views(worker, name: str, index: tuple, old: tuple, new: tuple, layout: Layout,
+def _owned_views(worker, name: str, index: tuple, old: tuple, new: tuple, layout: PieceLayout,
                  held=None) -> dict | None:
     """Input index -> (the buffer packed for this worker, where its piece of output chunk
     ``index`` lies in it); None where ``held`` says a buffer is not at hand."""
@@ -329,7 +329,7 @@ async def _owned_pieces(worker, request: dict) -> dict:
     old, new = (_axes_from_wire(c) for c in request["chunks"])
     holders = {tuple(k): v for k, v in request["holders"]}
     plan = plan_of(old, new)
-    layout = Layout(tuple(request["layout"][0]), bool(request["layout"][1]))
+    layout = PieceLayout(tuple(request["layout"][0]), bool(request["layout"][1]))
     d = layout.workers.index(worker.address)
     in_grid = tuple(map(len, old))
     inputs = plan.partials[partial].inputs

@@ -13,11 +13,11 @@ from spillway.upstream import task_ref, unfused_task
 from .exchange import assemble, barrier, cut, direct
 from .layout import plan_of
 from .names import BARRIER_PREFIX, CUT_PREFIX, OUTPUT_PREFIX, pieces_name
-from .plan import Plan
+from .plan import ExchangePlan
 from .way import TASKS, cluster_room, way
 
 
-def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
+def rechunk(x, chunks, *, plan: ExchangePlan | None = None, room: dict | None = None):
     """``x`` rechunked to ``chunks`` (anything ``dask.array.rechunk`` takes), through the
     collective where pieces of several inputs meet in several outputs and they fit the
     workers' fastest tier beside what the cluster holds (``room``, asked of the default
@@ -36,7 +36,7 @@ def rechunk(x, chunks, *, plan: Plan | None = None, room: dict | None = None):
     return _exchange(x, (x.chunks, chunks), chunks, plan, tokenize(x, chunks))
 
 
-def overlap_internal(x, axes: dict, *, fallback, room: dict | None = None, plan: Plan | None = None):
+def overlap_internal(x, axes: dict, *, fallback, room: dict | None = None, plan: ExchangePlan | None = None):
     """``dask.array.overlap.overlap_internal(x, axes)`` (each chunk grown by its
     neighbours' faces, ``axes[d]`` elements a side along axis ``d``, or ``(left, right)``)
     as one exchange: a cut an input chunk, an assembly an output chunk, its pieces from
@@ -56,7 +56,7 @@ def overlap_internal(x, axes: dict, *, fallback, room: dict | None = None, plan:
     return _exchange(x, (x.chunks, windows), plan.sizes, plan, tokenize(x, axes, "overlap"))
 
 
-def _fits(x, plan: Plan, room: dict | None) -> bool:
+def _fits(x, plan: ExchangePlan, room: dict | None) -> bool:
     """Whether the exchanging chunks of ``plan`` fit the workers' fastest tiers beside
     what the cluster holds (``room``, asked of the default client's scheduler where not
     given: :mod:`.way`)."""
@@ -127,7 +127,7 @@ def overlap_windows(chunks: tuple, axes: dict) -> tuple:
     return tuple(out)
 
 
-def _exchange(x, spec: tuple, chunks: tuple, plan: Plan, token: str):
+def _exchange(x, spec: tuple, chunks: tuple, plan: ExchangePlan, token: str):
     """The collective's layers of ``plan`` over ``x``: output chunks of sizes ``chunks``;
     ``spec`` is what each task rebuilds the plan from (input chunks, output chunks or
     windows)."""

@@ -17,11 +17,11 @@ import functools
 import math
 from dataclasses import dataclass
 
-from .plan import Plan
+from .plan import ExchangePlan
 
 
 @dataclass(frozen=True)
-class Layout:
+class PieceLayout:
     workers: tuple[str, ...]
     grouped: bool
 
@@ -44,9 +44,9 @@ def owner(index: tuple, grid: tuple, workers: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def plan_of(old: tuple, new: tuple) -> Plan:
+def plan_of(old: tuple, new: tuple) -> ExchangePlan:
     """The plan of a rechunk, made once a process (every task of an exchange asks)."""
-    return Plan(old, new)
+    return ExchangePlan(old, new)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -147,7 +147,7 @@ class Partial:
         return len(self.inputs) > 1 and len(self.outputs) > 1
 
 
-class Plan:
+class ExchangePlan:
     """The rechunk of an array of ``old`` chunks into ``new`` chunks (tuples of tuples,
     as ``dask.array.Array.chunks``; an axis of ``new`` may be windows instead,
     :func:`windows_of`)."""

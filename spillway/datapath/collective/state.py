@@ -62,7 +62,7 @@ class ExchangeRun:
 
     def __init__(self, name: str):
         self.name = name
-        #: the layout the scheduler gave the exchange (:class:`.layout.Layout`), asked once
+        #: the layout the scheduler gave the exchange (:class:`.layout.PieceLayout`), asked once
         #: a worker; None until this worker asked
         self.layout = None
         #: held by the first assembly here while it takes every buffer packed for this

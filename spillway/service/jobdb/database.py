@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session as DbSession, sessionmaker
 
 from .errors import JobDBError, QuotaExceeded
 from .health import DatabaseHealth
@@ -105,7 +105,7 @@ class JobDB(TokensMixin):
                 self._tokens_engine_made = engine
             return self._tokens_engine_made
 
-    def _session(self) -> Session:
+    def _session(self) -> DbSession:
         return self.sessions()
 
     # --- tenants
@@ -227,7 +227,7 @@ class JobDB(TokensMixin):
         with self._session() as s:
             self._check_queue_quota(s, tenant, lock=False)
 
-    def _check_queue_quota(self, s: Session, tenant: dict, *, lock: bool = True):
+    def _check_queue_quota(self, s: DbSession, tenant: dict, *, lock: bool = True):
         """QuotaExceeded where ``tenant`` already has its quota of jobs queued. The tenant's
         row is locked first (PostgreSQL; SQLite takes one writer at a time), so concurrent
         submissions of one tenant count one after the other."""
