@@ -212,7 +212,7 @@ class HostBuffers:
 
     def _ahead_loop(self) -> None:
         while not self._closed.is_set():
-            self._ahead_wake.wait(1.0)
+            self._ahead_wake.wait()  # set by touch_ahead, and by close
             self._ahead_wake.clear()
             try:
                 while self._take_one_ahead():

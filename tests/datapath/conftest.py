@@ -17,3 +17,22 @@ def collective_client():
                       dashboard_address=None) as cluster, Client(cluster) as c:
         c.register_plugin(CollectivePlacement())
         yield c
+
+
+@pytest.fixture
+def routed(monkeypatch):
+    """dask's P2P rechunk and overlap_internal routed to the collective, as while a
+    spillway cluster's client is the default; rechunks take P2P whatever their size. Built
+    on dask's local scheduler: no cluster to ask for room."""
+    import dask
+
+    from spillway.datapath.collective import graph, method
+
+    method.use_on("tcp://spillway-routed.invalid:1")
+    monkeypatch.setattr(method, "_on_spillway", lambda: True)
+    monkeypatch.setattr(graph, "cluster_room", lambda: None)
+    try:
+        with dask.config.set({"array.rechunk.method": "p2p"}):
+            yield
+    finally:
+        method.stop_using("tcp://spillway-routed.invalid:1")

@@ -19,22 +19,7 @@ import pytest
 from dask.base import collections_to_expr
 from dask.core import get_dependencies
 
-from spillway.datapath.collective import graph, method
 from spillway.datapath.collective.names import OUTPUT_PREFIX, is_barrier
-
-
-@pytest.fixture
-def routed(monkeypatch):
-    """dask's P2P rechunk routed to the collective, as while a spillway cluster's client is
-    the default; rechunks take P2P whatever their size."""
-    method.use_on("tcp://spillway-fusion.invalid:1")
-    monkeypatch.setattr(method, "_on_spillway", lambda: True)
-    monkeypatch.setattr(graph, "cluster_room", lambda: None)
-    try:
-        with dask.config.set({"array.rechunk.method": "p2p"}):
-            yield
-    finally:
-        method.stop_using("tcp://spillway-fusion.invalid:1")
 
 
 def _optimized(y, fuse: bool = True) -> dict:

@@ -18,21 +18,7 @@ import numpy as np
 import pytest
 from dask.array.utils import assert_eq
 
-from spillway.datapath.collective import graph, method
-
-
-@pytest.fixture
-def routed(monkeypatch):
-    """dask's P2P rechunk and overlap_internal routed to the collective, as while a
-    spillway cluster's client is the default; rechunks take P2P whatever their size."""
-    method.use_on("tcp://spillway-graphs.invalid:1")
-    monkeypatch.setattr(method, "_on_spillway", lambda: True)
-    monkeypatch.setattr(graph, "cluster_room", lambda: None)
-    try:
-        with dask.config.set({"array.rechunk.method": "p2p"}):
-            yield
-    finally:
-        method.stop_using("tcp://spillway-graphs.invalid:1")
+from spillway.datapath.collective import graph
 
 
 def _exchanged(y) -> bool:

@@ -12,7 +12,6 @@ import threading
 import uuid
 from pathlib import Path
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -51,20 +50,23 @@ def database_url(state_dir: str | Path | None, db: str | None) -> str:
     return f"sqlite:///{path / DB_FILE}"
 
 
+def _engine(url: str, *, pool_size: int = 10, max_overflow: int = 20):
+    """An engine on ``url``: SQLite with its pragmas on every connection; a server database
+    with a pool of ``pool_size`` (and ``max_overflow`` more) and bounded waits."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, future=True, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    # bounded waits: a database host that drops packets must not hold a request thread (or
+    # the scheduler) for the TCP timeout of minutes
+    return create_engine(url, future=True, pool_size=pool_size, max_overflow=max_overflow, pool_pre_ping=True,
+                         pool_timeout=10, connect_args={"connect_timeout": 5})
+
+
 class JobDB(TokensMixin):
     def __init__(self, url: str):
         self.url = url
-        kwargs: dict[str, Any] = {"future": True}
-        if url.startswith("sqlite"):
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
-        else:
-            # bounded waits: a database host that drops packets must not hold a request
-            # thread (or the scheduler) for the TCP timeout of minutes
-            kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True, pool_timeout=10,
-                          connect_args={"connect_timeout": 5})
-        self.engine = create_engine(url, **kwargs)
-        if url.startswith("sqlite"):
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.engine = _engine(url)
         # SQLite takes one writer at a time and makes the others poll with growing sleeps;
         # queueing this process's writers on a lock instead keeps a burst's tail short.
         self._write_lock = threading.Lock() if url.startswith("sqlite") else contextlib.nullcontext()
@@ -95,14 +97,7 @@ class JobDB(TokensMixin):
         requests' connections nor wait behind them when a burst holds them all."""
         with self._tokens_engine_lock:
             if self._tokens_engine_made is None:
-                if self.url.startswith("sqlite"):
-                    engine = create_engine(self.url, future=True,
-                                           connect_args={"check_same_thread": False, "timeout": 30})
-                    event.listen(engine, "connect", _sqlite_pragmas)
-                else:
-                    engine = create_engine(self.url, future=True, pool_size=1, max_overflow=0, pool_pre_ping=True,
-                                           pool_timeout=10, connect_args={"connect_timeout": 5})
-                self._tokens_engine_made = engine
+                self._tokens_engine_made = _engine(self.url, pool_size=1, max_overflow=0)
             return self._tokens_engine_made
 
     def _session(self) -> DbSession:
