@@ -707,8 +707,9 @@ TASK_STATE = ("worker_restrictions", "loose_restrictions", "run_spec", "dependen
 
 
 @seam("task_restrictions", "distributed.scheduler.TaskState." + ", .".join(TASK_STATE), "distributed",
-      DISTRIBUTED, "placing a rechunk's assemblies on the workers their pieces went to (they run where dask "
-      "puts them, and are handed their pieces)")
+      DISTRIBUTED, "placing a rechunk's assemblies on the workers their pieces went to, and binding an "
+      "exchange's steps to workers of their own (they run where dask puts them: assemblies are handed their "
+      "pieces, steps on one worker share its threads)")
 def _check_task_state() -> str | None:
     from distributed.scheduler import TaskState
 
@@ -723,6 +724,23 @@ def restrict_loosely(ts, address: str) -> None:
     if usable("task_restrictions"):
         ts.worker_restrictions = {address}
         ts.loose_restrictions = True
+
+
+def restrict_strictly(ts, address: str) -> None:
+    """What ``Scheduler.set_restrictions`` sets: ``ts`` runs on ``address`` alone (an
+    exchange's step, bound to its worker; the plugin binds it anew if the worker leaves)."""
+    if usable("task_restrictions"):
+        ts.worker_restrictions = {address}
+        ts.loose_restrictions = False
+
+
+def run_args(ts) -> tuple:
+    """The arguments ``ts``'s function is called with, as its task holds them (literals as
+    they are; () where its run spec is not a task of dask's spec)."""
+    try:
+        return tuple(ts.run_spec.args)
+    except (AttributeError, TypeError):
+        return ()
 
 
 def fused_keys(ts) -> list:
@@ -1260,6 +1278,39 @@ def ucx_error() -> type:
     except (ImportError, AttributeError) as e:
         off("ucxx_errors", f"cannot be read ({e})")
         return _Never
+
+
+UCXX_CORE = ("UCXContext", "UCXWorker", "UCXEndpoint", "UCXAddress", "UCXXTag", "UCXXTagMaskFull", "Feature")
+
+
+@seam("ucxx_core", "ucxx._lib.libucxx (" + ", ".join(UCXX_CORE) + "), ucxx._lib.arr.Array, "
+      "ucxx._cuda_context.ensure_cuda_context", "ucxx", UCXX,
+      "the exchange's UCXX transport (its steps' buffers go over the host transport)")
+def _check_ucxx_core() -> str | None:
+    from ucxx import _cuda_context
+    from ucxx._lib import arr, libucxx
+
+    missing = [n for n in UCXX_CORE if getattr(libucxx, n, None) is None]
+    if missing:
+        return f"libucxx has no {', '.join(missing)}"
+    for owner, name in ((arr, "Array"), (_cuda_context, "ensure_cuda_context")):
+        if not callable(getattr(owner, name, None)):
+            return f"has no {name}"
+    return None
+
+
+def ucxx_core():
+    """UCXX's core API (``api``: its bindings, ``Array``: a buffer's wrapper,
+    ``device_context``: makes a thread's CUDA context current on a device), which the exchange's transport drives from the steps' own
+    threads; None where it is not there or not of the known shape."""
+    if not usable("ucxx_core"):
+        return None
+    from types import SimpleNamespace
+
+    from ucxx import _cuda_context
+    from ucxx._lib import arr, libucxx
+
+    return SimpleNamespace(api=libucxx, Array=arr.Array, device_context=_cuda_context.ensure_cuda_context)
 
 
 # --- dask-cuda (GPU hosts only: these checks skip where it is not installed)

@@ -264,9 +264,10 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
     plane = plane_phases(client)
     if plane:
         log(f"{workload.name} {label:<8} data plane: {plane}")
-    exchange = collective_phases(client)
-    if exchange:
-        log(f"{workload.name} {label:<8} collective: {exchange}")
+    for kind in ("collective", "step"):
+        exchange = exchange_phases(client, kind)
+        if exchange:
+            log(f"{workload.name} {label:<8} {kind}: {exchange}")
     return result
 
 
@@ -274,13 +275,14 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
 
-def collective_phases(client) -> str | None:
-    """The collective's phases on each worker (ms summed over every run of the workload
-    so far, counts, and the median of one in ms:
-    :func:`spillway.run.measuring.collective_phases`), None where no worker ran one."""
-    from spillway.run.measuring import collective_phases as phases
+def exchange_phases(client, kind: str) -> str | None:
+    """The exchange's phases on each worker, ``kind`` ``collective`` (the pieces' tasks) or
+    ``step`` (ms summed over every run of the workload so far, counts, and the median of
+    one in ms: :func:`spillway.run.measuring.collective_phases` and ``step_phases``), None
+    where no worker ran one."""
+    from spillway.run import measuring
 
-    found = [p for p in client.run(phases).values() if p]
+    found = [p for p in client.run(getattr(measuring, f"{kind}_phases")).values() if p]
     if not found:
         return None
     parts = []

@@ -336,13 +336,19 @@ def _relay_deaths(client) -> None:
 
 
 def _exchange_in_bulk(client, options: Options) -> None:
-    """Rechunks run as one collective (:mod:`~spillway.datapath.collective`): the scheduler spreads their
-    assemblies, and this process's dask hands its peer-to-peer rechunks to it. A scheduler
-    that cannot load the plugin still runs the collective, with every assembly where its
-    barrier ran."""
+    """Rechunks and halos run as one exchange: one step a worker where the option
+    ``exchange`` is ``step`` (:mod:`~spillway.datapath.step`: its scheduler plugin binds
+    the steps to the workers and joins them), the pieces' tasks otherwise
+    (:mod:`~spillway.datapath.collective`, whose plugin spreads the assemblies and tells a
+    client the cluster's room); this process's dask hands its peer-to-peer rechunks to
+    them. A scheduler that cannot load the plugins still runs the pieces' tasks, with every
+    assembly where its barrier ran."""
     from spillway.datapath.collective import CollectivePlacement, use_on
+    from spillway.datapath.step.coordinator import StepCoordinator
 
     try:
+        if options.exchange == "step":
+            client.register_plugin(StepCoordinator())
         client.register_plugin(CollectivePlacement(fit_fraction=options.collective_group_fraction))
     except Exception as e:  # noqa: BLE001
         logger.warning("rechunks' assemblies will not be spread over the workers: %s: %s", type(e).__name__, e)

@@ -44,9 +44,9 @@ def worker_config(options: Options, *, tiered_store: bool, gpu: bool = True) -> 
         # read by the worker process before it makes its loop: a nanny's child after the
         # nanny set this config, a batch or MPI worker from its DASK_ variables or config
         config["distributed.admin.event-loop"] = options.event_loop
-    # read on the workers by the Zarr readers (spillway.options.settings.worker_value); a
-    # worker's own config holds the defaults already
-    for name in ("zarr_decode_threads", "zarr_decode_buffer_bytes", "zarr_decode_piece_bytes"):
+    # read on the workers by the Zarr readers and the exchange's steps
+    # (spillway.options.settings.worker_value); a worker's own config holds the defaults already
+    for name in ("zarr_decode_threads", "zarr_decode_buffer_bytes", "zarr_decode_piece_bytes", "exchange_transport"):
         if getattr(options, name) != DECLARED[name].default:
             config[f"spillway.{name.replace('_', '-')}"] = getattr(options, name)
     if tiered_store:

@@ -493,6 +493,26 @@ class Options(RmmAndTls):
              "assembles into one buffer and every worker takes its buffers in one request per peer; "
              "a larger one keeps each piece a value of its own, which the tiered store spills and "
              "restores one by one. 0 never groups.")
+    exchange: str = option(
+        "step", _choice("step", "pieces"),
+        help="How a rechunk, a transpose's or an FFT's axis swap and map_overlap's halos move "
+             "between workers where they fit the workers' fastest tiers: `step`, one task a worker "
+             "that cuts its input chunks, sends every peer its pieces over the exchange transport "
+             "and joins what it receives (the output chunks are cheap getters of its result); "
+             "`pieces`, a cut task a input chunk, a barrier and an assembly task a output chunk "
+             "that takes its pieces over the data plane. Read where the graph is built.")
+    exchange_transport: str = option(
+        "auto", _choice("auto", "ucxx", "host"), worker=True,
+        help="What an exchange's steps move their buffers over: `ucxx` (UCXX's core API on a "
+             "context of the step's own, outside the worker's event loop: CUDA IPC between "
+             "processes of a host, the network between hosts), `host` (a TCP connection a peer, "
+             "device buffers staged through host memory), or `auto` (ucxx where every worker of "
+             "the exchange has UCXX installed, else host).")
+    exchange_round_bytes: int | str = option(
+        "auto", _auto_or(_bytes),
+        help="Most bytes a worker receives in one round of an exchange's step (its outputs are "
+             "joined in rounds, and stored, spillable, between them). `auto`: a quarter of the "
+             "smallest worker's fastest tier. Read where the graph is built.")
     transfer_connections: int | None = option(
         None, _optional(_int(1)), worker=True,
         help="Transfers each worker keeps open at once, to fetch chunks and to serve them "

@@ -61,6 +61,15 @@ def collective_phases(dask_worker=None) -> dict | None:
     return None if state is None or not state.phases.counts else state.phases.as_dict()
 
 
+def step_phases(dask_worker=None) -> dict | None:
+    """Where this worker's exchange steps spent their time (cut, move, join, store), and the
+    bytes they received, since it started; None where no step ran on it."""
+    from spillway.datapath.step.state import state_of
+
+    state = state_of(dask_worker)
+    return None if state is None or not state.phases.counts else state.phases.as_dict()
+
+
 def plane_counters(dask_worker=None, traces: bool = False) -> dict | None:
     """This worker's data-plane counters (fetches, serves, busy replies, requests that went
     over the comm instead) and its phases; ``traces``: the latest fetches and serves one
@@ -94,7 +103,8 @@ def store_summary(dask_worker=None) -> dict | None:
 
 def measure(dask_worker=None) -> dict:
     """Every reading of this module on this worker, in one call."""
-    return {"collective": collective_phases(dask_worker), "plane": plane_counters(dask_worker),
+    return {"collective": collective_phases(dask_worker), "step": step_phases(dask_worker),
+            "plane": plane_counters(dask_worker),
             "decode": decode_counters(dask_worker), "store_moves": store_moves(dask_worker),
             "store": store_summary(dask_worker)}
 

@@ -955,9 +955,10 @@ def test_b4_and_b5_build_the_same_value_on_both_sides_and_match_numpy(name):
     if name == "B5":
         # the baseline is what a user writes: dask's default rechunk method, no method= given
         assert baseline.source == "direct (baseline: user code)"
-        # spillway's rechunk workflow is the collective: a cut a panel, an assembly a panel
+        # spillway's rechunk workflow is the exchange: one step (no cluster: one step does
+        # it all) and a getter a panel
         keys = list(spillway.result.__dask_graph__())
-        assert any(str(k[0]).startswith("spillway-cut-") for k in keys)
+        assert any(str(k[0]).startswith("spillway-step-") for k in keys)
         assert not any(str(k[0]).startswith("rechunk-merge") for k in keys)
 
 

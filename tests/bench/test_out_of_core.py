@@ -210,7 +210,7 @@ def test_o5_tasks_method_builds_dask_own_halos_inside_a_spillway_session():
     finally:
         method.stop_using("tcp://127.0.0.1:1")
     names = lambda a: {str(n).split("-")[0] for n in a.__dask_graph__().layers}
-    assert workloads.expressions.rechunk_method(spillway_side) == "collective"
+    assert workloads.expressions.rechunk_method(spillway_side) == "step"
     assert workloads.expressions.rechunk_method(tasks_side) is None and "overlap" in " ".join(
         str(n) for n in tasks_side.__dask_graph__().layers), names(tasks_side)
     np.testing.assert_array_equal(spillway_side.compute(scheduler="sync"), tasks_side.compute(scheduler="sync"))
@@ -298,7 +298,7 @@ def test_tiny_o3_o4_on_cpu_clusters_three_sides_checked_and_compared_with_before
                 assert d["bound_s"] == 0 and d["tiers_bound"]["missing"] == []
             assert w["out_of_core"]["sides"][side]["first_s"] == d["first_s"]
         assert w["tasks_method"]["rechunk_method"] == "tasks"
-        assert w["spillway"]["rechunk_method"] == "collective"  # spillway's cluster took it
+        assert w["spillway"]["rechunk_method"] == "step"  # spillway's cluster took it
         assert w["tasks_method_s"] == w["tasks_method"]["median_s"]
         assert w["out_of_core"]["spillway_over_tasks_method"] == pytest.approx(
             w["spillway"]["median_s"] / w["tasks_method"]["median_s"])

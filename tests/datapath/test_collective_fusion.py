@@ -20,6 +20,7 @@ from dask.base import collections_to_expr
 from dask.core import get_dependencies
 
 from spillway.datapath.collective.names import OUTPUT_PREFIX, is_barrier
+from spillway.datapath.step.names import is_step
 
 
 def _optimized(y, fuse: bool = True) -> dict:
@@ -30,8 +31,9 @@ def _optimized(y, fuse: bool = True) -> dict:
 
 
 def _barriers_and_assemblies(dsk) -> tuple[set, dict]:
-    """The barriers of ``dsk``, and each assembly that reads one -> its barrier."""
-    barriers = {k for k in dsk if is_barrier(k)}
+    """The barriers (the steps) of ``dsk``, and each assembly (getter) that reads one -> one
+    it reads."""
+    barriers = {k for k in dsk if is_barrier(k) or is_step(k)}
     assemblies = {k: b for k in dsk for b in get_dependencies(dsk, k) & barriers}
     return barriers, assemblies
 
@@ -47,14 +49,19 @@ def _rechunked_then_added():
     return x.rechunk((8, 2)) + 1
 
 
+@pytest.mark.parametrize("way", ["step", "pieces"])
 @pytest.mark.parametrize("build", [_masked, _rechunked_then_added], ids=["mask-reshape", "rechunk-add"])
-def test_barriers_and_assemblies_keep_their_keys_in_every_culled_graph(routed, build):
-    y = build()
-    assert any(name.startswith("spillway-cut-") for name in y.dask.layers)
+def test_barriers_and_assemblies_keep_their_keys_in_every_culled_graph(routed, build, way):
+    """The pieces' barriers and assemblies, or the steps and their getters."""
+    with dask.config.set({"spillway.exchange": way}):
+        y = build()
+    assert any(name.startswith("spillway-cut-" if way == "pieces" else "spillway-step-") for name in y.dask.layers)
     one_left = False
     for part in [y, *(y.blocks[i] for i in np.ndindex(y.numblocks))]:
         unfused, fused = _optimized(part, fuse=False), _optimized(part)
         barriers, assemblies = _barriers_and_assemblies(unfused)
+        if way == "step" and not barriers:
+            continue  # a part that needs none of the exchanged outputs (the mask's empty blocks)
         assert barriers and all(k[0].startswith(OUTPUT_PREFIX) for k in assemblies)
         kept = barriers | set(assemblies)
         assert kept <= set(fused), sorted(map(str, kept - set(fused)))
@@ -91,7 +98,7 @@ def test_masked_blocks_and_nan_reductions_computed_in_a_row(spillway_client, run
     d = da.from_array(x, chunks=2)
     want = x[x > 4].astype(np.float64)
     masked = d[d > 4]
-    assert any(name.startswith("spillway-cut-") for name in masked.dask.layers)
+    assert any(name.startswith(("spillway-cut-", "spillway-step-")) for name in masked.dask.layers)
 
     blocks = [client.compute(b).result(timeout=60) for b in masked.blocks]
     assert 0 in [len(b) for b in blocks]

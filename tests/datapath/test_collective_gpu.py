@@ -31,7 +31,8 @@ def test_a_panel_rechunk_moves_device_pieces_and_equals_the_tasks_method(gpu_cou
     from spillway.datapath.plane import counters
 
     changes = {"devices": "0,1"} if layout == "two GPUs" else {"devices": "0", "workers_per_gpu": 2}
-    with spillway.local(protocol="ucx", rmm_pool_size="16GB", dashboard_address="", **changes) as lc:
+    # the pieces' tasks, which these checks look into (the steps: test_step_gpu.py)
+    with spillway.local(protocol="ucx", rmm_pool_size="16GB", dashboard_address="", exchange="pieces", **changes) as lc:
         client = lc.client
         x = da.random.default_rng(7).random((12000, 9000), chunks=(1000, 9000)).map_blocks(cupy.asarray)
         x = x.persist()

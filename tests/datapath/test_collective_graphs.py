@@ -22,7 +22,7 @@ from spillway.datapath.collective import graph
 
 
 def _exchanged(y) -> bool:
-    return any(name.startswith("spillway-cut-") for name in y.dask.layers)
+    return any(name.startswith(("spillway-cut-", "spillway-step-")) for name in y.dask.layers)
 
 
 def _declared_are_read(y):
@@ -60,16 +60,21 @@ def test_a_routed_rechunk_passes_dask_s_graph_check(routed, shape, chunks, new, 
     assert y.chunks == x.rechunk(new, method="tasks").chunks
 
 
-def test_a_partial_that_only_merges_reads_the_input_and_is_declared_to(routed):
-    """One partial exchanges (barrier in between), the other is an output made from its
-    input directly: the assemblies' layer reads both, and says so."""
-    x = da.from_array(np.arange(600.0).reshape(30, 20), chunks=((10, 10, 10), (20,)))
-    y = x.rechunk(((5, 15, 10), (4,) * 5))
-    out = y.dask.dependencies[y.name]
-    assert x.name in out and any(name.startswith("spillway-barrier-") for name in out)
-    z = x.rechunk(((15, 15), (4,) * 5))  # one partial, exchanging: the input is the cuts' alone
-    assert x.name not in z.dask.dependencies[z.name]
-    assert_eq(z, x.compute())
+@pytest.mark.parametrize("way, between", [("step", "spillway-step-"), ("pieces", "spillway-barrier-")])
+def test_a_partial_that_only_merges_reads_the_input_and_is_declared_to(routed, way, between):
+    """One partial exchanges (steps or a barrier in between), the other is an output made
+    from its input directly: the outputs' layer reads both, and says so."""
+    import dask
+
+    with dask.config.set({"spillway.exchange": way}):
+        x = da.from_array(np.arange(600.0).reshape(30, 20), chunks=((10, 10, 10), (20,)))
+        y = x.rechunk(((5, 15, 10), (4,) * 5))
+        out = y.dask.dependencies[y.name]
+        assert x.name in out and any(name.startswith(between) for name in out)
+        z = x.rechunk(((15, 15), (4,) * 5))  # one partial, exchanging: the input is the steps' or cuts' alone
+        assert x.name not in z.dask.dependencies[z.name]
+        assert_eq(z, x.compute())
+        assert_eq(y, x.compute())
 
 
 def test_arrays_with_nothing_to_exchange_or_no_grid_are_dask_s_own():

@@ -69,26 +69,32 @@ def test_grown_blocks_equal_dask_s_bit_for_bit(shape, chunks, axes):
     got = overlap_internal(x, axes, room=None, fallback=dask_overlap_internal)
     assert got.chunks == want.chunks
     if ExchangePlan(x.chunks, overlap_windows(x.chunks, axes)).exchanges:
-        assert any(name.startswith("spillway-cut-") for name in got.dask.layers)
+        assert any(name.startswith(("spillway-cut-", "spillway-step-")) for name in got.dask.layers)
     for scheduler in ("sync", "threads"):
         assert np.array_equal(got.compute(scheduler=scheduler), want.compute(scheduler="sync"))
 
 
-def test_a_task_a_chunk_where_dask_makes_one_a_face_edge_and_corner():
+@pytest.mark.parametrize("way, tasks", [("step", 1 + 64), ("pieces", 64 + 1 + 64)])
+def test_a_task_a_chunk_where_dask_makes_one_a_face_edge_and_corner(way, tasks):
+    import dask
+
     x = _array((64, 64, 64), (16, 16, 16))
     axes = {0: 1, 1: 1, 2: 1}
-    ours = overlap_internal(x, axes, room=None, fallback=dask_overlap_internal)
+    with dask.config.set({"spillway.exchange": way}):
+        ours = overlap_internal(x, axes, room=None, fallback=dask_overlap_internal)
     theirs = dask_overlap_internal(x, axes)
     n = len(x.__dask_graph__())
     ours_tasks, theirs_tasks = len(ours.__dask_graph__()) - n, len(theirs.__dask_graph__()) - n
-    assert ours_tasks == 64 + 1 + 64  # a cut a chunk, one barrier, an assembly a chunk
+    # one step (no cluster: one slot) and a getter a chunk; or a cut a chunk, one barrier
+    # and an assembly a chunk
+    assert ours_tasks == tasks
     assert theirs_tasks > 4 * ours_tasks, (ours_tasks, theirs_tasks)
 
 
 def test_halos_that_would_not_fit_the_fastest_tier_are_dask_s_own():
     x = _array((40, 30), (10, 10))
     y = overlap_internal(x, {0: 1, 1: 1}, room={"held": 0, "fastest": 100}, fallback=dask_overlap_internal)
-    assert not any(name.startswith("spillway-cut-") for name in y.dask.layers)
+    assert not any(name.startswith(("spillway-cut-", "spillway-step-")) for name in y.dask.layers)
     assert np.array_equal(y.compute(), dask_overlap_internal(x, {0: 1, 1: 1}).compute())
 
 
@@ -108,16 +114,16 @@ def test_a_persisted_field_counts_as_held_though_the_scheduler_holds_none_of_it_
     field = client.persist(lazy)
     room = {"held": 0, "fastest": 12_000}
     past = overlap_internal(field, {0: 1, 1: 1}, room=room, fallback=dask_overlap_internal)
-    assert not any(name.startswith("spillway-cut-") for name in past.dask.layers)
+    assert not any(name.startswith(("spillway-cut-", "spillway-step-")) for name in past.dask.layers)
     made = overlap_internal(lazy, {0: 1, 1: 1}, room=room, fallback=dask_overlap_internal)
-    assert any(name.startswith("spillway-cut-") for name in made.dask.layers)
+    assert any(name.startswith(("spillway-cut-", "spillway-step-")) for name in made.dask.layers)
     assert np.array_equal(past.compute(), made.compute())
     # a user's map_overlap with a boundary: the halos see the field padded (an array made
     # from the persisted one), and weigh it as held all the same
     padded = da.overlap.boundaries(field, {0: 1, 1: 1}, {0: 0, 1: 0})
     assert padded.name != field.name and len(padded.dask.layers) > 1
     grown = overlap_internal(padded, {0: 1, 1: 1}, room=room, fallback=dask_overlap_internal)
-    assert not any(name.startswith("spillway-cut-") for name in grown.dask.layers)
+    assert not any(name.startswith(("spillway-cut-", "spillway-step-")) for name in grown.dask.layers)
 
 
 @pytest.mark.parametrize("shape, chunks, axes", HALOS[:4])
@@ -144,14 +150,14 @@ def test_a_user_s_map_overlap_is_routed_to_the_exchange_with_dask_s_bits(client,
     method.use_on(client.scheduler.address)
     try:
         y = x.map_overlap(_laplacian, depth=1, boundary=boundary)
-        assert any(name.startswith("spillway-cut-") for name in y.dask.layers)
+        assert any(name.startswith(("spillway-cut-", "spillway-step-")) for name in y.dask.layers)
         got = client.compute(y).result(timeout=60)
     finally:
         method.stop_using(client.scheduler.address)
     assert np.array_equal(got, want)
     # another cluster's map_overlap stays dask's own
     z = x.map_overlap(_laplacian, depth=1, boundary=boundary)
-    assert not any(name.startswith("spillway-cut-") for name in z.dask.layers)
+    assert not any(name.startswith(("spillway-cut-", "spillway-step-")) for name in z.dask.layers)
 
 
 def test_without_a_spillway_scheduler_a_map_overlap_is_dask_s_own_even_routed(client):
@@ -163,7 +169,7 @@ def test_without_a_spillway_scheduler_a_map_overlap_is_dask_s_own_even_routed(cl
     try:
         x = _array((20, 20), (5, 5))
         y = x.map_overlap(lambda b: b * 2, depth=1, boundary="none")
-        assert not any(name.startswith("spillway-cut-") for name in y.dask.layers)
+        assert not any(name.startswith(("spillway-cut-", "spillway-step-")) for name in y.dask.layers)
         assert np.array_equal(client.compute(y).result(timeout=60), (x * 2).compute(scheduler="sync"))
     finally:
         method.stop_using("tcp://127.0.0.1:1")
@@ -175,9 +181,9 @@ def test_masked_chunks_keep_dask_s_way_and_their_mask():
     data = np.arange(400.0).reshape(20, 20)
     x = da.ma.masked_greater(da.from_array(data, chunks=(5, 20)), 300)
     grown = overlap_internal(x, {0: 1, 1: 0}, room=None, fallback=dask_overlap_internal)
-    assert not any(name.startswith("spillway-cut-") for name in grown.dask.layers)
+    assert not any(name.startswith(("spillway-cut-", "spillway-step-")) for name in grown.dask.layers)
     got = grown.compute(scheduler="sync")
     assert np.ma.isMaskedArray(got) and got.mask.sum() == dask_overlap_internal(x, {0: 1, 1: 0}).compute().mask.sum()
     y = rechunk(x, (20, 5), room=None)
-    assert not any(name.startswith("spillway-cut-") for name in y.dask.layers)
+    assert not any(name.startswith(("spillway-cut-", "spillway-step-")) for name in y.dask.layers)
     assert np.ma.isMaskedArray(y.compute(scheduler="sync")) and y.compute(scheduler="sync").mask.sum() == 99

@@ -19,7 +19,7 @@ STATS_KEYS = {"bytes", "seconds", "count", "wait_s", "producer_wait_s", "spill_a
               "drained_bytes", "ahead_said_bytes", "room_written_bytes", "limit_written_bytes", "needed_written_bytes",
               "clean_bytes",
               "ondemand_events", "ondemand_bytes"}
-MEASURE_KEYS = {"collective", "plane", "decode", "store_moves", "store"}
+MEASURE_KEYS = {"collective", "step", "plane", "decode", "store_moves", "store"}
 
 
 def _check_decode(found: dict) -> None:
@@ -69,6 +69,36 @@ def test_after_a_collective_rechunk_each_worker_says_its_phases():
 
 
 @pytest.mark.timeout(120)
+def test_after_a_rechunk_s_steps_each_worker_says_their_phases():
+    from distributed import Client, LocalCluster
+
+    from spillway.datapath.collective import CollectivePlacement, rechunk
+    from spillway.datapath.step.coordinator import StepCoordinator
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        client.register_plugin(StepCoordinator())
+        client.register_plugin(CollectivePlacement())
+        assert set(client.run(measuring.step_phases).values()) == {None}  # no step ran yet
+        x = da.random.default_rng(1).random((60, 40), chunks=(10, 40)).persist()
+        y = rechunk(x, (60, 8))
+        assert any(name.startswith("spillway-step-") for name in y.dask.layers)
+        assert np.array_equal(client.compute(y).result(timeout=60), x.compute())
+        phases = [p for p in client.run(measuring.step_phases).values() if p is not None]
+        assert len(phases) == 2  # a step a worker
+        for p in phases:
+            assert set(p) == PHASES_KEYS
+            # one round each: a cut, a move, a join and a store
+            assert {name: p["counts"][name] for name in p["counts"]} == {
+                "step_cut": 1, "step_move": 1, "step_join": 1, "step_store": 1}
+        # each received the other's rows of its columns: half of the 60 x 40 float64s in all
+        # (three column chunks one worker's, two the other's)
+        assert sorted(p["taken_bytes"] for p in phases) == [30 * 16 * 8, 30 * 24 * 8]
+        for found in client.run(measuring.measure).values():
+            assert set(found) == MEASURE_KEYS and found["step"] is not None
+
+
+@pytest.mark.timeout(120)
 def test_after_a_spill_the_store_says_its_moves():
     from distributed import Client, LocalCluster, wait
     from numpy_codec import NumpyCodec
@@ -93,7 +123,7 @@ def test_after_a_spill_the_store_says_its_moves():
         assert set(summary["tiers"]) == {"device", "host"}
         found = next(iter(client.run(measuring.measure).values()))
         assert set(found) == MEASURE_KEYS and found["store_moves"] == moves
-        assert found["collective"] is None and found["plane"] is None
+        assert found["collective"] is None and found["step"] is None and found["plane"] is None
         _check_decode(found["decode"])
         assert float(x.sum().compute()) > 0
 

@@ -150,12 +150,12 @@ def held(x):
 
 
 #: the first layer-name prefix found names the rechunk method a graph was built with
-RECHUNK_LAYERS = (("rechunk-exchange-", "collective"), ("rechunk-p2p-", "p2p"), ("rechunk-merge-", "tasks"),
-                  ("rechunk-split-", "tasks"))
+RECHUNK_LAYERS = (("spillway-step-", "step"), ("rechunk-exchange-", "collective"), ("rechunk-p2p-", "p2p"),
+                  ("rechunk-merge-", "tasks"), ("rechunk-split-", "tasks"))
 
 
 def rechunk_method(collection) -> str | None:
-    """How the rechunk in ``collection`` was built ("collective", "p2p" or "tasks"), read
+    """How the rechunk in ``collection`` was built ("step", "collective", "p2p" or "tasks"), read
     off its graph's layer names; None where it has no rechunk."""
     names = list(collection.__dask_graph__().layers)
     for prefix, method in RECHUNK_LAYERS:

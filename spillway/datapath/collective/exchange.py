@@ -37,6 +37,7 @@ from spillway.options.errors import SpillwayError
 from spillway.upstream import log_incoming
 from .copies import Batch, Flat, view_of
 from .layout import PieceLayout, flat_index, owned_parts, packing, plan_of
+from spillway.datapath.worker_plugins import on_loop, plugin_of
 from .state import LOCAL, WORKER_PLUGIN, CollectiveState, state_of
 
 logger = logging.getLogger("spillway.collective")
@@ -144,7 +145,7 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
         for key, value in kept.items():
             worker.data[key] = value
     else:
-        _on_loop(worker, _store, worker, kept)
+        on_loop(worker, _store, worker, kept)
     stats = state.phases
     stats.add("layout", asked - began)
     stats.add("cut_plan", planned - asked)
@@ -189,7 +190,7 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
         if ended["layout"] is not None:
             layout = PieceLayout(tuple(ended["layout"][0]), bool(ended["layout"][1]))
         else:  # the barrier ran where no cut of its exchange did
-            layout = _on_loop(worker, _ask_layout, worker, state, name, 0, tuple(map(len, new)))
+            layout = on_loop(worker, _ask_layout, worker, state, name, 0, tuple(map(len, new)))
     gathering = time.perf_counter()
     if layout is not None and layout.grouped:
         d = layout.owner(index, tuple(map(len, new)))
@@ -202,9 +203,9 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
         if layout.workers[d] == worker.address:
             pieces = _owned_on_device(worker, name, index, old, new, layout)
             if pieces is None:  # the first assembly here takes the buffers (on the loop)
-                pieces = _on_loop(worker, _owned_pieces, worker, request())
+                pieces = on_loop(worker, _owned_pieces, worker, request())
         else:  # the owner left, or dask placed this elsewhere: the owner hands them over
-            pieces = _on_loop(worker, _pieces_from_owner, worker, layout.workers[d], request())
+            pieces = on_loop(worker, _pieces_from_owner, worker, layout.workers[d], request())
         sources = [pieces[i] for i, _ in parts]
         # views of the buffers packed for this worker, or whole arrays handed over
         owned = layout.workers[d] == worker.address
@@ -222,7 +223,7 @@ def assemble(ended: dict, name: str, index: tuple, chunks: tuple, partial: int):
                 by_holder[holders[i]].append(key)
             # the holders keep them until the exchange ends: dask may run an assembly again
             # (an output lost, or asked for again while the barrier is held)
-            taken = _on_loop(worker, _take_all, worker, dict(by_holder), False)
+            taken = on_loop(worker, _take_all, worker, dict(by_holder), False)
             values = [taken[k] for k in keys]
         sources = [(v, _whole(v)) for v in values]
         key = ("join", old, new, index, tuple(v.strides for v in values), str(values[0].dtype))
@@ -275,7 +276,7 @@ def _layout(worker, state: CollectiveState, name: str, plan, partial: int, block
     if run is not None and run.layout is not None:
         return run.layout
     nbytes = sum(math.prod(plan.input_shape(i)) for i in plan.partials[partial].inputs) * block.dtype.itemsize
-    return _on_loop(worker, _ask_layout, worker, state, name, nbytes, grid)
+    return on_loop(worker, _ask_layout, worker, state, name, nbytes, grid)
 
 
 async def _ask_layout(worker, state: CollectiveState, name: str, nbytes: int, grid: tuple):
@@ -389,31 +390,18 @@ def _module(array):
 # --- on the worker's event loop
 
 
-def _on_loop(worker, fn, *args):
-    from distributed.utils import sync
-
-    return sync(worker.loop, fn, *args)
-
-
 def _state(worker) -> CollectiveState:
     """The worker's collective state, its plugin and the holder's handlers added by the
-    first collective task here (a worker of any cluster can run one: nothing to register)."""
-    found = state_of(worker)
-    return found if found is not None else _on_loop(worker, _install, worker)
+    first collective task here (:mod:`spillway.datapath.worker_plugins`)."""
+    return plugin_of(worker, WORKER_PLUGIN, _plugin).state
 
 
-async def _install(worker) -> CollectiveState:
-    # on the event loop, which reads the worker's plugins and handlers: nothing awaits
-    # between the check and the plugin in place, so a second task's install finds it
+def _plugin(worker):
     from .plugin import CollectiveWorker
 
-    if state_of(worker) is None:
-        plugin = CollectiveWorker()
-        worker.handlers[TAKE] = _take_handler(worker)
-        worker.handlers[PIECES] = _pieces_handler(worker)
-        worker.stream_handlers[DROP] = _drop_handler(worker, plugin.state)
-        await worker.plugin_add(plugin, name=WORKER_PLUGIN)
-    return state_of(worker)
+    plugin = CollectiveWorker()
+    return (plugin, {TAKE: _take_handler(worker), PIECES: _pieces_handler(worker)},
+            {DROP: _drop_handler(worker, plugin.state)})
 
 
 async def _store(worker, pieces: dict) -> None:
@@ -523,7 +511,7 @@ def _lost_line(keys: list, holder: str, why: str) -> str:
             f"mid-exchange takes pieces only the whole exchange could make again)")
 
 
-# --- the holder's side: handlers added with the worker's plugin (:func:`_install`)
+# --- the holder's side: handlers added with the worker's plugin (:func:`_plugin`)
 
 
 def _take_handler(worker):

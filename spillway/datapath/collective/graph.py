@@ -31,9 +31,12 @@ def rechunk(x, chunks, *, plan: ExchangePlan | None = None, room: dict | None = 
     if chunks == x.chunks:
         return x
     plan = plan or plan_of(x.chunks, chunks)
-    if not plan.exchanges or not plain_chunks(x) or not _fits(x, plan, room):
+    if not plan.exchanges or not plain_chunks(x):
         return x.rechunk(chunks, method="tasks")
-    return _exchange(x, (x.chunks, chunks), chunks, plan, tokenize(x, chunks))
+    room = room if room is not None else cluster_room()
+    if not _fits(x, plan, room):
+        return x.rechunk(chunks, method="tasks")
+    return _exchange(x, (x.chunks, chunks), chunks, plan, tokenize(x, chunks), room)
 
 
 def overlap_internal(x, axes: dict, *, fallback, room: dict | None = None, plan: ExchangePlan | None = None):
@@ -51,9 +54,12 @@ def overlap_internal(x, axes: dict, *, fallback, room: dict | None = None, plan:
         return fallback(x, axes)
     windows = overlap_windows(x.chunks, axes)
     plan = plan or plan_of(x.chunks, windows)
-    if not plan.exchanges or not plain_chunks(x) or not _fits(x, plan, room):
+    if not plan.exchanges or not plain_chunks(x):
         return fallback(x, axes)
-    return _exchange(x, (x.chunks, windows), plan.sizes, plan, tokenize(x, axes, "overlap"))
+    room = room if room is not None else cluster_room()
+    if not _fits(x, plan, room):
+        return fallback(x, axes)
+    return _exchange(x, (x.chunks, windows), plan.sizes, plan, tokenize(x, axes, "overlap"), room)
 
 
 def _fits(x, plan: ExchangePlan, room: dict | None) -> bool:
@@ -62,7 +68,6 @@ def _fits(x, plan: ExchangePlan, room: dict | None) -> bool:
     given: :mod:`.way`)."""
     exchanged = sum(math.prod(plan.input_shape(i)) for p in plan.partials if p.exchanges
                     for i in p.inputs) * x.dtype.itemsize
-    room = room if room is not None else cluster_room()
     if room and made_from_held(x):
         # an ``x`` made from a persisted array is held beside the pieces cut from it,
         # whether or not the scheduler holds it yet: a user's map_overlap built right after
@@ -127,29 +132,25 @@ def overlap_windows(chunks: tuple, axes: dict) -> tuple:
     return tuple(out)
 
 
-def _exchange(x, spec: tuple, chunks: tuple, plan: ExchangePlan, token: str):
-    """The collective's layers of ``plan`` over ``x``: output chunks of sizes ``chunks``;
+def _exchange(x, spec: tuple, chunks: tuple, plan: ExchangePlan, token: str, room: dict | None):
+    """The exchange's layers of ``plan`` over ``x``: output chunks of sizes ``chunks``;
     ``spec`` is what each task rebuilds the plan from (input chunks, output chunks or
-    windows)."""
+    windows). One step a worker (:mod:`spillway.datapath.step`) where the option
+    ``exchange`` says so and the cluster's scheduler coordinates steps, or where there is
+    no cluster (one step does it all); the pieces' tasks otherwise."""
     import dask.array as da
     from dask.array.utils import meta_from_array
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
     out_name = OUTPUT_PREFIX + token
+    slots = step_slots(room)
+    if slots:
+        return _steps(x, spec, chunks, plan, token, room, slots)
     cut_name, barrier_name = CUT_PREFIX + token, BARRIER_PREFIX + token
-    cuts, barriers, outputs = {}, {}, {}
+    cuts, barriers = {}, {}
+    outputs = _direct_outputs(x, plan, out_name)
     for p, partial in enumerate(plan.partials):
         if not partial.exchanges:
-            # a split or a merge: each output chunk from its inputs as they are (a cut, a
-            # barrier and an assembly alone would be fused into one task by dask, and
-            # leave its pieces behind with no barrier to end them)
-            for index in partial.outputs:
-                inputs, places = [], []
-                for i, dst in plan.parts_of(index):
-                    src = next(src for j, src in plan.pieces_of(i) if j == index)
-                    inputs.append((x.name, *i))
-                    places.append((src, dst))
-                outputs[(out_name, *index)] = (direct, inputs, places, plan.output_shape(index))
             continue
         barrier_key = (barrier_name, p)
         pieces = pieces_name(barrier_key)
@@ -184,6 +185,81 @@ def _exchange(x, spec: tuple, chunks: tuple, plan: ExchangePlan, token: str):
                     out_name: {barrier_name, *(inputs if direct_reads else ())}}
     graph = HighLevelGraph.merge(x.dask, HighLevelGraph(layers, dependencies))
     return da.Array(graph, out_name, chunks, meta=meta_from_array(x))
+
+
+def step_slots(room: dict | None) -> int:
+    """How many steps an exchange takes: one a worker of a cluster whose scheduler
+    coordinates steps (a spillway cluster of option ``exchange: step``), one where no
+    cluster is about (dask's local schedulers, under the same option in this process's
+    config); 0, the pieces' tasks, otherwise."""
+    if room:
+        return int(room.get("workers") or 0) if room.get("steps") else 0
+    try:
+        from distributed import default_client
+
+        default_client()
+    except (ImportError, ValueError):
+        import dask
+
+        return 1 if dask.config.get("spillway.exchange", "step") == "step" else 0
+    return 0
+
+
+def _direct_outputs(x, plan: ExchangePlan, out_name: str) -> dict:
+    """The output chunks of the partials that only split or merge: each from its inputs as
+    they are (a cut, a barrier and an assembly alone, or a step, would be fused into one
+    task by dask, and leave what it kept behind with nothing to end it)."""
+    outputs = {}
+    for partial in plan.partials:
+        if partial.exchanges:
+            continue
+        for index in partial.outputs:
+            inputs, places = [], []
+            for i, dst in plan.parts_of(index):
+                src = next(src for j, src in plan.pieces_of(i) if j == index)
+                inputs.append((x.name, *i))
+                places.append((src, dst))
+            outputs[(out_name, *index)] = (direct, inputs, places, plan.output_shape(index))
+    return outputs
+
+
+def _steps(x, spec: tuple, chunks: tuple, plan: ExchangePlan, token: str, room: dict | None, slots: int):
+    import dask.array as da
+    from dask.array.utils import meta_from_array
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    from spillway.datapath.step.graph import held_by_steps, step_layers
+    from spillway.datapath.step.layout import rounds_for
+    from spillway.datapath.step.names import STEP_PREFIX
+
+    out_name = OUTPUT_PREFIX + token
+    old, new = spec
+    rounds = rounds_for(old, new, slots, x.dtype.itemsize, _round_bytes(room))
+    steps, getters = step_layers(x, new, plan, token, out_name, slots, rounds)
+    outputs = {**getters, **_direct_outputs(x, plan, out_name)}
+    step_name = STEP_PREFIX + token
+    layers = {step_name: MaterializedLayer(steps, collection_annotations=held_by_steps(x, new, plan, slots)),
+              out_name: MaterializedLayer(outputs)}
+    inputs = set(x.__dask_layers__())
+    direct_reads = any(not partial.exchanges for partial in plan.partials)
+    dependencies = {step_name: inputs, out_name: {step_name, *(inputs if direct_reads else ())}}
+    graph = HighLevelGraph.merge(x.dask, HighLevelGraph(layers, dependencies))
+    return da.Array(graph, out_name, chunks, meta=meta_from_array(x))
+
+
+def _round_bytes(room: dict | None) -> int:
+    """The option ``exchange-round-bytes``; ``auto``: a quarter of the smallest worker's
+    fastest tier where the cluster says (else one round)."""
+    import dask
+
+    from spillway.options.settings import DECLARED
+
+    declared = DECLARED["exchange_round_bytes"]
+    value = declared.parse(dask.config.get("spillway.exchange-round-bytes", "auto"), declared.key)
+    if value == "auto":
+        smallest = (room or {}).get("smallest")
+        return int(smallest) // 4 if smallest else 0
+    return int(value)
 
 
 def _normalized(x, chunks):

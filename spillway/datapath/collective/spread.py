@@ -79,8 +79,12 @@ class CollectivePlacement(SchedulerPlugin):
     def room(self) -> dict:
         """What a client weighs a rechunk against before it builds one (:mod:`.way`): the
         bytes the workers hold, and their fastest tiers' bytes together."""
+        from spillway.datapath.step.coordinator import PLUGIN_NAME as STEPS
+
+        tiers = self._tiers()
         return {"held": sum(ws.nbytes for ws in self.scheduler.workers.values()),
-                "fastest": sum(self._tiers()), "workers": len(self.scheduler.running)}
+                "fastest": sum(tiers), "smallest": min((t for t in tiers if t), default=0),
+                "workers": len(self.scheduler.running), "steps": STEPS in self.scheduler.plugins}
 
     def layout(self, name=None, nbytes=0, grid=()) -> dict:
         found = self._layouts.get(name)
