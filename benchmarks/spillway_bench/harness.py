@@ -290,7 +290,8 @@ def exchange_phases(client, kind: str) -> str | None:
         median = p.get("median", {})
         parts.append(" ".join(f"{name} {p['seconds'][name] * 1e3:.0f} ms/{p['counts'][name]}"
                               f" (median {median.get(name, 0) * 1e3:.2f})"
-                              for name in sorted(p["seconds"])) + f" taken {p['taken_bytes'] / 1e9:.1f} GB")
+                              for name in sorted(p["seconds"])) + f" taken {p['taken_bytes'] / 1e9:.1f} GB"
+                     + "".join(f", {n} round(s) over {kind}" for kind, n in p.get("transports", {}).items()))
     return " | ".join(parts)
 
 

@@ -62,12 +62,15 @@ def collective_phases(dask_worker=None) -> dict | None:
 
 
 def step_phases(dask_worker=None) -> dict | None:
-    """Where this worker's exchange steps spent their time (cut, move, join, store), and the
-    bytes they received, since it started; None where no step ran on it."""
+    """Where this worker's exchange steps spent their time (cut, move, join, store), the
+    bytes they received, and the rounds each transport moved (``transports``: which the
+    cluster's exchanges chose), since it started; None where no step ran on it."""
     from spillway.datapath.step.state import state_of
 
     state = state_of(dask_worker)
-    return None if state is None or not state.phases.counts else state.phases.as_dict()
+    if state is None or not state.phases.counts:
+        return None
+    return {**state.phases.as_dict(), "transports": dict(state.moved_over)}
 
 
 def plane_counters(dask_worker=None, traces: bool = False) -> dict | None:

@@ -87,7 +87,9 @@ def test_after_a_rechunk_s_steps_each_worker_says_their_phases():
         phases = [p for p in client.run(measuring.step_phases).values() if p is not None]
         assert len(phases) == 2  # a step a worker
         for p in phases:
-            assert set(p) == PHASES_KEYS
+            assert set(p) == PHASES_KEYS | {"transports"}
+            # one round over the transport both offered (host without UCXX, ucxx with it)
+            assert len(p["transports"]) == 1 and set(p["transports"].values()) == {1}
             # one round each: a cut, a move, a join and a store
             assert {name: p["counts"][name] for name in p["counts"]} == {
                 "step_cut": 1, "step_move": 1, "step_join": 1, "step_store": 1}

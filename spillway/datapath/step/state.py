@@ -35,6 +35,8 @@ class StepState:
         #: exchange name -> (the attempt that ended, why)
         self._ended: dict[str, tuple[int, str]] = {}
         self.phases = Phases()
+        #: rounds moved over each transport kind (the report says which the cluster chose)
+        self.moved_over: dict[str, int] = {}
 
     def transport(self, kind: str, *, host: str, gpu: bool):
         """This worker's transport of ``kind``, started by its first use."""

@@ -169,6 +169,7 @@ def _exchange(worker, state: StepState, name: str, slot: int, spec: tuple, layou
             transport.forget(xid, pending)
             raise
         moved_at = time.perf_counter()
+        state.moved_over[kind] = state.moved_over.get(kind, 0) + 1
         _log_moves(worker, answer["workers"], layout.received(slot, r), itemsize, time.time() - (moved_at - cut_at))
         if joining:
             join = Batch(itemsize, key=("step-join", old, new, slots, rounds, slot, r, itemsize))

@@ -32,8 +32,8 @@ class _Request(Pending):
         self.transport = transport
 
     def done(self) -> bool:
-        gone = self.transport.gone.get(self.peer)
         if not self.request.completed:
+            gone = self.transport.gone_why(self.peer)
             if gone is not None:
                 raise TransportError(f"{self.what} {self.peer[:16]}: {gone}")
             return False
@@ -64,10 +64,8 @@ class UcxxTransport(Transport):
             self._worker.set_progress_thread_start_callback(core.device_context, cb_args=(device,))
         self._worker.start_progress_thread(polling_mode=False)
         self._address = base64.b64encode(self._worker.address.tobytes()).decode()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._endpoints: dict = {}
-        #: peer address -> why its endpoint failed
-        self.gone: dict[str, str] = {}
         #: requests of ended exchanges UCX may still write into (their buffers kept)
         self._abandoned: set = set()
 
@@ -84,14 +82,17 @@ class UcxxTransport(Transport):
                 endpoint = self._api.UCXEndpoint.create_from_worker_address(self._worker, address, True)
             except Exception as e:  # noqa: BLE001
                 raise TransportError(f"cannot open a UCXX endpoint to a peer: {type(e).__name__}: {e}") from None
-            endpoint.set_close_callback(self._closed, cb_args=(to,))
             self._endpoints[to] = endpoint
             return endpoint
 
-    def _closed(self, to: str, *args) -> None:
-        with self._lock:
-            self._endpoints.pop(to, None)
-        self.gone[to] = "its UCX endpoint closed (the peer is gone)"
+    def gone_why(self, peer: str) -> str | None:
+        """Why ``peer`` is lost, None while its endpoint is up (or none was opened). Read,
+        not called back: a close callback runs Python on UCXX's thread, which then waits
+        for the interpreter's lock that stopping the thread holds."""
+        endpoint = self._endpoints.get(peer)
+        if endpoint is not None and not endpoint.alive:
+            return "its UCX endpoint closed (the peer is gone)"
+        return None
 
     def send(self, to: str, tag: int, buffer) -> Pending:
         request = self._endpoint(to).tag_send(self._core.Array(buffer), self._api.UCXXTag(tag))
@@ -109,16 +110,19 @@ class UcxxTransport(Transport):
             self._abandoned.update(p for p in pending if isinstance(p, _Request) and not p.request.completed)
 
     def close(self) -> None:
+        with self._lock:
+            endpoints = list(self._endpoints.values())
+            self._endpoints.clear()
+            self._abandoned.clear()
         try:
             self._worker.stop_progress_thread()
         except Exception:  # noqa: BLE001
             logger.debug("stopping the UCXX progress thread failed", exc_info=True)
-        with self._lock:
-            endpoints = list(self._endpoints.values())
-            self._endpoints.clear()
-        for endpoint in endpoints:
-            try:
-                endpoint.close_blocking()
-            except Exception:  # noqa: BLE001
-                pass
-
+        # UCX's objects go in the order they depend on one another, on this thread: the
+        # endpoints (whose close would wait for progress the stopped thread no longer
+        # makes, and whose close request a peer that closed first may free), the worker,
+        # then its context; left to the collector, the context may go first, and the
+        # worker's end then reads freed memory
+        endpoints.clear()
+        self._worker = None
+        self._context = None
