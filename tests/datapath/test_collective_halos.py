@@ -75,7 +75,7 @@ def test_grown_blocks_equal_dask_s_bit_for_bit(shape, chunks, axes):
 
 
 @pytest.mark.parametrize("way, tasks", [("step", 1 + 64), ("pieces", 64 + 1 + 64)])
-def test_a_task_a_chunk_where_dask_makes_one_a_face_edge_and_corner(way, tasks):
+def test_a_task_a_chunk_where_dask_makes_one_a_face_edge_and_corner(routed, way, tasks):
     import dask
 
     x = _array((64, 64, 64), (16, 16, 16))
