@@ -25,23 +25,28 @@ MODULES = (
 
 #: the modules CI runs on both clusters (.ci/run, ``--conformance-shard ci``), with dask's
 #: own ``slow``-marked tests left out (``-m "not slow"``, as dask's own runs leave them out
-#: without ``--runslow``): rechunk, overlap, reshape and fft whole (168 s for both clusters
-#: on a quiet 2-core machine); the others are run by hand until a quiet machine has timed
-#: their CI shares within CI's budget
+#: without ``--runslow``): rechunk, overlap, reshape and fft whole, and a share of slicing,
+#: routines, reductions, array_core and linalg (:data:`CI_SHARES`); the rest of those by hand
 CI_MODULES = (
     "dask.array.tests.test_rechunk",
     "dask.array.tests.test_overlap",
     "dask.array.tests.test_reshape",
     "dask.array.tests.test_fft",
+    "dask.array.tests.test_slicing",
+    "dask.array.tests.test_routines",
+    "dask.array.tests.test_reductions",
+    "dask.array.tests.test_array_core",
+    "dask.array.tests.test_linalg",
 )
 
-#: the modules CI runs a share of, to keep the step within CI's budget (2 cores, about 25
-#: minutes for both clusters): module -> N, CI running the tests whose ids hash to shard 1
-#: of N (the same tests in every run); shards 2 to N are run by hand. Empty until timed:
-#: slicing whole and routines 1/4, reductions 1/8, array_core 1/4, linalg 1/4 took 733 s
-#: on the control and 1,389 s on spillway on a loaded machine, past the budget; reductions
-#: at 1/16 and linalg at 1/8 are the next try
-CI_SHARES: dict = {}
+#: the modules CI runs a share of, to keep the step within CI's budget (2 cores): module -> N,
+#: CI running the tests whose ids hash to shard 1 of N (the same tests in every run); shards
+#: 2 to N are run by hand. With the four whole modules above, 793 tests took 314 s on the
+#: control and 311 s on spillway (2026-12-06, a quiet 2-core machine), every failure on
+#: spillway the control's too
+CI_SHARES: dict = {"dask/array/tests/test_slicing.py": 2, "dask/array/tests/test_routines.py": 8,
+                   "dask/array/tests/test_reductions.py": 16, "dask/array/tests/test_array_core.py": 8,
+                   "dask/array/tests/test_linalg.py": 8}
 
 #: modules too long to run by hand in one go: ``--conformance-shard K/N`` takes the tests
 #: whose ids hash to K of N (the same split on every machine and in every run)
