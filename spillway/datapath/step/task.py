@@ -5,12 +5,13 @@ A step takes its slot's input chunks (:mod:`.layout`), leaves the worker's threa
 (``secede``: a peer's inputs may still have to be made on this worker) and joins its
 peers through the scheduler (:mod:`.coordinator`), which answers once every step of the
 exchange has joined, with the transport they share and each peer's address there. Then,
-round by round: it posts a receive for what each peer sends it, cuts every peer's pieces
-of its inputs into one buffer a peer and its own pieces straight into its outputs (one
-launch), sends, waits, and joins what it received into its outputs (one launch); the
-round's outputs go into the worker's store, counted and spillable, before the next round
-allocates. Nothing of it passes the worker's event loop but the join and the stores of
-other stores than spillway's.
+round by round: it posts its receives (a message that is one C-contiguous run of an output
+chunk straight into it, the rest into one buffer a peer), cuts every peer's pieces of its
+inputs into one buffer a peer (one launch) and sends them, cuts its own pieces straight
+into its outputs while they move (one launch), waits, and joins what landed in buffers (one
+launch); the round's outputs go into the worker's store, counted and spillable, before the
+next round allocates. Nothing of it passes the worker's event loop but the rendezvous and
+the stores of other stores than spillway's.
 
 Where a worker leaves mid-exchange the scheduler ends the attempt: every step still
 running leaves its round and joins the next attempt, and dask reruns the steps that had
