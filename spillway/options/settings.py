@@ -782,6 +782,7 @@ def tls_security(ca_file: str | None, cert: str | None, key: str | None):
 def worker_value(name: str):
     """The value of option ``name`` in this process's dask config, checked by its parser: what
     a worker's own code reads of the options its launcher set (:func:`~spillway.launch.
-    worker_config.worker_config` hands them to every worker), the default elsewhere."""
+    worker_config.worker_config` hands them to every worker), and what a client building a
+    graph reads of its own config (the exchange's way and rounds); the default elsewhere."""
     declared = DECLARED[name]
     return declared.parse(dask.config.get(f"{NAMESPACE}.{declared.key}", default=declared.default), declared.key)

@@ -137,7 +137,7 @@ def test_tags_name_exchange_round_slots_and_message_apart():
 def test_the_kind_every_step_offers_is_chosen_in_order():
     assert chosen([KINDS, KINDS]) == "ucxx"
     assert chosen([KINDS, ("host",)]) == "host"
-    assert offered("host", gpu=True) == ("host",)
-    assert offered("ucxx", gpu=True) == ("ucxx", "host")
+    assert offered("host") == ("host",)
+    assert offered("ucxx") == ("ucxx", "host")
     with pytest.raises(ValueError, match="exchange-transport 'nccl' is not auto or one of ucxx, host"):
-        offered("nccl", gpu=True)
+        offered("nccl")

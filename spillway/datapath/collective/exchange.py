@@ -37,7 +37,7 @@ from spillway.options.errors import SpillwayError
 from spillway.upstream import log_incoming
 from .copies import Batch, Flat, view_of
 from .layout import PieceLayout, flat_index, owned_parts, packing, plan_of
-from spillway.datapath.worker_plugins import on_loop, plugin_of
+from spillway.datapath.on_worker import keep, on_loop, plugin_of
 from .state import LOCAL, WORKER_PLUGIN, CollectiveState, state_of
 
 logger = logging.getLogger("spillway.collective")
@@ -139,13 +139,7 @@ def cut(block, name: str, index: tuple, chunks: tuple, partial: int) -> str | No
     if kept:
         _mark_made(worker, kept)
     cut_at = time.perf_counter()
-    if _tiered(worker) is not None:
-        # spillway's tiered store takes values from any thread (it spills under its own
-        # lock): no trip through the event loop, which serves the peers meanwhile
-        for key, value in kept.items():
-            worker.data[key] = value
-    else:
-        on_loop(worker, _store, worker, kept)
+    keep(worker, kept)
     stats = state.phases
     stats.add("layout", asked - began)
     stats.add("cut_plan", planned - asked)
@@ -392,7 +386,7 @@ def _module(array):
 
 def _state(worker) -> CollectiveState:
     """The worker's collective state, its plugin and the holder's handlers added by the
-    first collective task here (:mod:`spillway.datapath.worker_plugins`)."""
+    first collective task here (:mod:`spillway.datapath.on_worker`)."""
     return plugin_of(worker, WORKER_PLUGIN, _plugin).state
 
 
@@ -402,11 +396,6 @@ def _plugin(worker):
     plugin = CollectiveWorker()
     return (plugin, {TAKE: _take_handler(worker), PIECES: _pieces_handler(worker)},
             {DROP: _drop_handler(worker, plugin.state)})
-
-
-async def _store(worker, pieces: dict) -> None:
-    for key, value in pieces.items():
-        worker.data[key] = value
 
 
 async def _take_all(worker, by_holder: dict, move: bool) -> dict:

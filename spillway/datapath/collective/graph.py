@@ -138,9 +138,7 @@ def _exchange(x, spec: tuple, chunks: tuple, plan: ExchangePlan, token: str, roo
     windows). One step a worker (:mod:`spillway.datapath.step`) where the option
     ``exchange`` says so and the cluster's scheduler coordinates steps, or where there is
     no cluster (one step does it all); the pieces' tasks otherwise."""
-    import dask.array as da
-    from dask.array.utils import meta_from_array
-    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+    from dask.highlevelgraph import MaterializedLayer
 
     out_name = OUTPUT_PREFIX + token
     slots = step_slots(room)
@@ -176,13 +174,23 @@ def _exchange(x, spec: tuple, chunks: tuple, plan: ExchangePlan, token: str, roo
         barrier_name: MaterializedLayer(barriers),
         out_name: MaterializedLayer(outputs),
     }
-    # each layer depends on exactly the layers its tasks read (HighLevelGraph.validate,
-    # which dask's assert_eq runs): the assemblies read the input's chunks only where a
-    # partial splits or merges (the plan exchanges somewhere, so cuts and barriers exist)
+    return _array(x, layers, {cut_name: None, barrier_name: {cut_name}, out_name: {barrier_name}}, out_name,
+                  chunks, plan)
+
+
+def _array(x, layers: dict, reads: dict, out_name: str, chunks: tuple, plan: ExchangePlan):
+    """The array ``out_name`` of ``layers`` over ``x``'s graph. Each layer depends on
+    exactly the layers its tasks read (HighLevelGraph.validate, which dask's assert_eq
+    runs): ``reads`` says which of this exchange's layers each reads (None: the input's);
+    the outputs read the input's chunks too where a partial splits or merges."""
+    import dask.array as da
+    from dask.array.utils import meta_from_array
+    from dask.highlevelgraph import HighLevelGraph
+
     inputs = set(x.__dask_layers__())
-    direct_reads = any(not partial.exchanges for partial in plan.partials)
-    dependencies = {cut_name: inputs, barrier_name: {cut_name},
-                    out_name: {barrier_name, *(inputs if direct_reads else ())}}
+    dependencies = {name: set(inputs if read is None else read) for name, read in reads.items()}
+    if any(not partial.exchanges for partial in plan.partials):
+        dependencies[out_name] |= inputs
     graph = HighLevelGraph.merge(x.dask, HighLevelGraph(layers, dependencies))
     return da.Array(graph, out_name, chunks, meta=meta_from_array(x))
 
@@ -199,9 +207,9 @@ def step_slots(room: dict | None) -> int:
 
         default_client()
     except (ImportError, ValueError):
-        import dask
+        from spillway.options.settings import worker_value
 
-        return 1 if dask.config.get("spillway.exchange", "step") == "step" else 0
+        return 1 if worker_value("exchange") == "step" else 0
     return 0
 
 
@@ -224,9 +232,7 @@ def _direct_outputs(x, plan: ExchangePlan, out_name: str) -> dict:
 
 
 def _steps(x, spec: tuple, chunks: tuple, plan: ExchangePlan, token: str, room: dict | None, slots: int):
-    import dask.array as da
-    from dask.array.utils import meta_from_array
-    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+    from dask.highlevelgraph import MaterializedLayer
 
     from spillway.datapath.step.graph import held_by_steps, step_layers
     from spillway.datapath.step.layout import rounds_for
@@ -240,22 +246,15 @@ def _steps(x, spec: tuple, chunks: tuple, plan: ExchangePlan, token: str, room: 
     step_name = STEP_PREFIX + token
     layers = {step_name: MaterializedLayer(steps, collection_annotations=held_by_steps(x, new, plan, slots)),
               out_name: MaterializedLayer(outputs)}
-    inputs = set(x.__dask_layers__())
-    direct_reads = any(not partial.exchanges for partial in plan.partials)
-    dependencies = {step_name: inputs, out_name: {step_name, *(inputs if direct_reads else ())}}
-    graph = HighLevelGraph.merge(x.dask, HighLevelGraph(layers, dependencies))
-    return da.Array(graph, out_name, chunks, meta=meta_from_array(x))
+    return _array(x, layers, {step_name: None, out_name: {step_name}}, out_name, chunks, plan)
 
 
 def _round_bytes(room: dict | None) -> int:
     """The option ``exchange-round-bytes``; ``auto``: a quarter of the smallest worker's
     fastest tier where the cluster says (else one round)."""
-    import dask
+    from spillway.options.settings import worker_value
 
-    from spillway.options.settings import DECLARED
-
-    declared = DECLARED["exchange_round_bytes"]
-    value = declared.parse(dask.config.get("spillway.exchange-round-bytes", "auto"), declared.key)
+    value = worker_value("exchange_round_bytes")
     if value == "auto":
         smallest = (room or {}).get("smallest")
         return int(smallest) // 4 if smallest else 0

@@ -19,7 +19,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from spillway.datapath.collective.layout import flat_index, plan_of
+from spillway.datapath.collective.layout import plan_of
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,8 @@ class StepLayout:
     outputs_of: dict
     #: (sender, receiver, round) -> :class:`Send`, for every pair that moves something
     sends: dict
+    #: (input index, output index) -> where the piece goes in its output chunk (slices)
+    places: dict
 
     def received(self, d: int, r: int) -> dict:
         """Sender -> :class:`Send` of what slot ``d`` receives in round ``r`` (itself left out)."""
@@ -126,9 +128,10 @@ def step_layout(old: tuple, new: tuple, slots: int, rounds: int, in_slots: tuple
                 if j in out_slot:
                     building.setdefault((s, out_slot[j], out_round[j]), []).append((i, j, src))
     sends = {key: _send(plan, found, direct=key[0] != key[1]) for key, found in building.items()}
+    places = {(i, j): dst for j in outputs for i, dst in plan.parts_of(j)}
     return StepLayout(slots=slots, rounds=rounds, in_slot=in_slot, out_slot=out_slot, out_round=out_round,
                       inputs_of={s: tuple(v) for s, v in inputs_of.items()},
-                      outputs_of={k: tuple(v) for k, v in outputs_of.items()}, sends=sends)
+                      outputs_of={k: tuple(v) for k, v in outputs_of.items()}, sends=sends, places=places)
 
 
 #: messages of one send that land straight in outputs, at most (the tag's room; the rest
@@ -213,6 +216,3 @@ def rounds_for(old: tuple, new: tuple, slots: int, itemsize: int, round_bytes: i
     most_outputs = max((len(v) for v in layout.outputs_of.values()), default=1)
     return max(1, min(most_outputs, MAX_ROUNDS, math.ceil(received * itemsize / round_bytes)))
 
-
-def output_flat(j: tuple, new_grid: tuple) -> int:
-    return flat_index(j, new_grid)

@@ -3,9 +3,9 @@ plugin (no imports: the workflows build graphs without loading distributed)."""
 
 from __future__ import annotations
 
-#: an output chunk's key is ``(OUTPUT_PREFIX + token, *index)``: the pieces' way's name, which
-#: the bench and the dashboard read as "the collective"
-OUTPUT_PREFIX = "rechunk-exchange-"
+# an output chunk's key is ``(OUTPUT_PREFIX + token, *index)``, as the pieces' way names it
+from spillway.datapath.collective.names import OUTPUT_PREFIX
+
 #: a step's key is ``(STEP_PREFIX + token, slot)``, and the exchange's name its first part
 STEP_PREFIX = "spillway-step-"
 

@@ -30,7 +30,7 @@ import time
 from spillway.datapath.collective.copies import Batch, Flat
 from spillway.datapath.collective.exchange import CollectiveLost
 from spillway.datapath.collective.layout import flat_index, plan_of
-from spillway.datapath.worker_plugins import on_loop, plugin_of
+from spillway.datapath.on_worker import keep, on_loop, plugin_of
 from spillway.upstream import log_incoming
 from .layout import step_layout
 from .state import LOCAL_LOCK, LOCAL_OUTPUTS, WORKER_PLUGIN, StepState, state_of
@@ -130,8 +130,9 @@ def _exchange(worker, state: StepState, name: str, slot: int, spec: tuple, layou
         outs = {j: xp.empty(plan.output_shape(j), dtype=dtype) for j in layout.outputs_of.get((slot, r), ())}
         # receives first: each message into its output where it lands there as it is, into
         # a buffer to join from otherwise
+        incoming = layout.received(slot, r)
         pending, joining, received = [], {}, 0
-        for s, send in layout.received(slot, r).items():
+        for s, send in incoming.items():
             for m, message in enumerate(send.messages):
                 if message.output is not None:
                     target = outs[message.output].reshape(-1)[message.at:message.at + message.elements]
@@ -161,7 +162,7 @@ def _exchange(worker, state: StepState, name: str, slot: int, spec: tuple, layou
         if own is not None:
             local = Batch(itemsize, key=("step-own", old, new, slots, rounds, slot, r, strides, itemsize))
             for (i, j), (_, _, src) in own.pieces.items():
-                local.add(inputs[i], src, outs[j], _dst(plan, i, j))
+                local.add(inputs[i], src, outs[j], layout.places[(i, j)])
             local.run()
         try:
             wait(pending, aborted=lambda: state.ended(name, attempt), deadline=deadline,
@@ -171,17 +172,17 @@ def _exchange(worker, state: StepState, name: str, slot: int, spec: tuple, layou
             raise
         moved_at = time.perf_counter()
         state.moved_over[kind] = state.moved_over.get(kind, 0) + 1
-        _log_moves(worker, answer["workers"], layout.received(slot, r), itemsize, time.time() - (moved_at - cut_at))
+        _log_moves(worker, answer["workers"], incoming, itemsize, time.time() - (moved_at - cut_at))
         if joining:
             join = Batch(itemsize, key=("step-join", old, new, slots, rounds, slot, r, itemsize))
             for s, buffer in joining.items():
-                for (i, j), offset in layout.sends[(s, slot, r)].joined.items():
-                    shape = layout.sends[(s, slot, r)].pieces[(i, j)][1]
-                    join.add(buffer, Flat(offset, shape), outs[j], _dst(plan, i, j))
+                for (i, j), offset in incoming[s].joined.items():
+                    shape = incoming[s].pieces[(i, j)][1]
+                    join.add(buffer, Flat(offset, shape), outs[j], layout.places[(i, j)])
             join.run()
         _synchronize(module)  # the store may copy the outputs to host on its own streams
         joined_at = time.perf_counter()
-        _store(worker, {(name, "out", flat_index(j, grid)): out for j, out in outs.items()})
+        keep(worker, {(name, "out", flat_index(j, grid)): out for j, out in outs.items()})
         stored += len(outs)
         phases.add("step_cut", cut_at - began)
         phases.add("step_move", moved_at - cut_at)
@@ -208,13 +209,6 @@ def exchange_id(attempt: int) -> int:
     return attempt & ((1 << EXCHANGE_BITS) - 1)
 
 
-def _dst(plan, i: tuple, j: tuple) -> tuple:
-    for k, dst in plan.parts_of(j):
-        if k == i:
-            return dst
-    raise KeyError((i, j))
-
-
 def _local(name: str, old: tuple, new: tuple, layout, inputs: dict, dtype, module: str) -> dict:
     """A step run without a distributed worker (dask's local schedulers, or a graph built
     for a cluster computed in one process): its inputs' pieces written straight into the
@@ -234,7 +228,7 @@ def _local(name: str, old: tuple, new: tuple, layout, inputs: dict, dtype, modul
                 out = LOCAL_OUTPUTS.get(key)
                 if out is None:
                     out = LOCAL_OUTPUTS[key] = xp.empty(plan.output_shape(j), dtype=dtype)
-            batch.add(inputs[i], src, out, _dst(plan, i, j))
+            batch.add(inputs[i], src, out, layout.places[(i, j)])
     batch.run()
     return {"slot": None, "worker": None, "attempt": 0, "outputs": 0}
 
@@ -278,7 +272,7 @@ def _offers(worker, state: StepState, module: str) -> dict:
     """Kind -> this worker's address on it, for every kind it offers (each started)."""
     from spillway.options.settings import worker_value
 
-    kinds = offered(worker_value("exchange_transport"), module == "cupy")
+    kinds = offered(worker_value("exchange_transport"))
     out = {}
     for kind in kinds:
         try:
@@ -292,22 +286,6 @@ def _offers(worker, state: StepState, module: str) -> dict:
 async def _join(worker, name: str, slot: int, seen: int, offers: dict, failed: str | None) -> dict:
     return await worker.scheduler.spillway_step_join(name=name, slot=slot, seen=seen, worker=worker.address,
                                                      offers=offers, failed=failed)
-
-
-def _store(worker, values: dict) -> None:
-    from spillway.memory.store import TieredStore
-
-    if isinstance(worker.data, TieredStore):
-        # spillway's tiered store takes values from any thread (it spills under its own lock)
-        for key, value in values.items():
-            worker.data[key] = value
-        return
-
-    async def store():
-        for key, value in values.items():
-            worker.data[key] = value
-
-    on_loop(worker, store)
 
 
 async def _take_from(worker, holder: str, key):
@@ -326,7 +304,7 @@ async def _take_from(worker, holder: str, key):
 
 def _state(worker) -> StepState:
     """The worker's step state, its plugin and handlers added by the first step here
-    (:mod:`spillway.datapath.worker_plugins`)."""
+    (:mod:`spillway.datapath.on_worker`)."""
     return plugin_of(worker, WORKER_PLUGIN, _plugin).state
 
 

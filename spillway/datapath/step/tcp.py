@@ -72,7 +72,7 @@ class HostTransport(Transport):
     def send(self, to: str, tag: int, buffer) -> Pending:
         data = buffer.get() if on_device(buffer) else buffer
         flag = Flag()
-        sock, sends = self._connection(to)
+        _, sends = self._connection(to)
         sends.put((tag, _host_view(data), flag))
         return flag
 

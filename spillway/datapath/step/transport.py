@@ -66,9 +66,9 @@ class Transport(ABC):
     def recv(self, source: str, tag: int, buffer) -> Pending: ...
 
     def forget(self, exchange: int, pending: list) -> None:
-        """The exchange attempt ``exchange`` (its tags' bits from :data:`ATTEMPT_SHIFT`) ended with ``pending``
-        not done: what it posted and what of it arrives late is let go (a buffer the
-        transport may still write into is kept until it is done with it)."""
+        """The exchange attempt ``exchange`` (its tags' bits from :data:`ATTEMPT_SHIFT`)
+        ended with ``pending`` not done: what it posted and what of it arrives late is let
+        go (a buffer the transport may still write into is kept until it is done with it)."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -140,11 +140,6 @@ class Staged(Pending):
         self.device.set(self.host)
 
 
-class Done(Pending):
-    def done(self) -> bool:
-        return True
-
-
 class Flag(Pending):
     """A pending whose owner thread sets it done or failed."""
 
@@ -168,7 +163,7 @@ def on_device(buffer) -> bool:
     return type(buffer).__module__.startswith("cupy")
 
 
-def offered(setting: str, gpu: bool) -> tuple[str, ...]:
+def offered(setting: str) -> tuple[str, ...]:
     """The kinds this worker offers an exchange under the option ``exchange-transport``
     (``auto``: UCXX where it is installed, then host)."""
     if setting != "auto":
