@@ -8,8 +8,9 @@ The rooms, lowest first (``tests/test_layers.py`` holds the table and says why):
 :mod:`spillway.upstream` (the seam: every hook into dependencies' private names),
 :mod:`spillway.options` (the settings, sizes, GPUs and errors), :mod:`spillway.memory`
 (the tiered store and admission), :mod:`spillway.datapath` (chunks between workers),
-:mod:`spillway.launch` (starting clusters and their plugins), :mod:`spillway.deploy`
-(Slurm, MPI and systemd files, rendered by pure functions), :mod:`spillway.workflows`
+:mod:`spillway.launch` (every launcher of a cluster, one module each, what they render
+and the plugins they register), :mod:`spillway.deploy` (the service's systemd files),
+:mod:`spillway.workflows`
 (named chunked-array workflows), :mod:`spillway.run` (a workflow run on a cluster),
 :mod:`spillway.clusters` (the notebook clusters), :mod:`spillway.service` (the shared
 service) and :mod:`spillway.cli`. The benchmarks are a distribution of their own

@@ -55,16 +55,18 @@ LAYERS = (
           "which transport the workers use; it moves the store's values, so it sits on the "
           "store."),
     Layer("launch", "spillway.launch", ("seam", "options", "memory", "datapath"),
-          "Starting or attaching to a cluster: the launch plan, one WorkerSpec per worker "
-          "and its renderers, the backends, and what every cluster registers (the worker "
-          "plugin with the store and the data path, the collector settler, the worker-loss "
-          "watch). It knows no workflow: a workflow's resources register their own clean-up "
-          "with the worker plugin (plugins.on_teardown)."),
-    Layer("deploy", "spillway.deploy", ("seam", "options", "launch"),
-          "Slurm, MPI and systemd files and command lines rendered from the worker specs and "
-          "options by plain functions, and a cluster of Slurm jobs (dask-jobqueue's cluster "
-          "manager with spillway's job script); what they start runs the CLI, so they import "
-          "nothing of workflows, runs or the service."),
+          "Every launcher of a cluster, one module each behind the Backend protocol (local "
+          "GPU, local CPU, attach, a node's workers, MPI ranks, a Slurm batch job, a "
+          "notebook's Slurm jobs: LAUNCHERS), what they start decided first (the launch "
+          "plan, one WorkerSpec per worker) and rendered by pure functions (dask-cuda's "
+          "keywords and flags, command lines, the batch seam's job script), and what every "
+          "cluster registers (the worker plugin with the store and the data path, the "
+          "collector settler, the worker-loss watch). What it starts elsewhere runs the CLI, "
+          "and it knows no workflow: a workflow's resources register their own clean-up with "
+          "the worker plugin (plugins.on_teardown), and a launcher is handed the work it runs."),
+    Layer("deploy", "spillway.deploy", ("options",),
+          "The shared service's systemd unit and environment file, rendered from the options "
+          "by plain functions (no launcher: the unit runs `spillway serve`)."),
     Layer("workflows", "spillway.workflows", ("options", "memory", "datapath", "launch"),
           "Named chunked-array workflows and their Zarr I/O: graphs built from parameters "
           "and a target, raising the options' errors and sizing with its sizes; they run on "
@@ -74,9 +76,9 @@ LAYERS = (
           "workers, compute, output, verification, progress, the run report and its text, "
           "HTML and figure, and the admission check before a GPU cluster starts (it builds "
           "the workflow's graph)."),
-    Layer("clusters", "spillway.clusters", ("seam", "options", "launch", "deploy", "workflows", "run"),
-          "The clusters of notebooks: spillway.local, spillway.slurm (on deploy's cluster of "
-          "Slurm jobs) and the base both are, which hand out runs."),
+    Layer("clusters", "spillway.clusters", ("seam", "options", "launch", "workflows", "run"),
+          "The clusters of notebooks: spillway.local, spillway.slurm (thin entry points of "
+          "the launchers of the launch room) and the base both are, which hand out runs."),
     Layer("service", "spillway.service", ("options", "memory", "launch", "workflows", "run"),
           "The shared service: the HTTP API, the job scheduler and its database, which run "
           "workflows on one cluster for many tenants, and the Python client of that API."),
@@ -85,10 +87,11 @@ LAYERS = (
           "spillway.Options and the errors): `import spillway` re-exports what users type, "
           "the HTTP client lazily."),
     Layer("cli", "spillway.cli",
-          ("options", "datapath", "launch", "deploy", "workflows", "run", "clusters", "service"),
+          ("options", "datapath", "launch", "workflows", "run", "clusters", "service"),
           "The command line at the top: it starts everything below (serve, worker, run, "
-          "slurm, bench) and reports the host (info); the bench commands import the "
-          "benchmarks' own distribution when they run."),
+          "slurm, mpi, bench; each launcher's command parses its flags and calls the launcher) "
+          "and reports the host (info); the bench commands import the benchmarks' own "
+          "distribution when they run."),
 )
 #: the top package's own modules: its __init__ (the public names) and `python -m spillway`
 TOP = {"spillway": "api", "spillway.__main__": "cli"}
@@ -214,12 +217,12 @@ def test_layers_use_only_lower_layers():
 
 def test_the_reader_sees_every_kind_of_import():
     # a module of spillway.launch with relative, absolute and in-function imports
-    source = ("from . import plugins\nfrom ..workflows import params\nimport spillway.deploy.commands\n"
+    source = ("from . import plugins\nfrom ..workflows import params\nimport spillway.launch.commands\n"
               "def f():\n    from .spec import WorkerSpec\n    from spillway import workflows\n"
               "import numpy\nfrom ..memory import store as s, not_a_module\n")
     found = imports_in(source, "spillway.launch")
     assert found == [(1, "spillway.launch.plugins"), (2, "spillway.workflows.params"),
-                     (3, "spillway.deploy.commands"), (5, "spillway.launch.spec"),
+                     (3, "spillway.launch.commands"), (5, "spillway.launch.spec"),
                      (6, "spillway.workflows"), (8, "spillway.memory"),
                      (8, "spillway.memory.store")]
     assert layer_of("spillway.run.compute").name == "run"
@@ -267,8 +270,8 @@ def test_each_layer_says_why(layer):
     assert layer.why and layer.package
 
 
-#: the launch package: every layer above it (deploy rendering its specs, the
-#: CLI, the bench, runs, the service, workflows) goes through its public names only
+#: the launch package: every layer above it (the CLI, the bench, the notebook clusters,
+#: runs, the service, workflows) goes through its public names only
 LAUNCH = "spillway.launch"
 
 
@@ -283,8 +286,9 @@ def launch_public_names() -> set[str]:
 
 #: the launch room's modules that the rooms above use by name, beside ``__all__``: what
 #: every cluster registers (the worker plugin and its ``on_teardown`` and snapshots, the
-#: collector settler, the worker-loss watch)
-PUBLIC_MODULES = {"plugins", "collector", "worker_loss"}
+#: collector settler, the worker-loss watch), and the launchers an entry point names beside
+#: ``open_cluster`` (``spillway mpi``, ``spillway slurm``, ``spillway.slurm()``)
+PUBLIC_MODULES = {"plugins", "collector", "worker_loss", "mpi", "slurm_batch", "slurm_jobs"}
 
 
 def private_launch_imports(source: str, package: str, public: set[str]) -> list[tuple[int, str]]:
@@ -317,7 +321,7 @@ def test_the_launch_check_sees_private_imports():
               "from spillway.launch.spec import off_node_spec\n"
               "def f():\n    from ...launch import gpu_worker, _arrived\n"
               "import spillway.launch.render\n")
-    found = private_launch_imports(source, "spillway.deploy.mpi", {"open_cluster", "WorkerSpec"})
+    found = private_launch_imports(source, "spillway.service.jobs", {"open_cluster", "WorkerSpec"})
     assert found == [(2, "spillway.launch.spec"), (4, "spillway.launch._arrived"),
                      (4, "spillway.launch.gpu_worker"), (5, "spillway.launch.render")]
 
@@ -341,6 +345,103 @@ def test_the_launch_packages_public_names_exist():
     launch = importlib.import_module(LAUNCH)
     assert set(launch.__all__) == launch_public_names()
     assert [n for n in launch.__all__ if not hasattr(launch, n)] == []
+
+
+#: every launcher: a module directly in the launch package and the backend it defines
+#: (:class:`spillway.launch.backend.Backend`: ``start(options, launch, specs)``). A new
+#: launcher is a module beside these, named here.
+LAUNCHERS = {
+    "local_gpu": "LocalGPU",          # dask-cuda's LocalCUDACluster (open_cluster, plan kind gpu)
+    "local_cpu": "LocalCPU",          # distributed's LocalCluster (plan kind cpu)
+    "attach": "Attach",               # a running scheduler (plan kind attach)
+    "gpu_worker": "NodeWorkers",      # this node's GPU workers: `spillway worker`
+    "mpi": "MPIRank",                 # a rank of dask-mpi: `spillway mpi`
+    "slurm_batch": "SlurmBatch",      # a Slurm batch job of workflows: `spillway slurm`
+    "slurm_jobs": "SlurmJobs",        # dask-jobqueue's cluster of Slurm jobs: `spillway.slurm()`
+}
+#: what starts workers or submits their jobs, imported by the launch package alone (and by
+#: the seam, which checks their shape): the cluster managers' libraries, whole or by name
+LAUNCHING_MODULES = ("dask_jobqueue", "dask_mpi", "mpi4py")
+LAUNCHING_NAMES = {"dask_cuda": {"LocalCUDACluster", "CUDAWorker"}, "distributed": {"LocalCluster"},
+                   "distributed.deploy.local": {"LocalCluster"}}
+#: a batch system's base: each system beside it is a launcher too
+BATCH_BASE = "BatchSystem"
+
+
+def backend_classes(source: str) -> list[str]:
+    """The classes of ``source`` that are backends (a ``start`` method taking ``options``,
+    ``launch`` and ``specs``) or batch systems (a subclass of :data:`BATCH_BASE`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        starts = [f for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == "start"]
+        if any([a.arg for a in f.args.args][:4] == ["self", "options", "launch", "specs"] for f in starts):
+            found.append(node.name)
+        elif any(getattr(b, "id", getattr(b, "attr", None)) == BATCH_BASE for b in node.bases):
+            found.append(node.name)
+    return found
+
+
+def launching_imports(source: str) -> list[tuple[int, str]]:
+    """(line, name) for each import in ``source`` of what starts workers
+    (:data:`LAUNCHING_MODULES`, :data:`LAUNCHING_NAMES`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] in LAUNCHING_MODULES]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module.split(".")[0] in LAUNCHING_MODULES:
+                found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names
+                      if a.name in LAUNCHING_NAMES.get(node.module, ())]
+    return sorted(found)
+
+
+def test_the_launcher_checks_see_backends_and_launching_imports():
+    source = ("from dask_jobqueue.slurm import SLURMCluster\nimport mpi4py.MPI\nfrom distributed import Client, "
+              "LocalCluster\nclass Mine:\n    def start(self, options, launch, specs):\n        pass\n"
+              "class Job:\n    async def start(self):\n        pass\nclass PBS(batch.BatchSystem):\n    pass\n")
+    assert backend_classes(source) == ["Mine", "PBS"]
+    assert launching_imports(source) == [(1, "dask_jobqueue.slurm"), (2, "mpi4py.MPI"),
+                                         (3, "distributed.LocalCluster")]
+
+
+def test_the_launchers_are_modules_of_one_package():
+    """Each launcher is one module of the launch package with its backend, and no module
+    elsewhere defines a backend or a batch system: where a new launcher goes is the launch
+    package, beside the others."""
+    found = {}
+    for path in MODULES:
+        for name in backend_classes(path.read_text()):
+            found.setdefault(name, []).append(module_name(path))
+    expected = {backend: [f"{LAUNCH}.{module}"] for module, backend in LAUNCHERS.items()}
+    # the protocol itself, and the batch launcher's system beside its backend
+    expected |= {"Backend": [f"{LAUNCH}.backend"], "Slurm": [f"{LAUNCH}.slurm_batch"]}
+    assert found == expected
+    for module in LAUNCHERS:
+        assert (PACKAGE / "launch" / f"{module}.py").is_file(), module
+
+
+def test_only_the_launch_package_starts_workers():
+    """The cluster managers (dask-cuda's, distributed's local one, dask-jobqueue, dask-mpi,
+    mpi4py) are imported by the launch package alone: the CLI's commands and the notebook's
+    clusters call a launcher (the seam only checks their shape)."""
+    problems = []
+    for path in MODULES:
+        module = module_name(path)
+        if layer_of(module).name in ("launch", "seam"):
+            continue
+        problems += [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+                     for line, name in launching_imports(path.read_text())]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_backend_registry_names_the_plan_kinds_launchers():
+    from spillway.launch.backend import BACKENDS
+
+    assert {kind: type(backend).__module__ for kind, backend in BACKENDS.items()} == {
+        "gpu": f"{LAUNCH}.local_gpu", "cpu": f"{LAUNCH}.local_cpu", "attach": f"{LAUNCH}.attach"}
 
 
 #: a module named in a caption: ``:mod:`X```, and the other roles (``:class:`X``` ...), whose

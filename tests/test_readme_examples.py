@@ -64,7 +64,7 @@ RUN: dict[str, tuple[str, ...] | None] = {
     'with spillway.local(cpu=True) as cluster:': None,
     'cluster.scale(3)': None,
     'spillway tenant add alice ': ("spillway tenant",),
-    'cp spillway/deploy/slurm/srun bin/': None,
+    'cp spillway/launch/srun bin/': None,
     'mpirun -n 3 --oversubscribe spillway mpi': ("mpirun",),
     'useradd --system --user-group': None,
 }
@@ -81,10 +81,10 @@ NOT_HERE: dict[str, str] = {
                                                 "submits the same body",
     "OUTPUT_DIR/spillway-JOBID.out": "a listing of a job's files",
     "spillway slurm render WORKFLOW [--param K=V ...]": "a synopsis (WORKFLOW, N, G are placeholders)",
-    "#!/usr/bin/env bash": "the rendered script, compared with what render prints by tests/deploy/test_slurm_queue.py",
+    "#!/usr/bin/env bash": "the rendered script, compared with what render prints by tests/launch/test_slurm_queue.py",
     "spillway bench --sizes full --only W1,B2": "GPU sizes; the CPU smoke run is tests/bench/test_bench.py",
     "bash benchmarks/gpu-host/conformance.sh": "dask's CuPy tests on a GPU host",
-    "cluster = spillway.slurm(gpus_per_node=4": "GPU nodes of a Slurm cluster; tests/deploy/test_slurm_cluster.py "
+    "cluster = spillway.slurm(gpus_per_node=4": "GPU nodes of a Slurm cluster; tests/launch/test_slurm_cluster.py "
                                                 "runs the same calls on the suite's loopback Slurm",
 }
 

@@ -8,7 +8,6 @@
 #   rechunk4  spillway run rechunk 223607x223607 chunks=1000 on 0,1,2,3 --verify (400 GB),
 #             the host watched                                                          ~1.5 min
 #   rechunk2  the 200 GB one (158113x158113) on 0,1                                     ~1 min
-#   scaling   bench-scaling run --mode weak --sizes full --only $SCALING_ONLY on 1, 2, 4 ~4 min
 #   fft       spillway run fft at FFT_SIZE (1.5x the four GPUs) --verify, host watched
 #   tests     pytest -m gpu of the multi-GPU tests (TESTS overrides)                    ~3 min
 # Start the call's command with the freshly started host's parts (probe first): a part
@@ -64,16 +63,6 @@ for part in ${PARTS:-probe bench rechunk4}; do
         >"$files/$part.json" 2>"$files/$part.log"
       rcs="$rcs $part:$?"
       bash benchmarks/gpu-host/watch-host.sh stop "$files/host-$part.log" | tee -a "$log" ;;
-    scaling)
-      for devices in 0 0,1 0,1,2,3; do
-        fits 90 "scaling-$devices" || continue
-        echo "== bench-scaling weak --only ${SCALING_ONLY:-W1,W2,W5} --devices $devices" | tee -a "$log"
-        timeout -k 10 $(( $(left) - 10 )) python3 -m spillway bench-scaling run --mode weak --sizes full \
-          --only "${SCALING_ONLY:-W1,W2,W5}" --devices $devices --no-ceilings --budget 200 \
-          --out "$files/scaling" >>"$files/scaling.log" 2>&1
-        rcs="$rcs scaling-$devices:$?"
-      done
-      python3 -m spillway bench-scaling report "$files"/scaling/*-weak-n*.json >>"$files/scaling.log" 2>&1 ;;
     fft)
       fits 200 fft || continue
       echo "== spillway run fft ${FFT_SIZE:-480GB} --devices 0,1,2,3 --verify" | tee -a "$log"
@@ -98,32 +87,18 @@ for part in ${PARTS:-probe bench rechunk4}; do
 done
 echo "== exit codes:$rcs; $(( $(date +%s) - start )) s" | tee -a "$log"
 python3 - "$files" <<'PY' | tee -a "$log"
-import glob, json, os, sys
+import json, os, sys
 files = sys.argv[1]
-def last_json(path):
+for name in ("ten-runs-spillway", "ten-runs-dask-cuda", "rechunk4", "rechunk2", "fft"):
     try:
-        lines = [l for l in open(path).read().splitlines() if l.startswith("{")]
-        return json.loads(lines[-1]) if lines else None
-    except OSError:
-        return None
-rows = [(rig, last_json(os.path.join(files, f"ten-runs-{rig}.json"))) for rig in ("spillway", "dask-cuda")]
-if any(r for _, r in rows):
-    print("| probe (4 GPUs) | start s | first s | runs 2-10 median s | longest s | longest/median | arena pins s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for rig, r in rows:
-        if not r:
-            print(f"| {rig} | failed | | | | | |"); continue
-        pins = r.get("arena_pin_s")
-        print(f"| {rig} | {r['start_s']:.2f} | {r['first_s']:.2f} | {r['later_median_s']:.3f} | {r['later_max_s']:.3f} | "
-              f"{r['later_over_median']:.2f} | {'' if pins is None else ' '.join(f'{p:.2f}' for p in pins)} |")
-for part in ("rechunk4", "rechunk2", "fft"):
-    r = last_json(os.path.join(files, f"{part}.json"))
-    if r:
-        print(f"{part}: wall {r.get('wall_s')} s, verify {r.get('verify')}, spilled {r.get('bytes_spilled')}, "
-              f"tasks {r.get('tasks')}")
-for md in sorted(glob.glob(os.path.join(files, "bench", "*.md"))):
-    text = open(md).read().splitlines()
-    print("\n".join(l for l in text if l.startswith("| W") or l.startswith("| workload"))[:3000])
+        r = json.loads([l for l in open(os.path.join(files, f"{name}.json")) if l.startswith("{")][-1])
+    except (OSError, IndexError, ValueError):
+        continue
+    if name.startswith("ten-runs"):
+        print(f"{name} (4 GPUs): start {r['start_s']:.2f} s, first {r['first_s']:.2f} s, runs 2-10 median "
+              f"{r['later_median_s']:.3f} s, longest {r['later_max_s']:.3f} s, arena pins {r.get('arena_pin_s')}")
+    else:
+        print(f"{name}: wall {r.get('wall_s')} s, verify {r.get('verify')}, spilled {r.get('bytes_spilled')}")
 PY
-grep -h -E "^\| W[125] " "$files"/scaling.log 2>/dev/null | head -20
+grep -h -E "^(\| W|\| workload)" "$files"/bench/*.md 2>/dev/null | head -20
 tar -czf "$out/four-gpus.tar.gz" -C "$files" . && rm -rf "$files"

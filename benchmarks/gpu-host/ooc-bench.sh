@@ -3,11 +3,11 @@
 # defaults (no memory flags): B4's operands and B5's array at 1.3x the GPUs' memory; O3's
 # and O4's footprint at 1.5x the GPUs' memory (2.5x on one GPU), three sides each on a
 # fresh cluster (spillway, tasks_method, baseline).
-#   usage: benchmarks/gpu-host/ooc-bench.sh PART      PART: b2, b4, b5, o3, o4 (one device
-#                                                      call each) or b2b4 (B2 then B4)
+#   usage: benchmarks/gpu-host/ooc-bench.sh PART      PART: b2, b4, b5, o3, o4, o5 (one
+#                                                      device call each) or b2b4 (B2 then B4)
 # Each run is compared with the newest committed result of the machine under
 # benchmarks/results (PREVIOUS: another file or directory); slower rows are printed last.
-# Estimates on one H100 80 GB (NOTES.md, "B4, B5 and the out-of-core matrix"): b2 about
+# Estimates on one H100 80 GB (NOTES.md, "Out of core first"): b2 about
 # 5 min, b4 about 5 min, b5 about 6-8 min; b2b4 about 10 min, over one call's limit on
 # one H100 (the script still cuts it at 9.5 min): run b2, b4 and b5 as three calls there.
 # Assumes spillway's wheels are installed and PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks. Writes under $OUT
@@ -32,8 +32,8 @@ case "$part" in
   o5)   only=O5;    timeout=240 ;;
   *) echo "ooc-bench.sh: unknown part '$part' (b2, b4, b5, o3, o4, o5 or b2b4)" >&2; exit 2 ;;
 esac
-# the command's limit: a device call's 600 s less the margin; a queue.sh step, which runs on
-# between calls, may set a longer one (on one H200, 1.3x its memory: LIMIT=900)
+# the command's limit: a device call's 600 s less the margin (a longer run, on one H200 at
+# 1.3x its memory: LIMIT=900)
 limit=${LIMIT:-570}
 # SIZES and BENCH_FLAGS only for trying the script on CPU workers (SIZES=tiny BENCH_FLAGS=--cpu)
 timeout -k 10 "$limit" python3 -m spillway bench --sizes "${SIZES:-full}" ${BENCH_FLAGS:-} --only "$only" --label "$part" --timeout "$timeout" \
@@ -44,51 +44,8 @@ grep -E "^([BO][0-9] +(spillway|tasks_method|baseline) +(first run|warm-up|run |
   "$out/ooc-$part.txt" | tail -40
 echo "exit $rc"
 sed -n '/^workload /,$p' "$out/ooc-$part.txt" | grep -vE "^(target |wrote |spillway: |previous result|slower: )"
-python3 - "$out" <<'PY'
-import glob, json, sys
-
-files = sorted(glob.glob(f"{sys.argv[1]}/*.json"))
-if not files:
-    print("targets: no results file (see ooc-*.txt)")
-    sys.exit(0)
-data = json.load(open(files[-1]))
-for w in data["workloads"]:
-    sp, base = w.get("spillway") or {}, w.get("baseline") or {}
-    completed = sp.get("error") is None and bool(sp.get("runs_s")) and bool((w.get("verify") or {}).get("ok"))
-    speedup, goal = w.get("speedup"), w.get("speedup_target")
-    fast = speedup is not None and goal is not None and speedup >= goal
-    parts = [f"spillway {w['spillway_s']:.2f} s" if w.get("spillway_s") else f"spillway failed: {sp.get('error')}"]
-    if w.get("verify"):
-        parts.append(f"relative error {w['verify']['rel_error']:.1e} ({'ok' if w['verify']['ok'] else 'WRONG'})")
-    parts.append(f"baseline {w['baseline_s']:.2f} s" if w.get("baseline_s") else
-                 f"baseline failed: {base.get('error')}" if base.get("error") else "baseline not run")
-    if speedup:
-        parts.append(f"speedup {speedup:.2f}x" + (f" (target {goal:g}x)" if goal else ""))
-    if w.get("time_over_copy_bound"):
-        parts.append(f"copy bound {w['copy_bound_s']:.2f} s ({w['time_over_copy_bound']:.1f}x)")
-    if w.get("out_of_core"):  # O3, O4: each side's first run and median against its tiers' bound
-        for side, d in w["out_of_core"]["sides"].items():
-            if d.get("first_s") is None:
-                print(f"{w['name']} {side}: {d.get('error') or d.get('skipped')}")
-                continue
-            bounds = " / ".join("—" if b is None else f"{b:.2f}" for b in (d.get("first_bound_s"), d.get("bound_s")))
-            forced = " / ".join("—" if b is None else f"{b:.2f}" for b in (d.get("first_forced_bound_s"),
-                                                                          d.get("forced_bound_s")))
-            ratios = ", ".join(f"{m} {r:.1f}x" for m, r in (d.get("moved_over_forced") or {}).items() if r)
-            print(f"{w['name']} {side}: first {d['first_s']:.2f} s, median {d['median_s']:.2f} s, bound {bounds} s, "
-                  f"forced bound {forced} s" + (f" (median {d['time_over_forced']:.1f}x; moved/forced {ratios})"
-                                                if d.get("time_over_forced") else ""))
-        met = completed
-    elif w["name"] == "B2":
-        met = fast
-    elif w["name"] == "B4":  # faster, or completes where the baseline fails
-        met = completed and (fast or bool(base.get("error")))
-    else:  # B5 completes with NumPy's answer
-        met = completed
-    print(f"target {w['name']}: {'met' if met else 'NOT met'}: " + "; ".join(parts))
-PY
-# last: the rows slower than in the previous result of this machine
-grep -E "^(previous result|slower: )" "$out/ooc-$part.txt"
+# the bench's targets, met or not, then the rows slower than in the previous result of this machine
+grep -E "^(target |previous result|slower: )" "$out/ooc-$part.txt"
 # a call brings back files of at most 16 MiB: a stalled side's repeated error lines (O4's
 # check on 2 x H200, 2026-11-28) made the terminal output larger; gzip keeps it whole
 for f in "$out/ooc-$part.txt" "$out"/*.log; do

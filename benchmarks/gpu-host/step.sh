@@ -3,7 +3,7 @@
 #   sizes  W3's rechunk and W4's FFT at the sizes of SIZES through the step, the pieces'
 #          tasks and dask's task method, each on its cluster (benchmarks/gpu-host/step_sizes.py)
 #   tests  the step's GPU tests (tests/datapath/test_step_gpu.py)
-#   bench  W1-W5 (small) on two workers of the GPU beside plain dask-cuda (two-workers.sh's bench)
+#   bench  W1-W5 (small) on two workers of the GPU beside plain dask-cuda
 # With the UCXX wheel set: bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks
 # Writes $OUT/step.log, $OUT/step-sizes.json, $OUT/step-tests.log; the bench's files under $OUT/results.
 set -u

@@ -1,27 +1,9 @@
-"""The ceilings the workloads are read against: what the hardware moves without dask.
-
-* ``hbm_copy``: device-to-device copy on one GPU, counted as bytes read plus written;
-* ``peer_copy_<a>_to_<b>``: ``cudaMemcpyPeerAsync`` from GPU a to GPU b (NVLink where
-  there is one); ``peer_copy`` is the mean of the two directions, the ceiling a worker's
-  incoming transfers are compared with;
-* ``h2d_pinned`` / ``d2h_pinned``: copies between pinned host memory and GPU 0, the path
-  spilling takes;
-* ``ucxx_send_recv``: UCXX alone, one process per GPU, sending chunk-sized CuPy buffers
-  over CUDA IPC, the transport distributed-ucxx uses between workers (two processes on
-  one GPU where the workers share it);
-* ``same_gpu_copy``: where workers share a GPU (``workers-per-gpu``), one copy within its
-  memory (half of ``hbm_copy``): what a transfer between them can reach;
-* ``host_copy``: a NumPy copy in host memory (measured everywhere; on CPU workers it is
-  the only host-memory ceiling);
-* ``disk_write`` / ``disk_read``: the tiered store's disk tier (:class:`DiskTier`, its
-  threads and pieces) writing chunk-sized buffers to files in the spill directory until
-  they are on disk (``fsync``), and reading them back with the page cache dropped: the
-  path spills past the host limit take (measured everywhere).
-
-GPU measurements run in child processes (``python -m spillway_bench.probes``, a module
-the package never imports) so their CUDA contexts and buffers are gone before any
-cluster starts. A ceiling that cannot be measured here (no GPU, one GPU, no UCXX) is
-left out with the reason.
+"""The ceilings the workloads are read against, what the hardware moves without dask
+(``benchmarks/README.md`` lists them): device copies, peer copies, pinned copies and the
+FP64 GEMM in child processes (:mod:`.probes`, so their CUDA contexts are gone before any
+cluster starts), UCXX send/receive between two processes, the host copy, and the disk
+tier's fsync'd writes and uncached reads. A ceiling that cannot be measured is skipped with
+the reason.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The two clusters the bench compares, and the settings each side gets.
-
-The baseline is what a user gets without spillway: ``LocalCUDACluster(protocol="ucx")``
-at dask-cuda's defaults on the same GPUs, or ``distributed.LocalCluster`` with the same
-number of workers on CPU. Only the dashboard is off on both sides, and the transfer log
-is made long enough to hold a whole run (:mod:`.harness`). spillway's spill counters are
-registered on the baseline's workers too (:class:`SpillCounter`); they only count, they
-change no setting.
+"""The two clusters the bench compares: spillway's, and what a user gets without it
+(``LocalCUDACluster(protocol="ucx")`` at dask-cuda's defaults on the same GPUs, or
+``distributed.LocalCluster`` on CPU), with spillway's spill counters registered on its
+workers to count, changing no setting.
 """
 
 from __future__ import annotations

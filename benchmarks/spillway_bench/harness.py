@@ -1,16 +1,8 @@
-"""Run each workload on spillway's cluster and on the plain baseline (:mod:`.clusters`),
-and measure both (:mod:`.measure`).
-
-For every workload and side: one warm-up and ``runs`` timed runs, each on fresh inputs (a
-new seed, so new keys). After each run the outputs and inputs are released and the
-harness waits until the workers hold nothing, so one run's memory never slows the next.
-A bench run without the baseline (``--no-baseline``) records each workload's baseline as
-skipped and starts no baseline cluster.
-
-Workloads that share cluster settings share a cluster per side. A workload with
-``fresh_cluster`` (O3, O4) gets a cluster of its own on each of its sides (:mod:`.sides`:
-``tasks_method`` starts a spillway cluster too), and its first run there, in place of the
-warm-up, is recorded as ``first_s``.
+"""Run each workload on its sides' clusters (:mod:`.clusters`, :mod:`.sides`) and measure
+them (:mod:`.measure`): one warm-up and ``runs`` timed runs on fresh inputs each, the
+workers emptied between runs. Workloads with the same cluster settings share a cluster per
+side; a ``fresh_cluster`` workload (O3-O5) gets one per side, its first run recorded as
+``first_s`` in place of the warm-up.
 """
 
 from __future__ import annotations
@@ -28,7 +20,6 @@ from spillway.options.gpus import Inventory
 from spillway.launch import LaunchPlan
 from spillway.options.settings import Options
 
-from . import pauses
 from .clusters import baseline_cluster, spillway_cluster, wait_for_gpus
 from .measure import SideResult, timed_run_recorded, wait_released
 from .sides import SIDES
@@ -196,9 +187,6 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
     the slowest one's kept. A ``fresh_cluster`` workload's warm-up is its first run on
     the side's own new cluster, recorded as ``first_s`` (:meth:`SideResult.record_first`)."""
     result = SideResult()
-    pauses.watch()
-    client.run(pauses.watch)
-    pauses.line(client)  # from here on
     if not workload.warmup:
         result.notes.append("no warm-up run (its inputs alone take minutes to persist)")
     if workload.fresh_cluster:
@@ -258,9 +246,6 @@ def run_workload(client, workload: Workload, *, scale: str, target, runs: int, t
             if not result.verify["ok"]:
                 result.error = (f"result check failed: relative error {result.verify['rel_error']:.3e} "
                                 f"above {workload.tolerance:.0e}")
-    paused = pauses.line(client)
-    if paused:
-        log(f"{workload.name} {label:<8} gc pauses: {paused}")
     plane = plane_phases(client)
     if plane:
         log(f"{workload.name} {label:<8} data plane: {plane}")
@@ -367,7 +352,7 @@ def _forced_line(measure) -> str:
     forced = measure.forced
     if not forced or not measure.spill:
         return ""
-    from .forcedbound import SHORT
+    from .bounds import SHORT
 
     parts = [f"{SHORT[m]} {measure.spill['moves'][m]['bytes'] / 1e9:.1f}/{f / 1e9:.1f}"
              for m, f in forced["moves"].items() if f or measure.spill["moves"][m]["bytes"]]

@@ -1,12 +1,7 @@
-"""``spillway bench --link-sweep``: the link's ceilings against message size.
-
-For each message size the same measurements as the bench's ceilings (the probes, in
-child processes): the peer copy in both directions, UCXX send/receive between the first
-two GPUs, and the pinned copies between host and GPU 0. CPU workers have only the host
-copy. The curve says from which chunk size a transfer runs near the link's speed, the
-measurement behind the transfer-path step "chunk sizes that suit the link".
-
-Files go to ``<out>/<machine>-<date>-link[-<label>].{json,md,png}``.
+"""``spillway bench --link-sweep``: the ceilings' link measurements at each message size
+(peer copy both ways, UCXX send/receive between the first two GPUs, pinned copies; the
+host copy on CPU workers), from which chunk size a transfer runs near the link's speed.
+Files: ``<out>/<machine>-<date>-link[-<label>].{json,md,png}``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""One timed run measured, and a side's timed runs summed up.
-
-Before the clock starts the run's random inputs are persisted; the clock covers
-submitting the rest of the graph until every output chunk is in worker memory (and, on
-GPUs, the devices are synchronised). Worker-to-worker bandwidth and bytes moved come
-from the workers' incoming-transfer logs, bytes spilled from spillway's spill counters
-(registered on the baseline's workers too). Spill throughput (bytes and seconds of each
-move between device, host and disk, and the time tasks waited for restores) comes from
-spillway's tiered store, which times its copies; the baseline's spills are counted but
-not timed.
+"""One timed run measured (its inputs persisted before the clock; the clock until every
+output chunk is in worker memory and the devices are synchronised), and a side's timed
+runs summed up: transfers from the workers' incoming-transfer logs, spills from spillway's
+counters (timed by its tiered store; counted only on the baseline).
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from typing import Any
 from spillway.memory.store import MOVES
 from spillway.launch.plugins import worker_snapshot
 
-from .forcedbound import forced_moves
+from .bounds import forced_moves
 from .timeline import in_window
 
 #: transfers smaller than this are left out of bandwidth percentiles (headers, scalars)
@@ -78,7 +72,7 @@ class RunMeasure:
     #: None where no worker grows an arena
     arena_pin_s: float | None = None
     #: the bytes each move must carry, from the stores' peaks and limits
-    #: (:func:`.forcedbound.forced_moves`); None without spillway's store
+    #: (:func:`.bounds.forced_moves`); None without spillway's store
     forced: dict | None = None
 
 

@@ -1,17 +1,8 @@
-"""Nothing gets slower unseen: a bench result against the previous committed result of the
-same machine.
-
-The previous result is the newest ``spillway bench`` results JSON of the same machine
-name (:func:`spillway_bench.report.describe_machine`) in the results directory (``--out``,
-or ``--previous``), other than the file being written; where the directory is in a git
-work tree only files git tracks count (the committed results, not a local run's
-leftovers). Files are ordered by when their run finished.
-
-Each row, a workload on one side (and for the out-of-core rows their first run too), is
-compared with the newest earlier file that holds it at the same sizes (scale, input and
-chunk bytes) with a time: an earlier ``--only`` run of a few rows leaves the other rows
-compared with the file before it. More than :data:`THRESHOLD` slower, or failed where it
-had a time, is listed under ``slower``; a row no earlier file holds is ``new``.
+"""Nothing gets slower unseen: each row (per side, and per first run) against the newest
+earlier ``spillway bench`` result of the same machine that holds it at the same sizes, in
+the results directory (only files git tracks, in a work tree). More than
+:data:`THRESHOLD` slower, or failed where it had a time, is ``slower``; a row no earlier
+file holds is ``new``.
 """
 
 from __future__ import annotations
@@ -25,10 +16,6 @@ from .sides import NAMES as SIDES
 
 #: slower by more than this share of the earlier time is listed
 THRESHOLD = 0.10
-
-#: the times compared per side: the median of the timed runs, and the first run on a
-#: fresh cluster where the row has one
-METRICS = ("median_s", "first_s")
 
 
 def is_bench_result(data) -> bool:

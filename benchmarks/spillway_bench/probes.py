@@ -1,10 +1,7 @@
-"""The GPU measurements behind :mod:`spillway_bench.ceilings`, run in child processes.
-
-``python -m spillway_bench.probes device NBYTES`` prints the device ceilings as one JSON
-line; ``ucxx-server NBYTES`` prints ``{"port": ...}`` once it listens and ``ucxx-client
-NBYTES PORT`` prints ``{"gbps": ...}``. This module is run with ``-m`` and never imported
-by the package (``spillway_bench`` importing the module it runs would make runpy warn on
-the child's stderr), so it holds only what the children run.
+"""The GPU measurements behind :mod:`spillway_bench.ceilings`, run in child processes and
+never imported by the package (runpy would warn): ``python -m spillway_bench.probes device
+NBYTES`` prints the device ceilings as one JSON line; ``ucxx-server NBYTES`` prints
+``{"port": ...}`` once it listens, ``ucxx-client NBYTES PORT`` prints ``{"gbps": ...}``.
 """
 
 from __future__ import annotations

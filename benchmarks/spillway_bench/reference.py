@@ -1,22 +1,10 @@
-"""NumPy float64 references for the bench's checked workloads and the out-of-core
-matrix, computed on the host CPUs from the seeds alone, independently of the cluster and
-its store.
+"""NumPy float64 references for the checked workloads and the matrix, from the seeds alone.
 
-The seeded generator is chunk-invariant (:mod:`spillway.workflows.random`), so a reference
-regenerates the array in row panels of about :data:`PANEL_BYTES`, whatever the chunks
-were, in parallel processes: memory stays bounded at any size. Each panel is reduced to
-a few small statistics (its sum, column sums, row sums, Gram matrix ...), which are then
-combined in float64: nothing the size of the array is ever held.
-
-Shortcuts that keep references at full size to about a minute on the GPU host's cores:
-
-- ``sum(x @ y) = sum_k colsum(x)[k] * rowsum(y)[k]``: two passes over the inputs, no
-  product matrix;
-- the sum of an array does not depend on its chunks, so a rechunk followed by ``.sum()``
-  is checked against the sum of the input;
-- tall-skinny factorisations are checked through the Gram matrix ``x.T @ x`` (``R.T @ R``
-  for QR, the squared singular values for SVD, the normal equations for least squares),
-  well conditioned enough for uniform inputs (condition number about ``sqrt(3 n)``).
+The seeded generator is chunk-invariant, so a reference regenerates the array in row
+panels of about :data:`PANEL_BYTES` in parallel processes and reduces each to a few
+statistics (sum, column and row sums, Gram matrix, ...): nothing the size of the array is
+held. Shortcuts: ``sum(x @ y) = colsum(x) . rowsum(y)``; a rechunk's sum is its input's;
+tall-skinny factorisations are checked through ``x.T @ x``.
 """
 
 from __future__ import annotations

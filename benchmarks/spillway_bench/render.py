@@ -148,7 +148,7 @@ OUT_OF_CORE_HEAD = ("workload", "side", "rechunk", "first run s", "median s", "b
 
 def _moved_over_forced(ratios: dict | None) -> str:
     """``D->H 1.4x, H->disk 15x`` for the moves the capacities force (— where none)."""
-    from .forcedbound import SHORT
+    from .bounds import SHORT
 
     parts = [f"{SHORT.get(m, m)} {r:.1f}x" for m, r in (ratios or {}).items() if r is not None]
     return ", ".join(parts) or "—"
@@ -167,10 +167,10 @@ def out_of_core_section(workloads: list[dict]) -> list[str]:
             "meets, then the median of the timed runs. `spillway`: spillway's defaults (user code as "
             "`spillway.local()` runs it); `tasks_method`: the same cluster, the graph built under "
             "`array.rechunk.method: tasks`; `baseline`: plain dask-cuda, the same code (its failure is its result). "
-            "The bound is the tiers' (`benchmarks/spillway_bench/tiersbound.py`): bytes spilled and restored over the pinned "
-            "copies, bytes between workers over the peer copy, each divided by the GPUs, plus disk writes and "
-            "reads over the disk's rates, at the ceilings of this run. The rechunk column is how dask built it "
-            "(collective: spillway's, routed from P2P). The forced bound (`benchmarks/spillway_bench/forcedbound.py`) "
+            "The bound is the tiers' (`tiers_bound` of `benchmarks/spillway_bench/bounds.py`): bytes spilled and "
+            "restored over the pinned copies, bytes between workers over the peer copy, each divided by the GPUs, "
+            "plus disk writes and reads over the disk's rates, at the ceilings of this run. The rechunk column is "
+            "how dask built it (collective: spillway's, routed from P2P). The forced bound (`forced_bound`) "
             "prices instead the bytes any placement must move, from each store's peak of held bytes and its tiers' "
             "limits, at the same ceilings; moved / forced is the bytes the run moved over those, per move.",
             "", *described, "",
@@ -380,51 +380,57 @@ def plot(results: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    draw(results, *axes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw(results: dict, ax_t, ax_b) -> None:
+    """Time per workload (spillway, the out-of-core rows' ``tasks_method`` side and the
+    baseline, with the copy bound, first runs and tiers' bounds marked) and worker-to-worker
+    bandwidth (p25, median, p75) against the peer copy; the PNG's and a notebook's figure
+    (:mod:`.figure`)."""
     import numpy as np
 
     ws = results["workloads"]
     names = [w["name"] for w in ws]
     x = np.arange(len(ws))
-    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.5))
     drawn, width = bars(ws)
     for offset, side in drawn:
-        values = [w.get(f"{side}_s") or 0 for w in ws]
-        ax_t.bar(x + offset, values, width=width, label=side)
-    sp_offset = drawn[0][0]
+        ax_t.bar(x + offset, [w.get(f"{side}_s") or 0 for w in ws], width=width, label=side)
     bounded = [(i, w["copy_bound_s"]) for i, w in enumerate(ws) if w.get("copy_bound_s") and not w.get("out_of_core")]
     if bounded:
-        ax_t.scatter([i + sp_offset for i, _ in bounded], [b for _, b in bounded], marker="_", s=250, color="black",
-                     zorder=3, label="spillway's copy bound")
+        ax_t.scatter([i + drawn[0][0] for i, _ in bounded], [b for _, b in bounded], marker="_", s=250,
+                     color="black", zorder=3, label="spillway's copy bound")
     first_marks(ax_t, ws, drawn)
     for i, w in enumerate(ws):
-        if w["speedup"]:
-            top = max(w["spillway_s"] or 0, w["baseline_s"] or 0)
+        if w.get("speedup"):
+            top = max(w.get("spillway_s") or 0, w.get("baseline_s") or 0)
             ax_t.annotate(f"{w['speedup']:.2f}x", (i, top), ha="center", va="bottom", fontsize=8)
     ax_t.set_xticks(x, names)
     ax_t.set_ylabel("wall time, median (s)")
-    if any(w["spillway_s"] for w in ws):
+    if any(w.get("spillway_s") for w in ws):
         ax_t.set_yscale("log")
     ax_t.set_title("time per workload (lower is better)")
-    ax_t.legend()
-
+    ax_t.legend(fontsize=8)
     for offset, side in drawn:
-        med = np.array([(w.get(side) or {}).get("transfer_gbps_median") or 0 for w in ws])
-        lo = np.array([(w.get(side) or {}).get("transfer_gbps_p25") or 0 for w in ws])
-        hi = np.array([(w.get(side) or {}).get("transfer_gbps_p75") or 0 for w in ws])
+        med, lo, hi = (np.array([(w.get(side) or {}).get(f"transfer_gbps_{q}") or 0 for w in ws])
+                       for q in ("median", "p25", "p75"))
         ax_b.bar(x + offset, med, width=width, label=side,
                  yerr=np.vstack([np.maximum(med - lo, 0), np.maximum(hi - med, 0)]), capsize=3)
-    peer = results["ceilings"].get("peer_copy")
+    peer = (results.get("ceilings") or {}).get("peer_copy")
     if peer:
         ax_b.axhline(peer, color="black", linestyle="--", linewidth=1, label=f"peer copy {peer:.0f} GB/s")
     ax_b.set_xticks(x, names)
     ax_b.set_ylabel("worker-to-worker GB/s (p25, median, p75)")
     ax_b.set_title("transfer bandwidth")
-    ax_b.legend()
+    ax_b.legend(fontsize=8)
     label = f", {results['label']}" if results.get("label") else ""
-    fig.suptitle(f"spillway bench on {results['machine']['name']} ({results['sizes']} sizes{label})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax_t.figure.suptitle(f"spillway bench on {(results.get('machine') or {}).get('name', '')} "
+                         f"({results.get('sizes', '')} sizes{label})")
 
 
 def bars(ws: list[dict]) -> tuple[list[tuple[float, str]], float]:

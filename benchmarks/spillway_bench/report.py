@@ -1,22 +1,9 @@
-"""The benchmark's results as JSON, with the machine, written with their markdown table
-and PNG plot (:mod:`.render`).
-
-Files go to ``<out>/<machine>-<date>[-<label>].{json,md,png,log}``. The JSON holds
-``machine``, ``label`` (or null), ``baseline_run`` (false after ``--no-baseline``),
-``ceilings`` (GB/s by name) and ``workloads``: per workload ``name``, ``spillway_s``,
-``baseline_s``, ``speedup`` (baseline over spillway), ``transfer_gbps_median``,
-``peer_copy_gbps``, the ratio between those two, ``spill_throughput`` (per move between
-tiers: bytes, seconds, GB/s per worker and, for device <-> host, the ratio to the pinned
-copy ceiling of the same run), ``restore_wait_s``, ``copy_bound`` (bytes each way over the
-pinned and disk rates of the same run, :mod:`.copybound`) with ``copy_bound_s`` and
-``time_over_copy_bound``, and each side's details.
-
-The out-of-core rows (O3, O4) add ``tasks_method_s`` and ``out_of_core``: per side its
-first run on a fresh cluster (``first_s``), the median, the tiers' bound of each
-(:mod:`.tiersbound`) and time over bound, and spillway over ``tasks_method``; each side's
-details carry the same bound fields. Every result names the previous result of its
-machine and the rows slower than there (``previous``, ``slower``, ``new``:
-:mod:`.previous`).
+"""The bench's results as JSON with the machine, written with their markdown and PNG
+(:mod:`.render`) to ``<out>/<machine>-<date>[-<label>].{json,md,png,log}``: per workload
+each side's details, the speedup, transfers against ``peer_copy``, spill throughput
+against the pinned copies, the bounds (:mod:`.bounds`), the targets, and for O3-O5 each
+side's first run and median against its bounds; ``previous``, ``slower`` and ``new``
+against the machine's previous result (:mod:`.previous`).
 """
 
 from __future__ import annotations
@@ -128,14 +115,14 @@ def spill_ratio(throughput: dict | None) -> float | None:
 
 
 def bound_of(side: dict, ceilings, n_workers: int) -> dict | None:
-    """One side's copy bound (:mod:`.copybound`) next to its median time, where it moved
+    """One side's copy bound (:func:`.bounds.copy_bound`) next to its median time, where it moved
     bytes between device, host and disk; None where nothing moved or nothing was counted."""
-    from . import copybound
+    from . import bounds
 
-    moves = copybound.move_bytes(side.get("spill_moves"))
+    moves = bounds.move_bytes(side.get("spill_moves"))
     if not any(moves.values()):
         return None
-    return copybound.with_time(copybound.copy_bound(moves, ceilings.gbps, n_workers), side.get("median_s"))
+    return bounds.with_time(bounds.copy_bound(moves, ceilings.gbps, n_workers), side.get("median_s"))
 
 
 def workload_bound(workload, scale: str, side: dict, spill_bound_s, ceilings, n_workers: int) -> dict | None:
@@ -208,16 +195,16 @@ def workload_entry(workload, scale: str, sides: dict, ceilings, n_workers: int =
 
 def out_of_core_entry(workload, scale: str, detail: dict, ceilings, links: int) -> dict:
     """An out-of-core row's own fields (O3, O4): each side's details get their tiers'
-    bounds (:func:`.tiersbound.side_bounds`), and ``out_of_core`` sums them up per side
+    bounds (:func:`.bounds.side_bounds`), and ``out_of_core`` sums them up per side
     with spillway over ``tasks_method``, first runs and medians."""
-    from . import tiersbound
+    from . import bounds
 
     per_side = {}
     for side in workload.sides:
         d = detail.get(side)
         if d is None:
             continue
-        d.update(tiersbound.side_bounds(d, ceilings.gbps, links))
+        d.update(bounds.side_bounds(d, ceilings.gbps, links))
         per_side[side] = {k: d.get(k) for k in ("first_s", "median_s", "bound_s", "first_bound_s", "time_over_bound",
                                                 "first_over_bound", "forced_bound_s", "first_forced_bound_s",
                                                 "time_over_forced", "first_over_forced", "rechunk_method", "error",
@@ -351,9 +338,8 @@ def failed_workloads(results: dict) -> list[str]:
 def write(results: dict, out_dir: Path, name: str, *, render=None, draw=None) -> dict[str, Path]:
     """``<name>.json``, ``.md`` and ``.png`` in ``out_dir``: the results, ``render(results)``
     and ``draw(results, path)`` (the bench's own markdown and plot unless given); and the
-    recorded runs' ``<name>-timeline.png`` and ``.html`` where there are any."""
+    recorded runs' ``<name>-timeline.png`` where there are any."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    # first: it takes the performance reports out of the results the JSON holds
     timelines = timeline.write_files(results, out_dir, name)
     paths = {ext: out_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
     paths["json"].write_text(json.dumps(results, indent=2, default=str) + "\n")

@@ -1,10 +1,6 @@
-"""The sides a workload runs on: which cluster each one starts, and the dask settings its
-graph is built under.
-
-Every workload runs on ``spillway`` and ``baseline``. The out-of-core rows (O3, O4) add
-``tasks_method``: spillway's cluster at the same defaults, with the user's rechunk built
-by dask's task-based method, so the row says what spillway's own routing of the rechunk
-gains over dask's other method on the same cluster.
+"""The sides a workload runs on, the cluster each starts and the dask settings its graph
+is built under: ``spillway``, ``baseline``, and for O3-O5 ``tasks_method`` (spillway's
+cluster, the user's rechunk or halos built by dask's task-based method).
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
-"""Where a timed run's time goes on each worker: compute, incoming transfers, and waiting.
-
-With ``--timeline`` the bench records every timed run of every workload on each side and
-keeps the slowest (a stall is what a timeline is read for):
-the scheduler's task stream (each task's compute interval on its worker) and the workers'
-incoming-transfer logs, cut to the run's clock. Per worker the run's wall time splits
-into ``compute_s`` (some task running), ``transfer_s`` (a chunk arriving while no task
-runs), ``other_s`` (the task stream's other actions, such as disk reads, alone) and
-``idle_s`` (none of these: waiting on the scheduler, on a peer, or on the device), so the
-four add up to the wall time. ``first_task_s`` is the time from the clock's start to the
-first task on any worker (submitting and scheduling the graph), ``tail_s`` from the last
-task's end to the clock's stop (gathering the futures' states and synchronising).
-
-The files stay few and small, since what comes back from the GPU host is limited in
-count and size: one PNG for the whole results file (a panel per workload and side, a row
-per worker) drawn from the intervals kept in the JSON, and, where bokeh is installed,
-one HTML holding distributed's performance report of each captured run.
+"""Where a timed run's time goes on each worker (``--timeline``): from the scheduler's task
+stream and the workers' incoming-transfer logs, cut to the run's clock, the wall time per
+worker splits into ``compute_s``, ``transfer_s`` (arriving while no task runs),
+``other_s`` and ``idle_s``; ``first_task_s`` and ``tail_s`` before the first task and after
+the last. One PNG per results file: a panel per workload and side, a row per worker.
 """
 
 from __future__ import annotations
 
 import contextlib
-import html
-import importlib.util
-import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,12 +21,6 @@ COLORS = {"compute": "tab:blue", "transfer": "tab:orange", "other": "tab:gray"}
 #: intervals kept in the JSON per worker and class are merged across gaps shorter than
 #: the run's wall time over this (finer than the plot shows); the summary uses them all
 RESOLUTION = 4000
-#: the combined performance reports stop taking sections beyond this size
-HTML_LIMIT = 12 * 2**20
-#: where the performance reports travel in the results until the writer takes them out
-REPORT_KEY = "_performance_report"
-
-_SECTION = re.compile(r"<!-- section (\S+) (\S+) -->\n(.*?)<!-- /section -->\n", re.S)
 
 
 # --- intervals (pure functions)
@@ -142,10 +120,6 @@ def _transfer_log(dask_worker=None) -> list[dict]:
             for e in dask_worker.transfer_incoming_log]
 
 
-def _monitor_count(dask_scheduler=None) -> int:
-    return dask_scheduler.monitor.count
-
-
 def in_window(transfer: dict, window: tuple[float, float]) -> bool:
     """Whether a worker's logged transfer belongs to the timed window: it overlaps it. The
     bench's byte count and the timeline's both take this one rule, so a transfer that ended
@@ -189,46 +163,22 @@ def from_records(window: tuple[float, float], tasks: list[dict], transfers: dict
 
 
 class Recording:
-    """What :func:`recording` gathered; :meth:`result` cuts it to the timed window."""
+    """The task stream and the workers' transfer logs, cut to a timed window (:meth:`result`)."""
 
     def __init__(self, client):
         self.client = client
-        self.monitor_count = client.run_on_scheduler(_monitor_count)
-        self.started = time.time()
-        self.report_note = None
-        self._report = None
 
     def result(self, window: tuple[float, float]) -> dict:
-        client = self.client
-        tasks = client.get_task_stream(start=window[0] - 1.0, stop=window[1] + 1.0)
-        transfers = client.run(_transfer_log)
-        out = from_records(window, tasks, transfers, sorted(transfers))
-        out["performance_report"] = self.report_note or "included"
-        if self._report is not None:
-            out[REPORT_KEY] = self._report
-        return out
-
-    def write_report(self) -> None:
-        """distributed's performance report of the run (it needs bokeh on the scheduler)."""
-        if importlib.util.find_spec("bokeh") is None:
-            self.report_note = "not written: bokeh is not installed (pip install bokeh)"
-            return
-        try:
-            self._report = self.client.sync(
-                self.client.scheduler.performance_report, start=self.started,
-                last_count=self.monitor_count, code="spillway bench: a timed run of the workload")
-        except Exception as e:  # the timeline must not fail the benchmark
-            self.report_note = f"not written: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        tasks = self.client.get_task_stream(start=window[0] - 1.0, stop=window[1] + 1.0)
+        transfers = self.client.run(_transfer_log)
+        return from_records(window, tasks, transfers, sorted(transfers))
 
 
 @contextlib.contextmanager
 def recording(client) -> Iterator[Recording]:
-    """Record the task stream (and, after the block, the performance report) of the runs
-    inside the block; the report is built after the run's clock has stopped."""
+    """Record the task stream of the runs inside the block."""
     client.get_task_stream(start=0, stop=0)  # installs the scheduler's task-stream plugin
-    rec = Recording(client)
-    yield rec
-    rec.write_report()
+    yield Recording(client)
 
 
 # --- files and rendering
@@ -236,64 +186,17 @@ def recording(client) -> Iterator[Recording]:
 
 def captured(results: dict) -> list[tuple[str, str, dict]]:
     """``(workload, side, timeline)`` of each captured run in ``results``, in order."""
-    workloads = results.get("workloads")
-    if not isinstance(workloads, list):  # the scaling report holds rows per workload
-        return []
-    return [(w["name"], side, (w.get(side) or {})["timeline"]) for w in workloads
+    return [(w["name"], side, (w.get(side) or {})["timeline"]) for w in results.get("workloads", [])
             for side in SIDES if (w.get(side) or {}).get("timeline")]
 
 
 def write_files(results: dict, out_dir: Path, name: str) -> dict[str, Path]:
-    """``<name>-timeline.png`` (and ``-timeline.html`` with the performance reports) for
-    the captured runs in ``results``; takes the reports out of ``results`` first, so the
-    JSON keeps only their file's name. Sections already in the HTML (an earlier part of a
-    merged results file) are kept where this run did not replace them."""
-    runs = captured(results)
-    if not runs:
+    """``<name>-timeline.png`` of the captured runs in ``results`` (none: no file)."""
+    if not captured(results):
         return {}
     paths = {"timeline_png": out_dir / f"{name}-timeline.png"}
-    html_path = out_dir / f"{name}-timeline.html"
-    sections = _read_sections(html_path)
-    for workload, side, tl in runs:
-        report = tl.pop(REPORT_KEY, None)
-        if report is not None:
-            sections[(workload, side)] = _section(workload, side, report)
-    order = [(w, s) for w, s, _ in runs]
-    kept, size = [], 0
-    for key in order + [k for k in sections if k not in order]:
-        if key in sections and size + len(sections[key]) <= HTML_LIMIT:
-            kept.append(key)
-            size += len(sections[key])
-    for workload, side, tl in runs:
-        if (workload, side) in kept:
-            tl["performance_report"] = html_path.name
-        elif (workload, side) in sections:
-            tl["performance_report"] = f"left out of {html_path.name}: over its {HTML_LIMIT // 2**20} MiB"
-    if kept:
-        html_path.write_text(_page(results, [(k, sections[k]) for k in kept]))
-        paths["timeline_html"] = html_path
     plot(results, paths["timeline_png"])
     return paths
-
-
-def _section(workload: str, side: str, report: str) -> str:
-    return (f"<!-- section {workload} {side} -->\n<h2>{workload}, {side}</h2>\n"
-            f"<iframe srcdoc=\"{html.escape(report, quote=True)}\"></iframe>\n<!-- /section -->\n")
-
-
-def _read_sections(path: Path) -> dict[tuple[str, str], str]:
-    if not path.exists():
-        return {}
-    return {(m.group(1), m.group(2)): m.group(0) for m in _SECTION.finditer(path.read_text())}
-
-
-def _page(results: dict, sections: list[tuple[tuple[str, str], str]]) -> str:
-    title = f"spillway bench timelines: {results.get('machine', {}).get('name', '')}"
-    return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>" + html.escape(title) + "</title>\n"
-            "<style>iframe{width:100%;height:1400px;border:1px solid #ccc}</style></head><body>\n"
-            f"<h1>{html.escape(title)}</h1>\n<p>distributed's performance report of each workload's first "
-            "timed run (it loads Bokeh from its CDN).</p>\n"
-            + "".join(s for _, s in sections) + "</body></html>\n")
 
 
 def markdown_section(results: dict) -> list[str]:

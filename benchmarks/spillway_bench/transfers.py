@@ -1,16 +1,10 @@
-"""One chunk moved between two workers, timed from the receiving worker's own log.
+"""One chunk moved between two workers, timed from the receiver's ``transfer_incoming_log``
+(from the request for the data to the data in its memory), its bits compared with the sent.
 
-``python -m spillway_bench.transfers --rig spillway|dask-cuda --sizes 16MiB,1GiB`` starts
-two workers, both on GPU 0 (``--device 0``: spillway's cluster with ``workers-per-gpu 2``)
-or one on each of two GPUs (``--device 0,1``: one worker per GPU, chunks over NVLink), or
-plain dask-cuda's (a scheduler and two ``dask cuda worker`` processes), makes a CuPy array of each size on one
-worker, has the other compute on it, and reads the time of that transfer from the
-receiver's ``transfer_incoming_log`` (distributed's own record: from the request for the
-data to the data in the worker's memory). Each received array is compared bit for bit
-with the one sent (both are made from one seed). It prints one JSON object; the device
-copy ceiling is measured before any cluster starts (:func:`spillway_bench.ceilings`).
-
-:func:`moves` is the measurement, for any client with two workers (the GPU tests use it).
+``python -m spillway_bench.transfers --rig spillway|dask-cuda --sizes 16MiB,1GiB
+[--device 0|0,1] [--ceiling]``: two workers on GPU 0 (spillway with ``workers-per-gpu 2``)
+or one on each of two GPUs, or plain dask-cuda's processes; one JSON object.
+:func:`moves` is the measurement for any client with two workers (the GPU tests use it).
 """
 
 from __future__ import annotations
@@ -120,8 +114,6 @@ def main(argv=None) -> int:
     parser.add_argument("--ceiling", action="store_true", help="measure the copy ceilings first")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a spillway option of the spillway rig (repeatable)")
-    parser.add_argument("--worker-flag", action="append", default=[], metavar="FLAG",
-                        help="a `dask cuda worker` flag of the dask-cuda rig, such as --rmm-pool-size=0.45")
     args = parser.parse_args(argv)
     sizes = _parse_sizes(args.sizes)
     devices = tuple(d.strip() for d in args.device.split(",") if d.strip())
@@ -129,7 +121,7 @@ def main(argv=None) -> int:
         devices = devices * 2
     if len(devices) != 2:
         parser.error(f"--device: one GPU or two, not {args.device!r}")
-    result = {"rig": args.rig, "sizes": sizes, "options": args.option, "worker_flags": args.worker_flag,
+    result = {"rig": args.rig, "sizes": sizes, "options": args.option,
               # the UCXX settings the workers inherit from this process's environment
               "env": {k: v for k, v in os.environ.items() if k.startswith(("UCXPY_", "DASK_DISTRIBUTED_UCXX__"))}}
     if args.ceiling:
@@ -163,7 +155,7 @@ def main(argv=None) -> int:
 
         from .clusters import dask_cuda_processes
 
-        with dask_cuda_processes(devices, extra_flags=tuple(args.worker_flag)) as (client, described):
+        with dask_cuda_processes(devices) as (client, described):
             result["start_s"] = time.perf_counter() - started
             result["cluster"] = described["cluster"]
             result["transport"] = transport(client)
@@ -175,48 +167,3 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-def load(path) -> dict:
-    """One result of :func:`main` from its file (UCX may have warned on stdout before it)."""
-    text = open(path).read()
-    return json.loads(text[text.index('{"rig"'):].splitlines()[0])
-
-
-def summarize(labelled: dict[str, dict], prefix: str) -> str:
-    """A markdown table and a figure (``prefix.md``, ``prefix.png``) of moves by rig and
-    size, each against the peer copy measured in its own run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = ["| run | size | median ms | min ms | GB/s | of peer copy | same bits |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ceilings = {}
-    for label, result in labelled.items():
-        ceilings = result.get("ceilings") or ceilings
-        xs, ys = [], []
-        for m in result["moves"]:
-            peer = ((ceilings.get(str(m["bytes"])) or {}).get("gbps") or {}).get("peer_copy")
-            share = f"{m['gbps_median'] / peer:.0%}" if peer else "—"
-            rows.append(f"| {label} | {m['bytes'] / 2**20:.0f} MiB | {m['median_s'] * 1e3:.3f} | "
-                        f"{m['min_s'] * 1e3:.3f} | {m['gbps_median']:.1f} | {share} | {m['same_bits']} |")
-            xs.append(m["bytes"] / 2**20)
-            ys.append(m["gbps_median"])
-        ax.plot(xs, ys, marker="o", label=label)
-    peak = [((ceilings.get(k) or {}).get("gbps") or {}).get("peer_copy") for k in sorted(ceilings, key=int)]
-    if any(peak):
-        ax.plot([int(k) / 2**20 for k in sorted(ceilings, key=int)], peak, "k--", label="peer copy (ceiling)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("chunk size (MiB)")
-    ax.set_ylabel("GB/s, median of the moves")
-    ax.set_title("one CuPy chunk moved GPU0 -> GPU1 between two workers")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(f"{prefix}.png", dpi=110)
-    plt.close(fig)
-    text = "\n".join(rows) + "\n"
-    with open(f"{prefix}.md", "w") as f:
-        f.write(text)
-    return text

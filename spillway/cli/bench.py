@@ -51,8 +51,7 @@ from .options import cluster_options, resolve
                    "the file names, so several runs in one session keep their own files.")
 @click.option("--timeline", is_flag=True,
               help="Record each workload's slowest timed run on each side: per worker, seconds of compute, "
-                   "transfer and waiting in the JSON and markdown, <name>-timeline.png (a row per worker), and "
-                   "distributed's performance reports in <name>-timeline.html where bokeh is installed.")
+                   "transfer and waiting in the JSON and markdown, and <name>-timeline.png (a row per worker).")
 @click.option("--link-sweep", is_flag=True,
               help="Measure the link instead of the workloads: peer copy both ways, UCXX send/receive and "
                    "pinned host <-> GPU copies (host copy on CPU workers) at each message size; writes "

@@ -54,7 +54,6 @@ LazyGroup.lazy.update({
     "config": "spillway.cli.describe:config",
     "workflows": "spillway.cli.describe:workflows_command",
     "bench": "spillway.cli.bench:bench",
-    "bench-scaling": "spillway.cli.bench_scaling:bench_scaling",
     "serve": "spillway.cli.serve:serve",
     "tenant": "spillway.cli.serve:tenant",
     "slurm": "spillway.cli.slurm:slurm",

@@ -1,4 +1,5 @@
-"""``spillway mpi``: a workflow on a cluster started by MPI (dask-mpi), one worker per rank."""
+"""``spillway mpi``: a workflow on a cluster started by MPI (dask-mpi), one worker per rank;
+the CLI of the MPI launcher (:mod:`spillway.launch.mpi`)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def mpi(workflow, params, verify, report_path, options_flags):
       mpirun -n 3 spillway mpi transpose-sum --cpu --verify
     """
     from spillway import workflows
-    from spillway.deploy.mpi import launch
+    from spillway.launch import mpi as launch
     from spillway.run.compute import run_workflow
 
     options = resolve(options_flags)

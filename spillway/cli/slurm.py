@@ -1,10 +1,12 @@
-"""``spillway slurm``: batch analyses on Slurm.
+"""``spillway slurm``: batch analyses on Slurm, the CLI of the Slurm batch launcher
+(:mod:`spillway.launch.slurm_batch`).
 
-The batch script is rendered by :func:`spillway.deploy.slurm.job_script` from the same options
-object every other entry point builds, plus the job's own settings; ``submit`` hands it
-to ``sbatch`` and prints the job id. The script waits for its workers with ``spillway
-wait-workers`` (:mod:`.wait_workers`), a command of its own that any batch system's
-script calls.
+The commands read their flags into the same options object every other entry point
+builds, plus the job's own settings, check the workflows' parameters, and call the
+launcher: the batch script is rendered by :func:`spillway.launch.slurm_batch.job_script`;
+``submit`` hands it to ``sbatch`` (:func:`spillway.launch.slurm_batch.submit`) and prints
+the job id. The script waits for its workers with ``spillway wait-workers``
+(:mod:`.wait_workers`), a command of its own that any batch system's script calls.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def job_options(func):
 
 
 def _runs(workflow: str, params: dict, then_json: str | None, verify: bool) -> list:
-    from spillway.deploy.slurm import Run
+    from spillway.launch.slurm_batch import Run
 
     runs = [Run(workflow, params, verify=verify)]
     try:
@@ -78,11 +80,12 @@ def _runs(workflow: str, params: dict, then_json: str | None, verify: bool) -> l
     return runs
 
 
-def _render(workflow, params, then_json, nodes, gpus_per_node, walltime, partition, account, qos,
-            job_name, cpus_per_task, mem, output_dir, directives, setup, python, start_timeout, verify,
-            options_flags) -> str:
+def _job(workflow, params, then_json, nodes, gpus_per_node, walltime, partition, account, qos,
+         job_name, cpus_per_task, mem, output_dir, directives, setup, python, start_timeout, verify,
+         options_flags) -> tuple:
+    """The options, job settings and runs of the flags, the runs' parameters checked."""
     from spillway import workflows
-    from spillway.deploy.slurm import JobSettings, job_script, layout
+    from spillway.launch.slurm_batch import JobSettings, layout
     from spillway.workflows.params import Target
 
     options = resolve(options_flags)
@@ -97,7 +100,7 @@ def _render(workflow, params, then_json, nodes, gpus_per_node, walltime, partiti
     # bad parameters stop here, not hours later in the queue
     for run in runs:
         workflows.get(run.workflow).validate(run.params, Target(kind=plan.kind, n_workers=plan.n_workers))
-    return job_script(options, job, runs)
+    return options, job, runs
 
 
 @click.group(context_settings=CONTEXT)
@@ -121,8 +124,11 @@ def slurm():
 @fail_cleanly
 def render(**kwargs):
     """Print the sbatch script for WORKFLOW."""
-    script = _render(**kwargs)
-    output_dir = os.path.abspath(kwargs["output_dir"] or os.getcwd())
+    from spillway.launch.slurm_batch import job_script
+
+    options, job, runs = _job(**kwargs)
+    script = job_script(options, job, runs)
+    output_dir = job.output_dir
     if not os.path.isdir(output_dir):
         # sbatch does not make it, and a job whose output has nowhere to go fails without a
         # word (submit makes it); said on stderr, so the script on stdout stays whole
@@ -137,19 +143,9 @@ def render(**kwargs):
 @fail_cleanly
 def submit(**kwargs):
     """Submit WORKFLOW as a batch job and print its job id."""
-    from spillway.options.errors import OptionsError
-    from spillway.deploy.slurm import Slurm
+    from spillway.launch.slurm_batch import submit as submit_job
 
-    script = _render(**kwargs)
-    system = Slurm()
-    # nothing is made for a job that cannot be submitted from here
-    system.require(system.submit_command)
-    output_dir = os.path.abspath(kwargs["output_dir"] or os.getcwd())
-    try:
-        os.makedirs(output_dir, exist_ok=True)
-    except OSError as e:
-        raise OptionsError(f"output-dir: cannot make {output_dir!r} ([Errno {e.errno}] {e.strerror})") from None
-    click.echo(system.submit(script))
+    click.echo(submit_job(*_job(**kwargs)))
 
 
 @slurm.command(context_settings=CONTEXT)
@@ -158,7 +154,7 @@ def submit(**kwargs):
 @fail_cleanly
 def status(job_id, as_json):
     """The state of batch job JOB_ID (from squeue, or sacct once it has left the queue)."""
-    from spillway.deploy.slurm import Slurm
+    from spillway.launch.slurm_batch import Slurm
 
     found = Slurm().status(job_id)
     if as_json:
@@ -177,7 +173,7 @@ def status(job_id, as_json):
 @fail_cleanly
 def cancel(job_id):
     """Cancel batch job JOB_ID; the job's trap stops its scheduler and workers."""
-    from spillway.deploy.slurm import Slurm
+    from spillway.launch.slurm_batch import Slurm
 
     Slurm().cancel(job_id)
     click.echo(f"cancelled {job_id}")

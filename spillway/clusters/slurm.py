@@ -1,9 +1,10 @@
-"""A GPU (or CPU) cluster on Slurm from a notebook: ``spillway.slurm(...)``.
+"""A GPU (or CPU) cluster on Slurm from a notebook: ``spillway.slurm(...)``, the notebook's
+entry point of the launcher of Slurm jobs (:mod:`spillway.launch.slurm_jobs`).
 
 The scheduler runs in this process; each Slurm job is one node's workers, submitted and
-cancelled by dask-jobqueue (:class:`spillway.deploy.slurm.job_cluster.SlurmJobCluster`)
-with the ``#SBATCH`` lines and worker command ``spillway slurm render`` writes, from the
-same options object. The cluster offers what ``spillway.local()`` offers (runs, computes,
+cancelled by dask-jobqueue (:func:`spillway.launch.slurm_jobs.open_jobs`) with the
+``#SBATCH`` lines and worker command ``spillway slurm render`` writes, from the same
+options object. The cluster offers what ``spillway.local()`` offers (runs, computes,
 ``open``, dask's Cluster verbs) plus ``scale(jobs=)``, ``adapt(minimum_jobs=,
 maximum_jobs=)`` and ``job_script()``. Waiting for workers watches the jobs, so a job that
 failed or pends for a reason Slurm gives is said in one line rather than timing out.
@@ -43,7 +44,7 @@ def slurm(*, jobs: int = 0, gpus_per_node: int | None = None, time: str = "01:00
     :class:`~spillway.options.errors.OptionsError` before anything is submitted."""
     import sys
 
-    from spillway.deploy.batch import JobSettings
+    from spillway.launch.slurm_batch import JobSettings
 
     options = Options.resolve(**option_keywords)
     if gpus_per_node is None:
@@ -67,36 +68,22 @@ def slurm(*, jobs: int = 0, gpus_per_node: int | None = None, time: str = "01:00
 
 
 class SlurmCluster(Cluster):
-    """Workers in Slurm jobs of ``job`` (:class:`~spillway.deploy.batch.JobSettings`, one
+    """Workers in Slurm jobs of ``job`` (:class:`~spillway.launch.batch.JobSettings`, one
     node each), built from ``options``."""
 
     title = "spillway Slurm cluster"
 
     def __init__(self, options: Options, job):
         try:
-            from spillway.deploy.slurm.job_cluster import SlurmJobCluster
+            from spillway.launch.slurm_jobs import open_jobs
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(f"spillway.slurm needs {e.name}, which is not installed: "
                                       "pip install 'spillway[slurm]'", name=e.name) from None
-        from distributed import Client
-
-        from spillway.launch import LaunchPlan, Session, register_plugins
 
         stack = contextlib.ExitStack()
-        try:
-            jobs = SlurmJobCluster(options, job)
-            stack.callback(jobs.close)
-            client = Client(jobs, security=options.dask_security)
-            stack.callback(client.close)
-            # registered with no worker yet: the scheduler hands them to every worker that joins
-            register_plugins(client, options)
-        except BaseException:
-            stack.close()
-            raise
-        self.jobs = jobs
-        plan = LaunchPlan(kind="attach", protocol=jobs.layout.protocol)
-        session = Session(client=client, cluster=jobs, plan=plan, options=options, kind=jobs.layout.kind,
-                          n_workers=0)
+        session = stack.enter_context(open_jobs(options, job))
+        #: the cluster of Slurm jobs underneath (:class:`spillway.launch.slurm_jobs.SlurmJobCluster`)
+        self.jobs = session.cluster
         super().__init__(session, stack)
 
     @property
@@ -120,7 +107,7 @@ class SlurmCluster(Cluster):
         self._resize(target)
         # sbatch has answered for each new job when this returns
         upstream.bring_to_spec(self.jobs)
-        self._raise_refusals()
+        self.jobs.raise_refusals()
 
     def adapt(self, minimum_jobs: int = 0, maximum_jobs: int | None = None, **adaptive):
         """Between ``minimum_jobs`` and ``maximum_jobs`` jobs with the work queued (dask's
@@ -143,29 +130,11 @@ class SlurmCluster(Cluster):
         timeout = self.jobs.spillway_job.start_timeout if timeout is None else timeout
         deadline = monotonic() + timeout
         while self.n_workers < n:
-            self._raise_refusals()
-            states = self.jobs.job_states()
-            for status in states.values():
-                if not status.active and status.state != "UNKNOWN":
-                    raise ClusterStartError(self._job_said(status, "ended before its workers joined"))
+            states = self.jobs.check_jobs()
             if monotonic() > deadline:
-                waiting = [s for s in states.values() if s.state == "PENDING"]
-                why = (self._job_said(waiting[0], "is still pending") if waiting
-                       else f"{len(states)} job(s) submitted, none of them pending")
-                raise ClusterStartError(f"{self.n_workers} of {n} workers joined within {timeout:g} s: {why}")
+                raise ClusterStartError(f"{self.n_workers} of {n} workers joined within {timeout:g} s: "
+                                        f"{self.jobs.waiting_for(states)}")
             sleep(POLL_S)
-
-    def _raise_refusals(self) -> None:
-        refusals = self.jobs.take_refusals()
-        if refusals:
-            more = f" (and {len(refusals) - 1} more job(s) refused)" if len(refusals) > 1 else ""
-            raise ClusterStartError(f"{refusals[0]}{more}")
-
-    def _job_said(self, status, what: str) -> str:
-        reason = f" ({status.reason})" if status.reason and status.reason not in ("None", "(null)") else ""
-        exit_code = f", exit {status.exit_code}" if status.exit_code else ""
-        return (f"Slurm job {status.job_id} {what}: {status.state}{reason}{exit_code}; "
-                f"see {self.jobs.output_of(status.job_id)}")
 
     def _repr_html_(self) -> str:
         return super()._repr_html_().replace(

@@ -1,20 +1,34 @@
-"""Start (or attach to) a cluster from an :class:`~spillway.options.settings.Options`.
+"""Launching: start (or attach to) a cluster from an :class:`~spillway.options.settings.Options`,
+every launcher in this one package, each one module behind one protocol
+(:class:`~.backend.Backend`).
 
-``open_cluster(options)`` is the one way in: it plans against the GPU inventory (raising
-:class:`~spillway.options.errors.OptionsError` before anything starts), starts the local GPU or
-CPU cluster or attaches to a running scheduler, registers spillway's worker plugin and
-yields a :class:`Session`. Leaving the context shuts down what it started.
+``open_cluster(options)`` is the one way in for the clusters of this machine: it plans
+against the GPU inventory (raising :class:`~spillway.options.errors.OptionsError` before
+anything starts), starts the local GPU or CPU cluster or attaches to a running scheduler
+(the plan's kind picks the backend: :data:`~.backend.BACKENDS`), registers spillway's
+worker plugin and yields a :class:`Session`. Leaving the context shuts down what it
+started.
 
-The names in ``__all__`` are the package's public surface: what starts workers elsewhere
-(``spillway.deploy``'s batch scripts and MPI ranks) renders the same specs through them,
-and every room above it (deploy, workflows, runs, the notebook clusters, the service,
-the CLI, and the benchmarks beside them)
-imports nothing else of the package (``tests/test_layers.py`` checks it); the modules
-behind them are free to move.
-Beside the launchers, what they register on every cluster: :mod:`.plugins` (the worker
-plugin, :class:`~.plugins.WorkerSetup`), :mod:`.collector` (Python's collector kept out
-of the runs) and :mod:`.worker_loss` (a run failed within seconds of losing a worker it
-depends on). :mod:`.attach` refuses in one line an address that is no dask scheduler, and
+The launchers, one module each: :mod:`.local_gpu`, :mod:`.local_cpu`, :mod:`.attach`,
+:mod:`.gpu_worker` (``spillway worker``), :mod:`.mpi` (``spillway mpi``),
+:mod:`.slurm_batch` (``spillway slurm``: the sbatch script, its queue, and a one-node
+script run without Slurm) and :mod:`.slurm_jobs` (``spillway.slurm()``: dask-jobqueue's
+cluster of Slurm jobs). What they start is decided before any of them runs (:mod:`.plan`,
+the :class:`WorkerSpec` of each worker: :mod:`.spec`) and rendered by pure functions:
+dask-cuda's keywords and flags (:mod:`.render`), the scheduler's and workers' command
+lines (:mod:`.commands`) and the batch seam's job script (:mod:`.batch`, which a batch
+system beside Slurm subclasses). The CLI's commands and the notebook's clusters only parse
+their arguments and call a launcher.
+
+The names in ``__all__`` are the package's public surface, with the modules the rooms
+above use by name (``tests/test_layers.py``'s ``PUBLIC_MODULES``: the launchers an entry
+point names, and what every cluster registers); every room above it (workflows, runs, the
+notebook clusters, the service, the CLI, and the benchmarks beside them) imports nothing
+else of the package (``tests/test_layers.py`` checks it); the modules behind them are free
+to move. What they register on every cluster: :mod:`.plugins` (the worker plugin,
+:class:`~.plugins.WorkerSetup`), :mod:`.collector` (Python's collector kept out of the
+runs) and :mod:`.worker_loss` (a run failed within seconds of losing a worker it depends
+on). :mod:`.attach` refuses in one line an address that is no dask scheduler, and
 :mod:`.interrupts` keeps the terminal's Ctrl-C from a local cluster's workers, which
 :func:`~.closing.closer` then stops at once.
 """

@@ -1,4 +1,5 @@
-"""Attaching to a running scheduler: the address the options name (or their scheduler file
+"""The attach launcher: a running scheduler (:class:`Attach`, the backend of plans of kind
+``attach``: nothing to start), the address the options name (or their scheduler file
 holds), the TLS a client attaching there takes, and the refusals of an address that is no
 dask scheduler, each in one line, before distributed's client waits out its timeout.
 
@@ -14,6 +15,17 @@ import socket
 
 from spillway.options.errors import OptionsError
 from spillway.options.settings import Options
+from .plan import LaunchPlan
+from .spec import WorkerSpec
+
+class Attach:
+    """Backend of plans of kind ``attach``: a running scheduler, nothing to start; the
+    session's client connects to its address (``connect_client`` in :mod:`.session`, with
+    this module's refusals)."""
+
+    def start(self, options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...]) -> None:
+        return None
+
 
 #: seconds a client waits for a scheduler it attaches to
 ATTACH_TIMEOUT_S = 30

@@ -1,15 +1,24 @@
 """One interface for everything that starts spillway's workers: :class:`Backend`.
 
-Every launcher takes what the core has already resolved (the :class:`~.plan.LaunchPlan`
-and each GPU worker's :class:`~.spec.WorkerSpec`) and only renders it into its own
-launcher's terms, in the manner of dask-jobqueue's ``Job`` and cubed's ``DagExecutor``:
-the local GPU cluster (:class:`.local_gpu.LocalGPU`), the local CPU cluster
-(:class:`.local_cpu.LocalCPU`), a running scheduler (:class:`Attach`), this node's
-workers of ``spillway worker`` (:class:`.gpu_worker.NodeWorkers`) and a rank of an MPI
-launch (``spillway.deploy.mpi.launch.MPIRank``).
+Every launcher is one module of this package with one backend: it takes what the core has
+already resolved (the :class:`~.plan.LaunchPlan` and each GPU worker's
+:class:`~.spec.WorkerSpec`) and only renders it into its own launcher's terms, in the
+manner of dask-jobqueue's ``Job`` and distributed's ``deploy/`` cluster managers:
 
-The plans :func:`~.open_cluster` makes pick their backend by their kind
-(:func:`backend_for`); ``spillway worker`` and ``spillway mpi`` name theirs.
+- the local GPU cluster (:class:`.local_gpu.LocalGPU`) and the local CPU cluster
+  (:class:`.local_cpu.LocalCPU`);
+- a running scheduler (:class:`.attach.Attach`);
+- this node's workers of ``spillway worker`` (:class:`.gpu_worker.NodeWorkers`);
+- a rank of an MPI launch (:class:`.mpi.MPIRank`);
+- a Slurm batch job of workflows (:class:`.slurm_batch.SlurmBatch`) and a notebook's
+  cluster of Slurm jobs (:class:`.slurm_jobs.SlurmJobs`, dask-jobqueue's).
+
+The plans :func:`~.session.open_cluster` makes pick their backend by their kind
+(:data:`BACKENDS`, :func:`backend_for`); the other launchers take what is theirs beyond
+the options (the work, the job settings) when they are made, and their entry points
+(``spillway worker``, ``spillway mpi``, ``spillway slurm``, ``spillway.slurm()``) name
+them through the function of their module (:func:`.gpu_worker.run_node`,
+:func:`.mpi.run`, :func:`.slurm_batch.submit`, :func:`.slurm_jobs.open_jobs`).
 """
 
 from __future__ import annotations
@@ -24,20 +33,14 @@ from .spec import WorkerSpec
 class Backend(Protocol):
     def start(self, options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...]) -> Any:
         """Start the workers of ``launch``, GPU workers as ``specs`` say (one per worker,
-        in the plan's order; empty for CPU workers). ``options`` gives what is not a
-        worker's: the scheduler's address, port, dashboard and TLS, the workers' dask
-        config. Returns the cluster object a client connects to where this process holds
-        one (the local clusters), else None once the workers are reachable elsewhere
-        (attach) or, for a backend that serves in this process (a node's workers, an MPI
-        rank), what it served."""
+        in the plan's order; empty for CPU workers, and where the nodes resolve their own:
+        batch jobs). ``options`` gives what is not a worker's: the scheduler's address,
+        port, dashboard and TLS, the workers' dask config. Returns the cluster object a
+        client connects to where this process holds one (the local clusters, a cluster of
+        Slurm jobs), else None once the workers are reachable elsewhere (attach); for a
+        backend that serves in this process (a node's workers, an MPI rank), what it
+        served; for a batch job, its job id."""
         ...
-
-
-class Attach:
-    """A running scheduler: nothing to start, the client connects to its address."""
-
-    def start(self, options: Options, launch: LaunchPlan, specs: tuple[WorkerSpec, ...]) -> None:
-        return None
 
 
 def backend_for(kind: str) -> Backend:
@@ -50,6 +53,7 @@ def backend_for(kind: str) -> Backend:
 
 # imported at the end: the launchers' modules import nothing heavy at import (dask-cuda and
 # distributed only when they start), and none of them imports this one
+from .attach import Attach  # noqa: E402
 from .local_cpu import LocalCPU  # noqa: E402
 from .local_gpu import LocalGPU  # noqa: E402
 

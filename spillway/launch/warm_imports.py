@@ -1,7 +1,7 @@
 """Modules a GPU process of a cluster imports on a thread of its own while it starts, so that
 the first thing needing them does not import them on the process's event loop.
 
-Why: on two H200s, py-spy of a fresh cluster's start (``benchmarks/gpu-host/start-profile.sh``)
+Why: on two H200s, py-spy of a fresh cluster's start (``benchmarks/results/2x-nvidia-h200-2026-11-28-s18-logs.tar.gz``)
 found each worker's event loop importing for seconds inside the start:
 
 - the first CuPy value a worker serializes (the results path's warm-up, else a run's first

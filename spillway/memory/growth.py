@@ -23,7 +23,7 @@ no CUDA call, but on the H200 host a fresh cluster's ten-run probe (`(x + x.T).s
 persisted array) took 1.1-2.4 s for its first run and 0.54-0.75 s for its second while
 both workers touched their arenas, against 0.76 s and 0.05 s with no arena (dask-cuda:
 1.06 s and 0.06 s): the time went to the scheduler's way to the first task and the result's
-way back to the client, not to the tasks (``benchmarks/gpu-host/probes.sh``, 2026-11-27).
+way back to the client, not to the tasks (``benchmarks/results/2x-nvidia-h200-2026-11-27T20*-s12-probe-*``, 2026-11-27).
 Page faults by the gigabyte on a virtual machine are what slowed them down.
 
 The thread never makes the worker die for memory: each segment is reserved against the

@@ -14,7 +14,7 @@ Each option is declared once, as a field of :class:`Options` made by :func:`opti
 default, its parser (which checks the value and carries the JSON schema of what it takes),
 its help and whether ``spillway worker`` gets it as a flag. :data:`OPTIONS` lists those
 declarations; the CLI flags (:mod:`spillway.cli.options`), the flags of a batch
-job's workers (:mod:`spillway.deploy.commands`) and, through ``python -m
+job's workers (:mod:`spillway.launch.commands`) and, through ``python -m
 spillway.options.docs --write``, ``config.yaml``, ``config_schema.yaml`` and the
 README's table are made from it.
 

@@ -1049,29 +1049,29 @@ def test_b3_small_puts_the_same_few_gb_on_each_workers_disk(monkeypatch):
 
 
 def test_copy_bound_adds_each_way_over_the_rates_of_the_run():
-    from spillway_bench import copybound
+    from spillway_bench import bounds
 
     gbps = {"d2h_pinned": 50.0, "h2d_pinned": 40.0, "disk_write": 1.0, "disk_read": 2.0}
     moves = {"device_to_host": 100 * 10**9, "host_to_device": 80 * 10**9, "host_to_disk": 3 * 10**9,
              "disk_to_host": 4 * 10**9}
-    one = copybound.copy_bound(moves, gbps, 1)
+    one = bounds.copy_bound(moves, gbps, 1)
     assert one["bound_s"] == pytest.approx(2.0 + 2.0 + 3.0 + 2.0)
     assert one["moves"]["host_to_device"] == {"bytes": 80 * 10**9, "ceiling": "h2d_pinned", "ceiling_gbps": 40.0,
                                               "seconds": pytest.approx(2.0)}
     # two GPUs: a host link each; one disk
-    assert copybound.copy_bound(moves, gbps, 2)["bound_s"] == pytest.approx(1.0 + 1.0 + 3.0 + 2.0)
-    timed = copybound.with_time(one, 18.0)
+    assert bounds.copy_bound(moves, gbps, 2)["bound_s"] == pytest.approx(1.0 + 1.0 + 3.0 + 2.0)
+    timed = bounds.with_time(one, 18.0)
     assert timed["ratio"] == pytest.approx(2.0) and timed["time_s"] == 18.0
     # a move without its rate: no bound, and which rate is missing
-    partial = copybound.copy_bound(moves, {"d2h_pinned": 50.0, "h2d_pinned": 40.0}, 1)
+    partial = bounds.copy_bound(moves, {"d2h_pinned": 50.0, "h2d_pinned": 40.0}, 1)
     assert partial["bound_s"] is None and partial["missing"] == ["disk_write", "disk_read"]
-    assert copybound.with_time(partial, 5.0)["ratio"] is None
+    assert bounds.with_time(partial, 5.0)["ratio"] is None
     # nothing moved: a zero bound, no ratio
-    nothing = copybound.with_time(copybound.copy_bound({"device_to_host": 0}, gbps, 1), 1.0)
+    nothing = bounds.with_time(bounds.copy_bound({"device_to_host": 0}, gbps, 1), 1.0)
     assert nothing["bound_s"] == 0 and nothing["ratio"] is None
     per_worker = {"w1": {"moves": {"device_to_host": {"bytes": 5}}}, "w2": {"moves": {"device_to_host": {"bytes": 7},
                                                                                     "host_to_device": {"bytes": 1}}}}
-    assert copybound.summed_moves(per_worker) == {"device_to_host": 12, "host_to_device": 1}
+    assert bounds.summed_moves(per_worker) == {"device_to_host": 12, "host_to_device": 1}
 
 
 def _moves(d2h, h2d, disk_w=0, disk_r=0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spillway_bench.forcedbound import forced_bound, forced_moves, worker_forced
+from spillway_bench.bounds import forced_bound, forced_moves, worker_forced
 
 GB = 10**9
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spillway_bench import report, tiersbound, workloads
+from spillway_bench import bounds, report, workloads
 from spillway_bench.ceilings import Ceilings
 from spillway_bench.measure import RunMeasure, SideResult
 
@@ -16,24 +16,24 @@ BETWEEN = 400 * 10**9
 
 
 def test_each_move_over_its_rate_the_per_gpu_ones_shared_by_the_gpus():
-    two = tiersbound.tiers_bound(MOVES, BETWEEN, GBPS, links=2)
+    two = bounds.tiers_bound(MOVES, BETWEEN, GBPS, links=2)
     # 200 GB / (50 GB/s x 2) + 100 / (25 x 2) + 400 / (100 x 2) + 10 / 2 + 8 / 4: the disk is the host's one
     assert two["bound_s"] == pytest.approx(2.0 + 2.0 + 2.0 + 5.0 + 2.0)
     assert two["terms"]["between_workers"] == {"bytes": BETWEEN, "ceiling": "peer_copy", "ceiling_gbps": 100.0,
                                                "divided_by": 2, "seconds": pytest.approx(2.0)}
     assert two["terms"]["host_to_disk"]["divided_by"] == 1 and two["missing"] == [] and two["links"] == 2
-    one = tiersbound.tiers_bound(MOVES, BETWEEN, GBPS, links=1)
+    one = bounds.tiers_bound(MOVES, BETWEEN, GBPS, links=1)
     assert one["bound_s"] == pytest.approx(4.0 + 4.0 + 4.0 + 5.0 + 2.0)
     # workers of one GPU: a copy within it is the link between them
-    same = tiersbound.tiers_bound({}, BETWEEN, {"same_gpu_copy": 200.0}, links=2)
+    same = bounds.tiers_bound({}, BETWEEN, {"same_gpu_copy": 200.0}, links=2)
     assert same["bound_s"] == pytest.approx(1.0) and same["terms"]["between_workers"]["ceiling"] == "same_gpu_copy"
 
 
 def test_a_move_without_its_rate_leaves_the_bound_unknown_and_nothing_moved_is_zero():
-    partial = tiersbound.tiers_bound(MOVES, BETWEEN, {"d2h_pinned": 50.0, "h2d_pinned": 25.0}, links=2)
+    partial = bounds.tiers_bound(MOVES, BETWEEN, {"d2h_pinned": 50.0, "h2d_pinned": 25.0}, links=2)
     assert partial["bound_s"] is None and partial["missing"] == ["disk_write", "disk_read", "peer_copy"]
     # a rate that nothing needed is not missing
-    nothing = tiersbound.tiers_bound({"device_to_host": 0}, 0, {}, links=2)
+    nothing = bounds.tiers_bound({"device_to_host": 0}, 0, {}, links=2)
     assert nothing["bound_s"] == 0 and nothing["missing"] == [] and nothing["terms"] == {}
 
 

@@ -79,32 +79,9 @@ def test_recorded_run_adds_up_to_its_wall_time_per_worker(cpu_client):
     assert sum(x["bytes_in"] for x in tl["workers"].values()) == measure.bytes_moved > 0
     assert sum(x["transfers"] for x in tl["workers"].values()) == len(measure.transfers)
     assert 0 <= tl["first_task_s"] < measure.seconds and 0 <= tl["tail_s"] < measure.seconds
-    # no bokeh here: the performance report says why it is missing
-    if tl["performance_report"] != "included":
-        assert tl["performance_report"].startswith("not written: ")
     plain, nothing = timed_run_recorded(cpu_client, w.direct(w.params("tiny"), "numpy", 6), kind="cpu",
                                                 timeout=60, record=False)
     assert nothing is None and plain.seconds > 0
-
-
-def test_performance_report_is_asked_of_the_scheduler_after_the_run(cpu_client, monkeypatch):
-    # bokeh is not installed here: a stand-in handler on the (in-process) scheduler
-    asked = []
-
-    async def report(start, last_count, code="", mode=None):
-        asked.append((start, last_count, code))
-        return "<html>report</html>"
-
-    scheduler = cpu_client.cluster.scheduler
-    monkeypatch.setitem(scheduler.handlers, "performance_report", report)
-    real = timeline.importlib.util.find_spec
-    monkeypatch.setattr(timeline.importlib.util, "find_spec", lambda name: True if name == "bokeh" else real(name))
-    w = workloads.WORKLOADS["W1"]
-    measure, tl = timed_run_recorded(cpu_client, w.direct(w.params("tiny"), "numpy", 7), kind="cpu",
-                                             timeout=60, record=True)
-    assert tl[timeline.REPORT_KEY] == "<html>report</html>" and tl["performance_report"] == "included"
-    (start, count, code), = asked
-    assert start <= measure.window[0] and isinstance(count, int) and "timed run" in code
 
 
 # --- files
@@ -116,49 +93,26 @@ def _results(runs: dict[str, dict[str, dict]]) -> dict:
                           for name, sides in runs.items()]}
 
 
-def _fake(wall=1.0, report=None) -> dict:
+def _fake(wall=1.0) -> dict:
     s = timeline.summarize((0.0, wall), {"tcp://a": {"compute": [(0.1, 0.5)], "transfer": [(0.5, 0.7)]},
                                          "tcp://b": {"compute": [(0.2, 0.9)]}})
     s["names"] = {"tcp://a": "w0", "tcp://b": "w1"}
-    if report is not None:
-        s[timeline.REPORT_KEY] = report
     return s
 
 
-def test_one_png_and_one_html_for_all_runs_kept_across_merged_parts(tmp_path):
+def test_one_png_for_all_runs(tmp_path):
     from matplotlib import image
 
-    first = _results({"W1": {"spillway": _fake(report="<html>W1 sp & co</html>"),
-                             "baseline": _fake(report="<html>W1 base</html>")}})
-    paths = timeline.write_files(first, tmp_path, "run")
-    assert sorted(paths) == ["timeline_html", "timeline_png"]
-    assert timeline.REPORT_KEY not in json.dumps(first)
-    assert first["workloads"][0]["spillway"]["timeline"]["performance_report"] == "run-timeline.html"
+    results = _results({"W1": {"spillway": _fake(), "baseline": _fake()}, "W2": {"spillway": _fake()}})
+    paths = timeline.write_files(results, tmp_path, "run")
+    assert sorted(paths) == ["timeline_png"]
     pixels = image.imread(paths["timeline_png"])
     assert pixels.shape[0] > 200 and pixels.std() > 0.01
-
-    # a later part of the same results file: W1's sections stay, W2's join them
-    later = _results({"W1": {"spillway": _fake(), "baseline": _fake()},
-                      "W2": {"spillway": _fake(report="<html>W2 sp</html>")}})
-    timeline.write_files(later, tmp_path, "run")
-    page = (tmp_path / "run-timeline.html").read_text()
-    assert [page.count(f"<!-- section {k} -->") for k in ("W1 spillway", "W1 baseline", "W2 spillway")] == [1, 1, 1]
-    assert "W1 sp &amp; co" in page  # escaped once, for srcdoc
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-timeline.html", "run-timeline.png"]
-
-
-def test_reports_past_the_size_limit_are_left_out_and_say_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(timeline, "HTML_LIMIT", 500)
-    results = _results({"W1": {"spillway": _fake(report="x" * 300), "baseline": _fake(report="y" * 300)}})
-    timeline.write_files(results, tmp_path, "run")
-    sides = results["workloads"][0]
-    assert sides["spillway"]["timeline"]["performance_report"] == "run-timeline.html"
-    assert sides["baseline"]["timeline"]["performance_report"].startswith("left out of run-timeline.html")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-timeline.png"]
 
 
 def test_no_recorded_run_writes_nothing(tmp_path):
     assert timeline.write_files(_results({}), tmp_path, "run") == {}
-    assert timeline.write_files({"workloads": {"W1": []}}, tmp_path, "scaling") == {}  # the scaling report
     assert not list(tmp_path.iterdir())
 
 
@@ -175,8 +129,7 @@ def test_bench_timeline_on_cpu_workers(tmp_path):
     files = sorted(p.name for p in tmp_path.iterdir())
     (stem,) = {f.split(".")[0] for f in files if f.endswith(".json")}
     # few files: what comes back from the GPU host is at most 8 per command
-    assert set(files) <= {f"{stem}.json", f"{stem}.md", f"{stem}.png", f"{stem}.log", f"{stem}-timeline.png",
-                          f"{stem}-timeline.html"} and len(files) >= 5
+    assert set(files) == {f"{stem}.json", f"{stem}.md", f"{stem}.png", f"{stem}.log", f"{stem}-timeline.png"}
     data = json.loads((tmp_path / f"{stem}.json").read_text())
     (w,) = data["workloads"]
     for side in ("spillway", "baseline"):
@@ -185,23 +138,6 @@ def test_bench_timeline_on_cpu_workers(tmp_path):
     md = (tmp_path / f"{stem}.md").read_text()
     assert "## Timeline of the slowest timed run" in md and "| W2 | baseline |" in md
     assert f"wrote {tmp_path / stem}-timeline.png" in result.output
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_bench_scaling_timeline_keeps_every_part_in_one_png(tmp_path):
-    result = CliRunner().invoke(main, ["bench-scaling", "run", "--cpu", "--n-workers", "2", "--mode", "weak",
-                                       "--sizes", "tiny", "--only", "W1,B2", "--no-ceilings", "--timeline",
-                                       "--out", str(tmp_path)], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    (f,) = tmp_path.glob("*.json")
-    data = json.loads(f.read_text())
-    assert [w["name"] for w in data["workloads"]] == ["W1", "B2"]  # two parts, one file
-    for w in data["workloads"]:
-        _adds_up(w["spillway"]["timeline"], max(w["spillway"]["runs_s"]))
-        assert "timeline" not in (w.get("baseline") or {}) or not w["baseline"].get("timeline")
-    assert (tmp_path / f"{f.stem}-timeline.png").stat().st_size > 10_000
-    assert len(list(tmp_path.iterdir())) <= 8
 
 
 def test_bench_and_timeline_count_the_same_transfers_at_the_window_edges():

@@ -1,6 +1,6 @@
 """The benchmarks are a distribution of their own (benchmarks/pyproject.toml): where they
-are not installed, ``spillway bench`` and ``spillway bench-scaling`` say how to install
-them in one line, before anything starts."""
+are not installed, ``spillway bench`` says how to install them in one line, before
+anything starts."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from click.testing import CliRunner
 from spillway.cli import main
 
 
-@pytest.mark.parametrize("args", [["bench", "--cpu", "--sizes", "tiny", "--only", "W1"],
-                                  ["bench-scaling", "run", "--cpu", "--mode", "weak", "--sizes", "tiny"]],
-                         ids=["bench", "bench-scaling"])
+@pytest.mark.parametrize("args", [["bench", "--cpu", "--sizes", "tiny", "--only", "W1"]], ids=["bench"])
 def test_a_bench_command_without_the_benchmarks_says_how_to_install_them(monkeypatch, no_cluster, args):
     # a module set to None in sys.modules fails its import as a missing one does
     for name in [m for m in sys.modules if m == "spillway_bench" or m.startswith("spillway_bench.")]:

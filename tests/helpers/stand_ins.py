@@ -43,7 +43,7 @@ def node_spec(options, inventory, host, *, workers=None, facts=None):
 
 
 class FakeShell:
-    """A batch system's commands (:class:`spillway.deploy.batch.Shell`) answered from
+    """A batch system's commands (:class:`spillway.launch.batch.Shell`) answered from
     ``answers``, command name -> (exit status, stdout[, stderr]); a name not there is not
     on the PATH. Every call is kept in ``calls`` as (argv, stdin), argv starting with the
     bare name."""

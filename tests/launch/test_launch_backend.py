@@ -1,6 +1,7 @@
 """The launch backends: each plan kind's backend from the registry, the plan and specs
-handed to it as resolved, and an MPI rank's backend rendering its node's specs into
-dask-mpi's keywords (``execute`` replaced by a recorder: no MPI here)."""
+handed to it as resolved, an MPI rank's backend rendering its node's specs into
+dask-mpi's keywords (``execute`` replaced by a recorder: no MPI here), and a Slurm batch
+job's backend submitting its script (Slurm's commands answered by a stand-in)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import types
 
 import pytest
 
-from spillway.deploy.mpi.launch import MPIRank
+from spillway.launch.mpi import MPIRank
 from spillway.launch import session as launch
 from spillway.launch import TIERED_WORKER, backend_for, store_data, worker_specs
 from spillway.launch.backend import BACKENDS, Attach
@@ -80,3 +81,23 @@ def test_an_mpi_worker_rank_starts_the_worker_of_its_nodes_spec(monkeypatch):
     assert seen["worker_options"]["data"] == store_data(spec)
     # the tiered store bounds its own host bytes: the worker's monitor does not spill
     assert seen["spill"] is False
+
+
+def test_a_slurm_batch_job_is_submitted_through_its_backend(tmp_path):
+    """``spillway slurm submit``'s launcher: the script rendered as ``render`` prints it, the
+    job's output directory made (sbatch does not), the job id returned; without sbatch on
+    the PATH nothing is made."""
+    from spillway.launch.slurm_batch import JobSettings, Run, Slurm, SlurmBatch, SlurmError, job_script, submit
+    from stand_ins import FakeShell
+
+    options = Options.resolve(cpu=True, n_workers=2)
+    job = JobSettings(gpus_per_node=0, time="00:10:00", output_dir=str(tmp_path / "out"))
+    runs = [Run("transpose-sum", {"size": "200x200"})]
+    shell = FakeShell({"sbatch": (0, "42\n")})
+    assert submit(options, job, runs, system=Slurm(shell)) == "42"
+    assert shell.calls == [(["sbatch", "--parsable"], job_script(options, job, runs))]
+    assert (tmp_path / "out").is_dir()
+    elsewhere = JobSettings(gpus_per_node=0, time="00:10:00", output_dir=str(tmp_path / "not-made"))
+    with pytest.raises(SlurmError, match="sbatch: not found on the PATH"):
+        SlurmBatch(elsewhere, runs, system=Slurm(FakeShell({}))).start(options, plan(options, h200_host(0), PLANNED), ())
+    assert not (tmp_path / "not-made").exists()

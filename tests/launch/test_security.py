@@ -32,7 +32,7 @@ def test_security_does_not_go_with_given_files_nor_with_slurm(tmp_path):
     with pytest.raises(OptionsError, match="security: true makes a certificate"):
         Options.resolve(security=True, tls_ca_file=str(files["ca"]), tls_cert=str(files["cert"]),
                         tls_key=str(files["key"]))
-    from spillway.deploy.batch.refusals import refuse_options
+    from spillway.launch.batch.refusals import refuse_options
 
     with pytest.raises(OptionsError, match="security: a certificate made at start is for local clusters"):
         refuse_options(Options.resolve(security=True), starter="a batch job", where="in a batch job",

@@ -14,8 +14,8 @@ import shlex
 import pytest
 from click.testing import CliRunner
 
-from spillway.deploy.mpi.layout import execute_kwargs
-from spillway.deploy.slurm import JobSettings, Run, job_script
+from spillway.launch.mpi import execute_kwargs
+from spillway.launch.slurm_batch import JobSettings, Run, job_script
 from spillway.cli import main
 from spillway import launch
 from spillway.launch import gpu_worker, local_gpu
@@ -282,7 +282,7 @@ def test_the_device_limit_is_read_once_with_none_for_no_limit(value, device, exp
 
 
 def test_auto_protocol_is_one_decision():
-    from spillway.deploy import commands
+    from spillway.launch import commands
     from spillway.launch.protocol import choose_protocol
     from spillway.options.settings import Options
 

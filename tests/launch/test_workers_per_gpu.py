@@ -9,9 +9,9 @@ import copy
 
 import pytest
 
-from spillway.deploy import commands
-from spillway.deploy.mpi.layout import device_for_rank
-from spillway.deploy.slurm import JobSettings, Run, job_script
+from spillway.launch import commands
+from spillway.launch.mpi import device_for_rank
+from spillway.launch.slurm_batch import JobSettings, Run, job_script
 from spillway.options.errors import OptionsError
 from spillway.launch import gpu_worker, local_gpu
 from spillway.launch.plan import plan

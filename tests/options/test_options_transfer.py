@@ -148,7 +148,7 @@ def test_unset_options_leave_distributeds_defaults_on_the_workers():
 
 
 def test_batch_script_exports_the_workers_config_for_dask_to_read(tmp_path):
-    from spillway.deploy.slurm import JobSettings, Run, job_script
+    from spillway.launch.slurm_batch import JobSettings, Run, job_script
 
     options = Options.resolve(transfer_connections=6, transfer_message_bytes="2GB", memory_store="tiered")
     text = job_script(options, JobSettings(nodes=1, gpus_per_node=2, time="01:00:00"), [Run("transpose-sum")])
@@ -173,7 +173,7 @@ def test_batch_script_exports_the_workers_config_for_dask_to_read(tmp_path):
 def test_mpi_ranks_build_their_workers_under_the_options_config(monkeypatch):
     pytest.importorskip("mpi4py")
     dask_mpi = pytest.importorskip("dask_mpi")
-    from spillway.deploy.mpi import launch
+    from spillway.launch import mpi as launch
 
     seen = {}
 

@@ -1,31 +1,8 @@
-"""The out-of-core matrix: every computation on the cluster past the GPUs' memory.
-
-Each case is one computation at a size whose projected footprint is at least ``factor``
-(1.3 on the GPU host) times the GPUs' memory, run one of five ways:
-
-- ``cli``: a catalogue workflow with seeded inputs through ``spillway run --verify --json``
-  in a subprocess (its own cluster, from the defaults);
-- ``notebook``: the same workflow on ``spillway.local()``, its input generated from the
-  seed and persisted by the user first (``client.persist``), then handed to the workflow
-  as an array input and computed through the notebook's ``compute``;
-- ``user-code``: dask code a user writes on persisted inputs (tall-skinny QR, SVD and
-  least squares, a matmul, ``map_overlap``, reductions, a rechunk with dask's defaults);
-- ``service``: rechunk, matmul and svd through ``spillway serve`` on loopback, submitted
-  with ``verify=True`` by a tenant added with no options (:mod:`.entry`);
-- ``batch``: the same three as the rendered one-node Slurm script, run with the ``srun``
-  stand-in on a host without Slurm (:mod:`.entry`).
-
-Every case ends with its answer checked against a NumPy float64 reference computed on
-the host from the seeds (relative error), or refused by admission before it starts with
-the projected footprint and the cluster's capacity; its row has the bytes each move
-between device, host and disk carried and its copy bound (:mod:`spillway_bench.copybound`)
-next to its time.
-
-Modules: :mod:`.scale` (how large), :mod:`.cases` (which cases, their workflow
-parameters), :mod:`.user_code` (the user-written computations), :mod:`.run` (one case on
-its path, its row), :mod:`.table` (``<machine>-<date>-ooc-matrix.{json,md,png}``, merged
-slice by slice), :mod:`.slices` (named slices that fit one device call, their time
-estimates and the command that runs one: ``spillway bench --matrix SLICE``).
+"""``spillway bench --matrix``: every computation on the cluster past the GPUs' memory, as
+35 cases of five paths (``cli``, ``notebook``, ``user-code``, ``service``, ``batch``), each
+at a projected footprint of ``factor`` (1.3) times the GPUs' memory (:mod:`.scale`),
+checked against NumPy float64 from the seeds or refused by admission, with its copy bound
+and the host's memory; run in slices of one device call (:mod:`.slices`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""The matrix's ``service`` and ``batch`` paths: a workflow past the GPUs through the shared
-service and through the one-node batch script, each with its own cluster from the defaults.
-
-- ``service``: ``spillway tenant add`` (no options: the cluster's admission is the limit),
-  ``spillway serve`` on 127.0.0.1, the job submitted with ``verify=True`` through
-  :func:`spillway.connect` and its report read from the result;
-- ``batch``: ``spillway slurm render`` for one node (defaults, the node's GPUs), run with
-  the ``srun`` stand-in (:mod:`spillway.deploy.slurm.one_node`), the report read from the
-  job's results folder.
-
-Both rows come from the run's report, as the cli path's do (:func:`.rows.report_row`); a
-job refused by admission is a refused row with its numbers.
+"""The matrix's ``service`` and ``batch`` paths, each with its own cluster from the
+defaults: ``spillway serve`` on loopback with a tenant added with no options, the job
+submitted with ``verify=True``; and the rendered one-node batch script run with the
+``srun`` stand-in. Both rows come from the run's report (:func:`.rows.report_row`).
 """
 
 from __future__ import annotations
@@ -142,7 +134,7 @@ def run_batch(case: Case, scale: Scale, *, cluster_args: tuple[str, ...] = (), t
               python: str = sys.executable, seed: int = SEED) -> dict:
     """``case`` as the rendered one-node batch script, run here with the srun stand-in;
     the row from the job's report."""
-    from spillway.deploy.slurm.one_node import run_script
+    from spillway.launch.slurm_batch import run_script
 
     params, projected = workflow_params(case, scale, seed)
     t0 = time.perf_counter()

@@ -1,14 +1,8 @@
-"""Host memory and the kernel's OOM killer during one case of the matrix.
-
-A case's row must say whether the machine came near the end of its memory, not only
-whether the answer was right: on one H100 a user-code case passed with 3.8 GB of the host
-available at its peak, a third of the headroom the tiered store keeps, and an SVD run ended
-in the kernel's OOM kill. So while a case runs, a thread of the bench process reads
-the host's memory every half second as the store reads it (memory in use: total less
-available, and the lowest available), and after it the kernel log is read for OOM kills that are new since the
-case started (``dmesg``; where it cannot be read the row says "unknown", never "none").
-A case whose MemAvailable went under the store's headroom (a tenth of the machine, at
-least 2 GiB: :func:`spillway.memory.growth.headroom_for`) is flagged.
+"""Host memory and the kernel's OOM killer during one case of the matrix: a thread reads
+the host's memory every half second as the store reads it, and the kernel log is read for
+OOM kills new since the case started ("unknown" where it cannot be read, never "none"); a
+case whose MemAvailable went under the store's headroom
+(:func:`spillway.memory.growth.headroom_for`) is flagged.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ run --json``, a service job's result, a batch job's report), whichever path ran 
 
 from __future__ import annotations
 
-from .. import copybound
+from .. import bounds
 from .cases import Case
 from .scale import Scale
 
@@ -34,5 +34,5 @@ def report_moves(report: dict) -> dict[str, int]:
     """Bytes per move of a ``spillway run --json`` report: its tiered stores' moves
     summed over workers, else the spill counters by tier (workers without the store)."""
     if report.get("spill"):
-        return copybound.summed_moves(report["spill"])
-    return {m: int(b) for m, b in (report.get("spilled_by_tier") or {}).items() if m in copybound.MOVE_CEILINGS}
+        return bounds.summed_moves(report["spill"])
+    return {m: int(b) for m, b in (report.get("spilled_by_tier") or {}).items() if m in bounds.MOVE_CEILINGS}

@@ -1,14 +1,7 @@
-"""Running one case of the matrix on its path, and its row of the table.
-
-- ``cli``: ``spillway run WORKFLOW --verify --json`` in a subprocess (its own cluster);
-- ``notebook``: the workflow on a :func:`spillway.local` cluster, its input generated from
-  the seed and persisted by the user first, handed to the workflow as an array input;
-- ``user-code``: dask code a user writes (:mod:`.user_code`) on inputs persisted first;
-- ``service`` and ``batch``: the shared service and the one-node batch script (:mod:`.entry`).
-
-A row records the bytes each move between device, host and disk carried during the
-computation (``moves``, summed over workers) and, given the copy ceilings measured in
-the same run, its copy bound (:mod:`spillway_bench.copybound`) next to its time.
+"""One case of the matrix on its path (``cli``: ``spillway run --verify --json`` in a
+subprocess; ``notebook``: the workflow on ``spillway.local()`` over inputs the user
+persisted; ``user-code``: :mod:`.user_code`; ``service``, ``batch``: :mod:`.entry`), and its
+row: the bytes of each move between tiers and its copy bound next to its time.
 """
 
 from __future__ import annotations
@@ -19,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from .. import copybound
+from .. import bounds
 from .cases import Case, seeded_inputs, workflow_params
 from .rows import report_row, row
 from .scale import SEED, Scale
@@ -82,7 +75,7 @@ def _measured(cluster, collections: tuple) -> tuple[Any, float, int, dict]:
     wall = time.perf_counter() - t0
     after = client.run(worker_snapshot)
     spilled = transfer_stats(before, after, start_wall=start_wall)["bytes_spilled"]
-    return values, wall, spilled, copybound.move_bytes(spill_moves(before, after)["moves"])
+    return values, wall, spilled, bounds.move_bytes(spill_moves(before, after)["moves"])
 
 
 def _admit(cluster, name: str, footprint) -> None:
@@ -166,7 +159,7 @@ def run_user_code(case: Case, scale: Scale, cluster, *, seed: int = SEED) -> dic
 
 def run_case(case: Case, scale: Scale, *, cluster=None, ceilings: dict | None = None, **kwargs) -> dict:
     """One case on its path (``cluster`` for the notebook and user-code paths). With
-    ``ceilings`` (GB/s by name, measured in the same run: :func:`copybound.measure`) the
+    ``ceilings`` (GB/s by name, measured in the same run: :func:`bounds.copy_ceilings`) the
     row gets its copy bound next to its time."""
     if case.path == "cli":
         out = run_cli(case, scale, **kwargs)
@@ -187,5 +180,5 @@ def with_bound(r: dict, ceilings: dict | None, n_workers: int) -> dict:
     moves and the ceilings are known."""
     if ceilings is None or r.get("moves") is None:
         return {**r, "ceilings": ceilings, "copy_bound": None}
-    bound = copybound.copy_bound(r["moves"], ceilings, n_workers)
-    return {**r, "ceilings": ceilings, "copy_bound": copybound.with_time(bound, r.get("wall_s"))}
+    bound = bounds.copy_bound(r["moves"], ceilings, n_workers)
+    return {**r, "ceilings": ceilings, "copy_bound": bounds.with_time(bound, r.get("wall_s"))}

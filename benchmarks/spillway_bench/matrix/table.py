@@ -1,9 +1,6 @@
-"""The matrix's table: ``<machine>-<date>-ooc-matrix.{json,md,png}``, merged slice by slice.
-
-Each row keeps the copy ceilings of the run that produced it, so rows of slices run in
-different device calls (each measuring its own ceilings) stay comparable. Slices run on
-a GPU host whose output folder starts empty each call come back as separate files;
-:func:`merge_files` joins them into one table of the machine.
+"""The matrix's table, ``<machine>-<date>-ooc-matrix.{json,md,png}``, merged slice by slice
+(:func:`merge_files` joins slices fetched from separate device calls); each row keeps the
+copy ceilings of its own run.
 """
 
 from __future__ import annotations

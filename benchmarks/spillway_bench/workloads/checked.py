@@ -1,10 +1,7 @@
-"""B3, B4 and B5: beyond the GPUs' memory, run only when named (``--only``), each result
-checked against a NumPy float64 reference computed from the seeds on the host
-(:mod:`..reference`: shortcuts that never form ``x @ y`` or the rechunked array).
-
-B3 persists its inputs over device, pinned host and disk, on spillway's side only, with
-its own memory options per scale. B4 and B5 are sized at ``full`` from the GPUs of the
-machine they run on (:meth:`Workload.for_machine`) and run against the baseline.
+"""B3, B4 and B5: beyond the GPUs' memory, run only when named, each checked against NumPy
+float64 from the seeds (:mod:`..reference`). B3 persists its inputs over device, pinned
+host and disk, on spillway's side only; B4 and B5 are sized at ``full`` from the machine's
+GPUs (:meth:`Workload.for_machine`) and run against the baseline.
 """
 
 from __future__ import annotations

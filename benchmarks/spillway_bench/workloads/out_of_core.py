@@ -1,32 +1,12 @@
-"""O3, O4 and O5: W3's rechunk, W4's FFT and W5's stencil as a user writes them, past the
-GPUs' memory, in every plain ``spillway bench``.
+"""O3, O4 and O5: W3's rechunk, W4's FFT and W5's stencil as a user writes them (no
+rechunk method), past the GPUs' memory, in every plain ``spillway bench``.
 
-A user persists an array and calls ``x.rechunk(...)`` with no method (O3: float64 row
-panels to column panels) or ``da.fft.fft(x.rechunk({0: -1, 1: panel}), axis=0)`` (O4:
-complex128 square chunks); the timed part persists the result. At ``full`` the run's peak
-footprint, input and output held together, is :func:`footprint_factor` times the GPUs'
-memory: 1.5x with two GPUs or more, 2.5x on one, where a single worker's device, pinned
-host and disk must all take part; never more than the GPUs' memory and three quarters of
-the host's (:data:`HOST_SHARE`: one H200 has less host memory than device memory, and its
-64 GiB disk cannot take 2.5x's remainder).
-
-Each side runs on a cluster started for it alone, and its first run (no warm-up before
-it) is the headline, ``first_s``: what a user meets on a fresh cluster, and where a
-regression in how the tiers fill first shows (a user's rechunk and FFT past the GPUs got
-5-6x slower while every in-memory row spilled nothing). Three sides: ``spillway`` (its
-defaults, as ``spillway.local()`` runs user code), ``tasks_method`` (the same cluster, the
-graph built with dask's task-based rechunk) and ``baseline`` (plain dask-cuda, whose
-failure is recorded as its result).
-
-The results are checked without gathering the array: O3's column and row sums against
-the input's, O4's row 0 (the column sums of x) and each column's energy (Parseval)
-against NumPy float64 from the seed (:mod:`spillway_bench.reference`).
-
-O5 is a user's ``map_overlap`` (a 7-point filter, depth 1, zero boundary) of a persisted
-float32 field whose input and output together are 1.3x the GPUs' memory: on spillway's
-side its halos are the collective's exchange where that fits and dask's own tasks where
-not; its ``tasks_method`` side builds dask's own halo tasks on the same cluster
-(:func:`spillway.datapath.collective.method.dask_halos`). Its check is each plane's sum.
+At ``full`` the peak footprint (input and output held together) is
+:func:`footprint_factor` times the GPUs' memory (1.5x with two GPUs or more, 2.5x on one;
+O5 1.3x), never more than three quarters of the host's (:data:`HOST_SHARE`). Each side
+(``spillway``, ``tasks_method``, ``baseline``) runs on a cluster of its own and its first
+run is ``first_s``. Checked without gathering: O3's column and row sums, O4's row 0 and
+each column's energy (Parseval), O5's plane sums, against NumPy float64 from the seed.
 """
 
 from __future__ import annotations

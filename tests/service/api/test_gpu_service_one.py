@@ -1,7 +1,7 @@
 """A small job through the real HTTP service on ONE GPU, by a tenant added with no options,
 and the memory figures of its report: RMM's device peak within the GPU, the worker's host
 peak within the machine, the bytes moved per tier, the transport; /metrics shows the
-tiers' bytes (GPU host only; `benchmarks/gpu-host/service-gpu.sh` runs it there)."""
+tiers' bytes (GPU host only; `bash benchmarks/gpu-host/gpu-tests.sh 4` runs it there)."""
 
 from __future__ import annotations
 
