@@ -95,6 +95,19 @@ def _released(client, y, most_s: float = 5.0) -> None:
         time.sleep(0.02)
 
 
+def _phases(before: dict, after: dict) -> str:
+    """ms each worker's steps spent in each phase between two readings of
+    :func:`spillway.run.measuring.step_phases`."""
+    out = []
+    for worker, now in sorted(after.items()):
+        if not now:
+            continue
+        was = (before.get(worker) or {}).get("seconds", {})
+        spent = {k: 1e3 * (v - was.get(k, 0.0)) for k, v in now["seconds"].items()}
+        out.append(" ".join(f"{k.removeprefix('step_')} {v:.1f}" for k, v in spent.items() if v > 0.005))
+    return " | ".join(out)
+
+
 def _timeline(tasks: list, began: float) -> str:
     """ms from the run's start: when each group of tasks (by its key's name's prefix) began
     and ended, and how many there were."""
@@ -104,23 +117,28 @@ def _timeline(tasks: list, began: float) -> str:
         name = key[0] if isinstance(key, tuple) else key
         group = str(name).rsplit("-", 1)[0]
         for s in t.get("startstops", ()):
-            if s.get("action") != "compute":
+            if s.get("action") not in ("compute", "transfer"):
                 continue
-            found = groups.setdefault(group, [s["start"], s["stop"], 0])
+            label = group if s["action"] == "compute" else f"{group} (transfers)"
+            found = groups.setdefault(label, [s["start"], s["stop"], 0])
             found[0], found[1], found[2] = min(found[0], s["start"]), max(found[1], s["stop"]), found[2] + 1
     return ", ".join(f"{g} x{n} {1e3 * (a - began):.1f}-{1e3 * (b - began):.1f} ms"
                      for g, (a, b, n) in sorted(groups.items(), key=lambda kv: kv[1][0]))
 
 
-def run_way(way: str, sizes: list, runs: int, workers_per_gpu: int, backend: str, log) -> list:
+def run_way(way: str, sizes: list, runs: int, workers_per_gpu: int, backend: str, log,
+            transport: str = "auto") -> list:
     from distributed import get_task_stream, wait
+
+    from spillway.run.measuring import step_phases
 
     from spillway.launch import open_cluster
     from spillway.options.settings import Options
 
     where = {"cpu": True, "n_workers": 2} if backend == "numpy" else {"devices": "0",
                                                                        "workers_per_gpu": workers_per_gpu}
-    options = Options.resolve(dashboard_address=None, exchange="pieces" if way == "pieces" else "step", **where)
+    options = Options.resolve(dashboard_address=None, exchange="pieces" if way == "pieces" else "step",
+                              exchange_transport=transport, **where)
     rows = []
     began = time.perf_counter()
     with open_cluster(options) as session:
@@ -140,12 +158,17 @@ def run_way(way: str, sizes: list, runs: int, workers_per_gpu: int, backend: str
                                                                                  for l in y.dask.layers)), "?")
                 t0 = time.perf_counter()
                 if k == runs:  # the last run's timeline: where the time goes
+                    before_phases = client.run(step_phases)
+                    t0 = time.perf_counter()
                     with get_task_stream(client) as stream:
                         y = client.persist(y)
                         wait(y)
                     times.append(time.perf_counter() - t0)
                     timeline = _timeline(stream.data, time.time() - times[-1])
                     log(f"{way} {name} n={n} last run: {timeline}")
+                    phases = _phases(before_phases, client.run(step_phases))
+                    if phases:
+                        log(f"{way} {name} n={n} last run's steps: {phases}")
                 else:
                     y = client.persist(y)
                     wait(y)
@@ -203,6 +226,7 @@ def main() -> int:
     parser.add_argument("--workers-per-gpu", type=int, default=2)
     parser.add_argument("--out", default=None)
     parser.add_argument("--backend", default="cupy", choices=("cupy", "numpy"))
+    parser.add_argument("--transport", default="auto", help="the steps' exchange-transport (auto, ipc, ucxx, host)")
     parser.add_argument("--plot", default=None, help="only plot this results file (a PNG beside it)")
     args = parser.parse_args()
     if args.plot:
@@ -221,7 +245,7 @@ def main() -> int:
     log(f"HBM copy {hbm:.0f} GB/s (read + write)")
     rows = []
     for way in args.ways.split(","):
-        rows += run_way(way, sizes, args.runs, args.workers_per_gpu, args.backend, log)
+        rows += run_way(way, sizes, args.runs, args.workers_per_gpu, args.backend, log, args.transport)
     print(f"\n{'row':<22} {'first s':>8} {'median s':>9} {'bound s':>8} {'x bound':>8} {'spilled GB':>10} exact")
     for r in rows:
         bound = 2 * r["array_bytes"] / (hbm * 1e9)

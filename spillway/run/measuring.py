@@ -62,7 +62,8 @@ def collective_phases(dask_worker=None) -> dict | None:
 
 
 def step_phases(dask_worker=None) -> dict | None:
-    """Where this worker's exchange steps spent their time (cut, move, join, store), the
+    """Where this worker's exchange steps spent their time (begin: from the task's start to
+    its rendezvous; rendezvous: waiting for its peers; then a round's cut, move, join, store), the
     bytes they received, and the rounds each transport moved (``transports``: which the
     cluster's exchanges chose), since it started; None where no step ran on it."""
     from spillway.datapath.step.state import state_of

@@ -1,6 +1,7 @@
 """The exchange as one step a worker on a GPU: two workers on one GPU (a ONE-GPU host
-does), CuPy chunks, the steps' buffers over the UCXX transport (CUDA IPC within the
-device) and over the host transport, answers bit for bit against dask's task method on
+does), CuPy chunks, the steps' pieces written straight into each other's outputs over
+CUDA IPC, their buffers over the UCXX transport (CUDA IPC within the device) and over the
+host transport, answers bit for bit against dask's task method on
 the same cluster; a map_overlap's halos and an FFT's axis swap too. Marked gpu: skipped
 where there is no GPU."""
 
@@ -22,8 +23,8 @@ def _steps_ran(dask_worker):
     from spillway.run.measuring import step_phases
 
     phases = step_phases(dask_worker)
-    return None if phases is None else {"moves": phases["counts"].get("step_move", 0),
-                                        "received": phases["taken_bytes"]}
+    return None if phases is None else {"rounds": phases["counts"].get("step_cut", 0),
+                                        "received": phases["taken_bytes"], "over": phases["transports"]}
 
 
 def _kinds(dask_worker):
@@ -34,7 +35,7 @@ def _kinds(dask_worker):
 
 
 @needs_ucxx
-@pytest.mark.parametrize("transport", ["ucxx", "host"])
+@pytest.mark.parametrize("transport", ["ipc", "ucxx", "host"])
 def test_two_workers_on_one_gpu_exchange_cupy_chunks_bit_for_bit(transport):
     import cupy
     import dask
@@ -55,6 +56,7 @@ def test_two_workers_on_one_gpu_exchange_cupy_chunks_bit_for_bit(transport):
         ran = [r for r in client.run(_steps_ran).values() if r]
         assert len(ran) == 2 and all(r["received"] > 0 for r in ran)
         assert all(transport in kinds for kinds in client.run(_kinds).values())
+        assert all(set(r["over"]) == {transport} for r in ran), ran
 
         # the halos of a map_overlap along both axes, and an FFT's axis swap
         z = x.rechunk((500, 500))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from spillway.datapath.step.state import make
-from spillway.datapath.step.transport import (KINDS, StepAborted, TransportError, chosen, offered, tag_of,
+from spillway.datapath.step.transport import (AUTO_KINDS, KINDS, StepAborted, TransportError, chosen, offered, tag_of,
                                               wait)
 
 
@@ -135,9 +135,20 @@ def test_tags_name_exchange_round_slots_and_message_apart():
 
 
 def test_the_kind_every_step_offers_is_chosen_in_order():
-    assert chosen([KINDS, KINDS]) == "ucxx"
-    assert chosen([KINDS, ("host",)]) == "host"
+    here, there = "host-a/boot", "host-b/boot"
+    gpu = {"ipc": here, "ucxx": "u", "host": "h"}
+    assert chosen([gpu, dict(gpu)]) == "ipc"
+    # a put kind only where every step is on one host: two hosts take UCXX
+    assert chosen([gpu, {**gpu, "ipc": there}]) == "ucxx"
+    assert chosen([gpu, {"ucxx": "u", "host": "h"}]) == "ucxx"
+    assert chosen([gpu, {"host": "h"}]) == "host"
     assert offered("host") == ("host",)
     assert offered("ucxx") == ("ucxx", "host")
-    with pytest.raises(ValueError, match="exchange-transport 'nccl' is not auto or one of ucxx, host"):
+    assert offered("ipc", gpu=True) == ("ipc", "host")
+    # CPU workers never offer CUDA IPC, asked for or not
+    assert offered("ipc") == ("host",)
+    assert "ipc" not in offered("auto")
+    # CUDA IPC only by name until it has run on a GPU host
+    assert offered("auto", gpu=True) == offered("auto") == tuple(k for k in AUTO_KINDS if k in offered("auto"))
+    with pytest.raises(ValueError, match="exchange-transport 'nccl' is not auto or one of ipc, ucxx, host"):
         offered("nccl")

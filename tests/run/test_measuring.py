@@ -90,9 +90,11 @@ def test_after_a_rechunk_s_steps_each_worker_says_their_phases():
             assert set(p) == PHASES_KEYS | {"transports"}
             # one round over the transport both offered (host without UCXX, ucxx with it)
             assert len(p["transports"]) == 1 and set(p["transports"].values()) == {1}
-            # one round each: a cut, a move, a join and a store
+            # one step each: its start and its rendezvous; one round: its receives posted, its
+            # peers' pieces cut, its own cut, the move, a join and a store
             assert {name: p["counts"][name] for name in p["counts"]} == {
-                "step_cut": 1, "step_move": 1, "step_join": 1, "step_store": 1}
+                "step_begin": 1, "step_rendezvous": 1, "step_post": 1, "step_cut": 1, "step_own": 1,
+                "step_move": 1, "step_join": 1, "step_store": 1}
         # each received the other's rows of its columns: half of the 60 x 40 float64s in all
         # (three column chunks one worker's, two the other's)
         assert sorted(p["taken_bytes"] for p in phases) == [30 * 16 * 8, 30 * 24 * 8]

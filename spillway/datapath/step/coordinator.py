@@ -13,6 +13,13 @@ the steps' rendezvous, and what happens when a worker leaves.
   are released (each output's getter depends on every step, so dask runs them again), and
   the lost worker's step is bound to another worker. After :data:`RESTARTS` restarts, or
   where a step failed, the exchange is lost: every step still waiting fails with one line.
+- **Meetings inside an attempt.** Steps that write into one another's outputs
+  (:data:`~.transport.PUT_KINDS`) meet twice a round: once to publish where their outputs
+  lie, once to say their writes are done. A meeting of an attempt that ended answers
+  ``restart`` (or ``lost``) to its steps; a ``done`` meeting only once every step that may
+  still be writing into its peers' outputs has said it is done or left (a step that freed
+  its outputs while a peer's kernel still wrote into them would hand that memory to
+  whatever it allocates next).
 - **The end.** When every step of an exchange is released (its getters took their
   outputs, or the computation was cancelled or failed), the workers that ran its steps
   drop what is left of it.
@@ -29,7 +36,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from spillway.upstream import restrict_loosely, restrict_strictly, run_args
 from .names import is_output, is_step
 from .state import ABORT, DROP
-from .task import JOIN
+from .task import JOIN, MEET
 from .transport import chosen
 
 logger = logging.getLogger("spillway.step")
@@ -43,12 +50,26 @@ FAILED_WAIT_S = 30.0
 _ENDS = frozenset({"released", "forgotten", "erred"})
 
 
+class _Meet:
+    def __init__(self):
+        self.posted: dict[int, object] = {}
+        self.done = asyncio.Event()
+        #: what every step gets once all have posted (None: the attempt ended first)
+        self.answer: dict | None = None
+
+
 class _Attempt:
     def __init__(self, number: int):
         self.number = number
         self.joined: dict[int, tuple[str, dict]] = {}
         self.done = asyncio.Event()
         self.answer: dict | None = None
+        #: ``stage:round`` -> its meeting (:meth:`StepCoordinator.meet`)
+        self.meets: dict[str, _Meet] = {}
+        #: round -> the slots that had every peer's places: they may be writing
+        self.writers: dict[int, set[int]] = {}
+        #: what a meeting of this attempt answers once it ended (restart, or lost)
+        self.ended: dict | None = None
 
 
 class _Exchange:
@@ -64,6 +85,8 @@ class _Exchange:
         self.lost: str | None = None
         #: getter key -> the slot whose step joins its output
         self.getters: dict = {}
+        #: ended attempts whose meetings still wait (number -> attempt)
+        self.ended: dict[int, _Attempt] = {}
 
 
 class StepCoordinator(SchedulerPlugin):
@@ -78,10 +101,13 @@ class StepCoordinator(SchedulerPlugin):
         self._numbers = itertools.count()
         #: the exchange whose steps :meth:`_restart` is releasing (not its end)
         self._restarting: str | None = None
+        #: exchanges that ended while a meeting of theirs still waits for writers
+        self._ending: dict[str, _Exchange] = {}
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         scheduler.handlers[JOIN] = self.join
+        scheduler.handlers[MEET] = self.meet
 
     # --- placement
 
@@ -161,10 +187,74 @@ class StepCoordinator(SchedulerPlugin):
             return {"lost": exchange.lost}
         return attempt.answer
 
+    async def meet(self, name=None, slot=0, attempt=0, stage="", round=0, payload=None) -> dict:
+        """Steps of one attempt meeting at ``stage`` of round ``round``: each posts its
+        ``payload`` and gets every slot's once all have posted (``{"payloads": {slot:
+        payload}}``), or the attempt's end (``restart``, ``lost``)."""
+        exchange, found = None, None
+        for known in (self._exchanges.get(name), self._ending.get(name)):
+            if known is not None:
+                found = known.attempt if known.attempt.number == attempt else known.ended.get(attempt)
+                if found is not None:
+                    exchange = known
+                    break
+        if found is None:
+            # an attempt that ended with no step left writing into another's outputs
+            return {"lost": f"exchange {str(name)[-12:]} ended"} if name not in self._exchanges else {"restart": True}
+        meeting = found.meets.setdefault(f"{stage}:{round}", _Meet())
+        meeting.posted[int(slot)] = payload
+        if found.ended is not None:
+            self._release(exchange, found)
+        elif len(meeting.posted) >= exchange.slots and not meeting.done.is_set():
+            if stage == "places":
+                found.writers[round] = set(meeting.posted)
+            failed = sorted((s, p["failed"]) for s, p in meeting.posted.items() if isinstance(p, dict) and p.get("failed"))
+            if failed:
+                # every step has ended its kernel: lost, each told so (none is writing)
+                s, why = failed[0]
+                self._lose(exchange, f"step {s} on {found.joined.get(s, ('?',))[0]}: {why}")
+            else:
+                meeting.answer = {"payloads": dict(meeting.posted)}
+                meeting.done.set()
+        await meeting.done.wait()
+        if meeting.answer is not None:
+            return meeting.answer
+        return found.ended or {"restart": True}
+
+    def _release(self, exchange: _Exchange, attempt: _Attempt) -> None:
+        """The meetings of ``attempt`` (ended) that may answer now: a ``places`` meeting
+        at once, a ``done`` meeting once none of the round's writers is still writing."""
+        running = set(self.scheduler.workers)
+        gone = {s for s, (w, _) in attempt.joined.items() if w not in running}
+        waiting = False
+        for key, meeting in attempt.meets.items():
+            if meeting.done.is_set():
+                continue
+            stage, _, round_ = key.partition(":")
+            if stage == "done" and attempt.writers.get(int(round_), set()) - set(meeting.posted) - gone:
+                waiting = True
+                continue
+            meeting.done.set()
+        if waiting:
+            exchange.ended[attempt.number] = attempt
+        else:
+            exchange.ended.pop(attempt.number, None)
+            if not exchange.ended and self._ending.get(exchange.name) is exchange:
+                del self._ending[exchange.name]
+
+    def _end_attempt(self, exchange: _Exchange, attempt: _Attempt, answer: dict) -> None:
+        attempt.ended = answer
+        self._release(exchange, attempt)
+
     # --- a worker that leaves, a step that fails, the end
 
     def remove_worker(self, scheduler=None, worker=None, **kwargs) -> None:
+        for exchange in list(self._ending.values()):
+            for attempt in list(exchange.ended.values()):
+                self._release(exchange, attempt)  # a writer that left writes no more
         for exchange in list(self._exchanges.values()):
+            for attempt in list(exchange.ended.values()):
+                self._release(exchange, attempt)
             if exchange.lost or (worker not in exchange.workers and worker not in exchange.placed.values()):
                 continue
             if exchange.restarts >= RESTARTS:
@@ -178,6 +268,7 @@ class StepCoordinator(SchedulerPlugin):
         exchange.attempt = _Attempt(next(self._numbers))
         ended.answer = {"attempt": ended.number, "restart": True}
         ended.done.set()
+        self._end_attempt(exchange, ended, {"restart": True})
         self._tell(exchange, ABORT, attempt=ended.number, why=why)
         logger.warning("exchange %s restarts (%d of %d): %s", exchange.name[-12:], exchange.restarts, RESTARTS, why)
         running = {ws.address for ws in self.scheduler.running}
@@ -199,6 +290,7 @@ class StepCoordinator(SchedulerPlugin):
         exchange.lost = (f"exchange {exchange.name[-12:]} cannot finish: {why} (a worker lost mid-exchange takes "
                          f"pieces only the whole exchange could make again)")
         exchange.attempt.done.set()
+        self._end_attempt(exchange, exchange.attempt, {"lost": exchange.lost})
         self._tell(exchange, ABORT, attempt=exchange.attempt.number, why=exchange.lost)
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
@@ -218,6 +310,12 @@ class StepCoordinator(SchedulerPlugin):
         exchange.attempt.done.set()
         if exchange.lost is None:
             exchange.lost = f"exchange {exchange.name[-12:]} ended"
+        for attempt in (exchange.attempt, *exchange.ended.values()):
+            self._end_attempt(exchange, attempt, attempt.ended or {"lost": exchange.lost})
+        if exchange.ended:
+            # a computation released mid-round (cancelled): its steps' kernels may still
+            # write into one another's outputs, which their meetings keep until they end
+            self._ending[exchange.name] = exchange
         self._tell(exchange, DROP)
 
     def _tell(self, exchange: _Exchange, op: str, **message) -> None:

@@ -86,4 +86,8 @@ def make(kind: str, *, host: str, gpu: bool):
         from .ucx import UcxxTransport
 
         return UcxxTransport(gpu=gpu)
-    raise ValueError(f"transport {kind!r} is not ucxx or host")
+    if kind == "ipc":
+        from .ipc import IpcTransport
+
+        return IpcTransport(gpu=gpu)
+    raise ValueError(f"transport {kind!r} is not ipc, ucxx or host")

@@ -13,6 +13,11 @@ launch); the round's outputs go into the worker's store, counted and spillable, 
 next round allocates. Nothing of it passes the worker's event loop but the rendezvous and
 the stores of other stores than spillway's.
 
+Over CUDA IPC (:mod:`.ipc`, GPU workers of one host) a round sends nothing: it allocates
+its outputs, publishes where they lie at a meeting of the steps on the scheduler, and one
+kernel writes every piece of its inputs into the output it lands in, this worker's or a
+peer's mapped here; a second meeting says every kernel ended (:func:`_exchange_put`).
+
 Where a worker leaves mid-exchange the scheduler ends the attempt: every step still
 running leaves its round and joins the next attempt, and dask reruns the steps that had
 finished (each output's getter depends on every step). An exchange that cannot be made
@@ -34,7 +39,7 @@ from spillway.datapath.on_worker import keep, on_loop, plugin_of
 from spillway.upstream import log_incoming
 from .layout import step_layout
 from .state import LOCAL_LOCK, LOCAL_OUTPUTS, WORKER_PLUGIN, StepState, state_of
-from .transport import EXCHANGE_BITS, StepAborted, TransportError, offered, tag_of, wait
+from .transport import EXCHANGE_BITS, PUT_KINDS, StepAborted, TransportError, offered, tag_of, wait
 
 logger = logging.getLogger("spillway.step")
 
@@ -42,6 +47,8 @@ logger = logging.getLogger("spillway.step")
 #: getter takes an output held elsewhere from
 JOIN = "spillway_step_join"
 GIVE = "spillway_step_give"
+#: the scheduler's handler the steps of a put kind meet at, twice a round (:mod:`.coordinator`)
+MEET = "spillway_step_meet"
 #: seconds a round may wait for its transfers with no word from the scheduler: a peer
 #: that dies is reported long before (the scheduler ends the attempt)
 ROUND_DEADLINE_S = 600.0
@@ -61,6 +68,7 @@ def step(name: str, slot: int, spec: tuple, *blocks) -> dict:
     worker = _worker()
     if worker is None:
         return _local(name, old, new, layout, inputs, dtype, module)
+    began = time.perf_counter()
     state = _state(worker)
     from distributed import secede
 
@@ -68,7 +76,11 @@ def step(name: str, slot: int, spec: tuple, *blocks) -> dict:
     seen, failed = -1, None
     offers = _offers(worker, state, module)
     while True:
+        asked = time.perf_counter()
         answer = on_loop(worker, _join, worker, name, slot, seen, offers, failed)
+        if seen < 0:
+            state.phases.add("step_begin", asked - began)
+        state.phases.add("step_rendezvous", time.perf_counter() - asked)
         if answer.get("lost"):
             raise CollectiveLost(answer["lost"])
         seen, failed = answer["attempt"], None
@@ -113,6 +125,8 @@ def take(name: str, flat: int, owner: int, *results):
 def _exchange(worker, state: StepState, name: str, slot: int, spec: tuple, layout, inputs: dict,
               answer: dict) -> int:
     """One attempt of the step: every round; returns how many outputs it stored."""
+    if answer["kind"] in PUT_KINDS:
+        return _exchange_put(worker, state, name, slot, spec, layout, inputs, answer)
     old, new, slots, rounds, dtype, module = spec
     attempt, kind, peers = answer["attempt"], answer["kind"], {int(s): a for s, a in answer["peers"].items()}
     transport = state.transport(kind, host=_host(worker), gpu=module == "cupy")
@@ -142,6 +156,7 @@ def _exchange(worker, state: StepState, name: str, slot: int, spec: tuple, layou
                 received += message.elements * itemsize
         # every peer's pieces cut and sent first; this slot's own pieces cut into its outputs
         # while they move
+        posted_at = time.perf_counter()
         cut = Batch(itemsize, key=("step-cut", old, new, slots, rounds, slot, r, strides, itemsize))
         sent = {}
         for d in range(slots):
@@ -164,6 +179,7 @@ def _exchange(worker, state: StepState, name: str, slot: int, spec: tuple, layou
             for (i, j), (_, _, src) in own.pieces.items():
                 local.add(inputs[i], src, outs[j], layout.places[(i, j)])
             local.run()
+        own_at = time.perf_counter()
         try:
             wait(pending, aborted=lambda: state.ended(name, attempt), deadline=deadline,
                  what=f"exchange {name[-12:]} round {r} on {worker.address}")
@@ -184,13 +200,99 @@ def _exchange(worker, state: StepState, name: str, slot: int, spec: tuple, layou
         joined_at = time.perf_counter()
         keep(worker, {(name, "out", flat_index(j, grid)): out for j, out in outs.items()})
         stored += len(outs)
-        phases.add("step_cut", cut_at - began)
-        phases.add("step_move", moved_at - cut_at)
+        phases.add("step_post", posted_at - began)
+        phases.add("step_cut", cut_at - posted_at)
+        phases.add("step_own", own_at - cut_at)
+        phases.add("step_move", moved_at - own_at)
         phases.add("step_join", joined_at - moved_at)
         phases.add("step_store", time.perf_counter() - joined_at)
         phases.taken_bytes += received
         deadline = time.monotonic() + ROUND_DEADLINE_S
     return stored
+
+
+def _exchange_put(worker, state: StepState, name: str, slot: int, spec: tuple, layout, inputs: dict,
+                  answer: dict) -> int:
+    """One attempt of the step over CUDA IPC (:mod:`.ipc`): a round allocates its outputs,
+    publishes where they lie, and once every step has, one kernel writes each piece of its
+    inputs into the output it lands in, this worker's or a peer's; the outputs are whole
+    once every step says its kernel ended."""
+    import cupy
+
+    from .ipc import Exported
+
+    old, new, slots, rounds, dtype, module = spec
+    attempt, kind = answer["attempt"], answer["kind"]
+    ipc = state.transport(kind, host=_host(worker), gpu=True)
+    itemsize = cupy.dtype(dtype).itemsize
+    plan = plan_of(old, new)
+    grid = tuple(map(len, plan.sizes))
+    strides = tuple(b.strides for b in inputs.values())
+    stored = 0
+    phases = state.phases
+    for r in range(rounds):
+        began = time.perf_counter()
+        outs = {j: cupy.empty(plan.output_shape(j), dtype=dtype) for j in layout.outputs_of.get((slot, r), ())}
+        places = {}
+        for j, out in outs.items():
+            place = ipc.export(out)
+            places[flat_index(j, grid)] = (place.handle, place.offset)
+        # the pool hands out memory in this stream's order: what a kernel still queued here
+        # reads may lie where a peer is about to write
+        _synchronize(module)
+        posted_at = time.perf_counter()
+        met = _met(on_loop(worker, _meet, worker, name, slot, attempt, "places", r, places))
+        met_at = time.perf_counter()
+        failed = None
+        received = 0
+        try:
+            peers = {int(s): p for s, p in met["payloads"].items()}
+            batch = Batch(itemsize, key=("step-put", old, new, slots, rounds, slot, r, strides, itemsize))
+            theirs: dict = {}
+            for d in range(slots):
+                send = layout.sends.get((slot, d, r))
+                if send is None:
+                    continue
+                for (i, j), (_, _, src) in send.pieces.items():
+                    if d == slot:
+                        target = outs[j]
+                    else:
+                        target = theirs.get((d, j))
+                        if target is None:
+                            handle, offset = peers[d][flat_index(j, grid)]
+                            target = theirs[(d, j)] = ipc.open(Exported(handle, offset), plan.output_shape(j), dtype)
+                    batch.add(inputs[i], src, target, layout.places[(i, j)])
+            batch.run()
+            _synchronize(module)  # written, every byte, before the peers are told
+            received = sum(send.elements for (s, d, rr), send in layout.sends.items()
+                           if d == slot and rr == r and s != slot) * itemsize
+        except Exception as e:  # noqa: BLE001 (said at the meeting: every step ends, none waits)
+            failed = f"{type(e).__name__}: {e}"
+        cut_at = time.perf_counter()
+        done = on_loop(worker, _meet, worker, name, slot, attempt, "done", r, {"failed": failed})
+        if failed:
+            raise TransportError(f"exchange {name[-12:]} round {r} on {worker.address}: {failed}")
+        _met(done)
+        done_at = time.perf_counter()
+        state.moved_over[kind] = state.moved_over.get(kind, 0) + 1
+        keep(worker, {(name, "out", flat_index(j, grid)): out for j, out in outs.items()})
+        stored += len(outs)
+        phases.add("step_post", posted_at - began)
+        phases.add("step_places", met_at - posted_at)
+        phases.add("step_cut", cut_at - met_at)
+        phases.add("step_done", done_at - cut_at)
+        phases.add("step_store", time.perf_counter() - done_at)
+        phases.taken_bytes += received
+    return stored
+
+
+def _met(answer: dict) -> dict:
+    """A meeting's answer, or the attempt's end as the step takes it."""
+    if answer.get("lost"):
+        raise CollectiveLost(answer["lost"])
+    if answer.get("restart"):
+        raise StepAborted("the exchange restarts: a worker left")
+    return answer
 
 
 def _log_moves(worker, workers: dict, received: dict, itemsize: int, start: float) -> None:
@@ -272,7 +374,7 @@ def _offers(worker, state: StepState, module: str) -> dict:
     """Kind -> this worker's address on it, for every kind it offers (each started)."""
     from spillway.options.settings import worker_value
 
-    kinds = offered(worker_value("exchange_transport"))
+    kinds = offered(worker_value("exchange_transport"), gpu=module == "cupy")
     out = {}
     for kind in kinds:
         try:
@@ -286,6 +388,11 @@ def _offers(worker, state: StepState, module: str) -> dict:
 async def _join(worker, name: str, slot: int, seen: int, offers: dict, failed: str | None) -> dict:
     return await worker.scheduler.spillway_step_join(name=name, slot=slot, seen=seen, worker=worker.address,
                                                      offers=offers, failed=failed)
+
+
+async def _meet(worker, name: str, slot: int, attempt: int, stage: str, round_: int, payload) -> dict:
+    return await worker.scheduler.spillway_step_meet(name=name, slot=slot, attempt=attempt, stage=stage,
+                                                     round=round_, payload=payload)
 
 
 async def _take_from(worker, holder: str, key):

@@ -9,6 +9,10 @@ lost, or a deadline.
 
 The kinds (:data:`KINDS`, each a module of this package):
 
+- ``ipc``: no messages at all: between GPU workers of one host a step's one kernel writes
+  its pieces straight into its peers' output chunks, mapped over CUDA IPC (:mod:`.ipc`).
+  Chosen where every step offers it on one host; the buffered kinds below move what it
+  cannot reach.
 - ``ucxx``: UCXX's core API on a UCX context and worker of the transport's own, with a
   progress thread: device buffers over CUDA IPC between processes on one host (two
   workers on one GPU too) and over the network between hosts, host buffers over shared
@@ -29,7 +33,13 @@ from abc import ABC, abstractmethod
 from spillway.options.errors import SpillwayError
 
 #: the kinds in the order an exchange prefers them (every step offers ``host``)
-KINDS = ("ucxx", "host")
+KINDS = ("ipc", "ucxx", "host")
+#: the kinds that write into peers' memory rather than send messages, and reach only the
+#: workers of one host (every step's offer of one is its host's identity)
+PUT_KINDS = ("ipc",)
+#: the kinds ``exchange-transport: auto`` offers, in order: CUDA IPC only where asked for by
+#: name until it has run on a GPU host (its kernels and mappings are not testable here)
+AUTO_KINDS = ("ucxx", "host")
 
 
 class TransportError(SpillwayError, ConnectionError):
@@ -59,11 +69,11 @@ class Transport(ABC):
     def address(self) -> str:
         """What a peer reaches this transport by (published through the scheduler)."""
 
-    @abstractmethod
-    def send(self, to: str, tag: int, buffer) -> Pending: ...
+    def send(self, to: str, tag: int, buffer) -> Pending:
+        raise TransportError(f"the {self.kind} kind writes into its peers' memory; it sends no messages")
 
-    @abstractmethod
-    def recv(self, source: str, tag: int, buffer) -> Pending: ...
+    def recv(self, source: str, tag: int, buffer) -> Pending:
+        raise TransportError(f"the {self.kind} kind writes into its peers' memory; it receives no messages")
 
     def forget(self, exchange: int, pending: list) -> None:
         """The exchange attempt ``exchange`` (its tags' bits from :data:`ATTEMPT_SHIFT`)
@@ -163,25 +173,34 @@ def on_device(buffer) -> bool:
     return type(buffer).__module__.startswith("cupy")
 
 
-def offered(setting: str) -> tuple[str, ...]:
+def offered(setting: str, gpu: bool = False) -> tuple[str, ...]:
     """The kinds this worker offers an exchange under the option ``exchange-transport``
-    (``auto``: UCXX where it is installed, then host)."""
+    (``auto``: :data:`AUTO_KINDS`, UCXX where it is installed; a put kind only for device
+    arrays)."""
     if setting != "auto":
         if setting not in KINDS:
             raise ValueError(f"exchange-transport {setting!r} is not auto or one of {', '.join(KINDS)}")
-        return tuple(dict.fromkeys((setting, "host")))
+        return tuple(k for k in dict.fromkeys((setting, "host")) if gpu or k not in PUT_KINDS)
+    kinds = [k for k in AUTO_KINDS if gpu or k not in PUT_KINDS]
     try:
         import ucxx  # noqa: F401
     except ImportError:
-        return ("host",)
-    from spillway.upstream import usable
+        kinds.remove("ucxx")
+    else:
+        from spillway.upstream import usable
 
-    return KINDS if usable("ucxx_core") else ("host",)
+        if not usable("ucxx_core"):
+            kinds.remove("ucxx")
+    return tuple(kinds)
 
 
-def chosen(offers: list[tuple[str, ...]]) -> str:
-    """The first kind, in :data:`KINDS` order, that every step offers."""
+def chosen(offers: list[dict]) -> str:
+    """The first kind, in :data:`KINDS` order, that every step offers (``offers``: each
+    step's kind -> its address there); a put kind only where every step is on one host."""
     for kind in KINDS:
-        if all(kind in o for o in offers):
-            return kind
+        if not all(kind in o for o in offers):
+            continue
+        if kind in PUT_KINDS and len({o[kind] for o in offers}) != 1:
+            continue
+        return kind
     return "host"
