@@ -4,7 +4,7 @@
 #   sizes  W3's rechunk and W4's FFT at the sizes of SIZES through the step (over each
 #          exchange-transport of TRANSPORTS, default auto), the pieces' tasks and dask's task
 #          method, each on its cluster (benchmarks/gpu-host/step_sizes.py)
-#   tests  the step's GPU tests (tests/datapath/test_step_gpu.py)
+#   tests  the step's GPU tests (tests/datapath/test_step_gpu.py; TESTS_K: pytest's -k)
 #   bench  W1-W5 (small) on two workers of the GPU beside plain dask-cuda
 # With the UCXX wheel set: bash .whl/install-wheels.sh .whl && export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks
 # Writes $OUT/step.log, $OUT/step-sizes-<transport>.json, $OUT/step-tests.log; the bench's files under $OUT/results.
@@ -17,7 +17,7 @@ log=$out/step.log
 watcher=$!
 if has tests; then
   timeout -k 10 ${TESTS_S:-150} python3 -m pytest -m gpu -q -p no:cacheprovider tests/datapath/test_step_gpu.py \
-    --timeout 140 -rfEs >"$out/step-tests.log" 2>&1
+    --timeout 140 -rfEs ${TESTS_K:+-k "$TESTS_K"} >"$out/step-tests.log" 2>&1
   echo "tests rc=$?" | tee -a "$log"
   tail -3 "$out/step-tests.log" | tee -a "$log"
 fi

@@ -460,13 +460,14 @@ def _has(resource, kind) -> bool:
 def worker_snapshot(dask_worker) -> dict:
     """Counters of one worker, taken on the worker (``client.run(worker_snapshot)``)."""
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
-    incoming = sum(entry["total"] for entry in dask_worker.transfer_incoming_log)
+    log = upstream.incoming_log(dask_worker)
+    incoming = sum(entry["total"] for entry in log)
     snap = {
         "kind": getattr(plugin, "kind", "cpu"),
         "time": time.time(),
         "transfers": [
             {"start": e["start"], "stop": e["stop"], "bytes": e["total"], "who": e["who"]}
-            for e in dask_worker.transfer_incoming_log
+            for e in log
         ],
         "transfer_incoming_bytes": incoming,
         "spilled": dict(getattr(plugin, "spilled", {})),
@@ -491,6 +492,12 @@ def worker_snapshot(dask_worker) -> dict:
             current_bytes=int(base + counts.current_bytes),
             memory_measure="rmm",
         )
+    # the rounds each exchange kind moved on this worker (the run's report says which the
+    # cluster's exchanges took)
+    from spillway.datapath.step.state import state_of
+
+    steps = state_of(dask_worker)
+    snap["exchange_rounds"] = dict(steps.moved_over) if steps is not None else {}
     host_peak, rss = _host_peak(dask_worker, getattr(plugin, "window_start", 0.0))
     # the worker process's resident memory (pinned and pageable host tier, Python, CUDA's
     # host side), sampled by distributed's monitor: the host figure next to RMM's device one
@@ -502,10 +509,7 @@ def worker_snapshot(dask_worker) -> dict:
 
 def _host_peak(dask_worker, since: float) -> tuple[int, int]:
     """(peak, current) resident bytes of the worker process since ``since``."""
-    monitor = dask_worker.monitor
-    samples = [m for t, m in zip(monitor.quantities["time"], monitor.quantities["memory"]) if t >= since]
-    rss = int(monitor.get_process_memory())
-    return int(max(samples + [rss])), rss
+    return upstream.process_memory(dask_worker, since)
 
 
 def reset_peak(dask_worker) -> None:

@@ -24,8 +24,16 @@ def transfer_stats(before: dict, after: dict, *, start_wall: float) -> dict:
             spilled[tier] = spilled.get(tier, 0) + nbytes - old.get(tier, 0)
         if snap.get("store"):
             spill_per_worker[addr] = _store_delta(before.get(addr, {}).get("store"), snap["store"])
+    rounds: dict[str, int] = {}
+    for addr, snap in after.items():
+        old = before.get(addr, {}).get("exchange_rounds", {})
+        for kind, n in snap.get("exchange_rounds", {}).items():
+            if n - old.get(kind, 0):
+                rounds[kind] = rounds.get(kind, 0) + n - old.get(kind, 0)
     out = {
         "bytes_transferred": transferred,
+        # the rounds the exchanges' steps moved over each kind (ipc, ucxx, host), all workers
+        "exchange_rounds": rounds,
         "transfer_gbps_median": statistics.median(bandwidths) / 1e9 if bandwidths else None,
         "bytes_spilled": sum(spilled.get(t, 0) for t in ("device_to_host", "host_to_disk")),
         "spilled_by_tier": spilled,

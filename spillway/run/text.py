@@ -26,6 +26,10 @@ def format_report(report: dict) -> str:
     lines.append(f"transferred   {format_bytes(report['bytes_transferred'])} between workers"
                  + (f"  (median {bw:.1f} GB/s)" if bw else "")
                  + (f" over {report['transport']}" if report.get("transport") else ""))
+    rounds = report.get("exchange_rounds")
+    if rounds:
+        lines.append("exchanged     " + ", ".join(f"{n} round(s) over {kind}" for kind, n in sorted(rounds.items()))
+                     + " (the exchanges' steps)")
     lines.append(f"spilled       {format_bytes(report['bytes_spilled'])}")
     for addr, spill in (report.get("spill") or {}).items():
         parts = [f"{m.replace('_to_', '->')} {format_bytes(v['bytes'])}"

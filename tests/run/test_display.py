@@ -29,6 +29,7 @@ REPORT = {
     "bytes_written": 0,
     "output": None,
     "bytes_transferred": 2_560_000,
+    "exchange_rounds": {"ipc": 2},
     "transfer_gbps_median": 80.0,
     "bytes_spilled": 3_000_000_000,
     "spilled_by_tier": {"device_to_host": 2_000_000_000, "host_to_disk": 1_000_000_000},
@@ -93,6 +94,7 @@ def test_report_is_the_plain_dict_with_text_and_html(tmp_path):
     report = Report(REPORT)
     assert report == REPORT and json.loads(json.dumps(report)) == REPORT
     assert str(report).splitlines()[0].startswith("workflow      transpose-sum  (gpu, 2 workers, ucx)")
+    assert "exchanged     2 round(s) over ipc (the exchanges' steps)" in str(report).splitlines()
     assert report._repr_html_() == report_html(REPORT)
 
 

@@ -32,6 +32,8 @@ def test_run_json_report_with_output(tmp_path):
     assert report["result"]["dtype"] == "complex128"
     assert report["bytes_written"] == 256 * 64 * 16
     assert report["bytes_transferred"] > 0  # the rechunk to column panels moves chunks
+    # the rechunk's exchange is a step a worker over the host kind (CPU workers), one round each
+    assert report["exchange_rounds"] == {"host": 2}
     assert len(report["peak_bytes_per_worker"]) == 2
     stored = zarr.open_array(str(out), mode="r")[...]
     expected = np.fft.fft(uniform_numpy((256, 64), seed=0), axis=0)
