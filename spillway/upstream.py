@@ -1,5 +1,5 @@
 """Every hook spillway has into a part of dask, distributed, dask-cuda, distributed-ucxx,
-ucxx, zict and dask-jobqueue that upstream does not promise to keep, in one place.
+ucxx, zict, dask-jobqueue and zarr that upstream does not promise to keep, in one place.
 
 Each seam is one small adapter below, registered with :func:`seam`: the upstream name it
 touches, the distribution and the versions it was read against (``pyproject.toml`` bounds
@@ -12,7 +12,9 @@ Where a seam is not there or not of the expected shape, its adapter does without
 feature it serves is off (the capacity check passes graphs unchecked, the data plane leaves
 gathers to distributed's comm, ...), :func:`off` says so once in the log, and no user's
 graph fails for it. A seam is added as one adapter and one :func:`seam` entry; nothing else
-in spillway names the private parts (``grep`` for them finds this module alone).
+in spillway names the private parts (``grep`` for them finds this module alone), nor the
+internal ones that are not private by their name (:data:`INTERNAL`: distributed's scheduler
+and worker state, above all), which the rest of spillway reads through the adapters here.
 
 To add a seam: a ``check`` registered with :func:`seam` (its name, the upstream names, the
 distribution and the releases read, what goes without it) that returns None or why not,
@@ -78,6 +80,48 @@ PRIVATE_OUTSIDE = {
 }
 
 
+#: the objects of distributed whose parts are named by what they are named in distributed
+#: itself: the scheduler handed to a plugin, a worker, a worker's state machine
+SCHEDULERS = ("scheduler", "dask_scheduler")
+WORKERS = ("worker", "dask_worker")
+WORKER_STATES = ("state",)
+#: distributed's names for a TaskState, WorkerState and ClientState (of the scheduler's
+#: or a worker's): every attribute of one of them is internal, whatever its name
+STATE_HOLDERS = ("ts", "dts", "ws", "cs")
+
+#: the internal names of the upstream parts spillway touches that are not private by their
+#: name: distributed's scheduler and worker state (documented as internal, its attributes
+#: renamed between releases) and the public-looking attributes the seams read. Only this
+#: module reads or writes them; tests/test_upstream_contract.py fails on any of them
+#: elsewhere (an attribute, getattr and its kin, an import), naming file:line. A name mapped
+#: to None is upstream's alone (no object of spillway's has it) and counts on any object; a
+#: name mapped to receivers counts on an object named so (``scheduler.tasks``,
+#: ``worker.state``, ``state.tasks``), as spillway's own objects share the word
+INTERNAL: dict[str, tuple[str, ...] | None] = {
+    # distributed's scheduler and worker state: TaskState, WorkerState, ClientState
+    **dict.fromkeys((
+        "who_has", "has_what", "processing_on", "waiting_on", "waiters", "who_wants", "wants_what",
+        "worker_restrictions", "loose_restrictions", "host_restrictions", "resource_restrictions", "run_spec",
+        "exception_blame", "erred_on", "has_lost_dependencies", "waiting_for_data", "needs_what",
+        "task_prefix_count", "long_running", "executing_count", "unrunnable", "data_needed", "in_flight_tasks",
+        "in_flight_workers", "missing_dep_flight", "busy_workers", "task_groups", "task_prefixes",
+        "replicated_tasks", "erred_tasks", "idle_task_count", "transfer_incoming_count", "transfer_incoming_bytes",
+        "transfer_incoming_log", "transfer_outgoing_log", "transfer_outgoing_count", "transfer_outgoing_bytes",
+        "transfer_outgoing_count_limit", "transfer_outgoing_count_total", "transfer_outgoing_bytes_total",
+        "scheduler_delay", "peekn")),
+    **dict.fromkeys(("tasks",), SCHEDULERS + WORKER_STATES),
+    **dict.fromkeys(("workers", "running", "clients", "queued", "idle", "saturated", "transitions"), SCHEDULERS),
+    **dict.fromkeys(("executing", "ready", "constrained"), WORKER_STATES),
+    **dict.fromkeys(("state", "monitor"), WORKERS),
+    # distributed's other parts read by the seams
+    **dict.fromkeys(("thread_state", "memory_manager", "get_process_memory", "quantities", "worker_kwargs",
+                     "get_data_from_worker", "new_spec")),
+    # dask-cuda's
+    **dict.fromkeys(("nannies", "cuda_visible_devices")),
+    # zarr's
+    **dict.fromkeys(("register_ndbuffer",)),
+}
+
 def seam(name: str, upstream: str, package: str, checked: tuple[str, ...], serves: str):
     """Register the decorated function as the ``check`` of seam ``name``."""
 
@@ -128,6 +172,7 @@ def reset() -> None:
     expression_types.cache_clear()
     task_spec_types.cache_clear()
     _fusion_blocked.cache_clear()
+    _seam_ok.cache_clear()
 
 
 def usable(name: str) -> bool:
@@ -541,6 +586,11 @@ def at_work(worker) -> bool:
     return bool(state.executing_count or state.long_running or state.transfer_incoming_count or sending(worker))
 
 
+def tasks_executing(worker) -> int:
+    """How many tasks ``worker`` is executing now (0 where it cannot say)."""
+    return int(getattr(getattr(worker, "state", None), "executing_count", 0) or 0)
+
+
 def outgoing_at_limit(worker, requester: str | None) -> bool:
     """Worker.get_data's rule: a worker sends to at most ``transfer_outgoing_count_limit``
     peers at once, twice that many where the requester is on this worker's host, one
@@ -579,11 +629,6 @@ def outgoing_finished(worker, entry: dict) -> None:
     if _outgoing_ready(worker):
         worker.transfer_outgoing_count -= 1
         worker.transfer_outgoing_log.append(entry)
-
-
-def outgoing_log(worker) -> list:
-    """The worker's outgoing transfer log (its entries as distributed writes them)."""
-    return list(getattr(worker, "transfer_outgoing_log", ()))
 
 
 @seam("worker_queue", "WorkerState.ready.peekn, WorkerState.constrained.peekn", "distributed", DISTRIBUTED,
@@ -632,6 +677,389 @@ def workers_of_process() -> list:
         off("worker_instances", "is not there")
         return []
     return list(found)
+
+
+# --- distributed's scheduler state and a worker's: the tasks, workers and clients they keep
+#
+# Scheduler plugins and worker handlers are handed the scheduler or the worker itself, and
+# distributed keeps its books there in classes it documents as internal (SchedulerState,
+# TaskState, WorkerState, ClientState, the worker's WorkerState). spillway reads them here
+# alone, as plain keys, addresses, states and numbers; a TaskState is handed on as it came
+# (a handle for the readers below and :func:`restrict_loosely`), never read elsewhere.
+
+SCHEDULER_STATE = ("tasks", "workers", "running", "clients", "queued", "unrunnable")
+SCHEDULER_TASK = ("key", "state", "nbytes", "priority", "dependencies", "dependents", "who_has", "waiters",
+                  "run_spec")
+SCHEDULER_WORKER = ("address", "nbytes", "metrics", "memory_limit", "has_what", "processing")
+
+
+def _annotated(cls) -> set[str]:
+    """The instance attributes ``cls`` and its bases declare (their annotations)."""
+    return set().union(*(inspect.get_annotations(c) for c in cls.__mro__))
+
+
+def _has_names(cls, names: tuple[str, ...]) -> list[str]:
+    """Those of ``names`` that ``cls`` has neither as an attribute (slot, property,
+    method) nor as an annotated instance attribute."""
+    annotations = _annotated(cls)
+    return [n for n in names if not hasattr(cls, n) and n not in annotations]
+
+
+@seam("scheduler_state", "SchedulerState." + ", .".join(SCHEDULER_STATE) + "; TaskState."
+      + ", .".join(SCHEDULER_TASK) + "; WorkerState." + ", .".join(SCHEDULER_WORKER) + "; ClientState.wants_what",
+      "distributed", DISTRIBUTED, "what spillway's scheduler plugins read of the scheduler's tasks and workers (the "
+      "capacity check, the run's progress, the collective's placement, the next-use ranks and the worker-loss "
+      "check read nothing there)")
+def _check_scheduler_state() -> str | None:
+    from distributed.scheduler import ClientState, SchedulerState, TaskState, WorkerState
+
+    for cls, names in ((SchedulerState, SCHEDULER_STATE), (TaskState, SCHEDULER_TASK),
+                       (WorkerState, SCHEDULER_WORKER), (ClientState, ("wants_what",))):
+        missing = _has_names(cls, names)
+        if missing:
+            return f"{cls.__name__} has no {', '.join(missing)}"
+    return None
+
+
+def _read(obj, name: str, seam_name: str, default):
+    """``obj.name``; where it has no such attribute, ``default`` (and the seam is off)."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        off(seam_name, f"{type(obj).__name__} has no {name}")
+        return default
+
+
+def scheduler_task(scheduler, key):
+    """The scheduler's task of ``key`` (a handle for the readers below), None where it has none."""
+    return _read(scheduler, "tasks", "scheduler_state", {}).get(key)
+
+
+def key_state(scheduler, key) -> str | None:
+    """The scheduler's state of ``key`` ("released", "memory", ...), None where it has no such task."""
+    ts = scheduler_task(scheduler, key)
+    return None if ts is None else task_state(ts)
+
+
+def key_nbytes(scheduler, key) -> int:
+    """The bytes of ``key``'s value as the scheduler knows them, 0 where not known."""
+    ts = scheduler_task(scheduler, key)
+    return 0 if ts is None else task_nbytes(ts)
+
+
+def task_key(ts):
+    return ts.key
+
+
+def task_state(ts) -> str | None:
+    """A task's state, of the scheduler's or a worker's (None where it has none)."""
+    return _read(ts, "state", "scheduler_state", None)
+
+
+def task_nbytes(ts) -> int:
+    """A task's bytes, of the scheduler's or a worker's (0 where not known)."""
+    nbytes = _read(ts, "nbytes", "scheduler_state", 0) or 0
+    return max(int(nbytes), 0)
+
+
+def task_priority(ts):
+    """A task's priority (dask's tuple: smaller runs sooner), None where it has none."""
+    return _read(ts, "priority", "scheduler_state", None)
+
+
+def task_dependencies(ts) -> list:
+    """The tasks ``ts`` reads (handles, of the scheduler's or the worker's own)."""
+    return list(_read(ts, "dependencies", "scheduler_state", ()))
+
+
+def task_dependents(ts) -> list:
+    """The tasks that read ``ts`` (handles, of the scheduler's or the worker's own)."""
+    return list(_read(ts, "dependents", "scheduler_state", ()))
+
+
+def task_holders(ts) -> set[str]:
+    """The addresses of the workers that hold the scheduler's task ``ts``'s value."""
+    return {ws.address for ws in (_read(ts, "who_has", "scheduler_state", None) or ())}
+
+
+def dependency_holders(ts) -> set[str]:
+    """The addresses of the workers that hold a value the scheduler's task ``ts`` reads."""
+    return set().union(*(task_holders(dts) for dts in task_dependencies(ts)))
+
+
+def dependency_keys(scheduler, key) -> list:
+    """The keys ``key``'s task reads, [] where the scheduler has no such task."""
+    ts = scheduler_task(scheduler, key)
+    return [] if ts is None else [task_key(d) for d in task_dependencies(ts)]
+
+
+def dependent_keys(scheduler, key) -> list:
+    """The keys of the tasks that read ``key``, [] where the scheduler has no such task."""
+    ts = scheduler_task(scheduler, key)
+    return [] if ts is None else [task_key(d) for d in task_dependents(ts)]
+
+
+def alias_target(scheduler, key):
+    """The key that ``key``'s task stands for where it is dask's Alias of another, else None."""
+    ts = scheduler_task(scheduler, key)
+    spec = None if ts is None else getattr(ts, "run_spec", None)
+    return spec.target if isinstance(spec, task_spec_types()[0]) else None
+
+
+def _workers(scheduler, running: bool) -> list:
+    if running:
+        return list(_read(scheduler, "running", "scheduler_state", ()))
+    return list(_read(scheduler, "workers", "scheduler_state", {}).values())
+
+
+def worker_addresses(scheduler, running: bool = False) -> list[str]:
+    """The addresses of the scheduler's workers (its running ones alone with ``running``)."""
+    return [ws.address for ws in _workers(scheduler, running)]
+
+
+def has_worker(scheduler, address) -> bool:
+    return address in _read(scheduler, "workers", "scheduler_state", {})
+
+
+def worker_metric(scheduler, name: str, running: bool = False) -> dict:
+    """Each worker's last value of its metric ``name`` (``Worker.metrics``, sent with its
+    heartbeats) by address; None for a worker that sent none."""
+    return {ws.address: (getattr(ws, "metrics", None) or {}).get(name) for ws in _workers(scheduler, running)}
+
+
+def worker_memory_limits(scheduler, running: bool = False) -> dict:
+    """Each worker's memory limit by address (0 where it has none)."""
+    return {ws.address: int(getattr(ws, "memory_limit", 0) or 0) for ws in _workers(scheduler, running)}
+
+
+def held_bytes(scheduler) -> int:
+    """The bytes of the values the scheduler's workers hold."""
+    return sum(int(getattr(ws, "nbytes", 0) or 0) for ws in _workers(scheduler, False))
+
+
+def keys_on_worker(scheduler, address) -> set:
+    """The keys worker ``address`` holds, runs or will run (none where it is not there)."""
+    ws = _read(scheduler, "workers", "scheduler_state", {}).get(address) if address else None
+    if ws is None:
+        return set()
+    return {task_key(ts) for ts in ws.has_what} | {task_key(ts) for ts in ws.processing}
+
+
+def waiting_priorities(scheduler, address) -> tuple[list, list]:
+    """(keys, priorities): for each key worker ``address`` holds, the soonest priority of
+    the tasks still waiting for it anywhere (None where none waits)."""
+    ws = _read(scheduler, "workers", "scheduler_state", {}).get(address)
+    keys, priorities = [], []
+    if ws is None:
+        return keys, priorities
+    for ts in list(ws.has_what):
+        best = None
+        for waiter in ts.waiters or ():
+            if waiter.priority is not None and (best is None or waiter.priority < best):
+                best = waiter.priority
+        keys.append(ts.key)
+        priorities.append(best)
+    return keys, priorities
+
+
+def scheduler_busy(scheduler) -> bool:
+    """Whether ``scheduler`` has a task queued or running on a worker."""
+    if getattr(scheduler, "queued", None) or getattr(scheduler, "unrunnable", None):
+        return True
+    return any(ws.processing for ws in getattr(scheduler, "workers", {}).values())
+
+
+def client_known(scheduler, client: str) -> bool:
+    """Whether the scheduler has client ``client`` (connected, or holding keys)."""
+    return client in _read(scheduler, "clients", "scheduler_state", {})
+
+
+def client_wanted_keys(scheduler, client: str) -> list | None:
+    """The keys client ``client`` waits for, None where the scheduler has no such client."""
+    state = _read(scheduler, "clients", "scheduler_state", {}).get(client)
+    return None if state is None else [task_key(ts) for ts in state.wants_what]
+
+
+WORKER_STATE = ("tasks", "executing", "long_running")
+WORKER_TASK = ("key", "state", "nbytes", "priority", "dependencies", "dependents")
+#: the worker task states of a task that will still read its inputs on that worker
+WORKER_PENDING = frozenset({"waiting", "ready", "constrained", "executing", "long-running"})
+
+
+@seam("worker_state", "Worker.state: WorkerState." + ", .".join(WORKER_STATE) + "; TaskState."
+      + ", .".join(WORKER_TASK), "distributed", DISTRIBUTED, "what the worker's store and data plane read "
+      "of the worker's tasks (the store's ranks by next use and its running tasks' inputs, a gather's sizes)")
+def _check_worker_state() -> str | None:
+    from distributed import Worker
+    from distributed.worker_state_machine import TaskState, WorkerState
+
+    if _has_names(Worker, ("state",)):
+        return "Worker has no state"
+    for cls, names in ((WorkerState, WORKER_STATE), (TaskState, WORKER_TASK)):
+        missing = _has_names(cls, names)
+        if missing:
+            return f"{cls.__name__} has no {', '.join(missing)}"
+    if not {"waiting", "ready", "constrained", "executing", "long-running"} <= set(_worker_task_states()):
+        return "a worker's task is no longer waiting, ready, constrained, executing or long-running"
+    return None
+
+
+def _worker_task_states() -> tuple:
+    import typing
+
+    from distributed import worker_state_machine
+
+    return typing.get_args(getattr(worker_state_machine, "TaskStateState", None)) or tuple(WORKER_PENDING)
+
+
+def _worker_tasks(worker) -> Mapping:
+    state = _read(worker, "state", "worker_state", None)
+    return {} if state is None else _read(state, "tasks", "worker_state", {})
+
+
+def worker_task(worker, key):
+    """The worker's own task of ``key`` (a handle), None where it has none."""
+    return _worker_tasks(worker).get(key)
+
+
+def worker_key_nbytes(worker, key) -> int:
+    """The bytes of ``key``'s value as the worker knows them, 0 where not known."""
+    ts = worker_task(worker, key)
+    return 0 if ts is None else task_nbytes(ts)
+
+
+def local_readers_rank(worker) -> Callable[[Any], Any]:
+    """``rank(key)``: the soonest priority among the tasks on ``worker`` that still read
+    ``key`` (waiting, ready or running there), None where none does. Called from the
+    store's threads while the worker's event loop changes the tasks: a look that finds
+    them changed under it says None."""
+    tasks = _worker_tasks(worker)
+
+    def rank(key):
+        try:
+            ts = tasks.get(key)
+            best = None
+            if ts is not None:
+                for dep in ts.dependents:
+                    if dep.state in WORKER_PENDING and (best is None or dep.priority < best):
+                        best = dep.priority
+        except RuntimeError:  # the event loop changed the task graph while we looked
+            best = None
+        return best
+
+    return rank
+
+
+def keys_in_use(worker) -> set:
+    """The keys of the tasks running on ``worker`` (executing or seceded) and of the values they read."""
+    state = _read(worker, "state", "worker_state", None)
+    keys = set()
+    if state is None:
+        return keys
+    for ts in list(state.executing) + list(state.long_running):
+        keys.add(ts.key)
+        keys.update(dep.key for dep in ts.dependencies)
+    return keys
+
+
+def queued_inputs(worker, n_tasks: int) -> list:
+    """The keys the next ``n_tasks`` tasks queued on ``worker`` read, soonest first, each once."""
+    state = _read(worker, "state", "worker_state", None)
+    seen, out = set(), []
+    for ts in ([] if state is None else queued_tasks(state, n_tasks)):
+        for dep in ts.dependencies:
+            if dep.key not in seen:
+                seen.add(dep.key)
+                out.append(dep.key)
+    return out
+
+
+def transfer_entry(worker, who: str, keys: dict, total: int, start: float, stop: float) -> dict:
+    """An entry of a worker's transfer log (incoming or outgoing) as distributed writes its
+    own: times on the scheduler's clock, ``keys`` by their bytes."""
+    delay = getattr(worker, "scheduler_delay", 0.0) or 0.0
+    return {"start": start + delay, "stop": stop + delay, "middle": (start + stop) / 2 + delay,
+            "duration": stop - start, "who": who, "keys": keys, "total": total, "compressed": None,
+            "bandwidth": total / max(stop - start, 1e-6)}
+
+
+def incoming_log(worker) -> list:
+    """The worker's incoming transfer log (its entries as distributed writes them)."""
+    return list(getattr(worker, "transfer_incoming_log", ()))
+
+
+@seam("worker_monitor", "Worker.monitor (SystemMonitor.quantities['time'], ['memory'], get_process_memory), "
+      "Worker.memory_manager.memory_limit", "distributed", DISTRIBUTED,
+      "a worker's host memory peak in the run report and its host limit in the tiers it reports (they read 0)")
+def _check_worker_monitor() -> str | None:
+    from distributed import Worker
+    from distributed.system_monitor import SystemMonitor
+    from distributed.worker_memory import WorkerMemoryManager
+
+    missing = _has_names(Worker, ("monitor", "memory_manager")) + _has_names(SystemMonitor, (
+        "quantities", "get_process_memory")) + _has_names(WorkerMemoryManager, ("memory_limit",))
+    if missing:
+        return f"has no {', '.join(missing)}"
+    if not _reads(SystemMonitor.__init__, '"memory"') or not _reads(SystemMonitor.__init__, '"time"'):
+        return "SystemMonitor no longer records time and memory"
+    return None
+
+
+def process_memory(worker, since: float) -> tuple[int, int]:
+    """(peak, current) resident bytes of ``worker``'s process since ``since`` (a time.time()),
+    as distributed's monitor samples them; (0, 0) where it cannot say."""
+    monitor = getattr(worker, "monitor", None)
+    try:
+        quantities = monitor.quantities
+        samples = [m for t, m in zip(quantities["time"], quantities["memory"]) if t >= since]
+        rss = int(monitor.get_process_memory())
+    except (AttributeError, KeyError, TypeError) as e:
+        off("worker_monitor", f"cannot be read ({type(e).__name__}: {e})")
+        return 0, 0
+    return int(max(samples + [rss])), rss
+
+
+def worker_memory_limit(worker) -> int:
+    """``worker``'s memory limit (bytes; 0 where it has none)."""
+    manager = getattr(worker, "memory_manager", None)
+    if manager is None:
+        off("worker_monitor", f"{type(worker).__name__} has no memory_manager")
+        return 0
+    return int(getattr(manager, "memory_limit", 0) or 0)
+
+
+@seam("worker_threads", "distributed.threadpoolexecutor.thread_state (.executor, .proceed), "
+      "ThreadPoolExecutor._threads", "distributed", DISTRIBUTED,
+      "a Zarr read's task seceding while the read pool works for it (it holds its worker thread)")
+def _check_worker_threads() -> str | None:
+    from distributed import threadpoolexecutor as tpe
+
+    if not isinstance(getattr(tpe, "thread_state", None), threading.local):
+        return "has no thread_state"
+    if not _reads(tpe._worker, "thread_state.executor = executor") or not _reads(tpe._worker, "thread_state.proceed"):
+        return "a pool's thread no longer keeps its executor and proceed in thread_state"
+    if not _reads(tpe.secede, "thread_state.executor._threads.remove"):
+        return "secede no longer takes its thread out of the executor's _threads"
+    return None
+
+
+@functools.cache
+def _seam_ok(name: str) -> bool:
+    """:func:`usable`, once per process (for adapters on a hot path; :func:`reset` forgets it)."""
+    return usable(name)
+
+
+def in_task_thread() -> bool:
+    """Whether this thread runs a task in a dask worker's thread pool and has not seceded
+    (it may secede). False where this distributed keeps its threads otherwise."""
+    try:
+        from distributed.threadpoolexecutor import thread_state
+    except ImportError:
+        return False
+    executor = getattr(thread_state, "executor", None)
+    if executor is None or not getattr(thread_state, "proceed", False) or not _seam_ok("worker_threads"):
+        return False
+    return threading.current_thread() in getattr(executor, "_threads", ())
 
 
 # --- the collective rechunk (spillway.datapath.collective)
@@ -834,12 +1262,7 @@ def log_incoming(worker, holder: str, sizes: dict, start: float, stop: float) ->
     """A move from ``holder`` in ``worker``'s incoming transfer log, as a gather's entry."""
     if not usable("transfer_incoming_log"):
         return
-    total = sum(sizes.values())
-    delay = worker.scheduler_delay
-    worker.transfer_incoming_log.append({
-        "start": start + delay, "stop": stop + delay, "middle": (start + stop) / 2 + delay,
-        "duration": stop - start, "who": holder, "keys": sizes, "total": total, "compressed": None,
-        "bandwidth": total / max(stop - start, 1e-6)})
+    worker.transfer_incoming_log.append(transfer_entry(worker, holder, sizes, sum(sizes.values()), start, stop))
 
 
 # --- distributed's cluster managers
@@ -1328,6 +1751,25 @@ def _check_cuda_cluster() -> str | None:
     return None
 
 
+def cuda_worker_spec(cluster, base: type, device) -> dict:
+    """dask-cuda's spec of a worker of GPU ``device`` on ``cluster`` (of a subclass of
+    ``base``, a LocalCUDACluster, that names its workers itself): ``base.new_worker_spec``
+    gives the smallest visible GPU without a worker one, so for this call every other GPU
+    looks taken."""
+    started = cluster.worker_spec
+    cluster.worker_spec = {d: None for d in cluster.cuda_visible_devices if d != device}
+    try:
+        ((_, spec),) = base.new_worker_spec(cluster).items()
+    finally:
+        cluster.worker_spec = started
+    return spec
+
+
+def spec_visible_devices(spec: Mapping) -> str:
+    """The CUDA_VISIBLE_DEVICES a dask-cuda worker spec starts its worker with ("" where none)."""
+    return str(((spec.get("options") or {}).get("env") or {}).get("CUDA_VISIBLE_DEVICES", ""))
+
+
 @seam("dask_cuda_nannies", "CUDAWorker.nannies, Nanny.worker_kwargs, Nanny.env", "dask-cuda", DASK_CUDA,
       "the tiered store and several workers per GPU under `spillway worker` (it says so and stops)")
 def _check_cuda_worker() -> str | None:
@@ -1340,6 +1782,27 @@ def _check_cuda_worker() -> str | None:
         if not _reads(Nanny.__init__, name):
             return f"Nanny keeps no {name.split('.')[1]}"
     return None
+
+
+def nannies_of(cuda_worker) -> list:
+    """The nannies of a dask-cuda CUDAWorker (not started yet while its __init__ runs)."""
+    nannies = getattr(cuda_worker, "nannies", None)
+    if nannies is None:
+        off("dask_cuda_nannies", f"{type(cuda_worker).__name__} keeps no nannies")
+        return []
+    return list(nannies)
+
+
+def nanny_env(nanny) -> dict | None:
+    """The environment ``nanny`` starts its worker process with (a dict to change), or None."""
+    env = getattr(nanny, "env", None)
+    return env if isinstance(env, dict) else None
+
+
+def nanny_worker_kwargs(nanny) -> dict | None:
+    """The keywords ``nanny`` passes to the worker it starts (a dict to change), or None."""
+    kwargs = getattr(nanny, "worker_kwargs", None)
+    return kwargs if isinstance(kwargs, dict) else None
 
 
 @seam("dask_cuda_affinity", "dask_cuda.utils.get_cpu_affinity, nvml_device_index", "dask-cuda", DASK_CUDA,
@@ -1424,3 +1887,24 @@ def _check_zarr_ndbuffer() -> str | None:
     if not isinstance(zarr.config.get("ndbuffer", None), str):
         return "zarr.config has no 'ndbuffer' name"
     return None
+
+
+def use_ndbuffer(cls: type, qualname: str) -> bool:
+    """Register ``cls`` (a subclass of zarr's ``cpu.NDBuffer``) under ``qualname`` and make
+    it zarr's NDBuffer in this process; False where zarr is not of the shape known (its
+    own buffer stays)."""
+    if not usable("zarr_host_ndbuffer"):
+        return False
+    import zarr
+    from zarr.registry import register_ndbuffer
+
+    register_ndbuffer(cls, qualname=qualname)
+    zarr.config.set({"ndbuffer": qualname})
+    return True
+
+
+def ndbuffer_name() -> str | None:
+    """The name of the NDBuffer zarr's config makes its default here."""
+    import zarr
+
+    return zarr.config.get("ndbuffer", None)

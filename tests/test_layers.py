@@ -67,15 +67,17 @@ LAYERS = (
     Layer("deploy", "spillway.deploy", ("options",),
           "The shared service's systemd unit and environment file, rendered from the options "
           "by plain functions (no launcher: the unit runs `spillway serve`)."),
-    Layer("workflows", "spillway.workflows", ("options", "memory", "datapath", "launch"),
+    Layer("workflows", "spillway.workflows", ("seam", "options", "memory", "datapath", "launch"),
           "Named chunked-array workflows and their Zarr I/O: graphs built from parameters "
           "and a target, raising the options' errors and sizing with its sizes; they run on "
-          "any cluster and import nothing that runs them."),
-    Layer("run", "spillway.run", ("options", "memory", "datapath", "launch", "workflows"),
+          "any cluster and import nothing that runs them. The Zarr read pool asks the seam "
+          "whether its caller's thread is a worker's task thread (it may secede)."),
+    Layer("run", "spillway.run", ("seam", "options", "memory", "datapath", "launch", "workflows"),
           "Running a workflow or a user's collection on a cluster: the target read from the "
           "workers, compute, output, verification, progress, the run report and its text, "
           "HTML and figure, and the admission check before a GPU cluster starts (it builds "
-          "the workflow's graph)."),
+          "the workflow's graph). The progress plugin reads the scheduler's tasks through "
+          "the seam."),
     Layer("clusters", "spillway.clusters", ("seam", "options", "launch", "workflows", "run"),
           "The clusters of notebooks: spillway.local, spillway.slurm (thin entry points of "
           "the launchers of the launch room) and the base both are, which hand out runs."),

@@ -1,13 +1,17 @@
 """The contract with upstream: each seam of spillway/upstream.py (a part of dask,
-distributed, dask-cuda, distributed-ucxx, ucxx, zict or dask-jobqueue that upstream does
+distributed, dask-cuda, distributed-ucxx, ucxx, zict, dask-jobqueue or zarr that upstream does
 not promise to keep) still has the shape its adapter expects, in the releases installed.
 
 A dependency bump that changes one fails the test named after that seam here, not a
 user's run. Seams of a distribution that is not installed skip (dask-cuda off the GPU
 hosts, UCXX outside the data plane's venv). Then: the installed releases are those the
-seams were checked against and within pyproject's bounds, nothing outside the seam module
-names the private parts, and each adapter does what spillway relies on with the real
-upstream in place.
+seams were checked against and bounded in pyproject at the next minor release; nothing
+outside the seam module reads or writes the private parts or the internal ones (outside
+spillway/upstream.py a private name of another package, a name of ``upstream.INTERNAL`` or
+any attribute of distributed's task, worker and client states fails, naming file:line; the
+exceptions allowed are listed: Python's own in ``upstream.PRIVATE_OUTSIDE`` and, for now,
+spillway/datapath/step/'s known uses in STEP_KNOWN); and each adapter does what spillway
+relies on with the real upstream in place.
 """
 
 from __future__ import annotations
@@ -60,10 +64,40 @@ def _requirements() -> list[str]:
 
 #: the distributions spillway reaches past their public API (spillway/upstream.py's seams):
 #: each bounded above; numpy, cupy and kvikio are used through their public API alone
-BOUNDED = ("dask", "distributed", "dask-cuda", "distributed-ucxx", "ucxx", "dask-jobqueue", "zarr", "rmm", "dask-mpi")
+BOUNDED = ("dask", "distributed", "dask-cuda", "distributed-ucxx", "ucxx", "dask-jobqueue", "zarr", "zict", "rmm",
+           "dask-mpi")
+#: RAPIDS' releases are year.month, every other month (26.10, 26.12, 27.02); dask's are
+#: year.month (2026.8, 2026.9, ..., 2027.1); the others' next minor is minor + 1
+RAPIDS = ("dask-cuda", "rmm", "kvikio")
+CALENDAR = ("dask", "distributed", "dask-mpi")
 
 
-def test_pyproject_bounds_each_seamed_dependency_above_the_next_unchecked_minor():
+def next_minor(package: str, version):
+    """The first release of ``package`` past ``version``'s minor (its next minor release)."""
+    from packaging.version import Version
+
+    major, minor = version.major, version.minor
+    step = 2 if package in RAPIDS else 1
+    if package in RAPIDS + CALENDAR and minor + step > 12:
+        return Version(f"{major + 1}.{minor + step - 12}")
+    return Version(f"{major}.{minor + step}")
+
+
+def test_the_next_minor_release_follows_each_distributions_numbering():
+    from packaging.version import Version
+
+    assert next_minor("zarr", Version("3.4.2")) == Version("3.5")
+    assert next_minor("dask", Version("2026.8.0")) == Version("2026.9")
+    assert next_minor("dask", Version("2026.12.1")) == Version("2027.1")
+    assert next_minor("dask-cuda", Version("26.10.0")) == Version("26.12")
+    assert next_minor("dask-cuda", Version("26.12.0")) == Version("27.2")
+    assert next_minor("ucxx", Version("0.52.0")) == Version("0.53")
+
+
+def test_pyproject_bounds_each_seamed_dependency_at_the_next_minor_after_the_newest_checked():
+    """Each seamed distribution's upper bound is the next minor release after the newest
+    one its seams were read against: one lower shuts out a release checked, one higher lets
+    in a release nobody read (zarr ``<3.6`` with 3.4 read lets 3.5 in)."""
     from packaging.requirements import Requirement
     from packaging.version import Version
 
@@ -77,12 +111,16 @@ def test_pyproject_bounds_each_seamed_dependency_above_the_next_unchecked_minor(
         uppers = [Version(s.version) for s in requirement.specifier if s.operator == "<"]
         assert uppers, f"{line}: no upper bound"
         checked = [Version(v) for s in upstream.SEAMS.values() if s.package == base for v in s.checked]
-        if checked:  # the bound lets in no minor release the seams were not checked on
+        if checked:
             newest = max(checked)
-            assert Version(f"{newest.major}.{newest.minor}") < uppers[0], line
-            assert uppers[0] <= Version(f"{newest.major}.{newest.minor + 2}"), (
-                f"{line}: a minor release past the next one was not checked")
+            assert uppers[0] == next_minor(base, newest), (
+                f"{line}: the seams of {base} were read on releases up to {newest}: bound it at "
+                f"<{next_minor(base, newest)}")
     assert seen == set(BOUNDED)
+
+
+def test_every_seamed_distribution_is_bounded():
+    assert {s.package for s in upstream.SEAMS.values()} <= set(BOUNDED)
 
 
 #: the private names of upstream that spillway uses; only the seam module may name them
@@ -121,23 +159,35 @@ def _named_attribute(node) -> str | None:
     return None
 
 
+def _on_itself(node) -> bool:
+    """Whether ``node`` (an attribute, or a setattr) is on ``self`` or ``cls``."""
+    target = node.value if isinstance(node, ast.Attribute) else node.args[0]
+    return isinstance(target, ast.Name) and target.id in ("self", "cls")
+
+
 def spillways_own_private_names(trees) -> set[str]:
-    """Underscore names spillway defines: its functions, classes, module globals,
-    parameters and the attributes it assigns (``self._lock = ...``); a private name
-    spillway reads that is not among them is another package's."""
+    """Underscore attributes spillway defines on its own objects: the members of its
+    classes (methods, class attributes, fields) and what its methods assign to ``self``
+    or ``cls`` (``self._lock = ...``); a private attribute spillway reads or writes that is
+    not among them is another package's. A module's own functions and globals do not
+    count (``executor._threads`` is not spillway's ``_threads()``), nor does an attribute
+    set on another object (``server._mine = ...`` writes onto that object's class)."""
     own = set()
     for tree in trees:
         for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                own.add(node.name)
-            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            if isinstance(node, ast.ClassDef):
+                for member in node.body:
+                    if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        own.add(member.name)
+                    elif isinstance(member, (ast.Assign, ast.AnnAssign)):
+                        targets = member.targets if isinstance(member, ast.Assign) else [member.target]
+                        own.update(t.id for t in targets if isinstance(t, ast.Name))
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del))
+                  and _on_itself(node)):
                 own.add(node.attr)
-            elif isinstance(node, ast.Call) and _named_attribute(node) and node.func.id == "setattr":
+            elif (isinstance(node, ast.Call) and _named_attribute(node) and node.func.id == "setattr"
+                  and _on_itself(node)):
                 own.add(node.args[1].value)
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                own.add(node.id)
-            elif isinstance(node, ast.arg):
-                own.add(node.arg)
     return {n for n in own if _private(n)}
 
 
@@ -166,6 +216,65 @@ def upstream_private_uses(sources: dict[str, str], allowed) -> list[str]:
     return found
 
 
+#: the distributions whose internal names only the seam module may use (their import names)
+UPSTREAM = ("dask", "distributed", "dask_cuda", "distributed_ucxx", "ucxx", "rmm", "zarr", "kvikio", "zict",
+            "dask_jobqueue")
+
+
+def _receiver(node) -> str | None:
+    """The name of the object an attribute is read on: ``x`` of ``x.a``, ``b`` of
+    ``x.b.a`` and of ``getattr(x.b, "a")``; None where it is no name (a call's result)."""
+    target = node.value if isinstance(node, ast.Attribute) else node.args[0]
+    if isinstance(target, ast.Name):
+        return target.id
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    return None
+
+
+def upstream_internal_uses(sources: dict[str, str], internal: dict, holders=upstream.STATE_HOLDERS) -> list[str]:
+    """``path:line receiver.name`` of each read or write, in ``sources`` (path -> text), of
+    a name of ``internal`` (name -> None: on any object; or the receivers it counts on)
+    and of any attribute of an object named as one of ``holders`` (distributed's TaskState,
+    WorkerState, ClientState), by attribute or by a literal in getattr and its kin; and
+    ``path:line from module import name`` of an import of an internal name from an upstream
+    distribution (:data:`UPSTREAM`)."""
+    found = []
+    for path, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            name = _named_attribute(node)
+            if name is not None:
+                receiver = _receiver(node)
+                receivers = internal.get(name, ())
+                if receiver == "upstream":  # an adapter of the seam module
+                    continue
+                if receiver in holders or receivers is None or receiver in (receivers or ()):
+                    found.append(f"{path}:{node.lineno} {receiver}.{name}")
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] in UPSTREAM:
+                found += [f"{path}:{node.lineno} from {node.module} import {alias.name}" for alias in node.names
+                          if alias.name in internal and internal[alias.name] is None]
+    return found
+
+
+#: TEMPORARY, until spillway/datapath/step/ is routed through the seam (issue 76, item 6):
+#: the internal names its modules read today, each (file, what the check names). A use of
+#: one of them there passes; any other in step/ fails like one anywhere else. Remove an
+#: entry as its use moves to an adapter of spillway/upstream.py, and the list with the last
+#: (test_the_step_exemption_lists_only_uses_still_there fails on an entry left behind).
+#: Beyond what the check sees there: coordinator.py's ``gts.state`` (a TaskState by another
+#: name) and ucx.py's calls on the libucxx objects that upstream.ucxx_core() hands it.
+STEP_KNOWN = {
+    ("spillway/datapath/step/coordinator.py", name) for name in (
+        "scheduler.tasks", "scheduler.running", "scheduler.workers", "scheduler.transitions",
+        "ts.dependencies", "ts.state", "ts.key", "dts.who_has", "dts.nbytes", "ws.address")
+}
+
+
+def _exempt(finding: str) -> bool:
+    path, _, what = finding.partition(" ")
+    return (path.rpartition(":")[0], what) in STEP_KNOWN
+
+
 def _product_sources() -> dict[str, str]:
     """Every module of spillway but the seam module, by its path from the repository."""
     seam = ROOT / "spillway" / "upstream.py"
@@ -184,7 +293,10 @@ def test_no_private_upstream_name_is_used_outside_the_seam_module():
     "from distributed.scheduler import _materialize_graph\n",
     "from dask._task_spec import Task\n",
     "import distributed._concurrent_futures_thread\n",
-], ids=["attribute", "getattr", "private-name", "private-module", "import-module"])
+    "def _threads():\n    return 1\n\ndef f(executor):\n    return getattr(executor, '_threads', ())\n",
+    "def f(server, settler):\n    server._spillway_settler = settler\n",
+], ids=["attribute", "getattr", "private-name", "private-module", "import-module", "named-like-own-function",
+        "write-onto-upstream"])
 def test_the_private_name_check_fails_on_a_planted_use(tmp_path, planted):
     sources = _product_sources()
     assert not upstream_private_uses(sources, upstream.PRIVATE_OUTSIDE)
@@ -193,6 +305,55 @@ def test_the_private_name_check_fails_on_a_planted_use(tmp_path, planted):
     sources["spillway/planted.py"] = planted_file.read_text()
     found = upstream_private_uses(sources, upstream.PRIVATE_OUTSIDE)
     assert len(found) == 1 and found[0].startswith("spillway/planted.py:"), found
+
+
+def test_no_internal_upstream_name_is_used_outside_the_seam_module():
+    found = [f for f in upstream_internal_uses(_product_sources(), upstream.INTERNAL) if not _exempt(f)]
+    assert not found, ("internal names of upstream outside spillway/upstream.py: read or write each through an "
+                       "adapter there (upstream.INTERNAL lists them): " + "; ".join(found))
+
+
+def test_the_step_exemption_lists_only_uses_still_there():
+    """The temporary exemption of spillway/datapath/step/ shrinks as its uses move: an
+    entry no use matches any more is taken out."""
+    found = {(f.partition(" ")[0].rpartition(":")[0], f.partition(" ")[2])
+             for f in upstream_internal_uses(_product_sources(), upstream.INTERNAL)}
+    assert not STEP_KNOWN - found, sorted(STEP_KNOWN - found)
+
+
+@pytest.mark.parametrize("planted", [
+    "def f(scheduler):\n    return scheduler.tasks\n",
+    "def f(self):\n    return self.scheduler.workers\n",
+    "def f(worker):\n    return worker.state.tasks.get(1)\n",
+    "def f(ts):\n    return ts.dependents\n",
+    "def f(anything):\n    return anything.who_has\n",
+    "def f(t):\n    return getattr(t, 'run_spec', None)\n",
+    "def f(t, address):\n    t.worker_restrictions = {address}\n",
+    "from distributed.threadpoolexecutor import thread_state\n",
+], ids=["scheduler-tasks", "self-scheduler", "worker-state", "task-state", "any-object", "getattr", "write",
+        "import"])
+def test_the_internal_name_check_fails_on_a_planted_use(planted):
+    sources = _product_sources()
+    before = upstream_internal_uses(sources, upstream.INTERNAL)
+    sources["spillway/planted.py"] = planted
+    found = [f for f in upstream_internal_uses(sources, upstream.INTERNAL) if f not in before]
+    assert found and all(f.startswith("spillway/planted.py:") for f in found), found
+
+
+def test_the_step_exemption_passes_its_known_uses_alone():
+    known = "def f(self):\n    return self.scheduler.tasks\n"
+    new = "def f(self, ts):\n    return ts.who_has\n"
+    for name, text, fails in (("coordinator.py", known, False), ("coordinator.py", new, True),
+                              ("other.py", known, True)):
+        found = [f for f in upstream_internal_uses({f"spillway/datapath/step/{name}": text}, upstream.INTERNAL)
+                 if not _exempt(f)]
+        assert bool(found) == fails, (name, text, found)
+
+
+def test_spillways_own_word_on_its_own_object_passes_the_internal_check():
+    own = ("class Job:\n    def __init__(self):\n        self.state = 'queued'\n        self.tasks = []\n"
+           "def f(job, jobs):\n    return job.state, job.tasks, jobs.running\n")
+    assert upstream_internal_uses({"spillway/own.py": own}, upstream.INTERNAL) == []
 
 
 def test_a_private_name_spillway_defines_itself_passes_the_check():
@@ -377,3 +538,51 @@ def test_a_job_awaited_twice_starts_once_under_distributeds_lock_and_may_end_fai
     job, first, second = asyncio.run(main())
     assert first is job and second is job and Job.starts == 1
     assert job.status == (Status.failed if fails else Status.running)
+
+
+def test_the_state_readers_read_a_real_scheduler_and_worker():
+    """The adapters over distributed's scheduler and worker state, on an in-process
+    cluster: what spillway's plugins read of them through the seam."""
+    from distributed import Client, LocalCluster, wait
+
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        a = client.submit(lambda: b"x" * 1000, key="a")
+        b = client.submit(lambda v: len(v), a, key="b")
+        wait([a, b])
+        scheduler, worker = cluster.scheduler, next(iter(cluster.workers.values()))
+        address = worker.address
+        assert upstream.key_state(scheduler, "a") == "memory" and upstream.key_state(scheduler, "nope") is None
+        assert upstream.key_nbytes(scheduler, "a") >= 1000 and upstream.key_nbytes(scheduler, "nope") == 0
+        assert upstream.dependency_keys(scheduler, "b") == ["a"] and upstream.dependent_keys(scheduler, "a") == ["b"]
+        assert upstream.task_holders(upstream.scheduler_task(scheduler, "a")) == {address}
+        assert upstream.dependency_holders(upstream.scheduler_task(scheduler, "b")) == {address}
+        assert upstream.worker_addresses(scheduler) == [address] == upstream.worker_addresses(scheduler, running=True)
+        assert upstream.has_worker(scheduler, address) and not upstream.has_worker(scheduler, "tcp://nowhere:1")
+        assert upstream.worker_metric(scheduler, "no-such-metric") == {address: None}
+        assert upstream.worker_memory_limits(scheduler)[address] >= 0
+        assert upstream.held_bytes(scheduler) >= 1000
+        assert upstream.keys_on_worker(scheduler, address) == {"a", "b"}
+        assert upstream.client_known(scheduler, client.id)
+        assert set(upstream.client_wanted_keys(scheduler, client.id)) == {"a", "b"}
+        assert upstream.client_wanted_keys(scheduler, "no-such-client") is None
+        keys, priorities = upstream.waiting_priorities(scheduler, address)
+        assert set(keys) == {"a", "b"} and priorities == [None, None]  # nothing waits for them
+        assert not upstream.scheduler_busy(scheduler)
+        assert upstream.alias_target(scheduler, "a") is None
+        assert upstream.worker_key_nbytes(worker, "a") >= 1000 and upstream.worker_key_nbytes(worker, "nope") == 0
+        assert upstream.keys_in_use(worker) == set() and upstream.tasks_executing(worker) == 0
+        assert upstream.local_readers_rank(worker)("a") is None  # its reader is done
+        peak, rss = upstream.process_memory(worker, 0.0)
+        assert peak >= rss > 0
+        assert upstream.worker_memory_limit(worker) == worker.memory_manager.memory_limit
+
+        def inside():
+            from distributed import secede
+
+            before = upstream.in_task_thread()
+            secede()
+            return before, upstream.in_task_thread()
+
+        assert client.submit(inside, pure=False).result() == (True, False)
+        assert not upstream.in_task_thread()

@@ -23,9 +23,12 @@ from __future__ import annotations
 import gc
 import math
 import time
+import weakref
 from typing import Callable
 
 from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .. import upstream
 
 #: how long a process has had nothing to do before it is settled again
 QUIET_S = 1.0
@@ -101,11 +104,16 @@ class QuietSettler:
         return True
 
 
-def scheduler_busy(scheduler) -> bool:
-    """Whether ``scheduler`` has a task queued or running on a worker."""
-    if getattr(scheduler, "queued", None) or getattr(scheduler, "unrunnable", None):
-        return True
-    return any(ws.processing for ws in getattr(scheduler, "workers", {}).values())
+#: whether a scheduler has a task queued or running on a worker
+scheduler_busy = upstream.scheduler_busy
+
+#: each server's (worker's, scheduler's) settler, kept here rather than on distributed's object
+_settlers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def settler_of(server) -> QuietSettler | None:
+    """The :class:`QuietSettler` ticking on ``server`` (:func:`start_settling`), or None."""
+    return _settlers.get(server)
 
 
 def start_settling(server, busy: Callable[[], bool], name: str = "spillway-gc-settle") -> QuietSettler:
@@ -117,7 +125,7 @@ def start_settling(server, busy: Callable[[], bool], name: str = "spillway-gc-se
     callback = PeriodicCallback(settler.tick, TICK_MS)
     server.periodic_callbacks[name] = callback
     callback.start()
-    server._spillway_settler = settler
+    _settlers[server] = settler
     return settler
 
 
@@ -145,7 +153,7 @@ def settle_server(dask_worker=None, dask_scheduler=None) -> dict:
     """The cluster's first settle of a worker or a scheduler (``client.run`` /
     ``run_on_scheduler``), told to its :class:`QuietSettler` where it has one."""
     result = settle()
-    settler = getattr(dask_worker or dask_scheduler, "_spillway_settler", None)
+    settler = settler_of(dask_worker or dask_scheduler)
     if settler is not None:
         settler.settled(result)
     return result

@@ -22,6 +22,7 @@ import os
 import signal
 from collections.abc import Iterable, Iterator
 
+from spillway import upstream
 from spillway.options.gpus import Inventory
 from spillway.options.settings import Options
 from .plan import HostProbe, LaunchPlan, plan
@@ -120,8 +121,8 @@ def shared_gpus(workers_per_gpu: int) -> Iterator[None]:
 def fix_visible(nannies: Iterable) -> None:
     """Each GPU once in each nanny's ``CUDA_VISIBLE_DEVICES`` (:func:`deduplicated`)."""
     for nanny in nannies:
-        env = getattr(nanny, "env", None)
-        if isinstance(env, dict) and env.get("CUDA_VISIBLE_DEVICES"):
+        env = upstream.nanny_env(nanny)
+        if env is not None and env.get("CUDA_VISIBLE_DEVICES"):
             env["CUDA_VISIBLE_DEVICES"] = deduplicated(env["CUDA_VISIBLE_DEVICES"])
 
 
@@ -130,10 +131,11 @@ def use_store(nannies: Iterable, data) -> None:
     they were built with: a nanny passes its worker keywords to the worker process it
     starts."""
     for nanny in nannies:
-        if not isinstance(getattr(nanny, "worker_kwargs", None), dict):
+        kwargs = upstream.nanny_worker_kwargs(nanny)
+        if kwargs is None:
             raise RuntimeError(f"{type(nanny).__name__} keeps no worker keywords: this distributed "
                                "cannot be given spillway's tiered store; use memory-store dask-cuda")
-        nanny.worker_kwargs["data"] = data
+        kwargs["data"] = data
 
 
 def _worker_class():
@@ -146,9 +148,9 @@ def _worker_class():
         def __init__(self, *args, data=None, workers_per_gpu: int = 1, **kwargs):
             with shared_gpus(workers_per_gpu):
                 super().__init__(*args, **kwargs)
-            fix_visible(self.nannies)
+            fix_visible(upstream.nannies_of(self))
             if data is not None:
-                use_store(self.nannies, data)
+                use_store(upstream.nannies_of(self), data)
 
     TieredCUDAWorker.__module__, TieredCUDAWorker.__qualname__ = __name__, "TieredCUDAWorker"
     return TieredCUDAWorker

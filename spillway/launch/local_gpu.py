@@ -99,15 +99,9 @@ def shared_gpu_cluster(base: type) -> type:
             if not free:
                 raise ValueError("Can not scale beyond the planned workers", self.worker_names)
             device = self.worker_devices[free[0]]
-            # dask-cuda's spec of the first worker of ``device``: it picks the smallest
-            # visible GPU that has no worker, so for this call every other GPU has one
-            started = self.worker_spec
-            self.worker_spec = {d: None for d in self.cuda_visible_devices if d != device}
-            try:
-                ((_, spec),) = super().new_worker_spec().items()
-            finally:
-                self.worker_spec = started
-            visible = spec["options"]["env"]["CUDA_VISIBLE_DEVICES"]
+            # dask-cuda's spec of the first worker of ``device``
+            spec = upstream.cuda_worker_spec(self, base, device)
+            visible = upstream.spec_visible_devices(spec)
             if visible.split(",")[0] != str(device):
                 raise RuntimeError(f"dask-cuda gave the worker of GPU {device} CUDA_VISIBLE_DEVICES={visible}: "
                                    "this dask-cuda builds its workers differently; use workers-per-gpu 1")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 
+from spillway import upstream
 from spillway.launch.deaths import DEATH_TOPIC, describe
 
 #: seconds between two looks at the scheduler
@@ -40,7 +41,7 @@ def poll(known: list[str], wanted: list, since: float | None, dask_scheduler=Non
     s = dask_scheduler
     now = time.time()
     since = now if since is None else since
-    current = set(s.workers)
+    current = set(upstream.worker_addresses(s))
     deaths = [dict(msg, time=t) for t, msg in s.get_events(DEATH_TOPIC) if t >= since and isinstance(msg, dict)]
     gone = (set(known) | {d.get("address") for d in deaths if d.get("address")}) - current
     losses = []
@@ -77,15 +78,15 @@ def _reaches(s, keys, wanted, *, lost_scattered=None) -> bool:
     if targets & set(lost_scattered or ()):
         return True
     seen: set = set()
-    stack = [s.tasks.get(k) for k in keys]
+    stack = [upstream.scheduler_task(s, k) for k in keys]
     while stack:
         ts = stack.pop()
         if ts is None or ts in seen:
             continue
         seen.add(ts)
-        if ts.key in targets:
+        if upstream.task_key(ts) in targets:
             return True
-        stack.extend(ts.dependents)
+        stack.extend(upstream.task_dependents(ts))
     return False
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, replace
 
+from spillway import upstream
 from spillway.options.errors import AdmissionError
 from spillway.options.sizes import format_bytes
 from .tier import raw_nbytes
@@ -94,7 +95,7 @@ def worker_capacity(dask_worker) -> dict:
     from .store import TieredStore
 
     data = dask_worker.data
-    host = dask_worker.memory_manager.memory_limit or 0
+    host = upstream.worker_memory_limit(dask_worker)
     device = 0
     if isinstance(data, TieredStore):
         # no limit (None) is what the hardware holds: the whole GPU, the machine less the

@@ -193,7 +193,7 @@ class CapacityPlugin(SchedulerPlugin):
         deadline = time.monotonic() + REPORT_WAIT_S
         while True:
             reports = self._reports()
-            missing = [a for a in self.scheduler.workers if a not in reports]
+            missing = [a for a in upstream.worker_addresses(self.scheduler) if a not in reports]
             if not missing or time.monotonic() >= deadline:
                 return {"reports": reports, "missing": missing}
             await asyncio.sleep(0.05)
@@ -223,24 +223,23 @@ class CapacityPlugin(SchedulerPlugin):
 
     def _reports(self) -> dict:
         """Each worker's last :data:`TIERS` report, by address (those that sent one)."""
-        reports = {ws.address: ws.metrics.get(TIERS) for ws in self.scheduler.workers.values()}
+        reports = upstream.worker_metric(self.scheduler, TIERS)
         return {a: r for a, r in reports.items() if isinstance(r, dict)}
 
     def held(self) -> int:
         """Bytes of the values the cluster holds: keys in memory, and admitted outputs
         still being computed."""
-        return sum(ws.nbytes for ws in self.scheduler.workers.values()) + sum(self.pending.values())
+        return upstream.held_bytes(self.scheduler) + sum(self.pending.values())
 
     # --- a graph arrives
 
     def update_graph(self, scheduler, *, client, keys, tasks, annotations, priority, stimulus_id, **kwargs):
         self.scheduler = scheduler
         self._prune()
-        known = scheduler.tasks
-        new = [k for k in keys if k in known and known[k].state == "released" and k not in self.pending]
+        new = [k for k in keys if upstream.key_state(scheduler, k) == "released" and k not in self.pending]
         if not new:
             return
-        run = [k for k in tasks if k in known and known[k].state == "released"]
+        run = [k for k in tasks if upstream.key_state(scheduler, k) == "released"]
         sizes = annotations.get(NBYTES) or {}
         capacity = self.capacity() if sizes else None
         held = peak = None
@@ -269,9 +268,9 @@ class CapacityPlugin(SchedulerPlugin):
         small computations), so without the word a fresh cluster's first spills would
         find it short and take their host buffers at the rate the host first hands out
         memory; with it, the arena grows while the graph's first tasks run."""
-        for address, ws in list(scheduler.workers.items()):
+        for address, report in upstream.worker_metric(scheduler, TIERS).items():
             # a worker reports its tiers once spillway's plugin is on it, which takes the word
-            if address not in self._told and isinstance(ws.metrics.get(TIERS), dict):
+            if address not in self._told and isinstance(report, dict):
                 self._told.add(address)
                 scheduler.worker_send(address, {"op": HOST_WANTED})
 
@@ -285,7 +284,7 @@ class CapacityPlugin(SchedulerPlugin):
             return
         for address, nbytes in memory.items():
             share = int(to_disk * nbytes / total)
-            if address in scheduler.workers and share > 0:
+            if upstream.has_worker(scheduler, address) and share > 0:
                 scheduler.worker_send(address, {"op": DISK_AHEAD, "nbytes": share})
                 self._ahead_told.add(address)
 
@@ -294,7 +293,7 @@ class CapacityPlugin(SchedulerPlugin):
         next graph's inputs, held before its tasks ask for them, look needed by no task)."""
         told, self._ahead_told = self._ahead_told, set()
         for address in told:
-            if address in self.scheduler.workers:
+            if upstream.has_worker(self.scheduler, address):
                 self.scheduler.worker_send(address, {"op": DISK_AHEAD, "nbytes": 0})
 
     def _peak(self, scheduler, new, run, sizes, priority, held: int, capacity: Capacity) -> int | None:
@@ -309,16 +308,15 @@ class CapacityPlugin(SchedulerPlugin):
             # below the tiers
             return None
         run = list(run)
-        if any(d.state == "erred" for k in run for d in scheduler.tasks[k].dependencies):
+        if any(upstream.key_state(scheduler, d) == "erred"
+               for k in run for d in upstream.dependency_keys(scheduler, k)):
             return None  # it fails with what its inputs failed with, not for room
         outputs = sum(sizes.get(k, 0) for k in new)
         if len(run) > PEAK_TASKS:
             return outputs
-        alias_type = upstream.task_spec_types()[0]
         run.sort(key=lambda k: priority.get(k, ()))
-        tasks_of = scheduler.tasks
-        aliases = {k: tasks_of[k].run_spec.target for k in run if isinstance(tasks_of[k].run_spec, alias_type)}
-        return max(outputs, peak_bytes(run, lambda k: (d.key for d in tasks_of[k].dependencies),
+        aliases = {k: target for k in run if (target := upstream.alias_target(scheduler, k)) is not None}
+        return max(outputs, peak_bytes(run, lambda k: upstream.dependency_keys(scheduler, k),
                                        sizes, set(new), aliases))
 
     def _over(self, new, sizes, held: int, peak: int | None, capacity: Capacity, ratio: float) -> str | None:
@@ -396,8 +394,8 @@ class CapacityPlugin(SchedulerPlugin):
         now = time.monotonic()
         if now - self._stopped_at.get(worker, -STOP_QUIET_S) < STOP_QUIET_S:
             return 0  # the same fill, told twice (the task's error and the store's event)
-        running = [g for g in self.graphs if g.client in scheduler.clients
-                   and any(k in scheduler.tasks and scheduler.tasks[k].state != "memory" for k in g.keys)]
+        running = [g for g in self.graphs if upstream.client_known(scheduler, g.client)
+                   and any(upstream.key_state(scheduler, k) not in (None, "memory") for k in g.keys)]
         there = self._on(worker)
         if there:
             running = [g for g in running if g.tasks & there or g.keys & there] or running
@@ -406,7 +404,7 @@ class CapacityPlugin(SchedulerPlugin):
         newest = max(running, key=lambda g: g.at)
         stopped = 0
         for graph in self._built_on(newest):
-            live = [k for k in graph.keys if k in scheduler.tasks]
+            live = [k for k in graph.keys if upstream.scheduler_task(scheduler, k) is not None]
             upstream.fail_keys(scheduler, graph.client, live, SpillDiskFull(line),
                                f"spillway-disk-full-{time.time()}")
             self.graphs.remove(graph)
@@ -424,10 +422,9 @@ class CapacityPlugin(SchedulerPlugin):
     def _built_on(self, graph: Graph) -> list[Graph]:
         """``graph`` and the graphs admitted since whose tasks wait for its keys (a
         ``compute`` of a persisted array), and theirs in turn: one computation."""
-        tasks = self.scheduler.tasks
         out, keys = [graph], set(graph.keys)
         while True:
-            waiting = {d.key for k in keys if k in tasks for d in tasks[k].dependents}
+            waiting = {d for k in keys for d in upstream.dependent_keys(self.scheduler, k)}
             more = [g for g in self.graphs if g not in out and g.tasks & waiting]
             if not more:
                 return out
@@ -436,24 +433,19 @@ class CapacityPlugin(SchedulerPlugin):
 
     def _on(self, worker: str | None) -> set:
         """The keys ``worker`` holds (in memory or on its disk) or runs or will run."""
-        ws = self.scheduler.workers.get(worker) if worker else None
-        if ws is None:
-            return set()
-        return {ts.key for ts in ws.has_what} | {ts.key for ts in ws.processing}
+        return upstream.keys_on_worker(self.scheduler, worker)
 
     def _fail(self, client: str, keys: list, exception: Exception, stimulus_id: str) -> None:
         upstream.fail_keys(self.scheduler, client, keys, exception, stimulus_id)
 
     def _prune(self) -> None:
         """Forget the graphs whose keys are all in memory (held now) or gone."""
-        tasks = self.scheduler.tasks
         self.graphs = [g for g in self.graphs
-                       if any(k in tasks and tasks[k].state != "memory" for k in g.keys)]
+                       if any(upstream.key_state(self.scheduler, k) not in (None, "memory") for k in g.keys)]
 
     def _directories(self) -> list[str]:
         out = []
-        for ws in self.scheduler.workers.values():
-            report = ws.metrics.get(TIERS)
+        for report in upstream.worker_metric(self.scheduler, TIERS).values():
             if isinstance(report, dict) and report.get("disk_directory") and report["disk_directory"] not in out:
                 out.append(report["disk_directory"])
         return out

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 
+from spillway import upstream
 from spillway.options.sizes import format_bytes
 
 logger = logging.getLogger("spillway.memory")
@@ -120,8 +121,7 @@ class HostPause:
             return False
         if self.store.host_bytes:
             return False
-        state = getattr(self.worker, "state", None)
-        return not getattr(state, "executing_count", 0)
+        return not upstream.tasks_executing(self.worker)
 
     def summary(self) -> dict:
         return {"paused": self.paused, "pauses": self.pauses, "paused_s": round(self.paused_s, 3)}

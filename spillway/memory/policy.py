@@ -24,7 +24,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from .. import upstream
 
 #: worker task states of dependents that will still read their inputs here
-PENDING = frozenset({"waiting", "ready", "constrained", "executing", "long-running"})
+PENDING = upstream.WORKER_PENDING
 #: the scheduler handler that says what waits for a worker's keys
 NEXT_USE = "spillway_next_use"
 #: the rank of a key the scheduler had not heard of when it last answered: before any
@@ -42,18 +42,10 @@ ASK_MOST_S = 2.0
 def next_use(worker, far: SchedulerRanks | None = None) -> Callable[[Hashable], tuple | None]:
     """The rank callable of ``worker``'s store: the soonest of its local readers and,
     where given, of those the scheduler said last (``far``)."""
-    tasks = worker.state.tasks
+    local = upstream.local_readers_rank(worker)
 
     def rank(key):
-        try:
-            ts = tasks.get(key)
-            best = None
-            if ts is not None:
-                for dep in ts.dependents:
-                    if dep.state in PENDING and (best is None or dep.priority < best):
-                        best = dep.priority
-        except RuntimeError:  # the event loop changed the task graph while we looked
-            best = None
+        best = local(key)
         said = far.rank(key) if far is not None else None
         if said is None:
             return best
@@ -106,17 +98,7 @@ class SchedulerRanks:
 def waiting_for(scheduler, worker: str) -> dict:
     """On the scheduler: for each key ``worker`` holds, the soonest priority of the tasks
     still waiting for it, on any worker or none yet (None where no task does)."""
-    ws = scheduler.workers.get(worker)
-    keys, priorities = [], []
-    if ws is None:
-        return {"keys": keys, "priorities": priorities}
-    for ts in list(ws.has_what):
-        best = None
-        for w in ts.waiters or ():
-            if w.priority is not None and (best is None or w.priority < best):
-                best = w.priority
-        keys.append(ts.key)
-        priorities.append(best)
+    keys, priorities = upstream.waiting_priorities(scheduler, worker)
     return {"keys": keys, "priorities": priorities}
 
 
@@ -132,23 +114,9 @@ class NextUse(SchedulerPlugin):
 
 def running_inputs(worker) -> Callable[[], set]:
     """The keys that tasks running here are reading (and the running tasks' own keys)."""
-    state = worker.state
-
-    def in_use() -> set:
-        keys = set()
-        for ts in list(state.executing) + list(state.long_running):
-            keys.add(ts.key)
-            keys.update(dep.key for dep in ts.dependencies)
-        return keys
-
-    return in_use
+    return lambda: upstream.keys_in_use(worker)
 
 
 def upcoming_inputs(worker, n_tasks: int = 8) -> Iterator[Hashable]:
     """Inputs of the next ``n_tasks`` tasks to run here, soonest first."""
-    seen = set()
-    for ts in upstream.queued_tasks(worker.state, n_tasks):
-        for dep in ts.dependencies:
-            if dep.key not in seen:
-                seen.add(dep.key)
-                yield dep.key
+    yield from upstream.queued_inputs(worker, n_tasks)

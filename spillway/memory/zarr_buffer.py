@@ -56,19 +56,12 @@ def install() -> None:
     """Register :class:`HostNDBuffer` and make it zarr's default in this process, where
     zarr still has the shape it was written against (the seam says so once where not, and
     zarr's own buffer stays)."""
-    import zarr
-    from zarr.registry import register_ndbuffer
-
     from spillway import upstream
 
-    if not upstream.usable("zarr_host_ndbuffer"):
-        return
-
-    register_ndbuffer(HostNDBuffer, qualname=QUALNAME)
-    zarr.config.set({"ndbuffer": QUALNAME})
+    upstream.use_ndbuffer(HostNDBuffer, QUALNAME)
 
 
 def installed() -> bool:
-    import zarr
+    from spillway import upstream
 
-    return zarr.config.get("ndbuffer") == QUALNAME
+    return upstream.ndbuffer_name() == QUALNAME

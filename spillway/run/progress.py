@@ -13,6 +13,8 @@ from contextlib import contextmanager
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from spillway import upstream
+
 PLUGIN_NAME = "spillway-progress"
 
 
@@ -34,8 +36,7 @@ class RunProgress(SchedulerPlugin):
             if key not in self.owner:
                 self.owner[key] = run_id
                 run["total"] += 1
-                ts = scheduler.tasks.get(key)
-                if ts is not None and ts.state == "memory":
+                if upstream.key_state(scheduler, key) == "memory":
                     run["done"] += 1
 
     def transition(self, key, start, finish, *args, **kwargs):
@@ -45,8 +46,7 @@ class RunProgress(SchedulerPlugin):
         run = self.runs[run_id]
         if finish == "memory":
             run["done"] += 1
-            ts = self.scheduler.tasks.get(key) if self.scheduler else None
-            run["bytes"] += ts.nbytes if ts is not None and ts.nbytes > 0 else 0
+            run["bytes"] += upstream.key_nbytes(self.scheduler, key) if self.scheduler else 0
         elif finish == "erred":
             run["erred"] += 1
         elif finish == "forgotten":
@@ -72,11 +72,11 @@ def client_progress(client_id: str, dask_scheduler=None):
     """Counts of the run whose results ``client_id`` waits for (run on the scheduler:
     ``client.run_on_scheduler(client_progress, client.id)``), or None."""
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
-    client = dask_scheduler.clients.get(client_id)
-    if plugin is None or client is None:
+    wanted = upstream.client_wanted_keys(dask_scheduler, client_id)
+    if plugin is None or wanted is None:
         return None
-    for ts in client.wants_what:
-        run = plugin.runs.get(plugin.owner.get(ts.key))
+    for key in wanted:
+        run = plugin.runs.get(plugin.owner.get(key))
         if run is not None:
             return dict(run)
     return None

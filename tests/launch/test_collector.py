@@ -142,12 +142,12 @@ def test_a_local_cluster_settles_its_workers_and_scheduler_when_asked(gc_freeze)
         client = lc.client
 
         def seen(dask_worker):
-            s = getattr(dask_worker, "_spillway_settler", None)
+            s = collector.settler_of(dask_worker)
             return gc.get_freeze_count(), None if s is None else len(s.settles)
 
         workers = client.run(seen)
         scheduler = client.run_on_scheduler(
-            lambda dask_scheduler: (gc.get_freeze_count(), hasattr(dask_scheduler, "_spillway_settler")))
+            lambda dask_scheduler: (gc.get_freeze_count(), collector.settler_of(dask_scheduler) is not None))
     gc.unfreeze()
     assert len(workers) == 2
     if gc_freeze:

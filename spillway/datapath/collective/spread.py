@@ -28,6 +28,7 @@ import logging
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from spillway import upstream
 from spillway.upstream import fused_keys, restrict_loosely
 from .exchange import DROP
 from .layout import owner
@@ -82,14 +83,15 @@ class CollectivePlacement(SchedulerPlugin):
         from spillway.datapath.step.coordinator import PLUGIN_NAME as STEPS
 
         tiers = self._tiers()
-        return {"held": sum(ws.nbytes for ws in self.scheduler.workers.values()),
+        return {"held": upstream.held_bytes(self.scheduler),
                 "fastest": sum(tiers), "smallest": min((t for t in tiers if t), default=0),
-                "workers": len(self.scheduler.running), "steps": STEPS in self.scheduler.plugins}
+                "workers": len(upstream.worker_addresses(self.scheduler, running=True)),
+                "steps": STEPS in self.scheduler.plugins}
 
     def layout(self, name=None, nbytes=0, grid=()) -> dict:
         found = self._layouts.get(name)
         if found is None:
-            workers = sorted(ws.address for ws in self.scheduler.running)
+            workers = sorted(upstream.worker_addresses(self.scheduler, running=True))
             found = {"workers": workers, "grid": list(grid),
                      "grouped": bool(workers) and nbytes / len(workers) <= self.fit_fraction * self._fastest_tier()}
             self._layouts[name] = found
@@ -103,10 +105,12 @@ class CollectivePlacement(SchedulerPlugin):
         """Each running worker's fastest tier: its device tier, else its host tier."""
         from spillway.memory.capacity import TIERS
 
+        reports = upstream.worker_metric(self.scheduler, TIERS, running=True)
+        limits = upstream.worker_memory_limits(self.scheduler, running=True)
         sizes = []
-        for ws in self.scheduler.running:
-            tiers = (ws.metrics or {}).get(TIERS) or {}
-            sizes.append(int(tiers.get("device") or tiers.get("host") or ws.memory_limit or 0))
+        for address, limit in limits.items():
+            tiers = reports.get(address) or {}
+            sizes.append(int(tiers.get("device") or tiers.get("host") or limit or 0))
         return sizes
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
@@ -117,10 +121,10 @@ class CollectivePlacement(SchedulerPlugin):
         if finish == "memory" and key in self._assemblies:
             # where an assembly ran holds what it took for good (a grouped exchange's
             # buffers) until the exchange ends
-            ts = self.scheduler.tasks.get(key)
+            ts = upstream.scheduler_task(self.scheduler, key)
             held = self._holders.get(self._assemblies[key])
             if ts is not None and held is not None:
-                held.update(ws.address for ws in (ts.who_has or ()))
+                held.update(upstream.task_holders(ts))
             return
         if not is_barrier(key):
             return
@@ -130,15 +134,16 @@ class CollectivePlacement(SchedulerPlugin):
             self._drop(key)
 
     def _place(self, key) -> None:
-        ts = self.scheduler.tasks.get(key)
+        ts = upstream.scheduler_task(self.scheduler, key)
         if ts is None:
             return
-        self._holders[key] = {ws.address for dts in ts.dependencies for ws in (dts.who_has or ())}
-        running = {ws.address for ws in self.scheduler.running}
-        waiting = sorted((d for d in ts.dependents if d.state in ("waiting", "released")),
-                         key=lambda d: d.priority or ())
-        self._assemblies.update((d.key, key) for d in waiting)
-        self._members.setdefault(key, set()).update(d.key for d in waiting)
+        self._holders[key] = upstream.dependency_holders(ts)
+        running = set(upstream.worker_addresses(self.scheduler, running=True))
+        waiting = sorted((d for d in upstream.task_dependents(ts)
+                          if upstream.task_state(d) in ("waiting", "released")),
+                         key=lambda d: upstream.task_priority(d) or ())
+        self._assemblies.update((upstream.task_key(d), key) for d in waiting)
+        self._members.setdefault(key, set()).update(upstream.task_key(d) for d in waiting)
         layout = self._layouts.get(pieces_name(key))
         placed, unplaced = {}, []
         if layout is not None and layout["grid"]:
@@ -166,14 +171,14 @@ class CollectivePlacement(SchedulerPlugin):
         if not holders:
             return
         for address in holders:
-            if address in self.scheduler.workers:
+            if upstream.has_worker(self.scheduler, address):
                 self.scheduler.worker_send(address, {"op": DROP, "name": name})
 
 
 def output_index(ts, out_name: str, ndim: int) -> tuple | None:
     """The output chunk a task assembles: from its key, or from the keys of the tasks
     dask fused into it."""
-    key = ts.key
+    key = upstream.task_key(ts)
     if type(key) is tuple and key and key[0] == out_name and len(key) == ndim + 1:
         return tuple(key[1:])
     for k in fused_keys(ts):

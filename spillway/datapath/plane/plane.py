@@ -366,8 +366,7 @@ class DataPlane:
         with a slot for every key (benchmarks/NOTES.md)."""
         if len(keys) != 1:
             return [None] * len(keys)
-        state = self.worker.state.tasks.get(keys[0])
-        nbytes = int(state.nbytes or 0) if state is not None else 0
+        nbytes = upstream.worker_key_nbytes(self.worker, keys[0])
         return [[self.gpu, nbytes] if nbytes > 0 else None]
 
     async def fetch(self, peer: str, keys, *, warm: int = 0) -> dict | None:
@@ -571,12 +570,8 @@ class DataPlane:
                     pass
         finally:
             upstream.outgoing_bytes(worker, -total)
-            stop = time.time()
-            delay = getattr(worker, "scheduler_delay", 0.0)
-            upstream.outgoing_finished(worker, {
-                "start": start + delay, "stop": stop + delay, "middle": (start + stop) / 2 + delay,
-                "duration": stop - start, "who": "dataplane", "keys": {k: _nbytes(worker, k) for k in keys},
-                "total": total, "compressed": None, "bandwidth": total / max(stop - start, 1e-6)})
+            upstream.outgoing_finished(worker, upstream.transfer_entry(
+                worker, "dataplane", {k: _nbytes(worker, k) for k in keys}, total, start, time.time()))
 
     def _warm_frame(self, nbytes: int, requester: str | None) -> tuple[list, list]:
         """The frame a warm-up request gets (:meth:`warm`): ``nbytes`` from this worker's pool,
@@ -607,8 +602,7 @@ async def _wait_for(events) -> None:
 
 
 def _nbytes(worker, key) -> int:
-    state = worker.state.tasks.get(key)
-    return int(state.nbytes or 0) if state is not None else 0
+    return upstream.worker_key_nbytes(worker, key)
 
 
 def _buffer(device: bool, nbytes: int):

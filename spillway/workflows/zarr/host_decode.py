@@ -480,11 +480,10 @@ def _in_worker() -> bool:
     """Whether this thread runs a task in a dask worker's thread pool (and may secede)."""
     try:
         from distributed import get_worker
-        from distributed.threadpoolexecutor import thread_state
 
         get_worker()
     except (ImportError, ValueError):
         return False
-    executor = getattr(thread_state, "executor", None)
-    return executor is not None and getattr(thread_state, "proceed", False) and \
-        threading.current_thread() in getattr(executor, "_threads", ())
+    from spillway import upstream
+
+    return upstream.in_task_thread()
