@@ -705,15 +705,15 @@ def _has_names(cls, names: tuple[str, ...]) -> list[str]:
     return [n for n in names if not hasattr(cls, n) and n not in annotations]
 
 
-@seam("scheduler_state", "SchedulerState." + ", .".join(SCHEDULER_STATE) + "; TaskState."
+@seam("scheduler_state", "SchedulerState." + ", .".join(SCHEDULER_STATE) + "; Scheduler.transitions; TaskState."
       + ", .".join(SCHEDULER_TASK) + "; WorkerState." + ", .".join(SCHEDULER_WORKER) + "; ClientState.wants_what",
       "distributed", DISTRIBUTED, "what spillway's scheduler plugins read of the scheduler's tasks and workers (the "
       "capacity check, the run's progress, the collective's placement, the next-use ranks and the worker-loss "
       "check read nothing there)")
 def _check_scheduler_state() -> str | None:
-    from distributed.scheduler import ClientState, SchedulerState, TaskState, WorkerState
+    from distributed.scheduler import ClientState, Scheduler, SchedulerState, TaskState, WorkerState
 
-    for cls, names in ((SchedulerState, SCHEDULER_STATE), (TaskState, SCHEDULER_TASK),
+    for cls, names in ((SchedulerState, SCHEDULER_STATE), (Scheduler, ("transitions",)), (TaskState, SCHEDULER_TASK),
                        (WorkerState, SCHEDULER_WORKER), (ClientState, ("wants_what",))):
         missing = _has_names(cls, names)
         if missing:
@@ -797,6 +797,19 @@ def dependent_keys(scheduler, key) -> list:
     """The keys of the tasks that read ``key``, [] where the scheduler has no such task."""
     ts = scheduler_task(scheduler, key)
     return [] if ts is None else [task_key(d) for d in task_dependents(ts)]
+
+
+def scheduler_keys(scheduler) -> list:
+    """Every key the scheduler has a task of."""
+    return list(_read(scheduler, "tasks", "scheduler_state", {}))
+
+
+def recommend(scheduler, recommendations: dict, stimulus_id: str) -> None:
+    """The scheduler's tasks moved as ``recommendations`` (key -> state) say, and what
+    follows from that (``SchedulerState.transitions``)."""
+    if recommendations:
+        _read(scheduler, "transitions", "scheduler_state", lambda *a, **k: None)(recommendations,
+                                                                                 stimulus_id=stimulus_id)
 
 
 def alias_target(scheduler, key):

@@ -9,9 +9,8 @@ seams were checked against and bounded in pyproject at the next minor release; n
 outside the seam module reads or writes the private parts or the internal ones (outside
 spillway/upstream.py a private name of another package, a name of ``upstream.INTERNAL`` or
 any attribute of distributed's task, worker and client states fails, naming file:line; the
-exceptions allowed are listed: Python's own in ``upstream.PRIVATE_OUTSIDE`` and, for now,
-spillway/datapath/step/'s known uses in STEP_KNOWN); and each adapter does what spillway
-relies on with the real upstream in place.
+exceptions allowed are Python's own, listed in ``upstream.PRIVATE_OUTSIDE``); and each
+adapter does what spillway relies on with the real upstream in place.
 """
 
 from __future__ import annotations
@@ -256,25 +255,6 @@ def upstream_internal_uses(sources: dict[str, str], internal: dict, holders=upst
     return found
 
 
-#: TEMPORARY, until spillway/datapath/step/ is routed through the seam (issue 76, item 6):
-#: the internal names its modules read today, each (file, what the check names). A use of
-#: one of them there passes; any other in step/ fails like one anywhere else. Remove an
-#: entry as its use moves to an adapter of spillway/upstream.py, and the list with the last
-#: (test_the_step_exemption_lists_only_uses_still_there fails on an entry left behind).
-#: Beyond what the check sees there: coordinator.py's ``gts.state`` (a TaskState by another
-#: name) and ucx.py's calls on the libucxx objects that upstream.ucxx_core() hands it.
-STEP_KNOWN = {
-    ("spillway/datapath/step/coordinator.py", name) for name in (
-        "scheduler.tasks", "scheduler.running", "scheduler.workers", "scheduler.transitions",
-        "ts.dependencies", "ts.state", "ts.key", "dts.who_has", "dts.nbytes", "ws.address")
-}
-
-
-def _exempt(finding: str) -> bool:
-    path, _, what = finding.partition(" ")
-    return (path.rpartition(":")[0], what) in STEP_KNOWN
-
-
 def _product_sources() -> dict[str, str]:
     """Every module of spillway but the seam module, by its path from the repository."""
     seam = ROOT / "spillway" / "upstream.py"
@@ -308,17 +288,9 @@ def test_the_private_name_check_fails_on_a_planted_use(tmp_path, planted):
 
 
 def test_no_internal_upstream_name_is_used_outside_the_seam_module():
-    found = [f for f in upstream_internal_uses(_product_sources(), upstream.INTERNAL) if not _exempt(f)]
+    found = upstream_internal_uses(_product_sources(), upstream.INTERNAL)
     assert not found, ("internal names of upstream outside spillway/upstream.py: read or write each through an "
                        "adapter there (upstream.INTERNAL lists them): " + "; ".join(found))
-
-
-def test_the_step_exemption_lists_only_uses_still_there():
-    """The temporary exemption of spillway/datapath/step/ shrinks as its uses move: an
-    entry no use matches any more is taken out."""
-    found = {(f.partition(" ")[0].rpartition(":")[0], f.partition(" ")[2])
-             for f in upstream_internal_uses(_product_sources(), upstream.INTERNAL)}
-    assert not STEP_KNOWN - found, sorted(STEP_KNOWN - found)
 
 
 @pytest.mark.parametrize("planted", [
@@ -338,16 +310,6 @@ def test_the_internal_name_check_fails_on_a_planted_use(planted):
     sources["spillway/planted.py"] = planted
     found = [f for f in upstream_internal_uses(sources, upstream.INTERNAL) if f not in before]
     assert found and all(f.startswith("spillway/planted.py:") for f in found), found
-
-
-def test_the_step_exemption_passes_its_known_uses_alone():
-    known = "def f(self):\n    return self.scheduler.tasks\n"
-    new = "def f(self, ts):\n    return ts.who_has\n"
-    for name, text, fails in (("coordinator.py", known, False), ("coordinator.py", new, True),
-                              ("other.py", known, True)):
-        found = [f for f in upstream_internal_uses({f"spillway/datapath/step/{name}": text}, upstream.INTERNAL)
-                 if not _exempt(f)]
-        assert bool(found) == fails, (name, text, found)
 
 
 def test_spillways_own_word_on_its_own_object_passes_the_internal_check():

@@ -33,7 +33,9 @@ import logging
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from spillway.upstream import restrict_loosely, restrict_strictly, run_args
+from spillway.upstream import (has_worker, recommend, restrict_loosely, restrict_strictly, run_args, scheduler_keys,
+                               scheduler_task, task_dependencies, task_holders, task_key, task_nbytes, task_state,
+                               worker_addresses)
 from .names import is_output, is_step
 from .state import ABORT, DROP
 from .task import JOIN, MEET
@@ -118,7 +120,7 @@ class StepCoordinator(SchedulerPlugin):
             if is_step(key):
                 steps.setdefault(key[0], []).append(key)
             elif is_output(key):
-                args = run_args(self.scheduler.tasks[key])
+                args = run_args(scheduler_task(self.scheduler, key))
                 if len(args) > 2 and isinstance(args[0], str) and type(args[2]) is int:
                     getters.setdefault(args[0], {})[key] = args[2]
         for name, keys in steps.items():
@@ -126,23 +128,23 @@ class StepCoordinator(SchedulerPlugin):
             if exchange is None or exchange.lost:
                 exchange = self._exchanges[name] = _Exchange(name, len(keys), next(self._numbers))
             exchange.getters.update(getters.get(name, {}))
-            self._place(exchange, [self.scheduler.tasks[k] for k in sorted(keys, key=lambda k: k[1])])
+            self._place(exchange, [scheduler_task(self.scheduler, k) for k in sorted(keys, key=lambda k: k[1])])
 
     def _place(self, exchange: _Exchange, steps: list) -> None:
-        running = sorted(ws.address for ws in self.scheduler.running)
+        running = sorted(worker_addresses(self.scheduler, running=True))
         if not running:
             return
         taken = {a for s, a in exchange.placed.items() if a in running}
         for ts in steps:
-            slot = ts.key[1]
-            if ts.state == "memory" or exchange.placed.get(slot) in running:
+            slot = task_key(ts)[1]
+            if task_state(ts) == "memory" or exchange.placed.get(slot) in running:
                 if slot in exchange.placed:
                     restrict_strictly(ts, exchange.placed[slot])
                 continue
             held: dict[str, int] = {}
-            for dts in ts.dependencies:
-                for ws in dts.who_has or ():
-                    held[ws.address] = held.get(ws.address, 0) + (dts.nbytes or 0)
+            for dts in task_dependencies(ts):
+                for address in task_holders(dts):
+                    held[address] = held.get(address, 0) + task_nbytes(dts)
             free = [a for a in running if a not in taken] or running
             address = max(free, key=lambda a: (held.get(a, 0), -free.index(a)))
             exchange.placed[slot] = address
@@ -151,8 +153,8 @@ class StepCoordinator(SchedulerPlugin):
         # each output's getter where its step keeps it (loosely: a worker that left hands
         # it to another, which takes the output from wherever the step ran again)
         for key, slot in exchange.getters.items():
-            gts = self.scheduler.tasks.get(key)
-            if gts is not None and slot in exchange.placed and gts.state not in ("memory", "processing"):
+            gts = scheduler_task(self.scheduler, key)
+            if gts is not None and slot in exchange.placed and task_state(gts) not in ("memory", "processing"):
                 restrict_loosely(gts, exchange.placed[slot])
 
     # --- the rendezvous
@@ -161,7 +163,7 @@ class StepCoordinator(SchedulerPlugin):
         exchange = self._exchanges.get(name)
         if exchange is None:
             # its graph came before this plugin: the steps it has, placed as they are
-            slots = sum(1 for k in self.scheduler.tasks if is_step(k) and k[0] == name)
+            slots = sum(1 for k in scheduler_keys(self.scheduler) if is_step(k) and k[0] == name)
             exchange = self._exchanges[name] = _Exchange(name, max(slots, 1), next(self._numbers))
         if failed:
             # a transfer failed: a worker leaving restarts the attempt; else it is lost
@@ -224,7 +226,7 @@ class StepCoordinator(SchedulerPlugin):
     def _release(self, exchange: _Exchange, attempt: _Attempt) -> None:
         """The meetings of ``attempt`` (ended) that may answer now: a ``places`` meeting
         at once, a ``done`` meeting once none of the round's writers is still writing."""
-        running = set(self.scheduler.workers)
+        running = set(worker_addresses(self.scheduler))
         gone = {s for s, (w, _) in attempt.joined.items() if w not in running}
         waiting = False
         for key, meeting in attempt.meets.items():
@@ -271,16 +273,16 @@ class StepCoordinator(SchedulerPlugin):
         self._end_attempt(exchange, ended, {"restart": True})
         self._tell(exchange, ABORT, attempt=ended.number, why=why)
         logger.warning("exchange %s restarts (%d of %d): %s", exchange.name[-12:], exchange.restarts, RESTARTS, why)
-        running = {ws.address for ws in self.scheduler.running}
+        running = set(worker_addresses(self.scheduler, running=True))
         exchange.workers &= running
-        steps = [ts for s in range(exchange.slots) if (ts := self.scheduler.tasks.get((exchange.name, s)))]
+        steps = [ts for s in range(exchange.slots) if (ts := scheduler_task(self.scheduler, (exchange.name, s)))]
         for s in [s for s, a in exchange.placed.items() if a not in running]:
             del exchange.placed[s]
         self._place(exchange, steps)
-        recommendations = {ts.key: "released" for ts in steps if ts.state in ("memory", "no-worker")}
+        recommendations = {task_key(ts): "released" for ts in steps if task_state(ts) in ("memory", "no-worker")}
         self._restarting = exchange.name
         try:
-            self.scheduler.transitions(recommendations, stimulus_id=f"spillway-step-restart-{exchange.name}")
+            recommend(self.scheduler, recommendations, f"spillway-step-restart-{exchange.name}")
         finally:
             self._restarting = None
 
@@ -301,8 +303,8 @@ class StepCoordinator(SchedulerPlugin):
             return
         if finish == "erred" and exchange.lost is None:
             self._lose(exchange, f"step {key[1]} failed")
-        tasks = self.scheduler.tasks
-        if all((ts := tasks.get((key[0], s))) is None or ts.state in _ENDS for s in range(exchange.slots)):
+        if all((ts := scheduler_task(self.scheduler, (key[0], s))) is None or task_state(ts) in _ENDS
+               for s in range(exchange.slots)):
             self._end(exchange)
 
     def _end(self, exchange: _Exchange) -> None:
@@ -322,5 +324,5 @@ class StepCoordinator(SchedulerPlugin):
         # only workers that joined: they have the handlers (a worker's stream stops at an
         # op it has no handler for)
         for address in exchange.workers:
-            if address in self.scheduler.workers:
+            if has_worker(self.scheduler, address):
                 self.scheduler.worker_send(address, {"op": op, "name": exchange.name, **message})
