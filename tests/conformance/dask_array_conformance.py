@@ -49,9 +49,10 @@ def pytest_addoption(parser):
                     help="write each test's outcome and the tasks the cluster ran for it here (JSON)")
     group.addoption("--conformance-control", metavar="PATH",
                     help="the control's outcomes: fail only where a test fails here and not there")
-    group.addoption("--conformance-shard", metavar="K/N|ci", default="1/1",
+    group.addoption("--conformance-shard", metavar="K/N|ci|rest", default="1/1",
                     help="run the K-th of N shards of the sharded modules (dask_array_suite.SHARDED), "
-                         "or ci: the share of each module CI runs (dask_array_suite.CI_SHARES)")
+                         "ci: the share of each module CI runs (dask_array_suite.CI_SHARES), "
+                         "or rest: every test ci leaves out (run by hand)")
 
 
 def _open(kind: str):

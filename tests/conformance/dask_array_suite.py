@@ -27,6 +27,7 @@ MODULES = (
 #: own ``slow``-marked tests left out (``-m "not slow"``, as dask's own runs leave them out
 #: without ``--runslow``): rechunk, overlap, reshape and fft whole, and a share of slicing,
 #: routines, reductions, array_core and linalg (:data:`CI_SHARES`); the rest of those by hand
+#: (``--conformance-shard rest``: each test CI leaves out, once)
 CI_MODULES = (
     "dask.array.tests.test_rechunk",
     "dask.array.tests.test_overlap",
@@ -144,9 +145,13 @@ def shared_id(nodeid: str) -> str:
 
 def in_shard(name: str, shard: str) -> bool:
     """Whether the test of shared id ``name`` runs in shard ``"K/N"`` (tests of modules
-    not in :data:`SHARDED` run in every shard), or in CI's share (``"ci"``: shard 1 of N
-    of the modules :data:`CI_SHARES` names, every test of the others)."""
+    not in :data:`SHARDED` run in every shard), in CI's share (``"ci"``: shard 1 of N
+    of the modules :data:`CI_SHARES` names, every test of the others), or in the rest
+    (``"rest"``: every test CI's share leaves out, shards 2 to N of the modules
+    :data:`CI_SHARES` names and none of the others; what is run by hand, each test once)."""
     module = name.split("::")[0]
+    if shard == "rest":
+        return not in_shard(name, "ci")
     if shard == "ci":
         k, n = 1, CI_SHARES.get(module, 1)
     else:

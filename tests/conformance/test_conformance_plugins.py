@@ -91,6 +91,22 @@ def test_ci_runs_shard_one_of_its_shared_modules_and_the_others_whole():
     assert whole.split("::")[0] not in CI_SHARES and in_shard(whole, "ci")
 
 
+def test_the_rest_is_every_test_ci_leaves_out_once():
+    for module in MODULES:
+        path = module.replace(".", "/") + ".py"
+        names = [f"{path}::test_{i}[{i % 7}]" for i in range(800)]
+        ci = {name for name in names if in_shard(name, "ci")}
+        rest = {name for name in names if in_shard(name, "rest")}
+        assert not ci & rest and ci | rest == set(names), module
+        n = CI_SHARES.get(path, 1)
+        if n == 1:
+            assert not rest, module  # CI runs it whole
+        elif path in SHARDED:  # shards 2 to N
+            assert rest == {name for name in names if any(in_shard(name, f"{k}/{n}") for k in range(2, n + 1))}
+        else:
+            assert 800 * (n - 1) / n / 2 < len(rest) < 800, module
+
+
 def test_a_control_failure_named_by_its_function_covers_its_cases_only():
     linalg = "dask/array/tests/test_linalg.py::"
     assert control_failure(linalg + "test_tsqr[20-10-chunks2-None]") == CONTROL_FAILURES[linalg + "test_tsqr"]
