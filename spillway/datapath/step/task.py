@@ -138,7 +138,6 @@ def _exchange(worker, state: StepState, name: str, slot: int, spec: tuple, layou
     strides = tuple(b.strides for b in inputs.values())
     deadline = time.monotonic() + ROUND_DEADLINE_S
     stored = 0
-    phases = state.phases
     for r in range(rounds):
         began = time.perf_counter()
         outs = {j: xp.empty(plan.output_shape(j), dtype=dtype) for j in layout.outputs_of.get((slot, r), ())}
@@ -187,7 +186,6 @@ def _exchange(worker, state: StepState, name: str, slot: int, spec: tuple, layou
             transport.forget(xid, pending)
             raise
         moved_at = time.perf_counter()
-        state.moved_over[kind] = state.moved_over.get(kind, 0) + 1
         _log_moves(worker, answer["workers"], incoming, itemsize, time.time() - (moved_at - cut_at))
         if joining:
             join = Batch(itemsize, key=("step-join", old, new, slots, rounds, slot, r, itemsize))
@@ -197,16 +195,9 @@ def _exchange(worker, state: StepState, name: str, slot: int, spec: tuple, layou
                     join.add(buffer, Flat(offset, shape), outs[j], layout.places[(i, j)])
             join.run()
         _synchronize(module)  # the store may copy the outputs to host on its own streams
-        joined_at = time.perf_counter()
-        keep(worker, {(name, "out", flat_index(j, grid)): out for j, out in outs.items()})
-        stored += len(outs)
-        phases.add("step_post", posted_at - began)
-        phases.add("step_cut", cut_at - posted_at)
-        phases.add("step_own", own_at - cut_at)
-        phases.add("step_move", moved_at - own_at)
-        phases.add("step_join", joined_at - moved_at)
-        phases.add("step_store", time.perf_counter() - joined_at)
-        phases.taken_bytes += received
+        stored += _round_ends(worker, state, kind, name, grid, outs, received,
+                              (("step_post", began), ("step_cut", posted_at), ("step_own", cut_at),
+                               ("step_move", own_at), ("step_join", moved_at), ("step_store", time.perf_counter())))
         deadline = time.monotonic() + ROUND_DEADLINE_S
     return stored
 
@@ -229,7 +220,6 @@ def _exchange_put(worker, state: StepState, name: str, slot: int, spec: tuple, l
     grid = tuple(map(len, plan.sizes))
     strides = tuple(b.strides for b in inputs.values())
     stored = 0
-    phases = state.phases
     for r in range(rounds):
         began = time.perf_counter()
         outs = {j: cupy.empty(plan.output_shape(j), dtype=dtype) for j in layout.outputs_of.get((slot, r), ())}
@@ -273,17 +263,24 @@ def _exchange_put(worker, state: StepState, name: str, slot: int, spec: tuple, l
         if failed:
             raise TransportError(f"exchange {name[-12:]} round {r} on {worker.address}: {failed}")
         _met(done)
-        done_at = time.perf_counter()
-        state.moved_over[kind] = state.moved_over.get(kind, 0) + 1
-        keep(worker, {(name, "out", flat_index(j, grid)): out for j, out in outs.items()})
-        stored += len(outs)
-        phases.add("step_post", posted_at - began)
-        phases.add("step_places", met_at - posted_at)
-        phases.add("step_cut", cut_at - met_at)
-        phases.add("step_done", done_at - cut_at)
-        phases.add("step_store", time.perf_counter() - done_at)
-        phases.taken_bytes += received
+        stored += _round_ends(worker, state, kind, name, grid, outs, received,
+                              (("step_post", began), ("step_places", posted_at), ("step_cut", met_at),
+                               ("step_done", cut_at), ("step_store", time.perf_counter())))
     return stored
+
+
+def _round_ends(worker, state: StepState, kind: str, name: str, grid: tuple, outs: dict, received: int,
+                marks: tuple) -> int:
+    """A round's outputs kept in the worker's store, the round counted for ``kind``, and
+    its phases: ``marks`` is each phase's name and when it began, in order, the last one
+    ending when its outputs are kept. Returns how many outputs it kept."""
+    keep(worker, {(name, "out", flat_index(j, grid)): out for j, out in outs.items()})
+    ended = time.perf_counter()
+    state.moved_over[kind] = state.moved_over.get(kind, 0) + 1
+    for (phase, began), (_, until) in zip(marks, (*marks[1:], (None, ended))):
+        state.phases.add(phase, until - began)
+    state.phases.taken_bytes += received
+    return len(outs)
 
 
 def _met(answer: dict) -> dict:
