@@ -352,7 +352,13 @@ def _exchange_in_bulk(client, options: Options) -> None:
         client.register_plugin(CollectivePlacement(fit_fraction=options.collective_group_fraction))
     except Exception as e:  # noqa: BLE001
         logger.warning("rechunks' assemblies will not be spread over the workers: %s: %s", type(e).__name__, e)
-    use_on(client.scheduler.address)
+    use_on(client)
+
+
+def stop_exchanging(client) -> None:
+    from spillway.datapath.collective.method import stop_using
+
+    stop_using(client)
 
 
 def scheduler_workers(client) -> dict[str, dict]:
@@ -425,6 +431,8 @@ def open_cluster(options: Options, *, inventory: Inventory | None = None,
         clock.done("start")
         client = connect_client(options, cluster)
         stack.callback(client.close)
+        # before the client's close: this process's rechunks leave the cluster's collective
+        stack.callback(stop_exchanging, client)
         clock.done("client")
         expected = launch.n_workers or 1
         try:

@@ -272,7 +272,7 @@ def open_jobs(options: Options, job: JobSettings, *, system: Slurm | None = None
     closes the client, then cancels the jobs."""
     from distributed import Client
 
-    from .session import Session, register_plugins
+    from .session import Session, register_plugins, stop_exchanging
 
     with contextlib.ExitStack() as stack:
         # the workers join from the jobs, and this process's client attaches to their scheduler
@@ -282,5 +282,6 @@ def open_jobs(options: Options, job: JobSettings, *, system: Slurm | None = None
         stack.callback(client.close)
         # registered with no worker yet: the scheduler hands them to every worker that joins
         register_plugins(client, options)
+        stack.callback(stop_exchanging, client)
         plan = LaunchPlan(kind="attach", protocol=jobs.layout.protocol)
         yield Session(client=client, cluster=jobs, plan=plan, options=options, kind=jobs.layout.kind, n_workers=0)

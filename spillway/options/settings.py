@@ -503,14 +503,14 @@ class Options(RmmAndTls):
              "that takes its pieces over the data plane. Read where the graph is built.")
     exchange_transport: str = option(
         "auto", _choice("auto", "ipc", "ucxx", "host"), worker=True,
-        help="What an exchange's steps move their buffers over: `ipc` (GPU workers of one host: "
+        help="What an exchange's steps move their buffers over: `ipc` (the workers of one GPU: "
              "each step's one kernel writes its pieces straight into its peers' output chunks, "
              "mapped over CUDA IPC; no buffer, each byte read and written once), `ucxx` (UCXX's "
              "core API on a context of the step's own, outside the worker's event loop: CUDA IPC "
              "between processes of a host, the network between hosts), `host` (a TCP connection "
-             "a peer, device buffers staged through host memory), or `auto` (ucxx where every "
-             "worker of the exchange has UCXX installed, else host; ipc only by name until it "
-             "has run on a GPU host).")
+             "a peer, device buffers staged through host memory), or `auto` (ipc where every "
+             "step of the exchange shares one GPU, else ucxx where every worker has UCXX "
+             "installed, else host).")
     exchange_round_bytes: int | str = option(
         "auto", _auto_or(_bytes),
         help="Most bytes a worker receives in one round of an exchange's step (its outputs are "

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from reference_inputs import uniform_numpy
+from stand_ins import OtherSession
 from spillway_bench import harness, prepare, report, workloads
 from spillway_bench.sides import SIDES
 from spillway.cli import main
@@ -200,7 +201,8 @@ def test_o5_tasks_method_builds_dask_own_halos_inside_a_spillway_session():
     w = workloads.WORKLOADS["O5"]
     target = Target(kind="cpu", n_workers=2)
     # as if a spillway cluster's client were the default: the route is in place
-    method.use_on("tcp://127.0.0.1:1")
+    session = OtherSession("tcp://127.0.0.1:1")
+    method.use_on(session)
     try:
         from unittest import mock
 
@@ -208,7 +210,7 @@ def test_o5_tasks_method_builds_dask_own_halos_inside_a_spillway_session():
             spillway_side = w.build("tiny", target, 3, side="spillway").result
             tasks_side = w.build("tiny", target, 3, side="tasks_method").result
     finally:
-        method.stop_using("tcp://127.0.0.1:1")
+        method.stop_using(session)
     names = lambda a: {str(n).split("-")[0] for n in a.__dask_graph__().layers}
     # the step without a cluster; the pieces' tasks where a client an earlier test left as
     # the default is about (a cluster without the steps' plugin)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from stand_ins import OtherSession
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,8 @@ def routed(monkeypatch):
 
     from spillway.datapath.collective import graph, method
 
-    method.use_on("tcp://spillway-routed.invalid:1")
+    session = OtherSession("tcp://spillway-routed.invalid:1")
+    method.use_on(session)
     monkeypatch.setattr(method, "_on_spillway", lambda: True)
     monkeypatch.setattr(graph, "cluster_room", lambda: None)
     # no cluster: one step does it all (the option's way), whatever client an earlier test
@@ -39,4 +41,4 @@ def routed(monkeypatch):
         with dask.config.set({"array.rechunk.method": "p2p"}):
             yield
     finally:
-        method.stop_using("tcp://spillway-routed.invalid:1")
+        method.stop_using(session)

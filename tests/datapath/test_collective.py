@@ -197,17 +197,51 @@ def test_a_user_s_rechunk_is_routed_to_the_collective_on_a_spillway_scheduler(cl
 
     x = _array((300, 200), (25, 200), seed=9).persist()
     with dask.config.set({"array.rechunk.method": "p2p"}):
-        method.use_on(client.scheduler.address)
+        method.use_on(client)
         try:
             y = x.rechunk((300, 20))
             assert any(name.startswith(("spillway-cut-", "spillway-step-")) for name in y.dask.layers)
         finally:
-            method.stop_using(client.scheduler.address)
-        # another cluster's rechunk stays dask's P2P
+            method.stop_using(client)
+        # once the session stops, its rechunks are dask's P2P again
         z = x.rechunk((300, 20))
         assert not any(name.startswith(("spillway-cut-", "spillway-step-")) for name in z.dask.layers)
     assert np.array_equal(y.compute(), x.compute())
 
+
+
+def _routed(x):
+    return any(name.startswith(("spillway-cut-", "spillway-step-")) for name in x.dask.layers)
+
+
+def test_another_client_of_a_session_s_cluster_is_routed_and_none_after_the_session_closes(client):
+    """The route follows the session's cluster, not an address once seen: a second client
+    the user opens to its scheduler takes the collective; once the session's client has
+    closed, a client of its scheduler keeps dask's P2P even before ``stop_using``, and the
+    last ``stop_using`` puts dask's own names back."""
+    import distributed.shuffle
+    from distributed import Client
+
+    from spillway.datapath.collective import method
+
+    own = distributed.shuffle.rechunk_p2p
+    x = _array((300, 200), (25, 200), seed=3)
+    with dask.config.set({"array.rechunk.method": "p2p"}):
+        session = Client(client.scheduler.address, set_as_default=False)
+        method.use_on(session)
+        try:
+            assert distributed.shuffle.rechunk_p2p is method.rechunk_p2p
+            with client.as_current():
+                y = x.rechunk((300, 20))
+            assert _routed(y)
+            assert np.array_equal(client.compute(y).result(timeout=60), x.compute(scheduler="sync"))
+            session.close()
+            with client.as_current():
+                assert not _routed(x.rechunk((300, 20)))
+        finally:
+            method.stop_using(session)
+            session.close()
+    assert distributed.shuffle.rechunk_p2p is own
 
 def _slow(block):
     time.sleep(0.4)

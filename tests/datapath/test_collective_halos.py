@@ -15,6 +15,7 @@ from dask.array.overlap import overlap_internal as dask_overlap_internal
 from spillway.datapath.collective import ExchangePlan
 from spillway.datapath.collective.graph import overlap_internal, overlap_windows
 from spillway.datapath.collective.plan import axis_window_runs
+from stand_ins import OtherSession
 
 HALOS = [
     # (shape, chunks, axes: depth per axis, an int or (left, right))
@@ -147,32 +148,33 @@ def test_a_user_s_map_overlap_is_routed_to_the_exchange_with_dask_s_bits(client,
 
     x = _array((48, 40, 36), (12, 10, 12), seed=5).persist()
     want = client.compute(x.map_overlap(_laplacian, depth=1, boundary=boundary)).result(timeout=60)
-    method.use_on(client.scheduler.address)
+    method.use_on(client)
     try:
         y = x.map_overlap(_laplacian, depth=1, boundary=boundary)
         assert any(name.startswith(("spillway-cut-", "spillway-step-")) for name in y.dask.layers)
         got = client.compute(y).result(timeout=60)
     finally:
-        method.stop_using(client.scheduler.address)
+        method.stop_using(client)
     assert np.array_equal(got, want)
-    # another cluster's map_overlap stays dask's own
+    # once the session stops, its map_overlaps are dask's own again
     z = x.map_overlap(_laplacian, depth=1, boundary=boundary)
     assert not any(name.startswith(("spillway-cut-", "spillway-step-")) for name in z.dask.layers)
 
 
 def test_without_a_spillway_scheduler_a_map_overlap_is_dask_s_own_even_routed(client):
-    """The route stays for the process's life once a spillway cluster opened in it; a
-    client of another scheduler (or none) keeps dask's tasks."""
+    """The route is in place while a spillway session is open in the process; a client of
+    another scheduler (or none) keeps dask's tasks."""
     from spillway.datapath.collective import method
 
-    method.use_on("tcp://127.0.0.1:1")  # a spillway scheduler that is not this client's
+    other = OtherSession("tcp://127.0.0.1:1")  # a spillway session that is not this client's
+    method.use_on(other)
     try:
         x = _array((20, 20), (5, 5))
         y = x.map_overlap(lambda b: b * 2, depth=1, boundary="none")
         assert not any(name.startswith(("spillway-cut-", "spillway-step-")) for name in y.dask.layers)
         assert np.array_equal(client.compute(y).result(timeout=60), (x * 2).compute(scheduler="sync"))
     finally:
-        method.stop_using("tcp://127.0.0.1:1")
+        method.stop_using(other)
 
 
 def test_masked_chunks_keep_dask_s_way_and_their_mask():

@@ -37,15 +37,14 @@ def _step_cluster(**kwargs):
                       **options) as cluster, Client(cluster) as c:
         c.register_plugin(StepCoordinator())
         c.register_plugin(CollectivePlacement())
-        address = c.scheduler.address
-        use_on(address)
+        use_on(c)
         try:
             with dask.config.set({"array.rechunk.method": "p2p"}):
                 room = c.sync(lambda: c.scheduler.spillway_collective_room())
                 assert room["steps"] and room["workers"] == options["n_workers"], room
                 yield c
         finally:
-            stop_using(address)
+            stop_using(c)
 
 
 @pytest.fixture(scope="module")

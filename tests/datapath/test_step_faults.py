@@ -34,12 +34,12 @@ def cluster():
                       dashboard_address=None) as cluster, Client(cluster) as client:
         client.register_plugin(StepCoordinator())
         client.register_plugin(CollectivePlacement())
-        use_on(client.scheduler.address)
+        use_on(client)
         try:
             with dask.config.set({"array.rechunk.method": "p2p"}):
                 yield client
         finally:
-            stop_using(client.scheduler.address)
+            stop_using(client)
 
 
 def _exchange(client):

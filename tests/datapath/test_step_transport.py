@@ -135,10 +135,10 @@ def test_tags_name_exchange_round_slots_and_message_apart():
 
 
 def test_the_kind_every_step_offers_is_chosen_in_order():
-    here, there = "host-a/boot", "host-b/boot"
+    here, there = "host-a/boot/0000:18:00.0", "host-a/boot/0000:2a:00.0"
     gpu = {"ipc": here, "ucxx": "u", "host": "h"}
     assert chosen([gpu, dict(gpu)]) == "ipc"
-    # a put kind only where every step is on one host: two hosts take UCXX
+    # a put kind only where every step offers it at one address (one GPU): two GPUs take UCXX
     assert chosen([gpu, {**gpu, "ipc": there}]) == "ucxx"
     assert chosen([gpu, {"ucxx": "u", "host": "h"}]) == "ucxx"
     assert chosen([gpu, {"host": "h"}]) == "host"
@@ -148,7 +148,9 @@ def test_the_kind_every_step_offers_is_chosen_in_order():
     # CPU workers never offer CUDA IPC, asked for or not
     assert offered("ipc") == ("host",)
     assert "ipc" not in offered("auto")
-    # CUDA IPC only by name until it has run on a GPU host
-    assert offered("auto", gpu=True) == offered("auto") == tuple(k for k in AUTO_KINDS if k in offered("auto"))
+    # GPU workers offer CUDA IPC first under auto; its address is the GPU's, so workers of
+    # two GPUs (or hosts) take UCXX
+    assert offered("auto", gpu=True) == ("ipc", *offered("auto"))
+    assert offered("auto", gpu=True) == tuple(k for k in AUTO_KINDS if k in offered("auto", gpu=True))
     with pytest.raises(ValueError, match="exchange-transport 'nccl' is not auto or one of ipc, ucxx, host"):
         offered("nccl")

@@ -61,3 +61,13 @@ class FakeShell:
         self.calls.append((list(args), input))
         code, out, *err = self.answers[args[0]]
         return subprocess.CompletedProcess(list(args), code, out, err[0] if err else "")
+
+
+class OtherSession:
+    """A spillway session's client on a scheduler at ``address`` that no test client is of:
+    what :func:`spillway.datapath.collective.method.use_on` routes for, in this process."""
+
+    status = "running"
+
+    def __init__(self, address: str):
+        self.scheduler = type("Scheduler", (), {"address": address})()

@@ -5,13 +5,19 @@ dask picks a rechunk's method by itself (``array.rechunk.method``, else the task
 method for small graphs and peer-to-peer for large ones once a distributed client is
 about) and then calls ``distributed.shuffle.rechunk_p2p``, looked up at each call (the
 seam ``rechunk_p2p`` of :mod:`spillway.upstream`). While a
-process has a client of a spillway cluster open, that name is :func:`rechunk_p2p` here:
-on the clusters whose schedulers carry the collective's plugin it is the collective
+process has a spillway session open, that name is :func:`rechunk_p2p` here: for a
+client of a session's cluster (the session's own, or another the user opened to its
+scheduler) it is the collective
 (dask's P2P sizes its shards with ``memoryview`` and stages them through host memory and
 disk, which CuPy chunks cannot take), and it hands any other client's rechunk to
 distributed's own function unchanged. dask's ``overlap`` calls ``overlap_internal`` of its
 module by name (the seam ``overlap_internal``): on a spillway cluster the halos are one
 exchange where they are many pieces (:func:`_few_pieces`); elsewhere dask's own tasks.
+
+dask names no hook for a rechunk's method, so the name is replaced in the process; which
+clusters it serves is read from the sessions' clients alive now (:func:`_on_spillway`),
+not kept as addresses: a session's cluster stops taking the collective when its client
+closes, and a later cluster on the same port is not taken for it.
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ import contextlib
 import contextvars
 import math
 import threading
+import weakref
 
 from spillway.upstream import route, unroute
 
-#: addresses of the schedulers whose clusters run the collective
-SCHEDULERS: set[str] = set()
+#: the clients of this process's spillway sessions (weak: one dropped leaves)
+_SESSIONS: weakref.WeakSet = weakref.WeakSet()
 _lock = threading.Lock()
 _original = None
 _original_overlap = None
@@ -86,31 +93,51 @@ def _few_pieces(x, plan) -> bool:
 
 
 def _on_spillway() -> bool:
+    """Whether dask's default client is on a spillway session's cluster: the session's own
+    client, or one open to the same scheduler."""
     try:
         from distributed import default_client
 
-        return default_client().scheduler.address in SCHEDULERS
-    except (ImportError, ValueError, AttributeError):
+        client = default_client()
+    except (ImportError, ValueError):
         return False
+    live = _live()
+    if client in live:
+        return True
+    address = _address(client)
+    return address is not None and address in {_address(c) for c in live}
 
 
-def use_on(scheduler_address: str) -> None:
-    """Route dask's peer-to-peer rechunks and overlaps' halos on this scheduler's cluster
-    to the collective."""
+def _live() -> list:
+    return [c for c in list(_SESSIONS) if getattr(c, "status", None) not in ("closing", "closed")]
+
+
+def _address(client) -> str | None:
+    try:
+        return client.scheduler.address
+    except AttributeError:
+        return None
+
+
+def use_on(client) -> None:
+    """Route dask's peer-to-peer rechunks and overlaps' halos on the cluster of session
+    client ``client`` to the collective, until :func:`stop_using` (or the client's close)."""
     global _original, _original_overlap
     with _lock:
-        SCHEDULERS.add(scheduler_address)
+        _SESSIONS.add(client)
         if _original is None:
             _original = route("rechunk_p2p", rechunk_p2p)
         if _original_overlap is None:
             _original_overlap = route("overlap_internal", overlap_internal)
 
 
-def stop_using(scheduler_address: str) -> None:
+def stop_using(client) -> None:
+    """``client``'s cluster takes dask's own methods again; with no session left, dask's
+    own names are put back."""
     global _original, _original_overlap
     with _lock:
-        SCHEDULERS.discard(scheduler_address)
-        if SCHEDULERS:
+        _SESSIONS.discard(client)
+        if _live():
             return
         if _original is not None:
             unroute("rechunk_p2p", _original)

@@ -18,7 +18,10 @@ for a large pool takes seconds the first time, rapidsmpf#206).
 
 Offered where this worker's device memory can be exported (RMM's pool or CUDA's own
 allocations; not ``cudaMallocAsync`` pools nor managed memory), and chosen where every step
-of an exchange is on one host (:func:`~.transport.chosen`).
+of an exchange is on one GPU (:func:`~.transport.chosen` compares the offers, each this
+host and this GPU): the workers a GPU shares. Between GPUs the steps take UCXX, whose CUDA
+IPC copies over NVLink ran on two-GPU hosts; this kind's kernels writing into a peer GPU
+have not.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ class Exported:
 
     handle: bytes
     offset: int
+
+
+def gpu_identity(device: int) -> str:
+    """This host and GPU ``device``, as peers compare them."""
+    import cupy
+
+    return f"{host_identity()}/{cupy.cuda.runtime.deviceGetPCIBusId(device)}"
 
 
 def host_identity() -> str:
@@ -69,7 +79,7 @@ class IpcTransport(Transport):
         self._mapped: dict[bytes, int] = {}
         #: this worker's allocations: base address -> handle
         self._handles: dict[int, bytes] = {}
-        self._identity = host_identity()
+        self._identity = gpu_identity(self._device)
         probe = cupy.empty(1, dtype=cupy.uint8)
         self.export(probe)  # raises where this memory cannot be exported
 
