@@ -356,6 +356,8 @@ def _exchange_in_bulk(client, options: Options) -> None:
 
 
 def stop_exchanging(client) -> None:
+    """The end of :func:`_exchange_in_bulk` for this process: its rechunks on ``client``'s
+    cluster are dask's own again."""
     from spillway.datapath.collective.method import stop_using
 
     stop_using(client)

@@ -197,7 +197,7 @@ def offered(setting: str, gpu: bool = False) -> tuple[str, ...]:
 def chosen(offers: list[dict]) -> str:
     """The first kind, in :data:`KINDS` order, that every step offers (``offers``: each
     step's kind -> its address there); a put kind only where every step offers it at one
-address (one GPU, for CUDA IPC)."""
+    address (one GPU, for CUDA IPC)."""
     for kind in KINDS:
         if not all(kind in o for o in offers):
             continue
