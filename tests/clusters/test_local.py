@@ -203,3 +203,9 @@ def test_a_cpu_session_rechunks_through_the_collective():
         # the pieces were all taken: nothing is left in the workers' stores
         left = lc.client.run(lambda dask_worker: [k for k in dask_worker.data if str(k).startswith("('spillway-")])
         assert not any(left.values())
+        client = lc.client
+    # closed, the session's cluster no longer takes the collective (the module's own
+    # cluster may still be open, so dask's name may still be routed for it)
+    from spillway.datapath.collective import method
+
+    assert client not in method._SESSIONS
