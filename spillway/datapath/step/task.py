@@ -254,8 +254,7 @@ def _exchange_put(worker, state: StepState, name: str, slot: int, spec: tuple, l
                     batch.add(inputs[i], src, target, layout.places[(i, j)])
             batch.run()
             _synchronize(module)  # written, every byte, before the peers are told
-            received = sum(send.elements for (s, d, rr), send in layout.sends.items()
-                           if d == slot and rr == r and s != slot) * itemsize
+            received = sum(send.elements for send in layout.received(slot, r).values()) * itemsize
         except Exception as e:  # noqa: BLE001 (said at the meeting: every step ends, none waits)
             failed = f"{type(e).__name__}: {e}"
         cut_at = time.perf_counter()
