@@ -11,6 +11,10 @@
 # On the host: `FORCE=1 bash DEST/install-wheels.sh DEST && export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks`
 # (FORCE: a warm machine that already installed the UCX set skips the install otherwise).
 # Over TCP, or over UCX when the UCX set was installed first on the same warm machine.
+# The UCX set (40 MiB) and the tree (21 MiB) leave no room for this set in the same call:
+# BESIDE=.whl keeps only what .whl lacks and what the host image does not hold (12 MiB), to
+# carry in the next call on the warm machine (the order of 2026-12-06: part 1 with `.whl`,
+# then the notebooks, parts 2-4 with this set).
 set -euo pipefail
 dest=${1:-.whl-svc}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,6 +31,7 @@ for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_26_x86_64 manyli
          manylinux_2_28_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64; do
   plat+=(--platform "$p")
 done
+# cryptography: the service's TLS (distributed's Security.temporary); the image lacks it
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${plat[@]}" -d "$dest" \
   jsonschema jsonschema-specifications referencing rpds-py \
@@ -40,11 +45,20 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   parso==0.8.7 pexpect==4.9.0 ptyprocess==0.7.0 stack-data==0.6.3 executing==2.3.0 asttokens==3.0.2 \
   pure_eval==0.2.4 wcwidth==0.9.4 ipywidgets==8.1.9 widgetsnbextension==4.0.16 jupyterlab_widgets==3.0.17 \
   pytest-timeout decorator nest_asyncio platformdirs python-dateutil \
+  cryptography cffi pycparser \
   kvikio-cu13==26.10.0 libkvikio-cu13==26.10.0 nvidia-cufile==1.20.0.107 xarray==2026.9.0 \
   nvidia-nvcomp-cu13==6.0.0.12 nvidia-libnvcomp-cu13==6.0.0.12
 # nvCOMP's two wheels are 33 MiB of the 80: NVCOMP=0 leaves them out (47 MiB), for the calls
 # that need no GPU zstd decode (the matrix, B4, B5, the service) and must stay under 64 MiB
 if [ "${NVCOMP:-1}" = 0 ]; then
   rm -f "$dest"/nvidia_nvcomp_* "$dest"/nvidia_libnvcomp_*
+fi
+if [ -n "${BESIDE:-}" ]; then
+  for w in "$BESIDE"/*.whl; do rm -f "$dest/$(basename "$w")"; done
+  # held by the host image (device KINDS.md), or not imported by the tests run there
+  for n in debugpy widgetsnbextension jupyterlab_widgets jedi parso pygments nvidia_cufile xarray httpx \
+           httpcore h11 certifi idna prometheus_client python_dateutil zipp; do
+    rm -f "$dest/$n"-*.whl
+  done
 fi
 du -sh "$dest"

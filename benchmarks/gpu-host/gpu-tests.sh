@@ -5,7 +5,7 @@
 # GPU tests but the out-of-core matrix (that is `spillway bench --matrix`) and the Zarr bench;
 # 3: workflows and the Zarr bench; 4: a job through the shared service on one GPU (the
 # two-GPU service test runs on the multi-GPU hosts).
-# Assumes the test wheels are installed (fetch-test-wheels.sh) and PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks.
+# Assumes the UCX set, then the test wheels (fetch-test-wheels.sh, BESIDE=.whl), are installed and PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks.
 # Writes $OUT/gpu-tests-PART.{log,xml}; prints the failures and the summary last.
 set -u
 part=${1:?part 1, 2, 3 or 4}
