@@ -866,12 +866,8 @@ def waiting_priorities(scheduler, address) -> tuple[list, list]:
     if ws is None:
         return keys, priorities
     for ts in list(ws.has_what):
-        best = None
-        for waiter in ts.waiters or ():
-            if waiter.priority is not None and (best is None or waiter.priority < best):
-                best = waiter.priority
         keys.append(ts.key)
-        priorities.append(best)
+        priorities.append(min((w.priority for w in ts.waiters or () if w.priority is not None), default=None))
     return keys, priorities
 
 
@@ -912,7 +908,7 @@ def _check_worker_state() -> str | None:
         missing = _has_names(cls, names)
         if missing:
             return f"{cls.__name__} has no {', '.join(missing)}"
-    if not {"waiting", "ready", "constrained", "executing", "long-running"} <= set(_worker_task_states()):
+    if not WORKER_PENDING <= set(_worker_task_states()):
         return "a worker's task is no longer waiting, ready, constrained, executing or long-running"
     return None
 
@@ -951,14 +947,11 @@ def local_readers_rank(worker) -> Callable[[Any], Any]:
     def rank(key):
         try:
             ts = tasks.get(key)
-            best = None
-            if ts is not None:
-                for dep in ts.dependents:
-                    if dep.state in WORKER_PENDING and (best is None or dep.priority < best):
-                        best = dep.priority
+            if ts is None:
+                return None
+            return min((d.priority for d in ts.dependents if d.state in WORKER_PENDING), default=None)
         except RuntimeError:  # the event loop changed the task graph while we looked
-            best = None
-        return best
+            return None
 
     return rank
 

@@ -261,6 +261,15 @@ def _product_sources() -> dict[str, str]:
     return {str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "spillway").rglob("*.py")) if p != seam}
 
 
+def _with_planted(check, names, planted: str) -> tuple[list, list]:
+    """What ``check`` finds in spillway's modules, and what more it finds once a module
+    ``spillway/planted.py`` of text ``planted`` is among them."""
+    sources = _product_sources()
+    before = check(sources, names)
+    sources["spillway/planted.py"] = planted
+    return before, [f for f in check(sources, names) if f not in before]
+
+
 def test_no_private_upstream_name_is_used_outside_the_seam_module():
     found = upstream_private_uses(_product_sources(), upstream.PRIVATE_OUTSIDE)
     assert not found, ("private names of other packages outside spillway/upstream.py: give each a seam "
@@ -277,13 +286,9 @@ def test_no_private_upstream_name_is_used_outside_the_seam_module():
     "def f(server, settler):\n    server._spillway_settler = settler\n",
 ], ids=["attribute", "getattr", "private-name", "private-module", "import-module", "named-like-own-function",
         "write-onto-upstream"])
-def test_the_private_name_check_fails_on_a_planted_use(tmp_path, planted):
-    sources = _product_sources()
-    assert not upstream_private_uses(sources, upstream.PRIVATE_OUTSIDE)
-    planted_file = tmp_path / "planted.py"
-    planted_file.write_text(planted)
-    sources["spillway/planted.py"] = planted_file.read_text()
-    found = upstream_private_uses(sources, upstream.PRIVATE_OUTSIDE)
+def test_the_private_name_check_fails_on_a_planted_use(planted):
+    before, found = _with_planted(upstream_private_uses, upstream.PRIVATE_OUTSIDE, planted)
+    assert not before
     assert len(found) == 1 and found[0].startswith("spillway/planted.py:"), found
 
 
@@ -305,10 +310,7 @@ def test_no_internal_upstream_name_is_used_outside_the_seam_module():
 ], ids=["scheduler-tasks", "self-scheduler", "worker-state", "task-state", "any-object", "getattr", "write",
         "import"])
 def test_the_internal_name_check_fails_on_a_planted_use(planted):
-    sources = _product_sources()
-    before = upstream_internal_uses(sources, upstream.INTERNAL)
-    sources["spillway/planted.py"] = planted
-    found = [f for f in upstream_internal_uses(sources, upstream.INTERNAL) if f not in before]
+    _, found = _with_planted(upstream_internal_uses, upstream.INTERNAL, planted)
     assert found and all(f.startswith("spillway/planted.py:") for f in found), found
 
 

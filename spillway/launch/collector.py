@@ -104,9 +104,6 @@ class QuietSettler:
         return True
 
 
-#: whether a scheduler has a task queued or running on a worker
-scheduler_busy = upstream.scheduler_busy
-
 #: each server's (worker's, scheduler's) settler, kept here rather than on distributed's object
 _settlers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -169,7 +166,7 @@ class SchedulerSettle(SchedulerPlugin):
     settler: QuietSettler | None = None
 
     async def start(self, scheduler):
-        self.settler = start_settling(scheduler, lambda: scheduler_busy(scheduler))
+        self.settler = start_settling(scheduler, lambda: upstream.scheduler_busy(scheduler))
 
     def transition(self, key, start, finish, *args, **kwargs):
         if self.settler is not None:

@@ -498,18 +498,13 @@ def worker_snapshot(dask_worker) -> dict:
 
     steps = state_of(dask_worker)
     snap["exchange_rounds"] = dict(steps.moved_over) if steps is not None else {}
-    host_peak, rss = _host_peak(dask_worker, getattr(plugin, "window_start", 0.0))
+    host_peak, rss = upstream.process_memory(dask_worker, getattr(plugin, "window_start", 0.0))
     # the worker process's resident memory (pinned and pageable host tier, Python, CUDA's
     # host side), sampled by distributed's monitor: the host figure next to RMM's device one
     snap.update(host_peak_bytes=host_peak, host_bytes=rss)
     if stats is None:
         snap.update(peak_bytes=host_peak, current_bytes=rss, memory_measure="rss")
     return snap
-
-
-def _host_peak(dask_worker, since: float) -> tuple[int, int]:
-    """(peak, current) resident bytes of the worker process since ``since``."""
-    return upstream.process_memory(dask_worker, since)
 
 
 def reset_peak(dask_worker) -> None:

@@ -23,8 +23,6 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import upstream
 
-#: worker task states of dependents that will still read their inputs here
-PENDING = upstream.WORKER_PENDING
 #: the scheduler handler that says what waits for a worker's keys
 NEXT_USE = "spillway_next_use"
 #: the rank of a key the scheduler had not heard of when it last answered: before any

@@ -18,18 +18,18 @@ def transfer_stats(before: dict, after: dict, *, start_wall: float) -> dict:
                     bandwidths.append(t["bytes"] / max(1e-6, t["stop"] - t["start"]))
     spilled: dict[str, int] = {}
     spill_per_worker = {}
+    rounds: dict[str, int] = {}
     for addr, snap in after.items():
-        old = before.get(addr, {}).get("spilled", {})
+        was = before.get(addr, {})
+        old = was.get("spilled", {})
         for tier, nbytes in snap["spilled"].items():
             spilled[tier] = spilled.get(tier, 0) + nbytes - old.get(tier, 0)
         if snap.get("store"):
-            spill_per_worker[addr] = _store_delta(before.get(addr, {}).get("store"), snap["store"])
-    rounds: dict[str, int] = {}
-    for addr, snap in after.items():
-        old = before.get(addr, {}).get("exchange_rounds", {})
+            spill_per_worker[addr] = _store_delta(was.get("store"), snap["store"])
+        old_rounds = was.get("exchange_rounds", {})
         for kind, n in snap.get("exchange_rounds", {}).items():
-            if n - old.get(kind, 0):
-                rounds[kind] = rounds.get(kind, 0) + n - old.get(kind, 0)
+            if delta := n - old_rounds.get(kind, 0):
+                rounds[kind] = rounds.get(kind, 0) + delta
     out = {
         "bytes_transferred": transferred,
         # the rounds the exchanges' steps moved over each kind (ipc, ucxx, host), all workers

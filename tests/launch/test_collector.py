@@ -7,6 +7,7 @@ import gc
 
 import pytest
 
+from spillway import upstream
 from spillway.launch import collector
 
 
@@ -125,12 +126,12 @@ def test_the_scheduler_is_busy_while_a_task_is_queued_or_processing():
         workers = {"a": WS(set()), "b": WS(set())}
 
     s = Sched()
-    assert not collector.scheduler_busy(s)
+    assert not upstream.scheduler_busy(s)
     s.workers["b"].processing = {"task"}
-    assert collector.scheduler_busy(s)
+    assert upstream.scheduler_busy(s)
     s.workers["b"].processing = set()
     s.queued = ("task",)
-    assert collector.scheduler_busy(s)
+    assert upstream.scheduler_busy(s)
 
 
 @pytest.mark.parametrize("gc_freeze", [True, False])

@@ -525,7 +525,7 @@ class DataPlane:
         try:
             values = {k: worker.data[k] for k in keys if k in worker.data}
             read = time.perf_counter()
-            total = sum(_nbytes(worker, k) for k in values)
+            total = sum(upstream.worker_key_nbytes(worker, k) for k in values)
             upstream.outgoing_bytes(worker, total)
             try:
                 reply, frames, into = wire.describe_reply(values, slots, keys)
@@ -571,7 +571,7 @@ class DataPlane:
         finally:
             upstream.outgoing_bytes(worker, -total)
             upstream.outgoing_finished(worker, upstream.transfer_entry(
-                worker, "dataplane", {k: _nbytes(worker, k) for k in keys}, total, start, time.time()))
+                worker, "dataplane", {k: upstream.worker_key_nbytes(worker, k) for k in keys}, total, start, time.time()))
 
     def _warm_frame(self, nbytes: int, requester: str | None) -> tuple[list, list]:
         """The frame a warm-up request gets (:meth:`warm`): ``nbytes`` from this worker's pool,
@@ -599,10 +599,6 @@ async def _wait_for(events) -> None:
     for event in events:
         while not event.done:
             await asyncio.sleep(0 if time.perf_counter() < spin_until else READY_POLL_S)
-
-
-def _nbytes(worker, key) -> int:
-    return upstream.worker_key_nbytes(worker, key)
 
 
 def _buffer(device: bool, nbytes: int):
